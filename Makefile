@@ -1,0 +1,43 @@
+# Two entry points do all setup on a fresh machine: `make demo` and `make test`.
+# Both create .venv and install what they need (apt packages for the tests included).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Debian packages the integration tests use: real Prometheus, real JMeter.
+APT_PACKAGES ?= prometheus jmeter
+DEMO_OUT ?= out/demo
+PYTEST_ARGS ?=
+
+.PHONY: all demo test venv apt clean bench help
+
+help:
+	@echo "make demo   - benchmark every policy on the standard suite (embedded twin) and write $(DEMO_OUT)/report.html"
+	@echo "make test   - install what the tests need and run them"
+	@echo "make bench  - run the benchmarks in bench/ (results go to docs/PERFORMANCE.md by hand)"
+
+venv: $(BIN)/.installed
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "joulesched needs Python >= 3.11"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch is pinned to the CPU wheel; installing it first keeps pip from choosing a CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test,load]'
+	touch $@
+
+apt:
+	@scripts/apt-deps.sh $(APT_PACKAGES)
+
+demo: venv
+	$(BIN)/joulesched demo --out $(DEMO_OUT)
+
+test: venv apt
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python bench/twin_throughput.py
+	$(BIN)/python bench/decision_latency.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
