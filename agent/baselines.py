@@ -1,0 +1,297 @@
+"""Baseline schedulers: kube-scheduler's scoring reproduced exactly, the load/power-aware plugins, and simple
+references. Every policy picks among feasible nodes only and breaks ties with the run's seeded generator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from agent import kube_scoring as ks
+from agent.policy import PolicyError, register
+from cluster.state import ASLEEP, ClusterState, PodRequest
+from power.curves import interp_many
+
+
+def _int_opt(name: str, key: str, value: str, lo: int, hi: int) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise PolicyError(f"policy {name!r}: option {key}={value!r} is not an integer") from None
+    if not lo <= v <= hi:
+        raise PolicyError(f"policy {name!r}: option {key}={v} must be in {lo}..{hi}")
+    return v
+
+
+def _float_opt(name: str, key: str, value: str, lo: float, hi: float) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise PolicyError(f"policy {name!r}: option {key}={value!r} is not a number") from None
+    if not (lo < v < hi):
+        raise PolicyError(f"policy {name!r}: option {key}={v} must be in ({lo}, {hi})")
+    return v
+
+
+class ScoringPolicy:
+    """kube-scheduler's framework: sample nodes (percentageOfNodesToScore), score with weighted plugins, pick
+    the maximum total, and break ties uniformly at random. A single feasible node is taken without scoring.
+
+    Subclasses implement :meth:`plugin_scores` over a candidate index array.
+    """
+
+    name = "scoring"
+    kube_sampling = True
+
+    def __init__(self, pct: str | int = 0) -> None:
+        self.percentage = _int_opt(self.name, "pct", str(pct), 0, 100)
+        self.rng = np.random.default_rng(0)
+        self.next_start = 0
+
+    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.next_start = 0
+
+    def plugin_scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, tuple[int, np.ndarray]]:
+        raise NotImplementedError
+
+    def total(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+        out = None
+        for w, s in self.plugin_scores(st, pod, idx).values():
+            out = w * s if out is None else out + w * s
+        return out
+
+    def candidates(self, st: ClusterState, mask: np.ndarray) -> np.ndarray:
+        """Feasible nodes kube-scheduler would score: the first k found from a rotating start index."""
+        idx = np.flatnonzero(mask)
+        n = len(mask)
+        if not self.kube_sampling:
+            return idx
+        k = ks.num_nodes_to_score(n, self.percentage)
+        start = self.next_start
+        if start:
+            pos = int(np.searchsorted(idx, start))
+            idx = np.concatenate((idx[pos:], idx[:pos]))
+        if idx.size > k:
+            idx = idx[:k]
+            processed = (int(idx[-1]) - start) % n + 1
+        else:
+            processed = n
+        self.next_start = (start + processed) % n
+        return idx
+
+    def choose(self, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
+        idx = self.candidates(st, mask)
+        if idx.size == 1:
+            return int(idx[0])
+        tot = self.total(st, pod, idx)
+        ties = idx[tot == tot.max()]
+        return int(ties[self.rng.integers(ties.size)]) if ties.size > 1 else int(ties[0])
+
+
+def _fit_inputs(st: ClusterState, pod: PodRequest, idx: np.ndarray):
+    alloc = (st.alloc_cpu[idx], st.alloc_mem[idx])
+    req = (st.nz_cpu[idx] + pod.nz_cpu, st.nz_mem[idx] + pod.nz_mem)
+    return alloc, req
+
+
+def _balanced(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+    if pod.best_effort:  # since 1.33 BalancedAllocation skips best-effort pods: a constant, i.e. no effect
+        return np.zeros(idx.size, dtype=np.int64)
+    alloc = (st.alloc_cpu[idx], st.alloc_mem[idx])
+    req = (st.req_cpu[idx] + pod.filter_cpu, st.req_mem[idx] + pod.filter_mem)
+    return ks.balanced_allocation(alloc, req)
+
+
+@register("default-k8s")
+class DefaultK8s(ScoringPolicy):
+    """kube-scheduler's default profile for a plain pod: NodeResourcesFit LeastAllocated (w=1, non-zero
+    requests) plus NodeResourcesBalancedAllocation (w=1, real requests). The other default plugins add the
+    same constant to every node for a pod without taints, affinity or spread constraints, so they are omitted.
+    """
+
+    name = "default-k8s"
+
+    def plugin_scores(self, st, pod, idx):
+        alloc, req = _fit_inputs(st, pod, idx)
+        return {"NodeResourcesFit": (1, ks.least_allocated(alloc, req)),
+                "NodeResourcesBalancedAllocation": (1, _balanced(st, pod, idx))}
+
+
+@register("most-allocated")
+class MostAllocated(ScoringPolicy):
+    """NodeResourcesFit with the MostAllocated strategy (bin packing). ``balanced=1`` keeps
+    BalancedAllocation at weight 1, as a real profile that only changes scoringStrategy would; the default
+    (0) is pure packing, the stronger energy baseline.
+    """
+
+    name = "most-allocated"
+
+    def __init__(self, pct: str = "0", balanced: str = "0") -> None:
+        super().__init__(pct)
+        self.balanced_weight = _int_opt(self.name, "balanced", balanced, 0, 100)
+
+    def plugin_scores(self, st, pod, idx):
+        alloc, req = _fit_inputs(st, pod, idx)
+        out = {"NodeResourcesFit": (1, ks.most_allocated(alloc, req))}
+        if self.balanced_weight:
+            out["NodeResourcesBalancedAllocation"] = (self.balanced_weight, _balanced(st, pod, idx))
+        return out
+
+
+@register("requested-to-capacity-ratio")
+class RequestedToCapacityRatio(ScoringPolicy):
+    """NodeResourcesFit with RequestedToCapacityRatio. ``shape`` is ``util:score|util:score`` (score 0..10);
+    the default ``0:0|100:10`` packs.
+    """
+
+    name = "requested-to-capacity-ratio"
+
+    def __init__(self, pct: str = "0", shape: str = "0:0|100:10") -> None:
+        super().__init__(pct)
+        try:
+            pts = [tuple(int(x) for x in p.split(":")) for p in shape.split("|")]
+            if any(len(p) != 2 for p in pts):
+                raise ValueError("each point is util:score")
+            self.shape = ks.validate_shape(pts)
+        except ValueError as e:
+            raise PolicyError(f"policy {self.name!r}: bad shape {shape!r}: {e}") from None
+
+    def plugin_scores(self, st, pod, idx):
+        alloc, req = _fit_inputs(st, pod, idx)
+        return {"NodeResourcesFit": (1, ks.requested_to_capacity_ratio(alloc, req, self.shape))}
+
+
+@register("target-load-packing")
+class TargetLoadPacking(ScoringPolicy):
+    """scheduler-plugins TargetLoadPacking: pack on measured CPU up to ``x`` % (default 40), then spread."""
+
+    name = "target-load-packing"
+
+    def __init__(self, pct: str = "0", x: str = "40") -> None:
+        super().__init__(pct)
+        self.target = _float_opt(self.name, "x", x, 0.0, 100.0)
+
+    def plugin_scores(self, st, pod, idx):
+        used = np.minimum(st.usage_cpu[idx], st.alloc_cpu[idx])  # what node metrics would show
+        pred = ks.tlp_predicted_usage(pod.cpu_m)
+        return {"TargetLoadPacking": (1, ks.target_load_packing(used, st.alloc_cpu[idx], pred, self.target))}
+
+
+def fit_peaks(curve: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares fit of P(x) = K0 + K1 exp(K2 x), x in CPU % (0..100), to an 11-point curve.
+
+    For a fixed K2 the fit is linear in (K0, K1); K2 is found by a coarse log grid then golden-section search.
+    """
+    x = np.linspace(0.0, 100.0, 11)
+    y = np.asarray(curve, dtype=np.float64)
+
+    def solve(k2: float) -> tuple[float, float, float]:
+        e = np.exp(k2 * x)
+        a = np.column_stack((np.ones_like(x), e))
+        (k0, k1), *_ = np.linalg.lstsq(a, y, rcond=None)
+        err = float(((a @ np.array([k0, k1]) - y) ** 2).sum())
+        return err, float(k0), float(k1)
+
+    grid = np.concatenate((-np.logspace(-4, -0.5, 40)[::-1], np.logspace(-4, -0.5, 40)))
+    errs = [solve(k)[0] for k in grid]
+    j = int(np.argmin(errs))
+    lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(60):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        if solve(a)[0] < solve(b)[0]:
+            hi = b
+        else:
+            lo = a
+    k2 = (lo + hi) / 2
+    _, k0, k1 = solve(k2)
+    return k0, k1, k2
+
+
+@register("peaks")
+class Peaks(ScoringPolicy):
+    """PEAKS: each node's power as K0 + K1 e^(K2 x); score the power increase of adding the pod, normalised so
+    the smallest increase scores 100. Pod utilisation is predicted as TargetLoadPacking does.
+    """
+
+    name = "peaks"
+
+    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        super().reset(state, rng)
+        self.k = np.array([fit_peaks(c) for c in state.curves])  # (N, 3)
+
+    def _model(self, k: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return k[:, 0] + k[:, 1] * np.exp(k[:, 2] * x)
+
+    def plugin_scores(self, st, pod, idx):
+        if getattr(self, "k", None) is None or len(self.k) != len(st):
+            self.k = np.array([fit_peaks(c) for c in st.curves])
+        cap = st.alloc_cpu[idx].astype(np.float64)
+        x = 100.0 * np.minimum(st.usage_cpu[idx], cap) / np.maximum(cap, 1)
+        dx = 100.0 * ks.tlp_predicted_usage(pod.cpu_m) / np.maximum(cap, 1)
+        k = self.k[idx]
+        raw = self._model(k, x + dx) - self._model(k, x)
+        lo, hi = raw.min(), raw.max()
+        score = np.full(idx.size, 100, dtype=np.int64) if hi - lo <= 1e-12 else \
+            (100 - 100 * (raw - lo) / (hi - lo)).astype(np.int64)
+        return {"Peaks": (1, score)}
+
+
+@register("energy-greedy")
+class EnergyGreedy:
+    """Pick the node whose power rises least when the pod's request is added to its measured usage. A sleeping
+    node's increase is measured from its sleep draw, so waking one costs its idle power.
+    """
+
+    name = "energy-greedy"
+
+    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def marginal_watts(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+        cap = np.maximum(st.alloc_cpu[idx], 1).astype(np.float64)
+        u = st.usage_cpu[idx] / cap
+        curves = st.curves[idx]
+        now = np.where(st.power_state[idx] == ASLEEP, st.sleep_watts[idx], interp_many(curves, u))
+        return interp_many(curves, u + pod.nz_cpu / cap) - now
+
+    def choose(self, st, pod, mask):
+        idx = np.flatnonzero(mask)
+        if idx.size == 1:
+            return int(idx[0])
+        d = self.marginal_watts(st, pod, idx)
+        ties = idx[d <= d.min() + 1e-9]
+        return int(ties[self.rng.integers(ties.size)]) if ties.size > 1 else int(ties[0])
+
+
+@register("round-robin")
+class RoundRobin:
+    """The next feasible node after the last one chosen, wrapping around."""
+
+    name = "round-robin"
+
+    def reset(self, state, rng):
+        self.next = 0
+
+    def choose(self, st, pod, mask):
+        n = len(mask)
+        start = self.next
+        j = int(np.argmax(mask[start:])) + start if mask[start:].any() else int(np.argmax(mask))
+        self.next = (j + 1) % n
+        return j
+
+
+@register("random")
+class Random:
+    """A uniformly random feasible node."""
+
+    name = "random"
+
+    def reset(self, state, rng):
+        self.rng = rng
+
+    def choose(self, st, pod, mask):
+        idx = np.flatnonzero(mask)
+        return int(idx[self.rng.integers(idx.size)])

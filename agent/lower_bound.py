@@ -1,0 +1,164 @@
+"""The offline energy lower bound: a clairvoyant fluid relaxation that no policy can beat in the twin.
+
+docs/lower-bound.md states it and proves it. In short:
+
+1. Each node's cost of serving x millicores is at least c_i(x), the lower convex envelope of its curve, with
+   x = 0 costing its floor (the sleep draw where nodes may sleep, else its idle watts).
+2. The cluster's cost of serving Y millicores is at least G(Y) = min sum c_i(x_i) with sum x_i = Y: convex and
+   piecewise linear, built by filling the envelopes' segments in order of slope (watts per millicore).
+3. A pod is served at most at its demanded rate, from its arrival on, so by time t at most
+   A(t) = sum_j u_j clip(t - a_j, 0, d_j) has been served, and no run ends before
+   H' = max(duration_s, max_j a_j + d_j). With S(t) the work served by t, S(t) <= A(t) and S(T) = W. For convex G the cheapest such S on [0, T] is the lower convex hull of the arrival corners and
+   (T, W) (a taut string), and we minimise over every T >= H' exactly, vertex by vertex.
+
+It ignores memory, pod slots, wake-up time and the discreteness of pods, which only makes it lower.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cluster.state import ClusterState
+from cluster.workload import Workload
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    joules: float
+    end_s: float  # the window length T that attains it
+    floor_watts: float  # b: every node at its floor
+    work_m_s: float  # W: millicore-seconds served
+
+
+def node_envelope(curve: np.ndarray, cap_m: float, floor_w: float) -> tuple[np.ndarray, np.ndarray]:
+    """Lower convex hull of (0, floor) and (k cap / 10, P_k), k = 1..10. Returns segment widths and slopes."""
+    xs = np.linspace(0.0, cap_m, 11)
+    ys = np.array(curve, dtype=np.float64)
+    ys[0] = min(ys[0], floor_w)
+    hx, hy = _lower_hull(xs, ys)
+    return np.diff(hx), np.diff(hy) / np.diff(hx)
+
+
+def _lower_hull(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Andrew's monotone chain, lower half, for points sorted by x."""
+    hx: list[float] = []
+    hy: list[float] = []
+    for x, y in zip(xs.tolist(), ys.tolist()):
+        while len(hx) >= 2 and (hx[-1] - hx[-2]) * (y - hy[-2]) - (hy[-1] - hy[-2]) * (x - hx[-2]) <= 0:
+            hx.pop()
+            hy.pop()
+        hx.append(x)
+        hy.append(y)
+    return np.array(hx), np.array(hy)
+
+
+def cluster_cost(state: ClusterState) -> tuple[float, np.ndarray, np.ndarray]:
+    """G as (b, breakpoints X, values G(X)), X from 0 to the cluster's total CPU."""
+    floors = np.minimum(state.sleep_watts, state.idle_watts) if state.can_sleep else state.idle_watts
+    widths, slopes = [], []
+    for i in range(len(state)):
+        cap = float(state.alloc_cpu[i])
+        if cap <= 0:
+            continue
+        w, s = node_envelope(state.curves[i], cap, float(floors[i]))
+        widths.append(w)
+        slopes.append(s)
+    b = float(floors.sum())
+    if not widths:
+        return b, np.array([0.0]), np.array([b])
+    w = np.concatenate(widths)
+    s = np.concatenate(slopes)
+    order = np.argsort(s, kind="stable")
+    w, s = w[order], s[order]
+    x = np.concatenate(([0.0], np.cumsum(w)))
+    g = np.concatenate(([b], b + np.cumsum(w * s)))
+    return b, x, g
+
+
+class _G:
+    """G(Y), extended past the cluster's capacity with its steepest slope (a relaxation: only lowers G)."""
+
+    def __init__(self, b: float, x: np.ndarray, g: np.ndarray):
+        self.b, self.x, self.g = b, x, g
+        self.max_slope = float((g[-1] - g[-2]) / (x[-1] - x[-2])) if x.size > 1 else 0.0
+        slopes = np.diff(g) / np.maximum(np.diff(x), 1e-300) if x.size > 1 else np.zeros(0)
+        intercepts = g[:-1] - slopes * x[:-1]  # alpha_s of G = alpha_s + beta_s Y on segment s (decreasing)
+        # tau * G(R / tau) is minimised where the intercept changes sign: at breakpoint x*.
+        neg = np.flatnonzero(intercepts < 0)
+        self.x_star = float(x[neg[0]]) if neg.size else math.inf
+        if neg.size and neg[0] == 0:
+            self.x_star = 0.0
+
+    def __call__(self, y: float) -> float:
+        if y <= self.x[-1]:
+            return float(np.interp(y, self.x, self.g))
+        return float(self.g[-1] + self.max_slope * (y - self.x[-1]))
+
+    def perspective(self, tau: float, r: float) -> float:
+        """Cost of serving ``r`` millicore-seconds evenly over ``tau`` seconds: tau * G(r / tau)."""
+        if tau <= 0:
+            return r * self.max_slope if r > 0 else 0.0
+        return tau * self(r / tau)
+
+
+def lower_bound(state: ClusterState, workload: Workload, horizon_s: float,
+                placeable: np.ndarray | None = None) -> LowerBound:
+    """Minimum over T >= max(horizon, last arrival) and causal schedules of the integral of G(S'(t))."""
+    b, x, g = cluster_cost(state)
+    G = _G(b, x, g)
+    keep = np.ones(len(workload), dtype=bool) if placeable is None else np.asarray(placeable, dtype=bool)
+    a = workload.submit_s[keep]
+    u = workload.usage_m[keep]
+    d = workload.duration_s[keep]
+    total = float(np.dot(u, d))
+    # No pod can finish before arrival + duration (its served rate is at most its demand), so no run ends
+    # before the clairvoyant last completion.
+    h_min = max(horizon_s, float((a + d).max()) if a.size else 0.0)
+    if total <= 0:
+        return LowerBound(b * h_min, h_min, b, 0.0)
+    # Barrier A(t) = sum_j u_j clip(t - a_j, 0, d_j): work that could have been served by t, piecewise linear
+    # with breakpoints at arrivals and clairvoyant completions.
+    t_ev = np.concatenate((a, a + d))
+    slope_ev = np.concatenate((u, -u))
+    order = np.argsort(t_ev, kind="stable")
+    t_ev, slope_ev = t_ev[order], slope_ev[order]
+    times, first = np.unique(t_ev, return_index=True)
+    slope_after = np.cumsum(slope_ev)[np.r_[first[1:] - 1, t_ev.size - 1]]
+    vals = np.concatenate(([0.0], np.cumsum(slope_after[:-1] * np.diff(times))))
+    px = np.concatenate(([0.0], times)) if times[0] > 0 else times
+    py = np.concatenate(([0.0], vals)) if times[0] > 0 else vals
+    py = np.minimum(py, total)
+    hx, hy = _lower_hull(px, py)
+    # prefix[k]: cost of following the corner hull from the origin to vertex k.
+    seg = [G.perspective(float(dt), float(ds)) for dt, ds in zip(np.diff(hx), np.diff(hy))]
+    prefix = np.concatenate(([0.0], np.cumsum(seg)))
+    best, best_t = math.inf, h_min
+    for k in range(hx.size):
+        tv, sv = float(hx[k]), float(hy[k])
+        r = total - sv
+        if r <= total * 1e-12:
+            # Everything served by this vertex; the rest of the window idles at the floor.
+            cost = float(prefix[k]) + b * max(0.0, h_min - tv)
+            if cost < best:
+                best, best_t = cost, max(tv, h_min)
+            continue
+        t_lo = h_min
+        if k + 1 < hx.size:
+            slope_next = (hy[k + 1] - sv) / (hx[k + 1] - tv)
+            if slope_next <= 0:
+                continue  # no finite window keeps the straight finish under the next corner
+            t_lo = max(t_lo, tv + r / slope_next)
+        tau_lo = t_lo - tv
+        tau_star = r / G.x_star if G.x_star > 0 else math.inf
+        if G.x_star == math.inf:
+            tau_star = 0.0
+        tau = max(tau_lo, tau_star)
+        if not math.isfinite(tau):
+            continue
+        cost = float(prefix[k]) + G.perspective(tau, r)
+        if cost < best:
+            best, best_t = cost, tv + tau
+    return LowerBound(best, best_t, b, total)

@@ -1,0 +1,184 @@
+"""ClusterState: what a policy sees of the cluster, as numpy arrays over nodes.
+
+Both backends (the twin and the live Kubernetes backend) fill the same arrays, so a policy never knows which
+one it runs on. Units: CPU in millicores, memory in MiB, power in watts, time in seconds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from power.curves import interp_many, validate_curve
+
+# Node power states.
+ON, ASLEEP, WAKING = 0, 1, 2
+
+# kube-scheduler's non-zero defaults for scoring (pkg/scheduler/util/pod_resources.go).
+DEFAULT_CPU_REQUEST_M = 100
+DEFAULT_MEMORY_REQUEST_MIB = 200
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """A pod's requests as the scheduler sees them. ``None`` = no request; ``0`` = an explicit zero."""
+
+    cpu_m: int | None = None
+    memory_mib: int | None = None
+
+    @property
+    def best_effort(self) -> bool:
+        return self.cpu_m is None and self.memory_mib is None
+
+    @property
+    def filter_cpu(self) -> int:
+        return self.cpu_m or 0
+
+    @property
+    def filter_mem(self) -> int:
+        return self.memory_mib or 0
+
+    @property
+    def nz_cpu(self) -> int:
+        return DEFAULT_CPU_REQUEST_M if self.cpu_m is None else self.cpu_m
+
+    @property
+    def nz_mem(self) -> int:
+        return DEFAULT_MEMORY_REQUEST_MIB if self.memory_mib is None else self.memory_mib
+
+
+class ClusterState:
+    """Per-node arrays (length N). Policies read them; only a backend writes them.
+
+    Attributes
+    ----------
+    alloc_cpu, alloc_mem, alloc_pods : int64
+        Allocatable millicores, MiB and pod slots.
+    req_cpu, req_mem, pods : int64
+        Sums of the real requests of pods bound to the node, and their count.
+    nz_cpu, nz_mem : int64
+        Sums of the non-zero requests (kube-scheduler's scoring view: 100m / 200MiB for absent requests).
+    usage_cpu : float64
+        Demanded CPU of the pods running on the node (may exceed allocatable: then pods are throttled).
+    curves : float64 (N, 11)
+        Watts at 0, 10, ..., 100 % CPU.
+    power_state : int8
+        ON, ASLEEP or WAKING.
+    sleep_watts : float64
+        Draw while asleep (equal to the idle watts where nodes never sleep).
+    next_departure_at : float64
+        Absolute time of the node's next pod departure (inf when none is known).
+    now : float
+        Current time, seconds.
+    """
+
+    def __init__(self, names: Sequence[str], cpu_m: Sequence[int], memory_mib: Sequence[int],
+                 max_pods: Sequence[int], curves: Sequence[Sequence[float]], *, sleep_watts: Sequence[float] | None = None,
+                 group: Sequence[int] | None = None, group_names: Sequence[str] | None = None,
+                 wake_s: float = 0.0, can_sleep: bool = False) -> None:
+        n = len(names)
+        if n == 0:
+            raise ValueError("a cluster needs at least one node")
+        if len(set(names)) != n:
+            dup = [k for k, c in Counter(names).items() if c > 1][0]
+            raise ValueError(f"node name {dup!r} appears twice")
+        self.names = list(names)
+        self.alloc_cpu = np.asarray(cpu_m, dtype=np.int64)
+        self.alloc_mem = np.asarray(memory_mib, dtype=np.int64)
+        self.alloc_pods = np.asarray(max_pods, dtype=np.int64)
+        for label, arr in (("cpu_m", self.alloc_cpu), ("memory_mib", self.alloc_mem), ("max_pods", self.alloc_pods)):
+            if arr.shape != (n,):
+                raise ValueError(f"{label} has {arr.size} values for {n} nodes")
+            if (arr < 0).any():
+                raise ValueError(f"{label} must be >= 0")
+        self.curves = np.array([validate_curve(c) for c in curves], dtype=np.float64).reshape(n, 11)
+        self.idle_watts = self.curves[:, 0].copy()
+        self.peak_watts = self.curves[:, 10].copy()
+        self.sleep_watts = (self.idle_watts.copy() if sleep_watts is None
+                            else np.asarray(sleep_watts, dtype=np.float64))
+        self.group = np.zeros(n, dtype=np.int64) if group is None else np.asarray(group, dtype=np.int64)
+        self.group_names = list(group_names) if group_names is not None else ["nodes"]
+        self.wake_s = float(wake_s)
+        self.can_sleep = bool(can_sleep)
+        self.req_cpu = np.zeros(n, dtype=np.int64)
+        self.req_mem = np.zeros(n, dtype=np.int64)
+        self.pods = np.zeros(n, dtype=np.int64)
+        self.nz_cpu = np.zeros(n, dtype=np.int64)
+        self.nz_mem = np.zeros(n, dtype=np.int64)
+        # Free capacity is kept alongside requested totals so that the filter is three comparisons.
+        self.free_cpu = self.alloc_cpu.copy()
+        self.free_mem = self.alloc_mem.copy()
+        self.free_pods = self.alloc_pods.copy()
+        self.usage_cpu = np.zeros(n, dtype=np.float64)
+        self.power_state = np.zeros(n, dtype=np.int8)
+        self.next_departure_at = np.full(n, np.inf)
+        self.now = 0.0
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    # ---- what policies call -------------------------------------------------------------------------------
+    def feasible(self, pod: PodRequest) -> np.ndarray:
+        """kube-scheduler's NodeResourcesFit filter plus the pod-count limit, on real requests."""
+        ok = self.free_pods > 0
+        if pod.cpu_m:
+            ok &= self.free_cpu >= pod.cpu_m
+        if pod.memory_mib:
+            ok &= self.free_mem >= pod.memory_mib
+        return ok
+
+    def utilization(self) -> np.ndarray:
+        """CPU utilisation u = min(1, usage / allocatable) per node."""
+        return np.minimum(1.0, self.usage_cpu / np.maximum(self.alloc_cpu, 1))
+
+    def power(self) -> np.ndarray:
+        """Watts per node now: the curve at u, or the sleep draw."""
+        w = interp_many(self.curves, self.utilization())
+        return np.where(self.power_state == ASLEEP, self.sleep_watts, w)
+
+    def filter_reasons(self, i: int, pod: PodRequest) -> list[str]:
+        """kube-style reasons node ``i`` fails the filter (empty when it fits)."""
+        reasons = []
+        if pod.cpu_m and self.free_cpu[i] < pod.cpu_m:
+            reasons.append("Insufficient cpu")
+        if pod.memory_mib and self.free_mem[i] < pod.memory_mib:
+            reasons.append("Insufficient memory")
+        if self.free_pods[i] <= 0:
+            reasons.append("Too many pods")
+        return reasons
+
+    def unschedulable_message(self, pod: PodRequest) -> str:
+        """The FailedScheduling message, e.g. ``0/5 nodes are available: 3 Insufficient cpu.``"""
+        counts: Counter[str] = Counter()
+        for i in range(len(self)):
+            counts.update(self.filter_reasons(i, pod))
+        parts = ", ".join(f"{c} {r}" for r, c in sorted(counts.items(), key=lambda rc: (-rc[1], rc[0])))
+        return f"0/{len(self)} nodes are available: {parts}." if parts else f"0/{len(self)} nodes are available."
+
+    # ---- what backends call -------------------------------------------------------------------------------
+    def bind(self, i: int, pod: PodRequest) -> None:
+        """Account ``pod``'s requests on node ``i``."""
+        c, m = pod.filter_cpu, pod.filter_mem
+        self.req_cpu[i] += c
+        self.req_mem[i] += m
+        self.free_cpu[i] -= c
+        self.free_mem[i] -= m
+        self.pods[i] += 1
+        self.free_pods[i] -= 1
+        self.nz_cpu[i] += pod.nz_cpu
+        self.nz_mem[i] += pod.nz_mem
+
+    def unbind(self, i: int, pod: PodRequest) -> None:
+        """Release ``pod``'s requests from node ``i``."""
+        c, m = pod.filter_cpu, pod.filter_mem
+        self.req_cpu[i] -= c
+        self.req_mem[i] -= m
+        self.free_cpu[i] += c
+        self.free_mem[i] += m
+        self.pods[i] -= 1
+        self.free_pods[i] += 1
+        self.nz_cpu[i] -= pod.nz_cpu
+        self.nz_mem[i] -= pod.nz_mem
