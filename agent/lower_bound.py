@@ -147,9 +147,9 @@ def lower_bound(state: ClusterState, workload: Workload, horizon_s: float,
             continue
         t_lo = h_min
         if k + 1 < hx.size:
-            slope_next = (hy[k + 1] - sv) / (hx[k + 1] - tv)
-            if slope_next <= 0:
-                continue  # no finite window keeps the straight finish under the next corner
+            slope_next = float(hy[k + 1] - sv) / float(hx[k + 1] - tv)
+            if slope_next <= r / 1e12:
+                continue  # no reasonable window keeps the straight finish under the next corner
             t_lo = max(t_lo, tv + r / slope_next)
         tau_lo = t_lo - tv
         tau_star = r / G.x_star if G.x_star > 0 else math.inf

@@ -118,7 +118,8 @@ class Twin:
         self._usage = wl.usage_m.tolist()
         cpu, mem = wl.cpu_req.tolist(), wl.mem_req.tolist()
         self._req = [PodRequest(None if c < 0 else c, None if m < 0 else m) for c, m in zip(cpu, mem)]
-        self._placeable = self._placeable_mask(st, wl).tolist()
+        self.placeable = self._placeable_mask(st, wl)
+        self._placeable = self.placeable.tolist()
         self.pod_node = [-1] * p
         self.pod_status = [_NOT_PLACED] * p
         self.pod_start = [math.nan] * p
@@ -395,6 +396,11 @@ class Twin:
     @property
     def energy_joules(self) -> float:
         return self._energy
+
+    @property
+    def pending_pods(self) -> int:
+        """Pods waiting in the pending queue because no node fits them (not counting pods on waking nodes)."""
+        return len(self._pending)
 
     def result(self, decision_ns: np.ndarray | None = None) -> RunResult:
         if not self.done:

@@ -1,8 +1,24 @@
-"""The `joulesched` command line: one typer app, thin commands over library functions."""
+"""The `joulesched` command line: one typer app, thin commands over library functions.
+
+Bad input (a malformed scenario, trace, snapshot, policy spec or model file) prints one red line naming the
+problem and exits with code 2, before anything is written.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 app = typer.Typer(
     name="joulesched",
@@ -11,6 +27,187 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+err = Console(stderr=True)
+out = Console()
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STANDARD_SUITE = REPO_ROOT / "scenarios"
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    from agent.policy import PolicyError
+    from cluster.scenario import ScenarioError
+    from pipelines.benchmark import BenchmarkInputError
+    from pipelines.explain import SnapshotError
+
+    return (ScenarioError, PolicyError, SnapshotError, BenchmarkInputError)
+
+
+@contextmanager
+def _usage_errors() -> Iterator[None]:
+    """Turn input errors into one red line and exit code 2."""
+    try:
+        yield
+    except _input_errors() as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[item]}"), console=err, disable=not enabled, transient=False)
+
+
+def _suite() -> list[Path]:
+    return sorted(STANDARD_SUITE.glob("*.yaml"))
+
+
+ScenarioOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--scenario", "-s", help="Scenario YAML (repeatable). Default: the standard suite in scenarios/.")]
+PolicyOpt = Annotated[Optional[list[str]], typer.Option(
+    "--policy", "-p", help="Policy NAME, NAME:key=value,... or dqn=MODEL (repeatable). Default: every baseline.")]
+
+
+@app.command()
+def benchmark(
+    scenario: ScenarioOpt = None,
+    policy: PolicyOpt = None,
+    seeds: Annotated[int, typer.Option(min=1, max=1000, help="Seeds per scenario (workload seed = scenario seed + i).")] = 1,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder for results.json and report.html.")] = Path("out/benchmark"),
+    jobs: Annotated[int, typer.Option(min=1, max=256, help="Worker processes.")] = 1,
+    report: Annotated[bool, typer.Option(help="Write report.html with plots.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+) -> None:
+    """Run every policy on the same workloads, side by side, and compare with the offline lower bound."""
+    from agent.policy import BASELINES
+    from pipelines.benchmark import run_benchmark
+    from pipelines.report import write_report
+
+    scenarios = scenario or _suite()
+    policies = policy or list(BASELINES)
+    with _usage_errors():
+        doc = _run_with_progress(run_benchmark, scenarios, policies, seeds, out_dir, jobs, not as_json)
+    if report:
+        write_report(out_dir)
+    _print_summary(doc, as_json, out_dir)
+
+
+def _run_with_progress(fn, scenarios, policies, seeds, out_dir, jobs, show: bool) -> dict:
+    command = "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with _progress(show) as prog:
+        task = prog.add_task("benchmark", total=None, item="")
+        return fn(scenarios, policies, seeds, out_dir, jobs=jobs, command=command,
+                  on_start=lambda n: prog.update(task, total=n),
+                  on_progress=lambda item: prog.update(task, advance=1, item=item))
+
+
+def _print_summary(doc: dict, as_json: bool, out_dir: Path) -> None:
+    if as_json:
+        print(json.dumps({"out": str(out_dir), "summary": doc["summary"]}, indent=2))
+        return
+    for name, s in doc["summary"].items():
+        t = Table(title=f"{name} (lower bound {s['lower_bound_joules'] / 3.6e6:.2f} kWh)", title_justify="left")
+        for col in ("policy", "kWh", "vs default-k8s", "vs bound", "SLO viol.", "pending s", "never placed", "p99 µs"):
+            t.add_column(col, justify="left" if col == "policy" else "right")
+        for p, r in sorted(s["policies"].items(), key=lambda kv: kv[1]["energy_joules"]):
+            t.add_row(p, f"{r['energy_joules'] / 3.6e6:.2f}", f"{r.get('energy_vs_default', float('nan')):.3f}",
+                      f"{r['energy_vs_lower_bound']:.3f}", f"{100 * r['slo_violation_rate']:.2f}%",
+                      f"{r['mean_pending_s']:.1f}", f"{r['unschedulable_pods']:g}", f"{r['decision_us_p99']:.0f}")
+        out.print(t)
+    out.print(f"results: {out_dir / 'results.json'}   report: {out_dir / 'report.html'}")
+
+
+@app.command("report")
+def report_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="A folder written by `joulesched benchmark` or `demo`.")],
+) -> None:
+    """Re-render report.html and its plots from a results folder."""
+    from pipelines.report import write_report
+
+    with _usage_errors():
+        path = write_report(out_dir)
+    out.print(f"report: {path}")
+
+
+@app.command()
+def explain(
+    snapshot: Annotated[Path, typer.Option(help="Snapshot JSON: nodes (allocatable, pods, usage, power curve) and a pod.")],
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy spec.")] = "default-k8s",
+    seed: Annotated[int, typer.Option(help="Seed for tie-breaking.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show each node's feasibility, per-plugin scores, total and the chosen node for one pod."""
+    from agent.policy import make_policy
+    from pipelines.explain import explain as do_explain
+    from pipelines.explain import load_snapshot
+
+    with _usage_errors():
+        pol = make_policy(policy)
+        st, pod = load_snapshot(snapshot)
+        res = do_explain(pol, st, pod, seed)
+    if as_json:
+        print(json.dumps(res, indent=2))
+        return
+    plugins = sorted({k for n in res["nodes"] for k in n.get("scores", {})})
+    t = Table(title=f"{res['policy']}: pod cpu={res['pod']['cpu_m']}m memory={res['pod']['memory_mib']}Mi",
+              title_justify="left")
+    t.add_column("node")
+    t.add_column("feasible")
+    for pl in plugins:
+        w = next((n["weights"][pl] for n in res["nodes"] if "weights" in n), 1)
+        t.add_column(f"{pl} (w={w})", justify="right")
+    t.add_column("total", justify="right")
+    for n in res["nodes"]:
+        mark = "yes" if n["feasible"] else "no: " + ", ".join(n["reasons"])
+        cells = [f"{n['scores'][pl]:.4g}" if isinstance(n["scores"][pl], float) else str(n["scores"][pl])
+                 for pl in plugins] if "scores" in n else [""] * len(plugins)
+        total = n.get("total", "")
+        name = f"[bold green]{n['name']} ←[/]" if n["name"] == res["chosen"] else n["name"]
+        t.add_row(name, mark, *cells, f"{total:.4g}" if isinstance(total, float) else str(total))
+    out.print(t)
+    out.print(f"chosen: {res['chosen']}" + (f" ({res['message']})" if "message" in res else ""))
+
+
+@app.command()
+def policies() -> None:
+    """List the policy names --policy accepts."""
+    from agent.policy import policy_names
+
+    for name in policy_names():
+        print(name)
+
+
+@app.command()
+def validate(
+    scenario: Annotated[list[Path], typer.Argument(help="Scenario files to check.")],
+) -> None:
+    """Check scenario files (and their traces) without running anything."""
+    from cluster.scenario import load_scenario
+    from cluster.workload import build_workload
+
+    with _usage_errors():
+        for p in scenario:
+            sc = load_scenario(p)
+            wl = build_workload(sc)
+            out.print(f"{p}: ok ({sc.node_count} nodes, {len(wl)} pods)")
+
+
+@app.command()
+def demo(
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("out/demo"),
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per scenario.")] = 2,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes (default: all cores).")] = max(1, os.cpu_count() or 1),
+) -> None:
+    """The main job on the embedded twin: every policy on the standard suite, then the HTML report."""
+    from agent.policy import BASELINES
+    from pipelines.benchmark import run_benchmark
+    from pipelines.report import write_report
+
+    policies = list(BASELINES)
+    with _usage_errors():
+        doc = _run_with_progress(run_benchmark, _suite(), policies, seeds, out_dir, jobs, True)
+    write_report(out_dir)
+    _print_summary(doc, False, out_dir)
 
 
 def _register_subapps() -> None:

@@ -1,0 +1,215 @@
+"""Side-by-side benchmark: every policy on the same workload, per (scenario, seed), against the lower bound.
+
+Run seed ``s`` of a scenario uses workload seed ``scenario.seed + s`` and the same number seeds each policy's
+tie-breaking generator, so results are deterministic for given seeds. All inputs (scenarios, traces, policy
+specs, model files) are validated before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from agent.lower_bound import lower_bound
+from agent.policy import make_policy
+from cluster.scenario import Scenario, load_scenario
+from cluster.twin import Twin, run_policy
+from cluster.workload import build_workload
+
+RESULTS_VERSION = 1
+
+
+class BenchmarkInputError(ValueError):
+    """Inconsistent benchmark arguments or an unreadable results file."""
+METRICS = ("energy_joules", "slo_violation_rate", "unschedulable_pods", "mean_pending_s", "placements",
+           "decision_us_p99", "mean_throttling", "end_s", "completed_pods")
+
+
+@dataclass(frozen=True)
+class Task:
+    scenario_path: str
+    scenario_index: int
+    seed_offset: int
+    policy: str
+    record: bool
+
+
+def _run_task(task: Task) -> tuple[Task, dict, dict | None]:
+    """Worker: one policy on one (scenario, seed). Returns metrics and, if recorded, its timeline."""
+    sc = load_scenario(task.scenario_path)
+    seed = sc.seed + task.seed_offset
+    wl = build_workload(sc, seed)
+    twin = Twin(sc, wl, record=task.record)
+    res = run_policy(twin, make_policy(task.policy), seed)
+    metrics = {k: getattr(res, k) for k in METRICS}
+    metrics = {k: (float(v) if isinstance(v, (float, np.floating)) else int(v)) for k, v in metrics.items()}
+    tl = None
+    if res.timeline is not None:
+        tl = {"bin_s": res.timeline.bin_s, "watts": res.timeline.watts().astype(np.float32),
+              "util": np.vstack(res.timeline.util).astype(np.float16) if res.timeline.util else np.zeros((0, 0)),
+              "awake": np.asarray(res.timeline.awake, dtype=np.int32)}
+    return task, metrics, tl
+
+
+def _bound(path: str, seed_offset: int) -> dict:
+    sc = load_scenario(path)
+    seed = sc.seed + seed_offset
+    wl = build_workload(sc, seed)
+    twin = Twin(sc, wl)
+    lb = lower_bound(twin.state, wl, sc.duration_s, twin.placeable)
+    return {"name": sc.name, "seed": seed, "nodes": sc.node_count, "pods": len(wl), "trace_rows_dropped": wl.dropped,
+            "lower_bound_joules": lb.joules, "lower_bound_end_s": lb.end_s,
+            "node_names": twin.state.names, "node_groups": [sc.nodes[g].name_prefix for g in twin.state.group]}
+
+
+def validate_inputs(scenarios: Sequence[Path], policies: Sequence[str]) -> list[Scenario]:
+    """Load every scenario (and its trace) and build every policy once, so errors surface before any work."""
+    loaded = [load_scenario(p) for p in scenarios]
+    for sc in loaded:
+        build_workload(sc)  # a bad trace fails here, not in a worker
+    names = [s.name for s in loaded]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise BenchmarkInputError(f"two scenarios share the name {sorted(dup)[0]!r}; names key the results")
+    for p in policies:
+        make_policy(p)
+    if len(set(policies)) != len(policies):
+        raise BenchmarkInputError("a policy is listed twice")
+    return loaded
+
+
+def run_benchmark(scenarios: Sequence[Path], policies: Sequence[str], seeds: int, out: Path, *, jobs: int = 1,
+                  on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
+                  command: str = "") -> dict:
+    """Run the grid, write ``out/results.json`` and ``out/timelines.npz`` atomically, return the results."""
+    if seeds < 1:
+        raise BenchmarkInputError("--seeds must be at least 1")
+    validate_inputs(scenarios, policies)
+    paths = [str(Path(p).resolve()) for p in scenarios]
+    tasks = [Task(p, i, s, pol, record=(s == 0)) for i, p in enumerate(paths) for s in range(seeds) for pol in policies]
+    if on_start:
+        on_start(len(tasks) + len(paths) * seeds)
+    t0 = time.perf_counter()
+    bounds: dict[tuple[int, int], dict] = {}
+    results: dict[tuple[int, int], dict] = {}
+    timelines: dict[str, np.ndarray] = {}
+
+    def collect(task: Task, metrics: dict, tl: dict | None) -> None:
+        results.setdefault((task.scenario_index, task.seed_offset), {})[task.policy] = metrics
+        if tl is not None:
+            key = f"{task.scenario_index}/{task.policy}"
+            timelines[f"{key}/watts"] = tl["watts"]
+            timelines[f"{key}/util"] = tl["util"]
+            timelines[f"{key}/awake"] = tl["awake"]
+            timelines[f"{task.scenario_index}/bin_s"] = np.array([tl["bin_s"]])
+        if on_progress:
+            on_progress(f"{Path(task.scenario_path).stem} seed {task.seed_offset} {task.policy}")
+
+    for i, p in enumerate(paths):
+        for s in range(seeds):
+            bounds[(i, s)] = _bound(p, s)
+            if on_progress:
+                on_progress(f"{Path(p).stem} seed {s} lower bound")
+    if jobs > 1:
+        # spawn, not fork: a parent that imported torch must not fork its thread pools.
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+            for task, metrics, tl in ex.map(_run_task, tasks):
+                collect(task, metrics, tl)
+    else:
+        for task in tasks:
+            collect(*_run_task(task))
+    doc = {
+        "version": RESULTS_VERSION,
+        "command": command,
+        "created_unix": time.time(),
+        "wall_s": time.perf_counter() - t0,
+        "policies": list(policies),
+        "seeds": seeds,
+        "scenarios": [],
+    }
+    for (i, s), b in sorted(bounds.items()):
+        entry = {k: v for k, v in b.items() if k not in ("node_names", "node_groups")}
+        entry["scenario_file"] = paths[i]
+        entry["policies"] = results[(i, s)]
+        doc["scenarios"].append(entry)
+    doc["summary"] = summarize(doc)
+    meta = {str(i): {"node_names": bounds[(i, 0)]["node_names"], "node_groups": bounds[(i, 0)]["node_groups"],
+                     "name": bounds[(i, 0)]["name"]} for i in range(len(paths))}
+    write_outputs(out, doc, timelines, meta)
+    return doc
+
+
+def _ci95(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    return 1.96 * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+
+
+def summarize(doc: dict) -> dict:
+    """Per scenario and policy: means across seeds, energy ratios against default-k8s and the lower bound."""
+    by_name: dict[str, list[dict]] = {}
+    for e in doc["scenarios"]:
+        by_name.setdefault(e["name"], []).append(e)
+    out: dict[str, dict] = {}
+    for name, entries in by_name.items():
+        rows = {}
+        for pol in doc["policies"]:
+            vals = [e["policies"][pol] for e in entries]
+            energy = [v["energy_joules"] for v in vals]
+            vs_lb = [v["energy_joules"] / e["lower_bound_joules"] for v, e in zip(vals, entries)]
+            row = {
+                "energy_joules": float(np.mean(energy)),
+                "energy_vs_lower_bound": float(np.mean(vs_lb)),
+                "slo_violation_rate": float(np.mean([v["slo_violation_rate"] for v in vals])),
+                "mean_throttling": float(np.mean([v["mean_throttling"] for v in vals])),
+                "mean_pending_s": float(np.mean([v["mean_pending_s"] for v in vals])),
+                "unschedulable_pods": float(np.mean([v["unschedulable_pods"] for v in vals])),
+                "decision_us_p99": float(np.max([v["decision_us_p99"] for v in vals])),
+            }
+            if "default-k8s" in doc["policies"]:
+                ratios = [v["energy_joules"] / e["policies"]["default-k8s"]["energy_joules"] for v, e in zip(vals, entries)]
+                row["energy_vs_default"] = float(np.mean(ratios))
+                row["energy_vs_default_ci95"] = _ci95(ratios)
+            rows[pol] = row
+        out[name] = {"seeds": len(entries), "lower_bound_joules": float(np.mean([e["lower_bound_joules"] for e in entries])),
+                     "policies": rows}
+    return out
+
+
+def write_outputs(out: Path, doc: dict, timelines: dict[str, np.ndarray], meta: dict) -> None:
+    """Write results.json and timelines.npz through a temporary folder, then move them in place."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out))
+    try:
+        (tmp / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+        np.savez_compressed(tmp / "timelines.npz", **timelines)
+        (tmp / "nodes.json").write_text(json.dumps(meta) + "\n")
+        for name in ("results.json", "timelines.npz", "nodes.json"):
+            os.replace(tmp / name, out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_results(path: Path) -> dict:
+    """Read a results.json written by :func:`run_benchmark`, checking its version."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise BenchmarkInputError(f"{path}: no results.json there; run `joulesched benchmark` first") from None
+    except json.JSONDecodeError as e:
+        raise BenchmarkInputError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("version") != RESULTS_VERSION or "scenarios" not in doc:
+        raise BenchmarkInputError(f"{path}: not a joulesched results file (version {RESULTS_VERSION})")
+    return doc

@@ -1,0 +1,209 @@
+"""The HTML report: a ratio table per scenario and the plots people would rather look at than read."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: reports are written on servers and in CI
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from jinja2 import Environment, select_autoescape  # noqa: E402
+
+from pipelines.benchmark import load_results  # noqa: E402
+
+_PALETTE = ["#1b6ca8", "#d1495b", "#edae49", "#00798c", "#66a182", "#8d6a9f", "#7f7f7f", "#30343f", "#e07a5f",
+            "#3d405b"]
+
+
+def _color(policies: list[str], p: str) -> str:
+    return _PALETTE[policies.index(p) % len(_PALETTE)]
+
+
+def _plot_energy_ratio(doc: dict, path: Path) -> None:
+    summ, policies = doc["summary"], doc["policies"]
+    names = list(summ)
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(names) + 3.5), 4.2))
+    width = 0.8 / len(policies)
+    ref = "default-k8s" if "default-k8s" in policies else policies[0]
+    for k, p in enumerate(policies):
+        vals = [summ[n]["policies"][p]["energy_joules"] / summ[n]["policies"][ref]["energy_joules"] for n in names]
+        ax.bar(np.arange(len(names)) + (k - (len(policies) - 1) / 2) * width, vals, width, label=p,
+               color=_color(policies, p))
+    lb = [summ[n]["lower_bound_joules"] / summ[n]["policies"][ref]["energy_joules"] for n in names]
+    ax.scatter(np.arange(len(names)), lb, marker="_", s=900, color="black", zorder=5, label="lower bound")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(np.arange(len(names)), names)
+    ax.set_ylabel(f"energy / {ref}")
+    ax.set_title("Energy relative to " + ref + " (lower is better)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_ylim(0, max(1.15, ax.get_ylim()[1]))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_energy_vs_slo(doc: dict, path: Path) -> None:
+    summ, policies = doc["summary"], doc["policies"]
+    ref = "default-k8s" if "default-k8s" in policies else policies[0]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    markers = "osD^v<>p*h"
+    for j, n in enumerate(summ):
+        for p in policies:
+            r = summ[n]["policies"][p]
+            ax.scatter(100 * r["slo_violation_rate"], r["energy_joules"] / summ[n]["policies"][ref]["energy_joules"],
+                       color=_color(policies, p), marker=markers[j % len(markers)], s=40,
+                       label=p if j == 0 else None)
+        ax.scatter([], [], color="black", marker=markers[j % len(markers)], label=n)
+    ax.set_xlabel("pods violating their SLO (%)")
+    ax.set_ylabel(f"energy / {ref}")
+    ax.set_title("Energy against service quality (bottom left is best)")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_power(doc: dict, tl: dict, i: int, name: str, path: Path) -> bool:
+    policies = doc["policies"]
+    key = f"{i}/bin_s"
+    if key not in tl:
+        return False
+    bin_s = float(tl[key][0])
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    for p in policies:
+        w = tl.get(f"{i}/{p}/watts")
+        if w is None:
+            continue
+        t = np.arange(w.size) * bin_s / 3600
+        ax.plot(t, w / 1000, lw=1.1, label=p, color=_color(policies, p))
+        ax2.plot(t, tl[f"{i}/{p}/awake"], lw=1.0, color=_color(policies, p))
+    ax.set_ylabel("cluster power (kW)")
+    ax.set_title(f"{name}: power over time (seed 0)")
+    ax.legend(fontsize=7, ncol=3)
+    ax2.set_ylabel("nodes awake")
+    ax2.set_xlabel("time (h)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, path: Path) -> bool:
+    policies = doc["policies"]
+    summ = doc["summary"][name]["policies"]
+    best = min(policies, key=lambda p: summ[p]["energy_joules"])
+    show = [p for p in dict.fromkeys(["default-k8s", best]) if f"{i}/{p}/util" in tl]
+    if not show or f"{i}/bin_s" not in tl:
+        return False
+    bin_s = float(tl[f"{i}/bin_s"][0])
+    fig, axes = plt.subplots(1, len(show), figsize=(5.2 * len(show), 4.2), squeeze=False)
+    groups = nodes.get(str(i), {}).get("node_groups", [])
+    for ax, p in zip(axes[0], show):
+        u = tl[f"{i}/{p}/util"].astype(np.float32)
+        im = ax.imshow(u.T, aspect="auto", origin="lower", vmin=0, vmax=1, cmap="viridis", interpolation="nearest",
+                       extent=(0, u.shape[0] * bin_s / 3600, 0, u.shape[1]))
+        ax.set_title(f"{p}", fontsize=10)
+        ax.set_xlabel("time (h)")
+        # Label node groups instead of node numbers, and mark their boundaries, so heterogeneity is visible.
+        starts = [k for k in range(len(groups)) if k == 0 or groups[k] != groups[k - 1]]
+        ends = starts[1:] + [len(groups)]
+        for k in starts[1:]:
+            ax.axhline(k, color="white", lw=0.6)
+        if groups:
+            ax.set_yticks([(a + b) / 2 for a, b in zip(starts, ends)], [groups[a] for a in starts], fontsize=7)
+        else:
+            ax.set_ylabel("node")
+    fig.colorbar(im, ax=axes[0].tolist(), label="CPU utilisation")
+    fig.suptitle(f"{name}: per-node utilisation (seed 0)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+_TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>joulesched report</title>
+<style>
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;color:#222;padding:0 1em}
+table{border-collapse:collapse;margin:0.6em 0 1.6em;font-size:0.9em}
+th,td{border-bottom:1px solid #ddd;padding:4px 10px;text-align:right}
+th:first-child,td:first-child{text-align:left}
+tr.best td{font-weight:600;background:#eef6ee}
+.meta{color:#666;font-size:0.85em}
+img{max-width:100%;border:1px solid #eee;margin:0.4em 0}
+code{background:#f4f4f4;padding:1px 4px}
+</style></head><body>
+<h1>joulesched benchmark</h1>
+<p class="meta">{{ header }}<br>{{ n_scen }} scenario(s) &times; {{ seeds }} seed(s) &times; {{ policies|length }} policies,
+run in {{ "%.1f"|format(wall_s) }} s. Generated {{ when }}.{% if command %}<br>Command: <code>{{ command }}</code>{% endif %}</p>
+<p>Energy ratios are per seed, then averaged; the &plusmn; is a 95% interval across seeds. The lower bound is the
+clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no policy can use less.</p>
+<h2>Energy relative to default-k8s</h2>
+<img src="plots/energy_ratio.png" alt="energy ratio per policy and scenario">
+<img src="plots/energy_vs_slo.png" alt="energy against SLO violations">
+{% for s in scenarios %}
+<h2>{{ s.name }}</h2>
+<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods; lower bound {{ "%.2f"|format(s.lb_kwh) }} kWh.</p>
+<table><tr><th>policy</th><th>energy (kWh)</th><th>vs default-k8s</th><th>vs lower bound</th><th>SLO violations</th>
+<th>mean throttling</th><th>mean pending (s)</th><th>never placed</th><th>decision p99 (&micro;s)</th></tr>
+{% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td>{{ r.policy }}</td><td>{{ "%.2f"|format(r.kwh) }}</td>
+<td>{{ r.vs_default }}</td><td>{{ "%.3f"|format(r.vs_lb) }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
+<td>{{ "%.2f"|format(r.thr) }}%</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
+<td>{{ "%.0f"|format(r.p99) }}</td></tr>
+{% endfor %}</table>
+{% for img in s.images %}<img src="plots/{{ img }}" alt="{{ img }}">{% endfor %}
+{% endfor %}
+</body></html>
+"""
+
+
+def write_report(out: Path, header: str = "Measured on the embedded twin (simulated cluster).") -> Path:
+    """Render ``out/report.html`` and ``out/plots/*.png`` from ``out/results.json`` and its timelines."""
+    out = Path(out)
+    doc = load_results(out / "results.json")
+    tl_path = out / "timelines.npz"
+    tl = dict(np.load(tl_path)) if tl_path.exists() else {}
+    nodes_path = out / "nodes.json"
+    nodes = json.loads(nodes_path.read_text()) if nodes_path.exists() else {}
+    plots = out / "plots"
+    plots.mkdir(exist_ok=True)
+    _plot_energy_ratio(doc, plots / "energy_ratio.png")
+    _plot_energy_vs_slo(doc, plots / "energy_vs_slo.png")
+    first_index = {}
+    for e in doc["scenarios"]:
+        first_index.setdefault(e["name"], len(first_index))
+    scen = []
+    for name, s in doc["summary"].items():
+        i = first_index[name]
+        entry = next(e for e in doc["scenarios"] if e["name"] == name)
+        images = []
+        if _plot_power(doc, tl, i, name, plots / f"power_{i}.png"):
+            images.append(f"power_{i}.png")
+        if _plot_util(doc, tl, nodes, i, name, plots / f"util_{i}.png"):
+            images.append(f"util_{i}.png")
+        best = min(s["policies"], key=lambda p: s["policies"][p]["energy_joules"])
+        rows = []
+        for p, r in s["policies"].items():
+            vs = "—"
+            if "energy_vs_default" in r:
+                vs = f"{r['energy_vs_default']:.3f}"
+                if s["seeds"] > 1:
+                    vs += f" ± {r['energy_vs_default_ci95']:.3f}"
+            rows.append({"policy": p, "kwh": r["energy_joules"] / 3.6e6, "vs_default": vs,
+                         "vs_lb": r["energy_vs_lower_bound"], "slo": 100 * r["slo_violation_rate"],
+                         "thr": 100 * r["mean_throttling"], "pending": r["mean_pending_s"],
+                         "uns": r["unschedulable_pods"], "p99": r["decision_us_p99"], "best": p == best})
+        scen.append({"name": name, "nodes": entry["nodes"], "pods": entry["pods"],
+                     "lb_kwh": s["lower_bound_joules"] / 3.6e6, "rows": rows, "images": images})
+    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+    page = env.from_string(_TEMPLATE).render(
+        header=header, n_scen=len(scen), seeds=doc["seeds"], policies=doc["policies"], wall_s=doc.get("wall_s", 0.0),
+        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.get("command", ""), scenarios=scen)
+    path = out / "report.html"
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(page)
+    tmp.replace(path)
+    return path

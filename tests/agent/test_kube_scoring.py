@@ -1,0 +1,192 @@
+"""kube-scheduler's formulas on values worked out by hand (reference.md section 1 and 3)."""
+
+import numpy as np
+import pytest
+
+from agent import kube_scoring as ks
+from agent.baselines import DefaultK8s, fit_peaks
+from agent.policy import PolicyError, make_policy, parse_spec
+from cluster.state import ClusterState, PodRequest
+from tests.helpers import LINEAR_100_200
+
+A = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+
+
+def test_least_allocated_floors_each_resource_then_the_mean():
+    # cpu: (4000-1500)*100/4000 = 62.5 -> 62; mem: (8192-4096)*100/8192 = 50; (62+50)/2 = 56
+    assert ks.least_allocated((A(4000), A(8192)), (A(1500), A(4096))).tolist() == [56]
+
+
+def test_least_allocated_is_zero_when_requested_exceeds_allocatable():
+    assert ks.least_allocated((A(1000), A(1000)), (A(1001), A(1000))).tolist() == [0]
+
+
+def test_zero_allocatable_resource_is_skipped():
+    # memory allocatable 0: only cpu counts, (1000-250)*100/1000 = 75
+    assert ks.least_allocated((A(1000), A(0)), (A(250), A(10))).tolist() == [75]
+
+
+def test_most_allocated():
+    # cpu 1500*100/4000 = 37.5 -> 37; mem 50; (37+50)//2 = 43; requested above allocatable caps at 100
+    assert ks.most_allocated((A(4000, 100), A(8192, 100)), (A(1500, 500), A(4096, 50))).tolist() == [43, 75]
+
+
+def test_requested_to_capacity_ratio_rounds_half_away_from_zero():
+    shape = ks.validate_shape([(0, 0), (100, 10)])
+    assert shape == [(0, 0), (100, 100)]
+    # u_cpu = 1400*100//4000 = 35, u_mem = 50 -> (35+50)/2 = 42.5 -> 43 (Go's math.Round), not 42
+    assert ks.requested_to_capacity_ratio((A(4000), A(8192)), (A(1400), A(4096)), shape).tolist() == [43]
+
+
+def test_requested_to_capacity_ratio_truncates_toward_zero_like_go():
+    # Decreasing shape (0,100)->(30,0); u = 20: 100 + trunc(-100*20/30) = 100 - 66 = 34 (floor would give 33).
+    shape = ks.validate_shape([(0, 10), (30, 0)])
+    s = ks.requested_to_capacity_ratio((A(1000), A(1000)), (A(200), A(200)), shape, weights=(1, 1))
+    assert s.tolist() == [34]
+    # Past the last point the score is the last point's: u = 50 -> 0, and zero scores are left out of the mean.
+    s = ks.requested_to_capacity_ratio((A(1000), A(1000)), (A(500), A(200)), shape)
+    assert s.tolist() == [34]
+
+
+def test_rtcr_shape_validation():
+    for bad in ([(0, 11)], [(10, 1), (5, 2)], [(101, 1)], []):
+        with pytest.raises(ValueError):
+            ks.validate_shape(bad)
+
+
+def test_balanced_allocation():
+    # fractions 0.5 and 0.25: std = 0.125 -> floor(87.5) = 87; equal fractions -> 100; capped at 1 -> |1-0.5|/2
+    alloc = (A(4000, 4000, 1000), A(8192, 8192, 1000))
+    req = (A(2000, 1500, 5000), A(2048, 3072, 500))
+    assert ks.balanced_allocation(alloc, req).tolist() == [87, 100, 75]
+
+
+def test_num_nodes_to_score():
+    assert ks.num_nodes_to_score(50) == 50
+    assert ks.num_nodes_to_score(100) == 100  # 50 % of 100 is 50, raised to the minimum of 100
+    assert ks.num_nodes_to_score(1000) == 420  # 50 - 1000/125 = 42 %
+    assert ks.num_nodes_to_score(5000) == 500  # 10 %
+    assert ks.num_nodes_to_score(6000) == 300  # 50 - 48 = 2 %, raised to 5 %
+    assert ks.num_nodes_to_score(1000, percentage=100) == 1000
+
+
+def test_target_load_packing():
+    cap = np.array([4000.0, 4000.0, 4000.0])
+    used = np.array([800.0, 2000.0, 3500.0])
+    pred = ks.tlp_predicted_usage(400)  # 400m * 1.5 = 600m
+    assert pred == 600
+    # U = 35 -> round(60*35/40 + 40) = round(92.5) = 93; U = 65 -> round(40*35/60) = 23; U = 102.5 -> 0
+    assert ks.target_load_packing(used, cap, pred, 40).tolist() == [93, 23, 0]
+    assert ks.tlp_predicted_usage(None) == 1000
+    assert ks.tlp_predicted_usage(333) == 500  # 499.5 rounds half away from zero
+
+
+def test_peaks_fit_recovers_an_exponential():
+    x = np.linspace(0, 100, 11)
+    curve = 50 + 20 * np.exp(0.015 * x)
+    k0, k1, k2 = fit_peaks(curve)
+    assert k2 == pytest.approx(0.015, rel=1e-3)
+    assert k0 == pytest.approx(50, rel=1e-3) and k1 == pytest.approx(20, rel=1e-3)
+
+
+def _state(n=3, cpu=4000, mem=8192):
+    return ClusterState([f"n{i}" for i in range(n)], [cpu] * n, [mem] * n, [110] * n, [LINEAR_100_200] * n)
+
+
+def test_default_k8s_uses_non_zero_requests_for_fit_and_real_for_balanced():
+    st = _state(2)
+    st.bind(0, PodRequest(None, None))  # best-effort: counts 100m / 200Mi for Fit only
+    pol = DefaultK8s()
+    scores = pol.plugin_scores(st, PodRequest(1000, 2048), np.array([0, 1]))
+    # node0 Fit: cpu (4000-1100)*100/4000 = 72, mem (8192-2248)*100/8192 = 72 -> 72; node1: 75, 75 -> 75
+    assert scores["NodeResourcesFit"][1].tolist() == [72, 75]
+    # Balanced on real requests: both nodes 0.25 / 0.25 -> 100
+    assert scores["NodeResourcesBalancedAllocation"][1].tolist() == [100, 100]
+
+
+def test_balanced_allocation_skips_best_effort_pods():
+    st = _state(2)
+    st.bind(0, PodRequest(2000, 100))
+    s = DefaultK8s().plugin_scores(st, PodRequest(None, None), np.array([0, 1]))
+    assert s["NodeResourcesBalancedAllocation"][1].tolist() == [0, 0]
+
+
+def test_ties_are_broken_uniformly_with_the_seeded_generator():
+    st = _state(3)
+    mask = np.ones(3, dtype=bool)
+    picks = set()
+    for seed in range(40):
+        pol = make_policy("default-k8s")
+        pol.reset(st, np.random.default_rng(seed))
+        picks.add(pol.choose(st, PodRequest(100, 100), mask))
+    assert picks == {0, 1, 2}
+    a, b = make_policy("default-k8s"), make_policy("default-k8s")
+    a.reset(st, np.random.default_rng(7))
+    b.reset(st, np.random.default_rng(7))
+    assert [a.choose(st, PodRequest(100, 100), mask) for _ in range(10)] == \
+        [b.choose(st, PodRequest(100, 100), mask) for _ in range(10)]
+
+
+def test_single_feasible_node_is_chosen_without_scoring():
+    st = _state(3)
+    mask = np.array([False, False, True])
+    for name in ["default-k8s", "most-allocated", "peaks", "energy-greedy", "round-robin", "random"]:
+        pol = make_policy(name)
+        pol.reset(st, np.random.default_rng(0))
+        assert pol.choose(st, PodRequest(100, 100), mask) == 2
+
+
+def test_percentage_of_nodes_to_score_rotates_the_start_index():
+    st = _state(1000, cpu=100000, mem=100000)
+    pol = make_policy("most-allocated")
+    pol.reset(st, np.random.default_rng(0))
+    mask = np.ones(1000, dtype=bool)
+    first = pol.candidates(st, mask)
+    assert first.size == 420 and first[0] == 0
+    second = pol.candidates(st, mask)
+    assert second[0] == 420 and second.size == 420
+    third = pol.candidates(st, mask)  # wraps around: 840..999 then 0..259
+    assert third[0] == 840 and third[-1] == 259
+
+
+def test_most_allocated_packs_and_default_spreads():
+    st = _state(2)
+    st.bind(0, PodRequest(2000, 4096))
+    mask = np.ones(2, dtype=bool)
+    for name, expect in [("most-allocated", 0), ("default-k8s", 1)]:
+        pol = make_policy(name)
+        pol.reset(st, np.random.default_rng(0))
+        assert pol.choose(st, PodRequest(500, 512), mask) == expect
+
+
+def test_energy_greedy_prefers_the_flat_curve_and_avoids_waking():
+    flat = [100 + k for k in range(11)]
+    steep = [10 + 20 * k for k in range(11)]
+    st = ClusterState(["flat", "steep"], [1000, 1000], [1000, 1000], [10, 10], [flat, steep], sleep_watts=[5, 5],
+                      can_sleep=True)
+    pol = make_policy("energy-greedy")
+    pol.reset(st, np.random.default_rng(0))
+    mask = np.ones(2, dtype=bool)
+    assert pol.choose(st, PodRequest(500, 10), mask) == 0  # +5 W vs +100 W
+    st.power_state[0] = 1  # asleep: waking it costs ~100 W
+    assert pol.choose(st, PodRequest(500, 10), mask) == 1
+
+
+def test_round_robin_cycles_over_feasible_nodes():
+    st = _state(3)
+    pol = make_policy("round-robin")
+    pol.reset(st, np.random.default_rng(0))
+    mask = np.array([True, False, True])
+    assert [pol.choose(st, PodRequest(1, 1), mask) for _ in range(4)] == [0, 2, 0, 2]
+
+
+def test_policy_specs():
+    assert parse_spec("most-allocated:balanced=1,pct=50") == ("most-allocated", {"balanced": "1", "pct": "50"}, None)
+    assert parse_spec("dqn=models/a.pt") == ("dqn", {}, "models/a.pt")
+    assert make_policy("most-allocated:balanced=1").balanced_weight == 1
+    assert make_policy("requested-to-capacity-ratio:shape=0:10|100:0").shape == [(0, 100), (100, 0)]
+    for bad, msg in [("nope", "unknown policy"), ("most-allocated:balanced=x", "not an integer"),
+                     ("target-load-packing:x=150", "must be in"), ("round-robin:foo=1", "bad option"),
+                     ("requested-to-capacity-ratio:shape=0:20", "bad shape"), ("default-k8s:pct", "key=value")]:
+        with pytest.raises(PolicyError, match=msg):
+            make_policy(bad)

@@ -1,0 +1,144 @@
+"""The twin's physics, checked against values worked out by hand."""
+
+import math
+
+import numpy as np
+import pytest
+
+from agent.policy import make_policy
+from cluster.twin import Twin, run_policy
+from tests.helpers import scenario, workload
+
+
+class First:
+    """Always the lowest-index feasible node, so tests control placement."""
+
+    name = "first"
+
+    def reset(self, state, rng):
+        pass
+
+    def choose(self, state, pod, mask):
+        return int(np.flatnonzero(mask)[0])
+
+
+def run(sc, wl, policy=None, record=False):
+    return run_policy(Twin(sc, wl, record=record), policy or First(), 0)
+
+
+def test_energy_integrates_the_curve_between_events():
+    # 500m on a 1000m node is u = 0.5: 150 W for 100 s, then idle 100 W until the 200 s horizon.
+    sc = scenario([{}], duration_s=200)
+    r = run(sc, workload((0, 100, 500, 100, 500)))
+    assert r.energy_joules == pytest.approx(150 * 100 + 100 * 100)
+    assert r.end_s == 200
+    assert r.completed_pods == 1 and r.slo_violations == 0 and r.mean_pending_s == 0
+
+
+def test_interpolation_between_ten_percent_points():
+    # u = 0.25 on a curve with a kink at 20 %: halfway between the 20 % and 30 % points.
+    curve = [0, 10, 20, 60, 60, 60, 60, 60, 60, 60, 60]
+    sc = scenario([{"power_watts": curve}], duration_s=10)
+    r = run(sc, workload((0, 10, 250, 10, 250)))
+    assert r.energy_joules == pytest.approx(40 * 10)
+
+
+def test_run_lasts_until_the_last_pod_finishes():
+    sc = scenario([{}], duration_s=50)
+    r = run(sc, workload((40, 100, 100, 10, 1000)))
+    assert r.end_s == pytest.approx(140)
+    assert r.energy_joules == pytest.approx(100 * 40 + 200 * 100)
+
+
+def test_overload_throttles_pro_rata_and_is_work_conserving():
+    # Two best-effort pods demand 800m each on 1000m: each gets 0.625 of its demand, so 100 s of work takes
+    # 160 s, both violate the 0.9 SLO, and mean throttling is 0.375.
+    sc = scenario([{}], duration_s=10)
+    r = run(sc, workload((0, 100, None, None, 800), (0, 100, None, None, 800)))
+    assert r.end_s == pytest.approx(160)
+    assert r.slo_violations == 2 and r.slo_violation_rate == 1.0
+    assert r.mean_throttling == pytest.approx(0.375)
+    assert r.energy_joules == pytest.approx(200 * 160)
+
+
+def test_short_overload_within_tolerance_is_no_violation():
+    # Pod A (900m, 1000 s) overlaps with B (900m) for B's 10 s; A is below 90 % for ~10 s of ~1010 s (< 5 %).
+    sc = scenario([{}], duration_s=10)
+    r = run(sc, workload((0, 1000, None, None, 900), (100, 10, None, None, 900)))
+    assert r.slo_violations == 1  # B spent its whole life throttled; A did not
+
+
+def test_pod_that_fits_nowhere_waits_then_runs():
+    sc = scenario([{}], duration_s=10)
+    r = run(sc, workload((0, 100, 800, 10, 100), (10, 50, 800, 10, 100)))
+    assert r.placements == 2 and r.unschedulable_pods == 0
+    assert r.mean_pending_s == pytest.approx((0 + 90) / 2)
+    assert r.end_s == pytest.approx(150)
+
+
+def test_pod_too_big_for_every_node_is_never_placed():
+    sc = scenario([{}, {"cpu_m": 2000}], duration_s=10)
+    r = run(sc, workload((0, 10, 3000, 10, 100), (0, 10, 1500, 10, 100)))
+    assert r.unschedulable_pods == 1 and r.placements == 1
+
+
+def test_pod_count_limit_filters_best_effort_pods():
+    sc = scenario([{"max_pods": 1}, {}], duration_s=10)
+    tw = Twin(sc, workload((0, 50, None, None, 10), (0, 50, None, None, 10)))
+    nodes = []
+    while tw.next_decision() is not None:
+        nodes.append(int(np.flatnonzero(tw.mask)[0]))
+        tw.place(nodes[-1])
+    assert nodes == [0, 1]
+
+
+def test_sleep_wake_and_wake_delay():
+    # Node sleeps at 10 s (5 W); a pod bound at 100 s waits 20 s while the node wakes at idle power,
+    # runs 50 s at u = 0.5, then the node idles 10 s and sleeps again until the 300 s horizon.
+    sc = scenario([{}], duration_s=300,
+                  idle={"mode": "sleep", "sleep_after_s": 10, "sleep_watts": 5, "wake_s": 20})
+    r = run(sc, workload((100, 50, 500, 10, 500)))
+    expect = 100 * 10 + 5 * 90 + 100 * 20 + 150 * 50 + 100 * 10 + 5 * (300 - 180)
+    assert r.energy_joules == pytest.approx(expect)
+    assert r.mean_pending_s == pytest.approx(20)
+
+
+def test_pod_bound_to_a_waking_node_starts_with_it():
+    sc = scenario([{}], duration_s=10,
+                  idle={"mode": "sleep", "sleep_after_s": 0, "sleep_watts": 0, "wake_s": 30})
+    r = run(sc, workload((5, 10, 100, 10, 100), (15, 10, 100, 10, 100)))
+    assert r.mean_pending_s == pytest.approx(((35 - 5) + (35 - 15)) / 2)
+
+
+def test_place_rejects_an_infeasible_node():
+    sc = scenario([{"cpu_m": 100}, {}], duration_s=10)
+    tw = Twin(sc, workload((0, 10, 500, 10, 100)))
+    assert tw.next_decision() == 0
+    assert tw.mask.tolist() == [False, True]
+    with pytest.raises(ValueError, match="not feasible"):
+        tw.place(0)
+
+
+@pytest.mark.parametrize("name", ["heterogeneous-sleep", "tiny"])
+def test_runs_are_deterministic_for_a_seed(name):
+    from cluster.scenario import load_scenario
+    from cluster.workload import build_workload
+
+    sc = load_scenario(f"scenarios/{name}.yaml")
+    a = run_policy(Twin(sc, build_workload(sc, 3)), make_policy("default-k8s"), 3)
+    b = run_policy(Twin(sc, build_workload(sc, 3)), make_policy("default-k8s"), 3)
+    assert a.energy_joules == b.energy_joules and a.mean_pending_s == b.mean_pending_s
+    c = run_policy(Twin(sc, build_workload(sc, 4)), make_policy("default-k8s"), 4)
+    assert c.energy_joules != a.energy_joules
+
+
+def test_timeline_energy_adds_up_to_the_total():
+    from cluster.scenario import load_scenario
+    from cluster.workload import build_workload
+
+    sc = load_scenario("scenarios/tiny.yaml")
+    r = run_policy(Twin(sc, build_workload(sc), record=True), make_policy("most-allocated"), 0)
+    tl = r.timeline
+    assert math.isclose(sum(tl.energy_j), r.energy_joules, rel_tol=1e-9)
+    assert len(tl.util) == len(tl.energy_j) and tl.util[0].shape == (3,)
+    assert all(0 <= u.min() and u.max() <= 1 for u in tl.util)
