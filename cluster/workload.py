@@ -110,6 +110,19 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
     return wl
 
 
+def write_trace(wl: Workload, path: str | Path) -> None:
+    """Write ``wl`` as a trace CSV that :func:`load_trace` reads back to the same pods."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(TRACE_COLUMNS)
+        for s, d, c, m, u in zip(wl.submit_s.tolist(), wl.duration_s.tolist(), wl.cpu_req.tolist(),
+                                 wl.mem_req.tolist(), wl.usage_m.tolist()):
+            w.writerow((repr(s), repr(d), "" if c < 0 else c, "" if m < 0 else m, repr(u)))
+    tmp.replace(path)
+
+
 def _parse_cell(path: Path, lineno: int, col: str, cell: str) -> float:
     where = f"{path}: line {lineno}, column {col}"
     if col in ("cpu_request_m", "memory_request_mib"):

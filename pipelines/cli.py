@@ -107,8 +107,8 @@ def _print_summary(doc: dict, as_json: bool, out_dir: Path) -> None:
         return
     for name, s in doc["summary"].items():
         t = Table(title=f"{name} (lower bound {s['lower_bound_joules'] / 3.6e6:.2f} kWh)", title_justify="left")
-        for col in ("policy", "kWh", "vs default-k8s", "vs bound", "SLO viol.", "pending s", "never placed", "p99 µs"):
-            t.add_column(col, justify="left" if col == "policy" else "right")
+        for col in ("policy", "kWh", "×default", "×bound", "SLO viol", "pend s", "unplaced", "p99 µs"):
+            t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
         for p, r in sorted(s["policies"].items(), key=lambda kv: kv[1]["energy_joules"]):
             t.add_row(p, f"{r['energy_joules'] / 3.6e6:.2f}", f"{r.get('energy_vs_default', float('nan')):.3f}",
                       f"{r['energy_vs_lower_bound']:.3f}", f"{100 * r['slo_violation_rate']:.2f}%",
@@ -190,6 +190,22 @@ def validate(
             sc = load_scenario(p)
             wl = build_workload(sc)
             out.print(f"{p}: ok ({sc.node_count} nodes, {len(wl)} pods)")
+
+
+@app.command()
+def trace(
+    scenario: Annotated[Path, typer.Option("--scenario", "-s", help="Scenario whose workload to export.")],
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="Trace CSV to write.")],
+    seed: Annotated[Optional[int], typer.Option(help="Workload seed (default: the scenario's).")] = None,
+) -> None:
+    """Export a scenario's workload (synthetic or trace) as a trace CSV."""
+    from cluster.scenario import load_scenario
+    from cluster.workload import build_workload, write_trace
+
+    with _usage_errors():
+        wl = build_workload(load_scenario(scenario), seed)
+    write_trace(wl, out_file)
+    out.print(f"{out_file}: {len(wl)} pods")
 
 
 @app.command()

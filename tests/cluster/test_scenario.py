@@ -165,3 +165,13 @@ def test_best_effort_fraction_and_determinism():
 def test_arrivals_stop_at_the_horizon():
     wl = synthesize(_spec(pods=1000, mean_interarrival_s=10), horizon=500, seed=0)
     assert wl.submit_s.max() < 500 and 30 < len(wl) < 80
+
+
+def test_exported_trace_reads_back_to_the_same_pods(tmp_path):
+    from cluster.workload import write_trace
+
+    wl = synthesize(_spec(pods=300, best_effort_fraction=0.3), horizon=1e9, seed=2)
+    write_trace(wl, tmp_path / "x.csv")
+    back = load_trace(tmp_path / "x.csv")
+    for col in ("submit_s", "duration_s", "cpu_req", "mem_req", "usage_m"):
+        assert np.array_equal(getattr(wl, col), getattr(back, col)), col

@@ -1,0 +1,47 @@
+"""Twin throughput: placements per second with heuristic policies at 100 nodes, on one core.
+
+Run: .venv/bin/python bench/twin_throughput.py [--nodes 100] [--pods 50000] [--repeat 3]
+Every policy runs on the same workload in the same process, best of --repeat, so the ratios are comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the goal states
+
+from agent.policy import make_policy  # noqa: E402
+from cluster.scenario import Scenario  # noqa: E402
+from cluster.twin import Twin, run_policy  # noqa: E402
+from cluster.workload import build_workload  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--pods", type=int, default=50_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--policies", default="round-robin,random,most-allocated,energy-greedy,default-k8s,peaks")
+    a = ap.parse_args()
+    sc = Scenario.model_validate(dict(
+        name="throughput", seed=1, duration_s=a.pods * 0.5,
+        nodes=[dict(name_prefix="n", count=a.nodes, cpu_m=32000, memory_mib=131072, power_watts="ibm-x3250-x3470")],
+        workload=dict(synthetic=dict(pods=a.pods, mean_interarrival_s=0.5, duration_median_s=300, duration_sigma=1.0,
+                                     max_duration_s=3600))))
+    wl = build_workload(sc)
+    twin = Twin(sc, wl)
+    print(f"{a.nodes} nodes, {len(wl)} pods, best of {a.repeat}")
+    print(f"{'policy':<16} {'placements/s':>13} {'us/placement':>13}")
+    for name in a.policies.split(","):
+        best = 0.0
+        for _ in range(a.repeat):
+            t0 = time.perf_counter()
+            r = run_policy(twin, make_policy(name), 0)
+            best = max(best, r.placements / (time.perf_counter() - t0))
+        print(f"{name:<16} {best:>13,.0f} {1e6 / best:>13.1f}")
+
+
+if __name__ == "__main__":
+    main()
