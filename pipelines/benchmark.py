@@ -175,7 +175,8 @@ def summarize(doc: dict) -> dict:
                 "mean_throttling": float(np.mean([v["mean_throttling"] for v in vals])),
                 "mean_pending_s": float(np.mean([v["mean_pending_s"] for v in vals])),
                 "unschedulable_pods": float(np.mean([v["unschedulable_pods"] for v in vals])),
-                "decision_us_p99": float(np.max([v["decision_us_p99"] for v in vals])),
+                # Median across seeds: one seed's p99 can catch a burst of noise from other processes.
+                "decision_us_p99": float(np.median([v["decision_us_p99"] for v in vals])),
             }
             if "default-k8s" in doc["policies"]:
                 ratios = [v["energy_joules"] / e["policies"]["default-k8s"]["energy_joules"] for v, e in zip(vals, entries)]

@@ -28,7 +28,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
-out = Console()
+# Piped output (logs, CI) gets a wide console so that tables are not truncated to 80 columns.
+out = Console() if sys.stdout.isatty() else Console(width=160)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STANDARD_SUITE = REPO_ROOT / "scenarios"

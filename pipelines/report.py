@@ -49,7 +49,7 @@ def _plot_energy_ratio(doc: dict, path: Path) -> None:
 def _plot_energy_vs_slo(doc: dict, path: Path) -> None:
     summ, policies = doc["summary"], doc["policies"]
     ref = "default-k8s" if "default-k8s" in policies else policies[0]
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
     markers = "osD^v<>p*h"
     for j, n in enumerate(summ):
         for p in policies:
@@ -61,7 +61,7 @@ def _plot_energy_vs_slo(doc: dict, path: Path) -> None:
     ax.set_xlabel("pods violating their SLO (%)")
     ax.set_ylabel(f"energy / {ref}")
     ax.set_title("Energy against service quality (bottom left is best)")
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
