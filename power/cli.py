@@ -1,5 +1,244 @@
-"""`joulesched power ...` commands."""
+"""`joulesched power ...` commands: thin wrappers that resolve options, then call the library.
+
+Bad input prints one red line and exits 2; nothing is written on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
 
 import typer
+import yaml
+from rich.console import Console
 
 app = typer.Typer(no_args_is_help=True)
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+class MeterKind(str, Enum):
+    auto = "auto"
+    powercap = "powercap"
+    msr = "msr"
+    model = "model"
+
+
+PowercapRoot = Annotated[Path, typer.Option(help="Root of the powercap tree (a synthetic tree in tests).")]
+ProcRoot = Annotated[Path, typer.Option(help="Root of procfs.")]
+DevRoot = Annotated[Path, typer.Option(help="Root of /dev (for /dev/cpu/N/msr).")]
+MeterOpt = Annotated[MeterKind, typer.Option(help="Energy source; auto tries powercap, msr, then model.")]
+ProfileOpt = Annotated[Optional[Path], typer.Option(
+    help="Node profile YAML from `power calibrate`: its power_watts drive the model meter.")]
+CurveOpt = Annotated[Optional[str], typer.Option(
+    help="A SPECpower curve name for the model meter (see power.curves.SPECPOWER).")]
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _model_curve(profile: Optional[Path], curve: Optional[str]) -> Optional[tuple[float, ...]]:
+    from power.curves import SPECPOWER, validate_curve
+
+    if profile is not None and curve is not None:
+        _fail("give --profile or --curve, not both")
+    if curve is not None:
+        if curve not in SPECPOWER:
+            _fail(f"--curve {curve!r} is unknown; known: {', '.join(sorted(SPECPOWER))}")
+        return SPECPOWER[curve]
+    if profile is None:
+        return None
+    try:
+        data = yaml.safe_load(profile.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        _fail(f"--profile {profile}: cannot read: {e}".replace("\n", " "))
+    if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) == 1:
+        data = data["nodes"][0]
+    watts = data.get("power_watts") if isinstance(data, dict) else None
+    if isinstance(watts, str):
+        if watts not in SPECPOWER:
+            _fail(f"--profile {profile}: power_watts names unknown curve {watts!r}")
+        return SPECPOWER[watts]
+    try:
+        return validate_curve(watts if isinstance(watts, list) else [])
+    except (TypeError, ValueError) as e:
+        _fail(f"--profile {profile}: power_watts: {e}")
+
+
+def _open(meter: MeterKind, powercap_root: Path, proc_root: Path, dev_root: Path,
+          curve: Optional[tuple[float, ...]], order: Optional[tuple[str, ...]] = None):
+    from power.meter import MeterError, MeterUnavailable, open_meter
+    from power.model import DEFAULT_CURVE_NAME
+
+    kinds = order if (meter is MeterKind.auto and order) else (meter.value,)
+    skipped: list[str] = []
+    for kind in kinds:
+        try:
+            choice = open_meter(kind, powercap_root=str(powercap_root), proc_root=str(proc_root),
+                                dev_root=str(dev_root), curve=curve)
+        except MeterError as e:
+            # Walking an explicit order, an absent meter is skipped; anything else (permissions) is the answer.
+            if isinstance(e, MeterUnavailable) and len(kinds) > 1:
+                skipped.append(f"{kind}: {e}")
+                continue
+            _fail(str(e))
+        for note in (*skipped, *choice.skipped):
+            err.print(f"[yellow]note:[/yellow] meter {note}", soft_wrap=True)
+        if choice.meter.source == "model" and curve is None:
+            err.print(f"[yellow]note:[/yellow] model meter uses the uncalibrated {DEFAULT_CURVE_NAME} curve; "
+                      "pass --profile from `joulesched power calibrate`", soft_wrap=True)
+        return choice.meter
+    _fail("no hardware meter works here (" + "; ".join(skipped) + "); use --from-samples with wall-meter "
+          "data, or --meter model for a smoke test")
+
+
+@app.command()
+def exporter(
+    listen: Annotated[str, typer.Option(help="HOST:PORT to serve /metrics on. Loopback by default.")]
+    = "127.0.0.1:9102",
+    interval: Annotated[float, typer.Option(help="Seconds between readings.", min=0.05)] = 1.0,
+    powercap_root: PowercapRoot = Path("/sys/class/powercap"),
+    proc_root: ProcRoot = Path("/proc"),
+    dev_root: DevRoot = Path("/dev"),
+    meter: MeterOpt = MeterKind.auto,
+    top_n: Annotated[int, typer.Option(help="Processes exported, by energy.", min=0)] = 20,
+    profile: ProfileOpt = None,
+    curve: CurveOpt = None,
+) -> None:
+    """Serve joulesched_* power metrics to Prometheus."""
+    from power.exporter import Exporter, parse_listen
+    from power.monitor import PowerMonitor
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as e:
+        _fail(str(e))
+    m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve))
+    exp = Exporter(PowerMonitor(m, proc_root=str(proc_root), top_n=top_n), host=host, port=port,
+                   interval_s=interval)
+    try:
+        exp.start()
+    except OSError as e:
+        _fail(f"cannot listen on {listen}: {e.strerror or e}")
+    signal.signal(signal.SIGTERM, lambda *_: exp.stop())
+    err.print(f"serving {m.source} meter zones {', '.join(m.zones)} on http://{listen}/metrics every {interval} s")
+    try:
+        exp.wait()
+    except KeyboardInterrupt:
+        exp.stop()
+
+
+@app.command()
+def read(
+    duration: Annotated[float, typer.Option(help="Seconds to measure over.", min=0.05)] = 10.0,
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    powercap_root: PowercapRoot = Path("/sys/class/powercap"),
+    proc_root: ProcRoot = Path("/proc"),
+    dev_root: DevRoot = Path("/dev"),
+    meter: MeterOpt = MeterKind.auto,
+    top_n: Annotated[int, typer.Option(help="Processes shown, by energy.", min=0)] = 10,
+    profile: ProfileOpt = None,
+    curve: CurveOpt = None,
+) -> None:
+    """Measure for --duration seconds and print watts per zone, VM, pod and top process."""
+    from power.monitor import PowerMonitor
+
+    m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve))
+    mon = PowerMonitor(m, proc_root=str(proc_root), top_n=top_n)
+    mon.refresh()
+    time.sleep(duration)
+    s = mon.refresh()
+    result = {
+        "source": s.source,
+        "duration_s": round(s.interval_s, 3),
+        "cpu_usage_ratio": round(s.usage_ratio, 4),
+        "zones": {z: {"watts": round(e.watts, 3), "joules": round(e.joules_total, 3),
+                      "active_joules": round(e.active_joules_total, 3)} for z, e in s.zones.items()},
+        "primary_zones": list(s.primary_zones),
+        "vms": {n: round(e.watts, 3) for n, e in sorted(s.vms.items())},
+        "pods": [{"pod_uid": r.pod_uid, "container_id": r.container_id, "watts": round(e.watts, 3)}
+                 for r, e in sorted(s.pods.items())],
+        "processes": [{"pid": p.pid, "comm": p.comm, "watts": round(p.watts, 3)} for p in s.processes],
+    }
+    if json_:
+        print(json.dumps(result, indent=2))
+        return
+    out.print(f"source {s.source}, {s.interval_s:.2f} s, CPU usage ratio {s.usage_ratio:.3f}")
+    for z, e in s.zones.items():
+        primary = " (attributed)" if z in s.primary_zones else ""
+        out.print(f"  zone {z:<14} {e.watts:9.2f} W{primary}")
+    for n, e in sorted(s.vms.items()):
+        out.print(f"  vm   {n:<14} {e.watts:9.2f} W")
+    for r, e in sorted(s.pods.items()):
+        out.print(f"  pod  {r.pod_uid} {r.container_id[:12] or '-'} {e.watts:9.2f} W")
+    for p in s.processes:
+        out.print(f"  pid  {p.pid:<7} {p.comm:<15} {p.watts:9.3f} W")
+
+
+@app.command()
+def calibrate(
+    out_path: Annotated[Path, typer.Option("--out", help="Node profile YAML to write (atomically).")]
+    = Path("node-profile.yaml"),
+    from_samples: Annotated[Optional[Path], typer.Option(
+        help="Fit recorded samples instead of measuring: CSV with columns utilization (0..1),watts.")] = None,
+    step_seconds: Annotated[float, typer.Option(help="Seconds measured at each 10 % load step.", min=0.05)] = 10.0,
+    settle_seconds: Annotated[float, typer.Option(help="Seconds to wait after each step change.", min=0)] = 2.0,
+    sample_seconds: Annotated[float, typer.Option(help="Seconds per sample within a step.", min=0.05)] = 1.0,
+    workers: Annotated[Optional[int], typer.Option(help="Burner processes (default: one per CPU).", min=1)] = None,
+    meter: Annotated[MeterKind, typer.Option(
+        help="Energy source. auto uses powercap or msr only: calibrating the model against itself is circular."
+    )] = MeterKind.auto,
+    powercap_root: PowercapRoot = Path("/sys/class/powercap"),
+    proc_root: ProcRoot = Path("/proc"),
+    dev_root: DevRoot = Path("/dev"),
+    name_prefix: Annotated[Optional[str], typer.Option(help="Node group name prefix (default: hostname).")] = None,
+    count: Annotated[int, typer.Option(help="Nodes in the group.")] = 1,
+    cpu_m: Annotated[Optional[int], typer.Option(help="Allocatable millicores (default: this host's).")] = None,
+    memory_mib: Annotated[Optional[int], typer.Option(help="Allocatable MiB (default: this host's).")] = None,
+    max_pods: Annotated[int, typer.Option(help="Pod limit per node.")] = 110,
+    profile: ProfileOpt = None,
+    curve: CurveOpt = None,
+) -> None:
+    """Fit an 11-point power curve (0..100 % CPU) and write it as a node group scenarios can include."""
+    import socket
+
+    from power.calibrate import (CalibrationError, fit_curve, host_facts, measure, node_group,
+                                 read_samples_csv, write_profile)
+
+    facts = host_facts(str(proc_root))
+    try:
+        if from_samples is not None:
+            samples = read_samples_csv(from_samples)
+            origin = f"samples from {from_samples}"
+        else:
+            m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve),
+                      order=("powercap", "msr"))
+            if m.source == "model":
+                err.print("[yellow]note:[/yellow] calibrating the model meter against itself only reproduces "
+                          "its curve; use it as a smoke test", soft_wrap=True)
+            samples = measure(m, step_s=step_seconds, settle_s=settle_seconds, sample_s=sample_seconds,
+                              workers=workers, proc_root=str(proc_root), progress=lambda s: err.print(s))
+            origin = f"{m.source} meter on {socket.gethostname()}, {step_seconds:g} s per step"
+        fit = fit_curve(samples)
+        group = node_group(fit, name_prefix=name_prefix or str(facts["name_prefix"]), count=count,
+                           cpu_m=cpu_m or int(facts["cpu_m"]), memory_mib=memory_mib or int(facts["memory_mib"]),
+                           max_pods=max_pods)
+        header = (f"Node profile written by `joulesched power calibrate` at "
+                  f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}.\nSource: {origin}.\n{fit.summary()}.\n"
+                  f"Include it in a scenario as: nodes: [{{include: {out_path.name}, count: N}}]")
+        write_profile(out_path, group, header)
+    except CalibrationError as e:
+        _fail(str(e))
+    out.print(fit.summary())
+    if fit.unsupported_knots and from_samples is None:
+        err.print("[yellow]note:[/yellow] no sample reached some load steps, so their watts are extrapolated; "
+                  "other load on the host moves utilisation: calibrate on an otherwise idle host", soft_wrap=True)
+    out.print(f"wrote {out_path}: power_watts {group['power_watts']}")

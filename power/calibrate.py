@@ -1,0 +1,178 @@
+"""Calibration: measure watts against CPU utilisation and fit the twin's 11-point power curve.
+
+The curve is piecewise linear with knots at 0, 10, ..., 100 %, so fitting it is linear least squares on hat
+basis functions. A small second-difference penalty fills knots that no sample reaches by linear
+extrapolation instead of leaving the system singular; the result is then made non-decreasing (pool adjacent
+violators), because the twin rejects curves that fall with load.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from power.curves import N_POINTS, interp, validate_curve
+from power.burner import Sample, measure  # noqa: F401  (re-exported: the CLI and tests use them from here)
+
+KNOTS = np.linspace(0.0, 1.0, N_POINTS)
+
+
+class CalibrationError(ValueError):
+    """Bad calibration input; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    curve: tuple[float, ...]
+    rmse_w: float
+    mape_pct: float
+    max_abs_w: float
+    samples: int
+    #: Knots no sample was within 5 % utilisation of: their value is extrapolated, not measured.
+    unsupported_knots: tuple[int, ...]
+
+    def summary(self) -> str:
+        s = (f"fit over {self.samples} samples: RMSE {self.rmse_w:.2f} W, MAPE {self.mape_pct:.2f} %, "
+             f"max error {self.max_abs_w:.2f} W")
+        if self.unsupported_knots:
+            s += f"; extrapolated at {', '.join(f'{k * 10}%' for k in self.unsupported_knots)}"
+        return s
+
+
+def _hat_matrix(u: np.ndarray) -> np.ndarray:
+    """Row i holds the weights of the 11 knots in the linear interpolation at u[i]."""
+    x = np.clip(u, 0.0, 1.0) * (N_POINTS - 1)
+    i = np.minimum(x.astype(int), N_POINTS - 2)
+    frac = x - i
+    a = np.zeros((len(u), N_POINTS))
+    a[np.arange(len(u)), i] = 1.0 - frac
+    a[np.arange(len(u)), i + 1] = frac
+    return a
+
+
+def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted isotonic (non-decreasing) regression by pool adjacent violators."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for yi, wi in zip(y, w):
+        blocks.append([yi, wi, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, c2 = blocks.pop()
+            m1, w1, c1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return np.concatenate([np.full(c, m) for m, _, c in blocks])
+
+
+def fit_curve(samples: Sequence[Sample]) -> Fit:
+    """Least-squares 11-point curve through ``samples``. Needs two distinct utilisations at least."""
+    if len(samples) < 2:
+        raise CalibrationError(f"need at least 2 samples to fit a curve, got {len(samples)}")
+    u = np.array([s.utilization for s in samples], dtype=float)
+    y = np.array([s.watts for s in samples], dtype=float)
+    if np.ptp(u) < 0.05:
+        raise CalibrationError("all samples sit at one utilisation (spread < 5 %); nothing to fit a curve to")
+    a = _hat_matrix(u)
+    d2 = np.diff(np.eye(N_POINTS), n=2, axis=0)
+    # Small enough not to bias supported knots, large enough to pin the unsupported ones.
+    lam = 1e-6 * max(float(np.trace(a.T @ a)), 1.0) / N_POINTS
+    coef = np.linalg.solve(a.T @ a + lam * d2.T @ d2, a.T @ y)
+    support = a.sum(axis=0)
+    coef = np.maximum(_pava(coef, np.maximum(support, 1e-6)), 0.0)
+    curve = tuple(float(round(c, 3)) for c in coef)
+    pred = np.array([interp(curve, ui) for ui in u])
+    err = pred - y
+    nonzero = np.abs(y) > 1e-9
+    mape = float(np.mean(np.abs(err[nonzero] / y[nonzero])) * 100) if nonzero.any() else 0.0
+    unsupported = tuple(int(k) for k in range(N_POINTS) if not np.any(np.abs(u - KNOTS[k]) <= 0.05))
+    return Fit(validate_curve(curve), float(np.sqrt(np.mean(err**2))), mape, float(np.max(np.abs(err))),
+               len(samples), unsupported)
+
+
+def read_samples_csv(path: str | Path) -> list[Sample]:
+    """Samples from a CSV with columns ``utilization`` (a fraction, 0..1) and ``watts``."""
+    path = Path(path)
+    try:
+        f = path.open(newline="", encoding="utf-8")
+    except FileNotFoundError:
+        raise CalibrationError(f"{path}: file not found") from None
+    except OSError as e:
+        raise CalibrationError(f"{path}: cannot read: {e.strerror}") from None
+    with f:
+        reader = csv.DictReader(f)
+        header = [h.strip().lower() for h in (reader.fieldnames or [])]
+        if "utilization" not in header or "watts" not in header:
+            raise CalibrationError(f"{path}: needs a header with columns utilization,watts; got {header or 'none'}")
+        reader.fieldnames = header
+        samples = []
+        for row in reader:
+            line = reader.line_num
+            try:
+                u, w = float(row["utilization"]), float(row["watts"])
+            except (TypeError, ValueError):
+                raise CalibrationError(f"{path}:{line}: utilization and watts must be numbers, got "
+                                       f"{row.get('utilization')!r}, {row.get('watts')!r}") from None
+            if not (math.isfinite(u) and 0.0 <= u <= 1.0):
+                raise CalibrationError(f"{path}:{line}: utilization {u!r} is not a fraction in [0, 1] "
+                                       "(divide percentages by 100)")
+            if not (math.isfinite(w) and w >= 0):
+                raise CalibrationError(f"{path}:{line}: watts {w!r} must be finite and >= 0")
+            samples.append(Sample(u, w))
+    return samples
+
+
+def _dns_prefix(name: str) -> str:
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:50].strip("-")
+    return label or "calibrated"
+
+
+def host_facts(proc_root: str = "/proc") -> dict[str, int | str]:
+    """Defaults for the node group: this host's name, cores and memory."""
+    mem_mib = 1024
+    try:
+        with open(os.path.join(proc_root, "meminfo"), encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_mib = int(line.split()[1]) // 1024
+                    break
+    except OSError:
+        pass
+    return {"name_prefix": _dns_prefix(socket.gethostname()), "cpu_m": (os.cpu_count() or 1) * 1000,
+            "memory_mib": mem_mib}
+
+
+def node_group(fit: Fit, *, name_prefix: str, count: int, cpu_m: int, memory_mib: int,
+               max_pods: int) -> dict:
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name_prefix) or len(name_prefix) > 50:
+        raise CalibrationError(f"name prefix {name_prefix!r} must be a lowercase DNS label of at most 50 chars")
+    for key, v in (("count", count), ("cpu_m", cpu_m), ("memory_mib", memory_mib), ("max_pods", max_pods)):
+        if v < 1:
+            raise CalibrationError(f"{key} must be >= 1, got {v}")
+    return {"name_prefix": name_prefix, "count": count, "cpu_m": cpu_m, "memory_mib": memory_mib,
+            "max_pods": max_pods, "power_watts": [round(w, 2) for w in fit.curve]}
+
+
+def write_profile(path: str | Path, group: dict, header: str) -> None:
+    """Write the node group atomically: a temp file in the same folder, renamed over ``path``."""
+    path = Path(path)
+    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(group, sort_keys=False,
+                                                                                   default_flow_style=None)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise CalibrationError(f"{path}: folder {parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

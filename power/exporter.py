@@ -1,0 +1,133 @@
+"""Prometheus exporter: a collector that renders the monitor's latest immutable snapshot at scrape time.
+
+Refreshing runs on its own timer, decoupled from scrapes (as in Kepler), so scrape frequency changes neither
+the numbers nor the overhead. Counters are cumulative from the monitor and never decrease, wraps included.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from power.monitor import PowerMonitor, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotCollector(Collector):
+    """Builds every ``joulesched_*`` metric from one snapshot, so one scrape is always self-consistent."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+        self._get = get_snapshot
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._get()))
+
+    @staticmethod
+    def _families(s: Snapshot | None) -> list[Metric]:
+        # prometheus-client appends _total to counter family names.
+        node = CounterMetricFamily("joulesched_node_joules", "Energy per zone since the exporter started.",
+                                   labels=["zone", "source"])
+        active = CounterMetricFamily("joulesched_node_active_joules",
+                                     "Energy per zone times the node CPU usage ratio (Kepler 0.10).", labels=["zone"])
+        idle = CounterMetricFamily("joulesched_node_idle_joules",
+                                   "Energy per zone not attributed to any workload.", labels=["zone"])
+        watts = GaugeMetricFamily("joulesched_node_watts", "Average power per zone over the last interval.",
+                                  labels=["zone", "source"])
+        ratio = GaugeMetricFamily("joulesched_node_cpu_usage_ratio",
+                                  "(Δtotal − Δidle − Δiowait) / Δtotal from /proc/stat over the last interval.")
+        proc = CounterMetricFamily("joulesched_process_joules",
+                                   "Active energy attributed to a process (top N by energy).", labels=["pid", "comm"])
+        pod = CounterMetricFamily("joulesched_pod_joules", "Active energy attributed to a pod's container.",
+                                  labels=["pod_uid", "container_id"])
+        vm = CounterMetricFamily("joulesched_vm_joules", "Active energy attributed to a qemu VM.",
+                                 labels=["vm_name"])
+        if s is not None:
+            for zone, z in sorted(s.zones.items()):
+                node.add_metric([zone, s.source], z.joules_total)
+                active.add_metric([zone], z.active_joules_total)
+                idle.add_metric([zone], z.idle_joules_total)
+                watts.add_metric([zone, s.source], z.watts)
+            ratio.add_metric([], s.usage_ratio)
+            for p in s.processes:
+                proc.add_metric([str(p.pid), p.comm], p.joules_total)
+            for ref, e in s.pods.items():
+                pod.add_metric([ref.pod_uid, ref.container_id], e.joules_total)
+            for name, e in s.vms.items():
+                vm.add_metric([name], e.joules_total)
+        return [node, active, idle, watts, ratio, proc, pod, vm]
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` to (host, port). Raises ValueError with what is wrong."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9102")
+    host = host.removeprefix("[").removesuffix("]")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {listen!r}: port must be a number in 0..65535")
+    return host, int(port)
+
+
+class Exporter:
+    """Refreshes ``monitor`` every ``interval_s`` and serves /metrics on ``host:port`` (port 0 picks one)."""
+
+    def __init__(self, monitor: PowerMonitor, *, host: str = "127.0.0.1", port: int = 9102,
+                 interval_s: float = 1.0) -> None:
+        if not interval_s > 0:
+            raise ValueError("interval must be > 0 seconds")
+        self.monitor = monitor
+        self.interval_s = interval_s
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(SnapshotCollector(lambda: self.monitor.snapshot))
+        self._host, self._port = host, port
+        self._stop = threading.Event()
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1] if self._server else self._port
+
+    def start(self) -> "Exporter":
+        """Take the baseline reading, start serving, and start the refresh loop in a daemon thread."""
+        self.monitor.refresh()
+        self._server, _ = start_http_server(self._port, addr=self._host, registry=self.registry)
+        self._thread = threading.Thread(target=self._loop, name="joulesched-power-refresh", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        # Deadlines rather than fixed sleeps, so the interval does not drift by the refresh's own cost.
+        deadline = time.monotonic()
+        while True:
+            # After a stall (a slow refresh, a suspended VM) skip the missed ticks rather than burst through them.
+            deadline = max(deadline + self.interval_s, time.monotonic())
+            if self._stop.wait(max(0.0, deadline - time.monotonic())):
+                return
+            try:
+                self.monitor.refresh()
+            except Exception:  # keep serving the last good snapshot; the log says what broke
+                log.exception("power refresh failed; serving the previous snapshot")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def wait(self) -> None:
+        """Block until stopped (the CLI's foreground mode)."""
+        while not self._stop.wait(3600):
+            pass

@@ -1,0 +1,194 @@
+"""Attribution by the Kepler 0.10 formula, producing one immutable :class:`Snapshot` per refresh.
+
+For each refresh interval::
+
+    usage_ratio = (Δtotal − Δidle − Δiowait) / Δtotal            (/proc/stat)
+    active      = ΔE · usage_ratio,   idle = ΔE − active          (per zone)
+    workload    = (ΔCPUtime_w / ΣΔCPUtime_processes) · active     (primary zones)
+
+The denominator is the sum of all processes' CPU time deltas, as in Kepler 0.10 (``ProcessTotalCPUTimeDelta``),
+so the processes share exactly the node's active energy and idle energy goes to no workload. Containers, pods
+and VMs are sums of their processes; their counters outlive the processes until ``stale_after_s``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, NamedTuple
+
+from power.meter import Clock, PowerMeter, ReadFn, default_read
+from power.procfs import CpuTimes, ProcScanner, ProcStat, PodRef, read_cpu_times, usage_ratio
+
+
+class ZoneEnergy(NamedTuple):
+    joules_total: float
+    active_joules_total: float
+    idle_joules_total: float
+    watts: float
+
+
+class WorkloadEnergy(NamedTuple):
+    joules_total: float
+    watts: float  # average over the last interval
+
+
+class ProcessEnergy(NamedTuple):
+    pid: int
+    comm: str
+    joules_total: float
+    watts: float
+
+
+def _empty() -> Mapping:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the exporter renders, taken at ``timestamp`` (the monitor's clock)."""
+
+    timestamp: float
+    source: str
+    interval_s: float = 0.0
+    usage_ratio: float = 0.0
+    zones: Mapping[str, ZoneEnergy] = field(default_factory=_empty)
+    primary_zones: tuple[str, ...] = ()
+    processes: tuple[ProcessEnergy, ...] = ()  # top N by joules, largest first
+    pods: Mapping[PodRef, WorkloadEnergy] = field(default_factory=_empty)
+    vms: Mapping[str, WorkloadEnergy] = field(default_factory=_empty)
+
+    @property
+    def primary_watts(self) -> float:
+        return sum(self.zones[z].watts for z in self.primary_zones if z in self.zones)
+
+
+@dataclass
+class _Acc:
+    joules: float = 0.0
+    last_delta: float = 0.0
+    last_seen: float = 0.0
+
+
+@dataclass
+class PowerMonitor:
+    """Turns meter readings and /proc deltas into snapshots. Call :meth:`refresh` on a timer.
+
+    :param meter: the energy source.
+    :param proc_root: where /proc is (a synthetic tree in tests).
+    :param clock: monotonic seconds; injected so tests control elapsed time.
+    :param top_n: how many processes a snapshot keeps (by cumulative joules); all are still attributed.
+    :param stale_after_s: how long pod and VM counters survive their last process.
+    """
+
+    meter: PowerMeter
+    proc_root: str = "/proc"
+    clock: Clock = time.monotonic
+    top_n: int = 20
+    stale_after_s: float = 300.0
+    read_fn: ReadFn = default_read
+    _scanner: ProcScanner = field(init=False)
+    _snapshot: Snapshot = field(init=False)
+    _prev: tuple[float, dict[str, float], CpuTimes, dict[int, ProcStat]] | None = field(init=False, default=None)
+    _zone_totals: dict[str, list[float]] = field(init=False, default_factory=dict)
+    _procs: dict[tuple[int, int], _Acc] = field(init=False, default_factory=dict)
+    _pods: dict[PodRef, _Acc] = field(init=False, default_factory=dict)
+    _vms: dict[str, _Acc] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.top_n < 0:
+            raise ValueError("top_n must be >= 0")
+        self._scanner = ProcScanner(self.proc_root)
+        self._snapshot = Snapshot(timestamp=self.clock(), source=self.meter.source)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The latest snapshot. Replaced whole on refresh, so a scrape never sees half an update."""
+        return self._snapshot
+
+    def refresh(self) -> Snapshot:
+        now = self.clock()
+        energy = self.meter.read()
+        cpu = read_cpu_times(self.proc_root, self.read_fn)
+        procs = self._scanner.scan()
+        prev, self._prev = self._prev, (now, energy, cpu, procs)
+        if prev is None:
+            # The first reading is the baseline: counters start at zero.
+            self._zone_totals = {z: [0.0, 0.0, 0.0] for z in energy}
+            self._snapshot = self._build(now, 0.0, 0.0, {z: 0.0 for z in energy}, procs)
+            return self._snapshot
+        t0, energy0, cpu0, procs0 = prev
+        dt = max(now - t0, 0.0)
+        ratio = usage_ratio(cpu0, cpu)
+
+        d_energy: dict[str, float] = {}
+        for zone, joules in energy.items():
+            # Meters never decrease; the clamp keeps a misbehaving one from making our counters do so.
+            d = max(joules - energy0.get(zone, joules), 0.0)
+            d_energy[zone] = d
+            tot = self._zone_totals.setdefault(zone, [0.0, 0.0, 0.0])
+            active = d * ratio
+            tot[0] += d
+            tot[1] += active
+            tot[2] += d - active
+
+        # Per-process CPU time deltas; a pid whose start time changed is a new process.
+        deltas: dict[int, int] = {}
+        for pid, st in procs.items():
+            old = procs0.get(pid)
+            d_ticks = st.cpu_ticks - old.cpu_ticks if old is not None and old.start_time == st.start_time \
+                else st.cpu_ticks
+            if d_ticks > 0:
+                deltas[pid] = d_ticks
+        total_ticks = sum(deltas.values())
+        active_primary = sum(d_energy.get(z, 0.0) for z in self.meter.primary_zones) * ratio
+
+        for acc in (*self._procs.values(), *self._pods.values(), *self._vms.values()):
+            acc.last_delta = 0.0
+        if total_ticks > 0 and active_primary > 0:
+            for pid, d_ticks in deltas.items():
+                share = active_primary * d_ticks / total_ticks
+                st = procs[pid]
+                self._add(self._procs, (pid, st.start_time), share, now)
+                ident = self._scanner.identity(pid, st)
+                if ident.pod is not None:
+                    self._add(self._pods, ident.pod, share, now)
+                if ident.vm_name is not None:
+                    self._add(self._vms, ident.vm_name, share, now)
+
+        live = {(pid, st.start_time) for pid, st in procs.items()}
+        self._procs = {k: v for k, v in self._procs.items() if k in live}
+        for table in (self._pods, self._vms):
+            for key in [k for k, v in table.items() if now - v.last_seen > self.stale_after_s]:
+                del table[key]
+        self._snapshot = self._build(now, dt, ratio, d_energy, procs)
+        return self._snapshot
+
+    @staticmethod
+    def _add(table: dict, key: object, joules: float, now: float) -> None:
+        acc = table.get(key)
+        if acc is None:
+            acc = table[key] = _Acc()
+        acc.joules += joules
+        acc.last_delta += joules
+        acc.last_seen = now
+
+    def _build(self, now: float, dt: float, ratio: float, d_energy: dict[str, float],
+               procs: dict[int, ProcStat]) -> Snapshot:
+        def w(j: float) -> float:
+            return j / dt if dt > 0 else 0.0
+
+        zones = {z: ZoneEnergy(t[0], t[1], t[2], w(d_energy.get(z, 0.0))) for z, t in self._zone_totals.items()}
+        top = sorted(self._procs.items(), key=lambda kv: (-kv[1].joules, kv[0]))[: self.top_n]  # ties by pid
+        return Snapshot(
+            timestamp=now,
+            source=self.meter.source,
+            interval_s=dt,
+            usage_ratio=ratio,
+            zones=MappingProxyType(zones),
+            primary_zones=tuple(self.meter.primary_zones),
+            processes=tuple(ProcessEnergy(pid, procs[pid].comm, a.joules, w(a.last_delta)) for (pid, _), a in top),
+            pods=MappingProxyType({k: WorkloadEnergy(a.joules, w(a.last_delta)) for k, a in self._pods.items()}),
+            vms=MappingProxyType({k: WorkloadEnergy(a.joules, w(a.last_delta)) for k, a in self._vms.items()}),
+        )

@@ -1,0 +1,141 @@
+"""RAPL through Linux powercap: ``/sys/class/powercap/intel-rapl:N[:M]/{name,energy_uj,max_energy_range_uj}``.
+
+Rules from reference.md section 4:
+
+- zones overlap (package contains core and uncore), so each zone is reported on its own and only the package
+  zones (disjoint sockets) are summed for attribution;
+- ``intel-rapl-mmio:N`` repeats a package zone through another interface and is counted once;
+- counters wrap at ``max_energy_range_uj``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from power.meter import (
+    PERMISSION_HINT,
+    CounterBank,
+    MeterError,
+    MeterPermissionError,
+    MeterUnavailable,
+    ReadFn,
+    default_read,
+)
+from power.units import Joules, uj_to_j
+
+_ZONE_DIR = re.compile(r"^(intel-rapl(?:-mmio)?):(\d+)(?::(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Zone:
+    """One powercap zone. ``label`` is what the exporter shows (``package-0``, ``core-0``, ``dram-1``, ``psys``)."""
+
+    label: str
+    name: str
+    path: str
+    interface: str  # intel-rapl or intel-rapl-mmio
+    top_level: bool
+    max_range_uj: int
+
+
+def _read_text(read_fn: ReadFn, path: str) -> str:
+    try:
+        return read_fn(path).decode("ascii", "replace").strip()
+    except PermissionError:
+        raise MeterPermissionError(f"cannot read {path}: permission denied. {PERMISSION_HINT}") from None
+
+
+def _zone_dirs(root: str) -> list[tuple[str, str]]:
+    """(dir name, path) of every zone, whether sysfs lists subzones at the top, nested, or both."""
+    found: dict[str, str] = {}
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        raise MeterUnavailable(f"{root} does not exist (no powercap/RAPL driver, or a VM)") from None
+    for entry in entries:
+        path = os.path.join(root, entry)
+        if not _ZONE_DIR.match(entry) or not os.path.isdir(path):
+            continue
+        found.setdefault(entry, path)
+        for child in sorted(os.listdir(path)):
+            if _ZONE_DIR.match(child) and os.path.isdir(os.path.join(path, child)):
+                found.setdefault(child, os.path.join(path, child))
+
+    def order(item: tuple[str, str]) -> tuple:
+        m = _ZONE_DIR.match(item[0])
+        assert m
+        # intel-rapl before intel-rapl-mmio so that the MSR-backed zone wins the de-duplication.
+        return (m.group(1) != "intel-rapl", int(m.group(2)), -1 if m.group(3) is None else int(m.group(3)))
+
+    return sorted(found.items(), key=order)
+
+
+def discover_zones(root: str, read_fn: ReadFn = default_read) -> tuple[list[Zone], list[str]]:
+    """Zones to read, and notes on what was dropped (mmio duplicates, zones without a counter)."""
+    zones: list[Zone] = []
+    notes: list[str] = []
+    parent_socket: dict[tuple[str, str], str] = {}
+    labels: set[str] = set()
+    for dirname, path in _zone_dirs(root):
+        m = _ZONE_DIR.match(dirname)
+        assert m
+        interface, idx, sub = m.group(1), m.group(2), m.group(3)
+        energy = os.path.join(path, "energy_uj")
+        if not os.path.exists(energy):
+            notes.append(f"{dirname}: no energy_uj, skipped")
+            continue
+        name_file = os.path.join(path, "name")
+        name = _read_text(read_fn, name_file) if os.path.exists(name_file) else dirname
+        if sub is None:
+            label = name
+            # Subzone labels carry their socket: "core" under package-1 becomes core-1.
+            parent_socket[(interface, idx)] = name.rsplit("-", 1)[1] if re.fullmatch(r"package-\d+", name) else idx
+        else:
+            label = f"{name}-{parent_socket.get((interface, idx), idx)}"
+        if interface == "intel-rapl-mmio" and label in labels:
+            notes.append(f"{dirname}: duplicate of {label} through MMIO, counted once")
+            continue
+        if label in labels:  # two distinct zones with one name: keep both, visibly
+            label = f"{label}@{dirname}"
+        try:
+            max_range = int(_read_text(read_fn, os.path.join(path, "max_energy_range_uj")))
+        except (FileNotFoundError, ValueError):
+            notes.append(f"{dirname}: no usable max_energy_range_uj, so wraps cannot be corrected; skipped")
+            continue
+        labels.add(label)
+        zones.append(Zone(label, name, energy, interface, sub is None, max_range))
+    return zones, notes
+
+
+class PowercapMeter:
+    """Cumulative joules per powercap zone, wrap-corrected. Opening reads every zone once, so a permission
+    problem surfaces at once with a message saying what to do."""
+
+    source = "powercap"
+
+    def __init__(self, root: str = "/sys/class/powercap", *, read_fn: ReadFn = default_read) -> None:
+        self.root = root
+        self._read_fn = read_fn
+        found, self.notes = discover_zones(root, read_fn)
+        if not found:
+            raise MeterUnavailable(f"no RAPL zones with energy_uj under {root}")
+        self._zones = found
+        self.zones = tuple(z.label for z in found)
+        packages = tuple(z.label for z in found if z.top_level and z.name.startswith("package"))
+        psys = tuple(z.label for z in found if z.top_level and z.name == "psys")
+        # Packages are disjoint sockets; psys covers the platform and contains them, so it is the fallback only.
+        self.primary_zones = packages or psys or tuple(z.label for z in found if z.top_level)
+        self._bank = CounterBank()
+        self.read()
+
+    def _raw(self, zone: Zone) -> int:
+        text = _read_text(self._read_fn, zone.path)
+        try:
+            return int(text)
+        except ValueError:
+            raise MeterError(f"{zone.path}: not an integer: {text!r}") from None
+
+    def read(self) -> dict[str, Joules]:
+        return {z.label: uj_to_j(self._bank.update(z.label, self._raw(z), z.max_range_uj)) for z in self._zones}

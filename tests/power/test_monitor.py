@@ -1,0 +1,146 @@
+"""Attribution by the Kepler 0.10 formula on synthetic powercap and /proc trees, with a hand-moved clock."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from power.monitor import PowerMonitor
+from power.powercap import PowercapMeter
+from power.procfs import PodRef
+from power.synthetic import FakeProcess, SyntheticPowercap, SyntheticProc, pod_cgroup_v1, pod_cgroup_v2
+
+UID_A = "11111111-2222-4333-8444-555555555555"
+UID_B = "66666666-7777-4888-9999-aaaaaaaaaaaa"
+C1, C2, C3 = ("1" * 64), ("2" * 64), ("3" * 64)
+
+
+def _setup(powercap: SyntheticPowercap, proc: SyntheticProc):
+    powercap.add("intel-rapl:0", "package-0")
+    powercap.add("intel-rapl:0:0", "core")
+    powercap.add("intel-rapl:0:2", "dram")
+    proc.add(FakeProcess(100, "plain"))
+    proc.add(FakeProcess(200, "app", cgroup=pod_cgroup_v2(UID_A, C1)))
+    proc.add(FakeProcess(201, "sidecar", cgroup=pod_cgroup_v2(UID_A, C2)))
+    proc.add(FakeProcess(300, "legacy", cgroup=pod_cgroup_v1(UID_B, C3)))
+    proc.add(FakeProcess(400, "qemu-system-x86", cmdline=b"/usr/bin/qemu-system-x86_64\0-name\0"
+                                                         b"guest=vm-7,debug-threads=on\0-m\0512\0"))
+
+
+def test_kepler_split_and_shares(powercap, proc, clock):
+    _setup(powercap, proc)
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock, top_n=3)
+    first = mon.refresh()
+    assert all(z.joules_total == 0 for z in first.zones.values())
+
+    clock.advance(2.0)
+    powercap.advance("intel-rapl:0", 10_000_000)  # 10 J package
+    powercap.advance("intel-rapl:0:0", 6_000_000)  # 6 J core, inside the package
+    powercap.advance("intel-rapl:0:2", 2_000_000)  # 2 J dram
+    proc.tick(user=50, system=10, idle=30, iowait=10)  # usage ratio 0.6
+    for pid, ticks in ((100, 30), (200, 10), (201, 5), (300, 10), (400, 5)):  # 60 ticks in all
+        proc.run(pid, utime=ticks - 2, stime=2)
+    s = mon.refresh()
+
+    assert s.usage_ratio == pytest.approx(0.6)
+    pkg = s.zones["package-0"]
+    assert (pkg.joules_total, pkg.active_joules_total, pkg.idle_joules_total) == pytest.approx((10, 6, 4))
+    assert pkg.watts == pytest.approx(5.0)
+    assert s.zones["core-0"].active_joules_total == pytest.approx(3.6)
+    # Workloads share the package's active energy only (6 J), by CPU time, never core or dram on top.
+    procs = {p.pid: p.joules_total for p in s.processes}
+    assert list(procs) == [100, 200, 300]  # top 3 by energy
+    assert procs[100] == pytest.approx(6 * 30 / 60)
+    assert s.pods[PodRef(UID_A, C1)].joules_total == pytest.approx(6 * 10 / 60)
+    assert s.pods[PodRef(UID_A, C2)].joules_total == pytest.approx(6 * 5 / 60)
+    assert s.pods[PodRef(UID_B, C3)].joules_total == pytest.approx(6 * 10 / 60)  # cgroup v1
+    assert s.vms["vm-7"].joules_total == pytest.approx(6 * 5 / 60)
+    assert s.vms["vm-7"].watts == pytest.approx(6 * 5 / 60 / 2)
+
+
+def test_idle_node_attributes_nothing(powercap, proc, clock):
+    _setup(powercap, proc)
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock)
+    mon.refresh()
+    clock.advance(1)
+    powercap.advance("intel-rapl:0", 5_000_000)
+    proc.tick(idle=100)
+    s = mon.refresh()
+    assert s.zones["package-0"].idle_joules_total == pytest.approx(5.0)
+    assert s.processes == () and not s.pods and not s.vms
+
+
+def test_pid_reuse_and_exit(powercap, proc, clock):
+    _setup(powercap, proc)
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock,
+                       stale_after_s=5)
+    proc.run(100, utime=1000)  # lifetime CPU before the baseline: must not count
+    mon.refresh()
+    clock.advance(1)
+    powercap.advance("intel-rapl:0", 4_000_000)
+    proc.tick(user=100)
+    proc.run(100, utime=10)
+    proc.run(200, utime=10)
+    s = mon.refresh()
+    assert {p.pid: p.joules_total for p in s.processes} == {100: pytest.approx(2), 200: pytest.approx(2)}
+
+    # pid 100 exits and its number is reused by a process that started later: a new counter from zero.
+    proc.remove(100)
+    proc.add(FakeProcess(100, "reused", utime=7, start_time=555))
+    proc.remove(200)  # the pod's only process exits: the pod counter stays until stale
+    clock.advance(1)
+    powercap.advance("intel-rapl:0", 1_000_000)
+    proc.tick(user=100)
+    s = mon.refresh()
+    assert [(p.pid, p.comm, p.joules_total) for p in s.processes] == [(100, "reused", pytest.approx(1.0))]
+    assert s.pods[PodRef(UID_A, C1)].joules_total == pytest.approx(2)
+    clock.advance(10)
+    proc.tick(idle=100)
+    assert PodRef(UID_A, C1) not in mon.refresh().pods
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(
+    st.integers(0, 50_000_000),  # package µJ
+    st.integers(0, 200), st.integers(0, 200), st.integers(0, 200),  # user, idle, iowait ticks
+    st.lists(st.integers(0, 300), min_size=5, max_size=5),  # per-process ticks
+), min_size=1, max_size=6))
+def test_attribution_invariants(tmp_path_factory, steps):
+    """Whatever the deltas: active + idle = total, processes share at most the active energy, counters never
+    decrease (the package starts just below its wrap point, so most runs cross it)."""
+    root = tmp_path_factory.mktemp("t")
+    pc, proc = SyntheticPowercap(root / "pc"), SyntheticProc(root / "proc")
+    _setup(pc, proc)
+    pc.set("intel-rapl:0", 262_143_328_850 - 30_000_000)
+    clock = [0.0]
+    mon = PowerMonitor(PowercapMeter(str(pc.root)), proc_root=str(proc.root), clock=lambda: clock[0], top_n=100)
+    prev = mon.refresh()
+    injected = 0
+    for uj, user, idle, iowait, ticks in steps:
+        clock[0] += 1
+        pc.advance("intel-rapl:0", uj)
+        injected += uj
+        proc.tick(user=user, idle=idle, iowait=iowait)
+        for pid, t in zip((100, 200, 201, 300, 400), ticks):
+            proc.run(pid, utime=t)
+        s = mon.refresh()
+        pkg = s.zones["package-0"]
+        assert pkg.joules_total == pytest.approx(injected / 1e6)
+        assert pkg.active_joules_total + pkg.idle_joules_total == pytest.approx(pkg.joules_total)
+        assert sum(p.joules_total for p in s.processes) <= pkg.active_joules_total + 1e-9
+        assert sum(e.joules_total for e in s.pods.values()) <= pkg.active_joules_total + 1e-9
+        for z, e in s.zones.items():
+            old = prev.zones[z]
+            assert e.joules_total >= old.joules_total and e.active_joules_total >= old.active_joules_total
+            assert e.idle_joules_total >= old.idle_joules_total
+        prev = s
+
+
+def test_snapshot_is_immutable(powercap, proc, clock):
+    _setup(powercap, proc)
+    s = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock).refresh()
+    with pytest.raises(TypeError):
+        s.zones["x"] = None  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        s.usage_ratio = 1.0  # type: ignore[misc]
