@@ -3,8 +3,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Debian packages the integration tests use: real Prometheus, real JMeter.
-APT_PACKAGES ?= prometheus jmeter
+# Debian packages the integration tests use: real Prometheus, real JMeter (with its HTTP sampler),
+# a Docker engine and debootstrap (to build a local base image, since no registry is reachable).
+APT_PACKAGES ?= prometheus jmeter jmeter-http docker.io debootstrap
 DEMO_OUT ?= out/demo
 PYTEST_ARGS ?=
 

@@ -1,6 +1,191 @@
-"""`joulesched workload ...` and `joulesched load ...` commands."""
+"""`joulesched workload ...` (serve the apps, render manifests) and `joulesched load ...` (drive load).
+
+Bad input prints one line on stderr and exits 2; a driver that cannot run exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
-workload_app = typer.Typer(no_args_is_help=True)
-load_app = typer.Typer(no_args_is_help=True)
+workload_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+load_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+class App(str, Enum):
+    cpu = "cpu"
+    memory = "memory"
+    disk = "disk"
+    network = "network"
+    combined = "combined"
+    testapp = "testapp"
+    shop = "shop"
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+@workload_app.command()
+def serve(
+    app: Annotated[App, typer.Argument(help="Which app: a blocker kind, the test app or the shop.")],
+    listen: Annotated[str, typer.Option(help="HOST:PORT to bind; port 0 picks a free one (printed on start).")] = "127.0.0.1:8080",
+    scratch_dir: Annotated[Optional[Path], typer.Option(help="Where the disk blocker creates its scratch files (default: the temp dir).")] = None,
+    db: Annotated[Optional[Path], typer.Option(help="Shop SQLite file (default: a fresh file in the temp dir).")] = None,
+    default_ms: Annotated[float, typer.Option(help="CPU ms of work the test app's /test does.")] = 10.0,
+    access_log: Annotated[bool, typer.Option(help="Log every request to stderr.")] = False,
+) -> None:
+    """Serve one app on HOST:PORT until SIGINT/SIGTERM; every running load is stopped on the way out."""
+    from workloads.server import parse_listen, serve as run_server
+
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as exc:
+        _fail(str(exc))
+    if scratch_dir is not None and not scratch_dir.is_dir():
+        _fail(f"--scratch-dir {scratch_dir} is not a directory")
+    on_exit: Any = lambda: None
+    if app.value == "testapp":
+        from workloads.testapp import MAX_WORK_MS, create_app as create_testapp
+
+        if not 0 <= default_ms <= MAX_WORK_MS:
+            _fail(f"--default-ms must be between 0 and {MAX_WORK_MS}")
+        flask_app = create_testapp(default_ms)
+    elif app.value == "shop":
+        from workloads.shop import create_app as create_shop
+
+        flask_app = create_shop(db)
+    else:
+        from workloads.service import BlockerService, create_app
+
+        service = BlockerService(app.value, scratch_dir)
+        flask_app = create_app(service)
+        on_exit = service.shutdown
+    try:
+        run_server(flask_app, host, port, on_exit=on_exit, access_log=access_log)
+    except OSError as exc:
+        _fail(f"cannot listen on {listen}: {exc.strerror or exc}", code=1)
+
+
+def _check_target(url: str) -> None:
+    from workloads.load.results import check_url
+
+    try:
+        check_url(url)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _emit(result: Any, as_json: bool) -> None:
+    from workloads.load.results import format_table
+
+    typer.echo(result.model_dump_json(indent=2) if as_json else format_table(result))
+
+
+@load_app.command()
+def jmeter(
+    target: Annotated[str, typer.Option(help="URL to load, path included, e.g. http://127.0.0.1:8080/work?ms=5.")],
+    plan: Annotated[Path, typer.Option(help="JMeter plan taking host/port/protocol/path/threads/rampup/duration properties.")] = Path(__file__).resolve().parent / "jmeter" / "test-app.jmx",
+    threads: Annotated[int, typer.Option(min=1, max=10_000, help="Concurrent JMeter threads.")] = 10,
+    rampup: Annotated[int, typer.Option(min=0, max=3600, help="Seconds to start all threads.")] = 1,
+    duration: Annotated[int, typer.Option(min=1, max=86_400, help="Seconds the thread group runs (then JMeter stops).")] = 10,
+    jmeter_bin: Annotated[str, typer.Option("--jmeter", help="JMeter executable.")] = "jmeter",
+    launcher: Annotated[str, typer.Option(help="auto | jmeter | debian-2.13 (see workloads/jmeter/xstream-allow.bsh).")] = "auto",
+    workdir: Annotated[Optional[Path], typer.Option(help="Keep results.jtl and jmeter.log here (default: a temp dir, removed).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Run JMeter headless against TARGET and report p50/p95/p99 latency, throughput and error rate."""
+    from workloads.load import jmeter as driver
+    from workloads.load.results import DriverError
+
+    if launcher not in ("auto", "jmeter", "debian-2.13"):
+        _fail(f"--launcher {launcher!r}: expected auto, jmeter or debian-2.13")
+    if not plan.is_file():
+        _fail(f"--plan {plan} not found")
+    _check_target(target)
+    try:
+        result = driver.run(target, plan=plan, threads=threads, rampup_s=rampup, duration_s=duration,
+                            jmeter_bin=jmeter_bin, launcher=launcher, workdir=workdir)  # type: ignore[arg-type]
+    except DriverError as exc:
+        _fail(str(exc), code=1)
+    _emit(result, as_json)
+
+
+@load_app.command()
+def locust(
+    target: Annotated[str, typer.Option(help="URL to load, path included, e.g. http://127.0.0.1:8080/work?ms=5.")],
+    users: Annotated[int, typer.Option(min=1, max=10_000, help="Concurrent simulated users.")] = 10,
+    spawn_rate: Annotated[float, typer.Option(min=0.1, max=10_000, help="Users started per second.")] = 10.0,
+    duration: Annotated[int, typer.Option(min=1, max=86_400, help="Seconds to run.")] = 10,
+    workdir: Annotated[Optional[Path], typer.Option(help="Keep Locust's per-request samples here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Run Locust headless against TARGET; same report as `load jmeter`, for machines without Java."""
+    from workloads.load import locust as driver
+    from workloads.load.results import DriverError
+
+    _check_target(target)
+    try:
+        result = driver.run(target, users=users, spawn_rate=spawn_rate, duration_s=duration, workdir=workdir)
+    except DriverError as exc:
+        _fail(str(exc), code=1)
+    _emit(result, as_json)
+
+
+@load_app.command()
+def blocker(
+    target: Annotated[str, typer.Option(help="Base URL of a running blocker app, e.g. http://127.0.0.1:8080.")],
+    duration: Annotated[float, typer.Option(help="Seconds the load runs.")] = 60.0,
+    cpu_m: Annotated[int, typer.Option(help="Millicores to hold busy.")] = 0,
+    memory_mib: Annotated[int, typer.Option(help="MiB to allocate and hold.")] = 0,
+    disk_read_mbps: Annotated[float, typer.Option(help="MB/s to read.")] = 0.0,
+    disk_write_mbps: Annotated[float, typer.Option(help="MB/s to write.")] = 0.0,
+    net_mbps: Annotated[float, typer.Option(help="Mbit/s to stream to --net-target.")] = 0.0,
+    net_target: Annotated[Optional[str], typer.Option(help="URL that takes the stream, e.g. another blocker's /sink.")] = None,
+    wait: Annotated[bool, typer.Option(help="Wait until the load ended and print the final status.")] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the running load instead of starting one.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+) -> None:
+    """Start a load on a blocker app (only the options given are sent; the app rejects what it cannot do)."""
+    from workloads.load import blocker as client
+    from workloads.load.results import DriverError
+
+    _check_target(target)
+    try:
+        if stop:
+            st = client.stop(target)
+        else:
+            given = {"cpu_m": cpu_m, "memory_mib": memory_mib, "disk_read_mbps": disk_read_mbps,
+                     "disk_write_mbps": disk_write_mbps, "net_mbps": net_mbps, "net_target": net_target}
+            params = {"duration_s": duration} | {k: v for k, v in given.items() if v}
+            st = client.start(target, params)
+            if wait:
+                st = client.wait_idle(target, duration + 30)
+    except DriverError as exc:
+        _fail(str(exc), code=2 if " 400:" in str(exc) else 1)
+    typer.echo(json.dumps(st, indent=2) if as_json else f"{st['kind']} blocker at {target}: {st['state']}")
+
+
+@workload_app.command()
+def manifest(
+    app: Annotated[App, typer.Argument(help="Which app to render Deployment + Service for.")],
+    scheduler_name: Annotated[str, typer.Option(help="spec.schedulerName of the pods.")] = "default-scheduler",
+    image: Annotated[Optional[str], typer.Option(help="Container image (default joulesched/<app>:latest).")] = None,
+    namespace: Annotated[str, typer.Option(help="Namespace of both objects.")] = "default",
+    replicas: Annotated[int, typer.Option(min=0, max=1000)] = 1,
+    cpu_request: Annotated[str, typer.Option(help="resources.requests.cpu")] = "",
+    memory_request: Annotated[str, typer.Option(help="resources.requests.memory")] = "",
+) -> None:
+    """Print the app's Kubernetes Deployment and Service as YAML."""
+    from workloads.manifests import render_yaml
+
+    try:
+        typer.echo(render_yaml(app.value, scheduler_name=scheduler_name, image=image, namespace=namespace,
+                               replicas=replicas, cpu_request=cpu_request or None, memory_request=memory_request or None), nl=False)
+    except ValueError as exc:
+        _fail(str(exc))

@@ -1,0 +1,119 @@
+"""Build the CPU blocker image from a locally imported base, run it, and load it (needs a startable dockerd).
+
+Skips, saying why, when there is no dockerd (apt-get install docker.io), no docker client, not root, or no
+base tarball and no debootstrap to make one. The base (bookworm minbase + python3 + pip) is cached in
+~/.cache/joulesched/docker/; the test's own dockerd runs with no bridge and no NAT and is torn down after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "joulesched" / "docker"
+BASE_TAR = Path(os.environ.get("JOULESCHED_DOCKER_BASE_TAR", CACHE / "bookworm-python3.tar"))
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _why_not() -> str | None:
+    if shutil.which("dockerd") is None:
+        return "dockerd not installed (apt-get install docker.io)"
+    if shutil.which("docker") is None:
+        return "docker client not installed (apt-get install docker.io)"
+    if os.geteuid() != 0:
+        return "dockerd needs root"
+    if not BASE_TAR.is_file() and shutil.which("debootstrap") is None:
+        return f"no base tarball at {BASE_TAR} and no debootstrap to make one (apt-get install debootstrap)"
+    return None
+
+
+def _umount_under(path: Path) -> None:
+    # dockerd leaves its netns bind mount (and, if killed, overlay mounts) behind; rmtree cannot remove those.
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(str(path))), key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], check=False)
+
+
+@pytest.fixture
+def dockerd():
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    if not BASE_TAR.is_file():
+        BASE_TAR.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(ROOT / "workloads" / "docker" / "make-base.sh"), str(BASE_TAR)], check=True,
+                       stdout=subprocess.DEVNULL, timeout=900)
+    d = Path(tempfile.mkdtemp(prefix="jsd-", dir="/tmp"))  # short: the socket path must fit in 108 bytes
+    sock = d / "docker.sock"
+    log = open(d / "dockerd.log", "wb")
+    proc = subprocess.Popen(
+        ["dockerd", "--data-root", str(d / "data"), "--exec-root", str(d / "exec"), "-H", f"unix://{sock}",
+         "--pidfile", str(d / "dockerd.pid"), "--bridge=none", "--iptables=false", "--ip-masq=false"],
+        stdout=log, stderr=log)
+    env = os.environ | {"DOCKER_HOST": f"unix://{sock}", "DOCKER_BUILDKIT": "0"}
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "version"], env=env, capture_output=True).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.skip(f"dockerd did not start here: {(d / 'dockerd.log').read_text()[-500:]}")
+            time.sleep(0.5)
+        yield env
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        _umount_under(d)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cpu_blocker_image_builds_and_runs(dockerd):
+    env = dockerd
+    subprocess.run(["docker", "import", str(BASE_TAR), "joulesched-test-base:bookworm"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    build = subprocess.run([str(ROOT / "workloads" / "build.sh"), "--base", "joulesched-test-base:bookworm",
+                            "--prefix", "joulesched-test", "cpu"], env=env, capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    port = _free_port()
+    # Host network on loopback: the engine has no bridge, and nothing leaves the machine.
+    run = subprocess.run(["docker", "run", "-d", "--name", "jt-cpu", "--network", "host", "--read-only", "--tmpfs", "/tmp",
+                          "joulesched-test/cpu:latest", "cpu", "--listen", f"127.0.0.1:{port}"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = requests.get(url + "/healthz", timeout=2)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline, "container never answered /healthz"
+                time.sleep(0.2)
+        assert r.json() == {"kind": "cpu", "status": "ok"}
+        uid = subprocess.run(["docker", "exec", "jt-cpu", "id", "-u"], env=env, capture_output=True, text=True).stdout.strip()
+        assert uid == "10001"
+        st = requests.post(url + "/start", json={"duration_s": 1, "cpu_m": 500}, timeout=5)
+        assert st.status_code == 202
+        assert requests.post(url + "/start", json={"duration_s": 1, "cpu_m": -5}, timeout=5).status_code == 400
+    finally:
+        subprocess.run(["docker", "rm", "-f", "jt-cpu"], env=env, capture_output=True, timeout=60)

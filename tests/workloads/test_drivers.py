@@ -1,0 +1,146 @@
+"""Load drivers against the real test app: real JMeter, real Locust, and the parsing they share."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workloads.load import jmeter as jm
+from workloads.load.results import DriverError, Sample, read_csv_samples, summarise
+
+BIN = Path(sys.executable).parent / "joulesched"
+
+
+def _jmeter_ready() -> str | None:
+    if shutil.which("jmeter") is None:
+        return "jmeter not installed (apt-get install jmeter jmeter-http)"
+    home = jm.jmeter_home("jmeter")
+    if home and not (home / "lib" / "ext" / "ApacheJMeter_http.jar").is_file():
+        return f"JMeter at {home} lacks the HTTP sampler (apt-get install jmeter-http)"
+    return None
+
+
+def _check_result(out: dict, tool: str) -> None:
+    assert out["tool"] == tool
+    assert out["requests"] > 0
+    assert out["errors"] == 0 and out["error_rate"] == 0.0
+    lat = out["latency_ms"]
+    assert 0 <= lat["min"] <= lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
+    assert lat["p50"] >= 1.0  # every request burns 2 ms of CPU in the app
+    assert out["throughput_rps"] > 0
+
+
+def test_testapp_work_endpoint(serve):
+    app = serve("testapp", "--default-ms", "3")
+    r = app.get("/work", params={"ms": 20})
+    assert r.status_code == 200 and r.json()["wall_ms"] >= 19
+    assert app.get("/test").json()["ms"] == 3
+    for bad in ({"ms": -1}, {"ms": 10**6}, {"ms": "abc"}, {"nope": 1}):
+        r = app.get("/work", params=bad)
+        assert r.status_code == 400 and r.json()["error"], bad
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_jmeter_against_test_app(serve, tmp_path):
+    why = _jmeter_ready()
+    if why:
+        pytest.skip(why)
+    app = serve("testapp")
+    cp = subprocess.run(
+        [str(BIN), "load", "jmeter", "--plan", str(jm.DEFAULT_PLAN), "--target", app.url + "/work?ms=2",
+         "--threads", "4", "--rampup", "1", "--duration", "3", "--workdir", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert cp.returncode == 0, cp.stderr
+    out = json.loads(cp.stdout)
+    _check_result(out, "jmeter")
+    assert 2.0 <= out["duration_s"] <= 4.5  # the plan's scheduler really ended the run
+    rows = read_csv_samples(tmp_path / "results.jtl", "timeStamp", "elapsed", "success")
+    assert len(rows) == out["requests"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_jmeter_counts_errors(serve, tmp_path):
+    why = _jmeter_ready()
+    if why:
+        pytest.skip(why)
+    app = serve("testapp")
+    res = jm.run(app.url + "/work?ms=-5", threads=2, rampup_s=0, duration_s=1)  # 400 on every request
+    assert res.requests > 0 and res.error_rate == 1.0
+
+
+@pytest.mark.slow
+def test_real_locust_against_test_app(serve):
+    if importlib.util.find_spec("locust") is None:  # not importorskip: importing locust patches this process with gevent
+        pytest.skip("locust not installed (pip install 'joulesched[load]')")
+    app = serve("testapp")
+    cp = subprocess.run(
+        [str(BIN), "load", "locust", "--target", app.url + "/work?ms=2", "--users", "4",
+         "--spawn-rate", "4", "--duration", "3", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert cp.returncode == 0, cp.stderr
+    _check_result(json.loads(cp.stdout), "locust")
+
+
+def test_summarise_percentiles_and_rates():
+    s = [Sample(1000.0 + i * 10, float(i + 1), ok=i != 0) for i in range(100)]
+    r = summarise(s, "t", "http://x")
+    assert r.requests == 100 and r.errors == 1 and r.error_rate == 0.01
+    assert r.latency_ms.p50 == pytest.approx(50.5) and r.latency_ms.p99 == pytest.approx(99.01)
+    assert r.latency_ms.min == 1 and r.latency_ms.max == 100
+    assert r.duration_s == pytest.approx((1990 + 100 - 1000) / 1000)
+
+
+def test_summarise_rejects_an_empty_run():
+    with pytest.raises(DriverError, match="no requests"):
+        summarise([], "jmeter", "http://x")
+
+
+def test_jtl_parser_reads_jmeter_csv(tmp_path):
+    f = tmp_path / "r.jtl"
+    f.write_text("timeStamp,elapsed,label,responseCode,success,bytes,Latency\n"
+                 "1000,5,GET,200,true,10,5\n1003,7,GET,500,false,10,7\n")
+    rows = read_csv_samples(f, "timeStamp", "elapsed", "success")
+    assert [(r.elapsed_ms, r.ok) for r in rows] == [(5, True), (7, False)]
+    f.write_text("a,b\n1,2\n")
+    with pytest.raises(DriverError, match="lacks column"):
+        read_csv_samples(f, "timeStamp", "elapsed", "success")
+
+
+def test_split_target():
+    assert jm.split_target("http://127.0.0.1:9000/work?ms=5") == {
+        "protocol": "http", "host": "127.0.0.1", "port": "9000", "path": "/work?ms=5"}
+    assert jm.split_target("https://h")["port"] == "443"
+    with pytest.raises(DriverError):
+        jm.split_target("ftp://h/x")
+
+
+def test_plan_is_parameterised_and_finite():
+    text = jm.DEFAULT_PLAN.read_text()
+    for prop in ("host", "port", "path", "threads", "rampup", "duration", "protocol"):
+        assert f"${{__P({prop}," in text, prop
+    assert '<boolProp name="ThreadGroup.scheduler">true</boolProp>' in text
+
+
+@pytest.mark.parametrize("args", [
+    ["load", "jmeter", "--target", "ftp://x/y"],
+    ["load", "jmeter", "--target", "http://127.0.0.1:1/", "--threads", "0"],
+    ["load", "jmeter", "--target", "http://127.0.0.1:1/", "--plan", "/nonexistent.jmx"],
+    ["load", "locust", "--target", "nope"],
+    ["workload", "serve", "cpu", "--listen", "127.0.0.1"],
+    ["workload", "serve", "cpu", "--listen", "127.0.0.1:99999"],
+    ["workload", "serve", "gpu"],
+])
+def test_cli_bad_input_exits_2(args):
+    cp = subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2, (args, cp.stdout, cp.stderr)
+    assert cp.stderr.strip(), args

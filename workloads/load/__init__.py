@@ -1,0 +1,1 @@
+"""Load drivers (JMeter, Locust) and the blocker client; all report a `LoadResult`."""

@@ -1,0 +1,140 @@
+"""Run a JMeter plan headless against a URL and read its results file back.
+
+The plan takes host, port, protocol, path, threads, rampup and duration as `-J` properties; results are
+written as CSV (forced with -J properties, whatever jmeter.properties says) and summarised into a
+`LoadResult`. Debian's JMeter 2.13 cannot load any plan with bookworm's xstream, so for a 2.x install the
+driver starts JMeter through `xstream-allow.bsh` (see there); 5.x runs as plain `jmeter`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from workloads.load.results import DriverError, LoadResult, read_csv_samples, summarise
+
+HERE = Path(__file__).resolve().parent.parent / "jmeter"
+DEFAULT_PLAN = HERE / "test-app.jmx"
+ALLOW_SCRIPT = HERE / "xstream-allow.bsh"
+BSH_JARS = (Path("/usr/share/java/bsh.jar"),)
+STARTUP_GRACE_S = 60.0
+"""Allowed on top of rampup + duration before the run counts as hung (JVM start is ~1 s here)."""
+
+# CSV results with exactly the columns we parse; ms timestamps so start + elapsed is arithmetic.
+RESULT_PROPS = {
+    "jmeter.save.saveservice.output_format": "csv",
+    "jmeter.save.saveservice.print_field_names": "true",
+    "jmeter.save.saveservice.timestamp_format": "ms",
+    "jmeter.save.saveservice.time": "true",
+    "jmeter.save.saveservice.successful": "true",
+    "jmeter.save.saveservice.response_code": "true",
+    "jmeter.save.saveservice.label": "true",
+    "jmeter.save.saveservice.response_message": "false",
+    "jmeter.save.saveservice.thread_name": "false",
+    "jmeter.save.saveservice.assertion_results_failure_message": "false",
+}
+
+Launcher = Literal["auto", "jmeter", "debian-2.13"]
+
+
+def split_target(url: str) -> dict[str, str]:
+    """URL -> the plan's protocol/host/port/path properties."""
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise DriverError(f"--target {url!r}: expected http(s)://HOST[:PORT][/PATH]")
+    port = u.port or (443 if u.scheme == "https" else 80)
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    return {"protocol": u.scheme, "host": u.hostname, "port": str(port), "path": path}
+
+
+def jmeter_home(jmeter_bin: str) -> Path | None:
+    """The install that `jmeter_bin` runs, found by its bin/ApacheJMeter.jar."""
+    found = shutil.which(jmeter_bin)
+    candidates = [os.environ.get("JMETER_HOME")]
+    if found:
+        candidates.append(str(Path(found).resolve().parent.parent))
+    candidates.append("/usr/share/jmeter")  # Debian's /usr/bin/jmeter is a wrapper script
+    for c in candidates:
+        if c and (Path(c) / "bin" / "ApacheJMeter.jar").is_file():
+            return Path(c)
+    return None
+
+
+def jmeter_version(home: Path) -> str:
+    with zipfile.ZipFile(home / "bin" / "ApacheJMeter.jar") as z:
+        for line in z.read("META-INF/MANIFEST.MF").decode().splitlines():
+            if line.startswith("Implementation-Version:"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def command(jmeter_bin: str = "jmeter", launcher: Launcher = "auto") -> list[str]:
+    """The argv prefix that starts JMeter non-GUI on this machine (arguments follow)."""
+    home = jmeter_home(jmeter_bin)
+    bsh = next((j for j in BSH_JARS if j.is_file()), None)
+    if launcher == "auto":
+        launcher = "debian-2.13" if home and bsh and jmeter_version(home).startswith("2.") else "jmeter"
+    if launcher == "jmeter":
+        if shutil.which(jmeter_bin) is None:
+            raise DriverError(f"{jmeter_bin!r} not found; install JMeter (Debian: apt-get install jmeter jmeter-http)")
+        return [jmeter_bin]
+    if home is None or bsh is None:
+        raise DriverError("the debian-2.13 launcher needs /usr/share/jmeter and /usr/share/java/bsh.jar (apt-get install jmeter)")
+    java = shutil.which("java")
+    if java is None:
+        raise DriverError("java not found; JMeter needs a Java runtime (apt-get install default-jre-headless)")
+    jars = [home / "bin" / "ApacheJMeter.jar", *sorted((home / "lib").glob("*.jar")), *sorted((home / "lib" / "ext").glob("*.jar")), bsh]
+    if not (home / "lib" / "ext" / "ApacheJMeter_http.jar").is_file():
+        raise DriverError(f"JMeter at {home} has no HTTP sampler; install it (Debian: apt-get install jmeter-http)")
+    cp = os.pathsep.join(str(j) for j in jars)
+    return [java, f"-Djmeter.home={home}", "-cp", cp, "bsh.Interpreter", str(ALLOW_SCRIPT)]
+
+
+def run(
+    target: str,
+    *,
+    plan: Path = DEFAULT_PLAN,
+    threads: int = 10,
+    rampup_s: int = 1,
+    duration_s: int = 10,
+    jmeter_bin: str = "jmeter",
+    launcher: Launcher = "auto",
+    workdir: Path | None = None,
+) -> LoadResult:
+    """Run `plan` against `target` for `duration_s` seconds and summarise what JMeter recorded."""
+    if not Path(plan).is_file():
+        raise DriverError(f"plan {plan} not found")
+    if threads < 1 or rampup_s < 0 or duration_s < 1:
+        raise DriverError("need threads >= 1, rampup >= 0 and duration >= 1")
+    props = split_target(target) | {"threads": str(threads), "rampup": str(rampup_s), "duration": str(duration_s)}
+    own_dir = workdir is None
+    wd = Path(tempfile.mkdtemp(prefix="joulesched-jmeter-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
+    wd.mkdir(parents=True, exist_ok=True)
+    jtl, log = wd / "results.jtl", wd / "jmeter.log"
+    argv = command(jmeter_bin, launcher) + ["-n", "-t", str(plan), "-l", str(jtl), "-j", str(log)]
+    argv += [f"-J{k}={v}" for k, v in (props | RESULT_PROPS).items()]
+    t0 = time.monotonic()
+    # Own session so a timeout kills JMeter's whole process group, wrapper script and JVM alike.
+    proc = subprocess.Popen(argv, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=rampup_s + duration_s + STARTUP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise DriverError(f"JMeter did not finish within {rampup_s + duration_s + STARTUP_GRACE_S:.0f} s; log: {log}") from None
+    wall = time.monotonic() - t0
+    if proc.returncode != 0 or not jtl.is_file():
+        tail = "\n".join(out.strip().splitlines()[-5:])
+        raise DriverError(f"JMeter exited {proc.returncode} without results; last output:\n{tail}")
+    result = summarise(read_csv_samples(jtl, "timeStamp", "elapsed", "success"), "jmeter", target, wall)
+    if own_dir:
+        shutil.rmtree(wd, ignore_errors=True)
+    return result

@@ -1,0 +1,70 @@
+"""Run Locust headless against a URL and summarise every request it made (same `LoadResult` as JMeter).
+
+Locust runs as a subprocess: it monkey-patches the process with gevent, which must not leak into ours.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from workloads.load.results import DriverError, LoadResult, read_csv_samples, summarise
+
+LOCUSTFILE = Path(__file__).resolve().parent.parent / "locust" / "locustfile.py"
+STARTUP_GRACE_S = 60.0
+
+
+def run(
+    target: str,
+    *,
+    users: int = 10,
+    spawn_rate: float = 10.0,
+    duration_s: int = 10,
+    locustfile: Path = LOCUSTFILE,
+    workdir: Path | None = None,
+) -> LoadResult:
+    u = urlsplit(target)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise DriverError(f"--target {target!r}: expected http(s)://HOST[:PORT][/PATH]")
+    if users < 1 or spawn_rate <= 0 or duration_s < 1:
+        raise DriverError("need users >= 1, spawn-rate > 0 and duration >= 1")
+    # find_spec, not import: importing locust monkey-patches this process with gevent.
+    if importlib.util.find_spec("locust") is None:
+        raise DriverError("locust is not installed; pip install 'joulesched[load]'") from None
+    host = f"{u.scheme}://{u.netloc}"
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    own_dir = workdir is None
+    wd = Path(tempfile.mkdtemp(prefix="joulesched-locust-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
+    wd.mkdir(parents=True, exist_ok=True)
+    samples = wd / "samples.csv"
+    argv = [
+        sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--host", host,
+        "-u", str(users), "-r", str(spawn_rate), "-t", f"{duration_s}s",
+        "--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING",
+    ]
+    env = os.environ | {"JOULESCHED_LOCUST_PATH": path, "JOULESCHED_LOCUST_SAMPLES": str(samples)}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=duration_s + STARTUP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise DriverError(f"Locust did not finish within {duration_s + STARTUP_GRACE_S:.0f} s") from None
+    wall = time.monotonic() - t0
+    # Locust exits 1 when any request failed; that is a result to report, not a driver failure.
+    if proc.returncode not in (0, 1) or not samples.is_file():
+        tail = "\n".join(out.strip().splitlines()[-5:])
+        raise DriverError(f"Locust exited {proc.returncode} without results; last output:\n{tail}")
+    result = summarise(read_csv_samples(samples, "start_ms", "elapsed_ms", "ok"), "locust", target, wall)
+    if own_dir:
+        shutil.rmtree(wd, ignore_errors=True)
+    return result

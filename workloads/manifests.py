@@ -1,0 +1,136 @@
+"""Kubernetes Deployment + Service for each workload app, built from labels defined once.
+
+The pods run as a non-root user with a read-only root filesystem; what must be writable (the disk
+blocker's scratch files, the shop's database, /tmp) is an emptyDir. `schedulerName` is a parameter so the
+same manifests run under kube-scheduler or joulesched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+APPS = ("cpu", "memory", "disk", "network", "combined", "testapp", "shop")
+PORT = 8080
+UID = 10001
+IMAGE_PREFIX = "joulesched"
+
+# Requests the scheduler reserves; a blocker asks for little and then uses what it is told to (that is the point).
+DEFAULT_REQUESTS: dict[str, tuple[str, str]] = {
+    "cpu": ("100m", "64Mi"),
+    "memory": ("50m", "64Mi"),
+    "disk": ("50m", "64Mi"),
+    "network": ("50m", "64Mi"),
+    "combined": ("100m", "128Mi"),
+    "testapp": ("250m", "64Mi"),
+    "shop": ("100m", "96Mi"),
+}
+
+
+def labels(app: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": f"joulesched-{app}",
+        "app.kubernetes.io/part-of": "joulesched",
+        "app.kubernetes.io/component": "testapp" if app in ("testapp", "shop") else "blocker",
+    }
+
+
+def container_args(app: str) -> list[str]:
+    """Arguments after `python3 -m workloads serve` (the image's ENTRYPOINT); the same the image's CMD holds."""
+    args = [app, "--listen", f"0.0.0.0:{PORT}"]
+    if app in ("disk", "combined"):
+        args += ["--scratch-dir", "/scratch"]
+    if app == "shop":
+        args += ["--db", "/data/shop.db"]
+    return args
+
+
+def render(
+    app: str,
+    *,
+    scheduler_name: str = "default-scheduler",
+    image: str | None = None,
+    namespace: str = "default",
+    replicas: int = 1,
+    cpu_request: str | None = None,
+    memory_request: str | None = None,
+) -> list[dict[str, Any]]:
+    if app not in APPS:
+        raise ValueError(f"unknown app {app!r}; expected one of {', '.join(APPS)}")
+    if not scheduler_name:
+        raise ValueError("scheduler_name must not be empty")
+    name = f"joulesched-{app}"
+    lab = labels(app)
+    cpu, mem = DEFAULT_REQUESTS[app]
+    volumes = [{"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}]
+    if app in ("disk", "combined"):
+        volumes.append({"name": "scratch", "emptyDir": {}})
+        mounts.append({"name": "scratch", "mountPath": "/scratch"})
+    if app == "shop":
+        volumes.append({"name": "data", "emptyDir": {}})
+        mounts.append({"name": "data", "mountPath": "/data"})
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": lab},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": {
+                "metadata": {"labels": lab},
+                "spec": {
+                    "schedulerName": scheduler_name,
+                    "automountServiceAccountToken": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": UID,
+                        "runAsGroup": UID,
+                        "fsGroup": UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": app,
+                            "image": image or f"{IMAGE_PREFIX}/{app}:latest",
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": container_args(app),
+                            "ports": [{"name": "http", "containerPort": PORT}],
+                            "resources": {"requests": {"cpu": cpu_request or cpu, "memory": memory_request or mem}},
+                            "readinessProbe": probe,
+                            "livenessProbe": probe | {"periodSeconds": 15},
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": mounts,
+                        }
+                    ],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": lab},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": name},
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http"}],
+        },
+    }
+    return [deployment, service]
+
+
+class _NoAliases(yaml.SafeDumper):
+    # Shared label dicts would otherwise come out as &id001 anchors, which people misread.
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render_yaml(app: str, **kw: Any) -> str:
+    return yaml.dump_all(render(app, **kw), Dumper=_NoAliases, sort_keys=False)

@@ -1,0 +1,74 @@
+"""Memory blocker: allocate, touch and hold a number of MiB, then give it back to the OS.
+
+Memory comes from anonymous mmap chunks rather than bytearray: `munmap` on release returns it to the
+kernel at once, whereas malloc'd memory may stay in the allocator's arenas. Every page is written once
+(numpy strided write, one byte per 4 KiB page) so the kernel really backs it: RSS rises by the request.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+CHUNK_MIB = 64
+PAGE = mmap.PAGESIZE
+
+
+class MemoryLoad:
+    """Hold `mib` MiB resident for `duration_s`; `stop()` releases it."""
+
+    def __init__(self, mib: int, duration_s: float):
+        self.mib = mib
+        self.duration_s = duration_s
+        self._stop = threading.Event()
+        self._chunks: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.allocated_mib = 0
+        self.released = False
+        self.error: str | None = None
+
+    def start(self) -> None:
+        # Allocating gigabytes takes seconds; do it off the request thread.
+        self._thread = threading.Thread(target=self._run, name="memory-blocker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        end = time.monotonic() + self.duration_s
+        left = self.mib
+        while left > 0 and not self._stop.is_set():
+            size = min(CHUNK_MIB, left)
+            try:
+                chunk = mmap.mmap(-1, size * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            except OSError as exc:  # hold what we got and say why the rest is missing
+                self.error = f"{type(exc).__name__}: {exc}"
+                break
+            view = np.frombuffer(chunk, dtype=np.uint8)
+            view[::PAGE] = 1
+            del view  # an exported buffer would make chunk.close() fail
+            with self._lock:
+                self._chunks.append(chunk)
+                self.allocated_mib += size
+            left -= size
+        self._stop.wait(max(0.0, end - time.monotonic()))
+        self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            for chunk in self._chunks:
+                chunk.close()
+            self._chunks.clear()
+            self.released = True
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._release()
+
+    def stats(self) -> dict[str, Any]:
+        return {"requested_mib": self.mib, "allocated_mib": self.allocated_mib, "released": self.released, "error": self.error}

@@ -1,0 +1,94 @@
+"""Network blocker: move bytes at a given Mbit/s.
+
+Two directions, both paced by a token bucket:
+- `NetworkLoad` POSTs one chunked stream to a target URL (another blocker's `/sink`), so a started load
+  produces traffic with no client in the loop;
+- `paced_stream` backs `GET /stream`, for a client that pulls the bytes.
+A send blocks at most SEND_TIMEOUT_S, so `stop()` returns promptly even against a stalled receiver.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+import time
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+from workloads.pacing import TokenBucket, chunk_size
+
+SEND_TIMEOUT_S = 5.0
+RETRY_S = 1.0
+
+
+def paced_stream(mbps: float, seconds: float, stop: threading.Event, counter: list[int]) -> Iterator[bytes]:
+    """Yield random bytes at `mbps` for `seconds` or until `stop`; adds each chunk's size to counter[0]."""
+    rate = mbps * 1e6 / 8
+    n = chunk_size(rate, lo=1024, hi=64 * 1024)
+    block = os.urandom(n)
+    bucket = TokenBucket(rate, burst=n)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and bucket.take(n, stop):
+        yield block
+        counter[0] += n  # counted once the consumer took it
+
+
+class NetworkLoad:
+    """Stream `mbps` to `target` (chunked POST) for `duration_s`, reconnecting if the target drops."""
+
+    def __init__(self, mbps: float, target: str, duration_s: float):
+        self.mbps = mbps
+        self.target = target
+        self.duration_s = duration_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sent = [0]
+        self.connections = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="network-blocker", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        u = urlsplit(self.target)
+        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = cls(u.hostname, u.port, timeout=SEND_TIMEOUT_S)
+        conn.putrequest("POST", (u.path or "/") + (f"?{u.query}" if u.query else ""))
+        conn.putheader("Content-Type", "application/octet-stream")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        return conn
+
+    def _run(self) -> None:
+        end = time.monotonic() + self.duration_s
+        while not self._stop.is_set() and time.monotonic() < end:
+            try:
+                conn = self._connect()
+                self.connections += 1
+                try:
+                    left = end - time.monotonic()
+                    for block in paced_stream(self.mbps, left, self._stop, self._sent):
+                        conn.send(b"%x\r\n%s\r\n" % (len(block), block))
+                    conn.send(b"0\r\n\r\n")
+                    conn.getresponse().read()
+                finally:
+                    conn.close()
+            except (OSError, http.client.HTTPException) as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self._stop.wait(RETRY_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=SEND_TIMEOUT_S + 2)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "mbps": self.mbps,
+            "target": self.target,
+            "bytes_sent": self._sent[0],
+            "connections": self.connections,
+            "last_error": self.last_error,
+        }

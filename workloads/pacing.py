@@ -1,0 +1,52 @@
+"""Token-bucket pacing shared by the disk and network blockers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+
+class TokenBucket:
+    """Paces byte transfers to `rate` bytes/s.
+
+    Debt-style: `reserve(n)` takes n tokens at once (the balance may go negative) and returns how long to
+    wait before the next transfer. The balance never exceeds `burst`, so a worker that fell behind (slow
+    disk) does not catch up later with a burst above the asked rate.
+
+    :param rate: bytes per second, > 0.
+    :param burst: largest credit that may accumulate, in bytes; defaults to 100 ms worth.
+    :param clock: monotonic seconds; injected by tests.
+    """
+
+    rate: float
+    burst: float
+
+    def __init__(self, rate: float, burst: float | None = None, clock: Callable[[], float] = time.monotonic):
+        if rate <= 0:
+            raise ValueError("rate must be > 0")
+        self.rate = rate
+        self.burst = burst if burst is not None else rate * 0.1
+        self._clock = clock
+        self._tokens = 0.0
+        self._last = clock()
+
+    def reserve(self, n: int) -> float:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        self._tokens -= n
+        return max(0.0, -self._tokens / self.rate)
+
+    def take(self, n: int, stop: threading.Event) -> bool:
+        """Reserve n tokens and wait for them; False when `stop` was set meanwhile."""
+        wait = self.reserve(n)
+        if wait > 0:
+            return not stop.wait(wait)
+        return not stop.is_set()
+
+
+def chunk_size(rate: float, lo: int = 4096, hi: int = 1 << 20) -> int:
+    """Transfer size for a byte rate: about 20 transfers a second, page-aligned, within [lo, hi]."""
+    size = int(rate / 20) // 4096 * 4096
+    return max(lo, min(hi, size))

@@ -1,0 +1,239 @@
+"""The blocker service: one run at a time, bounded in time, all state in this one process.
+
+`BlockerService` owns the running loads and a watchdog thread that stops them at the deadline; each load
+also checks the deadline itself, so a stuck watchdog still cannot make a load run away. `create_app`
+puts the HTTP API on top:
+
+    POST /start   JSON LoadParams (only the fields of this app's kind)   -> 202 status | 400 | 409
+    POST /stop                                                           -> 200 status
+    GET  /status                                                         -> 200 status
+    GET  /healthz                                                        -> 200 {"status": "ok"}
+    GET  /stream?mbps=&seconds=   (network, combined) paced random bytes
+    POST /sink                    (network, combined) reads and discards a (chunked) body
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from flask import Flask, Response, jsonify, request
+from pydantic import ValidationError
+
+from workloads.cpu import CpuLoad
+from workloads.disk import DiskLoad
+from workloads.memory import MemoryLoad
+from workloads.network import NetworkLoad, paced_stream
+from workloads.params import KIND_FIELDS, KINDS, LoadParams, StreamParams
+
+
+class Load(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+
+class BadRequest(ValueError):
+    """A request the service refuses; `status` is the HTTP code."""
+
+    def __init__(self, message: str, status: int = 400, details: Any = None):
+        super().__init__(message)
+        self.status = status
+        self.details = details
+
+
+def validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "body"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+class _Run:
+    def __init__(self, params: LoadParams, loads: dict[str, Load]):
+        self.params = params
+        self.loads = loads
+        self.started = time.monotonic()
+        self.started_at = time.time()
+        self.deadline = self.started + params.duration_s
+        self.stopped = threading.Event()
+        self.end_reason: str | None = None
+        self.ended_at: float | None = None
+
+
+class BlockerService:
+    """Starts, bounds and stops the loads of one kind (or all, for `combined`).
+
+    :param kind: one of params.KINDS; limits which LoadParams fields /start accepts.
+    :param scratch_dir: where the disk blocker creates (and removes) its scratch directory.
+    """
+
+    def __init__(self, kind: str, scratch_dir: Path | None = None):
+        if kind not in KINDS:
+            raise ValueError(f"unknown blocker kind {kind!r}; expected one of {', '.join(KINDS)}")
+        self.kind = kind
+        self.scratch_dir = Path(scratch_dir or tempfile.gettempdir())
+        self._lock = threading.Lock()
+        self._run: _Run | None = None
+        self._last: dict[str, Any] | None = None
+        self.streams = threading.Event()  # set at shutdown to end /stream responses
+        self.stream_bytes = [0]
+        self.sink_bytes = 0
+
+    def parse(self, body: Any) -> LoadParams:
+        if not isinstance(body, dict):
+            raise BadRequest("body must be a JSON object")
+        extra = sorted(set(body) - KIND_FIELDS[self.kind])
+        if extra:
+            allowed = ", ".join(sorted(KIND_FIELDS[self.kind]))
+            raise BadRequest(f"the {self.kind} blocker does not take {', '.join(extra)}; it takes {allowed}")
+        try:
+            return LoadParams.model_validate(body)
+        except ValidationError as exc:
+            raise BadRequest(validation_message(exc), details=exc.errors(include_url=False, include_context=False)) from None
+
+    def _build(self, p: LoadParams) -> dict[str, Load]:
+        loads: dict[str, Load] = {}
+        if p.cpu_m:
+            loads["cpu"] = CpuLoad(p.cpu_m, p.duration_s)
+        if p.memory_mib:
+            loads["memory"] = MemoryLoad(p.memory_mib, p.duration_s)
+        if p.disk_read_mbps or p.disk_write_mbps:
+            loads["disk"] = DiskLoad(p.disk_read_mbps, p.disk_write_mbps, p.disk_file_mib, p.duration_s, self.scratch_dir)
+        if p.net_mbps:
+            assert p.net_target is not None
+            loads["network"] = NetworkLoad(p.net_mbps, p.net_target, p.duration_s)
+        return loads
+
+    def start(self, body: Any) -> dict[str, Any]:
+        params = self.parse(body)
+        with self._lock:
+            if self._run is not None:
+                raise BadRequest("a load is already running; POST /stop first", status=409)
+            run = _Run(params, self._build(params))
+            started: list[Load] = []
+            try:
+                for load in run.loads.values():
+                    load.start()
+                    started.append(load)
+            except Exception as exc:
+                for load in started:
+                    load.stop()
+                if isinstance(exc, OSError):  # e.g. an unwritable --scratch-dir: say so instead of a bare 500
+                    raise BadRequest(f"could not start the load: {exc}", status=500) from exc
+                raise
+            self._run = run
+        threading.Thread(target=self._watch, args=(run,), name="blocker-watchdog", daemon=True).start()
+        return self.status()
+
+    def _watch(self, run: _Run) -> None:
+        if not run.stopped.wait(max(0.0, run.deadline - time.monotonic())):
+            self._finish(run, "duration elapsed")
+
+    def _finish(self, run: _Run, reason: str) -> None:
+        with self._lock:
+            if self._run is not run:
+                return
+            run.stopped.set()
+            for load in run.loads.values():
+                load.stop()
+            run.end_reason = reason
+            run.ended_at = time.time()
+            self._last = self._describe(run)
+            self._run = None
+
+    def stop(self, reason: str = "stopped by request") -> dict[str, Any]:
+        run = self._run
+        if run is not None:
+            self._finish(run, reason)
+        return self.status()
+
+    def shutdown(self) -> None:
+        """Stop everything: the run and any /stream responses. Called at server exit."""
+        self.streams.set()
+        self.stop("server shutting down")
+
+    def _describe(self, run: _Run) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "params": run.params.model_dump(exclude_defaults=True),
+            "started_at": run.started_at,
+            "elapsed_s": round(now - run.started, 3),
+            "remaining_s": round(max(0.0, run.deadline - now), 3) if run.end_reason is None else 0.0,
+            "end_reason": run.end_reason,
+            "loads": {k: v.stats() for k, v in run.loads.items()},
+        }
+
+    def status(self) -> dict[str, Any]:
+        run = self._run
+        out: dict[str, Any] = {"kind": self.kind, "state": "running" if run else "idle"}
+        if run is not None:
+            out["run"] = self._describe(run)
+        if self._last is not None:
+            out["last_run"] = self._last
+        if self.kind in ("network", "combined"):
+            out["stream_bytes"] = self.stream_bytes[0]
+            out["sink_bytes"] = self.sink_bytes
+        return out
+
+
+def error_response(message: str, status: int = 400, details: Any = None) -> tuple[Response, int]:
+    body: dict[str, Any] = {"error": message}
+    if details is not None:
+        body["details"] = details
+    return jsonify(body), status
+
+
+def create_app(service: BlockerService) -> Flask:
+    app = Flask(f"joulesched-{service.kind}-blocker")
+
+    @app.errorhandler(BadRequest)
+    def _bad(exc: BadRequest):
+        return error_response(str(exc), exc.status, exc.details)
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify(status="ok", kind=service.kind)
+
+    @app.get("/status")
+    def status():
+        return jsonify(service.status())
+
+    @app.post("/start")
+    def start():
+        body = request.get_json(silent=True)
+        if body is None:
+            raise BadRequest("body must be JSON (Content-Type: application/json)")
+        return jsonify(service.start(body)), 202
+
+    @app.post("/stop")
+    def stop():
+        return jsonify(service.stop())
+
+    if service.kind in ("network", "combined"):
+
+        @app.get("/stream")
+        def stream():
+            try:
+                q = StreamParams.model_validate(request.args.to_dict())
+            except ValidationError as exc:
+                raise BadRequest(validation_message(exc)) from None
+            gen = paced_stream(q.mbps, q.seconds, service.streams, service.stream_bytes)
+            return Response(gen, mimetype="application/octet-stream")
+
+        @app.post("/sink")
+        def sink():
+            got = 0
+            while True:
+                block = request.stream.read(1 << 16)
+                if not block:
+                    break
+                got += len(block)
+                service.sink_bytes += len(block)
+            return jsonify(received=got)
+
+    return app
