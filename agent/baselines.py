@@ -276,10 +276,11 @@ class RoundRobin:
         self.next = 0
 
     def choose(self, st, pod, mask):
-        n = len(mask)
         start = self.next
-        j = int(np.argmax(mask[start:])) + start if mask[start:].any() else int(np.argmax(mask))
-        self.next = (j + 1) % n
+        j = start + int(mask[start:].argmax())
+        if not mask[j]:  # nothing feasible from the pointer on: wrap around
+            j = int(mask.argmax())
+        self.next = (j + 1) % len(mask)
         return j
 
 
@@ -294,4 +295,4 @@ class Random:
 
     def choose(self, st, pod, mask):
         idx = np.flatnonzero(mask)
-        return int(idx[self.rng.integers(idx.size)])
+        return int(idx[int(self.rng.random() * idx.size)])  # Generator.random is cheaper than .integers

@@ -19,6 +19,11 @@ MIN_FEASIBLE_NODES_PERCENTAGE = 5
 
 def _weighted(scores: Sequence[np.ndarray], allocs: Sequence[np.ndarray], weights: Sequence[int]) -> np.ndarray:
     """floor(sum w_r s_r / sum w_r) over resources with allocatable > 0 (0 when none counts)."""
+    if all(int(a.min(initial=1)) > 0 for a in allocs):  # the usual case: no resource is skipped anywhere
+        num = scores[0] * weights[0]
+        for s, w in zip(scores[1:], weights[1:]):
+            num += s * w
+        return num // sum(weights)
     num = np.zeros_like(scores[0])
     den = np.zeros_like(scores[0])
     for s, a, w in zip(scores, allocs, weights):

@@ -7,7 +7,7 @@ one it runs on. Units: CPU in millicores, memory in MiB, power in watts, time in
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -24,30 +24,27 @@ DEFAULT_MEMORY_REQUEST_MIB = 200
 
 @dataclass(frozen=True, slots=True)
 class PodRequest:
-    """A pod's requests as the scheduler sees them. ``None`` = no request; ``0`` = an explicit zero."""
+    """A pod's requests as the scheduler sees them. ``None`` = no request; ``0`` = an explicit zero.
+
+    The derived views are computed once: the filter's (absent = 0) and kube-scheduler's scoring defaults
+    (absent = 100m / 200 MiB). They are plain attributes because the twin reads them on every placement.
+    """
 
     cpu_m: int | None = None
     memory_mib: int | None = None
+    filter_cpu: int = field(init=False, repr=False, compare=False)
+    filter_mem: int = field(init=False, repr=False, compare=False)
+    nz_cpu: int = field(init=False, repr=False, compare=False)
+    nz_mem: int = field(init=False, repr=False, compare=False)
+    best_effort: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def best_effort(self) -> bool:
-        return self.cpu_m is None and self.memory_mib is None
-
-    @property
-    def filter_cpu(self) -> int:
-        return self.cpu_m or 0
-
-    @property
-    def filter_mem(self) -> int:
-        return self.memory_mib or 0
-
-    @property
-    def nz_cpu(self) -> int:
-        return DEFAULT_CPU_REQUEST_M if self.cpu_m is None else self.cpu_m
-
-    @property
-    def nz_mem(self) -> int:
-        return DEFAULT_MEMORY_REQUEST_MIB if self.memory_mib is None else self.memory_mib
+    def __post_init__(self) -> None:
+        c, m = self.cpu_m, self.memory_mib
+        for name, v in (("filter_cpu", c or 0), ("filter_mem", m or 0),
+                        ("nz_cpu", DEFAULT_CPU_REQUEST_M if c is None else c),
+                        ("nz_mem", DEFAULT_MEMORY_REQUEST_MIB if m is None else m),
+                        ("best_effort", c is None and m is None)):
+            object.__setattr__(self, name, v)
 
 
 class ClusterState:
@@ -112,6 +109,7 @@ class ClusterState:
         self.free_cpu = self.alloc_cpu.copy()
         self.free_mem = self.alloc_mem.copy()
         self.free_pods = self.alloc_pods.copy()
+        self.full_nodes = int((self.free_pods <= 0).sum())  # nodes with no pod slot left
         self.usage_cpu = np.zeros(n, dtype=np.float64)
         self.power_state = np.zeros(n, dtype=np.int8)
         self.next_departure_at = np.full(n, np.inf)
@@ -123,11 +121,14 @@ class ClusterState:
     # ---- what policies call -------------------------------------------------------------------------------
     def feasible(self, pod: PodRequest) -> np.ndarray:
         """kube-scheduler's NodeResourcesFit filter plus the pod-count limit, on real requests."""
-        ok = self.free_pods > 0
-        if pod.cpu_m:
-            ok &= self.free_cpu >= pod.cpu_m
-        if pod.memory_mib:
-            ok &= self.free_mem >= pod.memory_mib
+        c, m = pod.filter_cpu, pod.filter_mem
+        if not (c or m):
+            return self.free_pods > 0
+        ok = self.free_cpu >= c if c else self.free_mem >= m
+        if c and m:
+            ok &= self.free_mem >= m
+        if self.full_nodes:  # the pod-slot comparison only matters once some node is full
+            ok &= self.free_pods > 0
         return ok
 
     def utilization(self) -> np.ndarray:
@@ -168,6 +169,8 @@ class ClusterState:
         self.free_mem[i] -= m
         self.pods[i] += 1
         self.free_pods[i] -= 1
+        if self.free_pods[i] == 0:
+            self.full_nodes += 1
         self.nz_cpu[i] += pod.nz_cpu
         self.nz_mem[i] += pod.nz_mem
 
@@ -178,6 +181,8 @@ class ClusterState:
         self.req_mem[i] -= m
         self.free_cpu[i] += c
         self.free_mem[i] += m
+        if self.free_pods[i] == 0:
+            self.full_nodes -= 1
         self.pods[i] -= 1
         self.free_pods[i] += 1
         self.nz_cpu[i] -= pod.nz_cpu

@@ -101,6 +101,16 @@ class Twin:
         self.workload = workload
         self.record = record
         self.timeline_bins = timeline_bins
+        # Per-pod inputs never change between runs: build them once. Lists, because scalar indexing of a list
+        # is several times faster than of a numpy array.
+        wl = workload
+        self._submit = wl.submit_s.tolist()
+        self._dur = wl.duration_s.tolist()
+        self._usage = wl.usage_m.tolist()
+        cpu, mem = wl.cpu_req.tolist(), wl.mem_req.tolist()
+        self._req = [PodRequest(None if c < 0 else c, None if m < 0 else m) for c, m in zip(cpu, mem)]
+        self.placeable = self._placeable_mask(cluster_from_scenario(scenario), wl)
+        self._placeable = self.placeable.tolist()
         self.reset()
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -112,14 +122,6 @@ class Twin:
         self.sleep_after = sc.idle_policy.sleep_after_s if st.can_sleep else math.inf
         self.slo_fraction = sc.slo_fraction
         self.slo_tolerance = sc.slo_tolerance
-        # Pods, as Python lists: scalar indexing of lists is several times faster than of numpy arrays.
-        self._submit = wl.submit_s.tolist()
-        self._dur = wl.duration_s.tolist()
-        self._usage = wl.usage_m.tolist()
-        cpu, mem = wl.cpu_req.tolist(), wl.mem_req.tolist()
-        self._req = [PodRequest(None if c < 0 else c, None if m < 0 else m) for c, m in zip(cpu, mem)]
-        self.placeable = self._placeable_mask(st, wl)
-        self._placeable = self.placeable.tolist()
         self.pod_node = [-1] * p
         self.pod_status = [_NOT_PLACED] * p
         self.pod_start = [math.nan] * p
@@ -138,6 +140,7 @@ class Twin:
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(n)]  # heaps of (vfinish, pod)
         self._waiting: list[list[int]] = [[] for _ in range(n)]  # pods bound to a waking node
         self._ver = [0] * n
+        self._scheduled: list[tuple[float, int] | None] = [None] * n  # heap top its departure event is for
         self._sleep_ver = [0] * n
         self._pstate = [ON] * n
         self._pwr = [c[0] for c in self._curves]
@@ -197,14 +200,17 @@ class Twin:
                         self._finish()
                         return None
                     t, _, kind, i, ver = heapq.heappop(events)
-                    self._advance(t)
                     if kind == _DEPART:
-                        if ver == self._ver[i]:
-                            self._depart(i)
+                        if ver != self._ver[i]:
+                            continue  # superseded by a later reschedule of this node
+                        self._advance(t)
+                        self._depart(i)
                     elif kind == _SLEEP:
+                        self._advance(t)
                         if ver == self._sleep_ver[i] and self._pstate[i] == ON and st.pods[i] == 0:
                             self._set_pstate(i, ASLEEP)
                     else:
+                        self._advance(t)
                         self._wake(i)
                     continue
                 self._advance(t_ar)
@@ -307,17 +313,25 @@ class Twin:
         if d < 1e-9:  # guard against float residue once the last pod has left
             d = self._dem[i] = 0.0
         cap = self._cap[i]
-        self._rate[i] = 1.0 if d <= cap else cap / d
+        rate = 1.0 if d <= cap else cap / d
+        rate_changed = rate != self._rate[i]
+        self._rate[i] = rate
         st.usage_cpu[i] = d
         if self._pstate[i] == ON:
             self._set_power(i, interp(self._curves[i], d / cap if cap > 0 else 1.0))
-        self._ver[i] += 1
         heap = self._running[i]
         if heap:
-            t = self.now + (heap[0][0] - self._vclock[i]) / self._rate[i]
-            st.next_departure_at[i] = t
-            self._push(t, _DEPART, i, self._ver[i])
+            top = heap[0]
+            # The scheduled departure stays valid while the same pod leads at the same rate: skip a heap entry.
+            if rate_changed or top is not self._scheduled[i]:
+                self._ver[i] += 1
+                self._scheduled[i] = top
+                t = self.now + (top[0] - self._vclock[i]) / rate
+                st.next_departure_at[i] = t
+                self._push(t, _DEPART, i, self._ver[i])
         else:
+            self._ver[i] += 1
+            self._scheduled[i] = None
             st.next_departure_at[i] = math.inf
 
     def _set_power(self, i: int, w: float) -> None:
@@ -362,7 +376,7 @@ class Twin:
             st.unbind(i, self._req[p])
             self._live -= 1
         self._refresh(i)
-        if st.pods[i] == 0:
+        if not heap and self.sleep_after < math.inf:  # empty (pods on a running node are all in its heap)
             self._arm_sleep(i, self.now)
         if self._pending:
             self._retry_pending(i)
@@ -431,18 +445,13 @@ def run_policy(twin: Twin, policy, seed: int) -> RunResult:
     """Run ``policy`` on ``twin`` from a fresh reset; decision latency covers filter plus policy."""
     twin.reset()
     policy.reset(twin.state, np.random.default_rng(seed))
-    lat = np.empty(max(1, len(twin.workload)) * 2, dtype=np.int64)
-    k = 0
+    lat: list[int] = []
     st = twin.state
     choose = policy.choose
     perf = time.perf_counter_ns
-    nxt, place = twin.next_decision, twin.place
+    nxt, place, record = twin.next_decision, twin.place, lat.append
     while nxt() is not None:
         node = choose(st, twin.request, twin.mask)
-        dt = perf() - twin.decision_t0  # filter plus policy, as kube's scheduling attempt
-        if k == lat.size:
-            lat = np.resize(lat, lat.size * 2)
-        lat[k] = dt
-        k += 1
+        record(perf() - twin.decision_t0)  # filter plus policy, as kube's scheduling attempt
         place(node)
-    return twin.result(lat[:k])
+    return twin.result(np.asarray(lat, dtype=np.int64))

@@ -142,3 +142,18 @@ def test_timeline_energy_adds_up_to_the_total():
     assert math.isclose(sum(tl.energy_j), r.energy_joules, rel_tol=1e-9)
     assert len(tl.util) == len(tl.energy_j) and tl.util[0].shape == (3,)
     assert all(0 <= u.min() and u.max() <= 1 for u in tl.util)
+
+
+def test_filter_tracks_full_nodes_through_bind_and_unbind():
+    from cluster.state import ClusterState, PodRequest
+
+    st = ClusterState(["a", "b"], [1000, 1000], [1000, 1000], [1, 2], [[1] * 11, [1] * 11])
+    pod = PodRequest(10, 10)
+    st.bind(0, pod)
+    assert st.full_nodes == 1 and st.feasible(pod).tolist() == [False, True]
+    assert st.feasible(PodRequest()).tolist() == [False, True]
+    st.bind(1, pod)
+    st.bind(1, pod)
+    assert st.full_nodes == 2 and not st.feasible(pod).any()
+    st.unbind(0, pod)
+    assert st.full_nodes == 1 and st.feasible(PodRequest(None, 5)).tolist() == [True, False]
