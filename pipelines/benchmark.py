@@ -28,6 +28,8 @@ from cluster.twin import Twin, run_policy
 from cluster.workload import build_workload
 
 RESULTS_VERSION = 1
+#: The packing and power-aware heuristics a learned policy must beat (reference.md section 7, "Fair baselines").
+HEURISTICS = ("most-allocated", "requested-to-capacity-ratio", "target-load-packing", "peaks", "energy-greedy")
 
 
 class BenchmarkInputError(ValueError):
@@ -183,6 +185,14 @@ def summarize(doc: dict) -> dict:
                 row["energy_vs_default"] = float(np.mean(ratios))
                 row["energy_vs_default_ci95"] = _ci95(ratios)
             rows[pol] = row
+        heur = [h for h in HEURISTICS if h in rows]
+        if heur:
+            # Best heuristic per seed (the one with least energy on that workload), then the ratio averaged.
+            best = [min(e["policies"][h]["energy_joules"] for h in heur) for e in entries]
+            for pol in doc["policies"]:
+                r = [e["policies"][pol]["energy_joules"] / b for e, b in zip(entries, best)]
+                rows[pol]["energy_vs_best_heuristic"] = float(np.mean(r))
+                rows[pol]["energy_vs_best_heuristic_ci95"] = _ci95(r)
         out[name] = {"seeds": len(entries), "lower_bound_joules": float(np.mean([e["lower_bound_joules"] for e in entries])),
                      "policies": rows}
     return out

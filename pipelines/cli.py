@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -41,7 +42,10 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     from pipelines.benchmark import BenchmarkInputError
     from pipelines.explain import SnapshotError
 
-    return (ScenarioError, PolicyError, SnapshotError, BenchmarkInputError)
+    errors: tuple[type[BaseException], ...] = (ScenarioError, PolicyError, SnapshotError, BenchmarkInputError)
+    if "pipelines.train" in sys.modules:  # only when training was involved; importing it loads torch
+        errors += (sys.modules["pipelines.train"].TrainError,)
+    return errors
 
 
 @contextmanager
@@ -108,11 +112,11 @@ def _print_summary(doc: dict, as_json: bool, out_dir: Path) -> None:
         return
     for name, s in doc["summary"].items():
         t = Table(title=f"{name} (lower bound {s['lower_bound_joules'] / 3.6e6:.2f} kWh)", title_justify="left")
-        for col in ("policy", "kWh", "×default", "×bound", "SLO viol", "pend s", "unplaced", "p99 µs"):
+        for col in ("policy", "kWh", "×default", "×best heur", "×bound", "SLO viol", "pend s", "unplaced", "p99 µs"):
             t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
         for p, r in sorted(s["policies"].items(), key=lambda kv: kv[1]["energy_joules"]):
             t.add_row(p, f"{r['energy_joules'] / 3.6e6:.2f}", f"{r.get('energy_vs_default', float('nan')):.3f}",
-                      f"{r['energy_vs_lower_bound']:.3f}", f"{100 * r['slo_violation_rate']:.2f}%",
+                      f"{r.get('energy_vs_best_heuristic', float('nan')):.3f}", f"{r['energy_vs_lower_bound']:.3f}", f"{100 * r['slo_violation_rate']:.2f}%",
                       f"{r['mean_pending_s']:.1f}", f"{r['unschedulable_pods']:g}", f"{r['decision_us_p99']:.0f}")
         out.print(t)
     out.print(f"results: {out_dir / 'results.json'}   report: {out_dir / 'report.html'}")
@@ -207,6 +211,42 @@ def trace(
         wl = build_workload(load_scenario(scenario), seed)
     write_trace(wl, out_file)
     out.print(f"{out_file}: {len(wl)} pods")
+
+
+class Env(str, Enum):
+    sim = "sim"
+
+
+@app.command()
+def pipeline(
+    env: Annotated[Env, typer.Option(help="Where to run: the embedded twin (sim).")] = Env.sim,
+    scenario: ScenarioOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumable).")] = Path("out/pipeline"),
+    model: Annotated[Optional[Path], typer.Option(help="Model to load; trained into it when missing.")] = None,
+    train_scenario: Annotated[Optional[list[Path]], typer.Option(
+        help="Scenarios to train on (default: the benchmark scenarios).")] = None,
+    minutes: Annotated[Optional[float], typer.Option(help="Training budget in wall-clock minutes.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training budget in decisions.")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Benchmark seeds per scenario.")] = 1,
+    jobs: Annotated[int, typer.Option(min=1, help="Benchmark worker processes.")] = 1,
+    node_profile: Annotated[Optional[Path], typer.Option(
+        help="Calibrated node profile (`joulesched power calibrate`) applied to every scenario's nodes.")] = None,
+    force: Annotated[bool, typer.Option(help="Re-run every stage even if its inputs are unchanged.")] = False,
+) -> None:
+    """Calibrate (optional), train or load the DQN, benchmark it against every baseline and the bound, report."""
+    from pipelines.pipeline import run_sim
+
+    if minutes is not None and steps is not None:
+        err.print("[red]error:[/red] give at most one of --minutes and --steps")
+        raise typer.Exit(2)
+    with _usage_errors(), _progress(True) as prog:
+        task = prog.add_task("pipeline", total=None, item="")
+        doc = run_sim(scenario or _suite(), out_dir, model=model, train_scenarios=train_scenario, minutes=minutes,
+                      steps=steps, seeds=seeds, jobs=jobs, node_profile=node_profile, force=force,
+                      on_event=lambda name, what: err.print(f"[bold]{name}[/bold]: {what}"),
+                      on_start=lambda n: prog.update(task, total=n, completed=0),
+                      on_progress=lambda item: prog.update(task, advance=1, item=item))
+    _print_summary(doc, False, out_dir)
 
 
 @app.command()

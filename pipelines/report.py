@@ -144,13 +144,15 @@ clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no policy can 
 <h2>Energy relative to default-k8s</h2>
 <img src="plots/energy_ratio.png" alt="energy ratio per policy and scenario">
 <img src="plots/energy_vs_slo.png" alt="energy against SLO violations">
+{% if training_curve %}<h2>Training curve</h2>
+<img src="plots/training_curve.png" alt="DQN training curve">{% endif %}
 {% for s in scenarios %}
 <h2>{{ s.name }}</h2>
 <p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods; lower bound {{ "%.2f"|format(s.lb_kwh) }} kWh.</p>
-<table><tr><th>policy</th><th>energy (kWh)</th><th>vs default-k8s</th><th>vs lower bound</th><th>SLO violations</th>
+<table><tr><th>policy</th><th>energy (kWh)</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
 <th>mean throttling</th><th>mean pending (s)</th><th>never placed</th><th>decision p99 (&micro;s)</th></tr>
 {% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td>{{ r.policy }}</td><td>{{ "%.2f"|format(r.kwh) }}</td>
-<td>{{ r.vs_default }}</td><td>{{ "%.3f"|format(r.vs_lb) }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
+<td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
 <td>{{ "%.2f"|format(r.thr) }}%</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
 <td>{{ "%.0f"|format(r.p99) }}</td></tr>
 {% endfor %}</table>
@@ -192,7 +194,12 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
                 vs = f"{r['energy_vs_default']:.3f}"
                 if s["seeds"] > 1:
                     vs += f" ± {r['energy_vs_default_ci95']:.3f}"
-            rows.append({"policy": p, "kwh": r["energy_joules"] / 3.6e6, "vs_default": vs,
+            vh = "—"
+            if "energy_vs_best_heuristic" in r:
+                vh = f"{r['energy_vs_best_heuristic']:.3f}"
+                if s["seeds"] > 1:
+                    vh += f" ± {r['energy_vs_best_heuristic_ci95']:.3f}"
+            rows.append({"policy": p, "kwh": r["energy_joules"] / 3.6e6, "vs_default": vs, "vs_heur": vh,
                          "vs_lb": r["energy_vs_lower_bound"], "slo": 100 * r["slo_violation_rate"],
                          "thr": 100 * r["mean_throttling"], "pending": r["mean_pending_s"],
                          "uns": r["unschedulable_pods"], "p99": r["decision_us_p99"], "best": p == best})
@@ -201,7 +208,8 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     page = env.from_string(_TEMPLATE).render(
         header=header, n_scen=len(scen), seeds=doc["seeds"], policies=doc["policies"], wall_s=doc.get("wall_s", 0.0),
-        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.get("command", ""), scenarios=scen)
+        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.get("command", ""), scenarios=scen,
+        training_curve=(plots / "training_curve.png").is_file())
     path = out / "report.html"
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(page)
