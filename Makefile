@@ -39,6 +39,7 @@ test: venv apt
 bench: venv
 	$(BIN)/python bench/twin_throughput.py
 	$(BIN)/python bench/decision_latency.py
+	$(BIN)/python bench/live_latency.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -275,6 +275,11 @@ def _register_subapps() -> None:
     app.add_typer(power_app, name="power", help="RAPL meters, attribution, the Prometheus exporter, calibration.")
     app.add_typer(workload_app, name="workload", help="Resource-blocker apps and the test app.")
     app.add_typer(load_app, name="load", help="Drive load with JMeter or Locust and read results back.")
+    from pipelines.serve_cli import extender as extender_cmd
+    from pipelines.serve_cli import serve as serve_cmd
+
+    app.command("serve")(serve_cmd)
+    app.command("extender")(extender_cmd)
 
 
 _register_subapps()

@@ -1,0 +1,331 @@
+"""The live backend: a ClusterState kept current from the Kubernetes API (list + watch) and Prometheus.
+
+Nodes give allocatable cpu, memory and pod slots and, through labels or annotations, a power curve (see
+:class:`~cluster.kube.objects.CurveResolver`). Pods give requests: every non-terminated pod bound to a node is
+accounted on it, like kube-scheduler's cache. A pod the scheduler has just bound is *assumed* on its node
+until the watch confirms it, so back-to-back decisions never overcommit a node.
+
+Threads: two informers and the optional Prometheus feed write; the scheduler reads. Everything that touches
+the cache holds :attr:`KubeBackend.lock`; pod listeners are called with it held and must only enqueue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+from kubernetes import client as k8s
+from prometheus_client import CollectorRegistry, Gauge
+
+from cluster.kube.informer import Informer
+from cluster.kube.metrics_feed import FeedConfig, PrometheusFeed
+from cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, node_gate_reason, parse_node, parse_pod
+from cluster.state import ClusterState, PodRequest
+
+log = logging.getLogger("joulesched.kube")
+
+PodListener = Callable[[PodInfo | None, PodInfo | None], None]
+
+#: Pods that count against capacity: kube-scheduler's informer excludes terminated pods the same way.
+ACTIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+NO_NODES_MESSAGE = "no nodes available to schedule pods"
+
+
+def kube_unschedulable_message(n: int, reasons: Counter) -> str:
+    """kube-scheduler's FitError text: ``0/N nodes are available: `` then ``"<count> <reason>"`` strings in
+    sorted order (Go's sort.Strings), comma-separated, and a final period."""
+    parts = sorted(f"{c} {r}" for r, c in reasons.items())
+    return f"0/{n} nodes are available: {', '.join(parts)}." if parts else f"0/{n} nodes are available."
+
+
+class KubeBackend:
+    """Cluster state from a live (or emulated) apiserver.
+
+    :param api_client: a configured ``kubernetes.client.ApiClient``.
+    :param curves: resolves each node's power curve.
+    :param feed: the Prometheus feed; ``None`` or an empty URL = request-based usage only.
+    :param registry: where the backend's gauges go.
+    :param watch_timeout_s: server-side timeout of each watch request.
+    """
+
+    def __init__(self, api_client: k8s.ApiClient, *, curves: CurveResolver | None = None,
+                 feed: FeedConfig | None = None, registry: CollectorRegistry | None = None,
+                 watch_timeout_s: int = 300) -> None:
+        self.api = api_client
+        self.core = k8s.CoreV1Api(api_client)
+        self.curves = curves or CurveResolver()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.lock = threading.RLock()
+        self.nodes: dict[str, NodeInfo] = {}
+        self.pods: dict[str, PodInfo] = {}
+        self._assumed: dict[str, str] = {}
+        self._accounted: dict[str, tuple[str, PodRequest]] = {}
+        self._tombstones: dict[str, int] = {}  # uid -> resourceVersion of its deletion, seen by a resync
+        self._listeners: list[PodListener] = []
+        self._state: ClusterState | None = None
+        self._index: dict[str, int] = {}
+        self._gated: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._dirty = True
+        self.epoch = 0
+        self._cpu_frac: dict[str, float] = {}
+        self._watts: dict[str, float] = {}
+        self._m_frac = np.zeros(0)
+        self._m_base_req = np.zeros(0)
+        self._t0 = time.monotonic()
+        self._nodes_gauge = Gauge("joulesched_cache_nodes", "Nodes in the scheduler's cache.", registry=self.registry)
+        self._pods_gauge = Gauge("joulesched_cache_pods", "Non-terminated pods in the scheduler's cache.",
+                                 registry=self.registry)
+        self.node_informer = Informer("nodes", self.core.list_node, self._replace_nodes, self._node_event,
+                                      watch_timeout_s=watch_timeout_s)
+        self.pod_informer = Informer("pods", self.core.list_pod_for_all_namespaces, self._replace_pods,
+                                     self._pod_event, watch_timeout_s=watch_timeout_s,
+                                     field_selector=ACTIVE_PODS_SELECTOR)
+        self.feed = PrometheusFeed(feed or FeedConfig(), self._apply_metrics, self.registry)
+
+    # ---- lifecycle ----
+    def add_pod_listener(self, fn: PodListener) -> None:
+        with self.lock:
+            self._listeners.append(fn)
+
+    def start(self) -> "KubeBackend":
+        self.node_informer.start()
+        self.pod_informer.start()
+        self.feed.start()
+        return self
+
+    def wait_synced(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        for inf in (self.node_informer, self.pod_informer):
+            if not inf.synced.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    @property
+    def synced(self) -> bool:
+        return self.node_informer.synced.is_set() and self.pod_informer.synced.is_set()
+
+    def stop(self) -> None:
+        self.feed.stop()
+        self.pod_informer.stop()
+        self.node_informer.stop()
+
+    # ---- node cache ----
+    def _replace_nodes(self, items: list[dict]) -> None:
+        with self.lock:
+            fresh = {}
+            for obj in items:
+                info = parse_node(obj, self.curves)
+                fresh[info.name] = info
+            if fresh != self.nodes:
+                self.nodes = fresh
+                self._dirty = True
+            self._nodes_gauge.set(len(self.nodes))
+
+    def _node_event(self, etype: str, obj: dict) -> None:
+        with self.lock:
+            name = (obj.get("metadata") or {}).get("name", "")
+            if etype == "DELETED":
+                if self.nodes.pop(name, None) is not None:
+                    self._dirty = True
+            else:
+                info = parse_node(obj, self.curves)
+                if self.nodes.get(name) != info:  # heartbeats that change nothing we use cost nothing
+                    self.nodes[name] = info
+                    self._dirty = True
+            self._nodes_gauge.set(len(self.nodes))
+
+    # ---- pod cache ----
+    def _replace_pods(self, items: list[dict]) -> None:
+        with self.lock:
+            self._tombstones.clear()
+            fresh = {}
+            for obj in items:
+                info = parse_pod(obj)
+                if info.uid:
+                    fresh[info.uid] = info
+            for uid in [u for u in self.pods if u not in fresh]:
+                self._set_pod(uid, None)
+            for uid, info in fresh.items():
+                self._set_pod(uid, info)
+
+    def _pod_event(self, etype: str, obj: dict) -> None:
+        info = parse_pod(obj)
+        if not info.uid:
+            return
+        with self.lock:
+            if self._stale(info):
+                return
+            self._set_pod(info.uid, None if etype == "DELETED" or not info.active else info)
+
+    def _stale(self, info: PodInfo) -> bool:
+        """An event older than what a resync already put in the cache (or removed from it)."""
+        if not info.rv:
+            return False
+        cur = self.pods.get(info.uid)
+        if cur is not None and cur.rv and info.rv < cur.rv:
+            return True
+        dead = self._tombstones.get(info.uid)
+        return dead is not None and info.rv <= dead
+
+    def resync_pods(self) -> None:
+        """A fresh consistent list of pods, merged into the cache (newer versions win). A new leader calls it
+        before its first decision, so that bindings its predecessor made just before handing over are counted
+        even when this replica's watch is lagging."""
+        resp = self.core.list_pod_for_all_namespaces(field_selector=ACTIVE_PODS_SELECTOR, _preload_content=False,
+                                                     _request_timeout=30)
+        data = json.loads(resp.data)
+        list_rv = int(data["metadata"]["resourceVersion"]) if str(data["metadata"].get("resourceVersion", "")).isdigit() else 0
+        with self.lock:
+            fresh = {}
+            for obj in data.get("items") or []:
+                info = parse_pod(obj)
+                if info.uid:
+                    fresh[info.uid] = info
+            for uid, cur in list(self.pods.items()):
+                if uid not in fresh and list_rv and cur.rv and cur.rv <= list_rv:
+                    self._tombstones[uid] = list_rv
+                    self._set_pod(uid, None)
+            for uid, info in fresh.items():
+                if not self._stale(info):
+                    self._set_pod(uid, info)
+
+    def _set_pod(self, uid: str, info: PodInfo | None) -> None:
+        old = self.pods.get(uid)
+        if info is None:
+            self.pods.pop(uid, None)
+            self._assumed.pop(uid, None)
+        else:
+            self.pods[uid] = info
+            if info.node_name:
+                self._assumed.pop(uid, None)  # the binding is confirmed: account where it really is
+        self._reaccount(uid)
+        self._pods_gauge.set(len(self.pods))
+        if old is None and info is None:
+            return
+        for fn in self._listeners:
+            fn(old, info)
+
+    def _reaccount(self, uid: str) -> None:
+        pod = self.pods.get(uid)
+        node = (pod.node_name or self._assumed.get(uid, "")) if pod is not None else ""
+        want = (node, pod.request) if node else None
+        have = self._accounted.get(uid)
+        if want == have:
+            return
+        st = None if self._dirty else self._state
+        if have is not None:
+            del self._accounted[uid]
+            if st is not None and have[0] in self._index:
+                st.unbind(self._index[have[0]], have[1])
+        if want is not None:
+            self._accounted[uid] = want
+            if st is not None and want[0] in self._index:
+                st.bind(self._index[want[0]], want[1])
+
+    # ---- what the scheduler calls (with self.lock held) ----
+    def assume(self, uid: str, node: str) -> None:
+        """Account ``uid`` on ``node`` before the binding is confirmed by the watch."""
+        self._assumed[uid] = node
+        self._reaccount(uid)
+
+    def is_assumed(self, uid: str) -> bool:
+        """Bound (or being bound) by this scheduler, not yet confirmed by the watch."""
+        return uid in self._assumed
+
+    def forget(self, uid: str) -> None:
+        """Undo :meth:`assume` (the binding failed or its outcome is unknown)."""
+        if self._assumed.pop(uid, None) is not None:
+            self._reaccount(uid)
+
+    def state(self) -> ClusterState | None:
+        """The current ClusterState (rebuilt after node changes, which bump :attr:`epoch`); None without nodes."""
+        if self._dirty:
+            self._rebuild()
+        st = self._state
+        if st is None:
+            return None
+        has = ~np.isnan(self._m_frac)
+        req = st.req_cpu.astype(np.float64)
+        st.usage_cpu = np.where(has, np.nan_to_num(self._m_frac) * st.alloc_cpu + np.maximum(0.0, req - self._m_base_req),
+                                req)
+        st.now = time.monotonic() - self._t0
+        return st
+
+    def _rebuild(self) -> None:
+        self._dirty = False
+        self.epoch += 1
+        names = sorted(self.nodes)
+        if not names:
+            self._state, self._index = None, {}
+            return
+        infos = [self.nodes[n] for n in names]
+        st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
+                          [i.max_pods for i in infos], [i.curve for i in infos])
+        self._index = {n: k for k, n in enumerate(names)}
+        for node, req in self._accounted.values():
+            if node in self._index:
+                st.bind(self._index[node], req)
+        self._gated = np.array([k for k, i in enumerate(infos) if i.unschedulable or i.taints], dtype=np.int64)
+        self._state = st
+        self._refresh_metric_arrays()
+
+    def node_info(self, i: int) -> NodeInfo:
+        assert self._state is not None
+        return self.nodes[self._state.names[i]]
+
+    def feasible(self, pod: PodInfo) -> np.ndarray:
+        """Nodes that pass kube-scheduler's filters for ``pod``: NodeUnschedulable, TaintToleration,
+        NodeAffinity (nodeSelector) and NodeResourcesFit (cpu, memory, pod count)."""
+        st = self.state()
+        if st is None:
+            return np.zeros(0, dtype=bool)
+        mask = st.feasible(pod.request)
+        for k in self._gated:
+            if mask[k] and node_gate_reason(self.nodes[st.names[k]], pod):
+                mask[k] = False
+        if pod.node_selector:
+            for k in np.flatnonzero(mask):
+                if node_gate_reason(self.nodes[st.names[k]], pod):
+                    mask[k] = False
+        return mask
+
+    def reasons(self, pod: PodInfo, i: int) -> list[str]:
+        """Why node ``i`` fails ``pod`` (kube's wording); empty when it fits."""
+        st = self.state()
+        assert st is not None
+        gate = node_gate_reason(self.nodes[st.names[i]], pod)
+        return [gate] if gate else st.filter_reasons(i, pod.request)
+
+    def unschedulable_message(self, pod: PodInfo) -> str:
+        st = self.state()
+        if st is None:
+            return NO_NODES_MESSAGE
+        counts: Counter[str] = Counter()
+        for i in range(len(st)):
+            counts.update(self.reasons(pod, i))
+        return kube_unschedulable_message(len(st), counts)
+
+    def get_pod(self, uid: str) -> PodInfo | None:
+        with self.lock:
+            return self.pods.get(uid)
+
+    # ---- Prometheus ----
+    def _apply_metrics(self, cpu_frac: dict[str, float], watts: dict[str, float]) -> None:
+        with self.lock:
+            self._cpu_frac = {k: min(max(v, 0.0), 1.0) for k, v in cpu_frac.items()}
+            self._watts = dict(watts)
+            if not self._dirty and self._state is not None:
+                self._refresh_metric_arrays()
+
+    def _refresh_metric_arrays(self) -> None:
+        st = self._state
+        assert st is not None
+        self._m_frac = np.array([self._cpu_frac.get(n, np.nan) for n in st.names])
+        self._m_base_req = st.req_cpu.astype(np.float64).copy()
+        #: Measured watts per node (NaN where Prometheus has none), for policies and reports that want it.
+        st.measured_watts = np.array([self._watts.get(n, np.nan) for n in st.names])

@@ -1,0 +1,817 @@
+"""An in-process **emulator** of the Kubernetes API server, over real HTTP, for tests and benchmarks.
+
+Why an emulator: no kube-apiserver, kubelet, kind, k3s or minikube can be installed on our machines (Debian
+bookworm, PyPI and npm carry none; see machines.md). So the live scheduler is tested against this emulator,
+spoken to by the real ``kubernetes`` Python client over real HTTP/1.1 and JSON on 127.0.0.1. The real-cluster
+path is ``tests/e2e/``: it runs the same scenarios when ``JOULESCHED_E2E_KUBECONFIG`` is set and skips visibly
+otherwise. Nothing here is a Kubernetes implementation; it is the subset of REST semantics the scheduler
+relies on, made as faithful as we could:
+
+- ``/api/v1/nodes`` and ``/api/v1/pods`` (plus the namespaced forms): list and watch with a global
+  ``resourceVersion``; a watch from a version older than the kept history answers a ``410 Gone`` ERROR event,
+  as etcd compaction does. Watches stream chunked JSON lines ``{"type":"ADDED","object":{...}}``; an object
+  that moves out of a field selector is sent as DELETED, one that moves in as ADDED.
+- field selectors ``spec.schedulerName``, ``spec.nodeName``, ``status.phase``, ``metadata.name``,
+  ``metadata.namespace`` with ``=``, ``==`` and ``!=``.
+- ``POST pods/{name}/binding``: 409 Conflict when the pod is already assigned (or its uid does not match),
+  404 when the pod is gone. Like the real apiserver it does *not* check that the target node exists.
+- ``PATCH pods/{name}/status`` with merge or strategic merge patch (conditions merge by ``type``).
+- ``POST events`` (core/v1) and coordination.k8s.io/v1 Leases with optimistic concurrency (409 on a stale
+  ``resourceVersion``).
+
+Fault injection (:class:`Fault`): 500s, 409s, a response lost after the write was applied, slow responses, a
+watch stream cut in the middle of an event, a ``410 Gone`` watch, and the bind target node deleted between
+the scheduler's decision and the binding.
+
+Run it standalone (``python -m cluster.kube_emulator --nodes 100``) to try ``joulesched serve`` by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import copy
+import fnmatch
+import json
+import random
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+LEASE_PREFIX = "/apis/coordination.k8s.io/v1"
+
+
+def now_rfc3339(micro: bool = False) -> str:
+    t = datetime.now(timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if micro else t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success" if code < 400 else "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+# ---- objects ----------------------------------------------------------------------------------------------
+def make_node(name: str, cpu: str = "4", memory: str = "8Gi", pods: str = "110", *,
+              labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+              unschedulable: bool = False) -> dict:
+    """A v1 Node with the given allocatable (quantities as Kubernetes writes them: ``"4"``, ``"8Gi"``)."""
+    res = {"cpu": cpu, "memory": memory, "pods": pods}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+                         "annotations": dict(annotations or {})},
+            "spec": {"unschedulable": True} if unschedulable else {},
+            "status": {"capacity": dict(res), "allocatable": dict(res),
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def make_pod(name: str, namespace: str = "default", *, cpu: str | None = None, memory: str | None = None,
+             scheduler_name: str = "joulesched", node_name: str = "", containers: int = 1) -> dict:
+    """A pending v1 Pod; ``cpu``/``memory`` are per-container requests (None = no request)."""
+    requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler_name,
+        "containers": [{"name": f"c{k}", "image": "registry.invalid/pause:3.9",
+                        "resources": {"requests": dict(requests)} if requests else {}} for k in range(containers)]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": spec, "status": {"phase": "Pending"}}
+
+
+# ---- faults -----------------------------------------------------------------------------------------------
+FAULT_KINDS = ("500", "409", "lost-response", "slow", "cut", "gone", "delete-node")
+
+
+@dataclass
+class Fault:
+    """One injected fault.
+
+    :param kind: ``500`` (answer 500 before doing anything), ``409`` (answer Conflict before doing anything),
+        ``lost-response`` (apply the write, then answer 500: the client cannot know it succeeded), ``slow``
+        (sleep ``delay_s`` then serve), ``cut`` (watch: send half an event then drop the connection; other
+        requests: drop the connection without answering), ``gone`` (watch: answer a 410 Gone ERROR event),
+        ``delete-node`` (bind: delete the target node, then apply the binding, as when a node disappears
+        between scoring and binding).
+    :param op: glob over operation names: ``list:nodes``, ``watch:pods``, ``get:pods``, ``bind``,
+        ``patch-status:pods``, ``create:events``, ``get:leases``, ``create:leases``, ``update:leases``, ...
+    :param times: how many times it fires (-1 = forever).
+    :param probability: chance to fire on each matching request (drawn from the emulator's seeded generator).
+    """
+
+    kind: str
+    op: str
+    times: int = 1
+    probability: float = 1.0
+    delay_s: float = 0.0
+    fired: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; known: {', '.join(FAULT_KINDS)}")
+
+
+class FaultInjector:
+    def __init__(self, seed: int = 0) -> None:
+        self._faults: list[Fault] = []
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self.log: list[tuple[str, str]] = []  # (kind, op) of every fault that fired
+
+    def add(self, kind: str, op: str, times: int = 1, probability: float = 1.0, delay_s: float = 0.0) -> Fault:
+        f = Fault(kind, op, times, probability, delay_s)
+        with self._lock:
+            self._faults.append(f)
+        return f
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def take(self, op: str, kinds: Iterable[str]) -> Fault | None:
+        """The first armed fault of one of ``kinds`` matching ``op`` that decides to fire, consumed."""
+        with self._lock:
+            for f in self._faults:
+                if f.kind in kinds and f.times != 0 and fnmatch.fnmatchcase(op, f.op):
+                    if f.probability < 1.0 and self._rng.random() >= f.probability:
+                        continue
+                    if f.times > 0:
+                        f.times -= 1
+                    f.fired += 1
+                    self.log.append((f.kind, op))
+                    return f
+        return None
+
+
+# ---- field selectors --------------------------------------------------------------------------------------
+def _field(obj: dict, path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)
+
+
+def parse_field_selector(sel: str | None) -> list[tuple[str, bool, str]]:
+    """``a=b,c!=d`` into [(path, equal, value)]."""
+    out = []
+    for term in filter(None, (sel or "").split(",")):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            out.append((k.strip(), False, v.strip()))
+        elif "==" in term:
+            k, v = term.split("==", 1)
+            out.append((k.strip(), True, v.strip()))
+        elif "=" in term:
+            k, v = term.split("=", 1)
+            out.append((k.strip(), True, v.strip()))
+        else:
+            raise ValueError(f"invalid field selector term {term!r}")
+    return out
+
+
+def matches(obj: dict | None, sel: list[tuple[str, bool, str]]) -> bool:
+    if obj is None:
+        return False
+    return all((_field(obj, k) == v) == eq for k, eq, v in sel)
+
+
+def _merge(dst: dict, patch: dict, strategic: bool) -> dict:
+    for k, v in patch.items():
+        if v is None:
+            dst.pop(k, None)
+        elif isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v, strategic)
+        elif strategic and k == "conditions" and isinstance(v, list) and isinstance(dst.get(k), list):
+            by_type = {c.get("type"): c for c in dst[k]}
+            for c in v:
+                if c.get("type") in by_type:
+                    by_type[c["type"]].update(c)
+                else:
+                    dst[k].append(c)
+                    by_type[c.get("type")] = c
+        else:
+            dst[k] = copy.deepcopy(v)
+    return dst
+
+
+class _Cut(Exception):
+    """Drop the connection without an answer."""
+
+
+# ---- the store --------------------------------------------------------------------------------------------
+class KubeEmulator:
+    """The emulated apiserver. Use as a context manager, or ``start()`` / ``stop()``.
+
+    Direct methods (``add_node``, ``add_pod``, ``delete_node``, ...) change the store as a controller or
+    kubectl would and produce watch events like HTTP writes do. ``bindings`` records every accepted binding
+    (namespace, name, uid, node, time), ``bind_requests`` counts binding POSTs that reached the store.
+
+    :param history: watch events kept; a watch from an older resourceVersion gets 410 Gone.
+    :param seed: seeds the fault injector's generator.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, history: int = 100_000, seed: int = 0) -> None:
+        self.host, self._port = host, port
+        self.history = history
+        self.faults = FaultInjector(seed)
+        self._lock = threading.Condition()
+        self._rv = 1
+        self._store: dict[str, dict[tuple[str, str], dict]] = {"nodes": {}, "pods": {}, "events": {}, "leases": {}}
+        self._log: list[tuple[int, str, str, dict | None, dict | None]] = []  # (rv, resource, type, old, new)
+        self._log_base = 2  # rv of _log[0]
+        self._min_watch_rv = 1
+        self.bindings: list[tuple[str, str, str, str, float]] = []
+        self.bind_requests = 0
+        self.conflicts: list[tuple[str, str]] = []  # bindings refused because the pod was already assigned
+        self.deleted_nodes: dict[str, float] = {}
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._conns: set[socket.socket] = set()
+        self._watch_conns: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+
+    # ---- lifecycle ----
+    def start(self) -> "KubeEmulator":
+        emu = self
+
+        class Handler(_Handler):
+            emulator = emu
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = False
+            block_on_close = True
+            request_queue_size = 128
+
+        self._server = Server((self.host, self._port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="kube-emulator", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "emulator not started"
+        return self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        """Stop serving, end every watch and keep-alive connection, and join all handler threads."""
+        if self._server is None:
+            return
+        self._stopping = True
+        with self._lock:
+            self._lock.notify_all()
+        self._server.shutdown()
+        with self._conn_lock:
+            conns = list(self._conns)
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._server.server_close()  # joins the handler threads
+        if self._thread is not None:
+            self._thread.join(5)
+        self._server = None
+
+    def __enter__(self) -> "KubeEmulator":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def kubeconfig(self, path: str) -> str:
+        """Write a kubeconfig pointing at this emulator (plain HTTP on loopback: no TLS, no credentials)."""
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+               "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+               "users": [{"name": "emulator", "user": {}}],
+               "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}]}
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+        return path
+
+    # ---- store primitives (callers hold no lock) ----
+    def _commit(self, resource: str, key: tuple[str, str], new: dict | None, etype: str | None = None) -> dict | None:
+        """Write ``new`` (None deletes) under a fresh resourceVersion and log the watch event. Lock held."""
+        store = self._store[resource]
+        old = store.get(key)
+        if new is None and old is None:
+            return None  # nothing to delete: no new version (watch cursors rely on versions being contiguous)
+        self._rv += 1
+        if new is None:
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = str(self._rv)
+            del store[key]
+            self._log.append((self._rv, resource, "DELETED", old, gone))
+            result = gone
+        else:
+            new["metadata"]["resourceVersion"] = str(self._rv)
+            store[key] = new
+            self._log.append((self._rv, resource, etype or ("ADDED" if old is None else "MODIFIED"), old, new))
+            result = new
+        if len(self._log) > self.history:
+            drop = len(self._log) - self.history
+            del self._log[:drop]
+            self._log_base += drop
+            self._min_watch_rv = self._log_base - 1
+        self._lock.notify_all()
+        return result
+
+    def drop_watches(self) -> int:
+        """Cut every open watch connection (as an apiserver restart or a load balancer would); returns how many."""
+        with self._conn_lock:
+            conns = list(self._watch_conns)
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return len(conns)
+
+    def compact(self) -> None:
+        """Forget the watch history, as etcd compaction does: every running or new watch older than now gets 410."""
+        with self._lock:
+            self._log_base += len(self._log)
+            self._log.clear()
+            self._min_watch_rv = self._rv
+            self._lock.notify_all()
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def _create(self, resource: str, obj: dict, namespace: str = "") -> dict:
+        meta = obj.setdefault("metadata", {})
+        if namespace:
+            meta["namespace"] = namespace
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if not meta.get("name"):
+            raise _ApiError(422, "Invalid", "metadata.name: Required value")
+        key = (meta.get("namespace", ""), meta["name"])
+        with self._lock:
+            if key in self._store[resource]:
+                raise _ApiError(409, "AlreadyExists", f'{resource} "{meta["name"]}" already exists')
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = now_rfc3339()
+            if resource == "pods":
+                obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
+                obj.setdefault("status", {}).setdefault("phase", "Pending")
+            return copy.deepcopy(self._commit(resource, key, obj))
+
+    # ---- direct API for tests ----
+    def add_node(self, name: str, cpu: str = "4", memory: str = "8Gi", pods: str = "110", **kw: Any) -> dict:
+        return self._create("nodes", make_node(name, cpu, memory, pods, **kw))
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            if self._commit("nodes", ("", name), None) is not None:
+                self.deleted_nodes[name] = time.monotonic()
+
+    def add_pod(self, name: str, namespace: str = "default", **kw: Any) -> dict:
+        return self._create("pods", make_pod(name, namespace, **kw))
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._commit("pods", (namespace, name), None)
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+        with self._lock:
+            pod = copy.deepcopy(self._store["pods"][(namespace, name)])
+            pod["status"]["phase"] = phase
+            self._commit("pods", (namespace, name), pod)
+
+    def get(self, resource: str, name: str, namespace: str = "") -> dict | None:
+        with self._lock:
+            obj = self._store[resource].get((namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def stats(self) -> dict:
+        """Counts for checks from another process: bindings, pods bound more than once, pending pods, faults."""
+        with self._lock:
+            names = Counter((b[0], b[1]) for b in self.bindings)
+            pods = self._store["pods"].values()
+            return {"bindings": len(self.bindings), "pods_bound_twice": sum(1 for c in names.values() if c > 1),
+                    "pods": len(pods), "pending": sum(1 for p in pods if not p["spec"].get("nodeName")),
+                    "bound": sum(1 for p in pods if p["spec"].get("nodeName")), "conflicts": len(self.conflicts),
+                    "bind_requests": self.bind_requests,
+                    "first_binding": self.bindings[0][4] if self.bindings else None,
+                    "last_binding": self.bindings[-1][4] if self.bindings else None,
+                    "faults": dict(Counter(f"{k} {op}" for k, op in self.faults.log))}
+
+    def list(self, resource: str) -> list[dict]:
+        with self._lock:
+            return [copy.deepcopy(o) for o in self._store[resource].values()]
+
+    # ---- request-level operations (called by the handler) ----
+    def bind(self, namespace: str, name: str, body: dict, fault: Fault | None) -> dict:
+        target = ((body.get("target") or {}).get("name")) or ""
+        if not target:
+            raise _ApiError(422, "Invalid", "target.name: Required value")
+        if fault is not None and fault.kind == "delete-node":
+            self.delete_node(target)
+        with self._lock:
+            self.bind_requests += 1
+            pod = self._store["pods"].get((namespace, name))
+            if pod is None:
+                raise _ApiError(404, "NotFound", f'pods "{name}" not found')
+            want_uid = (body.get("metadata") or {}).get("uid")
+            if want_uid and want_uid != pod["metadata"]["uid"]:
+                raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": '
+                                f'Precondition failed: UID in precondition: {want_uid}, UID in object meta: '
+                                f'{pod["metadata"]["uid"]}')
+            if pod["spec"].get("nodeName"):
+                self.conflicts.append((namespace, name))
+                raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod '
+                                f'{name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+            if pod["metadata"].get("deletionTimestamp"):
+                raise _ApiError(409, "Conflict", f'pod {name} is being deleted, cannot be assigned to a host')
+            pod = copy.deepcopy(pod)
+            pod["spec"]["nodeName"] = target
+            conds = [c for c in pod["status"].get("conditions", []) if c.get("type") != "PodScheduled"]
+            conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                          "lastTransitionTime": now_rfc3339()})
+            pod["status"]["conditions"] = conds
+            self._commit("pods", (namespace, name), pod)
+            self.bindings.append((namespace, name, pod["metadata"]["uid"], target, time.monotonic()))
+        return status_body(201, "", "")
+
+    def patch_status(self, resource: str, namespace: str, name: str, patch: dict, strategic: bool) -> dict:
+        with self._lock:
+            obj = self._store[resource].get((namespace, name))
+            if obj is None:
+                raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            obj = copy.deepcopy(obj)
+            if "status" in patch:
+                obj.setdefault("status", {})
+                _merge(obj["status"], patch["status"] or {}, strategic)
+            return copy.deepcopy(self._commit(resource, (namespace, name), obj))
+
+    def replace(self, resource: str, namespace: str, name: str, body: dict) -> dict:
+        with self._lock:
+            old = self._store[resource].get((namespace, name))
+            if old is None:
+                raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            rv = (body.get("metadata") or {}).get("resourceVersion")
+            if rv and rv != old["metadata"]["resourceVersion"]:
+                raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": the object '
+                                "has been modified; please apply your changes to the latest version and try again")
+            body = copy.deepcopy(body)
+            meta = body.setdefault("metadata", {})
+            meta["uid"] = old["metadata"]["uid"]
+            meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+            meta["namespace"], meta["name"] = namespace, name
+            return copy.deepcopy(self._commit(resource, (namespace, name), body))
+
+    def delete(self, resource: str, namespace: str, name: str) -> dict:
+        with self._lock:
+            gone = self._commit(resource, (namespace, name), None)
+            if gone is None:
+                raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            if resource == "nodes":
+                self.deleted_nodes[name] = time.monotonic()
+            return copy.deepcopy(gone)
+
+    def list_objects(self, resource: str, namespace: str, sel: list) -> dict:
+        with self._lock:
+            items = [copy.deepcopy(o) for (ns, _), o in self._store[resource].items()
+                     if (not namespace or ns == namespace) and matches(o, sel)]
+            rv = str(self._rv)
+        kind = {"nodes": "NodeList", "pods": "PodList", "events": "EventList", "leases": "LeaseList"}[resource]
+        return {"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items}
+
+
+class _ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+# ---- HTTP ---------------------------------------------------------------------------------------------------
+class _Handler(BaseHTTPRequestHandler):
+    emulator: KubeEmulator
+    protocol_version = "HTTP/1.1"
+    server_version = "joulesched-kube-emulator/1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except OSError:  # the client went away (or stop() shut the socket): nothing to answer
+            self.close_connection = True
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.emulator._conn_lock:
+            self.emulator._conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.emulator._conn_lock:
+            self.emulator._conns.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    # -- plumbing --
+    def _send_json(self, code: int, body: dict) -> None:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return {}
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise _ApiError(400, "BadRequest", f"invalid JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise _ApiError(400, "BadRequest", "body must be a JSON object")
+        return body
+
+    def _cut(self) -> None:
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    # -- routing --
+    def _route(self, method: str, path: str) -> tuple[str, str, str, str, str]:
+        """(op verb, resource, namespace, name, subresource) for a path."""
+        parts = [p for p in path.split("/") if p]
+        if path.startswith(LEASE_PREFIX + "/"):
+            rest = parts[3:]
+            resource_group = True
+        elif parts[:2] == ["api", "v1"]:
+            rest = parts[2:]
+            resource_group = False
+        else:
+            raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        ns = ""
+        if len(rest) >= 2 and rest[0] == "namespaces":
+            ns, rest = rest[1], rest[2:]
+        if not rest:
+            raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        resource, name, sub = rest[0], rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else ""
+        allowed = {"leases"} if resource_group else {"nodes", "pods", "events"}
+        if resource not in allowed:
+            raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        return method, resource, ns, name, sub
+
+    def _dispatch(self, method: str) -> None:
+        emu = self.emulator
+        url = urlsplit(self.path)
+        q = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        try:
+            if url.path == "/version":
+                self._send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-joulesched-emulator"})
+                return
+            if url.path == "/emulator/stats":  # not Kubernetes: lets a bench in another process check the store
+                self._send_json(200, emu.stats())
+                return
+            if url.path in ("/healthz", "/readyz", "/livez"):
+                data = b"ok"
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            method, resource, ns, name, sub = self._route(method, url.path)
+            watch = method == "GET" and not name and q.get("watch") in ("true", "1")
+            verb = {"GET": "watch" if watch else ("get" if name else "list"), "POST": "create", "PUT": "update",
+                    "PATCH": "patch", "DELETE": "delete"}[method]
+            if sub == "binding" and method == "POST":
+                op = "bind"
+            elif sub:
+                op = f"{verb}-{sub}:{resource}"
+            else:
+                op = f"{verb}:{resource}"
+            body = self._body() if method in ("POST", "PUT", "PATCH") else {}
+            f = emu.faults.take(op, ("slow",))
+            if f is not None:
+                time.sleep(f.delay_s)
+            f = emu.faults.take(op, ("500", "409", "cut", "gone", "lost-response", "delete-node"))
+            if f is not None and f.kind == "500":
+                raise _ApiError(500, "InternalError", "Internal error occurred: injected fault")
+            if f is not None and f.kind == "409":
+                raise _ApiError(409, "Conflict", f"Operation cannot be fulfilled on {resource} \"{name}\": "
+                                "injected conflict")
+            if f is not None and f.kind == "cut" and not watch:
+                raise _Cut()
+            if watch:
+                self._watch(resource, ns, q, f)
+                return
+            result, code = self._do(op, method, resource, ns, name, sub, body, q, f)
+            if f is not None and f.kind == "lost-response":
+                raise _ApiError(500, "InternalError", "Internal error occurred: injected fault after commit")
+            self._send_json(code, result)
+        except _Cut:
+            self._cut()
+        except _ApiError as e:
+            self._send_json(e.code, status_body(e.code, e.reason, e.message))
+        except ValueError as e:
+            self._send_json(400, status_body(400, "BadRequest", str(e)))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _do(self, op: str, method: str, resource: str, ns: str, name: str, sub: str, body: dict, q: dict,
+            fault: Fault | None) -> tuple[dict, int]:
+        emu = self.emulator
+        if op == "bind":
+            return emu.bind(ns, name, body, fault), 201
+        if method == "GET" and not name:
+            return emu.list_objects(resource, ns, parse_field_selector(q.get("fieldSelector"))), 200
+        if method == "GET":
+            obj = emu.get(resource, name, ns)
+            if obj is None:
+                raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            return obj, 200
+        if method == "POST" and not name:
+            if resource in ("pods", "events", "leases") and not ns:
+                raise _ApiError(404, "NotFound", f"{resource} are namespaced")
+            return emu._create(resource, body, ns), 201
+        if method == "PATCH" and sub == "status":
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+                raise _ApiError(415, "UnsupportedMediaType", f"the emulator does not support {ctype} patches")
+            return emu.patch_status(resource, ns, name, body, ctype.startswith("application/strategic")), 200
+        if method == "PUT" and name and not sub:
+            return emu.replace(resource, ns, name, body), 200
+        if method == "DELETE" and name and not sub:
+            return emu.delete(resource, ns, name), 200
+        raise _ApiError(405, "MethodNotAllowed", f"{method} {op} is not supported by the emulator")
+
+    def _watch(self, resource: str, ns: str, q: dict, fault: Fault | None) -> None:
+        emu = self.emulator
+        sel = parse_field_selector(q.get("fieldSelector"))
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        rv_param = q.get("resourceVersion") or ""
+        with emu._conn_lock:
+            emu._watch_conns.add(self.connection)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def line(etype: str, obj: dict) -> bytes:
+            return json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+        def gone(msg: str) -> None:  # the ERROR event ends the stream, as the apiserver does
+            chunk(line("ERROR", status_body(410, "Expired", msg)))
+            chunk(b"")
+
+        try:
+            if fault is not None and fault.kind == "gone":
+                gone("too old resource version: injected fault")
+                return
+            with emu._lock:
+                if rv_param in ("", "0"):
+                    cursor = emu._rv
+                    initial = [copy.deepcopy(o) for (ons, _), o in emu._store[resource].items()
+                               if (not ns or ons == ns) and matches(o, sel)]
+                else:
+                    cursor = int(rv_param)
+                    initial = []
+                    if cursor < emu._min_watch_rv:
+                        initial = None
+            if initial is None:
+                gone(f"too old resource version: {rv_param} ({emu._min_watch_rv})")
+                return
+            if initial:
+                chunk(b"".join(line("ADDED", o) for o in initial))
+            while not emu._stopping:
+                with emu._lock:
+                    while cursor >= emu._rv and not emu._stopping:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        emu._lock.wait(min(left, 0.5))
+                    if emu._stopping or time.monotonic() >= deadline:
+                        break
+                    if cursor < emu._min_watch_rv:
+                        expired = True
+                        batch = []
+                    else:
+                        expired = False
+                        start = bisect.bisect_right(emu._log, cursor, key=lambda entry: entry[0])
+                        batch = emu._log[start:]
+                        cursor = emu._rv
+                if expired:
+                    gone(f"too old resource version: {cursor} ({emu._min_watch_rv})")
+                    return
+                out = []
+                for _rv, res, etype, old, new in batch:
+                    if res != resource:
+                        continue
+                    obj_ns = (new or old or {}).get("metadata", {}).get("namespace", "")
+                    if ns and obj_ns != ns:
+                        continue
+                    was, now = matches(old, sel), matches(new, sel) if etype != "DELETED" else False
+                    if etype == "DELETED":
+                        if was:
+                            out.append(line("DELETED", new))
+                    elif now and not was:
+                        out.append(line("ADDED", new))
+                    elif now and was:
+                        out.append(line(etype, new))
+                    elif was and not now:
+                        out.append(line("DELETED", new))
+                if out and fault is not None and fault.kind == "cut":
+                    data = out[0]
+                    chunk(data[: max(1, len(data) // 2)])
+                    self._cut()
+                    return
+                if out:
+                    chunk(b"".join(out))
+            chunk(b"")  # end of stream: the zero-length chunk
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+        finally:
+            with emu._conn_lock:
+                emu._watch_conns.discard(self.connection)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Kubernetes API emulator for trying joulesched without a cluster.")
+    ap.add_argument("--port", type=int, default=8001)
+    ap.add_argument("--nodes", type=int, default=10)
+    ap.add_argument("--pods", type=int, default=0, help="pending pods for scheduler 'joulesched'")
+    ap.add_argument("--kubeconfig", default="", help="write a kubeconfig for the emulator here")
+    ap.add_argument("--node-cpu", default="8")
+    ap.add_argument("--node-memory", default="32Gi")
+    ap.add_argument("--pod-cpu", default="500m")
+    ap.add_argument("--pod-memory", default="512Mi")
+    ap.add_argument("--fault", action="append", default=[], metavar="KIND:OP:PROBABILITY",
+                    help="inject a fault forever with this probability, e.g. 500:bind:0.02 (repeatable)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    emu = KubeEmulator(port=a.port, seed=a.seed)
+    for spec in a.fault:
+        kind, rest = spec.split(":", 1)
+        op, prob = rest.rsplit(":", 1)
+        emu.faults.add(kind, op, times=-1, probability=float(prob), delay_s=0.05)
+    emu.start()
+    for i in range(a.nodes):
+        emu.add_node(f"node-{i:04d}", cpu=a.node_cpu, memory=a.node_memory)
+    for i in range(a.pods):
+        emu.add_pod(f"pod-{i:05d}", cpu=a.pod_cpu, memory=a.pod_memory)
+    if a.kubeconfig:
+        emu.kubeconfig(a.kubeconfig)
+    print(f"emulator on {emu.url} ({a.nodes} nodes, {a.pods} pending pods); Ctrl-C stops it", flush=True)
+    import signal
+
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        while not done.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        emu.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""`joulesched extender`: any joulesched policy as a kube-scheduler extender (extender v1 JSON over HTTP).
+
+kube-scheduler keeps doing the binding; for each pod it POSTs ``ExtenderArgs`` to ``{urlPrefix}/filter`` and
+``{urlPrefix}/prioritize`` (reference.md section 2). The structs have no json tags, so keys are Go field
+names: ``Pod``, ``Nodes`` (a NodeList, unless the extender is ``nodeCacheCapable``), ``NodeNames``.
+
+- ``/filter`` answers ``{"Nodes"|"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}``. Nodes that
+  fail on resources go to FailedNodes (preemption may help); unschedulable, tainted or non-matching nodes go
+  to FailedAndUnresolvableNodes.
+- ``/prioritize`` answers ``[{"Host": name, "Score": 0..10}]``: the policy's own node scores (kube plugin
+  totals, DQN advantages, negative marginal watts) scaled linearly so its favourite node gets 10 and its least
+  favourite 0. A policy that only picks gives its pick 10 and the others 0.
+
+The pods already on each node come from the same :class:`~cluster.kube.backend.KubeBackend` as ``serve``
+uses (list + watch). Pods the scheduler bound a moment ago may not have reached the watch yet; kube-scheduler
+calls the extender with its own up-to-date filter results, so this costs at most a slightly stale score.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+from agent.policy import Policy
+from cluster.kube.backend import KubeBackend
+from cluster.kube.objects import node_gate_reason, parse_pod
+from cluster.state import ClusterState
+from pipelines.serve import ATTEMPT_BUCKETS
+
+log = logging.getLogger("joulesched.extender")
+
+MAX_EXTENDER_SCORE = 10
+
+
+class ExtenderError(ValueError):
+    """A request that is not valid ExtenderArgs."""
+
+
+def _candidates(args: dict) -> tuple[list[str], list[dict] | None, bool]:
+    if not isinstance(args, dict) or not isinstance(args.get("Pod"), dict):
+        raise ExtenderError("ExtenderArgs needs a Pod object")
+    names = args.get("NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ExtenderError("NodeNames must be a list of strings")
+        return list(names), None, True
+    nodes = args.get("Nodes")
+    if isinstance(nodes, dict):
+        items = nodes.get("items") or []
+        return [((n.get("metadata") or {}).get("name") or "") for n in items], items, False
+    raise ExtenderError("ExtenderArgs needs Nodes (a NodeList) or NodeNames")
+
+
+def scale_scores(raw: np.ndarray) -> np.ndarray:
+    """Linear map of finite scores to integers 0..10 (best = 10); all equal → all 10; non-finite → 0."""
+    raw = np.asarray(raw, dtype=np.float64)
+    out = np.zeros(raw.shape, dtype=np.int64)
+    ok = np.isfinite(raw)
+    if not ok.any():
+        return out
+    lo, hi = raw[ok].min(), raw[ok].max()
+    if hi <= lo:
+        out[ok] = MAX_EXTENDER_SCORE
+    else:
+        out[ok] = np.rint((raw[ok] - lo) * MAX_EXTENDER_SCORE / (hi - lo)).astype(np.int64)
+    return out
+
+
+class Extender:
+    """Filter and prioritize with a policy over the backend's cluster state."""
+
+    def __init__(self, backend: KubeBackend, policy: Policy, seed: int = 0) -> None:
+        self.backend, self.policy = backend, policy
+        self.rng = np.random.default_rng(seed)
+        self._epoch = -1
+        reg = backend.registry
+        self.requests = Counter("joulesched_extender_requests", "Extender requests by verb and result.",
+                                ["verb", "result"], registry=reg)
+        self.duration = Histogram("joulesched_extender_request_duration_seconds", "Extender request time.",
+                                  ["verb"], buckets=ATTEMPT_BUCKETS, registry=reg)
+
+    def _state(self) -> ClusterState | None:
+        st = self.backend.state()
+        if st is not None and self.backend.epoch != self._epoch:
+            self.policy.reset(st, self.rng)
+            self._epoch = self.backend.epoch
+        return st
+
+    def filter(self, args: dict) -> dict:
+        names, items, by_name = _candidates(args)
+        pod = parse_pod(args["Pod"])
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        with self.backend.lock:
+            st = self._state()
+            mask = self.backend.feasible(pod) if st is not None else np.zeros(0, dtype=bool)
+            index = {n: i for i, n in enumerate(st.names)} if st is not None else {}
+            for name in names:
+                i = index.get(name)
+                if i is None:
+                    failed[name] = "node(s) not found in the joulesched cache"
+                elif mask[i]:
+                    passed.append(name)
+                else:
+                    gate = node_gate_reason(self.backend.nodes[name], pod)
+                    if gate:
+                        unresolvable[name] = gate
+                    else:
+                        failed[name] = ", ".join(st.filter_reasons(i, pod.request))
+        keep = set(passed)
+        return {"Nodes": None if by_name else {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
+                                               "items": [n for n in items or [] if
+                                                         (n.get("metadata") or {}).get("name") in keep]},
+                "NodeNames": passed if by_name else None,
+                "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    def prioritize(self, args: dict) -> list[dict]:
+        names, _, _ = _candidates(args)
+        pod = parse_pod(args["Pod"])
+        with self.backend.lock:
+            st = self._state()
+            if st is None:
+                return [{"Host": n, "Score": 0} for n in names]
+            index = {n: i for i, n in enumerate(st.names)}
+            known = [n for n in names if n in index]
+            idx = np.array([index[n] for n in known], dtype=np.int64)
+            feasible = self.backend.feasible(pod)
+            cand = np.zeros(len(st), dtype=bool)
+            cand[idx] = True
+            cand &= feasible
+            scores: dict[str, int] = {n: 0 for n in names}
+            use = idx[cand[idx]]
+            if use.size:
+                raw = self._raw_scores(st, pod.request, use, cand)
+                for k, s in zip(use, scale_scores(raw)):
+                    scores[st.names[k]] = int(s)
+        return [{"Host": n, "Score": scores[n]} for n in names]
+
+    def _raw_scores(self, st: ClusterState, req, idx: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        pol: Any = self.policy
+        if idx.size == 1:
+            return np.ones(1)
+        if hasattr(pol, "scores"):  # DQN: advantages over the masked nodes
+            return np.asarray(pol.scores(st, req, mask), dtype=np.float64)[idx]
+        if hasattr(pol, "total"):  # kube-style plugin totals
+            return np.asarray(pol.total(st, req, idx), dtype=np.float64)
+        if hasattr(pol, "marginal_watts"):
+            return -np.asarray(pol.marginal_watts(st, req, idx), dtype=np.float64)
+        pick = int(pol.choose(st, req, mask))
+        return (idx == pick).astype(np.float64)
+
+    def handle(self, verb: str, args: Any) -> tuple[int, Any]:
+        """(HTTP status, JSON body) for one request; bad ExtenderArgs never raise."""
+        t0 = time.perf_counter()
+        result = "ok"
+        try:
+            if verb == "filter":
+                try:
+                    return 200, self.filter(args)
+                except ExtenderError as e:  # filter errors travel in the Error field
+                    result = "error"
+                    return 200, {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                                 "FailedAndUnresolvableNodes": {}, "Error": str(e)}
+            try:
+                return 200, self.prioritize(args)
+            except ExtenderError as e:
+                result = "error"
+                return 400, {"Error": str(e)}
+        finally:
+            self.requests.labels(verb, result).inc()
+            self.duration.labels(verb).observe(time.perf_counter() - t0)
+
+
+class ExtenderServer:
+    """HTTP front: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``, ``GET /metrics``."""
+
+    def __init__(self, extender: Extender, host: str = "127.0.0.1", port: int = 8888) -> None:
+        ext = extender
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *a: Any) -> None:
+                pass
+
+            def _send(self, code: int, data: bytes, ctype: str = "application/json") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                verb = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                if verb not in ("filter", "prioritize"):
+                    self._send(404, b'{"Error":"unknown verb; use /filter or /prioritize"}')
+                    return
+                try:
+                    args = json.loads(raw or b"null")
+                except json.JSONDecodeError as e:
+                    self._send(400, json.dumps({"Error": f"invalid JSON: {e}"}).encode())
+                    return
+                code, body = ext.handle(verb, args)
+                self._send(code, json.dumps(body, separators=(",", ":")).encode())
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(ext.backend.registry), CONTENT_TYPE_LATEST)
+                elif path in ("/healthz", "/readyz", "/livez"):
+                    ok = ext.backend.synced
+                    self._send(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
+                else:
+                    self._send(404, b"not found", "text/plain")
+
+        self.httpd = ThreadingHTTPServer((host, port), H)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="extender-server", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    def start(self) -> "ExtenderServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(5)

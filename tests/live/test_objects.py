@@ -1,0 +1,99 @@
+"""Parsing Kubernetes objects: quantities, pod requests (kube's rules), power curves, taints and messages."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from cluster.kube.backend import kube_unschedulable_message
+from cluster.kube.objects import (POWER_PROFILE_KEY, POWER_WATTS_ANNOTATION, CurveResolver, ObjectError, cpu_millis,
+                                  load_profiles, memory_mib, node_gate_reason, parse_node, parse_pod, pod_request)
+from cluster.kube_emulator import make_node, make_pod
+from cluster.state import PodRequest
+from power.curves import SPECPOWER
+
+
+@pytest.mark.parametrize("q,m", [("500m", 500), ("2", 2000), ("0.1", 100), ("1.5", 1500), ("250m", 250), (1, 1000)])
+def test_cpu(q, m):
+    assert cpu_millis(q) == m
+
+
+@pytest.mark.parametrize("q,mib", [("512Mi", 512), ("1Gi", 1024), ("1G", 954), ("1000Ki", 1), ("0", 0)])
+def test_memory_requests_round_up(q, mib):
+    assert memory_mib(q) == mib
+
+
+def test_memory_allocatable_rounds_down():
+    assert memory_mib("1000Ki", round_up=False) == 0
+    with pytest.raises(ObjectError):
+        cpu_millis("lots")
+
+
+def test_pod_request_sums_containers_and_keeps_none_and_zero():
+    assert pod_request(make_pod("p")) == PodRequest(None, None)
+    assert pod_request(make_pod("p", cpu="500m", containers=3)) == PodRequest(1500, None)
+    assert pod_request(make_pod("p", cpu="0", memory="0")) == PodRequest(0, 0)
+    pod = make_pod("p", cpu="100m", memory="64Mi")
+    pod["spec"]["initContainers"] = [{"name": "init", "resources": {"requests": {"cpu": "2"}}}]
+    pod["spec"]["overhead"] = {"memory": "10Mi"}
+    assert pod_request(pod) == PodRequest(2000, 74)  # max(sum, largest init) + overhead
+
+
+def test_parse_pod_fields():
+    p = parse_pod({**make_pod("p", "ns", cpu="1", node_name="n1"), "metadata": {"name": "p", "namespace": "ns",
+                                                                               "uid": "u1"}})
+    assert (p.uid, p.key, p.node_name, p.scheduler_name, p.phase, p.active) == ("u1", "ns/p", "n1", "joulesched",
+                                                                                 "Pending", True)
+
+
+def test_curve_sources_in_order(tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text("mine: [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]\nn3: {power_watts: [1,2,3,4,5,6,7,8,9,10,11]}\n")
+    cr = CurveResolver(load_profiles(str(prof)))
+    own = [50.0 + i for i in range(11)]
+    n1 = parse_node(make_node("n1", annotations={POWER_WATTS_ANNOTATION: json.dumps(own)}), cr)
+    assert n1.curve == tuple(own) and n1.curve_source == "annotation"
+    n2 = parse_node(make_node("n2", labels={POWER_PROFILE_KEY: "mine"}), cr)
+    assert n2.curve[0] == 10 and n2.curve_source == "profile:mine"
+    assert parse_node(make_node("n3"), cr).curve_source == "profile:node"
+    n4 = parse_node(make_node("n4", labels={POWER_PROFILE_KEY: "hp-ml110-g5"}), cr)
+    assert n4.curve == tuple(float(w) for w in SPECPOWER["hp-ml110-g5"])
+    bad = parse_node(make_node("n5", annotations={POWER_WATTS_ANNOTATION: "[1, 2]"}), cr)
+    assert bad.curve_source == "default" and "11 points" in cr.errors["n5"]
+    assert parse_node(make_node("n6", cpu="4", memory="8Gi", pods="110"), cr).cpu_m == 4000
+
+
+def test_profiles_file_errors(tmp_path):
+    with pytest.raises(ObjectError, match="does not exist|cannot read"):
+        load_profiles(str(tmp_path / "missing.yaml"))
+    f = tmp_path / "bad.yaml"
+    f.write_text("x: [3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0]\n")
+    with pytest.raises(ObjectError, match="non-decreasing"):
+        load_profiles(str(f))
+
+
+def test_gates_follow_kube_plugin_order():
+    cr = CurveResolver()
+    n = parse_node(make_node("n", unschedulable=True), cr)
+    p = parse_pod(make_pod("p"))
+    assert node_gate_reason(n, p) == "node(s) were unschedulable"
+    t = make_node("t")
+    t["spec"]["taints"] = [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]
+    tn = parse_node(t, cr)
+    assert node_gate_reason(tn, p) == "node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }"
+    tol = make_pod("q")
+    tol["spec"]["tolerations"] = [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]
+    assert node_gate_reason(tn, parse_pod(tol)) == ""
+    sel = make_pod("s")
+    sel["spec"]["nodeSelector"] = {"disk": "ssd"}
+    assert node_gate_reason(parse_node(make_node("x"), cr), parse_pod(sel)) == \
+        "node(s) didn't match Pod's node affinity/selector"
+    assert node_gate_reason(parse_node(make_node("y", labels={"disk": "ssd"}), cr), parse_pod(sel)) == ""
+
+
+def test_message_sorted_like_kube():
+    msg = kube_unschedulable_message(5, Counter({"Insufficient memory": 2, "Insufficient cpu": 3,
+                                                 "node(s) were unschedulable": 1}))
+    assert msg == "0/5 nodes are available: 1 node(s) were unschedulable, 2 Insufficient memory, 3 Insufficient cpu."

@@ -1,0 +1,163 @@
+"""The secondary scheduler against the emulator: bind, events, conditions, 409s, lost answers, backoff, metrics."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from cluster.kube_emulator import KubeEmulator
+from pipelines.serve import ATTEMPT_BUCKETS, StatusServer
+from tests.live.conftest import wait_until
+
+
+def _bound(emu: KubeEmulator) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in emu.list("pods")}
+
+
+def test_binds_pending_pods_and_records_scheduled_events(emu, make_scheduler):
+    for i in range(3):
+        emu.add_node(f"n{i}", cpu="2", memory="4Gi")
+    for i in range(6):
+        emu.add_pod(f"p{i}", cpu="500m", memory="256Mi")
+    emu.add_pod("other", cpu="100m", scheduler_name="default-scheduler")
+    s = make_scheduler()
+    wait_until(lambda: len(emu.bindings) == 6, what="6 bindings")
+    pods = _bound(emu)
+    assert pods["other"] == ""  # not ours
+    assert all(pods[f"p{i}"] for i in range(6))
+    # default-k8s spreads: 2 pods on each node
+    assert sorted(list(pods.values()).count(f"n{i}") for i in range(3)) == [2, 2, 2]
+    wait_until(lambda: sum(e["reason"] == "Scheduled" for e in emu.list("events")) == 6, what="events")
+    ev = next(e for e in emu.list("events") if e["involvedObject"]["name"] == "p0")
+    assert ev["message"] == f"Successfully assigned default/p0 to {pods['p0']}"
+    assert ev["type"] == "Normal" and ev["source"]["component"] == "joulesched"
+    wait_until(lambda: s.pending() == 0, what="empty queue")
+
+
+def test_unschedulable_pod_gets_kube_message_condition_and_backoff(emu, make_scheduler):
+    emu.add_node("a", cpu="1", memory="1Gi")
+    emu.add_node("b", cpu="4", memory="1Gi")
+    emu.add_pod("huge", cpu="2", memory="2Gi")
+    s = make_scheduler(backoff_initial_s=0.05, backoff_max_s=0.1)
+    wait_until(lambda: (emu.get("pods", "huge", "default")["status"].get("conditions")), what="condition")
+    cond = emu.get("pods", "huge", "default")["status"]["conditions"][0]
+    msg = "0/2 nodes are available: 1 Insufficient cpu, 2 Insufficient memory."
+    assert (cond["type"], cond["status"], cond["reason"], cond["message"]) == ("PodScheduled", "False",
+                                                                              "Unschedulable", msg)
+    wait_until(lambda: sum(e["reason"] == "FailedScheduling" for e in emu.list("events")) >= 3, what="retries")
+    ev = next(e for e in emu.list("events") if e["reason"] == "FailedScheduling")
+    assert ev["type"] == "Warning" and ev["message"] == msg
+    # Capacity appears: the pod is bound on the next retry.
+    emu.add_node("c", cpu="4", memory="4Gi")
+    wait_until(lambda: _bound(emu)["huge"] == "c", what="binding to the new node")
+    wait_until(lambda: s.pending() == 0, what="empty queue")
+
+
+def test_backoff_doubles_to_the_cap(emu, make_scheduler):
+    emu.add_node("a", cpu="1")
+    emu.add_pod("huge", cpu="2")
+    make_scheduler(backoff_initial_s=0.1, backoff_max_s=0.4)
+    wait_until(lambda: sum(e["reason"] == "FailedScheduling" for e in emu.list("events")) >= 5, timeout=5)
+    ts = sorted(int(e["metadata"]["name"].rsplit(".", 1)[1], 16) / 1e9 for e in emu.list("events"))[:5]
+    gaps = [b - a for a, b in zip(ts, ts[1:])]
+    assert 0.08 < gaps[0] < 0.3 and 0.18 < gaps[1] < 0.45 and 0.35 < gaps[2] < 0.65 and 0.35 < gaps[3] < 0.65, gaps
+
+
+def test_409_already_bound_is_never_bound_again(emu, make_scheduler):
+    emu.add_node("a")
+    emu.add_node("b")
+    emu.faults.add("lost-response", "bind", times=2)  # bound in the store, the client sees a 500
+    emu.faults.add("409", "bind", times=1)  # a spurious conflict: pod still pending, must be retried
+    for i in range(4):
+        emu.add_pod(f"p{i}", cpu="100m")
+    s = make_scheduler()
+    wait_until(lambda: all(_bound(emu).values()), what="all bound")
+    wait_until(lambda: s.pending() == 0, what="queue empty")
+    names = [b[1] for b in emu.bindings]
+    assert sorted(names) == ["p0", "p1", "p2", "p3"]  # each exactly once
+    assert sorted(s.bound) == sorted(p["metadata"]["uid"] for p in emu.list("pods"))
+
+
+def test_pod_bound_by_someone_else_or_deleted_is_dropped(emu, make_scheduler):
+    emu.add_node("a")
+    emu.faults.add("slow", "bind", times=-1, delay_s=0.3)  # both bindings are in flight for 0.3 s
+    emu.add_pod("p", cpu="100m")
+    emu.add_pod("q", cpu="100m")
+    s = make_scheduler(bind_workers=2)
+    wait_until(lambda: s.metrics.attempts.labels("scheduled")._value.get() == 0 and s.backend.synced)
+    wait_until(lambda: all(e.in_flight for e in s._entries.values()) and len(s._entries) == 2, what="in flight")
+    emu.bind("default", "p", {"target": {"name": "elsewhere"}}, None)  # another scheduler wins the race
+    emu.delete_pod("default", "q")
+    wait_until(lambda: s.pending() == 0, what="queue drained")
+    assert [b[1] for b in emu.bindings] == ["p"]
+    assert emu.get("pods", "p", "default")["spec"]["nodeName"] == "elsewhere"
+    assert s.bound == {} and s.metrics.bind_conflicts._value.get() == 1
+
+
+def test_node_deleted_between_decision_and_binding(emu, make_scheduler):
+    emu.add_node("a")
+    emu.add_node("b")
+    emu.faults.add("delete-node", "bind", times=1)
+    emu.add_pod("p", cpu="100m")
+    emu.add_pod("q", cpu="100m")
+    make_scheduler()
+    wait_until(lambda: len(emu.bindings) == 2, what="2 bindings")
+    # Like the real apiserver, the binding to the vanished node is accepted (PodGC's business afterwards);
+    # the scheduler's cache drops the node, and later pods go to the node that is left.
+    gone = next(iter(emu.deleted_nodes))
+    emu.add_pod("r", cpu="100m")
+    wait_until(lambda: len(emu.bindings) == 3, what="3rd binding")
+    assert emu.bindings[-1][3] != gone
+
+
+def test_server_errors_and_slow_answers_only_delay(emu, make_scheduler):
+    for i in range(3):
+        emu.add_node(f"n{i}")
+    emu.faults.add("500", "bind", times=5)
+    emu.faults.add("500", "get:pods", times=2)
+    emu.faults.add("slow", "bind", times=3, delay_s=0.1)
+    emu.faults.add("500", "create:events", times=2)
+    for i in range(10):
+        emu.add_pod(f"p{i}", cpu="100m")
+    s = make_scheduler()
+    wait_until(lambda: len(emu.bindings) == 10 and s.pending() == 0, what="all bound")
+    assert len({b[1] for b in emu.bindings}) == 10
+
+
+def test_metrics_and_healthz(emu, make_scheduler):
+    emu.add_node("a", cpu="1")
+    emu.add_pod("ok", cpu="100m")
+    emu.add_pod("no", cpu="4")
+    s = make_scheduler()
+    srv = StatusServer(s.registry, s.healthy, "127.0.0.1", 0).start()
+    try:
+        wait_until(lambda: len(emu.bindings) == 1)
+        wait_until(lambda: s.metrics.attempts.labels("unschedulable")._value.get() >= 1)
+        base = f"http://127.0.0.1:{srv.port}"
+        assert urllib.request.urlopen(base + "/healthz").read() == b"ok"
+        text = urllib.request.urlopen(base + "/metrics").read().decode()
+        assert 'joulesched_schedule_attempts_total{result="scheduled"} 1.0' in text
+        assert 'joulesched_schedule_attempts_total{result="unschedulable"}' in text
+        assert 'joulesched_scheduling_attempt_duration_seconds_bucket{le="0.001",result="scheduled"}' in text
+        assert 'le="16.384"' in text and len(ATTEMPT_BUCKETS) == 15
+        assert 'joulesched_metrics_fallback{feed="cpu"} 1.0' in text
+    finally:
+        srv.stop()
+
+
+def test_watch_faults_do_not_lose_pods(emu, make_scheduler):
+    emu.add_node("a", cpu="64", memory="64Gi")
+    s = make_scheduler()
+    wait_until(lambda: s.backend.synced)
+    emu.faults.add("cut", "watch:pods", times=2)  # the next two watches break half-way through an event
+    emu.faults.add("gone", "watch:pods", times=1)  # the third answers 410 Gone: re-list
+    assert emu.drop_watches() >= 1
+    for i in range(5):
+        emu.add_pod(f"p{i}", cpu="100m")
+    wait_until(lambda: s.backend.pod_informer.relists >= 2, what="a re-list")
+    emu.compact()  # history gone: a watch resuming from an old version gets 410 and re-lists
+    emu.drop_watches()
+    for i in range(5, 10):
+        emu.add_pod(f"p{i}", cpu="100m")
+    wait_until(lambda: len(emu.bindings) == 10 and s.pending() == 0, what="all bound")
+    assert s.backend.pod_informer.relists >= 2 and s.backend.pod_informer.resumes >= 2
+    assert [k for k, _ in emu.faults.log] == ["cut", "cut", "gone"]
