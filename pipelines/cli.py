@@ -249,21 +249,26 @@ def pipeline(
     _print_summary(doc, False, out_dir)
 
 
+SHIPPED_MODEL = REPO_ROOT / "models" / "small.pt"
+
+
 @app.command()
 def demo(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("out/demo"),
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per scenario.")] = 2,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes (default: all cores).")] = max(1, os.cpu_count() or 1),
+    model: Annotated[Path, typer.Option(help="DQN model to benchmark (trained here for 3 minutes if missing).")] = SHIPPED_MODEL,
 ) -> None:
-    """The main job on the embedded twin: every policy on the standard suite, then the HTML report."""
-    from agent.policy import BASELINES
-    from pipelines.benchmark import run_benchmark
-    from pipelines.report import write_report
+    """The main job on the embedded twin: the DQN and every baseline on the standard suite, then the report."""
+    from pipelines.pipeline import run_sim
 
-    policies = list(BASELINES)
-    with _usage_errors():
-        doc = _run_with_progress(run_benchmark, _suite(), policies, seeds, out_dir, jobs, True)
-    write_report(out_dir)
+    minutes = None if model.exists() else 3.0
+    with _usage_errors(), _progress(True) as prog:
+        task = prog.add_task("demo", total=None, item="")
+        doc = run_sim(_suite(), out_dir, model=model, minutes=minutes, seeds=seeds, jobs=jobs,
+                      on_event=lambda name, what: err.print(f"[bold]{name}[/bold]: {what}"),
+                      on_start=lambda n: prog.update(task, total=n, completed=0),
+                      on_progress=lambda item: prog.update(task, advance=1, item=item))
     _print_summary(doc, False, out_dir)
 
 
@@ -275,6 +280,10 @@ def _register_subapps() -> None:
     app.add_typer(power_app, name="power", help="RAPL meters, attribution, the Prometheus exporter, calibration.")
     app.add_typer(workload_app, name="workload", help="Resource-blocker apps and the test app.")
     app.add_typer(load_app, name="load", help="Drive load with JMeter or Locust and read results back.")
+    from pipelines.train_cli import test_cmd, train_cmd
+
+    app.command("train")(train_cmd)
+    app.command("test")(test_cmd)
     from pipelines.serve_cli import extender as extender_cmd
     from pipelines.serve_cli import serve as serve_cmd
 

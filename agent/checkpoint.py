@@ -1,0 +1,182 @@
+"""DQN checkpoints: one safetensors file with JSON metadata in its header. Nothing in it can run code.
+
+Layout of the file (whatever its extension, ``models/small.pt`` included):
+
+* tensors ``q.*`` (the online network, all that inference needs), ``target.*`` and ``optim.*`` (Adam state,
+  for ``--resume``);
+* header metadata ``{"joulesched": "<json>"}`` with ``format``, ``format_version``, ``feature_schema``,
+  ``features`` (column names), ``config`` (:class:`agent.dqn.DQNConfig`), ``reward`` and ``training``
+  (scenarios, seed, steps, episodes, wall time, dates).
+
+A readable copy of the metadata is written next to the file as ``NAME.json``; it is informational only, the
+loader reads the header. Loading refuses, with :class:`agent.policy.PolicyError`: missing files, pickles and
+``torch.save`` archives (detected by their magic bytes, before any parser sees them; they are never unpickled),
+files that are not valid safetensors, a missing or foreign header, another feature schema, and tensors that do
+not fit the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from agent.dqn import DQN, DQNConfig, QNetwork
+from agent.features import CONTEXT_FEATURES, NODE_FEATURES, POD_FEATURES, SCHEMA_VERSION
+from agent.policy import PolicyError
+
+FORMAT = "joulesched-dqn"
+FORMAT_VERSION = 1
+META_KEY = "joulesched"
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class Checkpoint:
+    config: DQNConfig
+    meta: dict
+    tensors: dict[str, torch.Tensor]
+
+    def state(self, prefix: str) -> dict[str, torch.Tensor]:
+        k = len(prefix) + 1
+        return {name[k:]: t for name, t in self.tensors.items() if name.startswith(prefix + ".")}
+
+
+def feature_names() -> list[str]:
+    return list(NODE_FEATURES + POD_FEATURES + CONTEXT_FEATURES)
+
+
+def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict | None = None) -> Path:
+    """Write ``agent`` atomically to ``path`` (and the readable ``.json`` copy). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix, net in (("q", agent.q), ("target", agent.q_target)):
+        for name, t in net.state_dict().items():
+            tensors[f"{prefix}.{name}"] = t.detach().contiguous().clone()
+    opt = agent.optimizer.state_dict()
+    for pid, st in opt["state"].items():
+        for key, val in st.items():
+            val = val if torch.is_tensor(val) else torch.tensor(float(val))
+            tensors[f"optim.{pid}.{key}"] = val.detach().reshape(val.shape).contiguous().clone().float()
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "feature_schema": SCHEMA_VERSION,
+        "features": feature_names(), "config": agent.cfg.to_dict(), "reward": reward or {},
+        "training": {**training, "updates": agent.updates},
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a model is an ordinary file
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def _sniff(path: Path) -> None:
+    """Refuse pickles and torch.save archives by their first bytes; check the safetensors header length."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8)
+            size = path.stat().st_size
+    except FileNotFoundError:
+        raise PolicyError(f"{path}: model file not found; train one with `joulesched train --model {path}`") from None
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read model file: {e}") from None
+    n = int.from_bytes(head.ljust(8, b"\0"), "little")
+    plausible = len(head) == 8 and 1 < n <= MAX_HEADER_BYTES and 8 + n <= size
+    if not plausible and (head[:2] == b"PK" or head[:1] == b"\x80"):
+        raise PolicyError(f"{path}: looks like a pickle or torch.save file; refusing to load it (unpickling can run "
+                          "code). joulesched models are safetensors files written by `joulesched train`")
+    if not plausible:
+        raise PolicyError(f"{path}: corrupt model file (not a safetensors file, or truncated; {size} bytes)")
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read and validate a checkpoint; raises :class:`PolicyError` with the reason and the fix."""
+    path = Path(path)
+    _sniff(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise PolicyError(f"{path}: corrupt model file ({e})") from None
+    raw = header.get(META_KEY)
+    if raw is None:
+        raise PolicyError(f"{path}: a safetensors file without joulesched metadata; not a joulesched DQN model")
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise PolicyError(f"{path}: corrupt model metadata ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        raise PolicyError(f"{path}: not a joulesched DQN model (format {fmt!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise PolicyError(f"{path}: model file format {meta.get('format_version')!r}, this joulesched reads "
+                          f"{FORMAT_VERSION}; re-train it")
+    if meta.get("feature_schema") != SCHEMA_VERSION or meta.get("features") != feature_names():
+        raise PolicyError(f"{path}: trained on feature schema {meta.get('feature_schema')!r}, this joulesched uses "
+                          f"{SCHEMA_VERSION}; re-train with `joulesched train --model {path}`")
+    try:
+        cfg = DQNConfig.from_dict(meta.get("config") or {})
+    except (TypeError, ValueError) as e:
+        raise PolicyError(f"{path}: bad hyperparameters in model metadata ({e})") from None
+    ckpt = Checkpoint(cfg, meta, tensors)
+    net = QNetwork(cfg.hidden)
+    try:
+        net.load_state_dict(ckpt.state("q"), strict=True)
+    except RuntimeError as e:
+        raise PolicyError(f"{path}: weights do not fit the network ({str(e).splitlines()[0]})") from None
+    for t in ckpt.state("q").values():
+        if not torch.isfinite(t).all():
+            raise PolicyError(f"{path}: corrupt model file (non-finite weights)")
+    return ckpt
+
+
+def load_network(path: str | Path) -> tuple[QNetwork, dict]:
+    """The online network, in eval mode, and the metadata: what inference needs."""
+    ckpt = load_checkpoint(path)
+    net = QNetwork(ckpt.config.hidden)
+    net.load_state_dict(ckpt.state("q"))
+    net.eval()
+    net.requires_grad_(False)
+    return net, ckpt.meta
+
+
+def load_agent(path: str | Path, seed: int = 0) -> tuple[DQN, dict]:
+    """A :class:`DQN` restored for further training (online, target and optimizer state when present)."""
+    ckpt = load_checkpoint(path)
+    agent = DQN(ckpt.config, seed=seed)
+    agent.q.load_state_dict(ckpt.state("q"))
+    target = ckpt.state("target")
+    agent.q_target.load_state_dict(target if target else ckpt.state("q"))
+    optim = ckpt.state("optim")
+    if optim:
+        sd = agent.optimizer.state_dict()
+        state: dict[int, dict] = {}
+        for key, t in optim.items():
+            pid, name = key.split(".", 1)
+            state.setdefault(int(pid), {})[name] = t
+        try:
+            for pid, st in state.items():
+                if "step" in st:
+                    st["step"] = st["step"].reshape(())
+            sd["state"] = state
+            agent.optimizer.load_state_dict(sd)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise PolicyError(f"{path}: optimizer state does not fit ({e}); train without --resume") from None
+    agent.updates = int(ckpt.meta.get("training", {}).get("updates", 0))
+    return agent, ckpt.meta

@@ -1,0 +1,283 @@
+"""Library functions behind `joulesched train` and `joulesched test`.
+
+``train`` creates the model when the file is missing (refusing to overwrite one unless ``resume`` or
+``overwrite`` is set), trains it on the twin and writes, next to the model:
+
+* ``NAME.json``: the checkpoint's metadata (hyperparameters, scenarios, seed, steps, wall time);
+* ``NAME.curve.csv`` and ``NAME.curve.png``: the training curve (episode returns, validation score).
+
+``evaluate`` runs the model greedily beside every baseline on the same workloads (seed ``s`` of a scenario is
+workload seed ``scenario.seed + s``, as in the benchmark) and returns a JSON-ready table.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from agent.checkpoint import load_agent, load_checkpoint, save_checkpoint
+from agent.dqn import DQN, DQNConfig
+from agent.policy import BASELINES, PolicyError, make_policy
+from agent.train import TRAIN_SEEDS, Validator, train as train_loop
+from cluster.env import RewardConfig, SchedulingEnv
+from cluster.scenario import load_scenario
+from cluster.twin import Twin, run_policy
+from cluster.workload import build_workload
+
+#: The scenarios the shipped model trains on: 20-22 nodes; tiny (3) and large (240) stay unseen. A scenario
+#: listed twice gets twice the episodes: the always-on one carries the smallest learning signal.
+DEFAULT_TRAIN_SCENARIOS = ("scenarios/heterogeneous-sleep.yaml", "scenarios/heterogeneous.yaml",
+                           "scenarios/heterogeneous.yaml", "scenarios/homogeneous.yaml")
+#: The heuristics the goal compares against (reference.md section 7: packers and power-aware plugins).
+HEURISTICS = ("most-allocated", "requested-to-capacity-ratio", "peaks", "target-load-packing", "energy-greedy")
+
+
+class TrainError(ValueError):
+    """Bad train/test arguments; the message says how to fix them."""
+
+
+@dataclass
+class TrainSummary:
+    model: str
+    steps: int
+    total_steps: int
+    episodes: int
+    wall_s: float
+    best_validation_score: float
+    best_step: int
+    curve_csv: str
+    curve_png: str | None
+    resumed: bool
+
+
+def _curve_paths(model: Path) -> tuple[Path, Path]:
+    stem = model.with_suffix("")
+    return Path(f"{stem}.curve.csv"), Path(f"{stem}.curve.png")
+
+
+def train(scenarios: Sequence[Path], model: Path, *, minutes: float | None = None, steps: int | None = None,
+          resume: bool = False, overwrite: bool = False, seed: int = 0, progress: bool = True,
+          config: DQNConfig | None = None, reward: RewardConfig | None = None, validate: bool = True,
+          threads: int = 1, on_progress: Callable[[int, float, float], None] | None = None) -> TrainSummary:
+    """Train (or resume) a DQN on ``scenarios`` for ``minutes`` of wall time or ``steps`` decisions."""
+    if (minutes is None) == (steps is None):
+        raise TrainError("give exactly one of --minutes or --steps")
+    if minutes is not None and not (0 < minutes <= 24 * 60):
+        raise TrainError(f"--minutes must be in (0, 1440], got {minutes}")
+    if steps is not None and steps < 1:
+        raise TrainError(f"--steps must be >= 1, got {steps}")
+    if not scenarios:
+        raise TrainError("give at least one --scenario")
+    model = Path(model)
+    if resume and not model.exists():
+        raise TrainError(f"--resume: {model} does not exist; drop --resume to create it")
+    if model.exists() and not resume and not overwrite:
+        raise TrainError(f"{model} exists; pass --resume to continue training it or --overwrite to replace it")
+    loaded = [load_scenario(p) for p in scenarios]  # ScenarioError names the file and field
+    if threads > 0:
+        torch.set_num_threads(threads)
+    prev_training: dict = {}
+    if resume:
+        agent, meta = load_agent(model, seed=seed)
+        if config is not None:
+            raise TrainError("--resume keeps the model's hyperparameters; do not pass a config")
+        prev_training = meta.get("training", {})
+        if reward is None and meta.get("reward"):
+            reward = RewardConfig(**meta["reward"])
+    else:
+        agent = DQN(config or DQNConfig(), seed=seed)
+    reward = reward or RewardConfig()
+    cfg = agent.cfg
+    env = SchedulingEnv(loaded, reward=reward, workload_seeds=TRAIN_SEEDS, load_scales=cfg.load_scales)
+    validator = Validator(loaded, load_scales=cfg.validation_load_scales) if validate else None
+
+    bar_cb, bar_ctx = _progress_bar(progress, steps, minutes)
+    cb = on_progress
+    if bar_cb is not None:
+        cb = bar_cb if on_progress is None else (lambda s, r, e: (bar_cb(s, r, e), on_progress(s, r, e)))
+    t0 = time.perf_counter()
+    with bar_ctx:
+        log = train_loop(env, agent, total_steps=steps, total_seconds=None if minutes is None else minutes * 60.0,
+                         seed=seed, resumed=resume, validator=validator, progress=cb)
+    wall = time.perf_counter() - t0
+    total_steps = int(prev_training.get("steps", 0)) + log.steps
+    training = {
+        "scenarios": [str(p) for p in scenarios], "scenario_names": [s.name for s in loaded], "seed": seed,
+        "steps": total_steps, "episodes": int(prev_training.get("episodes", 0)) + log.episodes,
+        "wall_s": round(float(prev_training.get("wall_s", 0.0)) + wall, 1),
+        "runs": list(prev_training.get("runs", [])) + [{
+            "steps": log.steps, "wall_s": round(wall, 1), "resumed": resume, "seed": seed,
+            "budget": {"minutes": minutes, "steps": steps}, "best_step": log.best_step,
+            "best_validation_score": None if math.isinf(log.best_score) else round(log.best_score, 5),
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__}],
+        "workload_seeds": "1000..8999 (validation 10007; benchmark seeds are scenario.seed + 0..k)",
+    }
+    save_checkpoint(model, agent, training, reward=asdict(reward))
+    csv_path, png_path = _curve_paths(model)
+    _write_curve(csv_path, log.rows, append=resume)
+    png = _plot_curve(csv_path, png_path)
+    return TrainSummary(str(model), log.steps, total_steps, log.episodes, round(wall, 1),
+                        log.best_score, log.best_step, str(csv_path), str(png) if png else None, resume)
+
+
+def _progress_bar(enabled: bool, steps: int | None, minutes: float | None):
+    import contextlib
+
+    if not enabled:
+        return None, contextlib.nullcontext()
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    prog = Progress(TextColumn("[bold]training"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                    TextColumn("{task.fields[stat]}"), TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+    total = float(steps) if steps is not None else float(minutes) * 60.0
+    task = prog.add_task("train", total=total, stat="")
+    t0 = time.perf_counter()
+
+    def cb(step: int, running: float, eps: float) -> None:
+        done = step if steps is not None else time.perf_counter() - t0
+        stat = f"step {step:,}  reward(20 ep) {running:,.1f}  eps {eps:.2f}" if not math.isnan(running) else \
+            f"step {step:,}  eps {eps:.2f}"
+        prog.update(task, completed=min(done, total), stat=stat)
+
+    return cb, prog
+
+
+def _write_curve(path: Path, rows, append: bool) -> None:
+    fields = ["step", "episode", "wall_s", "scenario", "episode_return", "epsilon", "loss", "eval_score"]
+    offset = 0
+    if append and path.exists():
+        with path.open(encoding="utf-8") as fh:
+            last = list(csv.DictReader(fh))
+        offset = int(last[-1]["step"]) if last else 0
+    mode = "a" if append and path.exists() else "w"
+    with path.open(mode, newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        if mode == "w":
+            w.writerow(fields)
+        for r in rows:
+            d = asdict(r)
+            d["step"] += offset
+            w.writerow(["" if isinstance(d[k], float) and math.isnan(d[k]) else
+                        (round(d[k], 5) if isinstance(d[k], float) else d[k]) for k in fields])
+
+
+def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with csv_path.open(encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        return None
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    by_sc: dict[str, list[tuple[int, float]]] = {}
+    val: list[tuple[int, float]] = []
+    for r in rows:
+        if r["scenario"] == "validation":
+            if r["eval_score"]:
+                val.append((int(r["step"]), float(r["eval_score"])))
+        elif r["episode_return"]:
+            by_sc.setdefault(r["scenario"], []).append((int(r["step"]), float(r["episode_return"])))
+    for name, pts in by_sc.items():
+        x, y = zip(*pts)
+        ax1.plot(x, y, ".-", label=name, alpha=0.8)
+    ax1.set_ylabel("episode return")
+    if by_sc:
+        ax1.legend(fontsize=8)
+    ax1.set_title("DQN training curve")
+    if val:
+        x, y = zip(*val)
+        ax2.plot(x, y, "o-", color="black")
+    ax2.set_ylabel("validation: energy / best of\nmost-allocated, energy-greedy\n(+ SLO penalty), lower is better",
+                   fontsize=8)
+    ax2.set_xlabel("decisions (environment steps)")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=90)
+    plt.close(fig)
+    return png_path
+
+
+# ---- evaluation -----------------------------------------------------------------------------------------------
+def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baselines: Sequence[str] = tuple(BASELINES),
+             lower: bool = True) -> dict:
+    """Greedy runs of the model beside ``baselines`` on ``seeds`` workloads of each scenario.
+
+    Returns ``{"model", "meta", "scenarios": [{"name", "nodes", "seed", "rows": {policy: metrics},
+    "ratio_vs_default", "ratio_vs_best_heuristic", "best_heuristic", "ratio_vs_lower_bound"}]}``.
+    """
+    from agent.lower_bound import lower_bound
+
+    if seeds < 1:
+        raise TrainError("--seeds must be >= 1")
+    model = Path(model)
+    meta = load_checkpoint(model).meta  # PolicyError on a bad file, before any work
+    spec = f"dqn={model}"
+    policies = [spec] + [b for b in baselines if b != spec]
+    out = {"model": str(model), "training": meta.get("training", {}), "scenarios": []}
+    for p in scenarios:
+        sc = load_scenario(p)
+        for k in range(seeds):
+            seed = sc.seed + k
+            wl = build_workload(sc, seed)
+            twin = Twin(sc, wl)
+            rows = {}
+            for pol in policies:
+                r = run_policy(twin, make_policy(pol), seed)
+                rows["dqn" if pol == spec else pol] = {
+                    "energy_joules": r.energy_joules, "slo_violation_rate": r.slo_violation_rate,
+                    "mean_pending_s": r.mean_pending_s, "unschedulable_pods": r.unschedulable_pods,
+                    "decision_us_p99": r.decision_us_p99}
+            entry = {"name": sc.name, "nodes": sc.node_count, "seed": seed, "rows": rows}
+            e = rows["dqn"]["energy_joules"]
+            if "default-k8s" in rows:
+                entry["ratio_vs_default"] = e / rows["default-k8s"]["energy_joules"]
+                entry["slo_vs_default_pp"] = 100 * (rows["dqn"]["slo_violation_rate"]
+                                                    - rows["default-k8s"]["slo_violation_rate"])
+            heur = [h for h in HEURISTICS if h in rows]
+            if heur:
+                best = min(heur, key=lambda h: rows[h]["energy_joules"])
+                entry["best_heuristic"] = best
+                entry["ratio_vs_best_heuristic"] = e / rows[best]["energy_joules"]
+            if lower:
+                lb = lower_bound(twin.state, wl, sc.duration_s, twin.placeable)
+                entry["lower_bound_joules"] = lb.joules
+                entry["ratio_vs_lower_bound"] = e / lb.joules
+            out["scenarios"].append(entry)
+    return out
+
+
+def format_table(result: dict) -> str:
+    """A plain-text table: per scenario and seed, every policy's energy ratio to default-k8s and SLO rate."""
+    lines = []
+    for s in result["scenarios"]:
+        ref = s["rows"].get("default-k8s", {}).get("energy_joules")
+        lines.append(f"{s['name']} ({s['nodes']} nodes, seed {s['seed']})")
+        lines.append(f"  {'policy':30s} {'energy kWh':>11s} {'vs default':>10s} {'SLO viol %':>10s} {'pending s':>9s}")
+        for name, m in sorted(s["rows"].items(), key=lambda kv: kv[1]["energy_joules"]):
+            ratio = f"{m['energy_joules'] / ref:.3f}" if ref else "-"
+            lines.append(f"  {name:30s} {m['energy_joules'] / 3.6e6:11.2f} {ratio:>10s} "
+                         f"{100 * m['slo_violation_rate']:10.2f} {m['mean_pending_s']:9.1f}")
+        extra = []
+        if "ratio_vs_best_heuristic" in s:
+            extra.append(f"dqn / best heuristic ({s['best_heuristic']}) = {s['ratio_vs_best_heuristic']:.3f}")
+        if "ratio_vs_lower_bound" in s:
+            extra.append(f"dqn / lower bound = {s['ratio_vs_lower_bound']:.3f}")
+        if extra:
+            lines.append("  " + "; ".join(extra))
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_TRAIN_SCENARIOS", "HEURISTICS", "PolicyError", "TrainError", "TrainSummary", "evaluate",
+           "format_table", "train"]

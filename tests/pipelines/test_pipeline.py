@@ -1,0 +1,93 @@
+"""The sim pipeline: stages run once, re-runs skip unchanged stages, calibration reaches the twin."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cluster.scenario import load_scenario
+from pipelines.cli import app
+from pipelines.pipeline import calibrated_scenarios
+from pipelines.stages import Stage, StageRunner
+
+runner = CliRunner()
+PROFILE = ("name_prefix: calib\ncount: 1\ncpu_m: 4000\nmemory_mib: 8192\nmax_pods: 110\n"
+           "power_watts: [20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120]\n")
+
+
+def test_stage_runs_once_and_reruns_when_inputs_change(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a")
+    out = tmp_path / "o.txt"
+    calls = []
+
+    def make(params):
+        return Stage("s", [src], params, [out], lambda: (calls.append(1), out.write_text(src.read_text())))
+
+    r = StageRunner(tmp_path)
+    assert r.run(make({"k": 1})) is True
+    assert r.run(make({"k": 1})) is False  # unchanged: skipped
+    src.write_text("b")
+    assert r.run(make({"k": 1})) is True  # input bytes changed
+    assert r.run(make({"k": 2})) is True  # parameters changed
+    out.unlink()
+    assert r.run(make({"k": 2})) is True  # output missing
+    assert len(calls) == 4
+
+
+def test_interrupted_stage_is_not_recorded(tmp_path):
+    out = tmp_path / "o.txt"
+
+    def boom():
+        out.write_text("half")
+        raise KeyboardInterrupt
+
+    r = StageRunner(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        r.run(Stage("s", [], {}, [out], boom))
+    assert not (tmp_path / ".stages" / "s.json").exists()
+    assert not r.is_fresh(Stage("s", [], {}, [out], boom))
+
+
+def test_calibrated_scenarios_take_the_profile_curve(tmp_path):
+    prof = tmp_path / "node-profile.yaml"
+    prof.write_text(PROFILE)
+    out = calibrated_scenarios(["scenarios/heterogeneous-sleep.yaml", "scenarios/trace-sample.yaml"], prof,
+                               tmp_path / "cal")
+    for p in out:
+        sc = load_scenario(p)
+        assert all(g.curve[10] == 120 for g in sc.nodes)
+    assert load_scenario(out[1]).trace_path.name == "sample.csv"
+
+
+def test_pipeline_trains_benchmarks_reports_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    args = ["pipeline", "-s", "scenarios/tiny.yaml", "--steps", "150", "--out", str(out)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "results.json").read_text())
+    names = set(doc["scenarios"][0]["policies"])
+    assert f"dqn={out / 'model.pt'}" in names and {"default-k8s", "most-allocated", "peaks"} <= names
+    assert (out / "report.html").is_file() and (out / "plots" / "energy_ratio.png").is_file()
+    mtime = (out / "results.json").stat().st_mtime_ns
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and again.output.count("skipped") == 3
+    assert (out / "results.json").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--node-profile", "{bad}"], "not a node profile"),
+    ([], "no model to load"),
+    (["--model", "/nonexistent/m.pt"], "no model to load"),
+])
+def test_pipeline_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("just: text\n")
+    args = [str(bad) if a == "{bad}" else a for a in args]
+    if "--node-profile" in args:
+        args += ["--steps", "10"]
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["pipeline", "-s", "scenarios/tiny.yaml", "--out", str(out), *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert not out.exists()
