@@ -6,6 +6,7 @@ an interrupted run leaves DIR consistent (every output is written atomically, a 
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,6 +63,12 @@ def calibrated_scenarios(scenarios: Sequence[Path], profile: Path, out_dir: Path
     return written
 
 
+def _short(path: Path) -> str:
+    """The path relative to the working directory when it is below it: results and plots name the policy."""
+    rel = os.path.relpath(Path(path).resolve())
+    return str(path) if rel.startswith("..") else rel
+
+
 def run_sim(scenarios: Sequence[Path], out: Path, *, model: Path | None = None,
             train_scenarios: Sequence[Path] | None = None, minutes: float | None = None,
             steps: int | None = None, seeds: int = 1, jobs: int = 1, node_profile: Path | None = None,
@@ -113,7 +120,7 @@ def run_sim(scenarios: Sequence[Path], out: Path, *, model: Path | None = None,
     else:
         model_path = Path(model)
 
-    policies = list(BASELINES) + [f"dqn={model_path}"] + list(extra_policies)
+    policies = list(BASELINES) + [f"dqn={_short(model_path)}"] + list(extra_policies)
     results = out / "results.json"
 
     def do_bench() -> None:
