@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 
 from agent.policy import Policy
 from cluster.kube.backend import KubeBackend
+from pipelines.httpd import BackgroundHTTPServer, reply
 from cluster.kube.objects import node_gate_reason, parse_pod
 from cluster.state import ClusterState
 from pipelines.serve import ATTEMPT_BUCKETS
@@ -179,7 +179,7 @@ class Extender:
             self.duration.labels(verb).observe(time.perf_counter() - t0)
 
 
-class ExtenderServer:
+class ExtenderServer(BackgroundHTTPServer):
     """HTTP front: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``, ``GET /metrics``."""
 
     def __init__(self, extender: Extender, host: str = "127.0.0.1", port: int = 8888) -> None:
@@ -192,11 +192,7 @@ class ExtenderServer:
                 pass
 
             def _send(self, code: int, data: bytes, ctype: str = "application/json") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply(self, code, data, ctype)
 
             def do_POST(self) -> None:
                 verb = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
@@ -223,20 +219,4 @@ class ExtenderServer:
                 else:
                     self._send(404, b"not found", "text/plain")
 
-        self.httpd = ThreadingHTTPServer((host, port), H)
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="extender-server", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self.httpd.server_address[1]
-
-    def start(self) -> "ExtenderServer":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5)
+        super().__init__(H, host, port, "extender-server")

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,7 @@ from agent.policy import Policy
 from cluster.kube.backend import KubeBackend
 from cluster.kube.leader import LeaderElector, default_identity
 from cluster.kube.objects import PodInfo
+from pipelines.httpd import BackgroundHTTPServer, reply
 
 log = logging.getLogger("joulesched.serve")
 
@@ -520,7 +521,7 @@ class Scheduler:
 
 
 # ---- /metrics and /healthz --------------------------------------------------------------------------------
-class StatusServer:
+class StatusServer(BackgroundHTTPServer):
     """``GET /metrics`` (Prometheus text) and ``GET /healthz`` on ``host:port`` (loopback by default)."""
 
     def __init__(self, registry: CollectorRegistry, healthy: Any, host: str = "127.0.0.1", port: int = 10259) -> None:
@@ -538,26 +539,6 @@ class StatusServer:
                     data, ctype, code = (b"ok" if good else b"not ready"), "text/plain", 200 if good else 503
                 else:
                     data, ctype, code = b"not found", "text/plain", 404
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply(self, code, data, ctype)
 
-        self.httpd = ThreadingHTTPServer((host, port), H)
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="status-server", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self.httpd.server_address[1]
-
-    def start(self) -> "StatusServer":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5)
+        super().__init__(H, host, port, "status-server")

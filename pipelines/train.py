@@ -13,7 +13,6 @@ workload seed ``scenario.seed + s``, as in the benchmark) and returns a JSON-rea
 from __future__ import annotations
 
 import csv
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,6 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from agent.checkpoint import load_agent, load_checkpoint, save_checkpoint
