@@ -12,6 +12,8 @@ from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
+from workloads.manifests import APPS as MANIFEST_APPS
+
 workload_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 load_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -26,6 +28,10 @@ class App(str, Enum):
     shop = "shop"
 
 
+# The manifests also cover the shop's three services (shop-catalogue, shop-cart, shop-orders).
+ManifestApp = Enum("ManifestApp", {a: a for a in MANIFEST_APPS}, type=str)
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -37,6 +43,9 @@ def serve(
     listen: Annotated[str, typer.Option(help="HOST:PORT to bind; port 0 picks a free one (printed on start).")] = "127.0.0.1:8080",
     scratch_dir: Annotated[Optional[Path], typer.Option(help="Where the disk blocker creates its scratch files (default: the temp dir).")] = None,
     db: Annotated[Optional[Path], typer.Option(help="Shop SQLite file (default: a fresh file in the temp dir).")] = None,
+    part: Annotated[str, typer.Option(help="Shop service: all (one process), catalogue, cart or orders.")] = "all",
+    catalogue_url: Annotated[Optional[str], typer.Option(help="Shop: the catalogue service's URL (cart, orders).")] = None,
+    cart_url: Annotated[Optional[str], typer.Option(help="Shop: the cart service's URL (orders).")] = None,
     default_ms: Annotated[float, typer.Option(help="CPU ms of work the test app's /test does.")] = 10.0,
     access_log: Annotated[bool, typer.Option(help="Log every request to stderr.")] = False,
 ) -> None:
@@ -59,7 +68,13 @@ def serve(
     elif app.value == "shop":
         from workloads.shop import create_app as create_shop
 
-        flask_app = create_shop(db)
+        for url in (catalogue_url, cart_url):
+            if url is not None:
+                _check_target(url)
+        try:
+            flask_app = create_shop(db, part, catalogue_url, cart_url)
+        except ValueError as exc:
+            _fail(str(exc))
     else:
         from workloads.service import BlockerService, create_app
 
@@ -173,7 +188,7 @@ def blocker(
 
 @workload_app.command()
 def manifest(
-    app: Annotated[App, typer.Argument(help="Which app to render Deployment + Service for.")],
+    app: Annotated[ManifestApp, typer.Argument(help="Which app to render Deployment + Service for.")],
     scheduler_name: Annotated[str, typer.Option(help="spec.schedulerName of the pods.")] = "default-scheduler",
     image: Annotated[Optional[str], typer.Option(help="Container image (default joulesched/<app>:latest).")] = None,
     namespace: Annotated[str, typer.Option(help="Namespace of both objects.")] = "default",

@@ -11,7 +11,11 @@ from typing import Any
 
 import yaml
 
-APPS = ("cpu", "memory", "disk", "network", "combined", "testapp", "shop")
+#: Apps with an image of their own (workloads/docker/Dockerfile.APP).
+IMAGES = ("cpu", "memory", "disk", "network", "combined", "testapp", "shop")
+#: The shop split into its three services; they run the shop image with --part.
+SHOP_PARTS = ("shop-catalogue", "shop-cart", "shop-orders")
+APPS = IMAGES + SHOP_PARTS
 PORT = 8080
 UID = 10001
 IMAGE_PREFIX = "joulesched"
@@ -25,24 +29,43 @@ DEFAULT_REQUESTS: dict[str, tuple[str, str]] = {
     "combined": ("100m", "128Mi"),
     "testapp": ("250m", "64Mi"),
     "shop": ("100m", "96Mi"),
+    "shop-catalogue": ("50m", "64Mi"),
+    "shop-cart": ("50m", "64Mi"),
+    "shop-orders": ("50m", "64Mi"),
 }
+
+
+def _url(app: str) -> str:
+    """In-cluster URL of an app's Service (same namespace)."""
+    return f"http://joulesched-{app}:{PORT}"
+
+
+def image_of(app: str) -> str:
+    return "shop" if app in SHOP_PARTS else app
 
 
 def labels(app: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": f"joulesched-{app}",
         "app.kubernetes.io/part-of": "joulesched",
-        "app.kubernetes.io/component": "testapp" if app in ("testapp", "shop") else "blocker",
+        "app.kubernetes.io/component": "testapp" if app.startswith(("testapp", "shop")) else "blocker",
     }
 
 
 def container_args(app: str) -> list[str]:
     """Arguments after `python3 -m workloads serve` (the image's ENTRYPOINT); the same the image's CMD holds."""
-    args = [app, "--listen", f"0.0.0.0:{PORT}"]
+    args = [image_of(app), "--listen", f"0.0.0.0:{PORT}"]
     if app in ("disk", "combined"):
         args += ["--scratch-dir", "/scratch"]
-    if app == "shop":
+    if app.startswith("shop"):
         args += ["--db", "/data/shop.db"]
+    if app in SHOP_PARTS:
+        part = app.removeprefix("shop-")
+        args += ["--part", part]
+        if part in ("cart", "orders"):
+            args += ["--catalogue-url", _url("shop-catalogue")]
+        if part == "orders":
+            args += ["--cart-url", _url("shop-cart")]
     return args
 
 
@@ -68,7 +91,7 @@ def render(
     if app in ("disk", "combined"):
         volumes.append({"name": "scratch", "emptyDir": {}})
         mounts.append({"name": "scratch", "mountPath": "/scratch"})
-    if app == "shop":
+    if app.startswith("shop"):
         volumes.append({"name": "data", "emptyDir": {}})
         mounts.append({"name": "data", "mountPath": "/data"})
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5}
@@ -94,7 +117,7 @@ def render(
                     "containers": [
                         {
                             "name": app,
-                            "image": image or f"{IMAGE_PREFIX}/{app}:latest",
+                            "image": image or f"{IMAGE_PREFIX}/{image_of(app)}:latest",
                             "imagePullPolicy": "IfNotPresent",
                             "args": container_args(app),
                             "ports": [{"name": "http", "containerPort": PORT}],

@@ -1,16 +1,20 @@
-"""A small shop on SQLite: catalogue, carts and orders, a realistic request mix for latency measurements.
+"""A small multi-service shop: catalogue, cart and orders, each its own service with its own SQLite tables.
 
-    GET  /api/products                 catalogue
-    GET  /api/products/<id>
-    POST /api/carts                    -> {"cart_id"}
-    POST /api/carts/<id>/items         {"product_id", "quantity"}
-    GET  /api/carts/<id>
-    POST /api/orders                   {"cart_id"} -> order, stock decremented (409 when short)
-    GET  /api/orders/<id>
-    GET  /healthz
+    catalogue   GET  /api/products                  the catalogue
+                GET  /api/products/<id>
+                POST /api/products/reserve          {"lines": [{"product_id", "quantity"}]} -> prices; 409 when short
+    cart        POST /api/carts                     -> {"cart_id"}
+                POST /api/carts/<id>/items          {"product_id", "quantity"}   (checks the product with catalogue)
+                GET  /api/carts/<id>                items priced by catalogue
+                DELETE /api/carts/<id>/items        empty it (orders does, after an order)
+    orders      POST /api/orders                    {"cart_id"}: reads the cart, reserves stock, records the order
+                GET  /api/orders/<id>
+    every part  GET  /healthz
 
-The three parts are separate blueprints over one database; they run in one process to stay light.
-A connection per request, because sqlite3 connections do not cross threads.
+Split, the services call each other over HTTP (``--catalogue-url``, ``--cart-url``), which is what makes the
+load realistic: one user request fans out into several. ``--part all`` serves the three in one process with
+in-process calls, for a light single-port setup. Each call opens its own SQLite connection, since sqlite3
+connections do not cross threads.
 """
 
 from __future__ import annotations
@@ -18,33 +22,30 @@ from __future__ import annotations
 import sqlite3
 import tempfile
 import uuid
+from contextlib import closing
 from pathlib import Path
+from typing import Any, Protocol
 
-from flask import Blueprint, Flask, g, jsonify, request
+import requests
+from flask import Blueprint, Flask, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, price_cents INTEGER NOT NULL, stock INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS carts (id TEXT PRIMARY KEY);
-CREATE TABLE IF NOT EXISTS cart_items (cart_id TEXT NOT NULL REFERENCES carts(id), product_id INTEGER NOT NULL REFERENCES products(id),
-    quantity INTEGER NOT NULL, PRIMARY KEY (cart_id, product_id));
-CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY AUTOINCREMENT, cart_id TEXT NOT NULL, total_cents INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS order_lines (order_id INTEGER NOT NULL REFERENCES orders(id), product_id INTEGER NOT NULL,
-    quantity INTEGER NOT NULL, price_cents INTEGER NOT NULL);
-"""
+PARTS = ("all", "catalogue", "cart", "orders")
 CATALOGUE = [(f"Item {i:02d}", 199 + 150 * i, 1000) for i in range(1, 21)]
 MAX_QUANTITY = 100
+UPSTREAM_TIMEOUT_S = 5.0
 
-
-class AddItem(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    product_id: int = Field(ge=1)
-    quantity: int = Field(ge=1, le=MAX_QUANTITY)
-
-
-class PlaceOrder(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    cart_id: str = Field(min_length=1, max_length=64)
+SCHEMAS = {
+    "catalogue": "CREATE TABLE IF NOT EXISTS products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                 "price_cents INTEGER NOT NULL, stock INTEGER NOT NULL);",
+    "cart": "CREATE TABLE IF NOT EXISTS carts (id TEXT PRIMARY KEY);"
+            "CREATE TABLE IF NOT EXISTS cart_items (cart_id TEXT NOT NULL REFERENCES carts(id), "
+            "product_id INTEGER NOT NULL, quantity INTEGER NOT NULL, PRIMARY KEY (cart_id, product_id));",
+    "orders": "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY AUTOINCREMENT, cart_id TEXT NOT NULL, "
+              "total_cents INTEGER NOT NULL);"
+              "CREATE TABLE IF NOT EXISTS order_lines (order_id INTEGER NOT NULL REFERENCES orders(id), "
+              "product_id INTEGER NOT NULL, quantity INTEGER NOT NULL, price_cents INTEGER NOT NULL);",
+}
 
 
 class ShopError(Exception):
@@ -53,14 +54,200 @@ class ShopError(Exception):
         self.status = status
 
 
-def _db() -> sqlite3.Connection:
-    if "db" not in g:
-        g.db = sqlite3.connect(g.db_path, timeout=10)
-        g.db.row_factory = sqlite3.Row
-    return g.db
+class Line(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    product_id: int = Field(ge=1)
+    quantity: int = Field(ge=1, le=MAX_QUANTITY)
 
 
-def _body(model: type[BaseModel]) -> BaseModel:
+class Reserve(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    lines: list[Line] = Field(min_length=1, max_length=100)
+
+
+class PlaceOrder(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    cart_id: str = Field(min_length=1, max_length=64)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, timeout=10)
+    db.row_factory = sqlite3.Row
+    return db
+
+
+def init_db(path: Path, part: str) -> None:
+    """Create ``part``'s tables (all three for ``all``) and seed the catalogue."""
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
+        for name in (("catalogue", "cart", "orders") if part == "all" else (part,)):
+            db.executescript(SCHEMAS[name])
+        if part in ("all", "catalogue") and db.execute("SELECT COUNT(*) FROM products").fetchone()[0] == 0:
+            db.executemany("INSERT INTO products (name, price_cents, stock) VALUES (?, ?, ?)", CATALOGUE)
+
+
+# ---- the services' logic, behind small interfaces so a neighbour can be in-process or over HTTP ----------
+class CatalogueAPI(Protocol):
+    def products(self) -> list[dict]: ...
+    def product(self, pid: int) -> dict: ...
+    def reserve(self, lines: list[dict]) -> list[dict]: ...
+
+
+class CartAPI(Protocol):
+    def get(self, cid: str) -> dict: ...
+    def clear(self, cid: str) -> None: ...
+
+
+class Catalogue:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def products(self) -> list[dict]:
+        with closing(_connect(self.path)) as db:
+            return [dict(r) for r in db.execute("SELECT id, name, price_cents, stock FROM products ORDER BY id")]
+
+    def product(self, pid: int) -> dict:
+        with closing(_connect(self.path)) as db:
+            row = db.execute("SELECT id, name, price_cents, stock FROM products WHERE id = ?", (pid,)).fetchone()
+        if row is None:
+            raise ShopError(f"no product {pid}", 404)
+        return dict(row)
+
+    def reserve(self, lines: list[dict]) -> list[dict]:
+        """Take stock for every line or for none (409); returns the lines with their prices."""
+        with closing(_connect(self.path)) as db:
+            # BEGIN IMMEDIATE takes the write lock before checking stock: two orders cannot both take the last item.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                out = []
+                for ln in lines:
+                    cur = db.execute("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?",
+                                     (ln["quantity"], ln["product_id"], ln["quantity"]))
+                    if cur.rowcount != 1:
+                        raise ShopError(f"not enough stock of product {ln['product_id']}", 409)
+                    price = db.execute("SELECT price_cents FROM products WHERE id = ?",
+                                       (ln["product_id"],)).fetchone()[0]
+                    out.append({**ln, "price_cents": price})
+                db.commit()
+            except BaseException:
+                db.rollback()
+                raise
+        return out
+
+
+class Carts:
+    def __init__(self, path: Path, catalogue: CatalogueAPI):
+        self.path = path
+        self.catalogue = catalogue
+
+    def create(self) -> str:
+        cid = uuid.uuid4().hex
+        with closing(_connect(self.path)) as db, db:
+            db.execute("INSERT INTO carts (id) VALUES (?)", (cid,))
+        return cid
+
+    def _exists(self, db: sqlite3.Connection, cid: str) -> None:
+        if db.execute("SELECT 1 FROM carts WHERE id = ?", (cid,)).fetchone() is None:
+            raise ShopError(f"no cart {cid}", 404)
+
+    def add(self, cid: str, line: Line) -> dict:
+        with closing(_connect(self.path)) as db:
+            self._exists(db, cid)
+        self.catalogue.product(line.product_id)  # 404 from the catalogue for an unknown product
+        with closing(_connect(self.path)) as db, db:
+            db.execute("INSERT INTO cart_items (cart_id, product_id, quantity) VALUES (?, ?, ?) "
+                       "ON CONFLICT (cart_id, product_id) DO UPDATE SET quantity = MIN(quantity + excluded.quantity, ?)",
+                       (cid, line.product_id, line.quantity, MAX_QUANTITY))
+        return self.get(cid)
+
+    def get(self, cid: str) -> dict:
+        with closing(_connect(self.path)) as db:
+            self._exists(db, cid)
+            items = [dict(r) for r in db.execute(
+                "SELECT product_id, quantity FROM cart_items WHERE cart_id = ? ORDER BY product_id", (cid,))]
+        if items:
+            info = {p["id"]: p for p in self.catalogue.products()}
+            for it in items:
+                p = info.get(it["product_id"], {})
+                it.update(name=p.get("name"), price_cents=p.get("price_cents", 0))
+        return {"cart_id": cid, "items": items, "total_cents": sum(x["quantity"] * x["price_cents"] for x in items)}
+
+    def clear(self, cid: str) -> None:
+        with closing(_connect(self.path)) as db, db:
+            self._exists(db, cid)
+            db.execute("DELETE FROM cart_items WHERE cart_id = ?", (cid,))
+
+
+class Orders:
+    def __init__(self, path: Path, carts: CartAPI, catalogue: CatalogueAPI):
+        self.path = path
+        self.carts = carts
+        self.catalogue = catalogue
+
+    def place(self, cid: str) -> dict:
+        content = self.carts.get(cid)
+        if not content["items"]:
+            raise ShopError("cart is empty")
+        lines = self.catalogue.reserve([{"product_id": x["product_id"], "quantity": x["quantity"]}
+                                        for x in content["items"]])
+        total = sum(x["quantity"] * x["price_cents"] for x in lines)
+        with closing(_connect(self.path)) as db, db:
+            oid = db.execute("INSERT INTO orders (cart_id, total_cents) VALUES (?, ?)", (cid, total)).lastrowid
+            db.executemany("INSERT INTO order_lines VALUES (?, ?, ?, ?)",
+                           [(oid, x["product_id"], x["quantity"], x["price_cents"]) for x in lines])
+        self.carts.clear(cid)
+        return {"order_id": oid, "total_cents": total}
+
+    def get(self, oid: int) -> dict:
+        with closing(_connect(self.path)) as db:
+            row = db.execute("SELECT id, cart_id, total_cents FROM orders WHERE id = ?", (oid,)).fetchone()
+            if row is None:
+                raise ShopError(f"no order {oid}", 404)
+            lines = db.execute("SELECT product_id, quantity, price_cents FROM order_lines WHERE order_id = ?",
+                               (oid,)).fetchall()
+        return dict(row) | {"lines": [dict(r) for r in lines]}
+
+
+class _HTTP:
+    """A neighbour service over HTTP; its 4xx come back as the same ShopError, anything else as 502."""
+
+    def __init__(self, base_url: str):
+        self.base = base_url.rstrip("/")
+        self.session = requests.Session()
+
+    def call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.session.request(method, self.base + path, timeout=UPSTREAM_TIMEOUT_S, **kw)
+        except requests.RequestException as e:
+            raise ShopError(f"upstream {self.base} unreachable: {e.__class__.__name__}", 502) from None
+        if 400 <= r.status_code < 500:
+            raise ShopError(r.json().get("error", r.text) if r.content else r.reason, r.status_code)
+        if r.status_code >= 300:
+            raise ShopError(f"upstream {self.base}{path} answered {r.status_code}", 502)
+        return r.json() if r.content else None
+
+
+class CatalogueHTTP(_HTTP):
+    def products(self) -> list[dict]:
+        return self.call("GET", "/api/products")
+
+    def product(self, pid: int) -> dict:
+        return self.call("GET", f"/api/products/{pid}")
+
+    def reserve(self, lines: list[dict]) -> list[dict]:
+        return self.call("POST", "/api/products/reserve", json={"lines": lines})["lines"]
+
+
+class CartHTTP(_HTTP):
+    def get(self, cid: str) -> dict:
+        return self.call("GET", f"/api/carts/{cid}")
+
+    def clear(self, cid: str) -> None:
+        self.call("DELETE", f"/api/carts/{cid}/items")
+
+
+# ---- HTTP front ----------------------------------------------------------------------------------------------
+def _body(model: type[BaseModel]) -> Any:
     data = request.get_json(silent=True)
     if not isinstance(data, dict):
         raise ShopError("body must be a JSON object")
@@ -70,123 +257,66 @@ def _body(model: type[BaseModel]) -> BaseModel:
         raise ShopError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
 
 
-catalogue = Blueprint("catalogue", __name__)
-cart = Blueprint("cart", __name__)
-orders = Blueprint("orders", __name__)
+def catalogue_routes(cat: Catalogue) -> Blueprint:
+    bp = Blueprint("catalogue", __name__)
+    bp.add_url_rule("/api/products", "list", lambda: jsonify(cat.products()))
+    bp.add_url_rule("/api/products/<int:pid>", "get", lambda pid: jsonify(cat.product(pid)))
+
+    @bp.post("/api/products/reserve")
+    def reserve():
+        req = _body(Reserve)
+        return jsonify(lines=cat.reserve([ln.model_dump() for ln in req.lines]))
+
+    return bp
 
 
-@catalogue.get("/api/products")
-def list_products():
-    rows = _db().execute("SELECT id, name, price_cents, stock FROM products ORDER BY id").fetchall()
-    return jsonify([dict(r) for r in rows])
+def cart_routes(carts: Carts) -> Blueprint:
+    bp = Blueprint("cart", __name__)
+    bp.add_url_rule("/api/carts", "create", lambda: (jsonify(cart_id=carts.create()), 201), methods=["POST"])
+    bp.add_url_rule("/api/carts/<cid>", "get", lambda cid: jsonify(carts.get(cid)))
+
+    @bp.post("/api/carts/<cid>/items")
+    def add_item(cid: str):
+        return jsonify(carts.add(cid, _body(Line)))
+
+    @bp.delete("/api/carts/<cid>/items")
+    def clear(cid: str):
+        carts.clear(cid)
+        return "", 204
+
+    return bp
 
 
-@catalogue.get("/api/products/<int:pid>")
-def get_product(pid: int):
-    row = _db().execute("SELECT id, name, price_cents, stock FROM products WHERE id = ?", (pid,)).fetchone()
-    if row is None:
-        raise ShopError(f"no product {pid}", 404)
-    return jsonify(dict(row))
+def orders_routes(orders: Orders) -> Blueprint:
+    bp = Blueprint("orders", __name__)
+    bp.add_url_rule("/api/orders", "place", lambda: (jsonify(orders.place(_body(PlaceOrder).cart_id)), 201),
+                    methods=["POST"])
+    bp.add_url_rule("/api/orders/<int:oid>", "get", lambda oid: jsonify(orders.get(oid)))
+    return bp
 
 
-def _cart(cid: str) -> dict:
-    db = _db()
-    if db.execute("SELECT 1 FROM carts WHERE id = ?", (cid,)).fetchone() is None:
-        raise ShopError(f"no cart {cid}", 404)
-    items = db.execute(
-        "SELECT p.id AS product_id, p.name, ci.quantity, p.price_cents FROM cart_items ci "
-        "JOIN products p ON p.id = ci.product_id WHERE ci.cart_id = ? ORDER BY p.id", (cid,)).fetchall()
-    lines = [dict(r) for r in items]
-    return {"cart_id": cid, "items": lines, "total_cents": sum(x["quantity"] * x["price_cents"] for x in lines)}
-
-
-@cart.post("/api/carts")
-def new_cart():
-    cid = uuid.uuid4().hex
-    with _db() as db:
-        db.execute("INSERT INTO carts (id) VALUES (?)", (cid,))
-    return jsonify(cart_id=cid), 201
-
-
-@cart.post("/api/carts/<cid>/items")
-def add_item(cid: str):
-    item = _body(AddItem)
-    with _db() as db:
-        if db.execute("SELECT 1 FROM carts WHERE id = ?", (cid,)).fetchone() is None:
-            raise ShopError(f"no cart {cid}", 404)
-        if db.execute("SELECT 1 FROM products WHERE id = ?", (item.product_id,)).fetchone() is None:
-            raise ShopError(f"no product {item.product_id}", 404)
-        db.execute(
-            "INSERT INTO cart_items (cart_id, product_id, quantity) VALUES (?, ?, ?) "
-            "ON CONFLICT (cart_id, product_id) DO UPDATE SET quantity = MIN(quantity + excluded.quantity, ?)",
-            (cid, item.product_id, item.quantity, MAX_QUANTITY))
-    return jsonify(_cart(cid))
-
-
-@cart.get("/api/carts/<cid>")
-def get_cart(cid: str):
-    return jsonify(_cart(cid))
-
-
-@orders.post("/api/orders")
-def place_order():
-    req = _body(PlaceOrder)
-    content = _cart(req.cart_id)
-    if not content["items"]:
-        raise ShopError("cart is empty")
-    db = _db()
-    # BEGIN IMMEDIATE: take the write lock before checking stock, so two orders cannot both take the last item.
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        for line in content["items"]:
-            cur = db.execute("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?",
-                             (line["quantity"], line["product_id"], line["quantity"]))
-            if cur.rowcount != 1:
-                raise ShopError(f"not enough stock of product {line['product_id']}", 409)
-        oid = db.execute("INSERT INTO orders (cart_id, total_cents) VALUES (?, ?)",
-                         (req.cart_id, content["total_cents"])).lastrowid
-        db.executemany("INSERT INTO order_lines VALUES (?, ?, ?, ?)",
-                       [(oid, x["product_id"], x["quantity"], x["price_cents"]) for x in content["items"]])
-        db.execute("DELETE FROM cart_items WHERE cart_id = ?", (req.cart_id,))
-        db.commit()
-    except BaseException:
-        db.rollback()
-        raise
-    return jsonify(order_id=oid, total_cents=content["total_cents"]), 201
-
-
-@orders.get("/api/orders/<int:oid>")
-def get_order(oid: int):
-    db = _db()
-    row = db.execute("SELECT id, cart_id, total_cents FROM orders WHERE id = ?", (oid,)).fetchone()
-    if row is None:
-        raise ShopError(f"no order {oid}", 404)
-    lines = db.execute("SELECT product_id, quantity, price_cents FROM order_lines WHERE order_id = ?", (oid,)).fetchall()
-    return jsonify(dict(row) | {"lines": [dict(r) for r in lines]})
-
-
-def init_db(path: Path) -> None:
-    with sqlite3.connect(path) as db:
-        db.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
-        db.executescript(SCHEMA)
-        if db.execute("SELECT COUNT(*) FROM products").fetchone()[0] == 0:
-            db.executemany("INSERT INTO products (name, price_cents, stock) VALUES (?, ?, ?)", CATALOGUE)
-
-
-def create_app(db_path: Path | None = None) -> Flask:
+def create_app(db_path: Path | None = None, part: str = "all", catalogue_url: str | None = None,
+               cart_url: str | None = None) -> Flask:
+    """The Flask app of one shop service (or all three). Raises ValueError for a missing neighbour URL."""
+    if part not in PARTS:
+        raise ValueError(f"unknown shop part {part!r}; expected one of {', '.join(PARTS)}")
+    if part in ("cart", "orders") and not catalogue_url:
+        raise ValueError(f"the {part} service needs --catalogue-url")
+    if part == "orders" and not cart_url:
+        raise ValueError("the orders service needs --cart-url")
     path = Path(db_path) if db_path else Path(tempfile.mkdtemp(prefix="joulesched-shop-")) / "shop.db"
-    init_db(path)
-    app = Flask("joulesched-shop")
-
-    @app.before_request
-    def _bind_db():
-        g.db_path = path
-
-    @app.teardown_appcontext
-    def _close_db(exc):
-        db = g.pop("db", None)
-        if db is not None:
-            db.close()
+    init_db(path, part)
+    app = Flask(f"joulesched-shop-{part}")
+    if part == "all":
+        cat = Catalogue(path)
+        carts = Carts(path, cat)
+        blueprints = [catalogue_routes(cat), cart_routes(carts), orders_routes(Orders(path, carts, cat))]
+    elif part == "catalogue":
+        blueprints = [catalogue_routes(Catalogue(path))]
+    elif part == "cart":
+        blueprints = [cart_routes(Carts(path, CatalogueHTTP(catalogue_url)))]
+    else:
+        blueprints = [orders_routes(Orders(path, CartHTTP(cart_url), CatalogueHTTP(catalogue_url)))]
 
     @app.errorhandler(ShopError)
     def _err(exc: ShopError):
@@ -194,9 +324,10 @@ def create_app(db_path: Path | None = None) -> Flask:
 
     @app.get("/healthz")
     def healthz():
-        _db().execute("SELECT 1")
-        return jsonify(status="ok", kind="shop")
+        with closing(_connect(path)) as db:
+            db.execute("SELECT 1")
+        return jsonify(status="ok", kind="shop", part=part)
 
-    for bp in (catalogue, cart, orders):
+    for bp in blueprints:
         app.register_blueprint(bp)
     return app

@@ -1,35 +1,67 @@
-"""The shop, served for real: browse, fill a cart, order, and run out of stock."""
+"""The shop, served for real: browse, fill a cart, order, and run out of stock, as one process and as three
+services calling each other over HTTP."""
+
+import pytest
+from typer.testing import CliRunner
 
 
-def test_shop_flow(serve, tmp_path):
-    app = serve("shop", "--db", str(tmp_path / "shop.db"))
-    products = app.get("/api/products").json()
+@pytest.fixture(params=["all-in-one", "three-services"])
+def shop(request, serve, tmp_path):
+    """The shop's front: one process, or catalogue + cart + orders each in its own process and database."""
+    if request.param == "all-in-one":
+        app = serve("shop", "--db", str(tmp_path / "shop.db"))
+        return app, app, app
+    cat = serve("shop", "--part", "catalogue", "--db", str(tmp_path / "catalogue.db"))
+    cart = serve("shop", "--part", "cart", "--db", str(tmp_path / "cart.db"), "--catalogue-url", cat.url)
+    orders = serve("shop", "--part", "orders", "--db", str(tmp_path / "orders.db"),
+                   "--catalogue-url", cat.url, "--cart-url", cart.url)
+    return cat, cart, orders
+
+
+def test_shop_flow(shop):
+    cat, cart, orders = shop
+    products = cat.get("/api/products").json()
     assert len(products) == 20
     p = products[0]
-    cid = app.post("/api/carts").json()["cart_id"]
-    cart = app.post(f"/api/carts/{cid}/items", json={"product_id": p["id"], "quantity": 3}).json()
-    assert cart["total_cents"] == 3 * p["price_cents"]
-    order = app.post("/api/orders", json={"cart_id": cid})
-    assert order.status_code == 201
+    cid = cart.post("/api/carts").json()["cart_id"]
+    content = cart.post(f"/api/carts/{cid}/items", json={"product_id": p["id"], "quantity": 3}).json()
+    assert content["total_cents"] == 3 * p["price_cents"] and content["items"][0]["name"] == p["name"]
+    order = orders.post("/api/orders", json={"cart_id": cid})
+    assert order.status_code == 201, order.text
     oid = order.json()["order_id"]
-    assert app.get(f"/api/orders/{oid}").json()["lines"][0]["quantity"] == 3
-    assert app.get(f"/api/products/{p['id']}").json()["stock"] == p["stock"] - 3
-    assert app.get(f"/api/carts/{cid}").json()["items"] == []  # the order emptied the cart
-    assert app.post("/api/orders", json={"cart_id": cid}).status_code == 400  # empty cart
+    assert orders.get(f"/api/orders/{oid}").json()["lines"][0]["quantity"] == 3
+    assert cat.get(f"/api/products/{p['id']}").json()["stock"] == p["stock"] - 3
+    assert cart.get(f"/api/carts/{cid}").json()["items"] == []  # the order emptied the cart
+    assert orders.post("/api/orders", json={"cart_id": cid}).status_code == 400  # empty cart
 
 
-def test_shop_rejects_bad_input_and_overselling(serve, tmp_path):
-    app = serve("shop", "--db", str(tmp_path / "shop.db"))
-    cid = app.post("/api/carts").json()["cart_id"]
+def test_shop_rejects_bad_input_and_overselling(shop):
+    cat, cart, orders = shop
+    cid = cart.post("/api/carts").json()["cart_id"]
     for bad in ({"product_id": 1, "quantity": 0}, {"product_id": 1, "quantity": "2"}, {"product_id": -1, "quantity": 1}, {}):
-        assert app.post(f"/api/carts/{cid}/items", json=bad).status_code == 400, bad
-    assert app.post(f"/api/carts/{cid}/items", json={"product_id": 999, "quantity": 1}).status_code == 404
-    assert app.get("/api/carts/nope").status_code == 404
-    # 1000 in stock; eleven orders of 100 must leave the eleventh short.
+        assert cart.post(f"/api/carts/{cid}/items", json=bad).status_code == 400, bad
+    assert cart.post(f"/api/carts/{cid}/items", json={"product_id": 999, "quantity": 1}).status_code == 404
+    assert cart.get("/api/carts/nope").status_code == 404
+    assert orders.post("/api/orders", json={"cart_id": "nope"}).status_code == 404  # the cart service's 404
+    # 1000 in stock; eleven orders of 100 must leave the eleventh short, and take nothing.
     codes = []
     for _ in range(11):
-        c = app.post("/api/carts").json()["cart_id"]
-        app.post(f"/api/carts/{c}/items", json={"product_id": 2, "quantity": 100})
-        codes.append(app.post("/api/orders", json={"cart_id": c}).status_code)
+        c = cart.post("/api/carts").json()["cart_id"]
+        cart.post(f"/api/carts/{c}/items", json={"product_id": 2, "quantity": 100})
+        codes.append(orders.post("/api/orders", json={"cart_id": c}).status_code)
     assert codes == [201] * 10 + [409]
-    assert app.get("/api/products/2").json()["stock"] == 0
+    assert cat.get("/api/products/2").json()["stock"] == 0
+
+
+def test_split_service_without_its_neighbours_is_refused():
+    from pipelines.cli import app
+
+    r = CliRunner().invoke(app, ["workload", "serve", "shop", "--part", "orders", "--listen", "127.0.0.1:0"])
+    assert r.exit_code == 2 and "needs --catalogue-url" in r.output
+
+
+def test_orders_report_an_unreachable_catalogue_as_502(serve, tmp_path):
+    cart = serve("shop", "--part", "cart", "--db", str(tmp_path / "c.db"), "--catalogue-url", "http://127.0.0.1:9")
+    cid = cart.post("/api/carts").json()["cart_id"]
+    r = cart.post(f"/api/carts/{cid}/items", json={"product_id": 1, "quantity": 1})
+    assert r.status_code == 502 and "unreachable" in r.json()["error"]

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from workloads.cpu import split_millicores
-from workloads.manifests import APPS, container_args, render, render_yaml
+from workloads.manifests import APPS, IMAGES, container_args, render, render_yaml
 from workloads.pacing import TokenBucket, chunk_size
 from workloads.params import KIND_FIELDS, LoadParams, cpu_capacity_m
 from workloads.server import parse_listen
@@ -107,7 +107,7 @@ def test_committed_manifests_match_renderer(app):
     assert (ROOT / "workloads" / "k8s" / f"{app}.yaml").read_text() == render_yaml(app)
 
 
-@pytest.mark.parametrize("app", APPS)
+@pytest.mark.parametrize("app", IMAGES)
 def test_dockerfile(app):
     text = (ROOT / "workloads" / "docker" / f"Dockerfile.{app}").read_text()
     lines = [x for x in text.splitlines() if x and not x.startswith("#")]
