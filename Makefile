@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Debian packages the integration tests use: real Prometheus, real JMeter (with its HTTP sampler),
-# a Docker engine and debootstrap (to build a local base image, since no registry is reachable).
-APT_PACKAGES ?= prometheus jmeter jmeter-http docker.io debootstrap
+# a Docker engine and debootstrap (local base images and the systemd target, since no registry is reachable),
+# cloud-init tools (schema checks, NoCloud seeds), qemu-img, and the headers libvirt-python builds against.
+APT_PACKAGES ?= prometheus jmeter jmeter-http docker.io debootstrap cloud-init cloud-image-utils qemu-utils \
+	pkg-config libvirt-dev
 DEMO_OUT ?= out/demo
 PYTEST_ARGS ?=
 
@@ -24,7 +26,12 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned to the CPU wheel; installing it first keeps pip from choosing a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,load]'
+	$(BIN)/pip install --quiet -e '.[test,load,infra,infra-aws]'
+	touch $@
+
+# libvirt-python compiles against libvirt-dev, so it comes after the apt step; without it the libvirt tests skip.
+$(BIN)/.installed-libvirt: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e '.[infra-libvirt]' || echo "libvirt-python did not build; libvirt tests will skip"
 	touch $@
 
 apt:
@@ -34,6 +41,7 @@ demo: venv
 	$(BIN)/joulesched demo --out $(DEMO_OUT)
 
 test: venv apt
+	$(MAKE) $(BIN)/.installed-libvirt
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: venv

@@ -280,6 +280,9 @@ def _register_subapps() -> None:
     app.add_typer(power_app, name="power", help="RAPL meters, attribution, the Prometheus exporter, calibration.")
     app.add_typer(workload_app, name="workload", help="Resource-blocker apps and the test app.")
     app.add_typer(load_app, name="load", help="Drive load with JMeter or Locust and read results back.")
+    from pipelines.infra_cli import app as infra_app
+
+    app.add_typer(infra_app, name="infra", help="Provision environments: Pulumi stacks, KVM guests, Ansible.")
     from pipelines.train_cli import test_cmd, train_cmd
 
     app.command("train")(train_cmd)

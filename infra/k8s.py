@@ -1,0 +1,386 @@
+"""The `cluster` target: joulesched on an existing Kubernetes cluster (or minikube) through pulumi-kubernetes.
+
+One ComponentResource per unit, each with its own type token, children parented to it:
+
+- `PowerExporter`  the joulesched power exporter DaemonSet (hostPath powercap and /proc, no capabilities unless
+                   the MSR meter is asked for)
+- `NodeExporter`   prometheus node-exporter DaemonSet
+- `Monitoring`     Prometheus: our own Deployment (`manifests`) or kube-prometheus-stack (`helm`)
+- `Workloads`      the blocker and test apps, from the same manifests `joulesched workload` renders
+- `Scheduler`      `joulesched serve` and its least-privilege RBAC, from deploy/kubernetes/ (not forked)
+- `ClusterTarget`  the namespace and all of the above
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+
+from infra.config import ClusterConfig, PowerExporterConfig
+
+PART_OF = "joulesched"
+POWER_METRICS_PATH = "/metrics"
+
+# Pod and container security contexts shared by everything that does not need more.
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _labels(component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": f"joulesched-{component}", "app.kubernetes.io/part-of": PART_OF,
+            "app.kubernetes.io/component": component}
+
+
+def _meta(name: str, namespace: str, labels: dict[str, str], **extra) -> dict:
+    return {"name": name, "namespace": namespace, "labels": labels, **extra}
+
+
+class PowerExporter(pulumi.ComponentResource):
+    """The power exporter on every node.
+
+    Root inside the container only so it can read `energy_uj` (root-only since Linux 5.10); every capability is
+    dropped, so it can read what root owns and nothing else. `msr=True` adds CAP_SYS_RAWIO and /dev/cpu.
+    """
+
+    def __init__(self, name: str, *, namespace: pulumi.Input[str], cfg: PowerExporterConfig,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("joulesched:cluster:PowerExporter", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        labels = _labels("power-exporter")
+        self.service_account = k8s.core.v1.ServiceAccount(
+            f"{name}-sa", metadata=_meta("joulesched-power-exporter", namespace, labels),
+            automount_service_account_token=False, opts=child)
+        volumes = [
+            {"name": "powercap", "hostPath": {"path": "/sys/class/powercap", "type": "DirectoryOrCreate"}},
+            {"name": "proc", "hostPath": {"path": "/proc", "type": "Directory"}},
+        ]
+        mounts = [
+            {"name": "powercap", "mountPath": "/host/sys/class/powercap", "readOnly": True},
+            {"name": "proc", "mountPath": "/host/proc", "readOnly": True},
+        ]
+        args = ["power", "exporter", "--listen", f"0.0.0.0:{cfg.port}", "--interval", str(cfg.interval_s),
+                "--powercap-root", "/host/sys/class/powercap", "--proc-root", "/host/proc"]
+        caps: dict = {"drop": ["ALL"]}
+        if cfg.msr:
+            volumes.append({"name": "dev-cpu", "hostPath": {"path": "/dev/cpu", "type": "Directory"}})
+            mounts.append({"name": "dev-cpu", "mountPath": "/host/dev/cpu", "readOnly": True})
+            args += ["--dev-root", "/host/dev"]
+            caps["add"] = ["SYS_RAWIO"]
+        self.daemonset = k8s.apps.v1.DaemonSet(
+            f"{name}-ds",
+            metadata=_meta("joulesched-power-exporter", namespace, labels),
+            spec={
+                "selector": {"matchLabels": {"app.kubernetes.io/name": labels["app.kubernetes.io/name"]}},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": {
+                        "prometheus.io/scrape": "true", "prometheus.io/port": str(cfg.port),
+                        "prometheus.io/path": POWER_METRICS_PATH}},
+                    "spec": {
+                        "serviceAccountName": "joulesched-power-exporter",
+                        "automountServiceAccountToken": False,
+                        "hostPID": True,  # pod attribution reads /proc/PID/cgroup of every host process
+                        "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "exporter",
+                            "image": cfg.image,
+                            "command": ["joulesched"],
+                            "args": args,
+                            "ports": [{"name": "metrics", "containerPort": cfg.port}],
+                            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                          "limits": {"memory": "256Mi"}},
+                            "securityContext": {**RESTRICTED_CONTAINER, "runAsUser": 0, "runAsNonRoot": False,
+                                                "capabilities": caps},
+                            "volumeMounts": mounts,
+                            "readinessProbe": {"httpGet": {"path": POWER_METRICS_PATH, "port": "metrics"},
+                                               "periodSeconds": 10},
+                        }],
+                        "volumes": volumes,
+                    },
+                },
+            },
+            opts=child)
+        self.service = k8s.core.v1.Service(
+            f"{name}-svc",
+            metadata=_meta("joulesched-power-exporter", namespace, labels),
+            spec={"clusterIP": "None", "selector": {"app.kubernetes.io/name": labels["app.kubernetes.io/name"]},
+                  "ports": [{"name": "metrics", "port": cfg.port, "targetPort": "metrics"}]},
+            opts=child)
+        self.register_outputs({"daemonset": self.daemonset.metadata["name"]})
+
+
+class NodeExporter(pulumi.ComponentResource):
+    def __init__(self, name: str, *, namespace: pulumi.Input[str], image: str,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("joulesched:cluster:NodeExporter", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        labels = _labels("node-exporter")
+        self.daemonset = k8s.apps.v1.DaemonSet(
+            f"{name}-ds",
+            metadata=_meta("joulesched-node-exporter", namespace, labels),
+            spec={
+                "selector": {"matchLabels": {"app.kubernetes.io/name": labels["app.kubernetes.io/name"]}},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true",
+                                                                   "prometheus.io/port": "9100"}},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "hostPID": True,
+                        "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534,
+                                            "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "node-exporter",
+                            "image": image,
+                            "args": ["--path.procfs=/host/proc", "--path.sysfs=/host/sys",
+                                     "--path.rootfs=/host/root", "--web.listen-address=:9100"],
+                            "ports": [{"name": "metrics", "containerPort": 9100}],
+                            "resources": {"requests": {"cpu": "20m", "memory": "32Mi"},
+                                          "limits": {"memory": "128Mi"}},
+                            "securityContext": RESTRICTED_CONTAINER,
+                            "volumeMounts": [
+                                {"name": "proc", "mountPath": "/host/proc", "readOnly": True},
+                                {"name": "sys", "mountPath": "/host/sys", "readOnly": True},
+                                {"name": "root", "mountPath": "/host/root", "readOnly": True,
+                                 "mountPropagation": "HostToContainer"},
+                            ],
+                        }],
+                        "volumes": [{"name": "proc", "hostPath": {"path": "/proc"}},
+                                    {"name": "sys", "hostPath": {"path": "/sys"}},
+                                    {"name": "root", "hostPath": {"path": "/"}}],
+                    },
+                },
+            },
+            opts=child)
+        self.register_outputs({"daemonset": self.daemonset.metadata["name"]})
+
+
+def prometheus_config(namespace: str) -> str:
+    """prometheus.yml for the `manifests` mode: scrape annotated pods in our namespace."""
+    relabel = [
+        {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "action": "keep",
+         "regex": "true"},
+        {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"], "action": "replace",
+         "target_label": "__metrics_path__", "regex": "(.+)"},
+        {"source_labels": ["__address__", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
+         "action": "replace", "regex": r"([^:]+)(?::\d+)?;(\d+)", "replacement": "$1:$2",
+         "target_label": "__address__"},
+        {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    ]
+    doc = {
+        "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
+        "scrape_configs": [{
+            "job_name": "joulesched-pods",
+            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
+            "relabel_configs": relabel,
+        }],
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+class Monitoring(pulumi.ComponentResource):
+    """Prometheus. `mode="manifests"`: one Deployment with a read-only ClusterRole for pod discovery.
+    `mode="helm"`: kube-prometheus-stack via helm.v3.Release, with its own node-exporter turned off (ours runs)."""
+
+    def __init__(self, name: str, *, namespace: str, mode: str, image: str, chart_version: str,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("joulesched:cluster:Monitoring", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        labels = _labels("prometheus")
+        if mode == "helm":
+            self.release = k8s.helm.v3.Release(
+                f"{name}-kps",
+                chart="kube-prometheus-stack",
+                version=chart_version,
+                namespace=namespace,
+                repository_opts={"repo": "https://prometheus-community.github.io/helm-charts"},
+                values={
+                    "nodeExporter": {"enabled": False},
+                    "grafana": {"enabled": False},
+                    "prometheus": {"prometheusSpec": {
+                        "podMonitorSelectorNilUsesHelmValues": False,
+                        "additionalScrapeConfigs": yaml.safe_load(prometheus_config(namespace))["scrape_configs"],
+                    }},
+                },
+                opts=child)
+            self.register_outputs({"release": self.release.name})
+            return
+        self.service_account = k8s.core.v1.ServiceAccount(
+            f"{name}-sa", metadata=_meta("joulesched-prometheus", namespace, labels), opts=child)
+        self.role = k8s.rbac.v1.Role(
+            f"{name}-role", metadata=_meta("joulesched-prometheus", namespace, labels),
+            rules=[{"apiGroups": [""], "resources": ["pods", "services", "endpoints"],
+                    "verbs": ["get", "list", "watch"]}],
+            opts=child)
+        self.binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-rb", metadata=_meta("joulesched-prometheus", namespace, labels),
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "joulesched-prometheus"},
+            subjects=[{"kind": "ServiceAccount", "name": "joulesched-prometheus", "namespace": namespace}],
+            opts=child)
+        self.config_map = k8s.core.v1.ConfigMap(
+            f"{name}-cm", metadata=_meta("joulesched-prometheus", namespace, labels),
+            data={"prometheus.yml": prometheus_config(namespace)}, opts=child)
+        self.deployment = k8s.apps.v1.Deployment(
+            f"{name}-deploy",
+            metadata=_meta("joulesched-prometheus", namespace, labels),
+            spec={
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": labels["app.kubernetes.io/name"]}},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": "joulesched-prometheus",
+                        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "fsGroup": 65534,
+                                            "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "prometheus",
+                            "image": image,
+                            "args": ["--config.file=/etc/prometheus/prometheus.yml",
+                                     "--storage.tsdb.path=/prometheus", "--storage.tsdb.retention.time=7d"],
+                            "ports": [{"name": "web", "containerPort": 9090}],
+                            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                          "limits": {"memory": "1Gi"}},
+                            "securityContext": RESTRICTED_CONTAINER,
+                            "volumeMounts": [{"name": "config", "mountPath": "/etc/prometheus"},
+                                             {"name": "data", "mountPath": "/prometheus"}],
+                            "readinessProbe": {"httpGet": {"path": "/-/ready", "port": "web"}},
+                        }],
+                        "volumes": [{"name": "config", "configMap": {"name": "joulesched-prometheus"}},
+                                    {"name": "data", "emptyDir": {}}],
+                    },
+                },
+            },
+            opts=child)
+        self.service = k8s.core.v1.Service(
+            f"{name}-svc", metadata=_meta("joulesched-prometheus", namespace, labels),
+            spec={"selector": {"app.kubernetes.io/name": labels["app.kubernetes.io/name"]},
+                  "ports": [{"name": "web", "port": 9090, "targetPort": "web"}]},
+            opts=child)
+        self.register_outputs({"service": self.service.metadata["name"]})
+
+
+class Workloads(pulumi.ComponentResource):
+    """Blockers and test apps: the Deployments and Services of `workloads.manifests.render`, unchanged."""
+
+    def __init__(self, name: str, *, namespace: str, apps: tuple[str, ...], image_prefix: str, tag: str,
+                 scheduler_name: str, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("joulesched:cluster:Workloads", name, None, opts)
+        from workloads.manifests import render
+
+        child = pulumi.ResourceOptions(parent=self)
+        self.deployments: dict[str, k8s.apps.v1.Deployment] = {}
+        for app in apps:
+            dep, svc = render(app, scheduler_name=scheduler_name, namespace=namespace,
+                              image=f"{image_prefix}/{app}:{tag}")
+            self.deployments[app] = k8s.apps.v1.Deployment(f"{name}-{app}", metadata=dep["metadata"],
+                                                           spec=dep["spec"], opts=child)
+            k8s.core.v1.Service(f"{name}-{app}-svc", metadata=svc["metadata"], spec=svc["spec"], opts=child)
+        self.register_outputs({"apps": list(apps)})
+
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+SCHEDULER_MANIFESTS = ("rbac.yaml", "power-profiles.yaml", "deployment.yaml")
+_CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Namespace"}
+
+
+def scheduler_manifests(*, namespace: str, image: str, replicas: int, scheduler_name: str, policy: str,
+                        prometheus_url: str | None, extra_args: tuple[str, ...] = ()) -> list[dict]:
+    """The live scheduler's manifests from deploy/kubernetes/ (the one source of its RBAC and Deployment),
+    moved to `namespace`, with our image, replica count, scheduler name, policy and Prometheus."""
+    docs = [d for f in SCHEDULER_MANIFESTS for d in yaml.safe_load_all((DEPLOY / f).read_text()) if d]
+    overrides = {"--scheduler-name": scheduler_name, "--policy": policy, "--lease-namespace": namespace}
+    if prometheus_url:
+        overrides["--prometheus"] = prometheus_url
+    for d in docs:
+        if d["kind"] not in _CLUSTER_SCOPED:
+            d["metadata"]["namespace"] = namespace
+        for subject in d.get("subjects", []):
+            subject["namespace"] = namespace
+        for rule in d.get("rules", []):
+            if rule.get("resources") == ["leases"] and "resourceNames" in rule:
+                rule["resourceNames"] = [scheduler_name]  # the Lease is named after the scheduler
+        if d["kind"] == "Deployment":
+            d["spec"]["replicas"] = replicas
+            c = d["spec"]["template"]["spec"]["containers"][0]
+            c["image"] = image
+            args = [a for a in c["args"] if a.split("=", 1)[0] not in overrides]
+            if not prometheus_url:
+                args = [a for a in args if not a.startswith("--prometheus=")]
+            c["args"] = args + [f"{k}={v}" for k, v in overrides.items()] + list(extra_args)
+    return docs
+
+
+class Scheduler(pulumi.ComponentResource):
+    """`joulesched serve` with its least-privilege RBAC, exactly as deploy/kubernetes/ defines them."""
+
+    def __init__(self, name: str, *, manifests: list[dict], opts: pulumi.ResourceOptions | None = None):
+        super().__init__("joulesched:cluster:Scheduler", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.resources: dict[tuple[str, str], pulumi.CustomResource] = {}
+        for d in manifests:
+            kind, meta = d["kind"], d["metadata"]
+            rname = f"{name}-{kind.lower()}-{meta['name']}"
+            if kind == "ServiceAccount":
+                r = k8s.core.v1.ServiceAccount(rname, metadata=meta,
+                                               automount_service_account_token=d.get("automountServiceAccountToken"),
+                                               opts=child)
+            elif kind == "ClusterRole":
+                r = k8s.rbac.v1.ClusterRole(rname, metadata=meta, rules=d["rules"], opts=child)
+            elif kind == "Role":
+                r = k8s.rbac.v1.Role(rname, metadata=meta, rules=d["rules"], opts=child)
+            elif kind == "ClusterRoleBinding":
+                r = k8s.rbac.v1.ClusterRoleBinding(rname, metadata=meta, role_ref=d["roleRef"],
+                                                   subjects=d["subjects"], opts=child)
+            elif kind == "RoleBinding":
+                r = k8s.rbac.v1.RoleBinding(rname, metadata=meta, role_ref=d["roleRef"], subjects=d["subjects"],
+                                            opts=child)
+            elif kind == "ConfigMap":
+                r = k8s.core.v1.ConfigMap(rname, metadata=meta, data=d["data"], opts=child)
+            elif kind == "Deployment":
+                r = k8s.apps.v1.Deployment(rname, metadata=meta, spec=d["spec"], opts=child)
+            else:
+                raise ValueError(f"unexpected {kind} in deploy/kubernetes")
+            self.resources[(kind, meta["name"])] = r
+        self.deployment = next(r for (k, _), r in self.resources.items() if k == "Deployment")
+        self.register_outputs({"deployment": self.deployment.metadata["name"]})
+
+
+class ClusterTarget(pulumi.ComponentResource):
+    """Everything joulesched runs on an existing cluster, in one namespace."""
+
+    def __init__(self, name: str, cfg: ClusterConfig, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("joulesched:targets:Cluster", name, None, opts)
+        provider = k8s.Provider(f"{name}-k8s", context=cfg.kube_context, opts=pulumi.ResourceOptions(parent=self)) \
+            if cfg.kube_context else None
+        child = pulumi.ResourceOptions(parent=self, provider=provider)
+        ns = cfg.namespace
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-ns", metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": PART_OF,
+                                                          "pod-security.kubernetes.io/enforce": "privileged"}},
+            opts=child)
+        after_ns = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.namespace]))
+        self.power_exporter = PowerExporter(f"{name}-power", namespace=ns, cfg=cfg.power_exporter, opts=after_ns)
+        self.node_exporter = NodeExporter(f"{name}-node", namespace=ns, image=cfg.node_exporter_image,
+                                          opts=after_ns)
+        self.monitoring = None
+        if cfg.prometheus != "none":
+            self.monitoring = Monitoring(f"{name}-mon", namespace=ns, mode=cfg.prometheus,
+                                         image=cfg.prometheus_image, chart_version=cfg.helm_chart_version,
+                                         opts=after_ns)
+        prometheus_url = {"manifests": f"http://joulesched-prometheus.{ns}.svc:9090",
+                          "helm": cfg.prometheus_url, "none": cfg.prometheus_url}[cfg.prometheus]
+        self.scheduler = Scheduler(f"{name}-sched", manifests=scheduler_manifests(
+            namespace=ns, image=cfg.image, replicas=cfg.scheduler_replicas, scheduler_name=cfg.scheduler_name,
+            policy=cfg.scheduler_policy, prometheus_url=prometheus_url, extra_args=cfg.scheduler_extra_args),
+            opts=after_ns)
+        self.workloads = Workloads(f"{name}-apps", namespace=ns, apps=cfg.apps,
+                                   image_prefix=cfg.workload_image_prefix, tag=cfg.workload_tag,
+                                   scheduler_name=cfg.scheduler_name, opts=after_ns)
+        self.register_outputs({"namespace": self.namespace.metadata["name"]})

@@ -1,0 +1,80 @@
+"""The `kvm` target: a kubeadm master and workers as libvirt guests, each with a NoCloud seed from our templates.
+
+`plan_guests` is plain Python (addresses, names, rendered cloud-init) shared with `joulesched infra kvm up`;
+`KvmTarget` wraps each planned guest in a `LibvirtGuest` dynamic resource.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+import pulumi
+
+from infra.cloudinit import render_kube_node, render_meta_data, render_network_config
+from infra.config import KvmConfig
+from infra.libvirt_guests import GuestSpec
+from infra.pki import KubeadmPki as PkiValues
+
+
+@dataclass(frozen=True)
+class PlannedGuest:
+    role: str
+    hostname: str
+    address: str  # the guest's IP on a libvirt network; "" with user-mode networking
+    ssh_port: int  # forwarded 127.0.0.1 port with user-mode networking; 0 otherwise
+
+
+def plan(prefix: str, cfg: KvmConfig) -> list[PlannedGuest]:
+    names = [("master", f"{prefix}-master")] + [("worker", f"{prefix}-worker-{i}") for i in range(cfg.workers)]
+    out = []
+    net = None if cfg.network == "user" else ipaddress.ip_network(cfg.subnet)
+    for i, (role, host) in enumerate(names):
+        address = str(net[cfg.first_host + i]) if net is not None else ""
+        out.append(PlannedGuest(role, host, address, cfg.ssh_port_base + i if cfg.network == "user" else 0))
+    return out
+
+
+def guest_spec(prefix: str, cfg: KvmConfig, g: PlannedGuest, master: PlannedGuest, pki: PkiValues) -> GuestSpec:
+    """The full GuestSpec of one planned guest, its cloud-init rendered from infra/cloud-init/."""
+    user_data = render_kube_node(
+        role=g.role, hostname=g.hostname, ssh_authorized_keys=[cfg.ssh_public_key], kubeadm=cfg.kubeadm,
+        token=pki.token, ca_cert_pem=pki.ca_cert_pem,
+        ca_key_pem=pki.ca_key_pem if g.role == "master" else "",
+        ca_cert_hash=pki.ca_cert_hash if g.role == "worker" else "",
+        master_address=master.address or "10.0.2.15", advertise_address=g.address if g.role == "master" else "")
+    network_config = ""
+    if g.address:
+        net = ipaddress.ip_network(cfg.subnet)
+        network_config = render_network_config(address=f"{g.address}/{net.prefixlen}", gateway=str(net[1]),
+                                               dns=str(net[1]))
+    return GuestSpec(
+        name=g.hostname, uri=cfg.uri, base_image=cfg.base_image, pool_dir=cfg.pool_dir, user_data=user_data,
+        meta_data=render_meta_data(hostname=g.hostname, user_data=user_data), network_config=network_config,
+        virt_type=cfg.virt_type, memory_mib=cfg.memory_mib, vcpus=cfg.vcpus, disk_gib=cfg.disk_gib,
+        network=cfg.network, ssh_port=g.ssh_port, kernel=cfg.kernel or "", initrd=cfg.initrd or "",
+        kernel_cmdline=cfg.kernel_cmdline)
+
+
+class KvmTarget(pulumi.ComponentResource):
+    """A kubeadm cluster of libvirt guests: one master, `workers` workers."""
+
+    def __init__(self, name: str, prefix: str, cfg: KvmConfig, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("joulesched:targets:Kvm", name, None, opts)
+        from infra.dynamic import KubeadmPki, LibvirtGuest
+
+        child = pulumi.ResourceOptions(parent=self)
+        self.pki = KubeadmPki(f"{name}-pki", common_name=f"{prefix}-kubernetes", opts=child)
+        planned = plan(prefix, cfg)
+        master = planned[0]
+        self.guests: dict[str, LibvirtGuest] = {}
+        pki_out = pulumi.Output.all(self.pki.ca_cert_pem, self.pki.ca_key_pem, self.pki.ca_cert_hash, self.pki.token)
+        for g in planned:
+            spec = pki_out.apply(lambda v, g=g: guest_spec(prefix, cfg, g, master, PkiValues(*v)).to_dict())
+            deps = [self.guests[master.hostname]] if g.role == "worker" else []
+            self.guests[g.hostname] = LibvirtGuest(
+                f"{name}-{g.hostname}", {k: spec[k] for k in GuestSpec.__dataclass_fields__},
+                opts=pulumi.ResourceOptions(parent=self, depends_on=deps,
+                                            additional_secret_outputs=["user_data"]))
+        self.addresses = {g.hostname: (g.address or f"127.0.0.1:{g.ssh_port}") for g in planned}
+        self.register_outputs({"guests": self.addresses})

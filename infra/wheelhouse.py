@@ -1,0 +1,67 @@
+"""Build the wheelhouse the power_exporter role installs from with `pip install --no-index` (air-gapped hosts).
+
+It holds joulesched's own wheel (built from this checkout, without touching it) and the exporter's runtime
+requirements, read from the role's defaults so there is one list. Fetching those needs an index once, on the
+controller; the hosts never do.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+ROLE_DEFAULTS = REPO / "playbooks" / "roles" / "power_exporter" / "defaults" / "main.yml"
+_PACKAGES = ("agent", "cluster", "power", "workloads", "pipelines", "infra")
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+
+
+class WheelhouseError(RuntimeError):
+    pass
+
+
+def exporter_requirements() -> list[str]:
+    return list(yaml.safe_load(ROLE_DEFAULTS.read_text())["power_exporter_requirements"])
+
+
+def _pip(*args: str, what: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
+                       text=True, timeout=900)
+    if r.returncode != 0:
+        raise WheelhouseError(f"{what} failed: {(r.stderr or r.stdout).strip()[-2000:]}")
+
+
+def project_version() -> str:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+def build_wheelhouse(out: Path, *, requirements: list[str] | None = None, all_deps: bool = False) -> Path:
+    """Write joulesched-<version>-py3-none-any.whl and the requirements' wheels into `out`; return the wheel.
+
+    Reuses wheels already in `out` (pip download skips what it has), so a cached wheelhouse refreshes fast."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="js-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for f in ("pyproject.toml", "README.md"):
+            shutil.copy2(REPO / f, src / f)
+        for pkg in _PACKAGES:
+            if (REPO / pkg).is_dir():
+                shutil.copytree(REPO / pkg, src / pkg, ignore=_IGNORE)
+        _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out), str(src),
+             what="building the joulesched wheel")
+    wheel = out / f"joulesched-{project_version()}-py3-none-any.whl"
+    if not wheel.is_file():
+        raise WheelhouseError(f"expected {wheel} after the build")
+    reqs = [str(wheel)] if all_deps else (requirements if requirements is not None else exporter_requirements())
+    if reqs:
+        _pip("download", "--dest", str(out), "--find-links", str(out), "--only-binary", ":all:", *reqs,
+             what="downloading the requirements' wheels")
+    return wheel

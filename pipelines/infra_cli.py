@@ -1,0 +1,213 @@
+"""`joulesched infra ...`: environments (Pulumi Automation API), libvirt guests without Pulumi, Ansible.
+
+    joulesched infra preview|up|destroy --stack cluster|kvm|aws
+    joulesched infra kvm up|down [--config Pulumi.kvm.yaml] [--ssh-public-key ~/.ssh/id_ed25519.pub]
+    joulesched infra provision --inventory inventory/hosts.yml [--limit HOST]
+    joulesched infra wheelhouse --out DIR
+
+Bad input prints one red line and exits 2; a failed run (play, guest, Pulumi update) exits 1.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+PULUMI_INSTALL = ("the Pulumi CLI is not on PATH. Install it (it is not packaged for Debian or PyPI):\n"
+                  "  curl -fsSL https://get.pulumi.com | sh      # or: brew install pulumi\n"
+                  "then log in to a state backend, e.g. `pulumi login --local`, and rerun.")
+
+app = typer.Typer(help="Environments with Pulumi, libvirt guests, and bare-metal hosts with Ansible.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+kvm_app = typer.Typer(help="libvirt guests from the kvm stack config, without Pulumi.", no_args_is_help=True)
+app.add_typer(kvm_app, name="kvm")
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(msg: str, code: int = 2) -> NoReturn:
+    err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+# ------------------------------------------------------------------------------------------ Pulumi stacks
+StackOpt = Annotated[str, typer.Option("--stack", "-s", help="Stack name: its settings are Pulumi.<NAME>.yaml.")]
+
+
+def _stack(name: str):
+    """Select (or create) the stack through the Automation API; exit 2 without a pulumi binary."""
+    if shutil.which("pulumi") is None:
+        _fail(PULUMI_INSTALL)
+    if not (REPO / f"Pulumi.{name}.yaml").is_file():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
+        _fail(f"no Pulumi.{name}.yaml; known stacks: {', '.join(known)}")
+    from pulumi import automation as auto
+
+    return auto.create_or_select_stack(stack_name=name, work_dir=str(REPO))
+
+
+def _pulumi_op(op: str, stack: str, **kw) -> None:
+    s = _stack(stack)
+    from pulumi.automation import errors
+
+    try:
+        result = getattr(s, op)(on_output=out.print, color="never", **kw)
+    except errors.CommandError as e:
+        _fail(f"pulumi {op} on stack {stack} failed: {str(e).strip().splitlines()[-1]}", 1)
+    summary = getattr(result, "summary", None)
+    if summary is not None:
+        out.print(f"{op} {stack}: {summary.result}, {summary.resource_changes}")
+
+
+@app.command()
+def preview(stack: StackOpt) -> None:
+    """Show what `up` would change."""
+    _pulumi_op("preview", stack)
+
+
+@app.command()
+def up(stack: StackOpt,
+       yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before changing anything.")] = False
+       ) -> None:
+    """Create or update the environment of a stack."""
+    if not yes and not typer.confirm(f"update stack {stack}?"):
+        raise typer.Exit(1)
+    _pulumi_op("up", stack)
+
+
+@app.command()
+def destroy(stack: StackOpt,
+            yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before deleting.")] = False) -> None:
+    """Delete every resource of a stack."""
+    if not yes and not typer.confirm(f"destroy everything in stack {stack}?"):
+        raise typer.Exit(1)
+    _pulumi_op("destroy", stack)
+
+
+# ------------------------------------------------------------------------------------------ kvm (no Pulumi)
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="A stack file (its config: block) for the guests.")]
+KeyOpt = Annotated[Optional[Path], typer.Option(
+    "--ssh-public-key", help="Public key for the guests' admin user (overrides sshPublicKey in --config).")]
+
+
+def _kvm_config(config: Path, ssh_public_key: Path | None, prefix: str | None):
+    from infra.config import DictReader, InfraConfigError, load
+
+    if not config.is_file():
+        _fail(f"--config {config} does not exist")
+    values = (yaml.safe_load(config.read_text()) or {}).get("config", {})
+    if ssh_public_key is not None:
+        if not ssh_public_key.is_file():
+            _fail(f"--ssh-public-key {ssh_public_key} does not exist")
+        values["joulesched:sshPublicKey"] = ssh_public_key.read_text().strip()
+    if prefix:
+        values["joulesched:namePrefix"] = prefix
+    values["joulesched:target"] = "kvm"
+    try:
+        return load(DictReader(values))
+    except InfraConfigError as e:
+        _fail(str(e))
+
+
+PrefixOpt = Annotated[Optional[str], typer.Option(help="Guest name prefix (default namePrefix, joulesched).")]
+
+
+@kvm_app.command("up")
+def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt = None,
+           prefix: PrefixOpt = None) -> None:
+    """Create the master and workers of the kvm config as libvirt guests (a fresh CA and token per run)."""
+    from infra.kvm import guest_spec, plan
+    from infra.libvirt_guests import GuestError, create_guest, delete_guest
+    from infra.pki import generate
+
+    cfg = _kvm_config(config, ssh_public_key, prefix)
+    planned = plan(cfg.name_prefix, cfg.kvm)
+    pki = generate(f"{cfg.name_prefix}-kubernetes")
+    made = []
+    table = Table("guest", "role", "address", "virt type", "console log")
+    try:
+        for g in planned:
+            info = create_guest(guest_spec(cfg.name_prefix, cfg.kvm, g, planned[0], pki))
+            made.append(g.hostname)
+            table.add_row(g.hostname, g.role, g.address or f"127.0.0.1:{g.ssh_port}", info.virt_type,
+                          info.console_log)
+    except GuestError as e:
+        for name in made:  # all or nothing
+            delete_guest(cfg.kvm.uri, name, cfg.kvm.pool_dir)
+        _fail(str(e), 1)
+    out.print(table)
+    out.print(f"CA pin for joins: {pki.ca_cert_hash}")
+
+
+@kvm_app.command("down")
+def kvm_down(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", prefix: PrefixOpt = None) -> None:
+    """Remove every guest named <prefix>-master / <prefix>-worker-N, with its disks and seed."""
+    from infra.libvirt_guests import GuestError, delete_guest, list_guests
+
+    from infra.config import DictReader
+
+    if not config.is_file():
+        _fail(f"--config {config} does not exist")
+    r = DictReader((yaml.safe_load(config.read_text()) or {}).get("config", {}))
+    uri = r.get("libvirtUri") or "qemu:///system"
+    pool = r.get("poolDir") or "/var/lib/libvirt/images/joulesched"
+    pfx = prefix or r.get("namePrefix") or "joulesched"
+    try:
+        names = [n for n in list_guests(uri, f"{pfx}-") if n == f"{pfx}-master" or n.startswith(f"{pfx}-worker-")]
+        for name in names:
+            delete_guest(uri, name, pool)
+    except GuestError as e:
+        _fail(str(e), 1)
+    out.print(f"removed {len(names)} guest(s): {', '.join(names) or '-'}")
+
+
+# ------------------------------------------------------------------------------------------ Ansible
+@app.command()
+def provision(
+    inventory: Annotated[Path, typer.Option("--inventory", "-i", help="Ansible inventory (see inventory/hosts.yml).")],
+    limit: Annotated[Optional[str], typer.Option("--limit", "-l", help="Only these hosts or groups.")] = None,
+    tags: Annotated[Optional[str], typer.Option(help="Only tasks with these tags (e.g. power_exporter_configure).")]
+    = None,
+    check: Annotated[bool, typer.Option(help="Dry run (ansible --check).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream Ansible's output.")] = False,
+) -> None:
+    """Run playbooks/site.yml through ansible-runner and print a changed/failed summary per host."""
+    from infra.provision import ProvisionError, provision as run
+
+    if not inventory.exists():
+        _fail(f"--inventory {inventory} does not exist")
+    try:
+        result = run(inventory, limit=limit, tags=tags, check=check, quiet=not verbose)
+    except ProvisionError as e:
+        _fail(str(e))
+    table = Table("host", "ok", "changed", "failed", "unreachable", "skipped")
+    for h in result.hosts:
+        table.add_row(h.host, str(h.ok), str(h.changed), str(h.failed), str(h.unreachable), str(h.skipped))
+    out.print(table)
+    out.print(f"changed={result.changed} failed={result.failed} status={result.status}")
+    if not result.succeeded:
+        if not verbose:
+            err.print(result.stdout[-4000:], highlight=False, markup=False)
+        _fail(f"provisioning failed (ansible rc {result.rc})", 1)
+
+
+@app.command()
+def wheelhouse(
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the wheels (reused if present).")],
+    all_deps: Annotated[bool, typer.Option(help="Every dependency (torch too), not just the exporter's.")] = False,
+) -> None:
+    """Build the wheelhouse power_exporter installs from with `pip --no-index` on air-gapped hosts."""
+    from infra.wheelhouse import WheelhouseError, build_wheelhouse
+
+    try:
+        wheel = build_wheelhouse(out_dir, all_deps=all_deps)
+    except WheelhouseError as e:
+        _fail(str(e), 1)
+    out.print(f"wheelhouse {out_dir}: {wheel.name} and {len(list(out_dir.glob('*.whl'))) - 1} requirement wheel(s)")

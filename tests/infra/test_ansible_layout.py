@@ -1,0 +1,69 @@
+"""The roles keep the prometheus-community/ansible shape, and the whole tree is ansible-lint clean."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "playbooks" / "roles"
+ROLE_NAMES = ("power_exporter", "node_exporter", "prometheus", "kube_node", "jmeter")
+VENV_BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str | None:
+    exe = VENV_BIN / name
+    return str(exe) if exe.exists() else shutil.which(name)
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+def test_role_layout(role):
+    r = ROLES / role
+    main = yaml.safe_load((r / "tasks" / "main.yml").read_text())
+    assert main[0]["name"] == "Preflight", f"{role}: main.yml starts with the preflight asserts"
+    for step in main:
+        assert step.get("tags"), f"{role}: step {step['name']!r} has no tag, so it cannot run alone"
+    assert (r / "tasks" / "preflight.yml").is_file()
+    assert any("ansible.builtin.assert" in t for t in yaml.safe_load((r / "tasks" / "preflight.yml").read_text()))
+    defaults = yaml.safe_load((r / "defaults" / "main.yml").read_text())
+    spec = yaml.safe_load((r / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    for key in defaults:
+        assert key.startswith(role + "_"), f"{role}: default {key} lacks the role prefix"
+        assert key in spec and spec[key].get("description") and spec[key].get("type"), \
+            f"{role}: {key} is not described in meta/argument_specs.yml"
+    if (r / "vars" / "main.yml").is_file():
+        for key in yaml.safe_load((r / "vars" / "main.yml").read_text()):
+            assert key.startswith(f"_{role}_"), f"{role}: internal var {key} needs the _{role}_ prefix"
+    for tpl in (r / "templates").glob("*.j2") if (r / "templates").is_dir() else []:
+        assert tpl.read_text().startswith("{{ ansible_managed | comment }}"), f"{tpl}: no managed-file marker"
+
+
+def test_power_exporter_ships_the_unit_from_deploy_unchanged():
+    files = ROLES / "power_exporter" / "files"
+    for name in ("joulesched-power-exporter.service", "joulesched-power.sysusers.conf"):
+        assert (files / name).resolve() == (REPO / "deploy" / "systemd" / name).resolve(), name
+
+
+def test_syntax_check():
+    exe = _tool("ansible-playbook")
+    if exe is None:
+        pytest.skip("ansible-core not installed (pip install -e '.[infra]')")
+    r = subprocess.run([exe, "-i", str(REPO / "inventory" / "hosts.yml"), str(REPO / "playbooks" / "site.yml"),
+                        "--syntax-check"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ansible_lint_production_profile():
+    exe = _tool("ansible-lint")
+    if exe is None:
+        pytest.skip("ansible-lint not installed (pip install -e '.[infra]')")
+    r = subprocess.run([exe, "--profile", "production", "--offline", "--nocolor", "playbooks", "inventory"],
+                       capture_output=True, text=True, timeout=600, cwd=REPO,
+                       env={"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(Path.home())})
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
+

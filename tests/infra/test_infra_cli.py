@@ -1,0 +1,102 @@
+"""`joulesched infra` through typer's CliRunner: the no-Pulumi message, kvm up/down on libvirt's test driver,
+and the provision summary (ansible-runner patched: the real run is tests/infra/test_systemd_target.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from infra.provision import HostResult, ProvisionResult
+from pipelines.infra_cli import app
+
+runner = CliRunner()
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBn1 user@example"
+
+
+def test_without_pulumi_says_how_to_install_and_exits_2(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for cmd in (["up", "--stack", "cluster", "--yes"], ["preview", "--stack", "kvm"],
+                ["destroy", "--stack", "aws", "--yes"]):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 2, r.output
+        assert "get.pulumi.com" in r.output and "Traceback" not in r.output
+
+
+def test_unknown_stack_is_rejected(monkeypatch, tmp_path):
+    fake = tmp_path / "pulumi"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    r = runner.invoke(app, ["preview", "--stack", "gcp"])
+    assert r.exit_code == 2 and "no Pulumi.gcp.yaml" in r.output and "cluster" in r.output
+
+
+def test_provision_prints_a_summary(monkeypatch, tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+    seen = {}
+
+    def fake(inventory, **kw):
+        seen.update(kw, inventory=inventory)
+        return ProvisionResult(0, "successful", [HostResult("h1", ok=10, changed=3), HostResult("h2", ok=9)])
+
+    monkeypatch.setattr("infra.provision.provision", fake)
+    r = runner.invoke(app, ["provision", "--inventory", str(inv), "--limit", "h1"])
+    assert r.exit_code == 0, r.output
+    assert "changed=3 failed=0" in r.output and "h2" in r.output and seen["limit"] == "h1"
+
+
+def test_provision_failure_exits_1(monkeypatch, tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+    monkeypatch.setattr("infra.provision.provision", lambda inventory, **kw: ProvisionResult(
+        2, "failed", [HostResult("h1", ok=3, failed=1)], stdout="TASK [x] fatal: boom"))
+    r = runner.invoke(app, ["provision", "--inventory", str(inv)])
+    assert r.exit_code == 1 and "provisioning failed" in r.output and "boom" in r.output
+
+
+def test_provision_missing_inventory(tmp_path):
+    r = runner.invoke(app, ["provision", "--inventory", str(tmp_path / "nope.yml")])
+    assert r.exit_code == 2 and "does not exist" in r.output
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None or shutil.which("cloud-localds") is None,
+                    reason="needs qemu-img (qemu-utils) and cloud-localds (cloud-image-utils)")
+def test_kvm_up_and_down_on_the_libvirt_test_driver(tmp_path):
+    libvirt = pytest.importorskip("libvirt", reason="libvirt-python not installed")
+    pytest.importorskip("cryptography", reason="infra extra not installed")
+    keep = libvirt.open("test:///default")  # the test driver forgets domains when no connection is open
+    try:
+        base = tmp_path / "base.raw"
+        base.write_bytes(b"\0" * 1024 * 1024)
+        cfg = tmp_path / "kvm.yaml"
+        cfg.write_text(yaml.safe_dump({"config": {
+            "joulesched:libvirtUri": "test:///default", "joulesched:baseImage": str(base),
+            "joulesched:poolDir": str(tmp_path / "pool"), "joulesched:virtType": "qemu",
+            "joulesched:workers": "1", "joulesched:diskGib": "3", "joulesched:memoryMib": "1024"}}))
+        pub = tmp_path / "id.pub"
+        pub.write_text(KEY + "\n")
+        r = runner.invoke(app, ["kvm", "up", "--config", str(cfg), "--ssh-public-key", str(pub), "--prefix", "jst"])
+        assert r.exit_code == 0, r.output
+        assert sorted(d.name() for d in keep.listAllDomains() if d.name().startswith("jst-")) == \
+            ["jst-master", "jst-worker-0"]
+        assert "192.168.122.10" in r.output and "sha256:" in r.output
+        seed = tmp_path / "pool" / "jst-worker-0" / "seed.img"
+        assert seed.is_file()
+        r = runner.invoke(app, ["kvm", "down", "--config", str(cfg), "--prefix", "jst"])
+        assert r.exit_code == 0 and "removed 2 guest(s)" in r.output, r.output
+        assert not [d for d in keep.listAllDomains() if d.name().startswith("jst-")]
+        assert not (tmp_path / "pool" / "jst-master").exists()
+    finally:
+        keep.close()
+
+
+def test_kvm_up_config_errors_are_one_red_line(tmp_path):
+    cfg = tmp_path / "kvm.yaml"
+    cfg.write_text(yaml.safe_dump({"config": {"joulesched:virtType": "xen"}}))
+    r = runner.invoke(app, ["kvm", "up", "--config", str(cfg)])
+    assert r.exit_code == 2
+    assert "sshPublicKey is required" in r.output and "virtType must be one of" in r.output

@@ -1,0 +1,122 @@
+"""The libvirt code on libvirt's `test:///default` driver: real overlay and seed files, a defined domain, and
+the dynamic provider's create/delete. No libvirtd needed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from infra.libvirt_guests import (GuestError, GuestSpec, create_guest, delete_guest, domain_xml, list_guests,
+                                  resolve_virt_type)
+
+libvirt = pytest.importorskip("libvirt", reason="libvirt-python not installed (pip install -e '.[infra]')")
+need_tools = pytest.mark.skipif(
+    shutil.which("qemu-img") is None or not (shutil.which("cloud-localds") or shutil.which("genisoimage")),
+    reason="needs qemu-img (qemu-utils) and cloud-localds (cloud-image-utils) or genisoimage")
+
+
+@pytest.fixture(autouse=True)
+def test_driver():
+    """test:///default keeps its domains only while some connection to it is open; hold one for the test."""
+    conn = libvirt.open("test:///default")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def base(tmp_path):
+    img = tmp_path / "base.raw"
+    img.write_bytes(b"\0" * 1024 * 1024)
+    return img
+
+
+def _spec(tmp_path, base, **kw) -> GuestSpec:
+    d = dict(name="js-test-guest", uri="test:///default", base_image=str(base), pool_dir=str(tmp_path / "pool"),
+             user_data="#cloud-config\nlocale: C.UTF-8\n", meta_data="instance-id: x\n", virt_type="qemu",
+             memory_mib=512, vcpus=1, disk_gib=3, network="user", ssh_port=2299)
+    d.update(kw)
+    return GuestSpec(**d)
+
+
+def test_resolve_virt_type(tmp_path):
+    kvm = tmp_path / "kvm"
+    kvm.write_text("")
+    pvm = tmp_path / "kvm_pvm"
+    assert resolve_virt_type("qemu", dev_kvm=str(kvm), pvm_module=str(pvm)) == "qemu"
+    assert resolve_virt_type("auto", dev_kvm=str(kvm), pvm_module=str(pvm)) == "kvm"
+    pvm.mkdir()  # kvm_pvm loaded: /dev/kvm exists but hangs stock kernels
+    assert resolve_virt_type("auto", dev_kvm=str(kvm), pvm_module=str(pvm)) == "qemu"
+    with pytest.raises(GuestError, match="use virt_type qemu"):
+        resolve_virt_type("kvm", dev_kvm=str(kvm), pvm_module=str(pvm))
+    with pytest.raises(ValueError):
+        resolve_virt_type("xen")
+
+
+def test_domain_xml_user_network_is_restricted_and_loopback_only(tmp_path, base):
+    x = domain_xml(_spec(tmp_path, base, kernel="/k", initrd="/i"), virt_type="qemu", disk=tmp_path / "d",
+                   seed=tmp_path / "s", console_log=tmp_path / "c")
+    root = ET.fromstring(x)
+    assert root.get("type") == "qemu"
+    assert root.find("devices/graphics") is None and root.find("devices/interface") is None
+    args = [a.get("value") for a in root.iter("{http://libvirt.org/schemas/domain/qemu/1.0}arg")]
+    netdev = args[args.index("-netdev") + 1]
+    assert "restrict=on" in netdev and "hostfwd=tcp:127.0.0.1:2299-:22" in netdev
+    assert root.find("os/kernel").text == "/k"
+    assert root.find("cpu").get("mode") == "maximum"  # qemu64 lacks the SSE4/AVX numpy's wheels need
+
+
+def test_domain_xml_libvirt_network(tmp_path, base):
+    root = ET.fromstring(domain_xml(_spec(tmp_path, base, network="default"), virt_type="kvm",
+                                    disk=tmp_path / "d", seed=tmp_path / "s", console_log=tmp_path / "c"))
+    assert root.find("devices/interface/source").get("network") == "default"
+    assert not list(root.iter("{http://libvirt.org/schemas/domain/qemu/1.0}arg"))
+    assert root.find("cpu").get("mode") == "host-passthrough"
+
+
+@need_tools
+def test_create_and_delete_guest(tmp_path, base):
+    spec = _spec(tmp_path, base)
+    info = create_guest(spec)
+    try:
+        assert list_guests("test:///default", "js-test-") == ["js-test-guest"]
+        out = subprocess.run(["qemu-img", "info", info.disk], capture_output=True, text=True, check=True).stdout
+        assert "backing file: " + str(base) in out and "virtual size: 3 GiB" in out
+        with open(info.seed, "rb") as f:
+            assert b"cidata" in f.read(64 * 1024).lower()
+        with pytest.raises(GuestError, match="already exists"):
+            create_guest(spec)
+    finally:
+        assert delete_guest(spec.uri, spec.name, spec.pool_dir)
+    assert list_guests("test:///default", "js-test-") == []
+    assert not (tmp_path / "pool" / "js-test-guest").exists()
+    assert delete_guest(spec.uri, spec.name, spec.pool_dir) is False  # idempotent
+
+
+@need_tools
+def test_failed_create_leaves_nothing(tmp_path):
+    spec = _spec(tmp_path, tmp_path / "missing.qcow2")
+    with pytest.raises(GuestError, match="does not exist"):
+        create_guest(spec)
+    assert not (tmp_path / "pool" / "js-test-guest").exists()
+    assert list_guests("test:///default", "js-test-") == []
+
+
+@need_tools
+def test_dynamic_provider_create_diff_delete(tmp_path, base):
+    pytest.importorskip("pulumi", reason="infra extra not installed")
+    from infra.dynamic import LibvirtGuestProvider
+
+    p = LibvirtGuestProvider()
+    props = _spec(tmp_path, base).to_dict()
+    res = p.create(props)
+    try:
+        assert res.outs["resolved_virt_type"] == "qemu" and res.outs["uuid"]
+        d = p.diff(res.id, res.outs, {**props, "memory_mib": 1024})
+        assert d.changes and d.replaces == ["memory_mib"]
+        assert not p.diff(res.id, res.outs, props).changes
+    finally:
+        p.delete(res.id, res.outs)
+    assert list_guests("test:///default", "js-test-") == []

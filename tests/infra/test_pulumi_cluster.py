@@ -1,0 +1,155 @@
+"""The cluster target under Pulumi mocks: resource graph, images, hostPaths, capabilities, RBAC."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pulumi_kubernetes", reason="infra extra not installed: pip install -e '.[infra]'")
+
+from infra.config import InfraConfigError  # noqa: E402
+from tests.infra.pulumi_harness import run_main, stack_config  # noqa: E402
+
+DS = "kubernetes:apps/v1:DaemonSet"
+DEP = "kubernetes:apps/v1:Deployment"
+
+
+@pytest.fixture(scope="module")
+def rec():
+    return run_main(stack_config("cluster"))
+
+
+def _pod(r):
+    return r.inputs["spec"]["template"]["spec"]
+
+
+def test_components_have_their_own_type_tokens(rec):
+    types = {r.typ for r in rec.resources}
+    for token in ("joulesched:targets:Cluster", "joulesched:cluster:PowerExporter", "joulesched:cluster:NodeExporter",
+                  "joulesched:cluster:Monitoring", "joulesched:cluster:Workloads", "joulesched:cluster:Scheduler"):
+        assert token in types, token
+
+
+def test_namespace_and_everything_in_it(rec):
+    ns = rec.of_type("kubernetes:core/v1:Namespace")
+    assert [n.inputs["metadata"]["name"] for n in ns] == ["joulesched"]
+    for r in rec.resources:
+        if r.typ.startswith("kubernetes:") and r.typ.split(":")[-1] not in ("Namespace", "ClusterRole",
+                                                                             "ClusterRoleBinding"):
+            assert r.inputs["metadata"]["namespace"] == "joulesched", r.name
+
+
+def test_power_exporter_daemonset_hostpaths_and_no_capabilities(rec):
+    ds = rec.by_k8s_name(DS, "joulesched-power-exporter")
+    pod = _pod(ds)
+    paths = {v["hostPath"]["path"] for v in pod["volumes"]}
+    assert paths == {"/sys/class/powercap", "/proc"}, f"{ds.name}: {paths}"
+    c = pod["containers"][0]
+    assert c["image"] == "registry.example.com/joulesched/joulesched:0.1.0", ds.name
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}, f"{ds.name}: powercap needs no capability"
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert all(m["readOnly"] for m in c["volumeMounts"]), ds.name
+    assert c["args"][:4] == ["power", "exporter", "--listen", "0.0.0.0:9102"]
+    assert "--powercap-root" in c["args"] and "/host/sys/class/powercap" in c["args"]
+    assert "privileged" not in sc
+
+
+def test_msr_adds_exactly_sys_rawio():
+    rec = run_main(stack_config("cluster", powerExporterMsr="true"))
+    pod = _pod(rec.by_k8s_name(DS, "joulesched-power-exporter"))
+    c = pod["containers"][0]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_RAWIO"]}
+    assert {v["hostPath"]["path"] for v in pod["volumes"]} == {"/sys/class/powercap", "/proc", "/dev/cpu"}
+
+
+def test_node_exporter_runs_unprivileged(rec):
+    ds = rec.by_k8s_name(DS, "joulesched-node-exporter")
+    pod = _pod(ds)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["image"].startswith("quay.io/prometheus/node-exporter:")
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_scheduler_rbac_is_least_privilege(rec):
+    cr = rec.of_type("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole")
+    assert len(cr) == 1
+    rules = cr[0].inputs["rules"]
+    verbs = {(res, v) for r in rules for res in r["resources"] for v in r["verbs"]}
+    assert ("pods/binding", "create") in verbs and ("nodes", "list") in verbs
+    assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules), cr[0].name
+    assert not any(v in ("delete", "update", "patch") for res, v in verbs if res in ("pods", "nodes")), verbs
+    assert not any("secrets" in r["resources"] for r in rules)
+    role = rec.by_k8s_name("kubernetes:rbac.authorization.k8s.io/v1:Role", "joulesched-leader-election")
+    assert role.inputs["metadata"]["namespace"] == "joulesched"
+    named = [r for r in role.inputs["rules"] if "update" in r["verbs"]]
+    assert named and named[0]["resourceNames"] == ["joulesched"], "only its own Lease may be updated"
+    crb = rec.of_type("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")[0]
+    assert crb.inputs["subjects"] == [{"kind": "ServiceAccount", "name": "joulesched", "namespace": "joulesched"}]
+
+
+def test_scheduler_is_the_live_scheduler_from_deploy(rec):
+    dep = rec.by_k8s_name(DEP, "joulesched")
+    pod = _pod(dep)
+    c = pod["containers"][0]
+    assert pod["serviceAccountName"] == "joulesched" and dep.inputs["spec"]["replicas"] == 2
+    assert c["image"] == "registry.example.com/joulesched/joulesched:0.1.0"
+    assert c["args"][0] == "serve"
+    for arg in ("--scheduler-name=joulesched", "--policy=default-k8s", "--lease-namespace=joulesched",
+                "--prometheus=http://joulesched-prometheus.joulesched.svc:9090"):
+        assert c["args"].count(arg) == 1, (arg, c["args"])
+    assert len([a for a in c["args"] if a.startswith("--policy=")]) == 1
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    rec.by_k8s_name("kubernetes:core/v1:ConfigMap", "joulesched-power-profiles")
+
+
+def test_scheduler_name_and_policy_follow_config():
+    rec = run_main(stack_config("cluster", schedulerName="green", schedulerPolicy="dqn=/models/a.safetensors",
+                                prometheus="none", prometheusUrl="http://prom.monitoring.svc:9090"))
+    c = _pod(rec.by_k8s_name(DEP, "joulesched"))["containers"][0]
+    assert "--scheduler-name=green" in c["args"] and "--policy=dqn=/models/a.safetensors" in c["args"]
+    assert "--prometheus=http://prom.monitoring.svc:9090" in c["args"]
+    role = rec.by_k8s_name("kubernetes:rbac.authorization.k8s.io/v1:Role", "joulesched-leader-election")
+    assert [r for r in role.inputs["rules"] if "update" in r["verbs"]][0]["resourceNames"] == ["green"]
+    for r in rec.of_type(DEP):
+        if r.inputs["metadata"]["labels"].get("app.kubernetes.io/component") in ("blocker", "testapp"):
+            assert _pod(r)["schedulerName"] == "green", r.name
+
+
+def test_workloads_use_the_joulesched_scheduler(rec):
+    apps = {r.inputs["metadata"]["name"]: r for r in rec.of_type(DEP)
+            if r.inputs["metadata"]["labels"].get("app.kubernetes.io/component") in ("blocker", "testapp")}
+    assert set(apps) == {f"joulesched-{a}" for a in ("cpu", "memory", "disk", "network", "testapp")}
+    for name, r in apps.items():
+        assert _pod(r)["schedulerName"] == "joulesched", name
+        assert _pod(r)["containers"][0]["image"] == f"registry.example.com/joulesched/{name.split('-', 1)[1]}:latest"
+
+
+def test_prometheus_manifests_mode(rec):
+    dep = rec.by_k8s_name(DEP, "joulesched-prometheus")
+    assert _pod(dep)["containers"][0]["image"].startswith("quay.io/prometheus/prometheus:")
+    cm = rec.by_k8s_name("kubernetes:core/v1:ConfigMap", "joulesched-prometheus")
+    assert "kubernetes_sd_configs" in cm.inputs["data"]["prometheus.yml"]
+    assert not rec.of_type("kubernetes:helm.sh/v3:Release")
+
+
+def test_prometheus_helm_mode():
+    rec = run_main(stack_config("cluster", prometheus="helm"))
+    rel = rec.of_type("kubernetes:helm.sh/v3:Release")
+    assert len(rel) == 1 and rel[0].inputs["chart"] == "kube-prometheus-stack"
+    assert rel[0].inputs["repositoryOpts"]["repo"].startswith("https://")
+    assert rel[0].inputs["values"]["nodeExporter"]["enabled"] is False
+    assert not [r for r in rec.of_type(DEP) if r.inputs["metadata"]["name"] == "joulesched-prometheus"]
+
+
+def test_missing_image_is_a_clear_error():
+    cfg = stack_config("cluster")
+    del cfg["joulesched:image"]
+    with pytest.raises(InfraConfigError, match=r"joulesched:image is required: pulumi config set image"):
+        run_main(cfg)
+
+
+def test_every_problem_is_reported_at_once():
+    cfg = stack_config("cluster", namespace="Not_A_Label", prometheus="grafana", apps=["cpu", "nope"])
+    with pytest.raises(InfraConfigError) as e:
+        run_main(cfg)
+    assert len(e.value.problems) == 3, e.value.problems

@@ -1,0 +1,94 @@
+"""The site playbook against a real systemd host (a container under our own dockerd): converge, a second run
+with changed=0, then the testinfra host checks through the same inventory (--hosts=ansible://all).
+
+Air-gapped, as the targets are: the container has no network but loopback; joulesched comes from a wheelhouse
+built on the controller and installed with `pip --no-index`; Debian packages are preinstalled in the image.
+Skips (saying why) without root, docker.io or debootstrap; JOULESCHED_INFRA_E2E=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.infra import targets
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
+HERE = Path(__file__).resolve().parent
+PLUGINS = HERE / "ansible_plugins" / "connection"
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    why = targets.why_not_docker()
+    if why:
+        pytest.skip(f"systemd container target unavailable: {why}")
+    pytest.importorskip("ansible_runner", reason="ansible-runner not installed (pip install -e '.[infra]')")
+    from infra.wheelhouse import build_wheelhouse
+
+    wheelhouse = targets.CACHE / "wheelhouse"
+    build_wheelhouse(wheelhouse)
+    name = f"js-target-{os.getpid()}"
+    inv = tmp_path_factory.mktemp("inv") / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "docker", "ansible_python_interpreter": "/usr/bin/python3",
+                 "ansible_become": False},
+        "children": {
+            "power_hosts": {"hosts": {name: None}, "vars": {
+                "power_exporter_install_mode": "wheelhouse", "power_exporter_wheelhouse_src": str(wheelhouse),
+                "power_exporter_apt_update_cache": False, "node_exporter_apt_update_cache": False,
+                "power_exporter_interval": 0.5}},
+            "monitoring": {"hosts": {name: None}, "vars": {"prometheus_apt_update_cache": False,
+                                                          "prometheus_scrape_interval": "2s"}},
+        }}}))
+    t0 = time.monotonic()
+    with targets.dockerd() as env:
+        with targets.systemd_container(env, name):
+            yield {"env": env, "inventory": inv, "name": name, "boot_s": time.monotonic() - t0}
+
+
+def _provision(target):
+    from infra.provision import provision
+
+    env = {"DOCKER_HOST": target["env"]["DOCKER_HOST"], "ANSIBLE_CONNECTION_PLUGINS": str(PLUGINS)}
+    t0 = time.monotonic()
+    r = provision(target["inventory"], envvars=env, timeout_s=900)
+    return r, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def converged(target):
+    first, t1 = _provision(target)
+    assert first.succeeded, first.stdout[-6000:]
+    second, t2 = _provision(target)
+    print(f"\nboot {target['boot_s']:.1f}s, converge {t1:.1f}s, second run {t2:.1f}s")
+    return first, second
+
+
+def test_converge_passes(converged):
+    first, _ = converged
+    assert first.changed > 0 and first.failed == 0
+
+
+def test_second_run_changes_nothing(converged):
+    _, second = converged
+    assert second.succeeded, second.stdout[-6000:]
+    assert second.changed == 0, [h for h in second.hosts] and second.stdout[-6000:]
+
+
+def test_testinfra_passes_through_the_inventory(target, converged):
+    env = target["env"] | {"ANSIBLE_CONNECTION_PLUGINS": str(PLUGINS),
+                           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                        str(HERE / "test_power_host.py"), "--hosts=ansible://all",
+                        f"--ansible-inventory={target['inventory']}"],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=str(targets.REPO))
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout and "skipped" not in r.stdout.split("\n")[-2], \
+        r.stdout[-3000:]
