@@ -91,12 +91,38 @@ def validate_inputs(scenarios: Sequence[Path], policies: Sequence[str]) -> list[
     return loaded
 
 
+def _ray_map(tasks: list[Task], address: str | None):
+    """Run the tasks as Ray tasks (on ``address``, or a local Ray instance) and yield results as they finish."""
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise BenchmarkInputError("the ray executor needs Ray: pip install 'joulesched[sweep]' (or ray)") from None
+    started = not ray.is_initialized()
+    if started:
+        # Workers import joulesched from this checkout's environment; no dashboard, nothing listens off-host.
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        remote = ray.remote(num_cpus=1)(_run_task)
+        pending = [remote.remote(t) for t in tasks]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def run_benchmark(scenarios: Sequence[Path], policies: Sequence[str], seeds: int, out: Path, *, jobs: int = 1,
                   on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
-                  command: str = "") -> dict:
-    """Run the grid, write ``out/results.json`` and ``out/timelines.npz`` atomically, return the results."""
+                  command: str = "", executor: str = "local", ray_address: str | None = None) -> dict:
+    """Run the grid, write ``out/results.json`` and ``out/timelines.npz`` atomically, return the results.
+
+    ``executor`` is ``local`` (``jobs`` processes) or ``ray`` (Ray tasks on ``ray_address`` or a local Ray).
+    """
     if seeds < 1:
         raise BenchmarkInputError("--seeds must be at least 1")
+    if executor not in ("local", "ray"):
+        raise BenchmarkInputError(f"unknown executor {executor!r}; use local or ray")
     validate_inputs(scenarios, policies)
     paths = [str(Path(p).resolve()) for p in scenarios]
     tasks = [Task(p, i, s, pol, record=(s == 0)) for i, p in enumerate(paths) for s in range(seeds) for pol in policies]
@@ -123,7 +149,10 @@ def run_benchmark(scenarios: Sequence[Path], policies: Sequence[str], seeds: int
             bounds[(i, s)] = _bound(p, s)
             if on_progress:
                 on_progress(f"{Path(p).stem} seed {s} lower bound")
-    if jobs > 1:
+    if executor == "ray":
+        for task, metrics, tl in _ray_map(tasks, ray_address):
+            collect(task, metrics, tl)
+    elif jobs > 1:
         # spawn, not fork: a parent that imported torch must not fork its thread pools.
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
             for task, metrics, tl in ex.map(_run_task, tasks):

@@ -213,6 +213,40 @@ def trace(
     out.print(f"{out_file}: {len(wl)} pods")
 
 
+class Executor(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+@app.command()
+def sweep(
+    grid: Annotated[Path, typer.Option(help="Sweep grid YAML: scenarios, policies, seeds, hyperparameters.")],
+    executor: Annotated[Executor, typer.Option(help="local: a process pool; ray: Ray tasks.")] = Executor.local,
+    ray_address: Annotated[Optional[str], typer.Option(
+        help="Ray cluster address (e.g. ray://head:10001); default: start a local Ray instance.")] = None,
+    jobs: Annotated[int, typer.Option(min=1, max=256, help="Processes for the local executor.")] = 1,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("out/sweep"),
+    report: Annotated[bool, typer.Option(help="Write report.html with plots.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+) -> None:
+    """Fan out (scenario, policy, seed, hyperparameter) cells and aggregate them with confidence intervals."""
+    from pipelines.report import write_report
+    from pipelines.sweep import run_sweep
+
+    if ray_address is not None and executor != Executor.ray:
+        err.print("[red]error:[/red] --ray-address needs --executor ray")
+        raise typer.Exit(2)
+    command = "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with _usage_errors(), _progress(not as_json) as prog:
+        task = prog.add_task("sweep", total=None, item="")
+        doc = run_sweep(grid, out_dir, executor=executor.value, jobs=jobs, ray_address=ray_address, command=command,
+                        on_start=lambda n: prog.update(task, total=n),
+                        on_progress=lambda item: prog.update(task, advance=1, item=item))
+    if report:
+        write_report(out_dir)
+    _print_summary(doc, as_json, out_dir)
+
+
 class Env(str, Enum):
     sim = "sim"
 

@@ -1,0 +1,96 @@
+"""Sweeps: scenarios x policies x seeds x policy hyperparameters, on a process pool or on Ray.
+
+A grid file (paths relative to it)::
+
+    scenarios: [../scenarios/tiny.yaml, ../scenarios/heterogeneous-sleep.yaml]
+    policies: [default-k8s, most-allocated, "dqn=../models/small.pt"]
+    seeds: 3
+    hyperparameters:              # each combination becomes one more policy spec
+      target-load-packing: {x: [20, 40, 60]}
+      requested-to-capacity-ratio: {shape: ["0:0|100:10", "0:0|50:10|100:5"]}
+
+Every cell is one policy on one (scenario, seed) workload, so the results are the benchmark's: one
+results.json with confidence intervals across seeds, and the same report.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipelines.benchmark import BenchmarkInputError, run_benchmark
+
+
+class GridError(BenchmarkInputError):
+    """A malformed sweep grid; the message names the field."""
+
+
+class Grid(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scenarios: list[str] = Field(min_length=1)
+    policies: list[str] = Field(default_factory=list)
+    seeds: int = Field(1, ge=1, le=1000)
+    hyperparameters: dict[str, dict[str, list[str | int | float]]] = Field(default_factory=dict)
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _nonempty(cls, v: dict[str, dict[str, list]]) -> dict[str, dict[str, list]]:
+        for pol, params in v.items():
+            if not params:
+                raise ValueError(f"{pol}: give at least one parameter")
+            for k, vals in params.items():
+                if not vals:
+                    raise ValueError(f"{pol}.{k}: give at least one value")
+        return v
+
+
+def expand_policies(grid: Grid, base: Path) -> list[str]:
+    """The grid's policy specs: the listed ones, then one spec per hyperparameter combination."""
+
+    def resolve(spec: str) -> str:
+        name, sep, path = spec.partition("=")
+        if sep and ":" not in name and not Path(path).is_absolute():
+            return f"{name}={(base / path).resolve()}"
+        return spec
+
+    specs = [resolve(p) for p in grid.policies]
+    for pol, params in grid.hyperparameters.items():
+        keys = list(params)
+        for combo in itertools.product(*(params[k] for k in keys)):
+            specs.append(f"{pol}:" + ",".join(f"{k}={v}" for k, v in zip(keys, combo)))
+    if not specs:
+        raise GridError("the grid names no policy: give policies or hyperparameters")
+    return specs
+
+
+def load_grid(path: Path) -> tuple[list[Path], list[str], int]:
+    """Read a grid file into (scenario paths, policy specs, seeds)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise GridError(f"{path}: grid file not found") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise GridError(f"{path}: cannot read grid: {e}".replace("\n", " ")) from None
+    try:
+        grid = Grid.model_validate(raw)
+    except ValidationError as e:
+        parts = [f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg'].removeprefix('Value error, ')}"
+                 for err in e.errors()]
+        raise GridError(f"{path}: invalid grid: " + "; ".join(parts)) from None
+    base = path.parent
+    scenarios = [(base / s).resolve() for s in grid.scenarios]
+    return scenarios, expand_policies(grid, base), grid.seeds
+
+
+def run_sweep(grid_path: Path, out: Path, *, executor: str = "local", jobs: int = 1, ray_address: str | None = None,
+              on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
+              command: str = "") -> dict:
+    scenarios, policies, seeds = load_grid(grid_path)
+    return run_benchmark(scenarios, policies, seeds, out, jobs=jobs, executor=executor, ray_address=ray_address,
+                         on_progress=on_progress, on_start=on_start, command=command)
