@@ -43,14 +43,22 @@ def register(name: str) -> Callable[[Callable[..., Policy]], Callable[..., Polic
     return deco
 
 
+def _lazy(module: str, attr: str) -> Callable[..., Policy]:
+    """A factory that imports its module on first use (the DQN pulls in torch, which most runs never need)."""
+
+    def factory(**kw: object) -> Policy:
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)(**kw)
+
+    return factory
+
+
 def _load_builtin() -> None:
     # Imported for their @register side effects; kept lazy so `agent.policy` stays import-light.
     import agent.baselines  # noqa: F401
-    try:
-        import agent.dqn_policy  # noqa: F401
-    except ModuleNotFoundError as e:  # the DQN module is optional until it exists
-        if e.name != "agent.dqn_policy":
-            raise
+
+    _REGISTRY.setdefault("dqn", _lazy("agent.dqn_policy", "DQNPolicy"))
 
 
 def policy_names() -> list[str]:
