@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.procs import private_dockerd
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("JOULESCHED_CACHE_DIR", "/var/cache/joulesched"))
 SYSTEMD_TAR = CACHE / "systemd-bookworm.tar"
@@ -46,41 +48,9 @@ def ensure_systemd_tar(timeout_s: int = 900) -> Path:
     return SYSTEMD_TAR
 
 
-def _umount_under(path: Path) -> None:
-    # dockerd leaves its netns bind mounts (and overlay mounts if killed) behind; rmtree cannot remove those.
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    for m in sorted((m for m in mounts if m.startswith(str(path))), key=len, reverse=True):
-        subprocess.run(["umount", "-l", m], check=False)
-
-
-@contextlib.contextmanager
-def dockerd(start_timeout_s: float = 90) -> Iterator[dict[str, str]]:
+def dockerd(start_timeout_s: float = 90):
     """Start a private dockerd (no bridge, no iptables, no masquerade); yield an env with DOCKER_HOST."""
-    d = Path(tempfile.mkdtemp(prefix="jsi-", dir="/tmp"))  # short: the socket path must fit in 108 bytes
-    sock = d / "docker.sock"
-    log = open(d / "dockerd.log", "wb")
-    proc = subprocess.Popen(
-        ["dockerd", "--data-root", str(d / "data"), "--exec-root", str(d / "exec"), "-H", f"unix://{sock}",
-         "--pidfile", str(d / "dockerd.pid"), "--bridge=none", "--iptables=false", "--ip-masq=false"],
-        stdout=log, stderr=log)
-    env = os.environ | {"DOCKER_HOST": f"unix://{sock}"}
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while subprocess.run(["docker", "version"], env=env, capture_output=True).returncode != 0:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"dockerd did not start: {(d / 'dockerd.log').read_text()[-1500:]}")
-            time.sleep(0.5)
-        yield env
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        _umount_under(d)
-        shutil.rmtree(d, ignore_errors=True)
+    return private_dockerd(start_timeout_s, prefix="jsi-")
 
 
 def docker(env: dict[str, str], *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.infra import targets
+from tests.support.procs import stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 HERE = Path(__file__).resolve().parent
@@ -148,12 +149,7 @@ def guest():
     finally:
         stack.close()
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, timeout=30)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -15,9 +15,7 @@ left-open (3.x).
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,8 +24,8 @@ from power.exporter import Exporter
 from power.monitor import PowerMonitor
 from power.powercap import PowercapMeter
 from power.synthetic import SyntheticPowercap, SyntheticProc
+from tests.support.procs import PROMETHEUS, prometheus_server
 
-PROMETHEUS = "/usr/bin/prometheus"
 MAX_RANGE = 262_143_328_850
 pytestmark = pytest.mark.integration
 
@@ -67,38 +65,10 @@ def prometheus(tmp_path, exporter):
     if not Path(PROMETHEUS).exists():
         pytest.skip(f"{PROMETHEUS} not found: apt-get install prometheus (make test does)")
     _, exp = exporter
-    port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: joulesched\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{exp.port}']\n")
-    log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def ready():
-            if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
-            try:
-                return urllib.request.urlopen(f"{url}/-/ready", timeout=1).status == 200
-            except OSError:
-                return False
+    from prometheus_api_client import PrometheusConnect
 
-        _wait(ready, 30, "prometheus /-/ready")
-        from prometheus_api_client import PrometheusConnect
-
-        yield PrometheusConnect(url=url, disable_ssl=True)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with prometheus_server(tmp_path, _free_port(), [f"127.0.0.1:{exp.port}"]) as url:
+        yield PrometheusConnect(url=url)  # plain http on loopback; TLS verification is left on
 
 
 def _raw(prom, zone: str) -> list[tuple[float, float]]:

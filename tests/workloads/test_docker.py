@@ -11,12 +11,13 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import requests
+
+from tests.support.procs import private_dockerd
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "joulesched" / "docker"
@@ -37,13 +38,6 @@ def _why_not() -> str | None:
     return None
 
 
-def _umount_under(path: Path) -> None:
-    # dockerd leaves its netns bind mount (and, if killed, overlay mounts) behind; rmtree cannot remove those.
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    for m in sorted((m for m in mounts if m.startswith(str(path))), key=len, reverse=True):
-        subprocess.run(["umount", "-l", m], check=False)
-
-
 @pytest.fixture
 def dockerd():
     why = _why_not()
@@ -53,31 +47,11 @@ def dockerd():
         BASE_TAR.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([str(ROOT / "workloads" / "docker" / "make-base.sh"), str(BASE_TAR)], check=True,
                        stdout=subprocess.DEVNULL, timeout=900)
-    d = Path(tempfile.mkdtemp(prefix="jsd-", dir="/tmp"))  # short: the socket path must fit in 108 bytes
-    sock = d / "docker.sock"
-    log = open(d / "dockerd.log", "wb")
-    proc = subprocess.Popen(
-        ["dockerd", "--data-root", str(d / "data"), "--exec-root", str(d / "exec"), "-H", f"unix://{sock}",
-         "--pidfile", str(d / "dockerd.pid"), "--bridge=none", "--iptables=false", "--ip-masq=false"],
-        stdout=log, stderr=log)
-    env = os.environ | {"DOCKER_HOST": f"unix://{sock}", "DOCKER_BUILDKIT": "0"}
     try:
-        deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "version"], env=env, capture_output=True).returncode != 0:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"dockerd did not start here: {(d / 'dockerd.log').read_text()[-500:]}")
-            time.sleep(0.5)
-        yield env
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        _umount_under(d)
-        shutil.rmtree(d, ignore_errors=True)
+        with private_dockerd(60, extra_env={"DOCKER_BUILDKIT": "0"}) as env:
+            yield env
+    except RuntimeError as exc:
+        pytest.skip(f"dockerd did not start here: {str(exc)[-500:]}")
 
 
 def _free_port() -> int:

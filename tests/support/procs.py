@@ -1,0 +1,97 @@
+"""Process helpers for integration tests: stop a server for sure, run a private dockerd, run a real Prometheus."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM, wait up to ``timeout``, then SIGKILL: a test's server never outlives the test."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def umount_under(path: Path) -> None:
+    """Lazily unmount everything below ``path``: dockerd leaves netns bind mounts (and, if killed, overlay
+    mounts) behind, which rmtree cannot remove."""
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(str(path))), key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], check=False)
+
+
+@contextlib.contextmanager
+def private_dockerd(start_timeout_s: float = 90, extra_env: dict[str, str] | None = None,
+                    prefix: str = "jsd-") -> Iterator[dict[str, str]]:
+    """Start a dockerd of our own with no bridge, no iptables and no masquerade (no traffic leaves the
+    machine); yield an environment whose DOCKER_HOST points at it. Raises RuntimeError if it does not start.
+    """
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: the socket path must fit in 108 bytes
+    sock = d / "docker.sock"
+    log = open(d / "dockerd.log", "wb")
+    proc = subprocess.Popen(
+        ["dockerd", "--data-root", str(d / "data"), "--exec-root", str(d / "exec"), "-H", f"unix://{sock}",
+         "--pidfile", str(d / "dockerd.pid"), "--bridge=none", "--iptables=false", "--ip-masq=false"],
+        stdout=log, stderr=log)
+    env = os.environ | {"DOCKER_HOST": f"unix://{sock}"} | (extra_env or {})
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while subprocess.run(["docker", "version"], env=env, capture_output=True).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"dockerd did not start: {(d / 'dockerd.log').read_text()[-1500:]}")
+            time.sleep(0.5)
+        yield env
+    finally:
+        stop_process(proc, timeout=60)
+        log.close()
+        umount_under(d)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def prometheus_server(workdir: Path, port: int, targets: list[str], scrape_interval: str = "1s") -> Iterator[str]:
+    """A real Prometheus (Debian's package) on 127.0.0.1:``port`` scraping ``targets``; yields its URL."""
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        f"global:\n  scrape_interval: {scrape_interval}\n  scrape_timeout: {scrape_interval}\n"
+        f"  evaluation_interval: {scrape_interval}\n"
+        "scrape_configs:\n  - job_name: joulesched\n    static_configs:\n"
+        f"      - targets: {targets!r}\n")
+    log_path = workdir / "prometheus.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited: {log_path.read_text()[-2000:]}")
+            try:
+                if urllib.request.urlopen(f"{url}/-/ready", timeout=1).status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prometheus not ready after 30 s: {log_path.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        stop_process(proc, timeout=10)
+        log.close()
