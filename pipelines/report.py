@@ -19,6 +19,15 @@ _PALETTE = ["#1b6ca8", "#d1495b", "#edae49", "#00798c", "#66a182", "#8d6a9f", "#
             "#3d405b"]
 
 
+def fmt_energy(joules: float) -> str:
+    """Joules in the unit that keeps three significant digits: a cluster-day is kWh, a short measured run J."""
+    if joules >= 3.6e5:
+        return f"{joules / 3.6e6:.2f} kWh"
+    if joules >= 1e3:
+        return f"{joules / 1e3:.1f} kJ"
+    return f"{joules:.0f} J"
+
+
 def _color(policies: list[str], p: str) -> str:
     return _PALETTE[policies.index(p) % len(_PALETTE)]
 
@@ -33,8 +42,12 @@ def _plot_energy_ratio(doc: dict, path: Path) -> None:
         vals = [summ[n]["policies"][p]["energy_joules"] / summ[n]["policies"][ref]["energy_joules"] for n in names]
         ax.bar(np.arange(len(names)) + (k - (len(policies) - 1) / 2) * width, vals, width, label=p,
                color=_color(policies, p))
-    lb = [summ[n]["lower_bound_joules"] / summ[n]["policies"][ref]["energy_joules"] for n in names]
-    ax.scatter(np.arange(len(names)), lb, marker="_", s=900, color="black", zorder=5, label="lower bound")
+    # A measured run (the kube path) has no lower bound: lower_bound_joules is null there.
+    lb = [(k, summ[n]["lower_bound_joules"] / summ[n]["policies"][ref]["energy_joules"]) for k, n in enumerate(names)
+          if summ[n].get("lower_bound_joules")]
+    if lb:
+        ax.scatter([k for k, _ in lb], [v for _, v in lb], marker="_", s=900, color="black", zorder=5,
+                   label="lower bound")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xticks(np.arange(len(names)), names)
     ax.set_ylabel(f"energy / {ref}")
@@ -148,11 +161,11 @@ clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no policy can 
 <img src="plots/training_curve.png" alt="DQN training curve">{% endif %}
 {% for s in scenarios %}
 <h2>{{ s.name }}</h2>
-<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods; lower bound {{ "%.2f"|format(s.lb_kwh) }} kWh.</p>
-<table><tr><th>policy</th><th>energy (kWh)</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
+<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods; {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.</p>
+<table><tr><th>policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
 <th>mean throttling</th><th>mean pending (s)</th><th>never placed</th><th>decision p99 (&micro;s)</th></tr>
-{% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td>{{ r.policy }}</td><td>{{ "%.2f"|format(r.kwh) }}</td>
-<td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
+{% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td>{{ r.policy }}</td><td>{{ r.energy }}</td>
+<td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) if r.vs_lb is not none else "—" }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
 <td>{{ "%.2f"|format(r.thr) }}%</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
 <td>{{ "%.0f"|format(r.p99) }}</td></tr>
 {% endfor %}</table>
@@ -199,12 +212,12 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
                 vh = f"{r['energy_vs_best_heuristic']:.3f}"
                 if s["seeds"] > 1:
                     vh += f" ± {r['energy_vs_best_heuristic_ci95']:.3f}"
-            rows.append({"policy": p, "kwh": r["energy_joules"] / 3.6e6, "vs_default": vs, "vs_heur": vh,
-                         "vs_lb": r["energy_vs_lower_bound"], "slo": 100 * r["slo_violation_rate"],
+            rows.append({"policy": p, "energy": fmt_energy(r["energy_joules"]), "vs_default": vs, "vs_heur": vh,
+                         "vs_lb": r.get("energy_vs_lower_bound"), "slo": 100 * r["slo_violation_rate"],
                          "thr": 100 * r["mean_throttling"], "pending": r["mean_pending_s"],
                          "uns": r["unschedulable_pods"], "p99": r["decision_us_p99"], "best": p == best})
         scen.append({"name": name, "nodes": entry["nodes"], "pods": entry["pods"],
-                     "lb_kwh": s["lower_bound_joules"] / 3.6e6, "rows": rows, "images": images})
+                     "lb": fmt_energy(s["lower_bound_joules"]) if s.get("lower_bound_joules") else None, "rows": rows, "images": images})
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     page = env.from_string(_TEMPLATE).render(
         header=header, n_scen=len(scen), seeds=doc["seeds"], policies=doc["policies"], wall_s=doc.get("wall_s", 0.0),

@@ -1,0 +1,345 @@
+"""The ``kube`` path of ``joulesched pipeline``: each policy in turn on a real cluster, measured.
+
+For every policy: (1) create the workload as Pods rendered from ``workloads.manifests`` with the matching
+``schedulerName`` (``default-scheduler`` for ``default-k8s``, ``joulesched`` for ours), (2) wait until they
+are bound, (3) drive load against ``target`` with Locust or JMeter, (4) read the energy of the run window as
+``sum(increase(joulesched_node_joules_total[W]))`` from Prometheus at the window's end and the service
+quality from the load driver, (5) delete the pods and wait until none remain. Then results.json (the schema
+of ``pipelines/benchmark.py``; there is no lower bound on a real cluster, so it is ``null``) and the report.
+
+The joulesched scheduler is not started here: run ``joulesched serve --policy P`` on the cluster for the
+policy being measured (the pipeline records which ``schedulerName`` each policy's pods carried).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from pipelines.benchmark import RESULTS_VERSION, write_outputs
+from pipelines.report import write_report
+
+DEFAULT_SCHEDULER = "default-scheduler"
+JOULESCHED_SCHEDULER = "joulesched"
+HEADER = "Measured on a real cluster"
+# Whole-node energy without double counting: RAPL packages and DRAM (core/uncore sit inside a package, psys
+# contains everything), or the model meter's platform zone. Hosts with psys only: pass --energy-selector.
+ENERGY_METRIC = 'joulesched_node_joules_total{zone=~"package-.*|dram-.*|platform.*"}'
+RUN_LABEL = "joulesched.io/pipeline-run"
+POLICY_LABEL = "joulesched.io/policy"
+
+
+class KubePipelineError(ValueError):
+    """Bad arguments of the kube pipeline, or a cluster/Prometheus step that could not complete."""
+
+
+def scheduler_name_for(policy: str) -> str:
+    """``default-scheduler`` (kube-scheduler) for ``default-k8s``, else ``joulesched``."""
+    return DEFAULT_SCHEDULER if policy == "default-k8s" else JOULESCHED_SCHEDULER
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return s[:20].strip("-") or "p"
+
+
+def render_pods(policy: str, pods: int, apps: Sequence[str], run_id: str, namespace: str = "default",
+                image: str | None = None) -> list[dict[str, Any]]:
+    """``pods`` plain Pods, round-robin over ``apps``, each from its Deployment's pod template."""
+    from workloads.manifests import render
+
+    sched = scheduler_name_for(policy)
+    templates = {}
+    for app in dict.fromkeys(apps):
+        dep = next(o for o in render(app, scheduler_name=sched, image=image, namespace=namespace)
+                   if o["kind"] == "Deployment")
+        templates[app] = dep["spec"]["template"]
+    out = []
+    for i in range(pods):
+        app = apps[i % len(apps)]
+        tpl = copy.deepcopy(templates[app])
+        meta = tpl.get("metadata", {})
+        labels = {**meta.get("labels", {}), RUN_LABEL: run_id, POLICY_LABEL: _slug(policy)}
+        out.append({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"js-{run_id}-{_slug(policy)}-{app}-{i}", "namespace": namespace,
+                                 "labels": labels},
+                    "spec": tpl["spec"]})
+    return out
+
+
+def _energy_query(window_ms: int, selector: str) -> str:
+    return f"sum(increase({selector}[{window_ms}ms]))"
+
+
+def read_energy(prom, start: float, end: float, *, selector: str = ENERGY_METRIC,
+                scrape_wait_s: float = 120.0) -> tuple[float, str]:
+    """Joules of ``[start, end]`` through PromQL: ``sum(increase(SELECTOR[W]))`` evaluated at ``end``.
+
+    Waits first until Prometheus holds a sample at or after ``end``, so the window's last scrape is in.
+    """
+    deadline = time.monotonic() + scrape_wait_s
+    while True:
+        res = prom.custom_query(f"max(timestamp({selector}))")
+        if res and float(res[0]["value"][1]) >= end:
+            break
+        if time.monotonic() > deadline:
+            raise KubePipelineError(f"Prometheus has no sample of {selector} after the run window's end "
+                                    f"within {scrape_wait_s:.0f} s; is the exporter scraped?")
+        time.sleep(0.25)
+    window_ms = max(1, round((end - start) * 1000))
+    query = _energy_query(window_ms, selector)
+    res = prom.custom_query(query, params={"time": f"{end:.3f}"})
+    if not res:
+        raise KubePipelineError(f"{query} returned no series at {end:.3f}")
+    return float(res[0]["value"][1]), query
+
+
+def _drive_load(driver: str, target: str, seconds: int, users: int, workdir: Path):
+    if driver == "locust":
+        from workloads.load import locust
+
+        return locust.run(target, users=users, spawn_rate=max(1.0, float(users)), duration_s=seconds,
+                          workdir=workdir)
+    if driver == "jmeter":
+        from workloads.load import jmeter
+
+        return jmeter.run(target, threads=users, rampup_s=0, duration_s=seconds, workdir=workdir)
+    raise KubePipelineError(f"unknown load driver {driver!r}; use locust or jmeter")
+
+
+def _ours(pod, names: set[str]) -> bool:
+    return pod.metadata.name in names
+
+
+def _wait(cond: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: Path,
+                  start_timeout_s: float = 30.0) -> Iterator[None]:
+    """Run ``joulesched serve --policy POLICY`` for the duration of one policy's run (kube-scheduler binds the
+    default-k8s pods; every other policy is ours, so it must be the one binding ``schedulerName: joulesched``)."""
+    if scheduler_name_for(policy) != "joulesched":
+        yield
+        return
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--scheduler-name", "joulesched",
+                             "--policy", policy, "--kubeconfig", kubeconfig, "--prometheus", prometheus_url,
+                             "--no-leader-elect", "--listen", "127.0.0.1:0"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(min(1.0, start_timeout_s))
+        if proc.poll() is not None:
+            raise KubePipelineError(f"joulesched serve --policy {policy} exited: {log_path.read_text()[-1500:]}")
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], namespace: str, run_id: str,
+               target: str, load_seconds: int, users: int, driver: str, workdir: Path, bind_timeout_s: float,
+               delete_timeout_s: float, energy_selector: str, scrape_wait_s: float, image: str | None,
+               on_event: Callable[[str, str], None]) -> dict:
+    """One policy's measured run; returns its metrics (the benchmark schema plus kube-only fields)."""
+    from kubernetes.client.rest import ApiException
+
+    manifests = render_pods(policy, pods, apps, run_id, namespace, image)
+    names = {m["metadata"]["name"] for m in manifests}
+    selector = f"{RUN_LABEL}={run_id},{POLICY_LABEL}={_slug(policy)}"
+
+    def listed():
+        return [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items if _ours(p, names)]
+
+    start = time.time()
+    created_at: dict[str, float] = {}
+    bound_at: dict[str, float] = {}
+    nodes: dict[str, int] = {}
+    try:
+        on_event(policy, f"creating {pods} pods with schedulerName {scheduler_name_for(policy)}")
+        for m in manifests:
+            core.create_namespaced_pod(namespace, m)
+            created_at[m["metadata"]["name"]] = time.time()
+
+        def all_bound() -> bool:
+            for p in listed():
+                if p.spec.node_name and p.metadata.name not in bound_at:
+                    bound_at[p.metadata.name] = time.time()
+                    nodes[p.spec.node_name] = nodes.get(p.spec.node_name, 0) + 1
+            return len(bound_at) == len(names)
+
+        _wait(all_bound, bind_timeout_s, 0.05)
+        on_event(policy, f"{len(bound_at)}/{pods} pods bound; driving load for {load_seconds} s")
+        load = _drive_load(driver, target, load_seconds, users, workdir / _slug(policy))
+        end = time.time()
+        joules, query = read_energy(prom, start, end, selector=energy_selector, scrape_wait_s=scrape_wait_s)
+        on_event(policy, f"{joules:.1f} J over {end - start:.1f} s")
+    finally:
+        # Always tear down, also after a failure: a half-measured cluster must not carry pods into the next run.
+        for name in names:
+            try:
+                core.delete_namespaced_pod(name, namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        gone = _wait(lambda: not listed(), delete_timeout_s, 0.1)
+        if not gone:
+            raise KubePipelineError(f"pods of {policy} still exist {delete_timeout_s:.0f} s after deletion")
+    pending = [bound_at[n] - created_at[n] for n in bound_at]
+    return {
+        "energy_joules": joules,
+        "slo_violation_rate": float(load.error_rate),
+        "unschedulable_pods": len(names) - len(bound_at),
+        "mean_pending_s": float(np.mean(pending)) if pending else 0.0,
+        "placements": len(bound_at),
+        "decision_us_p99": 0.0,  # not observable from outside the scheduler; see the scheduler's /metrics
+        "mean_throttling": 0.0,  # not measured on a cluster
+        "end_s": end - start,
+        "completed_pods": len(bound_at),
+        # kube-only fields
+        "scheduler_name": scheduler_name_for(policy),
+        "window_start_unix": start,
+        "window_end_unix": end,
+        "energy_query": query,
+        "latency_p50_ms": load.latency_ms.p50,
+        "latency_p95_ms": load.latency_ms.p95,
+        "latency_p99_ms": load.latency_ms.p99,
+        "throughput_rps": load.throughput_rps,
+        "requests": load.requests,
+        "load_tool": load.tool,
+        "nodes_used": nodes,
+    }
+
+
+def summarize_kube(doc: dict) -> dict:
+    """The summary of ``benchmark.summarize`` for measured runs: no lower bound, ratios to default-k8s."""
+    out = {}
+    for e in doc["scenarios"]:
+        rows = {}
+        ref = e["policies"].get("default-k8s")
+        for pol in doc["policies"]:
+            v = e["policies"][pol]
+            row = {k: float(v[k]) for k in ("energy_joules", "slo_violation_rate", "mean_throttling",
+                                            "mean_pending_s", "unschedulable_pods", "decision_us_p99")}
+            row["energy_vs_lower_bound"] = None
+            row["latency_p99_ms"] = float(v["latency_p99_ms"])
+            if ref and ref["energy_joules"] > 0:
+                row["energy_vs_default"] = v["energy_joules"] / ref["energy_joules"]
+                row["energy_vs_default_ci95"] = 0.0
+            rows[pol] = row
+        out[e["name"]] = {"seeds": 1, "lower_bound_joules": None, "policies": rows}
+    return out
+
+
+def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
+             policies: Sequence[str] = ("default-k8s", "energy-greedy"), pods: int = 4,
+             apps: Sequence[str] = ("testapp",), load_seconds: int = 30, users: int = 4,
+             driver: Literal["locust", "jmeter"] = "locust", namespace: str = "default",
+             scenario_name: str = "kube", bind_timeout_s: float = 120.0, delete_timeout_s: float = 180.0,
+             energy_selector: str = ENERGY_METRIC, scrape_wait_s: float = 120.0, image: str | None = None,
+             command: str = "", on_event: Callable[[str, str], None] | None = None,
+             start_scheduler: bool = True) -> dict:
+    """Measure every policy in turn on the cluster of ``kubeconfig``; write results.json and report.html.
+
+    With ``start_scheduler`` the pipeline runs ``joulesched serve --policy P`` itself (out of cluster, with the
+    same kubeconfig) while policy P is measured; without it, a scheduler already deployed on the cluster binds
+    ``schedulerName: joulesched`` pods, and only one non-default policy can be measured meaningfully.
+    """
+    from kubernetes import client as k8s
+    from prometheus_api_client import PrometheusConnect
+
+    from agent.policy import make_policy
+    from cluster.kube.client import load_api_client
+    from workloads.load.results import check_url
+    from workloads.manifests import APPS
+
+    if not kubeconfig:
+        raise KubePipelineError("--env kube needs --kubeconfig FILE")
+    if not prometheus_url:
+        raise KubePipelineError("--env kube needs --prometheus URL (the Prometheus that scrapes the exporter)")
+    if not prometheus_url.startswith(("http://", "https://")):
+        raise KubePipelineError(f"--prometheus {prometheus_url!r} must be an http:// or https:// URL")
+    if not target:
+        raise KubePipelineError("--env kube needs --target URL (the test app's Service) to drive load against")
+    try:
+        check_url(target)
+    except ValueError as e:
+        raise KubePipelineError(str(e)) from None
+    if pods < 1 or load_seconds < 1 or users < 1:
+        raise KubePipelineError("--pods, --load-seconds and users must be at least 1")
+    if not policies or len(set(policies)) != len(policies):
+        raise KubePipelineError("give each --policy once, at least one")
+    for p in policies:
+        make_policy(p)  # a bad spec fails before anything is created
+    for a in apps:
+        if a not in APPS:
+            raise KubePipelineError(f"unknown app {a!r}; expected one of {', '.join(APPS)}")
+    on_event = on_event or (lambda name, what: None)
+
+    api = load_api_client(kubeconfig)
+    core = k8s.CoreV1Api(api)
+    prom = PrometheusConnect(url=prometheus_url.rstrip("/"), disable_ssl=False)
+    # Preflight, before any pod exists: Prometheus answers and holds the exporter's counters.
+    try:
+        have = prom.custom_query(f"count({energy_selector})")
+    except Exception as e:  # requests' connection errors, PrometheusApiClientException
+        raise KubePipelineError(f"cannot query Prometheus at {prometheus_url}: {e}") from None
+    if not have:
+        raise KubePipelineError(f"Prometheus at {prometheus_url} has no {energy_selector} series; "
+                                "is the power exporter running and scraped?")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:6]
+    t0 = time.perf_counter()
+    node_count = len(core.list_node().items)
+    results = {}
+    try:
+        (out / "logs").mkdir(exist_ok=True)
+        for pol in policies:
+            sched = (our_scheduler(pol, kubeconfig, prometheus_url, out / "logs" / f"serve-{_slug(pol)}.log")
+                     if start_scheduler else contextlib.nullcontext())
+            with sched:
+                results[pol] = run_policy(core, prom, pol, pods=pods, apps=list(apps), namespace=namespace,
+                                          run_id=run_id, target=target, load_seconds=load_seconds, users=users,
+                                          driver=driver, workdir=out / "load", bind_timeout_s=bind_timeout_s,
+                                          delete_timeout_s=delete_timeout_s, energy_selector=energy_selector,
+                                          scrape_wait_s=scrape_wait_s, image=image, on_event=on_event)
+    finally:
+        api.close()
+    doc = {
+        "version": RESULTS_VERSION,
+        "command": command,
+        "env": "kube",
+        "created_unix": time.time(),
+        "wall_s": time.perf_counter() - t0,
+        "policies": list(policies),
+        "seeds": 1,
+        "scenarios": [{"name": scenario_name, "seed": 0, "nodes": node_count, "pods": pods,
+                       "lower_bound_joules": None, "target": target, "apps": list(apps),
+                       "policies": results}],
+    }
+    doc["summary"] = summarize_kube(doc)
+    write_outputs(out, doc, {}, {})
+    write_report(out, header=HEADER)
+    return doc

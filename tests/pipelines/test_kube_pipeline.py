@@ -1,0 +1,315 @@
+"""The ``kube`` path of ``joulesched pipeline`` end to end, on loopback.
+
+What stands in for what:
+
+- The Kubernetes API is the in-repo emulator (``cluster/kube_emulator.py``) over real HTTP, spoken to by the
+  real ``kubernetes`` client, because no kube-apiserver (nor kind, k3s, minikube) can run here. The
+  real-cluster path is ``tests/e2e/``, which skips visibly without a kubeconfig.
+- kube-scheduler is stood in for by ``joulesched serve --scheduler-name default-scheduler --policy
+  default-k8s`` (joulesched's re-implementation of kube-scheduler's default scoring), started by the test;
+  our scheduler (``joulesched serve --scheduler-name joulesched --policy energy-greedy``) is started by the
+  pipeline itself for its policy's run. Both run as real processes.
+- The nodes' power comes from the real exporter (``power/exporter.py``) reading a synthetic powercap tree whose
+  counters this test advances at a constant rate, scraped every second by a REAL Prometheus server
+  (Debian's /usr/bin/prometheus) on 127.0.0.1.
+- The load target is a real test app (``joulesched workload serve testapp``) driven by real Locust.
+
+Why a constant injected power: ``increase()`` extrapolates the first and last samples of a range to the
+window's edges; at a constant rate that extrapolation is exact, so the measured joules must match the joules
+the test injected between each policy's window start and end (recorded in results.json) within 5 %.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cluster.kube_emulator import KubeEmulator
+from power.exporter import Exporter
+from power.monitor import PowerMonitor
+from power.powercap import PowercapMeter
+from power.synthetic import SyntheticPowercap, SyntheticProc
+
+PROMETHEUS = "/usr/bin/prometheus"
+ROOT = Path(__file__).resolve().parents[2]
+ZONES = {"intel-rapl:0": ("package-0", 40.0), "intel-rapl:0:2": ("dram", 10.0)}  # dirname -> (name, watts)
+STEP_S = 0.02
+POLICIES = ("default-k8s", "energy-greedy")
+
+needs_prometheus = pytest.mark.skipif(not Path(PROMETHEUS).exists(),
+                                      reason=f"{PROMETHEUS} not found: apt-get install prometheus (make test does)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(cond, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(url, timeout=1).status == 200
+    except OSError:
+        return False
+
+
+def _stop(proc: subprocess.Popen, log=None) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if log is not None:
+        log.close()
+
+
+class Injector:
+    """Advances the synthetic counters at a constant power and logs (unix time, joules) of every step."""
+
+    def __init__(self, pc: SyntheticPowercap) -> None:
+        self.pc = pc
+        self.log: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="test-power-injector", daemon=True)
+
+    def _loop(self) -> None:
+        last = time.time()
+        while not self._stop.wait(STEP_S):
+            now = time.time()
+            dt = now - last
+            last = now
+            for d, (_, watts) in ZONES.items():
+                self.pc.advance(d, round(watts * dt * 1e6))
+            self.log.append((now, sum(w for _, w in ZONES.values()) * dt))
+
+    def joules_between(self, start: float, end: float) -> float:
+        return sum(j for t, j in self.log if start < t <= end)
+
+    def start(self) -> "Injector":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def emu(tmp_path):
+    e = KubeEmulator().start()
+    try:
+        for i in range(3):
+            e.add_node(f"node-{i}", cpu="4", memory="8Gi")
+        yield e
+    finally:
+        e.stop()
+
+
+@pytest.fixture
+def kubeconfig(emu, tmp_path) -> str:
+    return emu.kubeconfig(str(tmp_path / "kubeconfig"))
+
+
+@pytest.fixture
+def schedulers(kubeconfig, tmp_path):
+    """The kube-scheduler stand-in, a real `joulesched serve` process (ours is started by the pipeline)."""
+    procs = []
+    try:
+        for name, policy in (("default-scheduler", "default-k8s"),):
+            port = _free_port()
+            log = open(tmp_path / f"serve-{name}.log", "wb")
+            proc = subprocess.Popen([sys.executable, "-m", "pipelines.serve_cli", "serve", "--scheduler-name", name,
+                                     "--policy", policy, "--kubeconfig", kubeconfig, "--no-leader-elect",
+                                     "--listen", f"127.0.0.1:{port}"], cwd=ROOT, stdout=log,
+                                    stderr=subprocess.STDOUT)
+            procs.append((proc, log, port, name))
+        for proc, _, port, name in procs:
+            _wait(lambda: proc.poll() is not None or _http_ok(f"http://127.0.0.1:{port}/healthz"), 30,
+                  f"scheduler {name}")
+            assert proc.poll() is None, (tmp_path / f"serve-{name}.log").read_text()[-2000:]
+        yield
+    finally:
+        for proc, log, _, _ in procs:
+            _stop(proc, log)
+
+
+@pytest.fixture
+def power(tmp_path):
+    pc = SyntheticPowercap(tmp_path / "powercap")
+    for d, (name, _) in ZONES.items():
+        pc.add(d, name, energy_uj=1_000_000)
+    proc = SyntheticProc(tmp_path / "proc")
+    exp = Exporter(PowerMonitor(PowercapMeter(str(pc.root)), proc_root=str(proc.root)), port=0,
+                   interval_s=STEP_S).start()
+    inj = Injector(pc)
+    try:
+        inj.start()
+        yield exp, inj
+    finally:
+        inj.stop()
+        exp.stop()
+
+
+@pytest.fixture
+def prometheus(tmp_path, power):
+    exp, _ = power
+    port = _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: joulesched\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{exp.port}']\n")
+    log = open(tmp_path / "prometheus.log", "wb")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready():
+            if proc.poll() is not None:
+                raise AssertionError(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+            return _http_ok(f"{url}/-/ready")
+
+        _wait(ready, 30, "prometheus /-/ready")
+        from prometheus_api_client import PrometheusConnect
+
+        prom = PrometheusConnect(url=url, disable_ssl=False)
+
+        def scraped_twice():
+            res = prom.custom_query("min(count_over_time(joulesched_node_joules_total[1m]))")
+            return res and float(res[0]["value"][1]) >= 2
+
+        _wait(scraped_twice, 30, "two scrapes of the exporter", interval=0.25)
+        yield url
+    finally:
+        _stop(proc, log)
+
+
+@pytest.fixture
+def testapp(tmp_path):
+    port = _free_port()
+    log = open(tmp_path / "testapp.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "workload", "serve", "testapp", "--listen",
+                             f"127.0.0.1:{port}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: proc.poll() is not None or _http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "test app")
+        assert proc.poll() is None, (tmp_path / "testapp.log").read_text()[-2000:]
+        yield f"http://127.0.0.1:{port}/work?ms=2"
+    finally:
+        _stop(proc, log)
+
+
+def _pods_seen(emu: KubeEmulator) -> dict[str, dict]:
+    """Every pod the emulator ever held, replayed from its watch history through the real client."""
+    from kubernetes import client as k8s
+    from kubernetes import watch
+
+    from cluster.kube.client import api_client_for
+
+    api = api_client_for(emu.url)
+    try:
+        seen: dict[str, dict] = {}
+        w = watch.Watch()
+        for ev in w.stream(k8s.CoreV1Api(api).list_namespaced_pod, "default", resource_version="1",
+                           timeout_seconds=1):
+            pod = ev["object"]
+            entry = seen.setdefault(pod.metadata.name, {"scheduler": pod.spec.scheduler_name, "node": None,
+                                                        "deleted": False, "labels": pod.metadata.labels})
+            entry["node"] = pod.spec.node_name or entry["node"]
+            entry["deleted"] = entry["deleted"] or ev["type"] == "DELETED"
+        return seen
+    finally:
+        api.close()
+
+
+@pytest.mark.integration
+@needs_prometheus
+def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, prometheus, testapp, tmp_path):
+    from pipelines.kube_pipeline import POLICY_LABEL, run_kube
+
+    _, inj = power
+    out = tmp_path / "out"
+    events: list[tuple[str, str]] = []
+    doc = run_kube(out, kubeconfig=kubeconfig, prometheus_url=prometheus, target=testapp, policies=POLICIES,
+                   pods=3, load_seconds=4, users=2, driver="locust", bind_timeout_s=20, delete_timeout_s=20,
+                   scrape_wait_s=20, on_event=lambda n, w: events.append((n, w)))
+
+    # Pods: created with the right schedulerName, bound by that scheduler, all deleted again.
+    seen = _pods_seen(emu)
+    by_policy: dict[str, list[dict]] = {}
+    for p in seen.values():
+        by_policy.setdefault(p["labels"][POLICY_LABEL], []).append(p)
+    assert sorted(by_policy) == sorted(POLICIES), seen
+    assert {p["scheduler"] for p in by_policy["default-k8s"]} == {"default-scheduler"}
+    assert {p["scheduler"] for p in by_policy["energy-greedy"]} == {"joulesched"}
+    for pods in by_policy.values():
+        assert len(pods) == 3 and all(p["node"] and p["deleted"] for p in pods), pods
+    assert emu.list("pods") == []
+    assert len(emu.bindings) == 6 and not emu.conflicts
+
+    # Energy: read through PromQL, within 5 % of what was injected in each policy's window.
+    entry = doc["scenarios"][0]
+    assert entry["lower_bound_joules"] is None and entry["nodes"] == 3
+    for pol in POLICIES:
+        r = entry["policies"][pol]
+        assert r["energy_query"].startswith("sum(increase(joulesched_node_joules_total{")
+        injected = inj.joules_between(r["window_start_unix"], r["window_end_unix"])
+        assert injected > 50, (pol, injected)
+        assert r["energy_joules"] == pytest.approx(injected, rel=0.05), (pol, r, injected)
+        assert r["unschedulable_pods"] == 0 and r["placements"] == 3
+        assert r["requests"] > 0 and r["slo_violation_rate"] == 0.0 and r["latency_p99_ms"] > 0
+    # The two windows do not overlap: policies ran one after the other, torn down in between.
+    a, b = (entry["policies"][p] for p in POLICIES)
+    assert a["window_end_unix"] <= b["window_start_unix"]
+
+    # Outputs.
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["version"] == 1 and saved["policies"] == list(POLICIES) and saved["env"] == "kube"
+    html = (out / "report.html").read_text()
+    assert "Measured on a real cluster" in html and "energy-greedy" in html
+    assert (out / "plots" / "energy_ratio.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "--env kube needs --kubeconfig, --prometheus, --target"),
+    (["--kubeconfig", "KC"], "--env kube needs --prometheus, --target"),
+    (["--kubeconfig", "KC", "--target", "http://127.0.0.1:1/"], "--env kube needs --prometheus"),
+    (["--kubeconfig", "/does/not/exist", "--prometheus", "http://127.0.0.1:1", "--target", "http://127.0.0.1:1/"],
+     "kubeconfig /does/not/exist does not exist"),
+    (["--kubeconfig", "KC", "--prometheus", "127.0.0.1:9090", "--target", "http://127.0.0.1:1/"],
+     "must be an http:// or https:// URL"),
+    (["--kubeconfig", "KC", "--prometheus", "http://127.0.0.1:1", "--target", "http://127.0.0.1:1/",
+      "--policy", "nope"], "unknown policy 'nope'"),
+])
+def test_kube_cli_bad_input_exits_2(tmp_path, args, needle):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    kc = tmp_path / "kc"
+    kc.write_text("{}")
+    args = [str(kc) if a == "KC" else a for a in args]
+    r = CliRunner().invoke(app, ["pipeline", "--env", "kube", "--out", str(tmp_path / "out"), *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "out").exists()
