@@ -22,7 +22,6 @@ the test injected between each policy's window start and end (recorded in result
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -37,8 +36,8 @@ from power.exporter import Exporter
 from power.monitor import PowerMonitor
 from power.powercap import PowercapMeter
 from power.synthetic import SyntheticPowercap, SyntheticProc
+from tests.support.procs import PROMETHEUS, free_port, prometheus_server, stop_process, wait_for
 
-PROMETHEUS = "/usr/bin/prometheus"
 ROOT = Path(__file__).resolve().parents[2]
 ZONES = {"intel-rapl:0": ("package-0", 40.0), "intel-rapl:0:2": ("dram", 10.0)}  # dirname -> (name, watts)
 STEP_S = 0.02
@@ -46,22 +45,6 @@ POLICIES = ("default-k8s", "energy-greedy")
 
 needs_prometheus = pytest.mark.skipif(not Path(PROMETHEUS).exists(),
                                       reason=f"{PROMETHEUS} not found: apt-get install prometheus (make test does)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(cond, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _http_ok(url: str) -> bool:
@@ -72,13 +55,7 @@ def _http_ok(url: str) -> bool:
 
 
 def _stop(proc: subprocess.Popen, log=None) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, timeout=10)
     if log is not None:
         log.close()
 
@@ -136,7 +113,7 @@ def schedulers(kubeconfig, tmp_path):
     procs = []
     try:
         for name, policy in (("default-scheduler", "default-k8s"),):
-            port = _free_port()
+            port = free_port()
             log = open(tmp_path / f"serve-{name}.log", "wb")
             proc = subprocess.Popen([sys.executable, "-m", "pipelines.serve_cli", "serve", "--scheduler-name", name,
                                      "--policy", policy, "--kubeconfig", kubeconfig, "--no-leader-elect",
@@ -144,7 +121,7 @@ def schedulers(kubeconfig, tmp_path):
                                     stderr=subprocess.STDOUT)
             procs.append((proc, log, port, name))
         for proc, _, port, name in procs:
-            _wait(lambda: proc.poll() is not None or _http_ok(f"http://127.0.0.1:{port}/healthz"), 30,
+            wait_for(lambda: proc.poll() is not None or _http_ok(f"http://127.0.0.1:{port}/healthz"), 30,
                   f"scheduler {name}")
             assert proc.poll() is None, (tmp_path / f"serve-{name}.log").read_text()[-2000:]
         yield
@@ -173,46 +150,27 @@ def power(tmp_path):
 @pytest.fixture
 def prometheus(tmp_path, power):
     exp, _ = power
-    port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: joulesched\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{exp.port}']\n")
-    log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def ready():
-            if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
-            return _http_ok(f"{url}/-/ready")
+    from prometheus_api_client import PrometheusConnect
 
-        _wait(ready, 30, "prometheus /-/ready")
-        from prometheus_api_client import PrometheusConnect
-
-        prom = PrometheusConnect(url=url, disable_ssl=False)
+    with prometheus_server(tmp_path, free_port(), [f"127.0.0.1:{exp.port}"]) as url:
+        prom = PrometheusConnect(url=url)
 
         def scraped_twice():
             res = prom.custom_query("min(count_over_time(joulesched_node_joules_total[1m]))")
             return res and float(res[0]["value"][1]) >= 2
 
-        _wait(scraped_twice, 30, "two scrapes of the exporter", interval=0.25)
+        wait_for(scraped_twice, 30, "two scrapes of the exporter", interval=0.25)
         yield url
-    finally:
-        _stop(proc, log)
 
 
 @pytest.fixture
 def testapp(tmp_path):
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "testapp.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "workload", "serve", "testapp", "--listen",
                              f"127.0.0.1:{port}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait(lambda: proc.poll() is not None or _http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "test app")
+        wait_for(lambda: proc.poll() is not None or _http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "test app")
         assert proc.poll() is None, (tmp_path / "testapp.log").read_text()[-2000:]
         yield f"http://127.0.0.1:{port}/work?ms=2"
     finally:

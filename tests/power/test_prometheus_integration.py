@@ -14,7 +14,6 @@ left-open (3.x).
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -24,26 +23,10 @@ from power.exporter import Exporter
 from power.monitor import PowerMonitor
 from power.powercap import PowercapMeter
 from power.synthetic import SyntheticPowercap, SyntheticProc
-from tests.support.procs import PROMETHEUS, prometheus_server
+from tests.support.procs import PROMETHEUS, free_port, prometheus_server, wait_for
 
 MAX_RANGE = 262_143_328_850
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(cond, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture
@@ -67,7 +50,7 @@ def prometheus(tmp_path, exporter):
     _, exp = exporter
     from prometheus_api_client import PrometheusConnect
 
-    with prometheus_server(tmp_path, _free_port(), [f"127.0.0.1:{exp.port}"]) as url:
+    with prometheus_server(tmp_path, free_port(), [f"127.0.0.1:{exp.port}"]) as url:
         yield PrometheusConnect(url=url)  # plain http on loopback; TLS verification is left on
 
 
@@ -81,7 +64,7 @@ def test_increase_matches_injected_joules_through_a_wrap(exporter, prometheus):
     zones = {"intel-rapl:0": "package-0", "intel-rapl:0:0": "core-0", "intel-rapl:0:2": "dram-0"}
 
     # (1) baseline: at least two scrapes of the still counters.
-    _wait(lambda: all(len(_raw(prometheus, z)) >= 2 for z in zones.values()), 30, "two baseline scrapes")
+    wait_for(lambda: all(len(_raw(prometheus, z)) >= 2 for z in zones.values()), 30, "two baseline scrapes")
     baseline = {z: _raw(prometheus, z)[-1] for z in zones.values()}
     assert all(v == 0.0 for _, v in baseline.values())
 
@@ -99,7 +82,7 @@ def test_increase_matches_injected_joules_through_a_wrap(exporter, prometheus):
     def settled():
         return all(len(s := _raw(prometheus, z)) >= 2 and s[-1][1] == s[-2][1] > 0 for z in zones.values())
 
-    _wait(settled, 20, "two scrapes of the final counters")
+    wait_for(settled, 20, "two scrapes of the final counters")
 
     for zone, joules in injected.items():
         samples = _raw(prometheus, zone)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -13,6 +14,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PROMETHEUS = "/usr/bin/prometheus"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``cond`` until it returns something truthy (returned), or fail the test naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
