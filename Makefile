@@ -5,9 +5,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Debian packages the integration tests use: real Prometheus, real JMeter (with its HTTP sampler),
 # a Docker engine and debootstrap (local base images and the systemd target, since no registry is reachable),
-# cloud-init tools (schema checks, NoCloud seeds), qemu-img, and the headers libvirt-python builds against.
+# cloud-init tools (schema checks, NoCloud seeds), QEMU and libvirtd (the real guest), the headers
+# libvirt-python builds against, and an OpenSSH server (the pipeline's fabric steps against a real sshd).
 APT_PACKAGES ?= prometheus jmeter jmeter-http docker.io debootstrap cloud-init cloud-image-utils qemu-utils \
-	pkg-config libvirt-dev
+	qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu pkg-config libvirt-dev openssh-server
 DEMO_OUT ?= out/demo
 PYTEST_ARGS ?=
 

@@ -13,5 +13,13 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 echo "apt-deps: installing ${missing[*]}"
+# Packages such as prometheus and openssh-server start their daemon on install, listening on every address.
+# The tests start what they need themselves, on loopback, so forbid service starts during the install
+# (unless the machine already has its own policy).
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
