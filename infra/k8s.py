@@ -376,6 +376,8 @@ class ClusterTarget(pulumi.ComponentResource):
                                          opts=after_ns)
         prometheus_url = {"manifests": f"http://joulesched-prometheus.{ns}.svc:9090",
                           "helm": cfg.prometheus_url, "none": cfg.prometheus_url}[cfg.prometheus]
+        #: Where the scheduler (and `joulesched pipeline --stack`) reads power from, in-cluster DNS.
+        self.prometheus_url = prometheus_url
         self.scheduler = Scheduler(f"{name}-sched", manifests=scheduler_manifests(
             namespace=ns, image=cfg.image, replicas=cfg.scheduler_replicas, scheduler_name=cfg.scheduler_name,
             policy=cfg.scheduler_policy, prometheus_url=prometheus_url, extra_args=cfg.scheduler_extra_args),

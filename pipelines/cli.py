@@ -247,113 +247,6 @@ def sweep(
     _print_summary(doc, as_json, out_dir)
 
 
-class Env(str, Enum):
-    sim = "sim"
-    kube = "kube"
-
-
-@app.command()
-def pipeline(
-    env: Annotated[Env, typer.Option(help="Where to run: the embedded twin (sim) or a real cluster (kube).")] = Env.sim,
-    scenario: ScenarioOpt = None,
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumable).")] = Path("out/pipeline"),
-    model: Annotated[Optional[Path], typer.Option(help="Model to load; trained into it when missing.")] = None,
-    train_scenario: Annotated[Optional[list[Path]], typer.Option(
-        help="Scenarios to train on (default: the benchmark scenarios).")] = None,
-    minutes: Annotated[Optional[float], typer.Option(help="Training budget in wall-clock minutes.")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Training budget in decisions.")] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="Benchmark seeds per scenario.")] = 1,
-    jobs: Annotated[int, typer.Option(min=1, help="Benchmark worker processes.")] = 1,
-    node_profile: Annotated[Optional[Path], typer.Option(
-        help="Calibrated node profile (`joulesched power calibrate`) applied to every scenario's nodes.")] = None,
-    force: Annotated[bool, typer.Option(help="Re-run every stage even if its inputs are unchanged.")] = False,
-    kubeconfig: Annotated[Optional[Path], typer.Option(help="kube: kubeconfig of the cluster.")] = None,
-    prometheus: Annotated[Optional[str], typer.Option(
-        help="kube: URL of the Prometheus that scrapes the power exporter.")] = None,
-    target: Annotated[Optional[str], typer.Option(help="kube: URL of the test app's Service to drive load at.")] = None,
-    load_seconds: Annotated[int, typer.Option(min=1, help="kube: seconds of load per policy.")] = 30,
-    pods: Annotated[int, typer.Option(min=1, help="kube: pods created per policy.")] = 4,
-    policy: Annotated[Optional[list[str]], typer.Option(
-        "--policy", "-p", help="kube: policy to measure (repeatable). default-k8s runs under kube-scheduler, "
-        "any other under `joulesched serve --policy P`. Default: default-k8s and energy-greedy.")] = None,
-    load_driver: Annotated[str, typer.Option(help="kube: locust or jmeter.")] = "locust",
-    start_scheduler: Annotated[bool, typer.Option(
-        help="kube: run `joulesched serve --policy P` here for each policy (else one already runs in the cluster).")] = True,
-    energy_selector: Annotated[Optional[str], typer.Option(
-        help="kube: PromQL series summed for node energy (default: RAPL packages + DRAM, or the model's platform).")] = None,
-) -> None:
-    """Calibrate (optional), train or load the DQN, benchmark it against every baseline and the bound, report.
-
-    With --env kube: each policy in turn deploys pods, drives load, reads energy from Prometheus, tears down."""
-    if env is Env.kube:
-        _pipeline_kube(out_dir, kubeconfig, prometheus, target, load_seconds, pods, policy, load_driver,
-                       start_scheduler, energy_selector)
-        return
-    from pipelines.pipeline import run_sim
-
-    if minutes is not None and steps is not None:
-        err.print("[red]error:[/red] give at most one of --minutes and --steps")
-        raise typer.Exit(2)
-    with _usage_errors(), _progress(True) as prog:
-        task = prog.add_task("pipeline", total=None, item="")
-        doc = run_sim(scenario or _suite(), out_dir, model=model, train_scenarios=train_scenario, minutes=minutes,
-                      steps=steps, seeds=seeds, jobs=jobs, node_profile=node_profile, force=force,
-                      on_event=lambda name, what: err.print(f"[bold]{name}[/bold]: {what}"),
-                      on_start=lambda n: prog.update(task, total=n, completed=0),
-                      on_progress=lambda item: prog.update(task, advance=1, item=item))
-    _print_summary(doc, False, out_dir)
-
-
-def _pipeline_kube(out_dir: Path, kubeconfig: Optional[Path], prometheus: Optional[str], target: Optional[str],
-                   load_seconds: int, pods: int, policy: Optional[list[str]], load_driver: str,
-                   start_scheduler: bool, energy_selector: Optional[str]) -> None:
-    from pipelines.kube_pipeline import KubePipelineError, run_kube
-
-    missing = [o for o, v in (("--kubeconfig", kubeconfig), ("--prometheus", prometheus), ("--target", target)) if not v]
-    if missing:
-        err.print(f"[red]error:[/red] --env kube needs {', '.join(missing)}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2)
-    if load_driver not in ("locust", "jmeter"):
-        err.print(f"[red]error:[/red] --load-driver must be locust or jmeter, not {load_driver!r}", highlight=False)
-        raise typer.Exit(2)
-    from cluster.kube.client import KubeConfigError
-
-    command = "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    try:
-        with _usage_errors():
-            doc = run_kube(out_dir, kubeconfig=str(kubeconfig), prometheus_url=prometheus or "", target=target or "",
-                           policies=policy or ("default-k8s", "energy-greedy"), pods=pods,
-                           load_seconds=load_seconds, driver=load_driver, command=command,  # type: ignore[arg-type]
-                           start_scheduler=start_scheduler,
-                           **({"energy_selector": energy_selector} if energy_selector else {}),
-                           on_event=lambda name, what: err.print(f"[bold]{name}[/bold]: {what}", highlight=False))
-    except (KubePipelineError, KubeConfigError) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except Exception as e:  # the cluster, Prometheus or the load driver failed mid-run: one line, exit 1
-        from kubernetes.client.rest import ApiException
-        from prometheus_api_client import PrometheusApiClientException
-        from requests import RequestException
-
-        from workloads.load.results import DriverError
-
-        if not isinstance(e, (ApiException, PrometheusApiClientException, RequestException, DriverError)):
-            raise
-        what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
-        err.print(f"[red]error:[/red] kube pipeline failed: {what}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
-    for name, s in doc["summary"].items():
-        t = Table(title=f"{name} (measured on a real cluster)", title_justify="left")
-        for col in ("policy", "joules", "×default", "errors", "p99 ms", "unplaced"):
-            t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
-        for p, r in s["policies"].items():
-            t.add_row(p, f"{r['energy_joules']:.1f}", f"{r.get('energy_vs_default', float('nan')):.3f}",
-                      f"{100 * r['slo_violation_rate']:.2f}%", f"{r['latency_p99_ms']:.1f}",
-                      f"{r['unschedulable_pods']:g}")
-        out.print(t)
-    out.print(f"results: {out_dir / 'results.json'}   report: {out_dir / 'report.html'}")
-
-
 SHIPPED_MODEL = REPO_ROOT / "models" / "small.pt"
 
 
@@ -367,13 +260,11 @@ def demo(
     """The main job on the embedded twin: the DQN and every baseline on the standard suite, then the report."""
     from pipelines.pipeline import run_sim
 
+    from pipelines.pipeline_cli import StageDisplay, interrupted
+
     minutes = None if model.exists() else 3.0
-    with _usage_errors(), _progress(True) as prog:
-        task = prog.add_task("demo", total=None, item="")
-        doc = run_sim(_suite(), out_dir, model=model, minutes=minutes, seeds=seeds, jobs=jobs,
-                      on_event=lambda name, what: err.print(f"[bold]{name}[/bold]: {what}"),
-                      on_start=lambda n: prog.update(task, total=n, completed=0),
-                      on_progress=lambda item: prog.update(task, advance=1, item=item))
+    with _usage_errors(), interrupted(out_dir), StageDisplay() as show:
+        doc = run_sim(_suite(), out_dir, model=model, minutes=minutes, seeds=seeds, jobs=jobs, **show.callbacks())
     _print_summary(doc, False, out_dir)
 
 
@@ -388,7 +279,10 @@ def _register_subapps() -> None:
     from pipelines.infra_cli import app as infra_app
 
     app.add_typer(infra_app, name="infra", help="Provision environments: Pulumi stacks, KVM guests, Ansible.")
+    from pipelines.pipeline_cli import pipeline as pipeline_cmd
     from pipelines.train_cli import test_cmd, train_cmd
+
+    app.command("pipeline")(pipeline_cmd)
 
     app.command("train")(train_cmd)
     app.command("test")(test_cmd)

@@ -10,7 +10,6 @@ Bad input prints one red line and exits 2; a failed run (play, guest, Pulumi upd
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
@@ -20,9 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parent.parent
-PULUMI_INSTALL = ("the Pulumi CLI is not on PATH. Install it (it is not packaged for Debian or PyPI):\n"
-                  "  curl -fsSL https://get.pulumi.com | sh      # or: brew install pulumi\n"
-                  "then log in to a state backend, e.g. `pulumi login --local`, and rerun.")
+
 
 app = typer.Typer(help="Environments with Pulumi, libvirt guests, and bare-metal hosts with Ansible.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -43,14 +40,12 @@ StackOpt = Annotated[str, typer.Option("--stack", "-s", help="Stack name: its se
 
 def _stack(name: str):
     """Select (or create) the stack through the Automation API; exit 2 without a pulumi binary."""
-    if shutil.which("pulumi") is None:
-        _fail(PULUMI_INSTALL)
-    if not (REPO / f"Pulumi.{name}.yaml").is_file():
-        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
-        _fail(f"no Pulumi.{name}.yaml; known stacks: {', '.join(known)}")
-    from pulumi import automation as auto
+    from infra.stack import StackError, open_stack
 
-    return auto.create_or_select_stack(stack_name=name, work_dir=str(REPO))
+    try:
+        return open_stack(name, REPO)
+    except StackError as e:
+        _fail(str(e))
 
 
 def _pulumi_op(op: str, stack: str, **kw) -> None:

@@ -7,14 +7,17 @@ are bound, (3) drive load against ``target`` with Locust or JMeter, (4) read the
 quality from the load driver, (5) delete the pods and wait until none remain. Then results.json (the schema
 of ``pipelines/benchmark.py``; there is no lower bound on a real cluster, so it is ``null``) and the report.
 
-The joulesched scheduler is not started here: run ``joulesched serve --policy P`` on the cluster for the
-policy being measured (the pipeline records which ``schedulerName`` each policy's pods carried).
+Every policy's measurement is a resumable stage writing ``DIR/runs/<policy>.json``; the report stage
+assembles them. By default the pipeline runs ``joulesched serve --policy P`` itself while P is measured.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import json
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +31,7 @@ import numpy as np
 
 from pipelines.benchmark import RESULTS_VERSION, write_outputs
 from pipelines.report import write_report
+from pipelines.stages import Stage, StageRunner
 
 DEFAULT_SCHEDULER = "default-scheduler"
 JOULESCHED_SCHEDULER = "joulesched"
@@ -132,7 +136,7 @@ def _wait(cond: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any
 
 @contextlib.contextmanager
 def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: Path,
-                  start_timeout_s: float = 30.0) -> Iterator[None]:
+                  start_timeout_s: float = 30.0, context: str | None = None) -> Iterator[None]:
     """Run ``joulesched serve --policy POLICY`` for the duration of one policy's run (kube-scheduler binds the
     default-k8s pods; every other policy is ours, so it must be the one binding ``schedulerName: joulesched``)."""
     if scheduler_name_for(policy) != "joulesched":
@@ -141,7 +145,8 @@ def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: P
     log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--scheduler-name", "joulesched",
                              "--policy", policy, "--kubeconfig", kubeconfig, "--prometheus", prometheus_url,
-                             "--no-leader-elect", "--listen", "127.0.0.1:0"], stdout=log, stderr=subprocess.STDOUT)
+                             "--no-leader-elect", "--listen", "127.0.0.1:0", *(["--context", context] if context else [])],
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         time.sleep(min(1.0, start_timeout_s))
         if proc.poll() is not None:
@@ -252,6 +257,26 @@ def summarize_kube(doc: dict) -> dict:
     return out
 
 
+def policy_key(policy: str) -> str:
+    """A file-name-safe, collision-free key of a policy spec: readable slug plus a short hash."""
+    return f"{_slug(policy)}-{hashlib.sha256(policy.encode()).hexdigest()[:6]}"
+
+
+def _policy_inputs(policy: str) -> list[Path]:
+    """Files a policy's behaviour depends on (a DQN's model), so a retrained model is re-measured."""
+    from agent.policy import parse_spec
+
+    _, _, path = parse_spec(policy)
+    return [Path(path)] if path else []
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
 def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
              policies: Sequence[str] = ("default-k8s", "energy-greedy"), pods: int = 4,
              apps: Sequence[str] = ("testapp",), load_seconds: int = 30, users: int = 4,
@@ -259,8 +284,14 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
              scenario_name: str = "kube", bind_timeout_s: float = 120.0, delete_timeout_s: float = 180.0,
              energy_selector: str = ENERGY_METRIC, scrape_wait_s: float = 120.0, image: str | None = None,
              command: str = "", on_event: Callable[[str, str], None] | None = None,
-             start_scheduler: bool = True) -> dict:
+             start_scheduler: bool = True, kube_context: str | None = None, force: bool = False,
+             on_plan: Callable[[list[str]], None] | None = None) -> dict:
     """Measure every policy in turn on the cluster of ``kubeconfig``; write results.json and report.html.
+
+    Each policy's measurement is a resumable stage (``pipelines/stages.py``) whose output is
+    ``DIR/runs/<policy>.json``: a re-run skips policies already measured with the same parameters (and model
+    file), and an interrupted run (Ctrl-C) tears its pods down and records nothing for the policy it was
+    measuring. The report stage assembles results.json and report.html from the run files.
 
     With ``start_scheduler`` the pipeline runs ``joulesched serve --policy P`` itself (out of cluster, with the
     same kubeconfig) while policy P is measured; without it, a scheduler already deployed on the cluster binds
@@ -297,49 +328,75 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
             raise KubePipelineError(f"unknown app {a!r}; expected one of {', '.join(APPS)}")
     on_event = on_event or (lambda name, what: None)
 
-    api = load_api_client(kubeconfig)
+    api = load_api_client(kubeconfig, kube_context)
     core = k8s.CoreV1Api(api)
     prom = PrometheusConnect(url=prometheus_url.rstrip("/"), disable_ssl=False)
     # Preflight, before any pod exists: Prometheus answers and holds the exporter's counters.
     try:
         have = prom.custom_query(f"count({energy_selector})")
     except Exception as e:  # requests' connection errors, PrometheusApiClientException
+        api.close()
         raise KubePipelineError(f"cannot query Prometheus at {prometheus_url}: {e}") from None
     if not have:
+        api.close()
         raise KubePipelineError(f"Prometheus at {prometheus_url} has no {energy_selector} series; "
                                 "is the power exporter running and scraped?")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    run_id = uuid.uuid4().hex[:6]
-    t0 = time.perf_counter()
-    node_count = len(core.list_node().items)
-    results = {}
+    runner = StageRunner(out, force=force, on_event=on_event)
+    runs = out / "runs"
+    run_files = {pol: runs / f"{policy_key(pol)}.json" for pol in policies}
+    if on_plan:
+        on_plan([f"measure {pol}" for pol in policies] + ["report"])
+    # What a measurement depends on: the same cluster, load and selection re-measured is a cache hit.
+    common = {"cluster": api.configuration.host, "namespace": namespace, "prometheus": prometheus_url,
+              "target": target, "pods": pods, "apps": list(apps), "load_seconds": load_seconds, "users": users,
+              "driver": driver, "energy_selector": energy_selector, "image": image,
+              "start_scheduler": start_scheduler}
     try:
         (out / "logs").mkdir(exist_ok=True)
         for pol in policies:
-            sched = (our_scheduler(pol, kubeconfig, prometheus_url, out / "logs" / f"serve-{_slug(pol)}.log")
-                     if start_scheduler else contextlib.nullcontext())
-            with sched:
-                results[pol] = run_policy(core, prom, pol, pods=pods, apps=list(apps), namespace=namespace,
-                                          run_id=run_id, target=target, load_seconds=load_seconds, users=users,
-                                          driver=driver, workdir=out / "load", bind_timeout_s=bind_timeout_s,
-                                          delete_timeout_s=delete_timeout_s, energy_selector=energy_selector,
-                                          scrape_wait_s=scrape_wait_s, image=image, on_event=on_event)
+            def measure(pol: str = pol) -> None:
+                t0 = time.perf_counter()
+                log = out / "logs" / f"serve-{policy_key(pol)}.log"
+                sched = (our_scheduler(pol, kubeconfig, prometheus_url, log, context=kube_context)
+                         if start_scheduler else contextlib.nullcontext())
+                with sched:
+                    res = run_policy(core, prom, pol, pods=pods, apps=list(apps), namespace=namespace,
+                                     run_id=uuid.uuid4().hex[:6], target=target, load_seconds=load_seconds,
+                                     users=users, driver=driver, workdir=out / "load",
+                                     bind_timeout_s=bind_timeout_s, delete_timeout_s=delete_timeout_s,
+                                     energy_selector=energy_selector, scrape_wait_s=scrape_wait_s, image=image,
+                                     on_event=on_event)
+                _write_json(run_files[pol], {"policy": pol, "nodes": len(core.list_node().items),
+                                             "wall_s": time.perf_counter() - t0, "metrics": res})
+
+            runner.run(Stage(f"measure-{policy_key(pol)}", _policy_inputs(pol), {**common, "policy": pol},
+                             [run_files[pol]], measure))
     finally:
         api.close()
-    doc = {
-        "version": RESULTS_VERSION,
-        "command": command,
-        "env": "kube",
-        "created_unix": time.time(),
-        "wall_s": time.perf_counter() - t0,
-        "policies": list(policies),
-        "seeds": 1,
-        "scenarios": [{"name": scenario_name, "seed": 0, "nodes": node_count, "pods": pods,
-                       "lower_bound_joules": None, "target": target, "apps": list(apps),
-                       "policies": results}],
-    }
-    doc["summary"] = summarize_kube(doc)
-    write_outputs(out, doc, {}, {})
-    write_report(out, header=HEADER)
-    return doc
+
+    def report() -> None:
+        measured = {pol: json.loads(run_files[pol].read_text()) for pol in policies}
+        doc = {
+            "version": RESULTS_VERSION,
+            "command": command,
+            "env": "kube",
+            "created_unix": time.time(),
+            "wall_s": sum(m["wall_s"] for m in measured.values()),
+            "policies": list(policies),
+            "seeds": 1,
+            "scenarios": [{"name": scenario_name, "seed": 0, "nodes": max(m["nodes"] for m in measured.values()),
+                           "pods": pods, "lower_bound_joules": None, "target": target, "apps": list(apps),
+                           "policies": {pol: m["metrics"] for pol, m in measured.items()}}],
+        }
+        doc["summary"] = summarize_kube(doc)
+        write_outputs(out, doc, {}, {})
+        write_report(out, header=HEADER)
+
+    runner.run(Stage("report", list(run_files.values()), {"command_policies": list(policies),
+                                                         "scenario": scenario_name},
+                     [out / "results.json", out / "report.html"], report))
+    from pipelines.benchmark import load_results
+
+    return load_results(out / "results.json")

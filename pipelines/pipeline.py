@@ -63,6 +63,47 @@ def calibrated_scenarios(scenarios: Sequence[Path], profile: Path, out_dir: Path
     return written
 
 
+def _train(runner: StageRunner, model_path: Path, scenarios: Sequence[Path], *, minutes: float | None,
+           steps: int | None, seed: int, progress: bool,
+           on_train: Callable[[int, float, float], None] | None = None) -> None:
+    """The resumable train stage: ``model_path`` from ``scenarios`` within the budget."""
+    from pipelines.train import train
+
+    def do_train() -> None:
+        if model_path.exists():
+            model_path.unlink()  # a stale model from an interrupted or changed run is retrained
+        train(scenarios, model_path, minutes=minutes, steps=steps, seed=seed, progress=progress and on_train is None,
+              overwrite=True, on_progress=on_train)
+
+    runner.run(Stage("train", list(scenarios), {"minutes": minutes, "steps": steps, "seed": seed}, [model_path],
+                     do_train))
+
+
+def train_stage(out: Path, *, model: Path | None, minutes: float | None, steps: int | None,
+                scenarios: Sequence[Path], node_profile: Path | None = None, force: bool = False, seed: int = 0,
+                on_event: Callable[[str, str], None] | None = None,
+                on_train: Callable[[int, float, float], None] | None = None) -> Path:
+    """The model a cluster run measures: ``model`` when it exists, else trained on ``scenarios`` (their nodes
+    given the curves of ``node_profile`` when one was measured) into ``model`` or ``out/model.pt``."""
+    if model is not None and Path(model).exists():
+        return Path(model)
+    if minutes is None and steps is None:
+        raise ScenarioError(f"model {model} does not exist: give --minutes or --steps to train it")
+    scenarios = [Path(s) for s in scenarios]
+    for p in scenarios:
+        load_scenario(p)
+    runner = StageRunner(out, force=force, on_event=on_event)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    if node_profile is not None:
+        tcal = Path(out) / "train-scenarios"
+        runner.run(Stage("calibrate-train", [Path(node_profile), *scenarios], {}, [tcal],
+                         lambda: calibrated_scenarios(scenarios, Path(node_profile), tcal)))
+        scenarios = [tcal / p.name for p in scenarios]
+    model_path = Path(model) if model is not None else Path(out) / "model.pt"
+    _train(runner, model_path, scenarios, minutes=minutes, steps=steps, seed=seed, progress=False, on_train=on_train)
+    return model_path
+
+
 def _short(path: Path) -> str:
     """The path relative to the working directory when it is below it: results and plots name the policy."""
     rel = os.path.relpath(Path(path).resolve())
@@ -74,8 +115,13 @@ def run_sim(scenarios: Sequence[Path], out: Path, *, model: Path | None = None,
             steps: int | None = None, seeds: int = 1, jobs: int = 1, node_profile: Path | None = None,
             extra_policies: Sequence[str] = (), force: bool = False, seed: int = 0,
             on_event: Callable[[str, str], None] | None = None,
-            on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None) -> dict:
-    """Run the sim pipeline into ``out``; returns the benchmark results document."""
+            on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
+            on_plan: Callable[[list[str]], None] | None = None,
+            on_train: Callable[[int, float, float], None] | None = None) -> dict:
+    """Run the sim pipeline into ``out``; returns the benchmark results document.
+
+    ``on_plan`` gets the stage names once, before the first runs; ``on_event(stage, what)`` reports each.
+    """
     out = Path(out)
     scenarios = [Path(s) for s in scenarios]
     train_scenarios = [Path(s) for s in (train_scenarios or [])]
@@ -90,6 +136,10 @@ def run_sim(scenarios: Sequence[Path], out: Path, *, model: Path | None = None,
         profile_curve(node_profile)
     runner = StageRunner(out, force=force, on_event=on_event)
     out.mkdir(parents=True, exist_ok=True)
+    if on_plan:
+        on_plan((["calibrate"] if node_profile is not None else [])
+                + (["calibrate-train"] if node_profile is not None and train_scenarios else [])
+                + (["train"] if train_needed else []) + ["benchmark", "report"])
 
     bench_scenarios = scenarios
     if node_profile is not None:
@@ -104,19 +154,9 @@ def run_sim(scenarios: Sequence[Path], out: Path, *, model: Path | None = None,
             train_scenarios = [tcal / p.name for p in train_scenarios]
 
     if train_needed:
-        from pipelines.train import train
-
         model_path = Path(model) if model is not None else out / "model.pt"
-        train_on = train_scenarios or bench_scenarios
-
-        def do_train() -> None:
-            if model_path.exists():
-                model_path.unlink()  # a stale model from an interrupted or changed run is retrained
-            train(train_on, model_path, minutes=minutes, steps=steps, seed=seed, progress=on_progress is None,
-                  overwrite=True)
-
-        runner.run(Stage("train", train_on, {"minutes": minutes, "steps": steps, "seed": seed}, [model_path],
-                         do_train))
+        _train(runner, model_path, train_scenarios or bench_scenarios, minutes=minutes, steps=steps, seed=seed,
+               progress=on_progress is None, on_train=on_train)
     else:
         model_path = Path(model)
 

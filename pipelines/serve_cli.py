@@ -78,8 +78,8 @@ def _default_namespace() -> str:
         return "joulesched"
 
 
-def _build_backend(kubeconfig: Optional[str], prometheus: str, cpu_query: str, power_query: str,
-                   node_label: str, power_profiles: Optional[str], interval_s: float):
+def _build_backend(kubeconfig: Optional[str], context: Optional[str], prometheus: str, cpu_query: str,
+                   power_query: str, node_label: str, power_profiles: Optional[str], interval_s: float):
     from cluster.kube.backend import KubeBackend
     from cluster.kube.client import load_api_client
     from cluster.kube.metrics_feed import FeedConfig
@@ -88,7 +88,7 @@ def _build_backend(kubeconfig: Optional[str], prometheus: str, cpu_query: str, p
     feed = FeedConfig(url=_check_url(prometheus or ""), cpu_query=cpu_query, power_query=power_query,
                       node_label=node_label, interval_s=interval_s)
     curves = CurveResolver(load_profiles(power_profiles) if power_profiles else None)
-    api = load_api_client(kubeconfig)
+    api = load_api_client(kubeconfig, context)
     return KubeBackend(api, curves=curves, feed=feed)
 
 
@@ -100,6 +100,8 @@ def _logging(level: str) -> None:
 PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="Policy NAME, NAME:key=value,... or dqn=MODEL.")]
 KubeconfigOpt = Annotated[Optional[str], typer.Option(
     "--kubeconfig", help="Kubeconfig file. Default: in-cluster service account, else $KUBECONFIG or ~/.kube/config.")]
+ContextOpt = Annotated[Optional[str], typer.Option(
+    "--context", help="Kubeconfig context to use. Default: the kubeconfig's current context.")]
 PrometheusOpt = Annotated[Optional[str], typer.Option(
     "--prometheus", help="Prometheus URL for node CPU usage and watts. Without it (or while it is down) usage "
                          "is request-based.")]
@@ -117,6 +119,7 @@ def serve(
     scheduler_name: Annotated[str, typer.Option("--scheduler-name", help="Schedule pods whose spec.schedulerName is this.")] = "joulesched",
     policy: PolicyOpt = "default-k8s",
     kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
     prometheus: PrometheusOpt = None,
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT of /metrics and /healthz.")] = "127.0.0.1:10259",
     leader_elect: Annotated[bool, typer.Option("--leader-elect/--no-leader-elect",
@@ -133,13 +136,14 @@ def serve(
     log_level: LogOpt = "info",
 ) -> None:
     """Run POLICY as a secondary scheduler: bind pending pods whose schedulerName matches, until SIGTERM."""
-    _run_serve(scheduler_name=scheduler_name, policy=policy, kubeconfig=kubeconfig, prometheus=prometheus,
-               listen=listen, leader_elect=leader_elect, lease_namespace=lease_namespace, bind_workers=bind_workers,
+    _run_serve(scheduler_name=scheduler_name, policy=policy, kubeconfig=kubeconfig, context=context,
+               prometheus=prometheus, listen=listen, leader_elect=leader_elect, lease_namespace=lease_namespace, bind_workers=bind_workers,
                cpu_query=cpu_query, power_query=power_query, node_label=node_label, power_profiles=power_profiles,
                metrics_interval=metrics_interval, seed=seed, log_level=log_level)
 
 
 def _run_serve(*, scheduler_name: str, policy: str, kubeconfig: Optional[str], prometheus: Optional[str],
+               context: Optional[str] = None,
                listen: str, leader_elect: bool, lease_namespace: Optional[str], bind_workers: int, cpu_query: str,
                power_query: str, node_label: str, power_profiles: Optional[str], metrics_interval: float, seed: int,
                log_level: str, stop: threading.Event | None = None) -> None:
@@ -151,8 +155,8 @@ def _run_serve(*, scheduler_name: str, policy: str, kubeconfig: Optional[str], p
             raise ServeInputError("--scheduler-name must not be empty")
         host, port = parse_listen(listen)
         pol = make_policy(policy)
-        backend = _build_backend(kubeconfig, prometheus or "", cpu_query, power_query, node_label, power_profiles,
-                                 metrics_interval)
+        backend = _build_backend(kubeconfig, context, prometheus or "", cpu_query, power_query, node_label,
+                                 power_profiles, metrics_interval)
         cfg = ServeConfig(scheduler_name=scheduler_name, seed=seed, leader_elect=leader_elect,
                           lease_namespace=lease_namespace or _default_namespace(), bind_workers=bind_workers)
         sched = Scheduler(backend, pol, cfg)
@@ -174,6 +178,7 @@ def extender(
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to serve /filter and /prioritize on.")] = "127.0.0.1:8888",
     policy: PolicyOpt = "default-k8s",
     kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
     prometheus: PrometheusOpt = None,
     cpu_query: CpuQueryOpt = DEFAULT_CPU_QUERY,
     power_query: PowerQueryOpt = DEFAULT_POWER_QUERY,
@@ -184,12 +189,14 @@ def extender(
     log_level: LogOpt = "info",
 ) -> None:
     """Serve POLICY as a kube-scheduler extender (POST /filter, /prioritize; extender v1 JSON), until SIGTERM."""
-    _run_extender(listen=listen, policy=policy, kubeconfig=kubeconfig, prometheus=prometheus, cpu_query=cpu_query,
+    _run_extender(listen=listen, policy=policy, kubeconfig=kubeconfig, context=context, prometheus=prometheus,
+                  cpu_query=cpu_query,
                   power_query=power_query, node_label=node_label, power_profiles=power_profiles,
                   metrics_interval=metrics_interval, seed=seed, log_level=log_level)
 
 
 def _run_extender(*, listen: str, policy: str, kubeconfig: Optional[str], prometheus: Optional[str], cpu_query: str,
+                  context: Optional[str] = None,
                   power_query: str, node_label: str, power_profiles: Optional[str], metrics_interval: float,
                   seed: int, log_level: str, stop: threading.Event | None = None) -> None:
     from agent.policy import make_policy
@@ -198,8 +205,8 @@ def _run_extender(*, listen: str, policy: str, kubeconfig: Optional[str], promet
     with _usage_errors():
         host, port = parse_listen(listen)
         pol = make_policy(policy)
-        backend = _build_backend(kubeconfig, prometheus or "", cpu_query, power_query, node_label, power_profiles,
-                                 metrics_interval)
+        backend = _build_backend(kubeconfig, context, prometheus or "", cpu_query, power_query, node_label,
+                                 power_profiles, metrics_interval)
         ext = Extender(backend, pol, seed=seed)
         server = ExtenderServer(ext, host, port)
     _logging(log_level)

@@ -153,3 +153,19 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(InfraConfigError) as e:
         run_main(cfg)
     assert len(e.value.problems) == 3, e.value.problems
+
+
+def test_stack_outputs_tell_the_pipeline_where_things_are(rec):
+    """`joulesched pipeline --stack cluster` reads these (infra/stack.py interprets them)."""
+    from infra.stack import environment
+
+    assert rec.exports["prometheus_url"] == "http://joulesched-prometheus.joulesched.svc:9090"
+    assert rec.exports["target_url"] == "http://testapp.joulesched.svc:8080/work?ms=20"
+    env = environment("cluster", {k: rec.exports[k] for k in ("prometheus_url", "target_url")})
+    assert env.prometheus_url == rec.exports["prometheus_url"] and env.target_url == rec.exports["target_url"]
+    assert env.kubeconfig is None and env.hosts == ()
+
+
+def test_helm_mode_without_a_url_exports_no_prometheus():
+    r = run_main(stack_config("cluster", prometheus="helm", kubeContext="lab"))
+    assert "prometheus_url" not in r.exports and r.exports["kube_context"] == "lab"

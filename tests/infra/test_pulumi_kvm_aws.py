@@ -59,6 +59,19 @@ def test_kvm_user_network_and_direct_kernel_boot():
     (m,) = _guests(rec).values()
     assert m["network"] == "user" and m["ssh_port"] == 2222 and m["network_config"] == ""
     assert m["kernel"] == "/boot/vmlinuz" and m["virt_type"] == "qemu"
+    # the pipeline's SSH targets: the forwarded loopback port, the cloud-init admin user
+    assert rec.exports["hosts"] == [{"name": "joulesched-master", "address": "127.0.0.1", "port": 2222,
+                                     "user": "joulesched"}]
+
+
+def test_kvm_hosts_output_on_a_libvirt_network(kvm):
+    from infra.stack import environment
+
+    hosts = environment("kvm", {"hosts": kvm.exports["hosts"]}).hosts
+    assert [(h.name, h.address, h.port, h.user) for h in hosts] == [
+        ("joulesched-master", "192.168.122.10", 22, "joulesched"),
+        ("joulesched-worker-0", "192.168.122.11", 22, "joulesched"),
+        ("joulesched-worker-1", "192.168.122.12", 22, "joulesched")]
 
 
 @pytest.mark.parametrize("extra, message", [

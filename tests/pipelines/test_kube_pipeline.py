@@ -22,8 +22,11 @@ the test injected between each policy's window start and end (recorded in result
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -271,3 +274,123 @@ def test_kube_cli_bad_input_exits_2(tmp_path, args, needle):
     assert r.exit_code == 2, r.output
     assert needle in r.output and "Traceback" not in r.output
     assert not (tmp_path / "out").exists()
+
+
+FAKE_PULUMI = '''#!{python}
+"""Stands in for the Pulumi CLI, which cannot be installed here: answers what the Automation API asks."""
+import json, sys
+args = [a for a in sys.argv[1:] if a != "--non-interactive"]
+if args[:1] == ["version"]:
+    print("v3.200.0")
+elif args[:2] == ["stack", "select"]:
+    pass
+elif args[:2] == ["stack", "output"]:
+    outputs = json.load(open({outputs!r}))
+    if "--show-secrets" not in args:  # the masked view: secret outputs are redacted
+        outputs = {{k: "[secret]" if k == "kubeconfig" else v for k, v in outputs.items()}}
+    print(json.dumps(outputs))
+else:
+    sys.exit("fake pulumi: unexpected " + " ".join(args))
+'''
+
+
+def _fake_pulumi(tmp_path: Path, outputs: dict) -> Path:
+    (tmp_path / "outputs.json").write_text(json.dumps(outputs))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "pulumi"
+    exe.write_text(FAKE_PULUMI.format(python=sys.executable, outputs=str(tmp_path / "outputs.json")))
+    exe.chmod(0o755)
+    return bin_dir
+
+
+def _leftover_schedulers(kubeconfig: str, policy: str) -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"])
+            if kubeconfig in (cmd := " ".join(p.info["cmdline"] or [])) and f"--policy {policy}" in cmd]
+
+
+@pytest.mark.integration
+@needs_prometheus
+def test_ctrl_c_leaves_dir_consistent_and_the_stack_run_resumes(emu, kubeconfig, schedulers, power, prometheus,
+                                                               testapp, tmp_path, monkeypatch):
+    """Ctrl-C (SIGINT to the real CLI process) while the second policy is running: its pods are deleted, its
+    scheduler stopped, DIR holds the first policy's finished run and nothing half-written, exit 130. The re-run
+    goes through ``--stack`` (the environment read from Pulumi stack outputs through the real Automation API;
+    the ``pulumi`` binary it drives is a stand-in script, as the CLI cannot be installed here) and measures only
+    the policy that was interrupted."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+    from pipelines.kube_pipeline import POLICY_LABEL
+
+    out = tmp_path / "out"
+    common = ["--pods", "3", "--load-seconds", "4", "-p", "default-k8s", "-p", "energy-greedy", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "pipeline", "--env", "kube", "--kubeconfig",
+                             kubeconfig, "--prometheus", prometheus, "--target", testapp, *common], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def second_policy_running() -> bool:
+            return proc.poll() is not None or any(
+                p["metadata"]["labels"].get(POLICY_LABEL) == "energy-greedy" for p in emu.list("pods"))
+
+        wait_for(second_policy_running, 90, "the energy-greedy pods")
+        assert proc.poll() is None, proc.communicate()[0]
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 130, output
+    assert "interrupted" in output and "Traceback" not in output, output
+    assert emu.list("pods") == []
+    assert _leftover_schedulers(kubeconfig, "energy-greedy") == []
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert len(runs) == 1 and runs[0].startswith("default-k8s-"), runs
+    first = json.loads((out / "runs" / runs[0]).read_text())
+    records = sorted(p.name for p in (out / ".stages").iterdir())
+    assert records == [f"measure-{runs[0]}"], records
+    assert not (out / "results.json").exists() and not (out / "report.html").exists()
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+    bin_dir = _fake_pulumi(tmp_path, {"kubeconfig": Path(kubeconfig).read_text(), "prometheus_url": prometheus,
+                                      "target_url": testapp, "namespace": "joulesched"})
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path / "pulumi-home"))
+    r = CliRunner().invoke(app, ["pipeline", "--env", "kube", "--stack", "cluster", *common])
+    assert r.exit_code == 0, r.output
+    assert f"measure-{runs[0][:-len('.json')]}: skipped (inputs unchanged)" in r.output
+    doc = json.loads((out / "results.json").read_text())
+    entry = doc["scenarios"][0]["policies"]
+    assert entry["default-k8s"] == first["metrics"]
+    assert entry["energy-greedy"]["placements"] == 3 and entry["energy-greedy"]["energy_joules"] > 0
+    assert (out / "report.html").is_file()
+    assert not list(Path(tempfile.gettempdir()).glob("joulesched-kubeconfig-*"))  # the stack's kubeconfig is gone
+
+
+def test_stack_without_pulumi_cli_says_how_to_install(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no pulumi binary anywhere
+    r = CliRunner().invoke(app, ["pipeline", "--env", "kube", "--stack", "cluster", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "get.pulumi.com" in r.output and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("outputs,needle", [
+    ({"prometheus_url": "prometheus:9090"}, "output prometheus_url must be an http(s) URL"),
+    ({"hosts": "node-1"}, "output hosts must be a list"),
+    ({"prometheus_url": "http://127.0.0.1:1"}, "--env kube needs --kubeconfig, --target (stack cluster does not export them)"),
+])
+def test_stack_outputs_of_the_wrong_shape_exit_2(tmp_path, monkeypatch, outputs, needle):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    monkeypatch.setenv("PATH", f"{_fake_pulumi(tmp_path, outputs)}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path / "pulumi-home"))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    r = CliRunner().invoke(app, ["pipeline", "--env", "kube", "--stack", "cluster", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2, r.output
+    assert needle in " ".join(r.output.split()) and not (tmp_path / "o").exists()

@@ -1,0 +1,324 @@
+"""`joulesched pipeline`: one command that (calibrates,) trains and benchmarks, on the twin or on a cluster.
+
+    joulesched pipeline [--env sim] [--model M | --minutes N] [--node-profile P] --out DIR
+    joulesched pipeline --env kube (--stack NAME | --kubeconfig K --prometheus URL --target URL) --out DIR
+    ... [--hosts INVENTORY] [--calibrate]      host-side steps over SSH (fabric; keys only, host keys checked)
+
+Every stage is resumable: a re-run skips stages whose outputs exist and whose inputs are unchanged. Ctrl-C
+stops the running stage cleanly (a cluster run deletes its pods first), leaves DIR consistent and exits 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import tempfile
+from collections.abc import Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+# `python -m pipelines.cli` runs cli.py as __main__, so importing it here at load time would import it twice;
+# its helpers are imported where they are used.
+err = Console(stderr=True)
+
+INTERRUPTED = 130  # the shell's code for SIGINT
+
+
+class Env(str, Enum):
+    sim = "sim"
+    kube = "kube"
+
+
+class StageDisplay:
+    """Progress across stages (one bar counts stages) and within the running one (a second bar counts items)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        from pipelines.cli import _progress
+
+        self.prog = _progress(enabled)
+        self.work = None
+
+    def __enter__(self) -> "StageDisplay":
+        self.prog.__enter__()
+        self.stages = self.prog.add_task("stages", total=None, item="")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.prog.__exit__(*exc)
+
+    def plan(self, names: list[str]) -> None:
+        self.prog.update(self.stages, total=len(names), completed=0, item=", ".join(names))
+
+    def event(self, name: str, what: str) -> None:
+        err.print(f"[bold]{name}[/bold]: {what}", highlight=False, soft_wrap=True)
+        if what == "running":
+            self.prog.update(self.stages, item=name)
+        elif what == "done" or what.startswith("skipped"):
+            self.prog.update(self.stages, advance=1)
+
+    def start(self, total: int) -> None:
+        if self.work is None:
+            self.work = self.prog.add_task("work", total=total, item="")
+        else:
+            self.prog.reset(self.work, total=total)
+
+    def progress(self, item: str) -> None:
+        if self.work is not None:
+            self.prog.update(self.work, advance=1, item=item)
+
+    def train(self, step: int, reward: float, epsilon: float) -> None:
+        if self.work is None:
+            self.work = self.prog.add_task("work", total=None, item="")
+        self.prog.update(self.work, completed=step, item=f"training: reward {reward:.3f}, ε {epsilon:.2f}")
+
+    def callbacks(self) -> dict:
+        return {"on_event": self.event, "on_plan": self.plan, "on_start": self.start, "on_progress": self.progress,
+                "on_train": self.train}
+
+
+@contextlib.contextmanager
+def interrupted(out_dir: Path) -> Iterator[None]:
+    """Ctrl-C: say what was kept and how to resume, exit 130 (stages record themselves only when complete)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted:[/yellow] {out_dir} is consistent: finished stages are kept, the "
+                  "interrupted one is not recorded (a cluster run deleted its pods). Re-run the same command to "
+                  "resume.", highlight=False, soft_wrap=True)
+        raise typer.Exit(INTERRUPTED) from None
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _kubeconfig_file(content: str) -> Iterator[str]:
+    """A stack's inline kubeconfig as a private file (0600) that lives only as long as the run."""
+    fd, path = tempfile.mkstemp(prefix="joulesched-kubeconfig-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def pipeline(
+    env: Annotated[Env, typer.Option(help="Where to run: the embedded twin (sim) or a real cluster (kube).")] = Env.sim,
+    scenario: Annotated[Optional[list[Path]], typer.Option(
+        "--scenario", "-s", help="Scenario YAML (repeatable). Default: the standard suite in scenarios/.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder (resumable).")] = Path("out/pipeline"),
+    model: Annotated[Optional[Path], typer.Option(help="Model to load; trained into it when missing.")] = None,
+    train_scenario: Annotated[Optional[list[Path]], typer.Option(
+        help="Scenarios to train on (default: the benchmark scenarios).")] = None,
+    minutes: Annotated[Optional[float], typer.Option(help="Training budget in wall-clock minutes.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training budget in decisions.")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Benchmark seeds per scenario.")] = 1,
+    jobs: Annotated[int, typer.Option(min=1, help="Benchmark worker processes.")] = 1,
+    node_profile: Annotated[Optional[Path], typer.Option(
+        help="Calibrated node profile (`joulesched power calibrate`) applied to every scenario's nodes.")] = None,
+    force: Annotated[bool, typer.Option(help="Re-run every stage even if its inputs are unchanged.")] = False,
+    stack: Annotated[Optional[str], typer.Option(
+        help="Read the environment from this Pulumi stack's outputs (kubeconfig, Prometheus, test app, SSH "
+             "hosts); explicit options override them. Needs the pulumi CLI.")] = None,
+    hosts: Annotated[Optional[Path], typer.Option(
+        help="Ansible inventory of the hosts for host-side steps over SSH (calibration, exporter check, logs).")] = None,
+    limit: Annotated[Optional[str], typer.Option(help="Only these inventory hosts/groups (Ansible pattern).")] = None,
+    known_hosts: Annotated[Optional[Path], typer.Option(
+        help="known_hosts file the hosts' keys are checked against (default: ~/.ssh/known_hosts).")] = None,
+    ssh_key: Annotated[Optional[Path], typer.Option(
+        help="Private key for hosts without ansible_ssh_private_key_file (default: your agent and ~/.ssh keys).")] = None,
+    calibrate: Annotated[bool, typer.Option(
+        help="Measure each host's power curve first (`joulesched power calibrate` there, over SSH) and train "
+             "and benchmark the twin on those curves.")] = False,
+    calibrate_step_seconds: Annotated[float, typer.Option(min=0.05, help="Seconds per 10 % load step.")] = 10.0,
+    collect_logs: Annotated[bool, typer.Option(help="Fetch the hosts' exporter and scheduler journals at the end.")] = True,
+    kubeconfig: Annotated[Optional[Path], typer.Option(help="kube: kubeconfig of the cluster.")] = None,
+    context: Annotated[Optional[str], typer.Option(help="kube: kubeconfig context (default: current).")] = None,
+    prometheus: Annotated[Optional[str], typer.Option(
+        help="kube: URL of the Prometheus that scrapes the power exporter.")] = None,
+    target: Annotated[Optional[str], typer.Option(help="kube: URL of the test app's Service to drive load at.")] = None,
+    load_seconds: Annotated[int, typer.Option(min=1, help="kube: seconds of load per policy.")] = 30,
+    pods: Annotated[int, typer.Option(min=1, help="kube: pods created per policy.")] = 4,
+    policy: Annotated[Optional[list[str]], typer.Option(
+        "--policy", "-p", help="kube: policy to measure (repeatable). default-k8s runs under kube-scheduler, "
+        "any other under `joulesched serve --policy P`. Default: default-k8s, energy-greedy and the DQN when "
+        "--model or a training budget is given.")] = None,
+    load_driver: Annotated[str, typer.Option(help="kube: locust or jmeter.")] = "locust",
+    start_scheduler: Annotated[bool, typer.Option(
+        help="kube: run `joulesched serve --policy P` here for each policy (else one already runs in the cluster).")] = True,
+    energy_selector: Annotated[Optional[str], typer.Option(
+        help="kube: PromQL series summed for node energy (default: RAPL packages + DRAM, or the model's platform).")] = None,
+) -> None:
+    """Calibrate (optional), train or load the DQN, benchmark it against every baseline and the bound, report.
+
+    With --env kube: each policy in turn deploys pods, drives load, reads energy from Prometheus, tears down."""
+    if minutes is not None and steps is not None:
+        _fail("give at most one of --minutes and --steps")
+    if load_driver not in ("locust", "jmeter"):
+        _fail(f"--load-driver must be locust or jmeter, not {load_driver!r}")
+    environment = None
+    if stack:
+        from infra.stack import StackError, environment as read_environment, stack_outputs
+
+        try:
+            environment = read_environment(stack, stack_outputs(stack))
+        except StackError as e:
+            _fail(str(e))
+    if calibrate and node_profile is not None:
+        _fail("give --calibrate (measure the hosts now) or --node-profile (measured before), not both")
+    host_list = None
+    if hosts is not None or calibrate:
+        from pipelines.host_steps import HostStepError, resolve_hosts
+
+        try:
+            host_list = resolve_hosts(hosts, limit, environment, ssh_key)
+        except HostStepError as e:
+            _fail(str(e))
+    with contextlib.ExitStack() as stack_ctx:
+        if env is Env.kube:
+            if environment is not None:
+                if kubeconfig is None and environment.kubeconfig_content:
+                    kubeconfig = Path(stack_ctx.enter_context(_kubeconfig_file(environment.kubeconfig_content)))
+                kubeconfig = kubeconfig or (Path(environment.kubeconfig) if environment.kubeconfig else None)
+                context = context or environment.kube_context
+                prometheus = prometheus or environment.prometheus_url
+                target = target or environment.target_url
+                if kubeconfig is None:  # the stack names a context in the user's own kubeconfig
+                    default = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
+                    kubeconfig = default if default.is_file() else None
+            _pipeline_kube(out_dir, kubeconfig=kubeconfig, context=context, prometheus=prometheus, target=target,
+                           load_seconds=load_seconds, pods=pods, policy=policy, load_driver=load_driver,
+                           start_scheduler=start_scheduler, energy_selector=energy_selector, force=force,
+                           model=model, minutes=minutes, steps=steps, scenario=scenario,
+                           train_scenario=train_scenario, hosts=host_list, known_hosts=known_hosts,
+                           calibrate=calibrate, calibrate_step_seconds=calibrate_step_seconds,
+                           collect_logs=collect_logs, stack=stack)
+            return
+        _pipeline_sim(out_dir, scenario=scenario, model=model, train_scenario=train_scenario, minutes=minutes,
+                      steps=steps, seeds=seeds, jobs=jobs, node_profile=node_profile, force=force, hosts=host_list,
+                      known_hosts=known_hosts, calibrate=calibrate, calibrate_step_seconds=calibrate_step_seconds,
+                      collect_logs=collect_logs)
+
+
+def _host_stages(out_dir: Path, hosts, known_hosts, calibrate: bool, step_seconds: float, force: bool, show):
+    """The host-side stages before a run: the exporter check, and calibration (returns the node profile)."""
+    from pipelines.host_steps import check_exporters, calibrate_hosts
+
+    check_exporters(out_dir, hosts, known_hosts, force=force, on_event=show.event)
+    if calibrate:
+        return calibrate_hosts(out_dir, hosts, known_hosts, step_seconds=step_seconds, force=force,
+                               on_event=show.event)
+    return None
+
+
+def _pipeline_sim(out_dir: Path, *, scenario, model, train_scenario, minutes, steps, seeds, jobs, node_profile,
+                  force, hosts, known_hosts, calibrate, calibrate_step_seconds, collect_logs) -> None:
+    from pipelines.cli import _print_summary, _suite, _usage_errors
+    from pipelines.host_steps import HostStepError
+    from pipelines.pipeline import run_sim
+
+    with _usage_errors(), interrupted(out_dir), StageDisplay() as show:
+        try:
+            if hosts:
+                node_profile = _host_stages(out_dir, hosts, known_hosts, calibrate, calibrate_step_seconds, force,
+                                            show) or node_profile
+            doc = run_sim(scenario or _suite(), out_dir, model=model, train_scenarios=train_scenario,
+                          minutes=minutes, steps=steps, seeds=seeds, jobs=jobs, node_profile=node_profile,
+                          force=force, **show.callbacks())
+            if hosts and collect_logs:
+                from pipelines.host_steps import collect_host_logs
+
+                collect_host_logs(out_dir, hosts, known_hosts, on_event=show.event)
+        except HostStepError as e:
+            _fail(str(e), 1)
+    _print_summary(doc, False, out_dir)
+
+
+def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Optional[str], prometheus: Optional[str],
+                   target: Optional[str], load_seconds: int, pods: int, policy: Optional[list[str]],
+                   load_driver: str, start_scheduler: bool, energy_selector: Optional[str], force: bool,
+                   model: Optional[Path], minutes: Optional[float], steps: Optional[int],
+                   scenario: Optional[list[Path]], train_scenario: Optional[list[Path]], hosts, known_hosts,
+                   calibrate: bool, calibrate_step_seconds: float, collect_logs: bool, stack: Optional[str]) -> None:
+    from pipelines.cli import _usage_errors, out
+    from pipelines.kube_pipeline import KubePipelineError, run_kube
+
+    missing = [o for o, v in (("--kubeconfig", kubeconfig), ("--prometheus", prometheus), ("--target", target)) if not v]
+    if missing:
+        via = f" (stack {stack} does not export them)" if stack else ""
+        _fail(f"--env kube needs {', '.join(missing)}{via}")
+    if calibrate and model is None and minutes is None and steps is None:
+        _fail("--calibrate on a cluster trains the DQN on the measured curves: give --minutes or --steps")
+    from cluster.kube.client import KubeConfigError
+    from pipelines.host_steps import HostStepError
+
+    command = "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        with _usage_errors(), interrupted(out_dir), StageDisplay() as show:
+            node_profile = None
+            if hosts:
+                node_profile = _host_stages(out_dir, hosts, known_hosts, calibrate, calibrate_step_seconds, force,
+                                            show)
+            policies = list(policy or ("default-k8s", "energy-greedy"))
+            if model is not None or minutes is not None or steps is not None:
+                model_path = _train_for_cluster(out_dir, model, minutes, steps, scenario, train_scenario,
+                                                node_profile, force, show)
+                spec = f"dqn={model_path}"
+                if policy is None:
+                    policies.append(spec)
+            doc = run_kube(out_dir, kubeconfig=str(kubeconfig), prometheus_url=prometheus or "", target=target or "",
+                           policies=policies, pods=pods, load_seconds=load_seconds, driver=load_driver,  # type: ignore[arg-type]
+                           command=command, start_scheduler=start_scheduler, kube_context=context, force=force,
+                           **({"energy_selector": energy_selector} if energy_selector else {}),
+                           on_event=show.event, on_plan=show.plan)
+            if hosts and collect_logs:
+                from pipelines.host_steps import collect_host_logs
+
+                collect_host_logs(out_dir, hosts, known_hosts, on_event=show.event)
+    except (KubePipelineError, KubeConfigError) as e:
+        _fail(str(e))
+    except HostStepError as e:
+        _fail(str(e), 1)
+    except Exception as e:  # the cluster, Prometheus or the load driver failed mid-run: one line, exit 1
+        from kubernetes.client.rest import ApiException
+        from prometheus_api_client import PrometheusApiClientException
+        from requests import RequestException
+
+        from workloads.load.results import DriverError
+
+        if not isinstance(e, (ApiException, PrometheusApiClientException, RequestException, DriverError)):
+            raise
+        what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
+        _fail(f"kube pipeline failed: {what}", 1)
+    for name, s in doc["summary"].items():
+        t = Table(title=f"{name} (measured on a real cluster)", title_justify="left")
+        for col in ("policy", "joules", "×default", "errors", "p99 ms", "unplaced"):
+            t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
+        for p, r in s["policies"].items():
+            t.add_row(p, f"{r['energy_joules']:.1f}", f"{r.get('energy_vs_default', float('nan')):.3f}",
+                      f"{100 * r['slo_violation_rate']:.2f}%", f"{r['latency_p99_ms']:.1f}",
+                      f"{r['unschedulable_pods']:g}")
+        out.print(t)
+    out.print(f"results: {out_dir / 'results.json'}   report: {out_dir / 'report.html'}")
+
+
+def _train_for_cluster(out_dir: Path, model: Optional[Path], minutes, steps, scenario, train_scenario,
+                       node_profile: Optional[Path], force: bool, show) -> Path:
+    """The model the cluster run measures: loaded, or trained on the twin (on the hosts' measured curves when
+    --calibrate ran: sim-to-real, closed) as a resumable stage."""
+    from pipelines.cli import _suite
+    from pipelines.pipeline import train_stage
+
+    return train_stage(out_dir, model=model, minutes=minutes, steps=steps,
+                       scenarios=list(train_scenario or scenario or _suite()), node_profile=node_profile,
+                       force=force, on_event=show.event, on_train=show.train)
