@@ -218,8 +218,10 @@ def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], names
         "unschedulable_pods": len(names) - len(bound_at),
         "mean_pending_s": float(np.mean(pending)) if pending else 0.0,
         "placements": len(bound_at),
-        "decision_us_p99": 0.0,  # not observable from outside the scheduler; see the scheduler's /metrics
-        "mean_throttling": 0.0,  # not measured on a cluster
+        # Not observable from outside the schedulers (kube-scheduler's own metrics hold its latency; ours are
+        # benchmarked in bench/) nor on a cluster: null, shown as n/a, never a made-up zero.
+        "decision_us_p99": None,
+        "mean_throttling": None,
         "end_s": end - start,
         "completed_pods": len(bound_at),
         # kube-only fields
@@ -245,8 +247,9 @@ def summarize_kube(doc: dict) -> dict:
         ref = e["policies"].get("default-k8s")
         for pol in doc["policies"]:
             v = e["policies"][pol]
-            row = {k: float(v[k]) for k in ("energy_joules", "slo_violation_rate", "mean_throttling",
-                                            "mean_pending_s", "unschedulable_pods", "decision_us_p99")}
+            row = {k: None if v[k] is None else float(v[k])
+                   for k in ("energy_joules", "slo_violation_rate", "mean_throttling", "mean_pending_s",
+                             "unschedulable_pods", "decision_us_p99")}
             row["energy_vs_lower_bound"] = None
             row["latency_p99_ms"] = float(v["latency_p99_ms"])
             if ref and ref["energy_joules"] > 0:

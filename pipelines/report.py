@@ -166,8 +166,8 @@ clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no policy can 
 <th>mean throttling</th><th>mean pending (s)</th><th>never placed</th><th>decision p99 (&micro;s)</th></tr>
 {% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td>{{ r.policy }}</td><td>{{ r.energy }}</td>
 <td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) if r.vs_lb is not none else "—" }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
-<td>{{ "%.2f"|format(r.thr) }}%</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
-<td>{{ "%.0f"|format(r.p99) }}</td></tr>
+<td>{{ "%.2f"|format(r.thr) ~ "%" if r.thr is not none else "n/a" }}</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
+<td>{{ "%.0f"|format(r.p99) if r.p99 is not none else "n/a" }}</td></tr>
 {% endfor %}</table>
 {% for img in s.images %}<img src="plots/{{ img }}" alt="{{ img }}">{% endfor %}
 {% endfor %}
@@ -214,7 +214,8 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
                     vh += f" ± {r['energy_vs_best_heuristic_ci95']:.3f}"
             rows.append({"policy": p, "energy": fmt_energy(r["energy_joules"]), "vs_default": vs, "vs_heur": vh,
                          "vs_lb": r.get("energy_vs_lower_bound"), "slo": 100 * r["slo_violation_rate"],
-                         "thr": 100 * r["mean_throttling"], "pending": r["mean_pending_s"],
+                         "thr": None if r["mean_throttling"] is None else 100 * r["mean_throttling"],
+                         "pending": r["mean_pending_s"],
                          "uns": r["unschedulable_pods"], "p99": r["decision_us_p99"], "best": p == best})
         scen.append({"name": name, "nodes": entry["nodes"], "pods": entry["pods"],
                      "lb": fmt_energy(s["lower_bound_joules"]) if s.get("lower_bound_joules") else None, "rows": rows, "images": images})

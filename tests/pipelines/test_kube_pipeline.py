@@ -239,6 +239,7 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
         assert r["energy_joules"] == pytest.approx(injected, rel=0.05), (pol, r, injected)
         assert r["unschedulable_pods"] == 0 and r["placements"] == 3
         assert r["requests"] > 0 and r["slo_violation_rate"] == 0.0 and r["latency_p99_ms"] > 0
+        assert r["decision_us_p99"] is None and r["mean_throttling"] is None  # not observable: no fake zeros
     # The two windows do not overlap: policies ran one after the other, torn down in between.
     a, b = (entry["policies"][p] for p in POLICIES)
     assert a["window_end_unix"] <= b["window_start_unix"]
@@ -247,7 +248,7 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
     saved = json.loads((out / "results.json").read_text())
     assert saved["version"] == 1 and saved["policies"] == list(POLICIES) and saved["env"] == "kube"
     html = (out / "report.html").read_text()
-    assert "Measured on a real cluster" in html and "energy-greedy" in html
+    assert "Measured on a real cluster" in html and "energy-greedy" in html and "<td>n/a</td>" in html
     assert (out / "plots" / "energy_ratio.png").stat().st_size > 0
 
 
