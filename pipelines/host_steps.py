@@ -64,7 +64,7 @@ def _each(hosts: Sequence, known_hosts: Path | None, step: str, fn, on_event: Ev
 def check_exporters(out: Path, hosts: Sequence, known_hosts: Path | None, *, port: int | None = None,
                     force: bool = False, on_event: Event | None = None) -> None:
     """Every host's exporter answers on its loopback and exports the energy counter."""
-    from pipelines.remote import DEFAULT_EXPORTER_PORT, read_exporter
+    from pipelines.remote import read_exporter
 
     del force  # a check, not a cached stage: it runs every time, it is cheap
     on_event = on_event or (lambda n, w: None)
@@ -72,7 +72,7 @@ def check_exporters(out: Path, hosts: Sequence, known_hosts: Path | None, *, por
     dest.mkdir(parents=True, exist_ok=True)
 
     def check(conn, h) -> None:
-        text = read_exporter(conn, port or DEFAULT_EXPORTER_PORT)
+        text = read_exporter(conn, port or h.exporter_port)
         if "joulesched_node_joules_total" not in text:
             raise HostStepError(f"exporter on {h.name} serves no joulesched_node_joules_total: is it the joulesched "
                                 "power exporter (playbooks/site.yml installs it)?")

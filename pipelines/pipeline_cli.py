@@ -132,7 +132,9 @@ def pipeline(
              "hosts); explicit options override them. Needs the pulumi CLI.")] = None,
     hosts: Annotated[Optional[Path], typer.Option(
         help="Ansible inventory of the hosts for host-side steps over SSH (calibration, exporter check, logs).")] = None,
-    limit: Annotated[Optional[str], typer.Option(help="Only these inventory hosts/groups (Ansible pattern).")] = None,
+    limit: Annotated[str, typer.Option(
+        help="Inventory hosts/groups to use (Ansible pattern). Default: power_hosts, where site.yml installs the "
+             "exporter (not the load generators).")] = "power_hosts",
     known_hosts: Annotated[Optional[Path], typer.Option(
         help="known_hosts file the hosts' keys are checked against (default: ~/.ssh/known_hosts).")] = None,
     ssh_key: Annotated[Optional[Path], typer.Option(
@@ -181,7 +183,7 @@ def pipeline(
         from pipelines.host_steps import HostStepError, resolve_hosts
 
         try:
-            host_list = resolve_hosts(hosts, limit, environment, ssh_key)
+            host_list = resolve_hosts(hosts, limit if hosts is not None else None, environment, ssh_key)
         except HostStepError as e:
             _fail(str(e))
     with contextlib.ExitStack() as stack_ctx:

@@ -69,6 +69,8 @@ class HostSpec:
     user: str = ""                      # ansible_user (the local user when unset)
     key_file: Optional[Path] = None     # ansible_ssh_private_key_file (else ~/.ssh defaults and the agent)
     joulesched: str = DEFAULT_JOULESCHED  # joulesched on the host
+    exporter_port: int = DEFAULT_EXPORTER_PORT  # the port of power_exporter_listen
+    calibrate_args: tuple[str, ...] = ()  # joulesched_calibrate_args: extra `power calibrate` options (--meter msr)
 
     def __post_init__(self) -> None:
         if not self.user:
@@ -89,7 +91,13 @@ _VARS = {
     "key_file": ("ansible_ssh_private_key_file", "ansible_private_key_file"),
     "joulesched": (JOULESCHED_BIN_VAR,),
     "install_dir": (INSTALL_DIR_VAR,),
+    "listen": ("power_exporter_listen",),
 }
+#: Inventory variable with extra `joulesched power calibrate` arguments for a host (a list of strings).
+CALIBRATE_ARGS_VAR = "joulesched_calibrate_args"
+
+
+_NO_ANSIBLE = "reading an Ansible inventory needs ansible-core; install the infra extra: pip install 'joulesched[infra]'"
 
 
 def _ansible():
@@ -100,8 +108,7 @@ def _ansible():
         from ansible.template import Templar
         from ansible.vars.manager import VariableManager
     except ImportError as e:
-        raise RemoteError(f"reading an Ansible inventory needs ansible-core ({e}); install the infra extra: "
-                          "pip install 'joulesched[infra]'") from None
+        raise RemoteError(f"{_NO_ANSIBLE} ({e})") from None
 
     class Inventory(InventoryManager):
         """Remembers whether the source parsed (ansible only warns when it does not)."""
@@ -131,7 +138,22 @@ def _why_unparsed(path: Path) -> str:
 
 def hosts_from_inventory(path: str | Path, limit: Optional[str] = None) -> list[HostSpec]:
     """The hosts of an Ansible inventory (file or directory, with its group_vars/host_vars), as
-    ``ansible-playbook -i path [--limit limit]`` would target them, in inventory order."""
+    ``ansible-playbook -i path [--limit limit]`` would target them, in inventory order.
+
+    Read in a child process: importing ansible-core patches interpreter globals (``sys.intern``), after which
+    torch can no longer be imported in the same process, and the pipeline trains after reading hosts.
+    """
+    import importlib.util
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if importlib.util.find_spec("ansible") is None:  # say so here rather than from a child's traceback
+        raise RemoteError(_NO_ANSIBLE)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_hosts_from_inventory, str(path), limit).result()
+
+
+def _hosts_from_inventory(path: str | Path, limit: Optional[str] = None) -> list[HostSpec]:
     AnsibleError, Inventory, DataLoader, Templar, VariableManager = _ansible()
     path = Path(path)
     if not path.exists():
@@ -183,9 +205,19 @@ def _spec(path: Path, name: str, hostvars: dict, loader, Templar, AnsibleError) 
     except ValueError:
         raise RemoteError(f"{path}: host {name}: ansible_port {found['port']!r} is not a TCP port") from None
     install_dir = found.get("install_dir", DEFAULT_INSTALL_DIR).rstrip("/")
+    listen = found.get("listen", f"127.0.0.1:{DEFAULT_EXPORTER_PORT}")
+    try:
+        exporter_port = int(listen.rpartition(":")[2])
+    except ValueError:
+        raise RemoteError(f"{path}: host {name}: power_exporter_listen {listen!r} is not HOST:PORT") from None
+    extra = hostvars.get(CALIBRATE_ARGS_VAR) or []
+    if not isinstance(extra, list) or not all(isinstance(a, (str, int, float)) for a in extra):
+        raise RemoteError(f"{path}: host {name}: {CALIBRATE_ARGS_VAR} must be a list of strings, got {extra!r}")
+    name = str(name)  # ansible hands out tagged str subclasses; plain ones pickle without importing ansible
     return HostSpec(name=name, address=found.get("address", name), port=port, user=found.get("user", ""),
                     key_file=Path(found["key_file"]).expanduser() if "key_file" in found else None,
-                    joulesched=found.get("joulesched", f"{install_dir}/.venv/bin/joulesched"))
+                    joulesched=found.get("joulesched", f"{install_dir}/.venv/bin/joulesched"),
+                    exporter_port=exporter_port, calibrate_args=tuple(str(a) for a in extra))
 
 
 # --------------------------------------------------------------------------------------------- connection
@@ -377,6 +409,7 @@ def calibrate(conn: Connection, spec: HostSpec, out: Path, *, step_seconds: Opti
     for flag, value in options.items():
         if value is not None:
             argv += [flag, str(value)]
+    argv += list(spec.calibrate_args)
     try:
         result = run(conn, argv, timeout=timeout)
         buf = io.BytesIO()

@@ -366,11 +366,16 @@ all:
         b:
           ansible_host: 10.0.0.7
           joulesched_bin: /usr/local/bin/joulesched
+          power_exporter_listen: "127.0.0.1:9200"
+          joulesched_calibrate_args: [--meter, msr, --workers, 4]
 """)
     a, b = hosts_from_inventory(inv)
     assert a == HostSpec(name="a", address="a.lab.internal", port=2222, user="ops",
                          key_file=tmp_path / "keys/lab", joulesched="/srv/joulesched/.venv/bin/joulesched")
     assert (b.address, b.port, b.joulesched) == ("10.0.0.7", 22, "/usr/local/bin/joulesched")
+    assert (a.exporter_port, a.calibrate_args) == (9102, ())
+    assert (b.exporter_port, b.calibrate_args) == (9200, ("--meter", "msr", "--workers", "4"))
+    assert type(a.name) is str and type(a.address) is str  # plain str: no ansible types leak out of the child
 
 
 @pytest.mark.parametrize("text, message", [
@@ -378,6 +383,9 @@ all:
     ("all: {}\n", "the inventory lists no hosts"),
     ("all:\n  hosts:\n    a: {ansible_port: ssh}\n", "host a: ansible_port 'ssh' is not a TCP port"),
     ("all:\n  hosts:\n    a: {ansible_host: '{{ undefined_var }}'}\n", "host a: ansible_host: .*undefined_var"),
+    ("all:\n  hosts:\n    a: {power_exporter_listen: 'loopback'}\n", "host a: power_exporter_listen 'loopback'"),
+    ("all:\n  hosts:\n    a: {joulesched_calibrate_args: '--meter msr'}\n",
+     "host a: joulesched_calibrate_args must be a list of strings"),
 ])
 def test_bad_inventories_name_the_file_and_problem(tmp_path, text, message):
     inv = tmp_path / "bad.yml"
@@ -395,6 +403,6 @@ def test_unknown_limit_and_missing_file(tmp_path):
 
 
 def test_without_ansible_core_the_error_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ansible.inventory.manager", None)  # import fails as if not installed
-    with pytest.raises(RemoteError, match=r"needs ansible-core .*pip install 'joulesched\[infra\]'"):
+    monkeypatch.setitem(sys.modules, "ansible", None)  # import fails as if not installed
+    with pytest.raises(RemoteError, match=r"needs ansible-core; .*pip install 'joulesched\[infra\]'"):
         hosts_from_inventory(REPO / "inventory/hosts.yml")
