@@ -8,6 +8,7 @@ the host for real. The pipeline then trains and benchmarks the twin on the measu
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -38,8 +39,8 @@ def sshd(tmp_path_factory):
 def host(sshd, tmp_path, monkeypatch):
     """An inventory for the sshd host, its exporter running, its package drawing 100 W."""
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    with ConstantPackage(tmp_path / "powercap") as package:
-        proc = SyntheticProc(tmp_path / "proc")
+    with ConstantPackage(tmp_path / "host-powercap") as package:
+        proc = SyntheticProc(tmp_path / "host-proc")
         exp = Exporter(PowerMonitor(PowercapMeter(str(package.pc.root)), proc_root=str(proc.root)), port=0,
                        interval_s=0.05).start()
         try:
@@ -69,7 +70,13 @@ def test_calibrate_on_the_hosts_then_train_and_benchmark_on_their_curve(sshd, ho
     assert prof["name_prefix"] == "testhost"
     fleet = yaml.safe_load((out / "node-profile.yaml").read_text())
     assert fleet["power_watts"] == prof["power_watts"]  # one host: the mean is its curve
-    assert 85 < sorted(fleet["power_watts"])[5] < 115  # the injected 100 W, read back
+    # The injected 100 W, read back at every knot the measured utilisations reached (which ones depends on what
+    # else loads this shared machine; calibrate's header lists the extrapolated ones).
+    text = (out / "profiles" / "testhost.yaml").read_text()
+    match = re.search(r"extrapolated at ([0-9%, ]+)", text)
+    extrapolated = {int(k) // 10 for k in re.findall(r"(\d+)%", match.group(1))} if match else set()
+    measured = [w for k, w in enumerate(fleet["power_watts"]) if k not in extrapolated]
+    assert measured and all(abs(w - ConstantPackage.WATTS) < 15 for w in measured), (text, extrapolated)
     twin = load_scenario(out / "scenarios" / "tiny.yaml")
     assert all(list(g.curve) == fleet["power_watts"] for g in twin.nodes)
     stages = {p.stem for p in (out / ".stages").iterdir()}
@@ -104,3 +111,34 @@ def test_host_options_bad_input_exits_2(tmp_path, extra, needle):
                                  "--out", str(tmp_path / "o")])
     assert r.exit_code == 2, r.output
     assert needle in " ".join(r.output.split()) and not (tmp_path / "o").exists()
+
+
+# The cluster side of test_kube_pipeline.py: the API emulator, a kube-scheduler stand-in, a real Prometheus
+# scraping an exporter, the test app.
+from tests.pipelines.test_kube_pipeline import (emu, kubeconfig, needs_prometheus, power, prometheus,  # noqa: E402,F401
+                                                schedulers, testapp)
+
+
+@needs_prometheus
+def test_kube_calibrates_the_hosts_trains_on_them_and_measures_the_dqn(sshd, host, emu, kubeconfig, schedulers,
+                                                                       power, prometheus, testapp, tmp_path):
+    """Sim-to-real, closed, on the cluster path: the hosts' curves measured over SSH, the DQN trained on the
+    twin with them, then measured on the cluster beside the baselines (its own `joulesched serve`)."""
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, [
+        "pipeline", "--env", "kube", "--kubeconfig", kubeconfig, "--prometheus", prometheus, "--target", testapp,
+        "--pods", "2", "--load-seconds", "3", "--hosts", str(host), "--known-hosts", str(sshd.known_hosts),
+        "--calibrate", "--calibrate-step-seconds", "0.4", "-s", "scenarios/tiny.yaml", "--steps", "120",
+        "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    fleet = yaml.safe_load((out / "node-profile.yaml").read_text())["power_watts"]
+    trained_on = load_scenario(out / "train-scenarios" / "tiny.yaml")
+    assert all(list(g.curve) == fleet for g in trained_on.nodes)
+    doc = yaml.safe_load((out / "results.json").read_text())
+    dqn = f"dqn={out / 'model.pt'}"
+    assert doc["policies"] == ["default-k8s", "energy-greedy", dqn]
+    measured = doc["scenarios"][0]["policies"][dqn]
+    assert measured["scheduler_name"] == "joulesched" and measured["placements"] == 2
+    assert measured["energy_joules"] > 0
+    assert emu.list("pods") == [] and len(emu.bindings) == 6  # two pods per policy, bound, then deleted
+    assert (out / "logs" / "hosts" / "testhost-joulesched-power-exporter.log").is_file()
