@@ -108,6 +108,24 @@ def read_energy(prom, start: float, end: float, *, selector: str = ENERGY_METRIC
     return float(res[0]["value"][1]), query
 
 
+def node_power(prom, start: float, end: float, *, selector: str = ENERGY_METRIC, rate_window_s: float = 60.0,
+               points: int = 60) -> dict[str, list[list[float]]]:
+    """Each node's watts over ``[start, end]``: ``sum by (node, instance) (rate(SELECTOR[W]))`` as a range
+    query, as ``{node (else instance): [[seconds since start, watts], ...]}``. For the report's plot; energy comes from
+    :func:`read_energy`. ``rate_window_s`` must span at least two scrapes."""
+    step = max(1.0, (end - start) / points)
+    query = f"sum by (node, instance) (rate({selector}[{max(1, round(rate_window_s * 1000))}ms]))"
+    res = prom.custom_query_range(query, start_time=_dt(start), end_time=_dt(end), step=f"{step:.3f}")
+    return {r["metric"].get("node") or r["metric"].get("instance", "?"): [[round(float(t) - start, 3), round(float(v), 3)]
+                                               for t, v in r["values"]] for r in res}
+
+
+def _dt(unix: float):
+    import datetime
+
+    return datetime.datetime.fromtimestamp(unix, tz=datetime.timezone.utc)
+
+
 def _drive_load(driver: str, target: str, seconds: int, users: int, workdir: Path):
     if driver == "locust":
         from workloads.load import locust
@@ -166,7 +184,7 @@ def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: P
 def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], namespace: str, run_id: str,
                target: str, load_seconds: int, users: int, driver: str, workdir: Path, bind_timeout_s: float,
                delete_timeout_s: float, energy_selector: str, scrape_wait_s: float, image: str | None,
-               on_event: Callable[[str, str], None]) -> dict:
+               on_event: Callable[[str, str], None], rate_window_s: float = 60.0) -> dict:
     """One policy's measured run; returns its metrics (the benchmark schema plus kube-only fields)."""
     from kubernetes.client.rest import ApiException
 
@@ -199,6 +217,7 @@ def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], names
         load = _drive_load(driver, target, load_seconds, users, workdir / _slug(policy))
         end = time.time()
         joules, query = read_energy(prom, start, end, selector=energy_selector, scrape_wait_s=scrape_wait_s)
+        per_node = node_power(prom, start, end, selector=energy_selector, rate_window_s=rate_window_s)
         on_event(policy, f"{joules:.1f} J over {end - start:.1f} s")
     finally:
         # Always tear down, also after a failure: a half-measured cluster must not carry pods into the next run.
@@ -236,6 +255,7 @@ def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], names
         "requests": load.requests,
         "load_tool": load.tool,
         "nodes_used": nodes,
+        "node_power": per_node,
     }
 
 
@@ -288,7 +308,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
              energy_selector: str = ENERGY_METRIC, scrape_wait_s: float = 120.0, image: str | None = None,
              command: str = "", on_event: Callable[[str, str], None] | None = None,
              start_scheduler: bool = True, kube_context: str | None = None, force: bool = False,
-             on_plan: Callable[[list[str]], None] | None = None) -> dict:
+             on_plan: Callable[[list[str]], None] | None = None, rate_window_s: float = 60.0) -> dict:
     """Measure every policy in turn on the cluster of ``kubeconfig``; write results.json and report.html.
 
     Each policy's measurement is a resumable stage (``pipelines/stages.py``) whose output is
@@ -355,7 +375,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     common = {"cluster": api.configuration.host, "namespace": namespace, "prometheus": prometheus_url,
               "target": target, "pods": pods, "apps": list(apps), "load_seconds": load_seconds, "users": users,
               "driver": driver, "energy_selector": energy_selector, "image": image,
-              "start_scheduler": start_scheduler}
+              "start_scheduler": start_scheduler, "rate_window_s": rate_window_s}
     try:
         (out / "logs").mkdir(exist_ok=True)
         for pol in policies:
@@ -370,7 +390,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
                                      users=users, driver=driver, workdir=out / "load",
                                      bind_timeout_s=bind_timeout_s, delete_timeout_s=delete_timeout_s,
                                      energy_selector=energy_selector, scrape_wait_s=scrape_wait_s, image=image,
-                                     on_event=on_event)
+                                     on_event=on_event, rate_window_s=rate_window_s)
                 _write_json(run_files[pol], {"policy": pol, "nodes": len(core.list_node().items),
                                              "wall_s": time.perf_counter() - t0, "metrics": res})
 

@@ -137,6 +137,49 @@ def _plot_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, path: Path) 
     return True
 
 
+def _plot_placement(entry: dict, policies: list[str], i: int, name: str, path: Path) -> bool:
+    """Measured runs: pods per node for each policy (where each scheduler put the workload)."""
+    used = {p: entry["policies"][p].get("nodes_used") or {} for p in policies}
+    nodes = sorted({n for u in used.values() for n in u})
+    if not nodes:
+        return False
+    m = np.array([[used[p].get(n, 0) for n in nodes] for p in policies], dtype=float)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(nodes) + 3), 0.5 * len(policies) + 1.8))
+    im = ax.imshow(m, aspect="auto", cmap="Blues", vmin=0)
+    ax.set_xticks(range(len(nodes)), nodes, rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(len(policies)), policies, fontsize=8)
+    for (r, c), v in np.ndenumerate(m):
+        ax.text(c, r, f"{v:g}", ha="center", va="center", fontsize=7, color="black" if v < m.max() / 2 else "white")
+    fig.colorbar(im, ax=ax, label="pods")
+    ax.set_title(f"{name}: placements per node")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_node_power(entry: dict, policies: list[str], name: str, path: Path) -> bool:
+    """Measured runs: each node's power over each policy's window, from Prometheus."""
+    shown = [p for p in policies if entry["policies"][p].get("node_power")]
+    if not shown:
+        return False
+    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 2.4 * len(shown) + 0.6), squeeze=False, sharey=True)
+    for ax, p in zip(axes[:, 0], shown):
+        for node, series in sorted(entry["policies"][p]["node_power"].items()):
+            t, w = zip(*series) if series else ((), ())
+            ax.plot(t, w, lw=1.1, label=node)
+        ax.set_title(p, fontsize=9)
+        ax.set_ylabel("W")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, ncol=4)
+    axes[-1, 0].set_xlabel("seconds since the policy's pods were created")
+    fig.suptitle(f"{name}: power per node (measured)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 _TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>joulesched report</title>
 <style>
@@ -199,6 +242,11 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
             images.append(f"power_{i}.png")
         if _plot_util(doc, tl, nodes, i, name, plots / f"util_{i}.png"):
             images.append(f"util_{i}.png")
+        if doc.get("env") == "kube":
+            if _plot_node_power(entry, doc["policies"], name, plots / f"node_power_{i}.png"):
+                images.append(f"node_power_{i}.png")
+            if _plot_placement(entry, doc["policies"], i, name, plots / f"placement_{i}.png"):
+                images.append(f"placement_{i}.png")
         best = min(s["policies"], key=lambda p: s["policies"][p]["energy_joules"])
         rows = []
         for p, r in s["policies"].items():

@@ -213,7 +213,7 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
     events: list[tuple[str, str]] = []
     doc = run_kube(out, kubeconfig=kubeconfig, prometheus_url=prometheus, target=testapp, policies=POLICIES,
                    pods=3, load_seconds=4, users=2, driver="locust", bind_timeout_s=20, delete_timeout_s=20,
-                   scrape_wait_s=20, on_event=lambda n, w: events.append((n, w)))
+                   scrape_wait_s=20, rate_window_s=3, on_event=lambda n, w: events.append((n, w)))
 
     # Pods: created with the right schedulerName, bound by that scheduler, all deleted again.
     seen = _pods_seen(emu)
@@ -240,6 +240,10 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
         assert r["unschedulable_pods"] == 0 and r["placements"] == 3
         assert r["requests"] > 0 and r["slo_violation_rate"] == 0.0 and r["latency_p99_ms"] > 0
         assert r["decision_us_p99"] is None and r["mean_throttling"] is None  # not observable: no fake zeros
+        # Per-node power over the window, from a range query: the exporter's one target at the injected 50 W.
+        (series,) = r["node_power"].values()
+        late = [w for t, w in series if t >= 3]
+        assert late and all(abs(w - 50.0) < 5 for w in late), series
     # The two windows do not overlap: policies ran one after the other, torn down in between.
     a, b = (entry["policies"][p] for p in POLICIES)
     assert a["window_end_unix"] <= b["window_start_unix"]
@@ -249,7 +253,8 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
     assert saved["version"] == 1 and saved["policies"] == list(POLICIES) and saved["env"] == "kube"
     html = (out / "report.html").read_text()
     assert "Measured on a real cluster" in html and "energy-greedy" in html and "<td>n/a</td>" in html
-    assert (out / "plots" / "energy_ratio.png").stat().st_size > 0
+    for png in ("energy_ratio.png", "placement_0.png", "node_power_0.png"):
+        assert (out / "plots" / png).stat().st_size > 0, png
 
 
 @pytest.mark.parametrize("args,needle", [
