@@ -69,8 +69,11 @@ def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None 
         venv_bin = str(Path(sys.executable).parent)
         env = {"ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles"), "ANSIBLE_NOCOLOR": "1",
                "ANSIBLE_FORCE_COLOR": "0", "PATH": venv_bin + os.pathsep + os.environ.get("PATH", "")}
-
         env.update(envvars or {})
+        # ansible-runner sets ANSIBLE_HOST_KEY_CHECKING=False unless the caller sets it, and Ansible then passes
+        # `-o StrictHostKeyChecking=no` ahead of the inventory's ssh args, where it wins. Host keys are always
+        # checked here, whatever a caller's envvars say.
+        env["ANSIBLE_HOST_KEY_CHECKING"] = "True"
         saved_path = os.environ.get("PATH", "")
         os.environ["PATH"] = env["PATH"]  # ansible-runner looks the binary up in this process's PATH
         try:
