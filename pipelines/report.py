@@ -144,7 +144,8 @@ def _plot_placement(entry: dict, policies: list[str], i: int, name: str, path: P
     if not nodes:
         return False
     m = np.array([[used[p].get(n, 0) for n in nodes] for p in policies], dtype=float)
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(nodes) + 3), 0.5 * len(policies) + 1.8))
+    # constrained layout makes room for long policy names (dqn=PATH) where tight_layout gives up
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(nodes) + 3), 0.5 * len(policies) + 1.8), layout="constrained")
     im = ax.imshow(m, aspect="auto", cmap="Blues", vmin=0)
     ax.set_xticks(range(len(nodes)), nodes, rotation=45, ha="right", fontsize=7)
     ax.set_yticks(range(len(policies)), policies, fontsize=8)
@@ -152,7 +153,6 @@ def _plot_placement(entry: dict, policies: list[str], i: int, name: str, path: P
         ax.text(c, r, f"{v:g}", ha="center", va="center", fontsize=7, color="black" if v < m.max() / 2 else "white")
     fig.colorbar(im, ax=ax, label="pods")
     ax.set_title(f"{name}: placements per node")
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
