@@ -7,6 +7,7 @@ The tarball is cached outside the repository in $JOULESCHED_CACHE_DIR (default /
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -20,9 +21,10 @@ from tests.support.procs import private_dockerd
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("JOULESCHED_CACHE_DIR", "/var/cache/joulesched"))
-SYSTEMD_TAR = CACHE / "systemd-bookworm.tar"
-IMAGE = "joulesched/systemd-target:bookworm"
 BUILD_SCRIPT = REPO / "scripts" / "infra" / "build-systemd-image.sh"
+# Named after the build script's bytes: a changed package list builds a new image instead of reusing a stale one.
+SYSTEMD_TAR = CACHE / f"systemd-bookworm-{hashlib.sha256(BUILD_SCRIPT.read_bytes()).hexdigest()[:10]}.tar"
+IMAGE = "joulesched/systemd-target:bookworm"
 
 
 def why_not_docker() -> str | None:

@@ -1,5 +1,6 @@
-"""The site playbook against a real systemd host (a container under our own dockerd): converge, a second run
-with changed=0, then the testinfra host checks through the same inventory (--hosts=ansible://all).
+"""The site playbook against a real systemd host (a container under our own dockerd) in the power_hosts,
+monitoring and loadgen groups: converge, a second run with changed=0, then the testinfra host checks (power host
+and load generator) through the same inventory (--hosts=ansible://all).
 
 Air-gapped, as the targets are: the container has no network but loopback; joulesched comes from a wheelhouse
 built on the controller and installed with `pip --no-index`; Debian packages are preinstalled in the image.
@@ -46,6 +47,8 @@ def target(tmp_path_factory):
                 "power_exporter_interval": 0.5}},
             "monitoring": {"hosts": {name: None}, "vars": {"prometheus_apt_update_cache": False,
                                                           "prometheus_scrape_interval": "2s"}},
+            # JMeter and its JRE are preinstalled in the image (air-gapped); the role converges the rest.
+            "loadgen": {"hosts": {name: None}, "vars": {"jmeter_apt_update_cache": False}},
         }}}))
     t0 = time.monotonic()
     with targets.dockerd() as env:
@@ -86,7 +89,7 @@ def test_testinfra_passes_through_the_inventory(target, converged):
     env = target["env"] | {"ANSIBLE_CONNECTION_PLUGINS": str(PLUGINS),
                            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                        str(HERE / "test_power_host.py"), "--hosts=ansible://all",
+                        str(HERE / "test_power_host.py"), str(HERE / "test_loadgen_host.py"), "--hosts=ansible://all",
                         f"--ansible-inventory={target['inventory']}"],
                        env=env, capture_output=True, text=True, timeout=600, cwd=str(targets.REPO))
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
