@@ -47,6 +47,9 @@ def ensure_systemd_tar(timeout_s: int = 900) -> Path:
         CACHE.mkdir(parents=True, exist_ok=True)
         subprocess.run([str(BUILD_SCRIPT), str(SYSTEMD_TAR)], check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, timeout=timeout_s)
+        for stale in CACHE.glob("systemd-bookworm*.tar"):  # images of earlier build scripts: a GB each
+            if stale != SYSTEMD_TAR:
+                stale.unlink(missing_ok=True)
     return SYSTEMD_TAR
 
 
