@@ -197,12 +197,17 @@ def provision(
 def wheelhouse(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the wheels (reused if present).")],
     all_deps: Annotated[bool, typer.Option(help="Every dependency (torch too), not just the exporter's.")] = False,
+    archive: Annotated[bool, typer.Option(
+        help="Also write DIR.tar, one reproducible archive for power_exporter_wheelhouse_src (much faster to copy "
+             "than a directory).")] = False,
 ) -> None:
     """Build the wheelhouse power_exporter installs from with `pip --no-index` on air-gapped hosts."""
-    from infra.wheelhouse import WheelhouseError, build_wheelhouse
+    from infra.wheelhouse import WheelhouseError, archive_wheelhouse, build_wheelhouse
 
     try:
         wheel = build_wheelhouse(out_dir, all_deps=all_deps)
+        tar = archive_wheelhouse(out_dir) if archive else None
     except WheelhouseError as e:
         _fail(str(e), 1)
-    out.print(f"wheelhouse {out_dir}: {wheel.name} and {len(list(out_dir.glob('*.whl'))) - 1} requirement wheel(s)")
+    out.print(f"wheelhouse {out_dir}: {wheel.name} and {len(list(out_dir.glob('*.whl'))) - 1} requirement wheel(s)"
+              + (f"; archive {tar}" if tar else ""))
