@@ -62,11 +62,11 @@ def _each(hosts: Sequence, known_hosts: Path | None, step: str, fn, on_event: Ev
 
 
 def check_exporters(out: Path, hosts: Sequence, known_hosts: Path | None, *, port: int | None = None,
-                    force: bool = False, on_event: Event | None = None) -> None:
-    """Every host's exporter answers on its loopback and exports the energy counter."""
+                    on_event: Event | None = None) -> None:
+    """Every host's exporter answers on its loopback and exports the energy counter. A check, not a cached
+    stage: it runs every time (it is cheap, and a host can fail between runs)."""
     from pipelines.remote import read_exporter
 
-    del force  # a check, not a cached stage: it runs every time, it is cheap
     on_event = on_event or (lambda n, w: None)
     dest = Path(out) / "hosts"
     dest.mkdir(parents=True, exist_ok=True)

@@ -216,7 +216,7 @@ def _host_stages(out_dir: Path, hosts, known_hosts, calibrate: bool, step_second
     """The host-side stages before a run: the exporter check, and calibration (returns the node profile)."""
     from pipelines.host_steps import check_exporters, calibrate_hosts
 
-    check_exporters(out_dir, hosts, known_hosts, force=force, on_event=show.event)
+    check_exporters(out_dir, hosts, known_hosts, on_event=show.event)
     if calibrate:
         return calibrate_hosts(out_dir, hosts, known_hosts, step_seconds=step_seconds, force=force,
                                on_event=show.event)

@@ -148,7 +148,9 @@ def _plot_placement(entry: dict, policies: list[str], i: int, name: str, path: P
     fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(nodes) + 3), 0.5 * len(policies) + 1.8), layout="constrained")
     im = ax.imshow(m, aspect="auto", cmap="Blues", vmin=0)
     ax.set_xticks(range(len(nodes)), nodes, rotation=45, ha="right", fontsize=7)
-    ax.set_yticks(range(len(policies)), policies, fontsize=8)
+    # A dqn=PATH spec can be a long absolute path: keep its start and end so the axes still fit.
+    ax.set_yticks(range(len(policies)), [p if len(p) <= 40 else f"{p[:14]}…{p[-25:]}" for p in policies],
+                  fontsize=8)
     for (r, c), v in np.ndenumerate(m):
         ax.text(c, r, f"{v:g}", ha="center", va="center", fontsize=7, color="black" if v < m.max() / 2 else "white")
     fig.colorbar(im, ax=ax, label="pods")
