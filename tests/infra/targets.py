@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.support.procs import private_dockerd
+from tests.support.procs import private_dockerd, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("JOULESCHED_CACHE_DIR", "/var/cache/joulesched"))
@@ -134,10 +134,5 @@ def libvirtd(start_timeout_s: float = 60) -> Iterator[str]:
         yield "qemu:///system"
     finally:
         for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(p, timeout=30)
         shutil.rmtree(d, ignore_errors=True)
