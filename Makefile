@@ -43,6 +43,8 @@ demo: venv
 
 test: venv apt
 	$(MAKE) $(BIN)/.installed-libvirt
+	# The architecture first: layers, no cycles, test kits out of the product (pyproject.toml).
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: venv

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 
-from agent import kube_scoring as ks
-from agent.policy import PolicyError, register
-from cluster.state import ASLEEP, ClusterState, PodRequest
-from power.curves import interp_many
+from joulesched.agent import kube_scoring as ks
+from joulesched.agent.policy import NodeScores, PolicyError, Scorer
+from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
+from joulesched.power.curves import interp_many
 
 
 def _int_opt(name: str, key: str, value: str, lo: int, hi: int) -> int:
@@ -44,6 +44,10 @@ class ScoringPolicy:
     name = "scoring"
     kube_sampling = True
 
+    @property
+    def scorer(self) -> Scorer:
+        return self
+
     def __init__(self, pct: str | int = 0) -> None:
         self.percentage = _int_opt(self.name, "pct", str(pct), 0, 100)
         self.rng = np.random.default_rng(0)
@@ -61,6 +65,10 @@ class ScoringPolicy:
         for w, s in self.plugin_scores(st, pod, idx).values():
             out = w * s if out is None else out + w * s
         return out
+
+    def node_scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores:
+        plugins = self.plugin_scores(st, pod, idx)
+        return NodeScores(idx, plugins, self.total(st, pod, idx))
 
     def candidates(self, st: ClusterState, mask: np.ndarray) -> np.ndarray:
         """Feasible nodes kube-scheduler would score: the first k found from a rotating start index."""
@@ -104,7 +112,6 @@ def _balanced(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
     return ks.balanced_allocation(alloc, req)
 
 
-@register("default-k8s")
 class DefaultK8s(ScoringPolicy):
     """kube-scheduler's default profile for a plain pod: NodeResourcesFit LeastAllocated (w=1, non-zero
     requests) plus NodeResourcesBalancedAllocation (w=1, real requests). The other default plugins add the
@@ -119,7 +126,6 @@ class DefaultK8s(ScoringPolicy):
                 "NodeResourcesBalancedAllocation": (1, _balanced(st, pod, idx))}
 
 
-@register("most-allocated")
 class MostAllocated(ScoringPolicy):
     """NodeResourcesFit with the MostAllocated strategy (bin packing). ``balanced=1`` keeps
     BalancedAllocation at weight 1, as a real profile that only changes scoringStrategy would; the default
@@ -140,7 +146,6 @@ class MostAllocated(ScoringPolicy):
         return out
 
 
-@register("requested-to-capacity-ratio")
 class RequestedToCapacityRatio(ScoringPolicy):
     """NodeResourcesFit with RequestedToCapacityRatio. ``shape`` is ``util:score|util:score`` (score 0..10);
     the default ``0:0|100:10`` packs.
@@ -163,7 +168,6 @@ class RequestedToCapacityRatio(ScoringPolicy):
         return {"NodeResourcesFit": (1, ks.requested_to_capacity_ratio(alloc, req, self.shape))}
 
 
-@register("target-load-packing")
 class TargetLoadPacking(ScoringPolicy):
     """scheduler-plugins TargetLoadPacking: pack on measured CPU up to ``x`` % (default 40), then spread."""
 
@@ -210,7 +214,6 @@ def fit_peaks(curve: np.ndarray) -> tuple[float, float, float]:
     return k0, k1, k2
 
 
-@register("peaks")
 class Peaks(ScoringPolicy):
     """PEAKS: each node's power as K0 + K1 e^(K2 x); score the power increase of adding the pod, normalised so
     the smallest increase scores 100. Pod utilisation is predicted as TargetLoadPacking does.
@@ -239,13 +242,20 @@ class Peaks(ScoringPolicy):
         return {"Peaks": (1, score)}
 
 
-@register("energy-greedy")
 class EnergyGreedy:
     """Pick the node whose power rises least when the pod's request is added to its measured usage. A sleeping
     node's increase is measured from its sleep draw, so waking one costs its idle power.
     """
 
     name = "energy-greedy"
+
+    @property
+    def scorer(self) -> Scorer:
+        return self
+
+    def node_scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores:
+        w = self.marginal_watts(st, pod, idx)
+        return NodeScores(idx, {"MarginalWatts": (-1, w)}, -w)
 
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
         self.rng = rng
@@ -266,11 +276,11 @@ class EnergyGreedy:
         return int(ties[self.rng.integers(ties.size)]) if ties.size > 1 else int(ties[0])
 
 
-@register("round-robin")
 class RoundRobin:
     """The next feasible node after the last one chosen, wrapping around."""
 
     name = "round-robin"
+    scorer = None
 
     def reset(self, state, rng):
         self.next = 0
@@ -284,11 +294,11 @@ class RoundRobin:
         return j
 
 
-@register("random")
 class Random:
     """A uniformly random feasible node."""
 
     name = "random"
+    scorer = None
 
     def reset(self, state, rng):
         self.rng = rng

@@ -27,9 +27,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from agent.dqn import DQN, DQNConfig, QNetwork
-from agent.features import CONTEXT_FEATURES, NODE_FEATURES, POD_FEATURES, SCHEMA_VERSION
-from agent.policy import PolicyError
+from joulesched.agent.config import DQNConfig
+from joulesched.agent.dqn import DQN, QNetwork
+from joulesched.agent.features import CONTEXT_FEATURES, NODE_FEATURES, POD_FEATURES, SCHEMA_VERSION
+from joulesched.agent.policy import PolicyError
 
 FORMAT = "joulesched-dqn"
 FORMAT_VERSION = 1

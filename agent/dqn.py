@@ -2,7 +2,7 @@
 
 Three roles, as in Stable-Baselines3: :class:`QNetwork` (the shared scorer), :class:`ReplayBuffer` (storage,
 returning a :class:`ReplayBatch`) and :class:`DQN` (exploration and the update). Every hyperparameter is a
-field of :class:`DQNConfig`.
+field of :class:`joulesched.agent.config.DQNConfig`.
 
 The network
 -----------
@@ -23,7 +23,6 @@ target's ``max`` over ``s'`` (the buffer stores the next state's mask). Discount
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -31,79 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent.features import CONTEXT_SLICE, N_CONTEXT, N_FEATURES, N_POD
+from joulesched.agent.config import DQNConfig
+from joulesched.agent.features import CONTEXT_SLICE, N_CONTEXT, N_FEATURES, N_POD
 
 NEG = -1e9
-
-
-@dataclass
-class DQNConfig:
-    """Hyperparameters of the agent and its training loop (CleanRL's ``Args``, reference.md section 7)."""
-
-    hidden: int = 64
-    """Width of the shared node scorer's two hidden layers."""
-    learning_rate: float = 3e-4
-    """Adam step size (CleanRL uses 2.5e-4)."""
-    gamma_tau_s: float = 1800.0
-    """Discount time constant in simulated seconds: a reward dt seconds later is worth exp(-dt/tau)."""
-    n_step: int = 8
-    """n-step returns: energy consequences of a placement (waking a node, keeping it awake) come late."""
-    buffer_size: int = 60_000
-    """Replay capacity in transitions (float16 rows: about 160 MB at 22 nodes)."""
-    replay_memory_mb: int = 512
-    """Cap on replay memory: with many nodes the capacity shrinks to fit (240 nodes: about 18,000 transitions)."""
-    batch_size: int = 128
-    learning_starts: int = 3_000
-    """Transitions collected (with the heuristic-guided exploration) before the first update."""
-    train_frequency: int = 4
-    """Environment steps per gradient step."""
-    target_update_interval: int = 1_000
-    """Environment steps between hard copies of the online net into the target net."""
-    eps_start: float = 1.0
-    eps_end: float = 0.03
-    exploration_fraction: float = 0.4
-    """Share of the training budget over which epsilon decays linearly from eps_start to eps_end."""
-    heuristic_explore: float = 0.5
-    """Probability that an exploratory action is a baseline's choice (most-allocated or energy-greedy, picked per
-    episode) instead of a uniformly random feasible node."""
-    shaping: bool = True
-    """Potential-based reward shaping with phi(s) = -tau x current cluster power (agent/train.py): same optimal
-    policy, far smaller values to fit."""
-    huber_delta: float = 1.0
-    max_grad_norm: float = 10.0
-    eval_every_steps: int = 25_000
-    """Greedy validation on held-out workload seeds every this many steps; the best weights are kept."""
-    load_scales: tuple[float, ...] = (1.0, 1.0, 1.5, 2.0)
-    """Training-load randomisation: each episode runs its scenario at one of these load factors
-    (cluster/env.py ``scale_load``), so the agent meets overload and learns what the SLO penalty costs."""
-    validation_load_scales: tuple[float, ...] = (1.0, 1.5)
-
-    def __post_init__(self) -> None:
-        if self.hidden < 1 or self.batch_size < 1 or self.buffer_size < self.batch_size:
-            raise ValueError("hidden, batch_size must be >= 1 and buffer_size >= batch_size")
-        if self.n_step < 1 or self.train_frequency < 1 or self.target_update_interval < 1:
-            raise ValueError("n_step, train_frequency and target_update_interval must be >= 1")
-        if not (0.0 <= self.eps_end <= self.eps_start <= 1.0):
-            raise ValueError("need 0 <= eps_end <= eps_start <= 1")
-        if not (0.0 < self.exploration_fraction <= 1.0) or not (0.0 <= self.heuristic_explore <= 1.0):
-            raise ValueError("exploration_fraction must be in (0, 1] and heuristic_explore in [0, 1]")
-        self.load_scales = tuple(float(f) for f in self.load_scales)
-        self.validation_load_scales = tuple(float(f) for f in self.validation_load_scales)
-        if not self.load_scales or not self.validation_load_scales:
-            raise ValueError("load_scales and validation_load_scales must not be empty")
-        if self.gamma_tau_s <= 0 or self.learning_rate <= 0:
-            raise ValueError("gamma_tau_s and learning_rate must be > 0")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DQNConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
-        return cls(**d)
 
 
 class QNetwork(nn.Module):

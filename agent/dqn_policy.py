@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agent.checkpoint import load_network
-from agent.dqn import QNetwork
-from agent.features import FeatureBuilder
-from agent.policy import PolicyError, register
-from cluster.state import ClusterState, PodRequest
-
+from joulesched.agent.checkpoint import load_network
+from joulesched.agent.dqn import QNetwork
+from joulesched.agent.features import FeatureBuilder
+from joulesched.agent.policy import NodeScores, PolicyError, Scorer
+from joulesched.cluster.state import ClusterState, PodRequest
 
 #: From this many feasible nodes on, empty nodes identical to a lower-index empty node are not scored again
 #: (FeatureBuilder.candidates): same choice, far fewer rows in big, lightly loaded clusters.
@@ -53,8 +52,19 @@ class DQNPolicy:
         self.net, self.meta, self.path = net, meta, path
         self._feat: FeatureBuilder | None = None
 
+    @property
+    def scorer(self) -> Scorer:
+        return self
+
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
         self._feat = FeatureBuilder(state)
+
+    def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores:
+        """The advantage of each candidate (what the greedy choice maximises)."""
+        mask = np.zeros(len(state), dtype=bool)
+        mask[idx] = True
+        a = self.scores(state, pod, mask)[idx]
+        return NodeScores(idx, {"Advantage": (1, a)}, a)
 
     @torch.inference_mode()
     def scores(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> np.ndarray:
@@ -79,8 +89,3 @@ class DQNPolicy:
             rows = rows[idx]
         a = self.net.advantages(torch.from_numpy(rows))
         return int(idx[int(torch.argmax(a))])
-
-
-@register("dqn")
-def make_dqn(path: str | None = None, threads: str = "1") -> DQNPolicy:
-    return DQNPolicy(path=path, threads=threads)

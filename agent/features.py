@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
+from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
 
 SCHEMA_VERSION = 1
 

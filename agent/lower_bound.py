@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cluster.state import ClusterState
-from cluster.workload import Workload
+from joulesched.cluster.state import ClusterState
+from joulesched.cluster.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -1,73 +1,84 @@
-"""The Policy seam: given the cluster and a pod, pick a feasible node. Selected by name from the CLI.
+"""The Policy seam: given the cluster and a pod, pick a feasible node. The optional Scorer explains why.
 
-A policy spec is ``NAME``, ``NAME:key=value,key=value`` (options), or ``NAME=PATH`` (a model file, e.g.
-``dqn=models/small.pt``).
+A policy is any object with a ``name``, ``reset(state, rng)`` and ``choose(state, pod, mask) -> node``. It may
+also score nodes (``scorer``): kube's plugin scores, marginal watts, a DQN's advantages. ``explain`` and the
+extender read those scores through :class:`Scorer`, so they never need to know which policy they hold. A
+policy that only picks sets ``scorer = None``; :class:`PolicyBase` gives that default.
+
+Policies are built from a spec (``NAME``, ``NAME:key=value,...`` or ``NAME=PATH``) by
+:func:`joulesched.agent.registry.make_policy`; third-party ones register under the ``joulesched.policies``
+entry-point group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import numpy as np
 
-from cluster.state import ClusterState, PodRequest
+from joulesched.cluster.state import ClusterState, PodRequest
+from joulesched.core.errors import UsageError
 
 
-class PolicyError(ValueError):
+class PolicyError(UsageError):
     """An unknown policy name, a bad option, or a model file that cannot be used."""
 
 
-@runtime_checkable
+@dataclass(frozen=True)
+class NodeScores:
+    """What a policy thinks of the candidate nodes ``idx`` (indices into the ClusterState).
+
+    ``plugins`` maps a score's name to ``(weight, per-candidate values)``; ``total`` is what the policy
+    maximises (higher is better), aligned with ``idx``. ``features`` optionally names the inputs behind each
+    candidate's score (a learned policy's top features), as ``[(name, value), ...]`` per candidate.
+    """
+
+    idx: np.ndarray
+    plugins: dict[str, tuple[float, np.ndarray]]
+    total: np.ndarray
+    features: list[list[tuple[str, float]]] | None = None
+
+
+class Scorer(Protocol):
+    """Per-node, per-plugin scores for one pod, as kube-scheduler-simulator shows them."""
+
+    def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores: ...
+
+
 class Policy(Protocol):
     """Anything that places pods.
 
-    ``reset`` is called once per run with the run's seeded generator (all randomness must come from it);
-    ``choose`` returns the index of a node where ``mask`` is True.
+    ``reset`` is called before the first decision on a cluster (and again whenever a live cluster's node set
+    changes) with the run's seeded generator: all randomness must come from it. ``choose`` returns the index
+    of a node where ``mask`` is True. ``scorer`` is the policy's :class:`Scorer`, or None if it only picks.
     """
 
     name: str
+    scorer: Scorer | None
 
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None: ...
 
     def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int: ...
 
 
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
+class PolicyBase:
+    """Optional base class with the protocol's defaults: no scorer, a reset that keeps the generator.
 
+    ``family`` and ``summary`` are the metadata ``joulesched policies`` shows for a third-party policy (our
+    own policies carry theirs in the registry table).
+    """
 
-def register(name: str) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
-    def deco(factory: Callable[..., Policy]) -> Callable[..., Policy]:
-        _REGISTRY[name] = factory
-        return factory
-    return deco
+    name: str = "policy"
+    family: ClassVar[str] = "third-party"
+    scorer: Scorer | None = None
+    rng: np.random.Generator
 
+    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        self.rng = rng
 
-def _lazy(module: str, attr: str) -> Callable[..., Policy]:
-    """A factory that imports its module on first use (the DQN pulls in torch, which most runs never need)."""
-
-    def factory(**kw: object) -> Policy:
-        import importlib
-
-        return getattr(importlib.import_module(module), attr)(**kw)
-
-    return factory
-
-
-def _load_builtin() -> None:
-    # Imported for their @register side effects; kept lazy so `agent.policy` stays import-light.
-    import agent.baselines  # noqa: F401
-
-    _REGISTRY.setdefault("dqn", _lazy("agent.dqn_policy", "DQNPolicy"))
-
-
-def policy_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-BASELINES = ["default-k8s", "most-allocated", "requested-to-capacity-ratio", "target-load-packing", "peaks",
-             "energy-greedy", "round-robin", "random"]
+    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
+        raise NotImplementedError
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str], str | None]:
@@ -78,27 +89,29 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str], str | None]:
     name, path, opts = spec, None, {}
     if ":" in spec and ("=" not in spec or spec.index(":") < spec.index("=")):
         name, rest = spec.split(":", 1)
-        for item in filter(None, rest.split(",")):
+        if not rest.strip():
+            raise PolicyError(f"policy {name.strip()!r}: ':' must be followed by key=value options")
+        for item in rest.split(","):
             if "=" not in item:
-                raise PolicyError(f"policy {name!r}: option {item!r} must be key=value")
+                raise PolicyError(f"policy {name!r}: option {item.strip()!r} must be key=value")
             k, v = item.split("=", 1)
+            if not k.strip():
+                raise PolicyError(f"policy {name!r}: option {item.strip()!r} has no key")
             opts[k.strip()] = v.strip()
     elif "=" in spec:
         name, path = spec.split("=", 1)
+        path = path.strip()
         if not path:
             raise PolicyError(f"policy {name!r}: empty model path")
-    return name.strip(), opts, path
+    name = name.strip()
+    if not name:
+        raise PolicyError(f"policy spec {spec!r} has no name")
+    return name, opts, path
 
 
-def make_policy(spec: str) -> Policy:
-    """Build a policy from its spec; raises :class:`PolicyError` with the known names on a typo."""
+def canonical_spec(spec: str) -> str:
+    """The spec as results name it: ``NAME``, ``NAME:k=v,...`` or ``NAME=PATH``, without stray spaces."""
     name, opts, path = parse_spec(spec)
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    try:
-        pol = _REGISTRY[name](path=path, **opts) if path is not None else _REGISTRY[name](**opts)
-    except TypeError as e:
-        raise PolicyError(f"policy {name!r}: bad option ({e})") from None
-    pol.name = spec
-    return pol
+    if path is not None:
+        return f"{name}={path}"
+    return f"{name}:" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else name

@@ -17,20 +17,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from agent.dqn import DQN, DQNConfig, ReplayBuffer, discount
-from agent.dqn_policy import DQNPolicy
-from agent.features import N_FEATURES, NODE_FEATURES
-from agent.policy import make_policy
-from cluster.env import SchedulingEnv, scale_load
-from cluster.scenario import Scenario
-from cluster.twin import Twin, run_policy
-from cluster.workload import build_workload
+from joulesched.agent.config import DQNConfig
+from joulesched.agent.dqn import DQN, ReplayBuffer, discount
+from joulesched.agent.dqn_policy import DQNPolicy
+from joulesched.agent.env import SchedulingEnv, scale_load
+from joulesched.agent.features import N_FEATURES, NODE_FEATURES
+from joulesched.agent.registry import make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.scenario import Scenario
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
 
-#: Workload seeds: training episodes draw from TRAIN_SEEDS, validation uses VALIDATION_SEEDS, and the benchmark
-#: (bench/dqn_suite.py, `joulesched test`) uses scenario.seed + k (5..45 for the suite), which training never sees.
-TRAIN_SEEDS = range(1_000, 9_000)
-VALIDATION_SEEDS = (10_007,)
-SLO_SLACK = 0.005  # the goal allows default-k8s's SLO violation rate plus 0.5 percentage points
 WATTS_NOW = NODE_FEATURES.index("watts_now")
 
 
@@ -61,8 +58,9 @@ class Validator:
     cases of energy / energy(best of most-allocated and energy-greedy) + 10 x (SLO violation rate above
     default-k8s's + 0.5 pp). Lower is better; below 1 beats both heuristics."""
 
-    def __init__(self, scenarios: list[Scenario], seeds: tuple[int, ...] = VALIDATION_SEEDS,
-                 load_scales: tuple[float, ...] = (1.0,)) -> None:
+    def __init__(self, scenarios: list[Scenario], seeds: tuple[int, ...] = DQNConfig.validation_seeds,
+                 load_scales: tuple[float, ...] = (1.0,), slo_slack: float = DQNConfig.slo_slack) -> None:
+        self.slo_slack = slo_slack
         self.cases = []
         for base in scenarios:
             for f in load_scales:
@@ -79,7 +77,7 @@ class Validator:
         total = 0.0
         for twin, s, e_ref, slo_ref in self.cases:
             r = run_policy(twin, pol, s)
-            total += r.energy_joules / e_ref + 10.0 * max(0.0, r.slo_violation_rate - slo_ref - SLO_SLACK)
+            total += r.energy_joules / e_ref + 10.0 * max(0.0, r.slo_violation_rate - slo_ref - self.slo_slack)
         return total / len(self.cases)
 
 

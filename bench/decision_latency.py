@@ -13,10 +13,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from agent.policy import make_policy  # noqa: E402
-from cluster.scenario import Scenario  # noqa: E402
-from cluster.twin import Twin  # noqa: E402
-from cluster.workload import build_workload  # noqa: E402
+from joulesched.agent.registry import make_policy  # noqa: E402
+from joulesched.cluster.scenario import Scenario  # noqa: E402
+from joulesched.cluster.twin import Twin  # noqa: E402
+from joulesched.cluster.workload import build_workload  # noqa: E402
 
 
 def latencies(twin: Twin, policy, seed: int = 0) -> np.ndarray:

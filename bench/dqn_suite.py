@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from agent.policy import make_policy  # noqa: E402
-from cluster.scenario import load_scenario  # noqa: E402
-from cluster.twin import Twin, run_policy  # noqa: E402
-from cluster.workload import build_workload  # noqa: E402
-from pipelines.train import evaluate  # noqa: E402
+from joulesched.agent.registry import make_policy  # noqa: E402
+from joulesched.cluster.scenario import load_scenario  # noqa: E402
+from joulesched.cluster.twin import Twin  # noqa: E402
+from joulesched.cluster.workload import build_workload  # noqa: E402
+from joulesched.pipelines.training import evaluate  # noqa: E402
 
 SUITE = ("heterogeneous-sleep", "heterogeneous", "homogeneous", "large", "tiny")
 
@@ -76,8 +76,8 @@ def latency(model: str, nodes: int, pods: int, policies: tuple[str, ...], repeat
 def busy_latency(model: str, nodes: int, decisions: int = 2000, repeats: int = 3) -> dict:
     """The worst case for the DQN: every node busy (no two rows alike), so every feasible node is scored.
     Measures choose() plus the filter on a fixed random state of the large scenario's node mix."""
-    from cluster.state import ClusterState, PodRequest
-    from power.curves import SPECPOWER
+    from joulesched.cluster.state import ClusterState, PodRequest
+    from joulesched.power.curves import SPECPOWER
 
     kinds = [("hp-ml110-g4", 8000, 32768), ("hp-ml110-g5", 8000, 32768), ("ibm-x3250-x3470", 8000, 32768),
              ("ibm-x3550-m3-x5675", 24000, 98304)]

@@ -28,10 +28,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.policy import make_policy  # noqa: E402
-from cluster.kube.backend import KubeBackend  # noqa: E402
-from cluster.kube.client import api_client_for  # noqa: E402
-from pipelines.serve import Scheduler, ServeConfig  # noqa: E402
+from joulesched.agent.registry import make_policy  # noqa: E402
+from joulesched.cluster.kube.cache import KubeCache  # noqa: E402
+from joulesched.cluster.kube.client import api_client_for  # noqa: E402
+from joulesched.live.scheduler import Scheduler, ServeConfig  # noqa: E402
 
 FAULTS = ["500:bind:0.02", "lost-response:bind:0.01", "409:bind:0.01", "slow:bind:0.01", "500:get:pods:0.05",
           "500:create:events:0.02", "500:patch-status:pods:0.02", "cut:watch:pods:0.5", "500:update:leases:0.02"]
@@ -50,7 +50,7 @@ def _stats(url: str) -> dict:
 
 def run(policy: str, nodes: int, pods: int, faults: list[str], timeout_s: float, workers: int) -> dict:
     port = _free_port()
-    cmd = [sys.executable, "-m", "cluster.kube_emulator", "--port", str(port), "--nodes", str(nodes),
+    cmd = [sys.executable, "-m", "tests.support.kube_emulator", "--port", str(port), "--nodes", str(nodes),
            "--pods", str(pods), "--node-cpu", "16", "--node-memory", "64Gi", "--pod-cpu", "250m",
            "--pod-memory", "256Mi"] + [a for f in faults for a in ("--fault", f)]
     emu = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -62,7 +62,7 @@ def run(policy: str, nodes: int, pods: int, faults: list[str], timeout_s: float,
             raise RuntimeError(f"emulator did not start: {line}")
         cfg = ServeConfig(leader_elect=True, lease_namespace="default", bind_workers=workers,
                           backoff_initial_s=0.05, backoff_max_s=0.5)
-        sched = Scheduler(KubeBackend(api_client_for(url)), make_policy(policy), cfg)
+        sched = Scheduler(KubeCache(api_client_for(url)), make_policy(policy), cfg)
         t0 = time.monotonic()
         sched.start()
         deadline = t0 + timeout_s

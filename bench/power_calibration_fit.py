@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from power.calibrate import Sample, fit_curve  # noqa: E402
-from power.curves import SPECPOWER, interp  # noqa: E402
+from joulesched.power.calibrate import Sample, fit_curve  # noqa: E402
+from joulesched.power.curves import SPECPOWER, interp  # noqa: E402
 
 
 def main() -> None:

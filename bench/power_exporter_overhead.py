@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import generate_latest  # noqa: E402
 
-from power.exporter import Exporter  # noqa: E402
-from power.model import DEFAULT_CURVE, ModelMeter  # noqa: E402
-from power.monitor import PowerMonitor  # noqa: E402
-from power.powercap import PowercapMeter  # noqa: E402
-from power.synthetic import FakeProcess, SyntheticPowercap, SyntheticProc, pod_cgroup_v2  # noqa: E402
+from joulesched.power.exporter import Exporter  # noqa: E402
+from joulesched.power.model import DEFAULT_CURVE, ModelMeter  # noqa: E402
+from joulesched.power.monitor import PowerMonitor  # noqa: E402
+from joulesched.power.powercap import PowercapMeter  # noqa: E402
+from tests.support.sysfs import FakeProcess, SyntheticPowercap, SyntheticProc, pod_cgroup_v2  # noqa: E402
 
 
 def synthetic_host(root: Path, processes: int, rng: random.Random) -> tuple[SyntheticPowercap, SyntheticProc]:

@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from power.burner import measure  # noqa: E402
-from power.meter import MeterError  # noqa: E402
-from power.monitor import PowerMonitor  # noqa: E402
-from power.msr import MsrMeter  # noqa: E402
-from power.powercap import PowercapMeter, discover_zones  # noqa: E402
+from joulesched.power.burner import measure  # noqa: E402
+from joulesched.power.meter import MeterError  # noqa: E402
+from joulesched.power.monitor import PowerMonitor  # noqa: E402
+from joulesched.power.msr import MsrMeter  # noqa: E402
+from joulesched.power.powercap import PowercapMeter, discover_zones  # noqa: E402
 
 
 def main() -> int:

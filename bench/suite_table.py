@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agent.policy import BASELINES
-from pipelines.benchmark import run_benchmark
+from joulesched.agent.registry import BASELINES
+from joulesched.pipelines.benchmark import run_benchmark
 
 SUITE = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
 

@@ -12,10 +12,11 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the goal states
 
-from agent.policy import make_policy  # noqa: E402
-from cluster.scenario import Scenario  # noqa: E402
-from cluster.twin import Twin, run_policy  # noqa: E402
-from cluster.workload import build_workload  # noqa: E402
+from joulesched.agent.registry import make_policy  # noqa: E402
+from joulesched.agent.runner import run_policy  # noqa: E402
+from joulesched.cluster.scenario import Scenario  # noqa: E402
+from joulesched.cluster.twin import Twin  # noqa: E402
+from joulesched.cluster.workload import build_workload  # noqa: E402
 
 
 def main() -> None:

@@ -15,10 +15,11 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from power.curves import SPECPOWER, validate_curve
+from joulesched.core.errors import UsageError
+from joulesched.power.curves import SPECPOWER, validate_curve
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UsageError):
     """A scenario, trace or node-profile file is malformed. The message names the file and the field."""
 
 

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from power.curves import interp_many, validate_curve
+from joulesched.power.curves import interp_many, validate_curve
 
 # Node power states.
 ON, ASLEEP, WAKING = 0, 1, 2

@@ -14,6 +14,9 @@ Model (docs/twin.md has the full statement):
 
 Each node keeps a virtual clock that advances at its service rate, so a departure is one heap entry per node
 and a change of rate reschedules one entry, not one per pod.
+
+The twin is a :class:`~joulesched.cluster.backend.Backend` (``start``, ``next_decision``, ``bind``, ``abandon``,
+``result``) and its energy is read through a :class:`~joulesched.power.meter.EnergyMeter`, :class:`TwinMeter`.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cluster.scenario import Scenario, Sleep
-from cluster.state import ASLEEP, ON, WAKING, ClusterState, PodRequest
-from cluster.workload import Workload
-from power.curves import interp
+from joulesched.cluster.backend import Decision
+from joulesched.cluster.scenario import Scenario, Sleep
+from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState, PodRequest
+from joulesched.cluster.workload import Workload
+from joulesched.power.curves import interp
 
 _DEPART, _SLEEP, _WAKE = 0, 1, 2
 _NOT_PLACED, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
@@ -89,11 +93,38 @@ class RunResult:
         return self.slo_violations / self.completed_pods if self.completed_pods else 0.0
 
 
+class TwinMeter:
+    """The twin's energy: the exact integral of its piecewise-constant power.
+
+    ``joules(0, end)`` of a finished run is the run's total. Other windows need the breakpoints a twin built
+    with ``record=True`` keeps (cumulative joules at every event); without them only whole runs are answered.
+    """
+
+    def __init__(self, twin: "Twin") -> None:
+        self._twin = twin
+
+    def joules(self, start: float, end: float) -> float:
+        tw = self._twin
+        if not start <= end:
+            raise ValueError(f"energy window [{start}, {end}] is empty or reversed")
+        if start == 0.0 and tw.done and end == tw._end_s:
+            return tw._energy
+        log_t, log_e = tw._energy_log
+        if not log_t:
+            raise ValueError("this twin kept no energy breakpoints: build it with record=True to meter "
+                             "windows other than the whole run")
+        if start < 0.0 or end > tw.now:
+            raise ValueError(f"energy window [{start}, {end}] lies outside the simulated [0, {tw.now}]")
+        return float(np.interp(end, log_t, log_e) - np.interp(start, log_t, log_e))
+
+
 class Twin:
     """A simulated cluster driven one placement decision at a time.
 
-    Use :meth:`next_decision` to advance to the next pod that needs a node (it returns ``None`` when the run
-    is over), read :attr:`pod` and :attr:`mask`, then call :meth:`place`. :func:`run_policy` wraps this loop.
+    As a :class:`~joulesched.cluster.backend.Backend`: :meth:`begin` resets it, :meth:`next_decision` advances
+    to the next pod that needs a node (``None`` when the run is over), :meth:`bind` places it, and
+    :meth:`result` reads the run. :func:`joulesched.agent.runner.run_policy` is that loop. The Gymnasium env
+    uses the same calls without the latency bookkeeping: :meth:`next_decision`, then :meth:`place`.
     """
 
     def __init__(self, scenario: Scenario, workload: Workload, *, record: bool = False, timeline_bins: int = 240):
@@ -111,6 +142,7 @@ class Twin:
         self._req = [PodRequest(None if c < 0 else c, None if m < 0 else m) for c, m in zip(cpu, mem)]
         self.placeable = self._placeable_mask(cluster_from_scenario(scenario), wl)
         self._placeable = self.placeable.tolist()
+        self.meter = TwinMeter(self)
         self.reset()
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -160,11 +192,15 @@ class Twin:
         self.request: PodRequest | None = None
         self.mask: np.ndarray | None = None
         self.decision_t0 = 0  # perf_counter_ns() when the current decision's filtering began
+        self._decision = Decision(st, PodRequest(), np.zeros(n, dtype=bool))
+        self._lat: list[int] = []  # decision latencies (filter plus policy), ns
         self.done = False
         self._end_s = math.nan
+        self._energy_log: tuple[list[float], list[float]] = ([], [])
         if self.record:
             self.timeline = Timeline(bin_s=self.horizon / self.timeline_bins)
             self._bin_end = 0.0
+            self._energy_log = ([0.0], [0.0])
         else:
             self.timeline = None
         for i in range(n):
@@ -180,9 +216,25 @@ class Twin:
             ok |= (cpu <= c) & (mem <= m)
         return ok & (st.alloc_pods.max() > 0)
 
+    # ---- the Backend ----------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Begin a run from time 0 (the twin can run any number of times)."""
+        self.reset()
+
+    def bind(self, decision: Decision, node: int) -> None:
+        """Record the decision's latency (filter plus policy), then :meth:`place`."""
+        self._lat.append(time.perf_counter_ns() - self.decision_t0)
+        self.place(node)
+
+    def abandon(self, decision: Decision, error: BaseException) -> None:
+        """A policy that fails in the twin is a bug: let it surface."""
+        raise error
+
     # ---- the decision loop --------------------------------------------------------------------------------
-    def next_decision(self) -> int | None:
-        """Advance until a pod needs a node with at least one feasible node. ``None`` when the run is over."""
+    def next_decision(self) -> Decision | None:
+        """Advance until a pod needs a node with at least one feasible node. ``None`` when the run is over.
+
+        The returned :class:`Decision` is reused: it is valid until the next call."""
         st = self.state
         ready, events, submit = self._ready, self._events, self._submit
         n_pods = len(submit)
@@ -225,7 +277,9 @@ class Twin:
             if mask.any():
                 self.decision_t0 = t0
                 self.pod, self.request, self.mask = p, req, mask
-                return p
+                d = self._decision
+                d.pod, d.mask, d.key = req, mask, p
+                return d
             insort(self._pending, p)
 
     def place(self, node: int) -> None:
@@ -266,6 +320,9 @@ class Twin:
         self._t_energy = t
         self.now = t
         self.state.now = t
+        if self.record:
+            self._energy_log[0].append(t)
+            self._energy_log[1].append(self._energy)
 
     def _record_until(self, t: float) -> None:
         tl = self.timeline
@@ -417,17 +474,19 @@ class Twin:
         """Pods waiting in the pending queue because no node fits them (not counting pods on waking nodes)."""
         return len(self._pending)
 
-    def result(self, decision_ns: np.ndarray | None = None) -> RunResult:
+    def result(self) -> RunResult:
+        """The finished run's measurements; energy comes from :attr:`meter`."""
         if not self.done:
             raise RuntimeError("the run is not finished")
+        decision_ns = np.asarray(self._lat, dtype=np.int64)
         done = [p for p, s in enumerate(self.pod_status) if s == _DONE]
         life = [self.pod_end[p] - self.pod_start[p] for p in done]
         viol = sum(1 for p, L in zip(done, life) if self._bad0[p] > self.slo_tolerance * L)
         placed = [p for p, node in enumerate(self.pod_node) if node >= 0]
         pending = [self.pod_start[p] - self._submit[p] for p in placed]
-        p99 = float(np.percentile(decision_ns, 99)) / 1000.0 if decision_ns is not None and len(decision_ns) else 0.0
+        p99 = float(np.percentile(decision_ns, 99)) / 1000.0 if len(decision_ns) else 0.0
         return RunResult(
-            energy_joules=self._energy,
+            energy_joules=self.meter.joules(0.0, self._end_s),
             end_s=self._end_s,
             placements=self.placements,
             unschedulable_pods=self.unschedulable + len(self._pending),
@@ -436,22 +495,6 @@ class Twin:
             mean_pending_s=float(np.mean(pending)) if pending else 0.0,
             mean_throttling=float(np.mean([self._thr0[p] for p in done])) if done else 0.0,
             decision_us_p99=p99,
-            decisions=len(decision_ns) if decision_ns is not None else self.placements,
+            decisions=len(decision_ns) or self.placements,  # driven through place() alone: one per placement
             timeline=self.timeline,
         )
-
-
-def run_policy(twin: Twin, policy, seed: int) -> RunResult:
-    """Run ``policy`` on ``twin`` from a fresh reset; decision latency covers filter plus policy."""
-    twin.reset()
-    policy.reset(twin.state, np.random.default_rng(seed))
-    lat: list[int] = []
-    st = twin.state
-    choose = policy.choose
-    perf = time.perf_counter_ns
-    nxt, place, record = twin.next_decision, twin.place, lat.append
-    while nxt() is not None:
-        node = choose(st, twin.request, twin.mask)
-        record(perf() - twin.decision_t0)  # filter plus policy, as kube's scheduling attempt
-        place(node)
-    return twin.result(np.asarray(lat, dtype=np.int64))

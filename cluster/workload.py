@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cluster.scenario import Scenario, ScenarioError, Synthetic
+from joulesched.cluster.scenario import Scenario, ScenarioError, Synthetic
 
 TRACE_COLUMNS = ("submit_s", "duration_s", "cpu_request_m", "memory_request_mib", "cpu_usage_m")
 NO_REQUEST = -1

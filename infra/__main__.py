@@ -1,17 +1,13 @@
-"""Pulumi entry point: read the stack config once, build the target, export. Resources live in modules."""
+"""Pulumi entry point: read the stack config once, build the target, export. Resources live in modules.
 
-import sys
-from pathlib import Path
+Pulumi runs it in the project's .venv (Pulumi.yaml), where ``make`` installed joulesched, so the program imports
+the same ``joulesched.infra`` package as the CLI and the tests.
+"""
 
-# Pulumi runs this file with infra/ as the working directory; make the repository importable as packages.
-_repo = str(Path(__file__).resolve().parent.parent)
-if _repo not in sys.path:
-    sys.path.insert(0, _repo)
+import pulumi
 
-import pulumi  # noqa: E402
-
-from infra.config import load  # noqa: E402
-from infra.program import build  # noqa: E402
+from joulesched.infra.config import load
+from joulesched.infra.program import build
 
 outputs = build(load(pulumi.Config()))
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.cloudinit import render_kube_node
-from infra.config import AwsConfig
-from infra.pki import KubeadmPki as PkiValues
+from joulesched.infra.cloudinit import render_kube_node
+from joulesched.infra.config import AwsConfig
+from joulesched.infra.pki import KubeadmPki as PkiValues
 
 
 class AwsTarget(pulumi.ComponentResource):
     def __init__(self, name: str, prefix: str, cfg: AwsConfig, opts: pulumi.ResourceOptions | None = None):
         super().__init__("joulesched:targets:Aws", name, None, opts)
-        from infra.dynamic import KubeadmPki
+        from joulesched.infra.dynamic import KubeadmPki
 
         child = pulumi.ResourceOptions(parent=self)
         self.pki = KubeadmPki(f"{name}-pki", common_name=f"{prefix}-kubernetes", opts=child)

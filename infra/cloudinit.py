@@ -14,7 +14,8 @@ from pathlib import Path
 
 import jinja2
 
-from infra.config import KubeadmConfig
+from joulesched.core.errors import JouleschedError
+from joulesched.infra.config import KubeadmConfig
 
 TEMPLATES = Path(__file__).resolve().parent / "cloud-init"
 ADMIN_USER = "joulesched"
@@ -65,7 +66,7 @@ def render_network_config(*, address: str, gateway: str, dns: str) -> str:
     return _render("network-config.j2", address=address, gateway=gateway, dns=dns)
 
 
-class SchemaUnavailable(RuntimeError):
+class SchemaUnavailable(JouleschedError, RuntimeError):
     pass
 
 

@@ -14,13 +14,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from joulesched.core.errors import UsageError
+
 PROJECT = "joulesched"
 TARGETS = ("cluster", "kvm", "aws")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DEFAULT_APPS = ("cpu", "memory", "disk", "network", "testapp")
 
 
-class InfraConfigError(ValueError):
+class InfraConfigError(UsageError):
     """Stack configuration is missing or invalid; the message lists every problem and how to fix it."""
 
     def __init__(self, problems: list[str]):
@@ -230,7 +232,7 @@ class _Collector:
 
 
 def _apps(c: _Collector) -> tuple[str, ...]:
-    from workloads.manifests import APPS
+    from joulesched.workloads.manifests import APPS
 
     raw = c.r.get_object("apps")
     if raw is None:

@@ -11,7 +11,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
 
-from infra.libvirt_guests import GuestSpec, create_guest, delete_guest
+from joulesched.infra.libvirt_guests import GuestSpec, create_guest, delete_guest
 
 GUEST_OUTPUTS = ("uuid", "disk", "seed", "console_log", "resolved_virt_type")
 
@@ -49,7 +49,7 @@ class LibvirtGuest(Resource):
 
 class KubeadmPkiProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from infra.pki import generate
+        from joulesched.infra.pki import generate
 
         pki = generate(props.get("common_name") or "kubernetes")
         return CreateResult(id_=pki.ca_cert_hash, outs={

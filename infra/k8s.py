@@ -19,7 +19,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra.config import ClusterConfig, PowerExporterConfig
+from joulesched.infra.config import ClusterConfig, PowerExporterConfig
 
 PART_OF = "joulesched"
 POWER_METRICS_PATH = "/metrics"
@@ -272,7 +272,7 @@ class Workloads(pulumi.ComponentResource):
     def __init__(self, name: str, *, namespace: str, apps: tuple[str, ...], image_prefix: str, tag: str,
                  scheduler_name: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("joulesched:cluster:Workloads", name, None, opts)
-        from workloads.manifests import render
+        from joulesched.workloads.manifests import render
 
         child = pulumi.ResourceOptions(parent=self)
         self.deployments: dict[str, k8s.apps.v1.Deployment] = {}

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import pulumi
 
-from infra.cloudinit import render_kube_node, render_meta_data, render_network_config
-from infra.config import KvmConfig
-from infra.libvirt_guests import GuestSpec
-from infra.pki import KubeadmPki as PkiValues
+from joulesched.infra.cloudinit import render_kube_node, render_meta_data, render_network_config
+from joulesched.infra.config import KvmConfig
+from joulesched.infra.libvirt_guests import GuestSpec
+from joulesched.infra.pki import KubeadmPki as PkiValues
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class KvmTarget(pulumi.ComponentResource):
 
     def __init__(self, name: str, prefix: str, cfg: KvmConfig, opts: pulumi.ResourceOptions | None = None):
         super().__init__("joulesched:targets:Kvm", name, None, opts)
-        from infra.dynamic import KubeadmPki, LibvirtGuest
+        from joulesched.infra.dynamic import KubeadmPki, LibvirtGuest
 
         child = pulumi.ResourceOptions(parent=self)
         self.pki = KubeadmPki(f"{name}-pki", common_name=f"{prefix}-kubernetes", opts=child)

@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from joulesched.core.errors import JouleschedError
+
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 
 
-class GuestError(RuntimeError):
+class GuestError(JouleschedError, RuntimeError):
     """A guest could not be created or removed; the message says what to install or change."""
 
 

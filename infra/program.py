@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pulumi
 
-from infra.cloudinit import ADMIN_USER
-from infra.config import StackConfig
-from workloads.manifests import PORT as WORKLOAD_PORT
+from joulesched.infra.cloudinit import ADMIN_USER
+from joulesched.infra.config import StackConfig
+from joulesched.workloads.manifests import PORT as WORKLOAD_PORT
 
 
 def _ssh_hosts(addresses: dict[str, str]) -> list[dict]:
@@ -21,7 +21,7 @@ def _ssh_hosts(addresses: dict[str, str]) -> list[dict]:
 def build(cfg: StackConfig) -> dict[str, pulumi.Input]:
     """Create the target's ComponentResource; return the stack outputs."""
     if cfg.target == "cluster":
-        from infra.k8s import ClusterTarget
+        from joulesched.infra.k8s import ClusterTarget
 
         t = ClusterTarget(cfg.name_prefix, cfg.cluster)
         outputs = {"namespace": t.namespace.metadata["name"], "scheduler": t.scheduler.deployment.metadata["name"],
@@ -36,12 +36,12 @@ def build(cfg: StackConfig) -> dict[str, pulumi.Input]:
             outputs["kube_context"] = cfg.cluster.kube_context
         return outputs
     if cfg.target == "kvm":
-        from infra.kvm import KvmTarget
+        from joulesched.infra.kvm import KvmTarget
 
         k = KvmTarget(cfg.name_prefix, cfg.name_prefix, cfg.kvm)
         return {"guests": k.addresses, "ca_cert_hash": k.pki.ca_cert_hash, "hosts": _ssh_hosts(k.addresses)}
     if cfg.target == "aws":
-        from infra.aws import AwsTarget
+        from joulesched.infra.aws import AwsTarget
 
         a = AwsTarget(cfg.name_prefix, cfg.name_prefix, cfg.aws)
         return {"master_public_ip": a.master.public_ip, "worker_private_ips": [w.private_ip for w in a.workers]}

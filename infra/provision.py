@@ -9,11 +9,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from joulesched.core.errors import JouleschedError
+
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOKS = REPO / "playbooks"
 
 
-class ProvisionError(RuntimeError):
+class ProvisionError(JouleschedError, RuntimeError):
     pass
 
 

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from joulesched.core.errors import UsageError
+
 REPO = Path(__file__).resolve().parent.parent
 PULUMI_INSTALL = ("the Pulumi CLI is not on PATH. Install it (it is not packaged for Debian or PyPI):\n"
                   "  curl -fsSL https://get.pulumi.com | sh      # or: brew install pulumi\n"
                   "then log in to a state backend, e.g. `pulumi login --local`, and rerun.")
 
 
-class StackError(ValueError):
+class StackError(UsageError):
     """No Pulumi CLI, an unknown stack, or outputs of the wrong shape."""
 
 

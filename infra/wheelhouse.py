@@ -16,13 +16,14 @@ from pathlib import Path
 
 import yaml
 
+from joulesched.core.errors import JouleschedError
+
 REPO = Path(__file__).resolve().parent.parent
 ROLE_DEFAULTS = REPO / "playbooks" / "roles" / "power_exporter" / "defaults" / "main.yml"
-_PACKAGES = ("agent", "cluster", "power", "workloads", "pipelines", "infra")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
 
-class WheelhouseError(RuntimeError):
+class WheelhouseError(JouleschedError, RuntimeError):
     pass
 
 
@@ -37,10 +38,19 @@ def _pip(*args: str, what: str) -> None:
         raise WheelhouseError(f"{what} failed: {(r.stderr or r.stdout).strip()[-2000:]}")
 
 
-def project_version() -> str:
+def _pyproject() -> dict:
     import tomllib
 
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def project_version() -> str:
+    return _pyproject()["project"]["version"]
+
+
+def package_folders() -> list[str]:
+    """The folders that install as ``joulesched.<folder>`` (pyproject.toml's package list)."""
+    return sorted({name.split(".")[1] for name in _pyproject()["tool"]["setuptools"]["packages"]})
 
 
 def build_wheelhouse(out: Path, *, requirements: list[str] | None = None, all_deps: bool = False) -> Path:
@@ -53,7 +63,7 @@ def build_wheelhouse(out: Path, *, requirements: list[str] | None = None, all_de
         src.mkdir()
         for f in ("pyproject.toml", "README.md"):
             shutil.copy2(REPO / f, src / f)
-        for pkg in _PACKAGES:
+        for pkg in package_folders():
             if (REPO / pkg).is_dir():
                 shutil.copytree(REPO / pkg, src / pkg, ignore=_IGNORE)
         _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out), str(src),

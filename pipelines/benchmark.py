@@ -21,18 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.lower_bound import lower_bound
-from agent.policy import make_policy
-from cluster.scenario import Scenario, load_scenario
-from cluster.twin import Twin, run_policy
-from cluster.workload import build_workload
+from joulesched.agent.lower_bound import lower_bound
+from joulesched.agent.registry import HEURISTIC_FAMILIES, family_of, make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.scenario import Scenario, load_scenario
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
+from joulesched.core.errors import UsageError
+from joulesched.core.fsio import check_output_dir
 
 RESULTS_VERSION = 1
-#: The packing and power-aware heuristics a learned policy must beat (reference.md section 7, "Fair baselines").
-HEURISTICS = ("most-allocated", "requested-to-capacity-ratio", "target-load-packing", "peaks", "energy-greedy")
 
 
-class BenchmarkInputError(ValueError):
+class BenchmarkInputError(UsageError):
     """Inconsistent benchmark arguments or an unreadable results file."""
 METRICS = ("energy_joules", "slo_violation_rate", "unschedulable_pods", "mean_pending_s", "placements",
            "decision_us_p99", "mean_throttling", "end_s", "completed_pods")
@@ -40,7 +41,7 @@ METRICS = ("energy_joules", "slo_violation_rate", "unschedulable_pods", "mean_pe
 
 @dataclass(frozen=True)
 class Task:
-    scenario_path: str
+    scenario: Scenario
     scenario_index: int
     seed_offset: int
     policy: str
@@ -49,7 +50,7 @@ class Task:
 
 def _run_task(task: Task) -> tuple[Task, dict, dict | None]:
     """Worker: one policy on one (scenario, seed). Returns metrics and, if recorded, its timeline."""
-    sc = load_scenario(task.scenario_path)
+    sc = task.scenario
     seed = sc.seed + task.seed_offset
     wl = build_workload(sc, seed)
     twin = Twin(sc, wl, record=task.record)
@@ -64,20 +65,20 @@ def _run_task(task: Task) -> tuple[Task, dict, dict | None]:
     return task, metrics, tl
 
 
-def _bound(path: str, seed_offset: int) -> dict:
-    sc = load_scenario(path)
+def _bound(sc: Scenario, seed_offset: int) -> dict:
     seed = sc.seed + seed_offset
     wl = build_workload(sc, seed)
     twin = Twin(sc, wl)
     lb = lower_bound(twin.state, wl, sc.duration_s, twin.placeable)
     return {"name": sc.name, "seed": seed, "nodes": sc.node_count, "pods": len(wl), "trace_rows_dropped": wl.dropped,
             "lower_bound_joules": lb.joules, "lower_bound_end_s": lb.end_s,
-            "node_names": twin.state.names, "node_groups": [sc.nodes[g].name_prefix for g in twin.state.group]}
+            "node_names": twin.state.names, "node_groups": [sc.nodes[g].name_prefix for g in twin.state.group],
+            "group_curves": {g.name_prefix: list(g.curve) for g in sc.nodes}}
 
 
-def validate_inputs(scenarios: Sequence[Path], policies: Sequence[str]) -> list[Scenario]:
+def validate_inputs(scenarios: Sequence[Path | Scenario], policies: Sequence[str]) -> list[Scenario]:
     """Load every scenario (and its trace) and build every policy once, so errors surface before any work."""
-    loaded = [load_scenario(p) for p in scenarios]
+    loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]
     for sc in loaded:
         build_workload(sc)  # a bad trace fails here, not in a worker
     names = [s.name for s in loaded]
@@ -112,7 +113,8 @@ def _ray_map(tasks: list[Task], address: str | None):
             ray.shutdown()
 
 
-def run_benchmark(scenarios: Sequence[Path], policies: Sequence[str], seeds: int, out: Path, *, jobs: int = 1,
+def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str], seeds: int, out: Path, *,
+                  jobs: int = 1,
                   on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
                   command: str = "", executor: str = "local", ray_address: str | None = None) -> dict:
     """Run the grid, write ``out/results.json`` and ``out/timelines.npz`` atomically, return the results.
@@ -123,11 +125,13 @@ def run_benchmark(scenarios: Sequence[Path], policies: Sequence[str], seeds: int
         raise BenchmarkInputError("--seeds must be at least 1")
     if executor not in ("local", "ray"):
         raise BenchmarkInputError(f"unknown executor {executor!r}; use local or ray")
-    validate_inputs(scenarios, policies)
-    paths = [str(Path(p).resolve()) for p in scenarios]
-    tasks = [Task(p, i, s, pol, record=(s == 0)) for i, p in enumerate(paths) for s in range(seeds) for pol in policies]
+    out = check_output_dir(out, "--out")
+    loaded = validate_inputs(scenarios, policies)
+    paths = [str(sc.source) if sc.source else sc.name for sc in loaded]
+    tasks = [Task(sc, i, s, pol, record=(s == 0)) for i, sc in enumerate(loaded) for s in range(seeds)
+             for pol in policies]
     if on_start:
-        on_start(len(tasks) + len(paths) * seeds)
+        on_start(len(tasks) + len(loaded) * seeds)
     t0 = time.perf_counter()
     bounds: dict[tuple[int, int], dict] = {}
     results: dict[tuple[int, int], dict] = {}
@@ -142,13 +146,13 @@ def run_benchmark(scenarios: Sequence[Path], policies: Sequence[str], seeds: int
             timelines[f"{key}/awake"] = tl["awake"]
             timelines[f"{task.scenario_index}/bin_s"] = np.array([tl["bin_s"]])
         if on_progress:
-            on_progress(f"{Path(task.scenario_path).stem} seed {task.seed_offset} {task.policy}")
+            on_progress(f"{_label(task.scenario)} seed {task.seed_offset} {task.policy}")
 
-    for i, p in enumerate(paths):
+    for i, sc in enumerate(loaded):
         for s in range(seeds):
-            bounds[(i, s)] = _bound(p, s)
+            bounds[(i, s)] = _bound(sc, s)
             if on_progress:
-                on_progress(f"{Path(p).stem} seed {s} lower bound")
+                on_progress(f"{_label(sc)} seed {s} lower bound")
     if executor == "ray":
         for task, metrics, tl in _ray_map(tasks, ray_address):
             collect(task, metrics, tl)
@@ -170,15 +174,22 @@ def run_benchmark(scenarios: Sequence[Path], policies: Sequence[str], seeds: int
         "scenarios": [],
     }
     for (i, s), b in sorted(bounds.items()):
-        entry = {k: v for k, v in b.items() if k not in ("node_names", "node_groups")}
+        entry = {k: v for k, v in b.items() if k not in ("node_names", "node_groups", "group_curves")}
         entry["scenario_file"] = paths[i]
         entry["policies"] = results[(i, s)]
         doc["scenarios"].append(entry)
     doc["summary"] = summarize(doc)
+    # nodes.json: what the report draws per node, and the power curve each group ran with (a calibrated
+    # scenario exists only in memory, so this is the record of what the twin used).
     meta = {str(i): {"node_names": bounds[(i, 0)]["node_names"], "node_groups": bounds[(i, 0)]["node_groups"],
-                     "name": bounds[(i, 0)]["name"]} for i in range(len(paths))}
+                     "group_curves": bounds[(i, 0)]["group_curves"], "name": bounds[(i, 0)]["name"]}
+            for i in range(len(paths))}
     write_outputs(out, doc, timelines, meta)
     return doc
+
+
+def _label(sc: Scenario) -> str:
+    return sc.source.stem if sc.source else sc.name
 
 
 def _ci95(values: list[float]) -> float:
@@ -214,7 +225,7 @@ def summarize(doc: dict) -> dict:
                 row["energy_vs_default"] = float(np.mean(ratios))
                 row["energy_vs_default_ci95"] = _ci95(ratios)
             rows[pol] = row
-        heur = [h for h in HEURISTICS if h in rows]
+        heur = [h for h in rows if family_of(h) in HEURISTIC_FAMILIES]
         if heur:
             # Best heuristic per seed (the one with least energy on that workload), then the ratio averaged.
             best = [min(e["policies"][h]["energy_joules"] for h in heur) for e in entries]

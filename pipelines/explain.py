@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent.baselines import EnergyGreedy, ScoringPolicy
-from agent.policy import Policy
-from cluster.state import ClusterState, PodRequest
-from power.curves import validate_curve
+from joulesched.agent.policy import Policy
+from joulesched.cluster.state import ClusterState, PodRequest
+from joulesched.core.errors import UsageError
+from joulesched.power.curves import validate_curve
 
 
-class SnapshotError(ValueError):
+class SnapshotError(UsageError):
     """A snapshot file is malformed; the message names the field."""
 
 
@@ -82,28 +82,23 @@ def load_snapshot(path: Path) -> tuple[ClusterState, PodRequest]:
 
 
 def explain(policy: Policy, st: ClusterState, pod: PodRequest, seed: int = 0) -> dict:
-    """Every node's feasibility, reasons, plugin scores and total, and the node ``policy`` chooses."""
+    """Every node's feasibility, reasons, scores (from the policy's Scorer) and total, and the chosen node."""
     policy.reset(st, np.random.default_rng(seed))
     mask = st.feasible(pod)
     idx = np.flatnonzero(mask)
-    plugins: dict[str, tuple[int, np.ndarray]] = {}
-    total = None
-    if isinstance(policy, ScoringPolicy) and idx.size:
-        plugins = policy.plugin_scores(st, pod, idx)
-        total = policy.total(st, pod, idx)
-    elif isinstance(policy, EnergyGreedy) and idx.size:
-        plugins = {"MarginalWatts": (-1, policy.marginal_watts(st, pod, idx))}
-        total = -plugins["MarginalWatts"][1]
+    scores = policy.scorer.node_scores(st, pod, idx) if policy.scorer is not None and idx.size else None
     chosen = int(policy.choose(st, pod, mask)) if idx.size else None
     nodes = []
     pos = {int(j): k for k, j in enumerate(idx)}
     for i, name in enumerate(st.names):
         row: dict = {"name": name, "feasible": bool(mask[i]), "reasons": st.filter_reasons(i, pod)}
-        if mask[i] and plugins:
+        if mask[i] and scores is not None:
             k = pos[i]
-            row["scores"] = {pl: (float(s[k]) if s.dtype.kind == "f" else int(s[k])) for pl, (w, s) in plugins.items()}
-            row["weights"] = {pl: w for pl, (w, _) in plugins.items()}
-            row["total"] = float(total[k]) if total.dtype.kind == "f" else int(total[k])
+            row["scores"] = {pl: _num(s[k]) for pl, (w, s) in scores.plugins.items()}
+            row["weights"] = {pl: w for pl, (w, _) in scores.plugins.items()}
+            row["total"] = _num(scores.total[k])
+            if scores.features is not None:
+                row["features"] = [[n, round(float(v), 4)] for n, v in scores.features[k]]
         nodes.append(row)
     out = {"policy": policy.name, "pod": {"cpu_m": pod.cpu_m, "memory_mib": pod.memory_mib},
            "nodes": nodes, "chosen": st.names[chosen] if chosen is not None else None}
@@ -112,3 +107,8 @@ def explain(policy: Policy, st: ClusterState, pod: PodRequest, seed: int = 0) ->
     elif idx.size == 1:
         out["message"] = "only one feasible node: chosen without scoring"
     return out
+
+
+def _num(v) -> int | float:
+    """numpy scalars as JSON numbers: integers stay integers (kube's scores are integers)."""
+    return int(v) if np.asarray(v).dtype.kind in "iu" else float(v)

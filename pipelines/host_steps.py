@@ -16,40 +16,45 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.stages import Stage, StageRunner
+from joulesched.core.errors import JouleschedError, UsageError
+from joulesched.pipelines.stages import Stage, StageRunner
 
 Event = Callable[[str, str], None]
 
 
-class HostStepError(ValueError):
-    """No hosts, a host that cannot be reached or whose key is not pinned, or a step that failed on it."""
+class HostStepError(JouleschedError):
+    """A host that cannot be reached or whose key is not pinned, or a step that failed on it (exit 1)."""
+
+
+class HostInputError(HostStepError, UsageError):
+    """No hosts, or an inventory, limit or key option that cannot be used (exit 2)."""
 
 
 def resolve_hosts(inventory: Path | None, limit: str | None, environment=None, ssh_key: Path | None = None):
     """The SSH targets: an Ansible inventory (with ``--limit``), else the ``hosts`` a Pulumi stack exports."""
-    from pipelines.remote import HostSpec, RemoteError, hosts_from_inventory
+    from joulesched.infra.remote import HostSpec, RemoteError, hosts_from_inventory
 
     if inventory is not None:
         try:
             hosts = hosts_from_inventory(inventory, limit)
         except RemoteError as e:
-            raise HostStepError(str(e)) from None
+            raise HostInputError(str(e)) from None
     elif environment is not None and environment.hosts:
         if limit:
-            raise HostStepError("--limit selects inventory hosts; it needs --hosts INVENTORY")
+            raise HostInputError("--limit selects inventory hosts; it needs --hosts INVENTORY")
         hosts = [HostSpec(name=h.name, address=h.address, port=h.port, user=h.user or "") for h in environment.hosts]
     else:
-        raise HostStepError("host-side steps (--calibrate) need hosts: --hosts INVENTORY, or a --stack that "
+        raise HostInputError("host-side steps (--calibrate) need hosts: --hosts INVENTORY, or a --stack that "
                             "exports hosts")
     if ssh_key is not None:
         if not ssh_key.is_file():
-            raise HostStepError(f"--ssh-key {ssh_key} does not exist")
+            raise HostInputError(f"--ssh-key {ssh_key} does not exist")
         hosts = [h if h.key_file is not None else dataclasses.replace(h, key_file=ssh_key) for h in hosts]
     return hosts
 
 
 def _each(hosts: Sequence, known_hosts: Path | None, step: str, fn, on_event: Event) -> None:
-    from pipelines.remote import RemoteError, connect
+    from joulesched.infra.remote import RemoteError, connect
 
     for h in hosts:
         on_event(f"{step} {h.name}", f"over SSH to {h.address}:{h.port}")
@@ -65,7 +70,7 @@ def check_exporters(out: Path, hosts: Sequence, known_hosts: Path | None, *, por
                     on_event: Event | None = None) -> None:
     """Every host's exporter answers on its loopback and exports the energy counter. A check, not a cached
     stage: it runs every time (it is cheap, and a host can fail between runs)."""
-    from pipelines.remote import read_exporter
+    from joulesched.infra.remote import read_exporter
 
     on_event = on_event or (lambda n, w: None)
     dest = Path(out) / "hosts"
@@ -88,8 +93,8 @@ def fleet_profile(profiles: Sequence[Path], out: Path) -> Path:
     capacities. Per-host curves stay in their own files; the twin's node groups all take the mean."""
     import yaml
 
-    from pipelines.pipeline import profile_curve
-    from power.calibrate import write_profile
+    from joulesched.pipelines.sim_pipeline import profile_curve
+    from joulesched.power.calibrate import write_profile
 
     groups = []
     for p in profiles:
@@ -110,7 +115,7 @@ def calibrate_hosts(out: Path, hosts: Sequence, known_hosts: Path | None, *, ste
                     settle_seconds: float | None = None, sample_seconds: float | None = None, force: bool = False,
                     on_event: Event | None = None, calibrate_options: dict | None = None) -> Path:
     """The ``calibrate-hosts`` stage; returns the fleet node profile the twin then uses."""
-    from pipelines.remote import calibrate
+    from joulesched.infra.remote import calibrate
 
     out = Path(out)
     on_event = on_event or (lambda n, w: None)
@@ -135,7 +140,7 @@ def calibrate_hosts(out: Path, hosts: Sequence, known_hosts: Path | None, *, ste
 def collect_host_logs(out: Path, hosts: Sequence, known_hosts: Path | None, *, on_event: Event | None = None,
                       since: str | None = None) -> None:
     """The exporter's and node-exporter's journals of every host, into ``DIR/logs/hosts``."""
-    from pipelines.remote import collect_logs
+    from joulesched.infra.remote import collect_logs
 
     dest = Path(out) / "logs" / "hosts"
     dest.mkdir(parents=True, exist_ok=True)

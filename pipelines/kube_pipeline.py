@@ -8,7 +8,8 @@ quality from the load driver, (5) delete the pods and wait until none remain. Th
 of ``pipelines/benchmark.py``; there is no lower bound on a real cluster, so it is ``null``) and the report.
 
 Every policy's measurement is a resumable stage writing ``DIR/runs/<policy>.json``; the report stage
-assembles them. By default the pipeline runs ``joulesched serve --policy P`` itself while P is measured.
+assembles them. By default the pipeline runs our scheduler with policy P itself, in this process
+(:class:`joulesched.live.daemon.SchedulerDaemon`), while P is measured, and waits for it to be ready.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import contextlib
 import copy
 import hashlib
 import json
+import logging
 import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -29,21 +29,20 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pipelines.benchmark import RESULTS_VERSION, write_outputs
-from pipelines.report import write_report
-from pipelines.stages import Stage, StageRunner
+from joulesched.core.errors import UsageError
+from joulesched.pipelines.benchmark import RESULTS_VERSION, write_outputs
+from joulesched.pipelines.report import write_report
+from joulesched.pipelines.stages import Stage, StageRunner
+from joulesched.power.prometheus import ENERGY_METRIC, PrometheusMeter
 
 DEFAULT_SCHEDULER = "default-scheduler"
 JOULESCHED_SCHEDULER = "joulesched"
 HEADER = "Measured on a real cluster"
-# Whole-node energy without double counting: RAPL packages and DRAM (core/uncore sit inside a package, psys
-# contains everything), or the model meter's platform zone. Hosts with psys only: pass --energy-selector.
-ENERGY_METRIC = 'joulesched_node_joules_total{zone=~"package-.*|dram-.*|platform.*"}'
 RUN_LABEL = "joulesched.io/pipeline-run"
 POLICY_LABEL = "joulesched.io/policy"
 
 
-class KubePipelineError(ValueError):
+class KubePipelineError(UsageError):
     """Bad arguments of the kube pipeline, or a cluster/Prometheus step that could not complete."""
 
 
@@ -60,7 +59,7 @@ def _slug(text: str) -> str:
 def render_pods(policy: str, pods: int, apps: Sequence[str], run_id: str, namespace: str = "default",
                 image: str | None = None) -> list[dict[str, Any]]:
     """``pods`` plain Pods, round-robin over ``apps``, each from its Deployment's pod template."""
-    from workloads.manifests import render
+    from joulesched.workloads.manifests import render
 
     sched = scheduler_name_for(policy)
     templates = {}
@@ -81,59 +80,14 @@ def render_pods(policy: str, pods: int, apps: Sequence[str], run_id: str, namesp
     return out
 
 
-def _energy_query(window_ms: int, selector: str) -> str:
-    return f"sum(increase({selector}[{window_ms}ms]))"
-
-
-def read_energy(prom, start: float, end: float, *, selector: str = ENERGY_METRIC,
-                scrape_wait_s: float = 120.0) -> tuple[float, str]:
-    """Joules of ``[start, end]`` through PromQL: ``sum(increase(SELECTOR[W]))`` evaluated at ``end``.
-
-    Waits first until Prometheus holds a sample at or after ``end``, so the window's last scrape is in.
-    """
-    deadline = time.monotonic() + scrape_wait_s
-    while True:
-        res = prom.custom_query(f"max(timestamp({selector}))")
-        if res and float(res[0]["value"][1]) >= end:
-            break
-        if time.monotonic() > deadline:
-            raise KubePipelineError(f"Prometheus has no sample of {selector} after the run window's end "
-                                    f"within {scrape_wait_s:.0f} s; is the exporter scraped?")
-        time.sleep(0.25)
-    window_ms = max(1, round((end - start) * 1000))
-    query = _energy_query(window_ms, selector)
-    res = prom.custom_query(query, params={"time": f"{end:.3f}"})
-    if not res:
-        raise KubePipelineError(f"{query} returned no series at {end:.3f}")
-    return float(res[0]["value"][1]), query
-
-
-def node_power(prom, start: float, end: float, *, selector: str = ENERGY_METRIC, rate_window_s: float = 60.0,
-               points: int = 60) -> dict[str, list[list[float]]]:
-    """Each node's watts over ``[start, end]``: ``sum by (node, instance) (rate(SELECTOR[W]))`` as a range
-    query, as ``{node (else instance): [[seconds since start, watts], ...]}``. For the report's plot; energy comes from
-    :func:`read_energy`. ``rate_window_s`` must span at least two scrapes."""
-    step = max(1.0, (end - start) / points)
-    query = f"sum by (node, instance) (rate({selector}[{max(1, round(rate_window_s * 1000))}ms]))"
-    res = prom.custom_query_range(query, start_time=_dt(start), end_time=_dt(end), step=f"{step:.3f}")
-    return {r["metric"].get("node") or r["metric"].get("instance", "?"): [[round(float(t) - start, 3), round(float(v), 3)]
-                                               for t, v in r["values"]] for r in res}
-
-
-def _dt(unix: float):
-    import datetime
-
-    return datetime.datetime.fromtimestamp(unix, tz=datetime.timezone.utc)
-
-
 def _drive_load(driver: str, target: str, seconds: int, users: int, workdir: Path):
     if driver == "locust":
-        from workloads.load import locust
+        from joulesched.workloads.load import locust
 
         return locust.run(target, users=users, spawn_rate=max(1.0, float(users)), duration_s=seconds,
                           workdir=workdir)
     if driver == "jmeter":
-        from workloads.load import jmeter
+        from joulesched.workloads.load import jmeter
 
         return jmeter.run(target, threads=users, rampup_s=0, duration_s=seconds, workdir=workdir)
     raise KubePipelineError(f"unknown load driver {driver!r}; use locust or jmeter")
@@ -155,30 +109,32 @@ def _wait(cond: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any
 @contextlib.contextmanager
 def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: Path,
                   start_timeout_s: float = 30.0, context: str | None = None) -> Iterator[None]:
-    """Run ``joulesched serve --policy POLICY`` for the duration of one policy's run (kube-scheduler binds the
-    default-k8s pods; every other policy is ours, so it must be the one binding ``schedulerName: joulesched``)."""
-    if scheduler_name_for(policy) != "joulesched":
+    """Run our scheduler with ``policy``, in this process, for the duration of one policy's run (kube-scheduler
+    binds the default-k8s pods; every other policy is ours, so it must be the one binding
+    ``schedulerName: joulesched``). Returns once it is ready (caches synced); its log goes to ``log_path``."""
+    if scheduler_name_for(policy) != JOULESCHED_SCHEDULER:
         yield
         return
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--scheduler-name", "joulesched",
-                             "--policy", policy, "--kubeconfig", kubeconfig, "--prometheus", prometheus_url,
-                             "--no-leader-elect", "--listen", "127.0.0.1:0", *(["--context", context] if context else [])],
-                            stdout=log, stderr=subprocess.STDOUT)
+    from joulesched.live.daemon import CacheOptions, SchedulerDaemon
+
+    handler = logging.FileHandler(log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("joulesched")
+    root.addHandler(handler)
+    level = root.level
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
     try:
-        time.sleep(min(1.0, start_timeout_s))
-        if proc.poll() is not None:
-            raise KubePipelineError(f"joulesched serve --policy {policy} exited: {log_path.read_text()[-1500:]}")
-        yield
+        daemon = SchedulerDaemon(policy=policy, scheduler_name=JOULESCHED_SCHEDULER, listen="127.0.0.1:0",
+                                 leader_elect=False,
+                                 cache=CacheOptions(kubeconfig=kubeconfig, context=context, prometheus=prometheus_url))
+        with daemon:
+            daemon.wait_ready(start_timeout_s)
+            yield
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
 
 
 def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], namespace: str, run_id: str,
@@ -216,8 +172,10 @@ def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], names
         on_event(policy, f"{len(bound_at)}/{pods} pods bound; driving load for {load_seconds} s")
         load = _drive_load(driver, target, load_seconds, users, workdir / _slug(policy))
         end = time.time()
-        joules, query = read_energy(prom, start, end, selector=energy_selector, scrape_wait_s=scrape_wait_s)
-        per_node = node_power(prom, start, end, selector=energy_selector, rate_window_s=rate_window_s)
+        meter = PrometheusMeter(prom, energy_selector, scrape_wait_s=scrape_wait_s)
+        joules = meter.joules(start, end)
+        query = meter.last_query
+        per_node = meter.watts_by_node(start, end, rate_window_s=rate_window_s)
         on_event(policy, f"{joules:.1f} J over {end - start:.1f} s")
     finally:
         # Always tear down, also after a failure: a half-measured cluster must not carry pods into the next run.
@@ -287,7 +245,7 @@ def policy_key(policy: str) -> str:
 
 def _policy_inputs(policy: str) -> list[Path]:
     """Files a policy's behaviour depends on (a DQN's model), so a retrained model is re-measured."""
-    from agent.policy import parse_spec
+    from joulesched.agent.policy import parse_spec
 
     _, _, path = parse_spec(policy)
     return [Path(path)] if path else []
@@ -323,10 +281,10 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     from kubernetes import client as k8s
     from prometheus_api_client import PrometheusConnect
 
-    from agent.policy import make_policy
-    from cluster.kube.client import load_api_client
-    from workloads.load.results import check_url
-    from workloads.manifests import APPS
+    from joulesched.agent.registry import make_policy
+    from joulesched.cluster.kube.client import load_api_client
+    from joulesched.workloads.load.results import check_url
+    from joulesched.workloads.manifests import APPS
 
     if not kubeconfig:
         raise KubePipelineError("--env kube needs --kubeconfig FILE")
@@ -420,6 +378,6 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     runner.run(Stage("report", list(run_files.values()), {"command_policies": list(policies),
                                                          "scenario": scenario_name},
                      [out / "results.json", out / "report.html"], report))
-    from pipelines.benchmark import load_results
+    from joulesched.pipelines.benchmark import load_results
 
     return load_results(out / "results.json")

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from jinja2 import Environment, select_autoescape  # noqa: E402
 
-from pipelines.benchmark import load_results  # noqa: E402
+from joulesched.pipelines.benchmark import load_results  # noqa: E402
 
 _PALETTE = ["#1b6ca8", "#d1495b", "#edae49", "#00798c", "#66a182", "#8d6a9f", "#7f7f7f", "#30343f", "#e07a5f",
             "#3d405b"]

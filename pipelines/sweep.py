@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pipelines.benchmark import BenchmarkInputError, run_benchmark
+from joulesched.pipelines.benchmark import BenchmarkInputError, run_benchmark
 
 
 class GridError(BenchmarkInputError):

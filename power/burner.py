@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from power.meter import Clock, PowerMeter
-from power.procfs import read_cpu_times, usage_ratio
+from joulesched.power.meter import Clock, PowerMeter
+from joulesched.power.procfs import read_cpu_times, usage_ratio
 
 #: Period range. The period is random because /proc/stat accounts CPU time by sampling at the scheduler tick
 #: (100-1000 Hz): a fixed period that is a multiple of the tick aliases with it and reads 10 % duty as 50 %.
@@ -82,7 +82,8 @@ def measure(meter: PowerMeter, *, step_s: float = 10.0, settle_s: float = 2.0, s
             progress: Callable[[str], None] = lambda _: None,
             burner: Callable[[int | None], Burner] = Burner) -> list[Sample]:
     """Step the burner through ``levels`` and sample (utilisation, watts of the primary zones) every
-    ``sample_s`` for ``step_s`` after ``settle_s`` at each level. Utilisation is what /proc/stat measured,
+    ``sample_s`` for ``step_s`` after ``settle_s`` at each level. ``clock`` paces the steps; watts are the
+    meter's own joules over its own marked instants (give the meter the same clock). Utilisation is what /proc/stat measured,
     not the target, so background load does not bias the fit."""
     if step_s <= 0 or sample_s <= 0 or settle_s < 0:
         raise ValueError("step, sample and settle seconds must be positive")
@@ -92,14 +93,13 @@ def measure(meter: PowerMeter, *, step_s: float = 10.0, settle_s: float = 2.0, s
             load.set_duty(float(level))
             sleep(settle_s)
             t_end = clock() + step_s
-            t0, e0, c0 = clock(), meter.read(), read_cpu_times(proc_root)
+            t0, c0 = meter.mark(), read_cpu_times(proc_root)
             while clock() < t_end - 1e-9:
                 sleep(min(sample_s, max(t_end - clock(), 0.0)))
-                t1, e1, c1 = clock(), meter.read(), read_cpu_times(proc_root)
+                t1, c1 = meter.mark(), read_cpu_times(proc_root)
                 if t1 > t0:
-                    joules = sum(e1[z] - e0[z] for z in meter.primary_zones)
-                    samples.append(Sample(usage_ratio(c0, c1), joules / (t1 - t0)))
-                t0, e0, c0 = t1, e1, c1
+                    samples.append(Sample(usage_ratio(c0, c1), meter.joules(t0, t1) / (t1 - t0)))
+                t0, c0 = t1, c1
             progress(f"load {level * 100:3.0f}%: {samples[-1].utilization * 100:5.1f}% measured, "
                      f"{samples[-1].watts:7.2f} W" if samples else f"load {level * 100:3.0f}%: no sample")
     return samples

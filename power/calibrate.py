@@ -13,7 +13,6 @@ import math
 import os
 import re
 import socket
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +20,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from power.curves import N_POINTS, interp, validate_curve
-from power.burner import Sample, measure  # noqa: F401  (re-exported: the CLI and tests use them from here)
+from joulesched.core.errors import UsageError
+from joulesched.core.fsio import atomic_write_text
+from joulesched.power.burner import Sample, measure  # noqa: F401  (re-exported: the CLI and tests use them from here)
+from joulesched.power.curves import N_POINTS, SPECPOWER, interp, validate_curve
 
 KNOTS = np.linspace(0.0, 1.0, N_POINTS)
 
 
-class CalibrationError(ValueError):
+class CalibrationError(UsageError):
     """Bad calibration input; the message names the file, line and field."""
 
 
@@ -168,11 +169,27 @@ def write_profile(path: str | Path, group: dict, header: str) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise CalibrationError(f"{path}: folder {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    atomic_write_text(path, text)
+
+
+def read_profile_curve(path: str | Path) -> tuple[float, ...]:
+    """The 11-point curve of a node profile written by :func:`write_profile` (a node group, or a one-group
+    ``nodes:`` list); ``power_watts`` may also name a SPECpower table. Raises :class:`CalibrationError`."""
+    path = Path(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise CalibrationError(f"{path}: cannot read node profile: {e}".replace("\n", " ")) from None
+    if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) == 1:
+        data = data["nodes"][0]
+    if not isinstance(data, dict) or "power_watts" not in data:
+        raise CalibrationError(f"{path}: not a node profile (expected a node group with power_watts)")
+    watts = data["power_watts"]
+    if isinstance(watts, str):
+        if watts not in SPECPOWER:
+            raise CalibrationError(f"{path}: power_watts names unknown curve {watts!r}")
+        return SPECPOWER[watts]
+    try:
+        return validate_curve(watts if isinstance(watts, list) else [])
+    except (TypeError, ValueError) as e:
+        raise CalibrationError(f"{path}: power_watts: {e}") from None

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from power.monitor import PowerMonitor, Snapshot
+from joulesched.power.monitor import PowerMonitor, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +65,6 @@ class SnapshotCollector(Collector):
             for name, e in s.vms.items():
                 vm.add_metric([name], e.joules_total)
         return [node, active, idle, watts, ratio, proc, pod, vm]
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6]:PORT`` to (host, port). Raises ValueError with what is wrong."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9102")
-    host = host.removeprefix("[").removesuffix("]")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen {listen!r}: port must be a number in 0..65535")
-    return host, int(port)
 
 
 class Exporter:

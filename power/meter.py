@@ -1,24 +1,29 @@
-"""The meter seam: every energy source reports cumulative joules per zone and names its ``source``.
+"""The meter seams: :class:`EnergyMeter` (joules between two instants) and :class:`PowerMeter` (cumulative
+joules per hardware zone).
 
-Meters are tried from an ordered preference list (``auto`` = powercap, msr, model), like Kepler's device
-layer. Counters from hardware wrap; each meter folds wrap-aware deltas into exact integer totals in a
-:class:`CounterBank`, so what it returns never decreases and the layers above never see a wrap.
+Results and reports read energy only through an :class:`EnergyMeter`: the twin's integral
+(:class:`joulesched.cluster.twin.TwinMeter`), Prometheus's ``increase()`` of ``*_joules_total``
+(:class:`joulesched.power.prometheus.PrometheusMeter`) and the host meters below, which are both.
+
+The host meters (powercap, MSR, the calibrated model) report cumulative joules per zone and name their
+``source``; they are tried from an ordered preference list (:func:`joulesched.power.meters.open_meter`), like
+Kepler's device layer. Counters from hardware wrap; each meter folds wrap-aware deltas into exact integer totals
+in a :class:`CounterBank`, so what it returns never decreases and the layers above never see a wrap. Every
+``read`` is logged (:class:`ReadingLog`), so ``joules(start, end)`` answers for any window between two readings.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from power.units import Joules, wrap_delta
+from joulesched.core.errors import JouleschedError
+from joulesched.power.units import Joules, wrap_delta
 
 log = logging.getLogger(__name__)
-
-SOURCES = ("powercap", "msr", "model")
-AUTO_ORDER = SOURCES
 
 PERMISSION_HINT = (
     "energy_uj is readable by root only since Linux 5.10 (CVE-2020-8694). Run as root, or install "
@@ -41,7 +46,7 @@ def default_read(path: str) -> bytes:
     return read_bytes(path)
 
 
-class MeterError(RuntimeError):
+class MeterError(JouleschedError, RuntimeError):
     """A meter cannot be used; the message says why and what to do."""
 
 
@@ -51,6 +56,12 @@ class MeterUnavailable(MeterError):
 
 class MeterPermissionError(MeterError):
     """The interface exists but may not be read by this user."""
+
+
+class EnergyMeter(Protocol):
+    """Joules the metered system used between two instants, in seconds on the meter's own clock."""
+
+    def joules(self, start: float, end: float) -> float: ...
 
 
 @runtime_checkable
@@ -67,6 +78,12 @@ class PowerMeter(Protocol):
     primary_zones: tuple[str, ...]
 
     def read(self) -> dict[str, Joules]: ...
+
+    def mark(self) -> float:
+        """Read now and return the instant, so that it can bound a :meth:`joules` window."""
+        ...
+
+    def joules(self, start: float, end: float) -> float: ...
 
 
 @dataclass
@@ -87,51 +104,63 @@ class CounterBank:
         return self._total[key]
 
 
-@dataclass(frozen=True)
-class MeterChoice:
-    meter: PowerMeter
-    #: Why the meters before it in the preference list were skipped (empty when the first one worked).
-    skipped: tuple[str, ...]
+class ReadingLog:
+    """The last ``maxlen`` readings of a cumulative meter as (instant, joules of the primary zones).
 
-
-def open_meter(
-    kind: str = "auto",
-    *,
-    powercap_root: str = "/sys/class/powercap",
-    proc_root: str = "/proc",
-    dev_root: str = "/dev",
-    curve: Sequence[float] | None = None,
-    clock: Clock = time.monotonic,
-    read_fn: ReadFn = default_read,
-) -> MeterChoice:
-    """Open the meter ``kind`` or, for ``auto``, the first that works of powercap, msr, model.
-
-    An explicit kind that fails raises its :class:`MeterError`. ``auto`` logs why each skipped meter failed
-    and raises only when none works.
+    Between two readings energy is interpolated linearly (power assumed constant), so a window bounded by
+    :meth:`PowerMeter.mark` instants is exact. Windows outside the log raise :class:`MeterError`.
     """
-    from power.model import DEFAULT_CURVE, ModelMeter
-    from power.msr import MsrMeter
-    from power.powercap import PowercapMeter
 
-    factories: dict[str, Callable[[], PowerMeter]] = {
-        "powercap": lambda: PowercapMeter(powercap_root, read_fn=read_fn),
-        "msr": lambda: MsrMeter(dev_root=dev_root, proc_root=proc_root),
-        "model": lambda: ModelMeter(curve if curve is not None else DEFAULT_CURVE, proc_root=proc_root,
-                                    clock=clock, read_fn=read_fn),
-    }
-    if kind != "auto" and kind not in factories:
-        raise MeterError(f"unknown meter {kind!r}; choose auto, {', '.join(SOURCES)}")
-    order = AUTO_ORDER if kind == "auto" else (kind,)
-    skipped: list[str] = []
-    for name in order:
-        try:
-            meter = factories[name]()
-        except MeterError as e:
-            if kind != "auto":
-                raise
-            skipped.append(f"{name}: {e}")
-            # Permission problems deserve a warning: RAPL is there and would be better than the model.
-            (log.warning if isinstance(e, MeterPermissionError) else log.info)("meter %s skipped: %s", name, e)
-            continue
-        return MeterChoice(meter, tuple(skipped))
-    raise MeterUnavailable("no meter works here: " + "; ".join(skipped))
+    def __init__(self, maxlen: int = 4096) -> None:
+        self._t: deque[float] = deque(maxlen=maxlen)
+        self._e: deque[float] = deque(maxlen=maxlen)
+
+    def record(self, t: float, joules: float) -> None:
+        if self._t and t < self._t[-1]:
+            raise MeterError(f"meter clock went backwards ({t} < {self._t[-1]})")
+        self._t.append(t)
+        self._e.append(joules)
+
+    def at(self, t: float) -> float:
+        ts, es = self._t, self._e
+        if not ts or t < ts[0] - 1e-9 or t > ts[-1] + 1e-9:
+            span = f"[{ts[0]:.3f}, {ts[-1]:.3f}]" if ts else "nothing"
+            raise MeterError(f"no reading around t={t:.3f}; the meter has read {span}: mark() the window's ends")
+        # Readings are few per window: a linear scan from the end beats building arrays.
+        for k in range(len(ts) - 1, 0, -1):
+            if ts[k - 1] <= t:
+                t0, t1 = ts[k - 1], ts[k]
+                return es[k - 1] + (es[k] - es[k - 1]) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
+        return es[0]
+
+
+class LoggedMeter:
+    """Mixin for cumulative meters: logs every reading so the meter is also an :class:`EnergyMeter`.
+
+    Subclasses set ``self._clock`` and ``self.primary_zones`` and call :meth:`_logged` on what ``read``
+    returns.
+    """
+
+    _clock: Clock
+    primary_zones: tuple[str, ...]
+    _log: ReadingLog
+
+    def _logged(self, zones: dict[str, Joules]) -> dict[str, Joules]:
+        if not hasattr(self, "_log"):
+            self._log = ReadingLog()
+        self._log.record(self._clock(), float(sum(zones[z] for z in self.primary_zones)))
+        return zones
+
+    def read(self) -> dict[str, Joules]:  # pragma: no cover - every meter defines it
+        raise NotImplementedError
+
+    def mark(self) -> float:
+        self.read()
+        return self._log._t[-1]
+
+    def joules(self, start: float, end: float) -> float:
+        if end < start:
+            raise ValueError(f"energy window [{start}, {end}] is reversed")
+        if not hasattr(self, "_log"):
+            self.read()
+        return self._log.at(end) - self._log.at(start)

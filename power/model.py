@@ -10,10 +10,10 @@ import os
 import time
 from collections.abc import Sequence
 
-from power.curves import SPECPOWER, interp, validate_curve
-from power.meter import Clock, MeterError, MeterUnavailable, ReadFn, default_read
-from power.procfs import CpuTimes, parse_cpu_times, usage_ratio
-from power.units import Joules
+from joulesched.power.curves import SPECPOWER, interp, validate_curve
+from joulesched.power.meter import Clock, LoggedMeter, MeterError, MeterUnavailable, ReadFn, default_read
+from joulesched.power.procfs import CpuTimes, parse_cpu_times, usage_ratio
+from joulesched.power.units import Joules
 
 #: Used when no calibrated profile is given. A guess, so the exporter warns; calibrate, or pass --profile.
 DEFAULT_CURVE_NAME = "hp-ml110-g5"
@@ -21,7 +21,7 @@ DEFAULT_CURVE = SPECPOWER[DEFAULT_CURVE_NAME]
 ZONE = "platform"
 
 
-class ModelMeter:
+class ModelMeter(LoggedMeter):
     """Cumulative modelled joules in one zone, ``platform`` (the curve describes the whole server)."""
 
     source = "model"
@@ -57,4 +57,4 @@ class ModelMeter:
             self.last_utilization = usage_ratio(cpu0, cpu)
             self._joules += interp(self.curve, self.last_utilization) * (now - t0)
             self._prev = (now, cpu)
-        return {ZONE: Joules(self._joules)}
+        return self._logged({ZONE: Joules(self._joules)})

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
-from power.meter import Clock, PowerMeter, ReadFn, default_read
-from power.procfs import CpuTimes, ProcScanner, ProcStat, PodRef, read_cpu_times, usage_ratio
+from joulesched.power.meter import Clock, PowerMeter, ReadFn, default_read
+from joulesched.power.procfs import CpuTimes, PodRef, ProcScanner, ProcStat, read_cpu_times, usage_ratio
 
 
 class ZoneEnergy(NamedTuple):

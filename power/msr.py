@@ -8,11 +8,20 @@ count in that unit in their low 32 bits and wrap there.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from power.meter import PERMISSION_HINT, CounterBank, MeterError, MeterPermissionError, MeterUnavailable
-from power.units import Joules
+from joulesched.power.meter import (
+    PERMISSION_HINT,
+    Clock,
+    CounterBank,
+    LoggedMeter,
+    MeterError,
+    MeterPermissionError,
+    MeterUnavailable,
+)
+from joulesched.power.units import Joules
 
 COUNTER_RANGE = 1 << 32
 
@@ -59,14 +68,15 @@ def energy_unit_j(raw_unit: int) -> float:
     return 1.0 / (1 << ((raw_unit >> 8) & 0x1F))
 
 
-class MsrMeter:
+class MsrMeter(LoggedMeter):
     """Cumulative joules per zone (``package-N``, ``core-N``, ``dram-N``) from MSRs."""
 
     source = "msr"
 
     def __init__(self, *, dev_root: str = "/dev", proc_root: str = "/proc",
                  opener: Callable[[str, int], int] = os.open,
-                 pread: Callable[[int, int, int], bytes] = os.pread) -> None:
+                 pread: Callable[[int, int, int], bytes] = os.pread, clock: Clock = time.monotonic) -> None:
+        self._clock = clock
         self._pread_fn = pread
         self._close_fds = opener is os.open
         try:
@@ -140,7 +150,7 @@ class MsrMeter:
                 raise MeterError(f"reading MSR {reg:#x} on cpu {cpu}: {e}") from None
             counts = self._bank.update((reg, cpu), raw, COUNTER_RANGE)
             out[label] += counts * self._units[self._cpu_pkg[cpu]]
-        return {k: Joules(v) for k, v in out.items()}
+        return self._logged({k: Joules(v) for k, v in out.items()})
 
     def close(self) -> None:
         if self._close_fds:

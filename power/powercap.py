@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 
-from power.meter import (
+from joulesched.power.meter import (
     PERMISSION_HINT,
+    Clock,
     CounterBank,
+    LoggedMeter,
     MeterError,
     MeterPermissionError,
     MeterUnavailable,
     ReadFn,
     default_read,
 )
-from power.units import Joules, uj_to_j
+from joulesched.power.units import Joules, uj_to_j
 
 _ZONE_DIR = re.compile(r"^(intel-rapl(?:-mmio)?):(\d+)(?::(\d+))?$")
 
@@ -109,14 +112,16 @@ def discover_zones(root: str, read_fn: ReadFn = default_read) -> tuple[list[Zone
     return zones, notes
 
 
-class PowercapMeter:
+class PowercapMeter(LoggedMeter):
     """Cumulative joules per powercap zone, wrap-corrected. Opening reads every zone once, so a permission
     problem surfaces at once with a message saying what to do."""
 
     source = "powercap"
 
-    def __init__(self, root: str = "/sys/class/powercap", *, read_fn: ReadFn = default_read) -> None:
+    def __init__(self, root: str = "/sys/class/powercap", *, read_fn: ReadFn = default_read,
+                 clock: Clock = time.monotonic) -> None:
         self.root = root
+        self._clock = clock
         self._read_fn = read_fn
         found, self.notes = discover_zones(root, read_fn)
         if not found:
@@ -138,4 +143,5 @@ class PowercapMeter:
             raise MeterError(f"{zone.path}: not an integer: {text!r}") from None
 
     def read(self) -> dict[str, Joules]:
-        return {z.label: uj_to_j(self._bank.update(z.label, self._raw(z), z.max_range_uj)) for z in self._zones}
+        return self._logged({z.label: uj_to_j(self._bank.update(z.label, self._raw(z), z.max_range_uj))
+                             for z in self._zones})

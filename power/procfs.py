@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from power.meter import ReadFn, default_read
+from joulesched.power.meter import ReadFn, default_read
 
 
 class CpuTimes(NamedTuple):

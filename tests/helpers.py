@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cluster.scenario import Scenario
-from cluster.workload import Workload
+from joulesched.cluster.scenario import Scenario
+from joulesched.cluster.workload import Workload
 
 LINEAR_100_200 = [100.0 + 10.0 * k for k in range(11)]  # 100 W idle, 200 W at full load
 

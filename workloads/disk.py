@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workloads.pacing import TokenBucket, chunk_size
+from joulesched.workloads.pacing import TokenBucket, chunk_size
 
 MB = 10**6
 

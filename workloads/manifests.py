@@ -53,7 +53,7 @@ def labels(app: str) -> dict[str, str]:
 
 
 def container_args(app: str) -> list[str]:
-    """Arguments after `python3 -m workloads serve` (the image's ENTRYPOINT); the same the image's CMD holds."""
+    """Arguments after `python3 -m joulesched.pipelines.cli.workload serve` (the image's ENTRYPOINT); the same the image's CMD holds."""
     args = [image_of(app), "--listen", f"0.0.0.0:{PORT}"]
     if app in ("disk", "combined"):
         args += ["--scratch-dir", "/scratch"]

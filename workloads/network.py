@@ -16,7 +16,7 @@ import time
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from workloads.pacing import TokenBucket, chunk_size
+from joulesched.workloads.pacing import TokenBucket, chunk_size
 
 SEND_TIMEOUT_S = 5.0
 RETRY_S = 1.0

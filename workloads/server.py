@@ -12,17 +12,6 @@ from flask import Flask
 from werkzeug.serving import make_server
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """'HOST:PORT' (or '[v6]:PORT') -> (host, port); port 0 picks a free one. ValueError if malformed."""
-    host, sep, port_s = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
-        raise ValueError(f"--listen {value!r}: port must be a number from 0 to 65535")
-    return host, int(port_s)
-
-
 def serve(app: Flask, host: str, port: int, on_exit: Callable[[], None] = lambda: None, access_log: bool = False) -> None:
     """Serve until SIGINT/SIGTERM; `on_exit` runs exactly once whichever way the process leaves.
 

@@ -23,11 +23,12 @@ from typing import Any, Protocol
 from flask import Flask, Response, jsonify, request
 from pydantic import ValidationError
 
-from workloads.cpu import CpuLoad
-from workloads.disk import DiskLoad
-from workloads.memory import MemoryLoad
-from workloads.network import NetworkLoad, paced_stream
-from workloads.params import KIND_FIELDS, KINDS, LoadParams, StreamParams
+from joulesched.core.errors import UsageError
+from joulesched.workloads.cpu import CpuLoad
+from joulesched.workloads.disk import DiskLoad
+from joulesched.workloads.memory import MemoryLoad
+from joulesched.workloads.network import NetworkLoad, paced_stream
+from joulesched.workloads.params import KIND_FIELDS, KINDS, LoadParams, StreamParams
 
 
 class Load(Protocol):
@@ -36,7 +37,7 @@ class Load(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
-class BadRequest(ValueError):
+class BadRequest(UsageError):
     """A request the service refuses; `status` is the HTTP code."""
 
     def __init__(self, message: str, status: int = 400, details: Any = None):

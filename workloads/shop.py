@@ -30,6 +30,8 @@ import requests
 from flask import Blueprint, Flask, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from joulesched.core.errors import JouleschedError
+
 PARTS = ("all", "catalogue", "cart", "orders")
 CATALOGUE = [(f"Item {i:02d}", 199 + 150 * i, 1000) for i in range(1, 21)]
 MAX_QUANTITY = 100
@@ -48,7 +50,7 @@ SCHEMAS = {
 }
 
 
-class ShopError(Exception):
+class ShopError(JouleschedError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status

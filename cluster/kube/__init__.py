@@ -1,13 +1,15 @@
-"""Live Kubernetes backend: list/watch informers, pod and node parsing, the Prometheus feed, leader election.
+"""joulesched.cluster.kube: a ClusterState kept current from a real (or emulated) Kubernetes API.
 
-See docs/live.md. The same ClusterState and Policy seam as the twin, fed by a real (or emulated) apiserver.
+List/watch informers (:mod:`.informer`), pod and node parsing with kube-scheduler's request rules
+(:mod:`.objects`), the cache with assumed pods (:mod:`.cache`), the Prometheus usage and power feed
+(:mod:`.metrics_feed`) and the API client (:mod:`.client`). The live scheduler in :mod:`joulesched.live`
+reads it; see docs/live.md.
 """
 
-from cluster.kube.backend import KubeBackend, kube_unschedulable_message
-from cluster.kube.client import KubeConfigError, load_api_client
-from cluster.kube.leader import LeaderElector
-from cluster.kube.metrics_feed import FeedConfig
-from cluster.kube.objects import CurveResolver, ObjectError, load_profiles, pod_request
+from joulesched.cluster.kube.cache import KubeCache, kube_unschedulable_message
+from joulesched.cluster.kube.client import KubeConfigError, load_api_client
+from joulesched.cluster.kube.metrics_feed import FeedConfig
+from joulesched.cluster.kube.objects import CurveResolver, ObjectError, load_profiles, pod_request
 
-__all__ = ["KubeBackend", "kube_unschedulable_message", "KubeConfigError", "load_api_client", "LeaderElector",
+__all__ = ["KubeCache", "kube_unschedulable_message", "KubeConfigError", "load_api_client",
            "FeedConfig", "CurveResolver", "ObjectError", "load_profiles", "pod_request"]

@@ -10,8 +10,10 @@ import os
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from joulesched.core.errors import UsageError
 
-class KubeConfigError(ValueError):
+
+class KubeConfigError(UsageError):
     """No usable cluster configuration."""
 
 

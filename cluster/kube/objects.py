@@ -16,8 +16,9 @@ from decimal import Decimal
 
 from kubernetes.utils import parse_quantity
 
-from cluster.state import PodRequest
-from power.curves import SPECPOWER, validate_curve
+from joulesched.cluster.state import PodRequest
+from joulesched.core.errors import UsageError
+from joulesched.power.curves import SPECPOWER, validate_curve
 
 #: Annotation with the node's 11-point power curve, JSON: ``"[41.6, 46.7, ..., 113]"`` (watts at 0..100 %).
 POWER_WATTS_ANNOTATION = "joulesched.io/power-watts"
@@ -27,7 +28,7 @@ POWER_PROFILE_KEY = "joulesched.io/power-profile"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
-class ObjectError(ValueError):
+class ObjectError(UsageError):
     """A node or pod that cannot be used as given (bad quantity, bad power curve)."""
 
 

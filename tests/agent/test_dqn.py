@@ -13,17 +13,20 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from agent.checkpoint import META_KEY, load_agent, load_checkpoint, load_network, save_checkpoint
-from agent.dqn import DQN, NEG, DQNConfig, QNetwork, ReplayBatch
-from agent.dqn_policy import DQNPolicy
-from agent.features import N_FEATURES, FeatureBuilder
-from agent.policy import PolicyError, make_policy
-from agent.train import train
-from cluster.env import SchedulingEnv
-from cluster.scenario import load_scenario
-from cluster.state import ClusterState, PodRequest
-from cluster.twin import Twin, run_policy
-from cluster.workload import build_workload
+from joulesched.agent.checkpoint import META_KEY, load_agent, load_checkpoint, load_network, save_checkpoint
+from joulesched.agent.config import DQNConfig
+from joulesched.agent.dqn import DQN, NEG, QNetwork, ReplayBatch
+from joulesched.agent.dqn_policy import DQNPolicy
+from joulesched.agent.env import SchedulingEnv
+from joulesched.agent.features import N_FEATURES, FeatureBuilder
+from joulesched.agent.policy import PolicyError
+from joulesched.agent.registry import make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.agent.train import train
+from joulesched.cluster.scenario import load_scenario
+from joulesched.cluster.state import ClusterState, PodRequest
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "tiny.yaml"

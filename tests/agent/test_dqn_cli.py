@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pipelines.train_cli import app
+from joulesched.pipelines.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "scenarios" / "tiny.yaml")

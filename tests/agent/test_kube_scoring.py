@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from agent import kube_scoring as ks
-from agent.baselines import DefaultK8s, fit_peaks
-from agent.policy import PolicyError, make_policy, parse_spec
-from cluster.state import ClusterState, PodRequest
+from joulesched.agent import kube_scoring as ks
+from joulesched.agent.baselines import DefaultK8s, fit_peaks
+from joulesched.agent.policy import PolicyError, parse_spec
+from joulesched.agent.registry import make_policy
+from joulesched.cluster.state import ClusterState, PodRequest
 from tests.helpers import LINEAR_100_200
 
 A = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
@@ -186,7 +187,7 @@ def test_policy_specs():
     assert make_policy("most-allocated:balanced=1").balanced_weight == 1
     assert make_policy("requested-to-capacity-ratio:shape=0:10|100:0").shape == [(0, 100), (100, 0)]
     for bad, msg in [("nope", "unknown policy"), ("most-allocated:balanced=x", "not an integer"),
-                     ("target-load-packing:x=150", "must be in"), ("round-robin:foo=1", "bad option"),
+                     ("target-load-packing:x=150", "must be in"), ("round-robin:foo=1", "unknown option .foo.; its options: none"), ("target-load-packing:y=3", "unknown option .y.; its options: pct, x"), ("default-k8s:", "followed by key=value"), ("most-allocated=m.pt", "takes no model file"),
                      ("requested-to-capacity-ratio:shape=0:20", "bad shape"), ("default-k8s:pct", "key=value")]:
         with pytest.raises(PolicyError, match=msg):
             make_policy(bad)

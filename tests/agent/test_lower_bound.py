@@ -7,10 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as stg
 
-from agent.lower_bound import cluster_cost, lower_bound, node_envelope
-from agent.policy import BASELINES, make_policy
-from cluster.twin import Twin, run_policy
-from tests.helpers import LINEAR_100_200, scenario, workload
+from joulesched.agent.lower_bound import cluster_cost, lower_bound, node_envelope
+from joulesched.agent.registry import BASELINES, make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.twin import Twin
+from tests.helpers import scenario, workload
 
 
 def test_envelope_of_a_concave_curve_is_its_chord():
@@ -19,7 +20,7 @@ def test_envelope_of_a_concave_curve_is_its_chord():
 
 
 def test_cluster_cost_fills_the_cheapest_watts_per_millicore_first():
-    from cluster.state import ClusterState
+    from joulesched.cluster.state import ClusterState
 
     cheap = [10 + 1 * k for k in range(11)]  # 10 W per 1000m
     dear = [10 + 3 * k for k in range(11)]  # 30 W per 1000m
@@ -84,8 +85,8 @@ def test_no_policy_ever_beats_the_bound(case):
 
 @pytest.mark.parametrize("name", ["tiny", "heterogeneous-sleep"])
 def test_bound_holds_on_the_standard_suite(name):
-    from cluster.scenario import load_scenario
-    from cluster.workload import build_workload
+    from joulesched.cluster.scenario import load_scenario
+    from joulesched.cluster.workload import build_workload
 
     sc = load_scenario(f"scenarios/{name}.yaml")
     wl = build_workload(sc)

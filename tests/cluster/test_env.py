@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agent.features import N_FEATURES
-from cluster.env import RewardConfig, SchedulingEnv, scale_load
-from cluster.scenario import load_scenario
+from joulesched.agent.config import RewardConfig
+from joulesched.agent.env import SchedulingEnv, scale_load
+from joulesched.agent.features import N_FEATURES
+from joulesched.cluster.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "tiny.yaml"

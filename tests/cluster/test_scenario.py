@@ -5,8 +5,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from cluster.scenario import ScenarioError, load_scenario
-from cluster.workload import NO_REQUEST, build_workload, load_trace, synthesize
+from joulesched.cluster.scenario import ScenarioError, load_scenario
+from joulesched.cluster.workload import NO_REQUEST, build_workload, load_trace, synthesize
 
 GOOD = """\
 name: t
@@ -123,7 +123,7 @@ def test_node_group_include(tmp_path):
 
 
 def _spec(**kw):
-    from cluster.scenario import Synthetic
+    from joulesched.cluster.scenario import Synthetic
 
     return Synthetic(**{"pods": 20000, "mean_interarrival_s": 1.0, **kw})
 
@@ -168,7 +168,7 @@ def test_arrivals_stop_at_the_horizon():
 
 
 def test_exported_trace_reads_back_to_the_same_pods(tmp_path):
-    from cluster.workload import write_trace
+    from joulesched.cluster.workload import write_trace
 
     wl = synthesize(_spec(pods=300, best_effort_fraction=0.3), horizon=1e9, seed=2)
     write_trace(wl, tmp_path / "x.csv")

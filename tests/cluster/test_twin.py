@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from agent.policy import make_policy
-from cluster.twin import Twin, run_policy
+from joulesched.agent.registry import make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.twin import Twin
 from tests.helpers import scenario, workload
 
 
@@ -113,7 +114,7 @@ def test_pod_bound_to_a_waking_node_starts_with_it():
 def test_place_rejects_an_infeasible_node():
     sc = scenario([{"cpu_m": 100}, {}], duration_s=10)
     tw = Twin(sc, workload((0, 10, 500, 10, 100)))
-    assert tw.next_decision() == 0
+    assert tw.next_decision().key == 0
     assert tw.mask.tolist() == [False, True]
     with pytest.raises(ValueError, match="not feasible"):
         tw.place(0)
@@ -121,8 +122,8 @@ def test_place_rejects_an_infeasible_node():
 
 @pytest.mark.parametrize("name", ["heterogeneous-sleep", "tiny"])
 def test_runs_are_deterministic_for_a_seed(name):
-    from cluster.scenario import load_scenario
-    from cluster.workload import build_workload
+    from joulesched.cluster.scenario import load_scenario
+    from joulesched.cluster.workload import build_workload
 
     sc = load_scenario(f"scenarios/{name}.yaml")
     a = run_policy(Twin(sc, build_workload(sc, 3)), make_policy("default-k8s"), 3)
@@ -133,8 +134,8 @@ def test_runs_are_deterministic_for_a_seed(name):
 
 
 def test_timeline_energy_adds_up_to_the_total():
-    from cluster.scenario import load_scenario
-    from cluster.workload import build_workload
+    from joulesched.cluster.scenario import load_scenario
+    from joulesched.cluster.workload import build_workload
 
     sc = load_scenario("scenarios/tiny.yaml")
     r = run_policy(Twin(sc, build_workload(sc), record=True), make_policy("most-allocated"), 0)
@@ -145,7 +146,7 @@ def test_timeline_energy_adds_up_to_the_total():
 
 
 def test_filter_tracks_full_nodes_through_bind_and_unbind():
-    from cluster.state import ClusterState, PodRequest
+    from joulesched.cluster.state import ClusterState, PodRequest
 
     st = ClusterState(["a", "b"], [1000, 1000], [1000, 1000], [1, 2], [[1] * 11, [1] * 11])
     pod = PodRequest(10, 10)

@@ -36,7 +36,7 @@ def _wait(cond, timeout=60.0, what="condition"):
 def cluster():
     from kubernetes import client as k8s
 
-    from cluster.kube.client import load_api_client
+    from joulesched.cluster.kube.client import load_api_client
 
     api = load_api_client(KUBECONFIG)
     name = f"joulesched-e2e-{uuid.uuid4().hex[:6]}"
@@ -55,7 +55,7 @@ def cluster():
 
 
 def _pod(name: str, scheduler: str, cpu: str) -> dict:
-    from cluster.kube_emulator import make_pod
+    from tests.support.kube_emulator import make_pod
 
     pod = make_pod(name, NAMESPACE, cpu=cpu, memory="16Mi", scheduler_name=scheduler)
     pod["spec"]["containers"][0]["image"] = "registry.k8s.io/pause:3.9"
@@ -64,12 +64,12 @@ def _pod(name: str, scheduler: str, cpu: str) -> dict:
 
 
 def _scheduler(api, name):
-    from agent.policy import make_policy
-    from cluster.kube.backend import KubeBackend
-    from pipelines.serve import Scheduler, ServeConfig
+    from joulesched.agent.registry import make_policy
+    from joulesched.cluster.kube.cache import KubeCache
+    from joulesched.live.scheduler import Scheduler, ServeConfig
 
     cfg = ServeConfig(scheduler_name=name, lease_namespace=NAMESPACE, lease_name=name, backoff_max_s=2.0)
-    return Scheduler(KubeBackend(api), make_policy("default-k8s"), cfg).start()
+    return Scheduler(KubeCache(api), make_policy("default-k8s"), cfg).start()
 
 
 def test_binds_pods_and_records_events(cluster):

@@ -31,7 +31,7 @@ class Recording(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
         if args.typ == DYNAMIC and "common_name" in args.inputs:  # KubeadmPki: make a real one, it is fast
-            from infra.pki import generate
+            from joulesched.infra.pki import generate
 
             p = generate(args.inputs["common_name"])
             outputs.update(ca_cert_pem=p.ca_cert_pem, ca_key_pem=p.ca_key_pem, ca_cert_hash=p.ca_cert_hash,

@@ -9,10 +9,15 @@ import yaml
 
 pytest.importorskip("cryptography", reason="infra extra not installed: pip install -e '.[infra]'")
 
-from infra.cloudinit import (render_kube_node, render_meta_data, render_network_config, render_power_host,
-                             validate)
-from infra.config import KubeadmConfig
-from infra.pki import ca_cert_hash, generate
+from joulesched.infra.cloudinit import (
+    render_kube_node,
+    render_meta_data,
+    render_network_config,
+    render_power_host,
+    validate,
+)
+from joulesched.infra.config import KubeadmConfig
+from joulesched.infra.pki import ca_cert_hash, generate
 
 # A placeholder shaped like a private key (assembled, so secret scanners do not flag the test): never a real key.
 FAKE_KEY = "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nx\n-----END OPENSSH " + "PRIVATE KEY-----\n"

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from infra.provision import HostResult, ProvisionResult
-from pipelines.infra_cli import app
+from joulesched.infra.provision import HostResult, ProvisionResult
+from joulesched.pipelines.cli.infra import app
 
 runner = CliRunner()
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBn1 user@example"
@@ -43,7 +43,7 @@ def test_provision_prints_a_summary(monkeypatch, tmp_path):
         seen.update(kw, inventory=inventory)
         return ProvisionResult(0, "successful", [HostResult("h1", ok=10, changed=3), HostResult("h2", ok=9)])
 
-    monkeypatch.setattr("infra.provision.provision", fake)
+    monkeypatch.setattr("joulesched.infra.provision.provision", fake)
     r = runner.invoke(app, ["provision", "--inventory", str(inv), "--limit", "h1"])
     assert r.exit_code == 0, r.output
     assert "changed=3 failed=0" in r.output and "h2" in r.output and seen["limit"] == "h1"
@@ -52,7 +52,7 @@ def test_provision_prints_a_summary(monkeypatch, tmp_path):
 def test_provision_failure_exits_1(monkeypatch, tmp_path):
     inv = tmp_path / "hosts.yml"
     inv.write_text("all: {}\n")
-    monkeypatch.setattr("infra.provision.provision", lambda inventory, **kw: ProvisionResult(
+    monkeypatch.setattr("joulesched.infra.provision.provision", lambda inventory, **kw: ProvisionResult(
         2, "failed", [HostResult("h1", ok=3, failed=1)], stdout="TASK [x] fatal: boom"))
     r = runner.invoke(app, ["provision", "--inventory", str(inv)])
     assert r.exit_code == 1 and "provisioning failed" in r.output and "boom" in r.output

@@ -9,8 +9,15 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from infra.libvirt_guests import (GuestError, GuestSpec, create_guest, delete_guest, domain_xml, list_guests,
-                                  resolve_virt_type)
+from joulesched.infra.libvirt_guests import (
+    GuestError,
+    GuestSpec,
+    create_guest,
+    delete_guest,
+    domain_xml,
+    list_guests,
+    resolve_virt_type,
+)
 
 libvirt = pytest.importorskip("libvirt", reason="libvirt-python not installed (pip install -e '.[infra]')")
 need_tools = pytest.mark.skipif(
@@ -107,7 +114,7 @@ def test_failed_create_leaves_nothing(tmp_path):
 @need_tools
 def test_dynamic_provider_create_diff_delete(tmp_path, base):
     pytest.importorskip("pulumi", reason="infra extra not installed")
-    from infra.dynamic import LibvirtGuestProvider
+    from joulesched.infra.dynamic import LibvirtGuestProvider
 
     p = LibvirtGuestProvider()
     props = _spec(tmp_path, base).to_dict()

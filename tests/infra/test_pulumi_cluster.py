@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("pulumi_kubernetes", reason="infra extra not installed: pip install -e '.[infra]'")
 
-from infra.config import InfraConfigError  # noqa: E402
+from joulesched.infra.config import InfraConfigError  # noqa: E402
 from tests.infra.pulumi_harness import run_main, stack_config  # noqa: E402
 
 DS = "kubernetes:apps/v1:DaemonSet"
@@ -157,7 +157,7 @@ def test_every_problem_is_reported_at_once():
 
 def test_stack_outputs_tell_the_pipeline_where_things_are(rec):
     """`joulesched pipeline --stack cluster` reads these (infra/stack.py interprets them)."""
-    from infra.stack import environment
+    from joulesched.infra.stack import environment
 
     assert rec.exports["prometheus_url"] == "http://joulesched-prometheus.joulesched.svc:9090"
     assert rec.exports["target_url"] == "http://testapp.joulesched.svc:8080/work?ms=20"

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("pulumi_kubernetes", reason="infra extra not installed: pip install -e '.[infra]'")
 import yaml  # noqa: E402
 
-from infra.config import InfraConfigError  # noqa: E402
+from joulesched.infra.config import InfraConfigError  # noqa: E402
 from tests.infra.pulumi_harness import DYNAMIC, run_main, stack_config  # noqa: E402
 
 # The start of a private key, assembled so that secret scanners do not flag the test.
@@ -65,7 +65,7 @@ def test_kvm_user_network_and_direct_kernel_boot():
 
 
 def test_kvm_hosts_output_on_a_libvirt_network(kvm):
-    from infra.stack import environment
+    from joulesched.infra.stack import environment
 
     hosts = environment("kvm", {"hosts": kvm.exports["hosts"]}).hosts
     assert [(h.name, h.address, h.port, h.user) for h in hosts] == [

@@ -122,8 +122,8 @@ def _libvirt_guest(d: Path, port: int, user_data: str):
     and virtlogd of our own; yields a callable telling whether the guest still runs."""
     import libvirt
 
-    from infra.cloudinit import render_meta_data
-    from infra.libvirt_guests import GuestSpec, create_guest, delete_guest
+    from joulesched.infra.cloudinit import render_meta_data
+    from joulesched.infra.libvirt_guests import GuestSpec, create_guest, delete_guest
 
     _qemu_user_may_open_kvm()
     with targets.libvirtd() as uri:
@@ -162,8 +162,8 @@ def _libvirt_guest(d: Path, port: int, user_data: str):
 @contextlib.contextmanager
 def _qemu_guest(d: Path, port: int, user_data: str, log: Path):
     """The same guest under plain qemu-system-x86_64, a child of this process; yields `alive`."""
-    from infra.cloudinit import render_meta_data
-    from infra.libvirt_guests import make_overlay, make_seed
+    from joulesched.infra.cloudinit import render_meta_data
+    from joulesched.infra.libvirt_guests import make_overlay, make_seed
 
     make_seed(d / "seed.img", user_data=user_data, meta_data=render_meta_data(hostname=NAME, user_data=user_data))
     make_overlay(GUEST / "rootfs.raw", d / "disk.qcow2", 4)
@@ -201,7 +201,7 @@ class Guest:
         self.timings: dict[str, float] = {}
 
     def ssh(self, *cmd: str, timeout: float) -> subprocess.CompletedProcess:
-        from infra.cloudinit import ADMIN_USER
+        from joulesched.infra.cloudinit import ADMIN_USER
 
         return subprocess.run(["ssh", *self.ssh_opts, "-i", str(self.dir / "client"), "-p", str(self.port),
                                f"{ADMIN_USER}@127.0.0.1", *cmd], capture_output=True, text=True, timeout=timeout)
@@ -248,8 +248,8 @@ def guest(tmp_path_factory):
     if why:
         pytest.skip(why)
     pytest.importorskip("ansible_runner", reason="ansible-runner not installed (pip install -e '.[infra]')")
-    from infra.cloudinit import ADMIN_USER, render_power_host
-    from infra.wheelhouse import archive_wheelhouse, build_wheelhouse
+    from joulesched.infra.cloudinit import ADMIN_USER, render_power_host
+    from joulesched.infra.wheelhouse import archive_wheelhouse, build_wheelhouse
 
     _ensure_image()
     wheelhouse = targets.CACHE / "wheelhouse"
@@ -312,7 +312,7 @@ def _changed_tasks(stdout: str) -> list[str]:
 
 
 def _provision(guest: Guest, what: str, timeout_s: int):
-    from infra.provision import provision
+    from joulesched.infra.provision import provision
 
     t0 = time.monotonic()
     r = provision(guest.inventory, timeout_s=timeout_s)
@@ -363,7 +363,7 @@ def test_a_different_host_key_is_refused(guest):
     """The pinning is real: the same inventory with another key in known_hosts never reaches the guest. No
     ControlPath, so no connection left open by the runs above is reused; a tag that matches no task, so a
     connection that wrongly succeeded would only gather facts."""
-    from infra.provision import provision
+    from joulesched.infra.provision import provision
 
     _, other_pub = _keygen(guest.dir / "other-hostkey")
     known = guest.dir / "known_hosts.other"

@@ -31,7 +31,7 @@ def target(tmp_path_factory):
     if why:
         pytest.skip(f"systemd container target unavailable: {why}")
     pytest.importorskip("ansible_runner", reason="ansible-runner not installed (pip install -e '.[infra]')")
-    from infra.wheelhouse import build_wheelhouse
+    from joulesched.infra.wheelhouse import build_wheelhouse
 
     wheelhouse = targets.CACHE / "wheelhouse"
     build_wheelhouse(wheelhouse)
@@ -57,7 +57,7 @@ def target(tmp_path_factory):
 
 
 def _provision(target):
-    from infra.provision import provision
+    from joulesched.infra.provision import provision
 
     env = {"DOCKER_HOST": target["env"]["DOCKER_HOST"], "ANSIBLE_CONNECTION_PLUGINS": str(PLUGINS)}
     t0 = time.monotonic()

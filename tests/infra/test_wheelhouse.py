@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from infra.wheelhouse import WheelhouseError, archive_wheelhouse
+from joulesched.infra.wheelhouse import WheelhouseError, archive_wheelhouse
 
 
 def _wheels(d, names=("b-1.0-py3-none-any.whl", "a-2.0-py3-none-any.whl")):

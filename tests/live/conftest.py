@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.policy import make_policy
-from cluster.kube.backend import KubeBackend
-from cluster.kube.client import api_client_for
-from cluster.kube_emulator import KubeEmulator
-from pipelines.serve import Scheduler, ServeConfig
+from joulesched.agent.registry import make_policy
+from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.client import api_client_for
+from joulesched.live.scheduler import Scheduler, ServeConfig
+from tests.support.kube_emulator import KubeEmulator
 
 FAST = dict(backoff_initial_s=0.02, backoff_max_s=0.2, lease_duration_s=0.6, renew_deadline_s=0.4,
             retry_period_s=0.05, request_timeout_s=5.0)
@@ -44,7 +44,7 @@ def make_scheduler(emu: KubeEmulator) -> Iterator[Callable[..., Scheduler]]:
 
     def make(policy: str = "default-k8s", *, start: bool = True, backend_kw: dict | None = None, **kw) -> Scheduler:
         cfg = ServeConfig(**{**FAST, "leader_elect": False, "lease_namespace": "default", **kw})
-        backend = KubeBackend(api_client_for(emu.url), **(backend_kw or {}))
+        backend = KubeCache(api_client_for(emu.url), **(backend_kw or {}))
         s = Scheduler(backend, make_policy(policy), cfg)
         made.append(s)
         return s.start() if start else s

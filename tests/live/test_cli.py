@@ -15,7 +15,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from pipelines.serve_cli import extender, parse_listen, serve
+from joulesched.core.net import parse_listen
+from joulesched.pipelines.cli.live import extender, serve
 from tests.live.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,9 +33,9 @@ def app() -> typer.Typer:
 @pytest.mark.parametrize("args,needle", [
     (["serve", "--policy", "nope"], "unknown policy 'nope'"),
     (["serve", "--kubeconfig", "/does/not/exist"], "kubeconfig /does/not/exist does not exist"),
-    (["serve", "--listen", "localhost"], "must be HOST:PORT"),
+    (["serve", "--listen", "localhost"], "expected HOST:PORT"),
     (["serve", "--scheduler-name", " "], "--scheduler-name must not be empty"),
-    (["extender", "--listen", "1.2.3.4:99999"], "must be HOST:PORT"),
+    (["extender", "--listen", "1.2.3.4:99999"], "port must be a number from 0 to 65535"),
     (["extender", "--policy", "dqn=/missing.pt"], "missing.pt"),
 ])
 def test_bad_input_exits_2_with_one_line(app, args, needle):
@@ -71,7 +72,7 @@ def test_serve_command_binds_and_stops_on_sigterm(emu, tmp_path):
     for i in range(3):
         emu.add_pod(f"p{i}", cpu="100m")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.serve_cli", "serve", "--scheduler-name", "joulesched",
+    proc = subprocess.Popen([sys.executable, "-m", "joulesched.pipelines.cli", "serve", "--scheduler-name", "joulesched",
                              "--policy", "most-allocated", "--kubeconfig", kc, "--listen", f"127.0.0.1:{port}",
                              "--lease-namespace", "default"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -94,7 +95,7 @@ def test_extender_command_serves_and_stops(emu, tmp_path):
     kc = emu.kubeconfig(str(tmp_path / "kubeconfig"))
     emu.add_node("n1")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.serve_cli", "extender", "--listen",
+    proc = subprocess.Popen([sys.executable, "-m", "joulesched.pipelines.cli", "extender", "--listen",
                              f"127.0.0.1:{port}", "--policy", "peaks", "--kubeconfig", kc], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
     try:

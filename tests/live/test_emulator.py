@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from cluster.kube.client import api_client_for
+from joulesched.cluster.kube.client import api_client_for
 
 
 def _watch_lines(v1, rv, **kw):

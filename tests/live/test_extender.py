@@ -8,11 +8,11 @@ import urllib.request
 
 import pytest
 
-from agent.policy import make_policy
-from cluster.kube.backend import KubeBackend
-from cluster.kube.client import api_client_for
-from cluster.kube_emulator import make_pod
-from pipelines.extender import Extender, ExtenderServer, scale_scores
+from joulesched.agent.registry import make_policy
+from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.client import api_client_for
+from joulesched.live.extender import Extender, ExtenderServer, scale_scores
+from tests.support.kube_emulator import make_pod
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def extender(emu):
     emu.add_node("big2", cpu="8", memory="16Gi")
     # A pod already running on "big" (bound by someone else): the extender must see it.
     emu.add_pod("running", cpu="6", memory="1Gi", scheduler_name="default-scheduler", node_name="big")
-    backend = KubeBackend(api_client_for(emu.url))
+    backend = KubeCache(api_client_for(emu.url))
     tainted = emu.get("nodes", "tainted")
     tainted["spec"]["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
     emu.replace("nodes", "", "tainted", tainted)

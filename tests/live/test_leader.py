@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cluster.kube.client import api_client_for
-from cluster.kube.leader import LeaderElector
+from joulesched.cluster.kube.client import api_client_for
+from joulesched.live.leader import LeaderElector
 from tests.live.conftest import wait_until
 
 T = dict(lease_duration_s=0.6, renew_deadline_s=0.4, retry_period_s=0.05)

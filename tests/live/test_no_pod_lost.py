@@ -8,15 +8,15 @@ from __future__ import annotations
 from collections import Counter
 
 from hypothesis import HealthCheck, event, given, settings
-from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as stn
+from hypothesis.errors import InvalidArgument
 
-from agent.policy import make_policy
-from cluster.kube.backend import KubeBackend, kube_unschedulable_message
-from cluster.kube.client import api_client_for
-from cluster.kube_emulator import KubeEmulator
-from pipelines.serve import Scheduler, ServeConfig
+from joulesched.agent.registry import make_policy
+from joulesched.cluster.kube.cache import KubeCache, kube_unschedulable_message
+from joulesched.cluster.kube.client import api_client_for
+from joulesched.live.scheduler import Scheduler, ServeConfig
 from tests.live.conftest import FAST, wait_until
+from tests.support.kube_emulator import KubeEmulator
 
 CPU = {None: None, "100m": 100, "500m": 500, "1": 1000, "3": 3000}
 MEM = {None: None, "128Mi": 128, "1Gi": 1024, "5Gi": 5120}
@@ -86,7 +86,7 @@ def _run(node_specs, pod_specs, faults, policy: str, replicas: int, drop_watches
             for r in range(replicas):
                 cfg = ServeConfig(**{**FAST, "leader_elect": replicas > 1, "lease_namespace": "default",
                                      "identity": f"replica-{r}", "seed": r})
-                scheds.append(Scheduler(KubeBackend(api_client_for(emu.url)), make_policy(policy), cfg).start())
+                scheds.append(Scheduler(KubeCache(api_client_for(emu.url)), make_policy(policy), cfg).start())
             if drop_watches or kill_leader:
                 wait_until(lambda: emu.bindings or emu.list("events"), timeout=60, what="a first decision")
             if drop_watches:

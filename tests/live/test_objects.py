@@ -7,12 +7,23 @@ from collections import Counter
 
 import pytest
 
-from cluster.kube.backend import kube_unschedulable_message
-from cluster.kube.objects import (POWER_PROFILE_KEY, POWER_WATTS_ANNOTATION, CurveResolver, ObjectError, cpu_millis,
-                                  load_profiles, memory_mib, node_gate_reason, parse_node, parse_pod, pod_request)
-from cluster.kube_emulator import make_node, make_pod
-from cluster.state import PodRequest
-from power.curves import SPECPOWER
+from joulesched.cluster.kube.cache import kube_unschedulable_message
+from joulesched.cluster.kube.objects import (
+    POWER_PROFILE_KEY,
+    POWER_WATTS_ANNOTATION,
+    CurveResolver,
+    ObjectError,
+    cpu_millis,
+    load_profiles,
+    memory_mib,
+    node_gate_reason,
+    parse_node,
+    parse_pod,
+    pod_request,
+)
+from joulesched.cluster.state import PodRequest
+from joulesched.power.curves import SPECPOWER
+from tests.support.kube_emulator import make_node, make_pod
 
 
 @pytest.mark.parametrize("q,m", [("500m", 500), ("2", 2000), ("0.1", 100), ("1.5", 1500), ("250m", 250), (1, 1000)])

@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from cluster.kube.backend import KubeBackend
-from cluster.kube.client import api_client_for
-from cluster.kube.metrics_feed import DEFAULT_CPU_QUERY, DEFAULT_POWER_QUERY, FeedConfig
+from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.client import api_client_for
+from joulesched.cluster.kube.metrics_feed import DEFAULT_CPU_QUERY, DEFAULT_POWER_QUERY, FeedConfig
 from tests.live.conftest import wait_until
 
 
@@ -65,7 +65,7 @@ def prom():
 
 
 def _backend(emu, url):
-    b = KubeBackend(api_client_for(emu.url), feed=FeedConfig(url=url, interval_s=0.05, timeout_s=1))
+    b = KubeCache(api_client_for(emu.url), feed=FeedConfig(url=url, interval_s=0.05, timeout_s=1))
     b.start()
     assert b.wait_synced(10)
     return b

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import urllib.request
 
-from cluster.kube_emulator import KubeEmulator
-from pipelines.serve import ATTEMPT_BUCKETS, StatusServer
+from joulesched.live.scheduler import ATTEMPT_BUCKETS, StatusServer
 from tests.live.conftest import wait_until
+from tests.support.kube_emulator import KubeEmulator
 
 
 def _bound(emu: KubeEmulator) -> dict[str, str]:
@@ -83,7 +83,7 @@ def test_pod_bound_by_someone_else_or_deleted_is_dropped(emu, make_scheduler):
     emu.add_pod("p", cpu="100m")
     emu.add_pod("q", cpu="100m")
     s = make_scheduler(bind_workers=2)
-    wait_until(lambda: s.metrics.attempts.labels("scheduled")._value.get() == 0 and s.backend.synced)
+    wait_until(lambda: s.metrics.attempts.labels("scheduled")._value.get() == 0 and s.cache.synced)
     wait_until(lambda: all(e.in_flight for e in s._entries.values()) and len(s._entries) == 2, what="in flight")
     emu.bind("default", "p", {"target": {"name": "elsewhere"}}, None)  # another scheduler wins the race
     emu.delete_pod("default", "q")
@@ -147,17 +147,17 @@ def test_metrics_and_healthz(emu, make_scheduler):
 def test_watch_faults_do_not_lose_pods(emu, make_scheduler):
     emu.add_node("a", cpu="64", memory="64Gi")
     s = make_scheduler()
-    wait_until(lambda: s.backend.synced)
+    wait_until(lambda: s.cache.synced)
     emu.faults.add("cut", "watch:pods", times=2)  # the next two watches break half-way through an event
     emu.faults.add("gone", "watch:pods", times=1)  # the third answers 410 Gone: re-list
     assert emu.drop_watches() >= 1
     for i in range(5):
         emu.add_pod(f"p{i}", cpu="100m")
-    wait_until(lambda: s.backend.pod_informer.relists >= 2, what="a re-list")
+    wait_until(lambda: s.cache.pod_informer.relists >= 2, what="a re-list")
     emu.compact()  # history gone: a watch resuming from an old version gets 410 and re-lists
     emu.drop_watches()
     for i in range(5, 10):
         emu.add_pod(f"p{i}", cpu="100m")
     wait_until(lambda: len(emu.bindings) == 10 and s.pending() == 0, what="all bound")
-    assert s.backend.pod_informer.relists >= 2 and s.backend.pod_informer.resumes >= 2
+    assert s.cache.pod_informer.relists >= 2 and s.cache.pod_informer.resumes >= 2
     assert [k for k, _ in emu.faults.log] == ["cut", "cut", "gone"]

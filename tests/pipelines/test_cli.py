@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
+from joulesched.pipelines.cli import app
 
 runner = CliRunner()
 

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.kube_emulator import KubeEmulator
-from power.exporter import Exporter
-from power.monitor import PowerMonitor
-from power.powercap import PowercapMeter
-from power.synthetic import SyntheticPowercap, SyntheticProc
+from joulesched.power.exporter import Exporter
+from joulesched.power.monitor import PowerMonitor
+from joulesched.power.powercap import PowercapMeter
+from tests.support.kube_emulator import KubeEmulator
 from tests.support.procs import PROMETHEUS, free_port, prometheus_server, stop_process, wait_for
+from tests.support.sysfs import SyntheticPowercap, SyntheticProc
 
 ROOT = Path(__file__).resolve().parents[2]
 ZONES = {"intel-rapl:0": ("package-0", 40.0), "intel-rapl:0:2": ("dram", 10.0)}  # dirname -> (name, watts)
@@ -118,7 +118,7 @@ def schedulers(kubeconfig, tmp_path):
         for name, policy in (("default-scheduler", "default-k8s"),):
             port = free_port()
             log = open(tmp_path / f"serve-{name}.log", "wb")
-            proc = subprocess.Popen([sys.executable, "-m", "pipelines.serve_cli", "serve", "--scheduler-name", name,
+            proc = subprocess.Popen([sys.executable, "-m", "joulesched.pipelines.cli", "serve", "--scheduler-name", name,
                                      "--policy", policy, "--kubeconfig", kubeconfig, "--no-leader-elect",
                                      "--listen", f"127.0.0.1:{port}"], cwd=ROOT, stdout=log,
                                     stderr=subprocess.STDOUT)
@@ -170,7 +170,7 @@ def prometheus(tmp_path, power):
 def testapp(tmp_path):
     port = free_port()
     log = open(tmp_path / "testapp.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "workload", "serve", "testapp", "--listen",
+    proc = subprocess.Popen([sys.executable, "-m", "joulesched.pipelines.cli", "workload", "serve", "testapp", "--listen",
                              f"127.0.0.1:{port}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: proc.poll() is not None or _http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "test app")
@@ -185,7 +185,7 @@ def _pods_seen(emu: KubeEmulator) -> dict[str, dict]:
     from kubernetes import client as k8s
     from kubernetes import watch
 
-    from cluster.kube.client import api_client_for
+    from joulesched.cluster.kube.client import api_client_for
 
     api = api_client_for(emu.url)
     try:
@@ -206,7 +206,7 @@ def _pods_seen(emu: KubeEmulator) -> dict[str, dict]:
 @pytest.mark.integration
 @needs_prometheus
 def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, prometheus, testapp, tmp_path):
-    from pipelines.kube_pipeline import POLICY_LABEL, run_kube
+    from joulesched.pipelines.kube_pipeline import POLICY_LABEL, run_kube
 
     _, inj = power
     out = tmp_path / "out"
@@ -271,7 +271,7 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
 def test_kube_cli_bad_input_exits_2(tmp_path, args, needle):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from joulesched.pipelines.cli import app
 
     kc = tmp_path / "kc"
     kc.write_text("{}")
@@ -328,12 +328,12 @@ def test_ctrl_c_leaves_dir_consistent_and_the_stack_run_resumes(emu, kubeconfig,
     the policy that was interrupted."""
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
-    from pipelines.kube_pipeline import POLICY_LABEL
+    from joulesched.pipelines.cli import app
+    from joulesched.pipelines.kube_pipeline import POLICY_LABEL
 
     out = tmp_path / "out"
     common = ["--pods", "3", "--load-seconds", "4", "-p", "default-k8s", "-p", "energy-greedy", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "pipeline", "--env", "kube", "--kubeconfig",
+    proc = subprocess.Popen([sys.executable, "-m", "joulesched.pipelines.cli", "pipeline", "--env", "kube", "--kubeconfig",
                              kubeconfig, "--prometheus", prometheus, "--target", testapp, *common], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -377,7 +377,7 @@ def test_ctrl_c_leaves_dir_consistent_and_the_stack_run_resumes(emu, kubeconfig,
 def test_stack_without_pulumi_cli_says_how_to_install(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from joulesched.pipelines.cli import app
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no pulumi binary anywhere
     r = CliRunner().invoke(app, ["pipeline", "--env", "kube", "--stack", "cluster", "--out", str(tmp_path / "o")])
@@ -392,7 +392,7 @@ def test_stack_without_pulumi_cli_says_how_to_install(tmp_path, monkeypatch):
 def test_stack_outputs_of_the_wrong_shape_exit_2(tmp_path, monkeypatch, outputs, needle):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from joulesched.pipelines.cli import app
 
     monkeypatch.setenv("PATH", f"{_fake_pulumi(tmp_path, outputs)}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PULUMI_HOME", str(tmp_path / "pulumi-home"))

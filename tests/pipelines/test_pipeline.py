@@ -5,12 +5,14 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cluster.scenario import load_scenario
-from pipelines.cli import app
-from pipelines.pipeline import calibrated_scenarios
-from pipelines.stages import Stage, StageRunner
+from joulesched.cluster.scenario import load_scenario
+from joulesched.pipelines.cli import app
+from joulesched.pipelines.sim_pipeline import calibrated, profile_curve
+from joulesched.pipelines.stages import Stage, StageRunner
+from joulesched.pipelines.suite import SCENARIOS_DIR
 
 runner = CliRunner()
+SUITE = SCENARIOS_DIR
 PROFILE = ("name_prefix: calib\ncount: 1\ncpu_m: 4000\nmemory_mib: 8192\nmax_pods: 110\n"
            "power_watts: [20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120]\n")
 
@@ -49,15 +51,18 @@ def test_interrupted_stage_is_not_recorded(tmp_path):
     assert not r.is_fresh(Stage("s", [], {}, [out], boom))
 
 
-def test_calibrated_scenarios_take_the_profile_curve(tmp_path):
+def test_calibrated_scenarios_take_the_profile_curve_in_memory(tmp_path):
     prof = tmp_path / "node-profile.yaml"
     prof.write_text(PROFILE)
-    out = calibrated_scenarios(["scenarios/heterogeneous-sleep.yaml", "scenarios/trace-sample.yaml"], prof,
-                               tmp_path / "cal")
-    for p in out:
-        sc = load_scenario(p)
-        assert all(g.curve[10] == 120 for g in sc.nodes)
-    assert load_scenario(out[1]).trace_path.name == "sample.csv"
+    curve = profile_curve(prof)
+    before = {p: p.read_bytes() for p in (SUITE / "heterogeneous-sleep.yaml", SUITE / "trace-sample.yaml")}
+    out = [calibrated(load_scenario(p), curve) for p in before]
+    for sc in out:
+        assert all(g.curve[10] == 120 and g.curve[0] == 20 for g in sc.nodes)
+    # The copies keep their source, so a trace still resolves, and nothing on disk changed.
+    assert out[1].trace_path.name == "sample.csv" and out[1].trace_path.is_file()
+    assert all(p.read_bytes() == b for p, b in before.items())
+    assert not list(tmp_path.glob("*.yaml"))[1:]  # only the profile itself
 
 
 def test_pipeline_trains_benchmarks_reports_and_resumes(tmp_path):
@@ -103,7 +108,7 @@ def test_ctrl_c_during_training_leaves_dir_consistent_then_resumes(tmp_path):
 
     out = tmp_path / "run"
     log = tmp_path / "log.txt"
-    args = [sys.executable, "-m", "pipelines.cli", "pipeline", "-s", "scenarios/tiny.yaml", "--out", str(out)]
+    args = [sys.executable, "-m", "joulesched.pipelines.cli", "pipeline", "-s", "scenarios/tiny.yaml", "--out", str(out)]
     with open(log, "w") as f:
         proc = subprocess.Popen([*args, "--steps", "1000000"], stdout=f, stderr=subprocess.STDOUT)
     try:

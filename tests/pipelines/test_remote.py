@@ -20,11 +20,21 @@ import paramiko
 import pytest
 import yaml
 
-from pipelines.remote import (DEFAULT_JOULESCHED, DEFAULT_UNITS, HostSpec, RemoteError, calibrate, collect_logs,
-                              connect, hosts_from_inventory, read_exporter, run)
-from power.synthetic import SyntheticPowercap
+from joulesched.infra.remote import (
+    DEFAULT_JOULESCHED,
+    DEFAULT_UNITS,
+    HostSpec,
+    RemoteError,
+    calibrate,
+    collect_logs,
+    connect,
+    hosts_from_inventory,
+    read_exporter,
+    run,
+)
 from tests.support.procs import free_port, stop_process, wait_for
 from tests.support.sshd import keygen, known_hosts_line, sshd_server
+from tests.support.sysfs import SyntheticPowercap
 
 REPO = Path(__file__).resolve().parents[2]
 JOULESCHED = str(Path(sys.executable).parent / "joulesched")
@@ -218,7 +228,7 @@ def test_calibrate_over_ssh_writes_a_valid_profile_naming_the_host(conn, tmp_pat
     assert _remote_tmp_dirs() == before  # the remote temp folder is gone
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no local temp left
 
-    from pipelines.pipeline import profile_curve
+    from joulesched.pipelines.sim_pipeline import profile_curve
 
     assert profile_curve(out) == curve
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.sweep import load_grid
+from joulesched.pipelines.cli import app
+from joulesched.pipelines.sweep import load_grid
 
 runner = CliRunner()
 GRID = """\

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from power.synthetic import SyntheticMsr, SyntheticPowercap, SyntheticProc
+from tests.support.sysfs import SyntheticMsr, SyntheticPowercap, SyntheticProc
 
 
 class FakeClock:

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from power.calibrate import CalibrationError, Sample, _pava, fit_curve, read_samples_csv
-from power.curves import SPECPOWER, interp
+from joulesched.pipelines.cli import app
+from joulesched.power.calibrate import CalibrationError, Sample, _pava, fit_curve, read_samples_csv
+from joulesched.power.curves import SPECPOWER, interp
 
 runner = CliRunner()
 TRUE = SPECPOWER["ibm-x3550-m3-x5670"]  # strongly non-linear at the low end
@@ -88,7 +88,7 @@ def test_cli_from_samples_writes_an_includable_node_group(tmp_path):
     assert "fit over 200 samples" in out.read_text()
 
     # The scenario loader (cluster/) includes it as a node group.
-    from cluster.scenario import load_scenario
+    from joulesched.cluster.scenario import load_scenario
 
     scenario = tmp_path / "s.yaml"
     scenario.write_text(f"name: calibrated\nseed: 1\nduration_s: 60\nnodes:\n  - include: {out.name}\n    count: 3\n"
@@ -124,8 +124,8 @@ def test_cli_live_calibration_needs_a_hardware_meter(tmp_path):
 def test_measure_steps_and_fit_recover_the_hosts_curve(powercap, proc, clock):
     """The step loop against a simulated host whose package draws TRUE(u) watts at utilisation u: the
     measured samples and the fit must give back TRUE, through a counter wrap."""
-    from power.burner import measure
-    from power.powercap import PowercapMeter
+    from joulesched.power.burner import measure
+    from joulesched.power.powercap import PowercapMeter
 
     powercap.add("intel-rapl:0", "package-0", energy_uj=262_143_328_850 - 100_000_000)
     powercap.add("intel-rapl:0:0", "core")
@@ -152,7 +152,7 @@ def test_measure_steps_and_fit_recover_the_hosts_curve(powercap, proc, clock):
         powercap.advance("intel-rapl:0:0", 1_000)  # not primary: must not count
         clock.advance(seconds)
 
-    samples = measure(PowercapMeter(str(powercap.root)), step_s=2, settle_s=1, sample_s=0.5,
+    samples = measure(PowercapMeter(str(powercap.root), clock=clock), step_s=2, settle_s=1, sample_s=0.5,
                       proc_root=str(proc.root), clock=clock, sleep=sleep, burner=FakeBurner)
     assert len(samples) == 11 * 4
     assert [round(s.utilization, 2) for s in samples[::4]] == [k / 10 for k in range(11)]

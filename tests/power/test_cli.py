@@ -13,11 +13,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+import joulesched.power.meter
 from typer.testing import CliRunner
 
-import power.meter
-from pipelines.cli import app
-from power.synthetic import FakeProcess
+from joulesched.pipelines.cli import app
+from tests.support.sysfs import FakeProcess
 
 runner = CliRunner()
 
@@ -65,7 +66,7 @@ def test_permission_denied_exits_2_and_says_what_to_do(powercap, proc, tmp_path,
             raise PermissionError(errno.EACCES, "Permission denied", path)
         return Path(path).read_bytes()
 
-    monkeypatch.setattr(power.meter, "read_bytes", deny)
+    monkeypatch.setattr(joulesched.power.meter, "read_bytes", deny)
     r = runner.invoke(app, ["power", "read", "--meter", "powercap", *_roots(powercap, proc, tmp_path)])
     assert r.exit_code == 2
     assert "permission denied" in r.output and "Run as root" in r.output and ".service" in r.output

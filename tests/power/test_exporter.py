@@ -8,10 +8,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from power.exporter import Exporter, SnapshotCollector, parse_listen
-from power.monitor import PowerMonitor
-from power.powercap import PowercapMeter
-from power.synthetic import FakeProcess, pod_cgroup_v2
+from joulesched.core.net import parse_listen
+from joulesched.power.exporter import Exporter, SnapshotCollector
+from joulesched.power.monitor import PowerMonitor
+from joulesched.power.powercap import PowercapMeter
+from tests.support.sysfs import FakeProcess, pod_cgroup_v2
 
 NAMES = {
     "joulesched_node_joules_total": ("counter", {"zone", "source"}),

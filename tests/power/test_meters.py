@@ -7,12 +7,14 @@ import os
 
 import pytest
 
-import power.meter
-from power.meter import CounterBank, MeterPermissionError, MeterUnavailable, open_meter
-from power.model import ModelMeter
-from power.msr import AMD, INTEL, MsrMeter
-from power.powercap import PowercapMeter
-from power.units import uj_to_j, wrap_delta
+import joulesched.power.meter
+
+from joulesched.power.meter import CounterBank, MeterPermissionError, MeterUnavailable
+from joulesched.power.meters import open_meter
+from joulesched.power.model import ModelMeter
+from joulesched.power.msr import AMD, INTEL, MsrMeter
+from joulesched.power.powercap import PowercapMeter
+from joulesched.power.units import uj_to_j, wrap_delta
 
 from .conftest import intel_two_socket
 
@@ -45,7 +47,7 @@ def test_powercap_zones_labels_and_primary(powercap):
 
 
 def test_nested_sysfs_layout_gives_the_same_zones(tmp_path):
-    from power.synthetic import SyntheticPowercap
+    from tests.support.sysfs import SyntheticPowercap
 
     flat, nested = SyntheticPowercap(tmp_path / "flat"), SyntheticPowercap(tmp_path / "nested")
     intel_two_socket(flat)
@@ -84,7 +86,7 @@ def test_mmio_duplicate_is_counted_once_and_used_when_alone(powercap, tmp_path):
     powercap.advance("intel-rapl:0", 2_000_000)
     assert m.read()["package-0"] == pytest.approx(2.0)
 
-    from power.synthetic import SyntheticPowercap
+    from tests.support.sysfs import SyntheticPowercap
 
     only_mmio = SyntheticPowercap(tmp_path / "mmio")
     only_mmio.add("intel-rapl-mmio:0", "package-0")
@@ -131,7 +133,7 @@ def test_permission_denied_says_what_to_do(powercap):
 
 def test_auto_falls_back_to_model_and_keeps_the_reason(powercap, proc, tmp_path, monkeypatch):
     intel_two_socket(powercap)
-    monkeypatch.setattr(power.meter, "read_bytes", _deny_energy)
+    monkeypatch.setattr(joulesched.power.meter, "read_bytes", _deny_energy)
     choice = open_meter("auto", powercap_root=str(powercap.root), proc_root=str(proc.root),
                         dev_root=str(tmp_path / "dev"))
     assert choice.meter.source == "model"
@@ -237,5 +239,5 @@ def test_model_meter_integrates_the_curve_over_time(proc, clock):
 
 
 def test_model_meter_rejects_a_bad_curve(proc):
-    with pytest.raises(power.meter.MeterError, match="non-decreasing"):
+    with pytest.raises(joulesched.power.meter.MeterError, match="non-decreasing"):
         ModelMeter([200, 100] + [300] * 9, proc_root=str(proc.root))

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from power.monitor import PowerMonitor
-from power.powercap import PowercapMeter
-from power.procfs import PodRef
-from power.synthetic import FakeProcess, SyntheticPowercap, SyntheticProc, pod_cgroup_v1, pod_cgroup_v2
+from joulesched.power.monitor import PowerMonitor
+from joulesched.power.powercap import PowercapMeter
+from joulesched.power.procfs import PodRef
+from tests.support.sysfs import FakeProcess, SyntheticPowercap, SyntheticProc, pod_cgroup_v1, pod_cgroup_v2
 
 UID_A = "11111111-2222-4333-8444-555555555555"
 UID_B = "66666666-7777-4888-9999-aaaaaaaaaaaa"

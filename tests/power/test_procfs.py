@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from power.procfs import CpuTimes, PodRef, parse_cgroup, parse_cpu_times, parse_pid_stat, parse_vm_name, usage_ratio
-from power.synthetic import pod_cgroup_v1, pod_cgroup_v2
+from joulesched.power.procfs import (
+    CpuTimes,
+    PodRef,
+    parse_cgroup,
+    parse_cpu_times,
+    parse_pid_stat,
+    parse_vm_name,
+    usage_ratio,
+)
+from tests.support.sysfs import pod_cgroup_v1, pod_cgroup_v2
 
 UID = "4f1c2b7e-9a3d-4e21-8c55-0d6e7f8a9b10"
 CID = "a" * 40 + "0123456789abcdef01234567"

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from power.exporter import Exporter
-from power.monitor import PowerMonitor
-from power.powercap import PowercapMeter
-from power.synthetic import SyntheticPowercap, SyntheticProc
+from joulesched.power.exporter import Exporter
+from joulesched.power.monitor import PowerMonitor
+from joulesched.power.powercap import PowercapMeter
 from tests.support.procs import PROMETHEUS, free_port, prometheus_server, wait_for
+from tests.support.sysfs import SyntheticPowercap, SyntheticProc
 
 MAX_RANGE = 262_143_328_850
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads.load import jmeter as jm
-from workloads.load.results import DriverError, Sample, read_csv_samples, summarise
+from joulesched.workloads.load import jmeter as jm
+from joulesched.workloads.load.results import DriverError, Sample, read_csv_samples, summarise
 
 BIN = Path(sys.executable).parent / "joulesched"
 

@@ -54,7 +54,7 @@ def test_shop_rejects_bad_input_and_overselling(shop):
 
 
 def test_split_service_without_its_neighbours_is_refused():
-    from pipelines.cli import app
+    from joulesched.pipelines.cli import app
 
     r = CliRunner().invoke(app, ["workload", "serve", "shop", "--part", "orders", "--listen", "127.0.0.1:0"])
     assert r.exit_code == 2 and "needs --catalogue-url" in r.output

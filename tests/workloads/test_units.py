@@ -10,11 +10,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from workloads.cpu import split_millicores
-from workloads.manifests import APPS, IMAGES, container_args, render, render_yaml
-from workloads.pacing import TokenBucket, chunk_size
-from workloads.params import KIND_FIELDS, LoadParams, cpu_capacity_m
-from workloads.server import parse_listen
+from joulesched.core.net import parse_listen
+from joulesched.workloads.cpu import split_millicores
+from joulesched.workloads.manifests import APPS, IMAGES, container_args, render, render_yaml
+from joulesched.workloads.pacing import TokenBucket, chunk_size
+from joulesched.workloads.params import KIND_FIELDS, LoadParams, cpu_capacity_m
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,6 +117,19 @@ def test_dockerfile(app):
     assert "--no-index" in text  # offline install: no registry needed at build time
     cmd = yaml.safe_load(re.search(r"^CMD (.*)$", text, re.M).group(1))
     assert cmd == container_args(app)
+    entry = yaml.safe_load(re.search(r"^ENTRYPOINT (.*)$", text, re.M).group(1))
+    assert entry == ["python3", "-m", "joulesched.pipelines.cli.workload", "serve"]
+
+
+def test_the_image_entry_point_imports_no_scheduler_dependencies():
+    """The images install joulesched without its dependencies: the workload command must not need them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, joulesched.pipelines.cli.workload; "
+            "print(sorted(m for m in ('torch', 'kubernetes', 'gymnasium', 'matplotlib') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
 def test_build_script_refuses_unknown_apps():

@@ -7,7 +7,7 @@ from typing import Any
 
 import requests
 
-from workloads.load.results import DriverError
+from joulesched.workloads.load.results import DriverError
 
 TIMEOUT_S = 10.0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from workloads.load.results import DriverError, LoadResult, read_csv_samples, summarise
+from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, summarise
 
 HERE = Path(__file__).resolve().parent.parent / "jmeter"
 DEFAULT_PLAN = HERE / "test-app.jmx"

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from workloads.load.results import DriverError, LoadResult, read_csv_samples, summarise
+from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, summarise
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locust" / "locustfile.py"
 STARTUP_GRACE_S = 60.0

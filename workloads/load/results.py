@@ -11,8 +11,10 @@ from urllib.parse import urlsplit
 import numpy as np
 from pydantic import BaseModel
 
+from joulesched.core.errors import JouleschedError
 
-class DriverError(RuntimeError):
+
+class DriverError(JouleschedError, RuntimeError):
     """A load driver could not run or produced no results; the message says what to fix."""
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from workloads.manifests import APPS as MANIFEST_APPS
+from joulesched.pipelines.cli.common import fail as _fail
+from joulesched.workloads.load.jmeter import DEFAULT_PLAN as JMETER_PLAN
+from joulesched.workloads.manifests import APPS as MANIFEST_APPS
 
 workload_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 load_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -32,11 +34,6 @@ class App(str, Enum):
 ManifestApp = Enum("ManifestApp", {a: a for a in MANIFEST_APPS}, type=str)
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
-
-
 @workload_app.command()
 def serve(
     app: Annotated[App, typer.Argument(help="Which app: a blocker kind, the test app or the shop.")],
@@ -50,7 +47,8 @@ def serve(
     access_log: Annotated[bool, typer.Option(help="Log every request to stderr.")] = False,
 ) -> None:
     """Serve one app on HOST:PORT until SIGINT/SIGTERM; every running load is stopped on the way out."""
-    from workloads.server import parse_listen, serve as run_server
+    from joulesched.core.net import parse_listen
+    from joulesched.workloads.server import serve as run_server
 
     try:
         host, port = parse_listen(listen)
@@ -60,13 +58,14 @@ def serve(
         _fail(f"--scratch-dir {scratch_dir} is not a directory")
     on_exit: Any = lambda: None
     if app.value == "testapp":
-        from workloads.testapp import MAX_WORK_MS, create_app as create_testapp
+        from joulesched.workloads.testapp import MAX_WORK_MS
+        from joulesched.workloads.testapp import create_app as create_testapp
 
         if not 0 <= default_ms <= MAX_WORK_MS:
             _fail(f"--default-ms must be between 0 and {MAX_WORK_MS}")
         flask_app = create_testapp(default_ms)
     elif app.value == "shop":
-        from workloads.shop import create_app as create_shop
+        from joulesched.workloads.shop import create_app as create_shop
 
         for url in (catalogue_url, cart_url):
             if url is not None:
@@ -76,7 +75,7 @@ def serve(
         except ValueError as exc:
             _fail(str(exc))
     else:
-        from workloads.service import BlockerService, create_app
+        from joulesched.workloads.service import BlockerService, create_app
 
         service = BlockerService(app.value, scratch_dir)
         flask_app = create_app(service)
@@ -88,7 +87,7 @@ def serve(
 
 
 def _check_target(url: str) -> None:
-    from workloads.load.results import check_url
+    from joulesched.workloads.load.results import check_url
 
     try:
         check_url(url)
@@ -97,7 +96,7 @@ def _check_target(url: str) -> None:
 
 
 def _emit(result: Any, as_json: bool) -> None:
-    from workloads.load.results import format_table
+    from joulesched.workloads.load.results import format_table
 
     typer.echo(result.model_dump_json(indent=2) if as_json else format_table(result))
 
@@ -105,7 +104,7 @@ def _emit(result: Any, as_json: bool) -> None:
 @load_app.command()
 def jmeter(
     target: Annotated[str, typer.Option(help="URL to load, path included, e.g. http://127.0.0.1:8080/work?ms=5.")],
-    plan: Annotated[Path, typer.Option(help="JMeter plan taking host/port/protocol/path/threads/rampup/duration properties.")] = Path(__file__).resolve().parent / "jmeter" / "test-app.jmx",
+    plan: Annotated[Path, typer.Option(help="JMeter plan taking host/port/protocol/path/threads/rampup/duration properties.")] = JMETER_PLAN,
     threads: Annotated[int, typer.Option(min=1, max=10_000, help="Concurrent JMeter threads.")] = 10,
     rampup: Annotated[int, typer.Option(min=0, max=3600, help="Seconds to start all threads.")] = 1,
     duration: Annotated[int, typer.Option(min=1, max=86_400, help="Seconds the thread group runs (then JMeter stops).")] = 10,
@@ -115,8 +114,8 @@ def jmeter(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Run JMeter headless against TARGET and report p50/p95/p99 latency, throughput and error rate."""
-    from workloads.load import jmeter as driver
-    from workloads.load.results import DriverError
+    from joulesched.workloads.load import jmeter as driver
+    from joulesched.workloads.load.results import DriverError
 
     if launcher not in ("auto", "jmeter", "debian-2.13"):
         _fail(f"--launcher {launcher!r}: expected auto, jmeter or debian-2.13")
@@ -141,8 +140,8 @@ def locust(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Run Locust headless against TARGET; same report as `load jmeter`, for machines without Java."""
-    from workloads.load import locust as driver
-    from workloads.load.results import DriverError
+    from joulesched.workloads.load import locust as driver
+    from joulesched.workloads.load.results import DriverError
 
     _check_target(target)
     try:
@@ -167,8 +166,8 @@ def blocker(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
 ) -> None:
     """Start a load on a blocker app (only the options given are sent; the app rejects what it cannot do)."""
-    from workloads.load import blocker as client
-    from workloads.load.results import DriverError
+    from joulesched.workloads.load import blocker as client
+    from joulesched.workloads.load.results import DriverError
 
     _check_target(target)
     try:
@@ -197,10 +196,14 @@ def manifest(
     memory_request: Annotated[str, typer.Option(help="resources.requests.memory")] = "",
 ) -> None:
     """Print the app's Kubernetes Deployment and Service as YAML."""
-    from workloads.manifests import render_yaml
+    from joulesched.workloads.manifests import render_yaml
 
     try:
         typer.echo(render_yaml(app.value, scheduler_name=scheduler_name, image=image, namespace=namespace,
                                replicas=replicas, cpu_request=cpu_request or None, memory_request=memory_request or None), nl=False)
     except ValueError as exc:
         _fail(str(exc))
+
+
+if __name__ == "__main__":  # the workload images: `python3 -m joulesched.pipelines.cli.workload serve cpu ...`
+    workload_app(prog_name="python3 -m joulesched.pipelines.cli.workload")

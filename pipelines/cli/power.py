@@ -11,15 +11,14 @@ import signal
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Optional
 
 import typer
-import yaml
-from rich.console import Console
+
+from joulesched.pipelines.cli.common import err, errors, out
+from joulesched.pipelines.cli.common import fail as _fail
 
 app = typer.Typer(no_args_is_help=True)
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
 
 
 class MeterKind(str, Enum):
@@ -39,13 +38,9 @@ CurveOpt = Annotated[Optional[str], typer.Option(
     help="A SPECpower curve name for the model meter (see power.curves.SPECPOWER).")]
 
 
-def _fail(message: str) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", soft_wrap=True)
-    raise typer.Exit(2)
-
-
 def _model_curve(profile: Optional[Path], curve: Optional[str]) -> Optional[tuple[float, ...]]:
-    from power.curves import SPECPOWER, validate_curve
+    from joulesched.power.calibrate import read_profile_curve
+    from joulesched.power.curves import SPECPOWER
 
     if profile is not None and curve is not None:
         _fail("give --profile or --curve, not both")
@@ -55,27 +50,15 @@ def _model_curve(profile: Optional[Path], curve: Optional[str]) -> Optional[tupl
         return SPECPOWER[curve]
     if profile is None:
         return None
-    try:
-        data = yaml.safe_load(profile.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        _fail(f"--profile {profile}: cannot read: {e}".replace("\n", " "))
-    if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) == 1:
-        data = data["nodes"][0]
-    watts = data.get("power_watts") if isinstance(data, dict) else None
-    if isinstance(watts, str):
-        if watts not in SPECPOWER:
-            _fail(f"--profile {profile}: power_watts names unknown curve {watts!r}")
-        return SPECPOWER[watts]
-    try:
-        return validate_curve(watts if isinstance(watts, list) else [])
-    except (TypeError, ValueError) as e:
-        _fail(f"--profile {profile}: power_watts: {e}")
+    with errors():
+        return read_profile_curve(profile)
 
 
 def _open(meter: MeterKind, powercap_root: Path, proc_root: Path, dev_root: Path,
           curve: Optional[tuple[float, ...]], order: Optional[tuple[str, ...]] = None):
-    from power.meter import MeterError, MeterUnavailable, open_meter
-    from power.model import DEFAULT_CURVE_NAME
+    from joulesched.power.meter import MeterError, MeterUnavailable
+    from joulesched.power.meters import open_meter
+    from joulesched.power.model import DEFAULT_CURVE_NAME
 
     kinds = order if (meter is MeterKind.auto and order) else (meter.value,)
     skipped: list[str] = []
@@ -113,8 +96,9 @@ def exporter(
     curve: CurveOpt = None,
 ) -> None:
     """Serve joulesched_* power metrics to Prometheus."""
-    from power.exporter import Exporter, parse_listen
-    from power.monitor import PowerMonitor
+    from joulesched.core.net import parse_listen
+    from joulesched.power.exporter import Exporter
+    from joulesched.power.monitor import PowerMonitor
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -149,7 +133,7 @@ def read(
     curve: CurveOpt = None,
 ) -> None:
     """Measure for --duration seconds and print watts per zone, VM, pod and top process."""
-    from power.monitor import PowerMonitor
+    from joulesched.power.monitor import PowerMonitor
 
     m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve))
     mon = PowerMonitor(m, proc_root=str(proc_root), top_n=top_n)
@@ -210,8 +194,15 @@ def calibrate(
     """Fit an 11-point power curve (0..100 % CPU) and write it as a node group scenarios can include."""
     import socket
 
-    from power.calibrate import (CalibrationError, fit_curve, host_facts, measure, node_group,
-                                 read_samples_csv, write_profile)
+    from joulesched.power.calibrate import (
+        CalibrationError,
+        fit_curve,
+        host_facts,
+        measure,
+        node_group,
+        read_samples_csv,
+        write_profile,
+    )
 
     facts = host_facts(str(proc_root))
     try:

@@ -1,70 +1,25 @@
-"""The `joulesched` command line: one typer app, thin commands over library functions.
+"""The twin commands: benchmark, report, explain, policies, validate, trace, sweep and demo.
 
-Bad input (a malformed scenario, trace, snapshot, policy spec or model file) prints one red line naming the
-problem and exits with code 2, before anything is written.
+Each is a thin typer signature over a library function in ``joulesched.pipelines``; bad input prints one red
+line naming the problem and exits 2 before anything is written (:func:`~joulesched.pipelines.cli.common.errors`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-app = typer.Typer(
-    name="joulesched",
-    help="Energy-aware Kubernetes scheduling: twin, baselines, DQN, power metering, workloads.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-err = Console(stderr=True)
-# Piped output (logs, CI) gets a wide console so that tables are not truncated to 80 columns.
-out = Console() if sys.stdout.isatty() else Console(width=160)
+from joulesched.pipelines.cli.common import command_line, errors, fail, interrupted, out
+from joulesched.pipelines.progress import progress_bar
+from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-STANDARD_SUITE = REPO_ROOT / "scenarios"
-
-
-def _input_errors() -> tuple[type[BaseException], ...]:
-    from agent.policy import PolicyError
-    from cluster.scenario import ScenarioError
-    from pipelines.benchmark import BenchmarkInputError
-    from pipelines.explain import SnapshotError
-
-    errors: tuple[type[BaseException], ...] = (ScenarioError, PolicyError, SnapshotError, BenchmarkInputError)
-    if "pipelines.train" in sys.modules:  # only when training was involved; importing it loads torch
-        errors += (sys.modules["pipelines.train"].TrainError,)
-    return errors
-
-
-@contextmanager
-def _usage_errors() -> Iterator[None]:
-    """Turn input errors into one red line and exit code 2."""
-    try:
-        yield
-    except _input_errors() as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-
-
-def _progress(enabled: bool) -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[item]}"), console=err, disable=not enabled, transient=False)
-
-
-def _suite() -> list[Path]:
-    return sorted(STANDARD_SUITE.glob("*.yaml"))
+app = typer.Typer()
 
 
 ScenarioOpt = Annotated[Optional[list[Path]], typer.Option(
@@ -84,29 +39,29 @@ def benchmark(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
     """Run every policy on the same workloads, side by side, and compare with the offline lower bound."""
-    from agent.policy import BASELINES
-    from pipelines.benchmark import run_benchmark
-    from pipelines.report import write_report
+    from joulesched.agent.registry import BASELINES
+    from joulesched.pipelines.benchmark import run_benchmark
+    from joulesched.pipelines.report import write_report
 
-    scenarios = scenario or _suite()
+    scenarios = scenario or standard_suite()
     policies = policy or list(BASELINES)
-    with _usage_errors():
+    with errors():
         doc = _run_with_progress(run_benchmark, scenarios, policies, seeds, out_dir, jobs, not as_json)
     if report:
         write_report(out_dir)
-    _print_summary(doc, as_json, out_dir)
+    print_summary(doc, as_json, out_dir)
 
 
 def _run_with_progress(fn, scenarios, policies, seeds, out_dir, jobs, show: bool) -> dict:
-    command = "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with _progress(show) as prog:
+    command = command_line()
+    with progress_bar(show) as prog:
         task = prog.add_task("benchmark", total=None, item="")
         return fn(scenarios, policies, seeds, out_dir, jobs=jobs, command=command,
                   on_start=lambda n: prog.update(task, total=n),
                   on_progress=lambda item: prog.update(task, advance=1, item=item))
 
 
-def _print_summary(doc: dict, as_json: bool, out_dir: Path) -> None:
+def print_summary(doc: dict, as_json: bool, out_dir: Path) -> None:
     if as_json:
         print(json.dumps({"out": str(out_dir), "summary": doc["summary"]}, indent=2))
         return
@@ -127,9 +82,9 @@ def report_cmd(
     out_dir: Annotated[Path, typer.Argument(help="A folder written by `joulesched benchmark` or `demo`.")],
 ) -> None:
     """Re-render report.html and its plots from a results folder."""
-    from pipelines.report import write_report
+    from joulesched.pipelines.report import write_report
 
-    with _usage_errors():
+    with errors():
         path = write_report(out_dir)
     out.print(f"report: {path}")
 
@@ -142,11 +97,11 @@ def explain(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show each node's feasibility, per-plugin scores, total and the chosen node for one pod."""
-    from agent.policy import make_policy
-    from pipelines.explain import explain as do_explain
-    from pipelines.explain import load_snapshot
+    from joulesched.agent.registry import make_policy
+    from joulesched.pipelines.explain import explain as do_explain
+    from joulesched.pipelines.explain import load_snapshot
 
-    with _usage_errors():
+    with errors():
         pol = make_policy(policy)
         st, pod = load_snapshot(snapshot)
         res = do_explain(pol, st, pod, seed)
@@ -176,7 +131,7 @@ def explain(
 @app.command()
 def policies() -> None:
     """List the policy names --policy accepts."""
-    from agent.policy import policy_names
+    from joulesched.agent.registry import policy_names
 
     for name in policy_names():
         print(name)
@@ -187,10 +142,10 @@ def validate(
     scenario: Annotated[list[Path], typer.Argument(help="Scenario files to check.")],
 ) -> None:
     """Check scenario files (and their traces) without running anything."""
-    from cluster.scenario import load_scenario
-    from cluster.workload import build_workload
+    from joulesched.cluster.scenario import load_scenario
+    from joulesched.cluster.workload import build_workload
 
-    with _usage_errors():
+    with errors():
         for p in scenario:
             sc = load_scenario(p)
             wl = build_workload(sc)
@@ -204,10 +159,10 @@ def trace(
     seed: Annotated[Optional[int], typer.Option(help="Workload seed (default: the scenario's).")] = None,
 ) -> None:
     """Export a scenario's workload (synthetic or trace) as a trace CSV."""
-    from cluster.scenario import load_scenario
-    from cluster.workload import build_workload, write_trace
+    from joulesched.cluster.scenario import load_scenario
+    from joulesched.cluster.workload import build_workload, write_trace
 
-    with _usage_errors():
+    with errors():
         wl = build_workload(load_scenario(scenario), seed)
     write_trace(wl, out_file)
     out.print(f"{out_file}: {len(wl)} pods")
@@ -230,24 +185,20 @@ def sweep(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
     """Fan out (scenario, policy, seed, hyperparameter) cells and aggregate them with confidence intervals."""
-    from pipelines.report import write_report
-    from pipelines.sweep import run_sweep
+    from joulesched.pipelines.report import write_report
+    from joulesched.pipelines.sweep import run_sweep
 
     if ray_address is not None and executor != Executor.ray:
-        err.print("[red]error:[/red] --ray-address needs --executor ray")
-        raise typer.Exit(2)
-    command = "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with _usage_errors(), _progress(not as_json) as prog:
+        fail("--ray-address needs --executor ray")
+    command = command_line()
+    with errors(), progress_bar(not as_json) as prog:
         task = prog.add_task("sweep", total=None, item="")
         doc = run_sweep(grid, out_dir, executor=executor.value, jobs=jobs, ray_address=ray_address, command=command,
                         on_start=lambda n: prog.update(task, total=n),
                         on_progress=lambda item: prog.update(task, advance=1, item=item))
     if report:
         write_report(out_dir)
-    _print_summary(doc, as_json, out_dir)
-
-
-SHIPPED_MODEL = REPO_ROOT / "models" / "small.pt"
+    print_summary(doc, as_json, out_dir)
 
 
 @app.command()
@@ -255,50 +206,19 @@ def demo(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("out/demo"),
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per scenario.")] = 2,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes (default: all cores).")] = max(1, os.cpu_count() or 1),
-    model: Annotated[Path, typer.Option(help="DQN model to benchmark (trained here for 3 minutes if missing).")] = SHIPPED_MODEL,
+    model: Annotated[Optional[Path], typer.Option(
+        help="DQN model to benchmark. Default: the shipped model (trained here for 3 minutes if it is missing).",
+        show_default=display(SHIPPED_MODEL))] = None,
 ) -> None:
     """The main job on the embedded twin: the DQN and every baseline on the standard suite, then the report."""
-    from pipelines.pipeline import run_sim
+    from joulesched.pipelines.progress import StageDisplay
+    from joulesched.pipelines.sim_pipeline import run_sim
 
-    from pipelines.pipeline_cli import StageDisplay, interrupted
-
+    if model is not None and not model.is_file():
+        fail(f"--model {model} does not exist; train it with `joulesched train --model {model}`, or drop --model "
+             "to use the shipped one")
+    model = model or SHIPPED_MODEL
     minutes = None if model.exists() else 3.0
-    with _usage_errors(), interrupted(out_dir), StageDisplay() as show:
-        doc = run_sim(_suite(), out_dir, model=model, minutes=minutes, seeds=seeds, jobs=jobs, **show.callbacks())
-    _print_summary(doc, False, out_dir)
-
-
-def _register_subapps() -> None:
-    # Sub-apps live with the code they drive; importing them here keeps one entry point.
-    from power.cli import app as power_app
-    from workloads.cli import load_app, workload_app
-
-    app.add_typer(power_app, name="power", help="RAPL meters, attribution, the Prometheus exporter, calibration.")
-    app.add_typer(workload_app, name="workload", help="Resource-blocker apps and the test app.")
-    app.add_typer(load_app, name="load", help="Drive load with JMeter or Locust and read results back.")
-    from pipelines.infra_cli import app as infra_app
-
-    app.add_typer(infra_app, name="infra", help="Provision environments: Pulumi stacks, KVM guests, Ansible.")
-    from pipelines.pipeline_cli import pipeline as pipeline_cmd
-    from pipelines.train_cli import test_cmd, train_cmd
-
-    app.command("pipeline")(pipeline_cmd)
-
-    app.command("train")(train_cmd)
-    app.command("test")(test_cmd)
-    from pipelines.serve_cli import extender as extender_cmd
-    from pipelines.serve_cli import serve as serve_cmd
-
-    app.command("serve")(serve_cmd)
-    app.command("extender")(extender_cmd)
-
-
-_register_subapps()
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()
+    with errors(), interrupted(out_dir), StageDisplay() as show:
+        doc = run_sim(standard_suite(), out_dir, model=model, minutes=minutes, seeds=seeds, jobs=jobs, **show.callbacks())
+    print_summary(doc, False, out_dir)

@@ -39,6 +39,8 @@ import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
+from joulesched.core.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 #: Where the power_exporter role installs joulesched: ``{{ power_exporter_install_dir }}/.venv/bin/joulesched``
@@ -57,7 +59,7 @@ _STDERR_LINES = 8
 _NOTE = "# joulesched: "
 
 
-class RemoteError(ValueError):
+class RemoteError(UsageError):
     """A host-side step failed; the message names the host (or inventory file) and what to do."""
 
 
@@ -387,8 +389,7 @@ def calibrate(conn: Connection, spec: HostSpec, out: Path, *, step_seconds: Opti
     The profile is validated (an 11-point curve) before ``out`` is replaced; the remote temp folder is removed
     even when the run fails. ``timeout`` defaults to the 11 steps' time plus two minutes.
     """
-    from pipelines.pipeline import profile_curve
-    from power.calibrate import _dns_prefix
+    from joulesched.power.calibrate import _dns_prefix, read_profile_curve
 
     out = Path(out)
     if not out.parent.is_dir():
@@ -429,7 +430,7 @@ def calibrate(conn: Connection, spec: HostSpec, out: Path, *, step_seconds: Opti
 
     def valid(tmp: Path) -> None:
         try:
-            profile_curve(tmp)
+            read_profile_curve(tmp)
         except ValueError as e:
             raise RemoteError(f"{spec.name}: calibrate's profile is invalid: {e}; its output: "
                               f"{_tail(said)}") from None

@@ -11,27 +11,23 @@ Bad input prints one red line and exits 2; a failed run (play, guest, Pulumi upd
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Optional
 
 import typer
 import yaml
-from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parent.parent
+from joulesched.pipelines.cli.common import err, out
+from joulesched.pipelines.cli.common import fail as _fail
+from joulesched.pipelines.suite import REPO_ROOT
+
+REPO = REPO_ROOT
 
 
 app = typer.Typer(help="Environments with Pulumi, libvirt guests, and bare-metal hosts with Ansible.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 kvm_app = typer.Typer(help="libvirt guests from the kvm stack config, without Pulumi.", no_args_is_help=True)
 app.add_typer(kvm_app, name="kvm")
-err = Console(stderr=True)
-out = Console()
-
-
-def _fail(msg: str, code: int = 2) -> NoReturn:
-    err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 # ------------------------------------------------------------------------------------------ Pulumi stacks
@@ -40,7 +36,7 @@ StackOpt = Annotated[str, typer.Option("--stack", "-s", help="Stack name: its se
 
 def _stack(name: str):
     """Select (or create) the stack through the Automation API; exit 2 without a pulumi binary."""
-    from infra.stack import StackError, open_stack
+    from joulesched.infra.stack import StackError, open_stack
 
     try:
         return open_stack(name, REPO)
@@ -93,7 +89,7 @@ KeyOpt = Annotated[Optional[Path], typer.Option(
 
 
 def _kvm_config(config: Path, ssh_public_key: Path | None, prefix: str | None):
-    from infra.config import DictReader, InfraConfigError, load
+    from joulesched.infra.config import DictReader, InfraConfigError, load
 
     if not config.is_file():
         _fail(f"--config {config} does not exist")
@@ -118,9 +114,9 @@ PrefixOpt = Annotated[Optional[str], typer.Option(help="Guest name prefix (defau
 def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt = None,
            prefix: PrefixOpt = None) -> None:
     """Create the master and workers of the kvm config as libvirt guests (a fresh CA and token per run)."""
-    from infra.kvm import guest_spec, plan
-    from infra.libvirt_guests import GuestError, create_guest, delete_guest
-    from infra.pki import generate
+    from joulesched.infra.kvm import guest_spec, plan
+    from joulesched.infra.libvirt_guests import GuestError, create_guest, delete_guest
+    from joulesched.infra.pki import generate
 
     cfg = _kvm_config(config, ssh_public_key, prefix)
     planned = plan(cfg.name_prefix, cfg.kvm)
@@ -144,9 +140,8 @@ def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt 
 @kvm_app.command("down")
 def kvm_down(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", prefix: PrefixOpt = None) -> None:
     """Remove every guest named <prefix>-master / <prefix>-worker-N, with its disks and seed."""
-    from infra.libvirt_guests import GuestError, delete_guest, list_guests
-
-    from infra.config import DictReader
+    from joulesched.infra.config import DictReader
+    from joulesched.infra.libvirt_guests import GuestError, delete_guest, list_guests
 
     if not config.is_file():
         _fail(f"--config {config} does not exist")
@@ -174,7 +169,8 @@ def provision(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream Ansible's output.")] = False,
 ) -> None:
     """Run playbooks/site.yml through ansible-runner and print a changed/failed summary per host."""
-    from infra.provision import ProvisionError, provision as run
+    from joulesched.infra.provision import ProvisionError
+    from joulesched.infra.provision import provision as run
 
     if not inventory.exists():
         _fail(f"--inventory {inventory} does not exist")
@@ -202,7 +198,7 @@ def wheelhouse(
              "than a directory).")] = False,
 ) -> None:
     """Build the wheelhouse power_exporter installs from with `pip --no-index` on air-gapped hosts."""
-    from infra.wheelhouse import WheelhouseError, archive_wheelhouse, build_wheelhouse
+    from joulesched.infra.wheelhouse import WheelhouseError, archive_wheelhouse, build_wheelhouse
 
     try:
         wheel = build_wheelhouse(out_dir, all_deps=all_deps)

@@ -22,24 +22,23 @@ from pathlib import Path
 
 import torch
 
-from agent.checkpoint import load_agent, load_checkpoint, save_checkpoint
-from agent.dqn import DQN, DQNConfig
-from agent.policy import BASELINES, PolicyError, make_policy
-from agent.train import TRAIN_SEEDS, Validator, train as train_loop
-from cluster.env import RewardConfig, SchedulingEnv
-from cluster.scenario import load_scenario
-from cluster.twin import Twin, run_policy
-from cluster.workload import build_workload
+from joulesched.agent.checkpoint import load_agent, load_checkpoint, save_checkpoint
+from joulesched.agent.config import DQNConfig, RewardConfig, TrainConfig
+from joulesched.agent.dqn import DQN
+from joulesched.agent.env import SchedulingEnv
+from joulesched.agent.registry import BASELINES, HEURISTIC_FAMILIES, family_of, make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.agent.train import Validator
+from joulesched.agent.train import train as train_loop
+from joulesched.cluster.scenario import Scenario, load_scenario
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
+from joulesched.core.errors import UsageError
+from joulesched.core.fsio import check_output_file
+from joulesched.pipelines.progress import progress_bar
 
-#: The scenarios the shipped model trains on: 20-22 nodes; tiny (3) and large (240) stay unseen. A scenario
-#: listed twice gets twice the episodes: the always-on one carries the smallest learning signal.
-DEFAULT_TRAIN_SCENARIOS = ("scenarios/heterogeneous-sleep.yaml", "scenarios/heterogeneous.yaml",
-                           "scenarios/heterogeneous.yaml", "scenarios/homogeneous.yaml")
-#: The heuristics the goal compares against (reference.md section 7: packers and power-aware plugins).
-HEURISTICS = ("most-allocated", "requested-to-capacity-ratio", "peaks", "target-load-packing", "energy-greedy")
 
-
-class TrainError(ValueError):
+class TrainError(UsageError):
     """Bad train/test arguments; the message says how to fix them."""
 
 
@@ -62,11 +61,12 @@ def _curve_paths(model: Path) -> tuple[Path, Path]:
     return Path(f"{stem}.curve.csv"), Path(f"{stem}.curve.png")
 
 
-def train(scenarios: Sequence[Path], model: Path, *, minutes: float | None = None, steps: int | None = None,
-          resume: bool = False, overwrite: bool = False, seed: int = 0, progress: bool = True,
-          config: DQNConfig | None = None, reward: RewardConfig | None = None, validate: bool = True,
-          threads: int = 1, on_progress: Callable[[int, float, float], None] | None = None) -> TrainSummary:
-    """Train (or resume) a DQN on ``scenarios`` for ``minutes`` of wall time or ``steps`` decisions."""
+def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float | None = None,
+          steps: int | None = None, resume: bool = False, overwrite: bool = False, seed: int = 0,
+          progress: bool = True, config: TrainConfig | None = None, validate: bool = True, threads: int = 1,
+          on_progress: Callable[[int, float, float], None] | None = None) -> TrainSummary:
+    """Train (or resume) a DQN on ``scenarios`` (files or loaded scenarios) for ``minutes`` of wall time or
+    ``steps`` decisions, with ``config`` (default: :class:`~joulesched.agent.config.TrainConfig`'s defaults)."""
     if (minutes is None) == (steps is None):
         raise TrainError("give exactly one of --minutes or --steps")
     if minutes is not None and not (0 < minutes <= 24 * 60):
@@ -75,28 +75,31 @@ def train(scenarios: Sequence[Path], model: Path, *, minutes: float | None = Non
         raise TrainError(f"--steps must be >= 1, got {steps}")
     if not scenarios:
         raise TrainError("give at least one --scenario")
-    model = Path(model)
+    if seed < 0:
+        raise TrainError(f"--seed must be >= 0, got {seed}")
+    model = check_output_file(model, "--model")
     if resume and not model.exists():
         raise TrainError(f"--resume: {model} does not exist; drop --resume to create it")
     if model.exists() and not resume and not overwrite:
         raise TrainError(f"{model} exists; pass --resume to continue training it or --overwrite to replace it")
-    loaded = [load_scenario(p) for p in scenarios]  # ScenarioError names the file and field
+    loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]  # errors name the field
     if threads > 0:
         torch.set_num_threads(threads)
     prev_training: dict = {}
     if resume:
-        agent, meta = load_agent(model, seed=seed)
         if config is not None:
             raise TrainError("--resume keeps the model's hyperparameters; do not pass a config")
+        agent, meta = load_agent(model, seed=seed)
         prev_training = meta.get("training", {})
-        if reward is None and meta.get("reward"):
-            reward = RewardConfig(**meta["reward"])
+        reward = RewardConfig(**meta["reward"]) if meta.get("reward") else RewardConfig()
     else:
-        agent = DQN(config or DQNConfig(), seed=seed)
-    reward = reward or RewardConfig()
-    cfg = agent.cfg
-    env = SchedulingEnv(loaded, reward=reward, workload_seeds=TRAIN_SEEDS, load_scales=cfg.load_scales)
-    validator = Validator(loaded, load_scales=cfg.validation_load_scales) if validate else None
+        config = config or TrainConfig()
+        agent, reward = DQN(config.dqn, seed=seed), config.reward
+    cfg: DQNConfig = agent.cfg
+    env = SchedulingEnv(loaded, reward=reward, workload_seeds=range(*cfg.train_seed_range),
+                        load_scales=cfg.load_scales)
+    validator = Validator(loaded, seeds=cfg.validation_seeds, load_scales=cfg.validation_load_scales,
+                          slo_slack=cfg.slo_slack) if validate else None
 
     bar_cb, bar_ctx = _progress_bar(progress, steps, minutes)
     cb = on_progress
@@ -109,7 +112,10 @@ def train(scenarios: Sequence[Path], model: Path, *, minutes: float | None = Non
     wall = time.perf_counter() - t0
     total_steps = int(prev_training.get("steps", 0)) + log.steps
     training = {
-        "scenarios": [str(p) for p in scenarios], "scenario_names": [s.name for s in loaded], "seed": seed,
+        "scenarios": [str(s.source) if s.source else s.name for s in loaded],
+        "scenario_names": [s.name for s in loaded], "seed": seed,
+        # The curves the twin trained on: a calibrated scenario exists only in memory, so this is its record.
+        "node_curves": {s.name: {g.name_prefix: list(g.curve) for g in s.nodes} for s in loaded},
         "steps": total_steps, "episodes": int(prev_training.get("episodes", 0)) + log.episodes,
         "wall_s": round(float(prev_training.get("wall_s", 0.0)) + wall, 1),
         "runs": list(prev_training.get("runs", [])) + [{
@@ -118,7 +124,8 @@ def train(scenarios: Sequence[Path], model: Path, *, minutes: float | None = Non
             "best_validation_score": None if math.isinf(log.best_score) else round(log.best_score, 5),
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__}],
-        "workload_seeds": "1000..8999 (validation 10007; benchmark seeds are scenario.seed + 0..k)",
+        "workload_seeds": f"{cfg.train_seed_range[0]}..{cfg.train_seed_range[1] - 1} (validation "
+                          f"{', '.join(map(str, cfg.validation_seeds))}; benchmark seeds are scenario.seed + 0..k)",
     }
     save_checkpoint(model, agent, training, reward=asdict(reward))
     csv_path, png_path = _curve_paths(model)
@@ -133,19 +140,16 @@ def _progress_bar(enabled: bool, steps: int | None, minutes: float | None):
 
     if not enabled:
         return None, contextlib.nullcontext()
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    prog = Progress(TextColumn("[bold]training"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                    TextColumn("{task.fields[stat]}"), TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+    prog = progress_bar(percent=True)
     total = float(steps) if steps is not None else float(minutes) * 60.0
-    task = prog.add_task("train", total=total, stat="")
+    task = prog.add_task("training", total=total, item="")
     t0 = time.perf_counter()
 
     def cb(step: int, running: float, eps: float) -> None:
         done = step if steps is not None else time.perf_counter() - t0
         stat = f"step {step:,}  reward(20 ep) {running:,.1f}  eps {eps:.2f}" if not math.isnan(running) else \
             f"step {step:,}  eps {eps:.2f}"
-        prog.update(task, completed=min(done, total), stat=stat)
+        prog.update(task, completed=min(done, total), item=stat)
 
     return cb, prog
 
@@ -215,7 +219,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
     Returns ``{"model", "meta", "scenarios": [{"name", "nodes", "seed", "rows": {policy: metrics},
     "ratio_vs_default", "ratio_vs_best_heuristic", "best_heuristic", "ratio_vs_lower_bound"}]}``.
     """
-    from agent.lower_bound import lower_bound
+    from joulesched.agent.lower_bound import lower_bound
 
     if seeds < 1:
         raise TrainError("--seeds must be >= 1")
@@ -243,7 +247,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
                 entry["ratio_vs_default"] = e / rows["default-k8s"]["energy_joules"]
                 entry["slo_vs_default_pp"] = 100 * (rows["dqn"]["slo_violation_rate"]
                                                     - rows["default-k8s"]["slo_violation_rate"])
-            heur = [h for h in HEURISTICS if h in rows]
+            heur = [h for h in rows if h != "dqn" and family_of(h) in HEURISTIC_FAMILIES]
             if heur:
                 best = min(heur, key=lambda h: rows[h]["energy_joules"])
                 entry["best_heuristic"] = best
@@ -277,5 +281,4 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_TRAIN_SCENARIOS", "HEURISTICS", "PolicyError", "TrainError", "TrainSummary", "evaluate",
-           "format_table", "train"]
+__all__ = ["TrainError", "TrainSummary", "evaluate", "format_table", "train"]

@@ -2,7 +2,7 @@
 
 One pass of the loop, for a pod with ``spec.schedulerName`` = ours and no ``spec.nodeName``:
 
-1. **decide** (under the backend lock): the cached pod is still pending → filter (kube-scheduler's filters) →
+1. **decide** (under the cache lock): the cached pod is still pending → filter (kube-scheduler's filters) →
    ``policy.choose`` → *assume* the pod on the node, so the next decision already sees it there;
 2. **bind** (in a small worker pool, as kube-scheduler's binding cycle runs in a goroutine):
    ``POST pods/{name}/binding`` with the pod's uid as a precondition;
@@ -23,6 +23,11 @@ What happens to a pod, whatever fails:
 
 With leader election on, only the replica holding the Lease decides and binds (checked again right before
 each binding request).
+
+The scheduler is the cluster's :class:`~joulesched.cluster.backend.Backend`: its loop thread is
+``run_policy(scheduler, policy, seed)``, the same loop that drives the twin. :meth:`Scheduler.next_decision`
+pops the next pod whose backoff is over and returns it with the cache lock held; :meth:`Scheduler.bind`
+assumes it and hands the binding to a worker; :meth:`Scheduler.abandon` requeues it when the policy failed.
 """
 
 from __future__ import annotations
@@ -41,16 +46,17 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-import numpy as np
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from agent.policy import Policy
-from cluster.kube.backend import KubeBackend
-from cluster.kube.leader import LeaderElector, default_identity
-from cluster.kube.objects import PodInfo
-from pipelines.httpd import BackgroundHTTPServer, reply
+from joulesched.agent.policy import Policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.backend import Decision
+from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.objects import PodInfo
+from joulesched.live.httpd import BackgroundHTTPServer, reply
+from joulesched.live.leader import LeaderElector, default_identity
 
 log = logging.getLogger("joulesched.serve")
 
@@ -88,6 +94,20 @@ class ServeConfig:
     retry_period_s: float = 2.0
     identity: str = field(default_factory=default_identity)
     request_timeout_s: float = 10.0
+
+
+@dataclass
+class _Attempt:
+    """A decision in progress: its queue entry, when filtering began, and whether it still holds the lock."""
+
+    entry: "_Entry"
+    t0: float
+    locked: bool = True
+
+    def unlock(self, lock: Any) -> None:
+        if self.locked:
+            self.locked = False
+            lock.release()
 
 
 @dataclass
@@ -190,22 +210,20 @@ class EventRecorder:
 
 
 class Scheduler:
-    """A secondary scheduler over a :class:`KubeBackend` (see the module docstring for the pod lifecycle).
+    """A secondary scheduler over a :class:`KubeCache` (see the module docstring for the pod lifecycle).
 
-    :param backend: the cache; the scheduler registers a pod listener on it and starts/stops it.
-    :param policy: any :class:`agent.policy.Policy`.
+    :param cache: the cluster cache; the scheduler registers a pod listener on it and starts/stops it.
+    :param policy: any :class:`joulesched.agent.policy.Policy`.
     :param registry: where the scheduler's metrics go (one registry per replica).
     """
 
-    def __init__(self, backend: KubeBackend, policy: Policy, cfg: ServeConfig | None = None,
+    def __init__(self, cache: KubeCache, policy: Policy, cfg: ServeConfig | None = None,
                  registry: CollectorRegistry | None = None) -> None:
         self.cfg = cfg or ServeConfig()
-        self.backend, self.policy = backend, policy
-        self.registry = registry if registry is not None else backend.registry
+        self.cache, self.policy = cache, policy
+        self.registry = registry if registry is not None else cache.registry
         self.metrics = SchedulerMetrics(self.registry)
-        self.core = k8s.CoreV1Api(backend.api)
-        self.rng = np.random.default_rng(self.cfg.seed)
-        self._epoch = -1
+        self.core = k8s.CoreV1Api(cache.api)
         self._cv = threading.Condition()
         self._entries: dict[str, _Entry] = {}
         self._heap: list[tuple[float, int, str]] = []
@@ -220,7 +238,7 @@ class Scheduler:
                                       may_write=self.is_leader, condition_dropped=self._condition_dropped)
         self.leader: LeaderElector | None = None
         if self.cfg.leader_elect:
-            self.leader = LeaderElector(backend.api, self.cfg.lease_namespace,
+            self.leader = LeaderElector(cache.api, self.cfg.lease_namespace,
                                         self.cfg.lease_name or self.cfg.scheduler_name, identity=self.cfg.identity,
                                         lease_duration_s=self.cfg.lease_duration_s,
                                         renew_deadline_s=self.cfg.renew_deadline_s,
@@ -230,11 +248,13 @@ class Scheduler:
         self.latencies: list[float] = []  # seconds, decision + binding request, successful attempts
         self._alive = time.monotonic()
         self._resync_needed = False
-        backend.add_pod_listener(self._on_pod)
+        #: Set while this replica decides and binds (caches synced, leader or no election); cleared on losing it.
+        self.ready = threading.Event()
+        cache.add_pod_listener(self._on_pod)
 
     # ---- lifecycle ----
     def start(self) -> "Scheduler":
-        self.backend.start()
+        self.cache.start()
         if self.leader is not None:
             self.leader.start()
         self._loop_thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
@@ -251,19 +271,21 @@ class Scheduler:
         self.recorder.stop()  # drained while still leader, before the lease is released
         if self.leader is not None:
             self.leader.stop(release=True)
-        self.backend.stop()
+        self.cache.stop()
 
     def healthy(self) -> bool:
         """Caches synced and the loop turned within the last 30 s."""
-        return self.backend.synced and time.monotonic() - self._alive < 30 and not self._stop.is_set()
+        return self.cache.synced and time.monotonic() - self._alive < 30 and not self._stop.is_set()
 
     def is_leader(self) -> bool:
         return self.leader is None or self.leader.is_leader()
 
     def _leader_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
+        if not leading:
+            self.ready.clear()
         if leading:
-            self._resync_needed = True  # see KubeBackend.resync_pods
+            self._resync_needed = True  # see KubeCache.resync_pods
         with self._cv:
             if leading:  # pods may have waited in backoff while we were standby: look at all of them now
                 now = time.monotonic()
@@ -343,21 +365,31 @@ class Scheduler:
                 self._cv.wait(min(max(timeout, 0.0), 0.5))
         return None
 
-    # ---- the loop ----
+    # ---- the Backend: the loop thread is run_policy(self, policy, seed) ----
     def _loop(self) -> None:
+        run_policy(self, self.policy, self.cfg.seed)
+
+    def begin(self) -> None:
+        """Nothing to reset: decisions wait for the caches (:meth:`next_decision`)."""
+
+    def next_decision(self) -> Decision | None:
+        """The next pod to place, with the cache lock held until :meth:`bind` or :meth:`abandon`; None once
+        the scheduler stops. Pods with no feasible node are answered here (Event, condition, backoff)."""
         while not self._stop.is_set():
-            if not self.backend.synced:  # like kube-scheduler: no decision before the caches are in
+            if not self.cache.synced:  # like kube-scheduler: no decision before the caches are in
                 self._alive = time.monotonic()
                 self._stop.wait(0.05)
                 continue
             if self._resync_needed and self.is_leader():
                 try:
-                    self.backend.resync_pods()
+                    self.cache.resync_pods()
                     self._resync_needed = False
                 except Exception as ex:
                     log.info("resync after becoming leader failed (%s); retrying", type(ex).__name__)
                     self._stop.wait(0.2)
                 continue
+            if self.is_leader():
+                self.ready.set()
             if not self._slots.acquire(timeout=0.5):
                 continue
             e = self._next()
@@ -365,18 +397,44 @@ class Scheduler:
                 self._slots.release()
                 continue
             try:
-                if not self._attempt(e):
-                    self._slots.release()
-            except Exception:  # a policy bug must not kill the scheduler or lose the pod
+                d = self._decision(e)
+            except Exception:  # an unexpected cache or API error must not kill the scheduler or lose the pod
                 log.exception("scheduling %s/%s failed", e.namespace, e.name)
-                self.backend.lock.acquire()
-                try:
-                    self.backend.forget(e.uid)
-                finally:
-                    self.backend.lock.release()
                 self.metrics.attempts.labels("error").inc()
                 self._requeue(e, backoff=True)
-                self._slots.release()
+                d = None
+            if d is not None:
+                return d
+            self._slots.release()
+        return None
+
+    def bind(self, decision: Decision, node: int) -> None:
+        """Assume the pod on ``node`` and hand the binding request to a worker (which frees the slot)."""
+        p: _Attempt = decision.key
+        try:
+            if not (0 <= node < len(decision.mask) and decision.mask[node]):
+                raise RuntimeError(f"policy {self.policy.name!r} chose infeasible node {node}")
+            name = decision.state.names[node]
+            self.cache.assume(p.entry.uid, name)
+        finally:
+            p.unlock(self.cache.lock)
+        self._pool.submit(self._bind, p.entry, name, p.t0)
+
+    def abandon(self, decision: Decision, error: BaseException) -> None:
+        """The policy (or the hand-off) failed: a policy bug must not kill the scheduler or lose the pod."""
+        p: _Attempt = decision.key
+        p.unlock(self.cache.lock)
+        e = p.entry
+        log.error("scheduling %s/%s failed: %s", e.namespace, e.name, error, exc_info=error)
+        with self.cache.lock:
+            self.cache.forget(e.uid)
+        self.metrics.attempts.labels("error").inc()
+        self._requeue(e, backoff=True)
+        self._slots.release()
+
+    def result(self) -> dict[str, int]:
+        """What this replica did while it ran."""
+        return {"bound": len(self.bound), "pending": self.pending()}
 
     def _resolve_uncertain(self, e: _Entry) -> bool:
         """A previous binding's outcome is unknown: find out before deciding again. True = go on deciding."""
@@ -389,52 +447,48 @@ class Scheduler:
         if outcome == "bound":
             self._finish(e, node, outcome, 0.0)
             return False
-        with self.backend.lock:
-            self.backend.forget(e.uid)
+        with self.cache.lock:
+            self.cache.forget(e.uid)
         if outcome == "gone":
             self._done(e)
             return False
         return True
 
-    def _attempt(self, e: _Entry) -> bool:
-        """One scheduling attempt; True when a binding was handed to a worker (which frees the slot)."""
+    def _decision(self, e: _Entry) -> Decision | None:
+        """One scheduling attempt up to the policy's choice: a Decision (cache lock held), or None when the pod
+        was bound, deleted, unschedulable (answered here) or must wait."""
         if e.uncertain_node and not self._resolve_uncertain(e):
-            return False
+            return None
         t0 = time.perf_counter()
-        with self.backend.lock:
-            pod = self.backend.pods.get(e.uid)
+        lock = self.cache.lock
+        lock.acquire()
+        try:
+            pod = self.cache.pods.get(e.uid)
             if self._resync_needed:  # just became leader: decide only once the cache is known to be fresh
                 self._requeue(e, backoff=False)
-                return False
-            if pod is None or not self._ours(pod) or self.backend.is_assumed(e.uid):
+                return None
+            if pod is None or not self._ours(pod) or self.cache.is_assumed(e.uid):
                 # Bound or deleted meanwhile, or bound by us with the watch still behind (a late event of the
                 # pending pod must not lead to a second binding request).
                 self._done(e)
-                return False
-            st = self.backend.state()
-            mask = self.backend.feasible(pod)
-            node = ""
+                return None
+            st = self.cache.state()
+            mask = self.cache.feasible(pod)
             if st is not None and mask.any():
-                if self.backend.epoch != self._epoch:
-                    self.policy.reset(st, self.rng)
-                    self._epoch = self.backend.epoch
-                i = int(self.policy.choose(st, pod.request, mask))
-                if not (0 <= i < len(mask) and mask[i]):
-                    raise RuntimeError(f"policy {self.policy.name!r} chose infeasible node {i}")
-                node = st.names[i]
-                self.backend.assume(e.uid, node)
-            else:
-                message = self.backend.unschedulable_message(pod)
-        if not node:
-            dt = time.perf_counter() - t0
-            self.metrics.attempts.labels("unschedulable").inc()
-            self.metrics.duration.labels("unschedulable").observe(dt)
-            self.recorder.failed(e.namespace, e.name, e.uid, message, condition=message != e.last_failure)
-            e.last_failure = message
-            self._requeue(e, backoff=True)
-            return False
-        self._pool.submit(self._bind, e, node, t0)
-        return True
+                attempt = _Attempt(e, t0)
+                lock = None  # handed over: bind() or abandon() releases it
+                return Decision(st, pod.request, mask, attempt)
+            message = self.cache.unschedulable_message(pod)
+        finally:
+            if lock is not None:
+                lock.release()
+        dt = time.perf_counter() - t0
+        self.metrics.attempts.labels("unschedulable").inc()
+        self.metrics.duration.labels("unschedulable").observe(dt)
+        self.recorder.failed(e.namespace, e.name, e.uid, message, condition=message != e.last_failure)
+        e.last_failure = message
+        self._requeue(e, backoff=True)
+        return None
 
     def _bind(self, e: _Entry, node: str, t0: float) -> None:
         try:
@@ -463,8 +517,8 @@ class Scheduler:
             self.metrics.duration.labels("error").observe(dt)
             self._requeue(e, backoff=True)
             return
-        with self.backend.lock:
-            self.backend.forget(e.uid)
+        with self.cache.lock:
+            self.cache.forget(e.uid)
         if outcome == "gone":
             self._done(e)
         elif outcome == "standby":

@@ -35,7 +35,6 @@ seconds to the next decision, used for time-based discounting (a semi-MDP).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -43,33 +42,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from agent.features import N_FEATURES, FeatureBuilder
-from cluster.scenario import Scenario, load_scenario
-from cluster.state import WAKING
-from cluster.twin import Twin
-from cluster.workload import build_workload
+from joulesched.agent.config import RewardConfig
+from joulesched.agent.features import N_FEATURES, FeatureBuilder
+from joulesched.cluster.scenario import Scenario, load_scenario
+from joulesched.cluster.state import WAKING
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
 
 OBS_LOW, OBS_HIGH = -1.0, 4.0
-
-
-@dataclass(frozen=True)
-class RewardConfig:
-    """Reward weights. Penalties are in joule-equivalents per pod-second; see the module docstring."""
-
-    slo_joules_per_pod_s: float = 200.0
-    """Cost of one pod-second served below the scenario's SLO fraction (about a large node's peak draw)."""
-    pending_joules_per_pod_s: float = 10.0
-    """Cost of one pod-second spent pending or waiting for its node to wake."""
-    scale_seconds: float = 600.0
-    """The reward unit is (largest peak watts) x scale_seconds joules."""
-    invalid_action_penalty: float = 1.0
-    """Subtracted when an infeasible node is asked for (only blind samplers do that)."""
-
-    def __post_init__(self) -> None:
-        if self.slo_joules_per_pod_s < 0 or self.pending_joules_per_pod_s < 0 or self.invalid_action_penalty < 0:
-            raise ValueError("reward penalties must be >= 0")
-        if self.scale_seconds <= 0:
-            raise ValueError("scale_seconds must be > 0")
 
 
 def scale_load(scenario: Scenario, factor: float) -> Scenario:

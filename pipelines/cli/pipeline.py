@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
-import sys
 import tempfile
 from collections.abc import Iterator
 from enum import Enum
@@ -21,83 +19,17 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-# `python -m pipelines.cli` runs cli.py as __main__, so importing it here at load time would import it twice;
-# its helpers are imported where they are used.
-err = Console(stderr=True)
-
-INTERRUPTED = 130  # the shell's code for SIGINT
+from joulesched.pipelines.cli.common import command_line, errors, interrupted, out
+from joulesched.pipelines.cli.common import fail as _fail
+from joulesched.pipelines.progress import StageDisplay
+from joulesched.pipelines.suite import standard_suite
 
 
 class Env(str, Enum):
     sim = "sim"
     kube = "kube"
-
-
-class StageDisplay:
-    """Progress across stages (one bar counts stages) and within the running one (a second bar counts items)."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        from pipelines.cli import _progress
-
-        self.prog = _progress(enabled)
-        self.work = None
-
-    def __enter__(self) -> "StageDisplay":
-        self.prog.__enter__()
-        self.stages = self.prog.add_task("stages", total=None, item="")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.prog.__exit__(*exc)
-
-    def plan(self, names: list[str]) -> None:
-        self.prog.update(self.stages, total=len(names), completed=0, item=", ".join(names))
-
-    def event(self, name: str, what: str) -> None:
-        err.print(f"[bold]{name}[/bold]: {what}", highlight=False, soft_wrap=True)
-        if what == "running":
-            self.prog.update(self.stages, item=name)
-        elif what == "done" or what.startswith("skipped"):
-            self.prog.update(self.stages, advance=1)
-
-    def start(self, total: int) -> None:
-        if self.work is None:
-            self.work = self.prog.add_task("work", total=total, item="")
-        else:
-            self.prog.reset(self.work, total=total)
-
-    def progress(self, item: str) -> None:
-        if self.work is not None:
-            self.prog.update(self.work, advance=1, item=item)
-
-    def train(self, step: int, reward: float, epsilon: float) -> None:
-        if self.work is None:
-            self.work = self.prog.add_task("work", total=None, item="")
-        self.prog.update(self.work, completed=step, item=f"training: reward {reward:.3f}, ε {epsilon:.2f}")
-
-    def callbacks(self) -> dict:
-        return {"on_event": self.event, "on_plan": self.plan, "on_start": self.start, "on_progress": self.progress,
-                "on_train": self.train}
-
-
-@contextlib.contextmanager
-def interrupted(out_dir: Path) -> Iterator[None]:
-    """Ctrl-C: say what was kept and how to resume, exit 130 (stages record themselves only when complete)."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        err.print(f"[yellow]interrupted:[/yellow] {out_dir} is consistent: finished stages are kept, the "
-                  "interrupted one is not recorded (a cluster run deleted its pods). Re-run the same command to "
-                  "resume.", highlight=False, soft_wrap=True)
-        raise typer.Exit(INTERRUPTED) from None
-
-
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 @contextlib.contextmanager
@@ -170,7 +102,8 @@ def pipeline(
         _fail(f"--load-driver must be locust or jmeter, not {load_driver!r}")
     environment = None
     if stack:
-        from infra.stack import StackError, environment as read_environment, stack_outputs
+        from joulesched.infra.stack import StackError, stack_outputs
+        from joulesched.infra.stack import environment as read_environment
 
         try:
             environment = read_environment(stack, stack_outputs(stack))
@@ -180,12 +113,10 @@ def pipeline(
         _fail("give --calibrate (measure the hosts now) or --node-profile (measured before), not both")
     host_list = None
     if hosts is not None or calibrate:
-        from pipelines.host_steps import HostStepError, resolve_hosts
+        from joulesched.pipelines.host_steps import resolve_hosts
 
-        try:
+        with errors():
             host_list = resolve_hosts(hosts, limit if hosts is not None else None, environment, ssh_key)
-        except HostStepError as e:
-            _fail(str(e))
     with contextlib.ExitStack() as stack_ctx:
         if env is Env.kube:
             if environment is not None:
@@ -214,7 +145,7 @@ def pipeline(
 
 def _host_stages(out_dir: Path, hosts, known_hosts, calibrate: bool, step_seconds: float, force: bool, show):
     """The host-side stages before a run: the exporter check, and calibration (returns the node profile)."""
-    from pipelines.host_steps import check_exporters, calibrate_hosts
+    from joulesched.pipelines.host_steps import calibrate_hosts, check_exporters
 
     check_exporters(out_dir, hosts, known_hosts, on_event=show.event)
     if calibrate:
@@ -225,25 +156,21 @@ def _host_stages(out_dir: Path, hosts, known_hosts, calibrate: bool, step_second
 
 def _pipeline_sim(out_dir: Path, *, scenario, model, train_scenario, minutes, steps, seeds, jobs, node_profile,
                   force, hosts, known_hosts, calibrate, calibrate_step_seconds, collect_logs) -> None:
-    from pipelines.cli import _print_summary, _suite, _usage_errors
-    from pipelines.host_steps import HostStepError
-    from pipelines.pipeline import run_sim
+    from joulesched.pipelines.cli.bench import print_summary
+    from joulesched.pipelines.sim_pipeline import run_sim
 
-    with _usage_errors(), interrupted(out_dir), StageDisplay() as show:
-        try:
-            if hosts:
-                node_profile = _host_stages(out_dir, hosts, known_hosts, calibrate, calibrate_step_seconds, force,
-                                            show) or node_profile
-            doc = run_sim(scenario or _suite(), out_dir, model=model, train_scenarios=train_scenario,
-                          minutes=minutes, steps=steps, seeds=seeds, jobs=jobs, node_profile=node_profile,
-                          force=force, **show.callbacks())
-            if hosts and collect_logs:
-                from pipelines.host_steps import collect_host_logs
+    with errors(), interrupted(out_dir), StageDisplay() as show:
+        if hosts:
+            node_profile = _host_stages(out_dir, hosts, known_hosts, calibrate, calibrate_step_seconds, force,
+                                        show) or node_profile
+        doc = run_sim(scenario or standard_suite(), out_dir, model=model, train_scenarios=train_scenario,
+                      minutes=minutes, steps=steps, seeds=seeds, jobs=jobs, node_profile=node_profile,
+                      force=force, command=command_line(), **show.callbacks())
+        if hosts and collect_logs:
+            from joulesched.pipelines.host_steps import collect_host_logs
 
-                collect_host_logs(out_dir, hosts, known_hosts, on_event=show.event)
-        except HostStepError as e:
-            _fail(str(e), 1)
-    _print_summary(doc, False, out_dir)
+            collect_host_logs(out_dir, hosts, known_hosts, on_event=show.event)
+    print_summary(doc, False, out_dir)
 
 
 def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Optional[str], prometheus: Optional[str],
@@ -252,8 +179,7 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
                    model: Optional[Path], minutes: Optional[float], steps: Optional[int],
                    scenario: Optional[list[Path]], train_scenario: Optional[list[Path]], hosts, known_hosts,
                    calibrate: bool, calibrate_step_seconds: float, collect_logs: bool, stack: Optional[str]) -> None:
-    from pipelines.cli import _usage_errors, out
-    from pipelines.kube_pipeline import KubePipelineError, run_kube
+    from joulesched.pipelines.kube_pipeline import run_kube
 
     missing = [o for o, v in (("--kubeconfig", kubeconfig), ("--prometheus", prometheus), ("--target", target)) if not v]
     if missing:
@@ -261,12 +187,9 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
         _fail(f"--env kube needs {', '.join(missing)}{via}")
     if calibrate and model is None and minutes is None and steps is None:
         _fail("--calibrate on a cluster trains the DQN on the measured curves: give --minutes or --steps")
-    from cluster.kube.client import KubeConfigError
-    from pipelines.host_steps import HostStepError
-
-    command = "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = command_line()
     try:
-        with _usage_errors(), interrupted(out_dir), StageDisplay() as show:
+        with errors(), interrupted(out_dir), StageDisplay() as show:
             node_profile = None
             if hosts:
                 node_profile = _host_stages(out_dir, hosts, known_hosts, calibrate, calibrate_step_seconds, force,
@@ -284,19 +207,15 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
                            **({"energy_selector": energy_selector} if energy_selector else {}),
                            on_event=show.event, on_plan=show.plan)
             if hosts and collect_logs:
-                from pipelines.host_steps import collect_host_logs
+                from joulesched.pipelines.host_steps import collect_host_logs
 
                 collect_host_logs(out_dir, hosts, known_hosts, on_event=show.event)
-    except (KubePipelineError, KubeConfigError) as e:
-        _fail(str(e))
-    except HostStepError as e:
-        _fail(str(e), 1)
     except Exception as e:  # the cluster, Prometheus or the load driver failed mid-run: one line, exit 1
         from kubernetes.client.rest import ApiException
         from prometheus_api_client import PrometheusApiClientException
         from requests import RequestException
 
-        from workloads.load.results import DriverError
+        from joulesched.workloads.load.results import DriverError
 
         if not isinstance(e, (ApiException, PrometheusApiClientException, RequestException, DriverError)):
             raise
@@ -318,9 +237,8 @@ def _train_for_cluster(out_dir: Path, model: Optional[Path], minutes, steps, sce
                        node_profile: Optional[Path], force: bool, show) -> Path:
     """The model the cluster run measures: loaded, or trained on the twin (on the hosts' measured curves when
     --calibrate ran: sim-to-real, closed) as a resumable stage."""
-    from pipelines.cli import _suite
-    from pipelines.pipeline import train_stage
+    from joulesched.pipelines.sim_pipeline import train_stage
 
     return train_stage(out_dir, model=model, minutes=minutes, steps=steps,
-                       scenarios=list(train_scenario or scenario or _suite()), node_profile=node_profile,
+                       scenarios=list(train_scenario or scenario or standard_suite()), node_profile=node_profile,
                        force=force, on_event=show.event, on_train=show.train)

@@ -6,7 +6,7 @@ accounted on it, like kube-scheduler's cache. A pod the scheduler has just bound
 until the watch confirms it, so back-to-back decisions never overcommit a node.
 
 Threads: two informers and the optional Prometheus feed write; the scheduler reads. Everything that touches
-the cache holds :attr:`KubeBackend.lock`; pod listeners are called with it held and must only enqueue.
+the cache holds :attr:`KubeCache.lock`; pod listeners are called with it held and must only enqueue.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import numpy as np
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Gauge
 
-from cluster.kube.informer import Informer
-from cluster.kube.metrics_feed import FeedConfig, PrometheusFeed
-from cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, node_gate_reason, parse_node, parse_pod
-from cluster.state import ClusterState, PodRequest
+from joulesched.cluster.kube.informer import Informer
+from joulesched.cluster.kube.metrics_feed import FeedConfig, PrometheusFeed
+from joulesched.cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, node_gate_reason, parse_node, parse_pod
+from joulesched.cluster.state import ClusterState, PodRequest
 
 log = logging.getLogger("joulesched.kube")
 
@@ -43,7 +43,7 @@ def kube_unschedulable_message(n: int, reasons: Counter) -> str:
     return f"0/{n} nodes are available: {', '.join(parts)}." if parts else f"0/{n} nodes are available."
 
 
-class KubeBackend:
+class KubeCache:
     """Cluster state from a live (or emulated) apiserver.
 
     :param api_client: a configured ``kubernetes.client.ApiClient``.
@@ -92,7 +92,7 @@ class KubeBackend:
         with self.lock:
             self._listeners.append(fn)
 
-    def start(self) -> "KubeBackend":
+    def start(self) -> "KubeCache":
         self.node_informer.start()
         self.pod_informer.start()
         self.feed.start()

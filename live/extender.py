@@ -11,7 +11,7 @@ names: ``Pod``, ``Nodes`` (a NodeList, unless the extender is ``nodeCacheCapable
   totals, DQN advantages, negative marginal watts) scaled linearly so its favourite node gets 10 and its least
   favourite 0. A policy that only picks gives its pick 10 and the others 0.
 
-The pods already on each node come from the same :class:`~cluster.kube.backend.KubeBackend` as ``serve``
+The pods already on each node come from the same :class:`~joulesched.cluster.kube.cache.KubeCache` as ``serve``
 uses (list + watch). Pods the scheduler bound a moment ago may not have reached the watch yet; kube-scheduler
 calls the extender with its own up-to-date filter results, so this costs at most a slightly stale score.
 """
@@ -27,19 +27,20 @@ from typing import Any
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
-from agent.policy import Policy
-from cluster.kube.backend import KubeBackend
-from pipelines.httpd import BackgroundHTTPServer, reply
-from cluster.kube.objects import node_gate_reason, parse_pod
-from cluster.state import ClusterState
-from pipelines.serve import ATTEMPT_BUCKETS
+from joulesched.agent.policy import Policy
+from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.objects import node_gate_reason, parse_pod
+from joulesched.cluster.state import ClusterState
+from joulesched.core.errors import UsageError
+from joulesched.live.httpd import BackgroundHTTPServer, reply
+from joulesched.live.scheduler import ATTEMPT_BUCKETS
 
 log = logging.getLogger("joulesched.extender")
 
 MAX_EXTENDER_SCORE = 10
 
 
-class ExtenderError(ValueError):
+class ExtenderError(UsageError):
     """A request that is not valid ExtenderArgs."""
 
 
@@ -74,23 +75,23 @@ def scale_scores(raw: np.ndarray) -> np.ndarray:
 
 
 class Extender:
-    """Filter and prioritize with a policy over the backend's cluster state."""
+    """Filter and prioritize with a policy over the cache's cluster state."""
 
-    def __init__(self, backend: KubeBackend, policy: Policy, seed: int = 0) -> None:
-        self.backend, self.policy = backend, policy
+    def __init__(self, cache: KubeCache, policy: Policy, seed: int = 0) -> None:
+        self.cache, self.policy = cache, policy
         self.rng = np.random.default_rng(seed)
         self._epoch = -1
-        reg = backend.registry
+        reg = cache.registry
         self.requests = Counter("joulesched_extender_requests", "Extender requests by verb and result.",
                                 ["verb", "result"], registry=reg)
         self.duration = Histogram("joulesched_extender_request_duration_seconds", "Extender request time.",
                                   ["verb"], buckets=ATTEMPT_BUCKETS, registry=reg)
 
     def _state(self) -> ClusterState | None:
-        st = self.backend.state()
-        if st is not None and self.backend.epoch != self._epoch:
+        st = self.cache.state()
+        if st is not None and self.cache.epoch != self._epoch:
             self.policy.reset(st, self.rng)
-            self._epoch = self.backend.epoch
+            self._epoch = self.cache.epoch
         return st
 
     def filter(self, args: dict) -> dict:
@@ -99,9 +100,9 @@ class Extender:
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        with self.backend.lock:
+        with self.cache.lock:
             st = self._state()
-            mask = self.backend.feasible(pod) if st is not None else np.zeros(0, dtype=bool)
+            mask = self.cache.feasible(pod) if st is not None else np.zeros(0, dtype=bool)
             index = {n: i for i, n in enumerate(st.names)} if st is not None else {}
             for name in names:
                 i = index.get(name)
@@ -110,7 +111,7 @@ class Extender:
                 elif mask[i]:
                     passed.append(name)
                 else:
-                    gate = node_gate_reason(self.backend.nodes[name], pod)
+                    gate = node_gate_reason(self.cache.nodes[name], pod)
                     if gate:
                         unresolvable[name] = gate
                     else:
@@ -125,14 +126,14 @@ class Extender:
     def prioritize(self, args: dict) -> list[dict]:
         names, _, _ = _candidates(args)
         pod = parse_pod(args["Pod"])
-        with self.backend.lock:
+        with self.cache.lock:
             st = self._state()
             if st is None:
                 return [{"Host": n, "Score": 0} for n in names]
             index = {n: i for i, n in enumerate(st.names)}
             known = [n for n in names if n in index]
             idx = np.array([index[n] for n in known], dtype=np.int64)
-            feasible = self.backend.feasible(pod)
+            feasible = self.cache.feasible(pod)
             cand = np.zeros(len(st), dtype=bool)
             cand[idx] = True
             cand &= feasible
@@ -145,16 +146,13 @@ class Extender:
         return [{"Host": n, "Score": scores[n]} for n in names]
 
     def _raw_scores(self, st: ClusterState, req, idx: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        pol: Any = self.policy
+        """The policy's own totals over ``idx`` (its Scorer), or 1 for its pick and 0 elsewhere."""
         if idx.size == 1:
             return np.ones(1)
-        if hasattr(pol, "scores"):  # DQN: advantages over the masked nodes
-            return np.asarray(pol.scores(st, req, mask), dtype=np.float64)[idx]
-        if hasattr(pol, "total"):  # kube-style plugin totals
-            return np.asarray(pol.total(st, req, idx), dtype=np.float64)
-        if hasattr(pol, "marginal_watts"):
-            return -np.asarray(pol.marginal_watts(st, req, idx), dtype=np.float64)
-        pick = int(pol.choose(st, req, mask))
+        scorer = self.policy.scorer
+        if scorer is not None:
+            return np.asarray(scorer.node_scores(st, req, idx).total, dtype=np.float64)
+        pick = int(self.policy.choose(st, req, mask))
         return (idx == pick).astype(np.float64)
 
     def handle(self, verb: str, args: Any) -> tuple[int, Any]:
@@ -212,9 +210,9 @@ class ExtenderServer(BackgroundHTTPServer):
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
-                    self._send(200, generate_latest(ext.backend.registry), CONTENT_TYPE_LATEST)
+                    self._send(200, generate_latest(ext.cache.registry), CONTENT_TYPE_LATEST)
                 elif path in ("/healthz", "/readyz", "/livez"):
-                    ok = ext.backend.synced
+                    ok = ext.cache.synced
                     self._send(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
                 else:
                     self._send(404, b"not found", "text/plain")

@@ -1,0 +1,238 @@
+"""Every knob of the DQN in one place: the network, replay, exploration, validation, seeds and the reward.
+
+Two dataclasses, CleanRL-style (a docstring under each field is its documentation): :class:`DQNConfig` (the
+agent and its training loop) and :class:`RewardConfig` (the environment's reward weights), grouped as
+:class:`TrainConfig`. ``joulesched train --config FILE`` reads one from YAML (validated by pydantic, every
+error naming the field), ``--set dqn.hidden=128`` overrides single knobs, and the checkpoint stores both, so
+``--resume`` and ``joulesched test`` see exactly what a model was trained with.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from joulesched.core.errors import UsageError
+
+#: Caps on the sizes a config (or a model file's metadata) may ask for.
+LIMITS = {"hidden": 4096, "batch_size": 65_536, "buffer_size": 10_000_000, "replay_memory_mb": 65_536,
+          "n_step": 1_000}
+
+
+class ConfigError(UsageError):
+    """A training config file or override that does not validate; the message names the field."""
+
+
+@dataclass
+class DQNConfig:
+    """Hyperparameters of the agent and its training loop (CleanRL's ``Args``, reference.md section 7)."""
+
+    hidden: int = 64
+    """Width of the shared node scorer's two hidden layers."""
+    learning_rate: float = 3e-4
+    """Adam step size (CleanRL uses 2.5e-4)."""
+    gamma_tau_s: float = 1800.0
+    """Discount time constant in simulated seconds: a reward dt seconds later is worth exp(-dt/tau)."""
+    n_step: int = 8
+    """n-step returns: energy consequences of a placement (waking a node, keeping it awake) come late."""
+    buffer_size: int = 60_000
+    """Replay capacity in transitions (float16 rows: about 160 MB at 22 nodes)."""
+    replay_memory_mb: int = 512
+    """Cap on replay memory: with many nodes the capacity shrinks to fit (240 nodes: about 18,000 transitions)."""
+    batch_size: int = 128
+    learning_starts: int = 3_000
+    """Transitions collected (with the heuristic-guided exploration) before the first update."""
+    train_frequency: int = 4
+    """Environment steps per gradient step."""
+    target_update_interval: int = 1_000
+    """Environment steps between hard copies of the online net into the target net."""
+    eps_start: float = 1.0
+    eps_end: float = 0.03
+    exploration_fraction: float = 0.4
+    """Share of the training budget over which epsilon decays linearly from eps_start to eps_end."""
+    heuristic_explore: float = 0.5
+    """Probability that an exploratory action is a baseline's choice (most-allocated or energy-greedy, picked per
+    episode) instead of a uniformly random feasible node."""
+    shaping: bool = True
+    """Potential-based reward shaping with phi(s) = -tau x current cluster power (agent/train.py): same optimal
+    policy, far smaller values to fit."""
+    huber_delta: float = 1.0
+    max_grad_norm: float = 10.0
+    eval_every_steps: int = 25_000
+    """Greedy validation on held-out workload seeds every this many steps; the best weights are kept."""
+    load_scales: tuple[float, ...] = (1.0, 1.0, 1.5, 2.0)
+    """Training-load randomisation: each episode runs its scenario at one of these load factors
+    (cluster/env.py ``scale_load``), so the agent meets overload and learns what the SLO penalty costs."""
+    validation_load_scales: tuple[float, ...] = (1.0, 1.5)
+    """Load factors of the validation runs."""
+    train_seed_range: tuple[int, int] = (1_000, 9_000)
+    """Training episodes draw workload seeds from [low, high). The benchmark uses scenario.seed + 0..k (5..45 for
+    the suite), which training never sees."""
+    validation_seeds: tuple[int, ...] = (10_007,)
+    """Workload seeds of the greedy validation runs (outside the training range)."""
+    slo_slack: float = 0.005
+    """Validation tolerates default-k8s's SLO violation rate plus this (0.5 percentage points)."""
+
+    def __post_init__(self) -> None:
+        if self.hidden < 1 or self.batch_size < 1 or self.buffer_size < self.batch_size:
+            raise ValueError("hidden, batch_size must be >= 1 and buffer_size >= batch_size")
+        # Upper bounds: a model file's metadata builds the network and the buffer, so it must not be able to ask
+        # for gigabytes.
+        for name, cap in LIMITS.items():
+            if getattr(self, name) > cap:
+                raise ValueError(f"{name} must be <= {cap:,}, got {getattr(self, name):,}")
+        if self.n_step < 1 or self.train_frequency < 1 or self.target_update_interval < 1:
+            raise ValueError("n_step, train_frequency and target_update_interval must be >= 1")
+        if not (0.0 <= self.eps_end <= self.eps_start <= 1.0):
+            raise ValueError("need 0 <= eps_end <= eps_start <= 1")
+        if not (0.0 < self.exploration_fraction <= 1.0) or not (0.0 <= self.heuristic_explore <= 1.0):
+            raise ValueError("exploration_fraction must be in (0, 1] and heuristic_explore in [0, 1]")
+        self.load_scales = tuple(float(f) for f in self.load_scales)
+        self.validation_load_scales = tuple(float(f) for f in self.validation_load_scales)
+        if not self.load_scales or not self.validation_load_scales:
+            raise ValueError("load_scales and validation_load_scales must not be empty")
+        if self.gamma_tau_s <= 0 or self.learning_rate <= 0:
+            raise ValueError("gamma_tau_s and learning_rate must be > 0")
+        self.train_seed_range = tuple(int(v) for v in self.train_seed_range)  # type: ignore[assignment]
+        self.validation_seeds = tuple(int(v) for v in self.validation_seeds)
+        lo, hi = self.train_seed_range
+        if not 0 <= lo < hi or not self.validation_seeds or not 0 <= self.slo_slack < 1:
+            raise ValueError("need 0 <= train_seed_range low < high, validation_seeds, and 0 <= slo_slack < 1")
+        if any(lo <= s < hi for s in self.validation_seeds):
+            raise ValueError("validation_seeds must lie outside train_seed_range")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DQNConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward weights. Penalties are in joule-equivalents per pod-second; see the module docstring."""
+
+    slo_joules_per_pod_s: float = 200.0
+    """Cost of one pod-second served below the scenario's SLO fraction (about a large node's peak draw)."""
+    pending_joules_per_pod_s: float = 10.0
+    """Cost of one pod-second spent pending or waiting for its node to wake."""
+    scale_seconds: float = 600.0
+    """The reward unit is (largest peak watts) x scale_seconds joules."""
+    invalid_action_penalty: float = 1.0
+    """Subtracted when an infeasible node is asked for (only blind samplers do that)."""
+
+    def __post_init__(self) -> None:
+        if self.slo_joules_per_pod_s < 0 or self.pending_joules_per_pod_s < 0 or self.invalid_action_penalty < 0:
+            raise ValueError("reward penalties must be >= 0")
+        if self.scale_seconds <= 0:
+            raise ValueError("scale_seconds must be > 0")
+
+
+@dataclass
+class TrainConfig:
+    """What ``joulesched train`` trains with: the agent's hyperparameters and the reward weights."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    dqn: DQNConfig = field(default_factory=lambda: DQNConfig())
+    """The agent, replay, exploration and validation."""
+    reward: RewardConfig = field(default_factory=lambda: RewardConfig())
+    """The environment's reward weights."""
+
+    def to_dict(self) -> dict:
+        return {"dqn": self.dqn.to_dict(), "reward": asdict(self.reward)}
+
+
+_ADAPTER = TypeAdapter(TrainConfig)
+
+
+def _errors(source: str, err: ValidationError) -> ConfigError:
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg'].removeprefix('Value error, ')}"
+             for e in err.errors()]
+    return ConfigError(f"{source}: invalid training config: " + "; ".join(parts))
+
+
+def validate_config(data: Any, source: str = "config") -> TrainConfig:
+    """A :class:`TrainConfig` from plain data (a mapping with ``dqn`` and ``reward`` sections)."""
+    try:
+        return _ADAPTER.validate_python(data if data is not None else {})
+    except ValidationError as e:
+        raise _errors(source, e) from None
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read a YAML training config; unknown keys and bad values are errors naming the field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read config: {e}".replace("\n", " ")) from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: a training config is a mapping with dqn: and reward: sections")
+    return validate_config(data, str(path))
+
+
+def with_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """``cfg`` with ``section.key=value`` overrides (values parsed as YAML: ``128``, ``[1.0, 2.0]``, ``true``)."""
+    data = cfg.to_dict()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or section not in data or name not in data[section]:
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE with a key of `joulesched train "
+                              "--help` (e.g. dqn.hidden=128)")
+        try:
+            data[section][name] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            data[section][name] = raw
+    return validate_config(data, "--set")
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    """The config as the YAML ``--config`` reads."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+    return yaml.safe_dump(plain(cfg.to_dict()), sort_keys=False)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string literal under it), as CleanRL's Args documents them."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    out: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+            out[node.target.id] = " ".join(nxt.value.value.split())
+    return out
+
+
+def describe() -> list[tuple[str, Any, str]]:
+    """(``section.key``, default, description) of every knob, for ``train --help``."""
+    cfg = TrainConfig()
+    rows = []
+    for section in ("dqn", "reward"):
+        obj = getattr(cfg, section)
+        docs = field_docs(type(obj))
+        for f in fields(obj):
+            rows.append((f"{section}.{f.name}", getattr(obj, f.name), docs.get(f.name, "")))
+    return rows
+

@@ -1,0 +1,173 @@
+"""Every policy by name: our own in one table, third-party ones through the ``joulesched.policies`` entry points.
+
+The table is lazy: a row names its factory as ``module:attr`` and nothing is imported until a policy is built
+(the DQN pulls in torch, which most runs never need). Each row carries the policy's metadata, its ``family``,
+and the benchmark's policy sets are derived from it:
+
+* :data:`BASELINES`: every built-in policy that is not learned, in table order (the default benchmark set);
+* :data:`HEURISTICS`: the packing, load-, power- and sleep-aware ones, "the best heuristic" every learned
+  policy is compared with (reference.md section 7, "Fair baselines");
+* :data:`UPSTREAM_HEURISTICS`: those a kube-scheduler user can deploy today (scheduler-plugins included).
+
+A plugin is one module and one entry point in its own package::
+
+    [project.entry-points."joulesched.policies"]
+    my-packer = "my_pkg.packer:MyPacker"
+
+``MyPacker(**options)`` must return a :class:`~joulesched.agent.policy.Policy`; ``joulesched policies`` and
+``--policy my-packer:key=value`` then work as for the built-in ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from joulesched.agent.policy import Policy, PolicyError, canonical_spec, parse_spec
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "joulesched.policies"
+
+#: Families, in the order the docs list them. "kube-default" is what every ratio is taken against.
+FAMILIES = ("kube-default", "packing", "load-aware", "power-aware", "sleep-aware", "reference", "learned",
+            "third-party")
+HEURISTIC_FAMILIES = frozenset({"packing", "load-aware", "power-aware", "sleep-aware"})
+UPSTREAM_FAMILIES = frozenset({"packing", "load-aware", "power-aware"})
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """One registered policy: its name, where its factory lives, and its metadata."""
+
+    name: str
+    target: str
+    family: str
+    summary: str
+    takes_path: bool = False
+
+    def factory(self) -> Callable[..., Policy]:
+        """Import and return the factory (a class or function taking the spec's options as keywords)."""
+        module, _, attr = self.target.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise PolicyError(f"policy {self.name!r}: cannot load {self.target} ({e})") from None
+
+    def options(self) -> dict[str, Any]:
+        """The options the factory accepts, with their defaults (``path`` is the model file of NAME=PATH)."""
+        out = {}
+        for p in _params(self.factory()):
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.name in ("path", "net"):
+                continue
+            out[p.name] = None if p.default is p.empty else p.default
+        return out
+
+    def description(self) -> str:
+        """The factory's docstring, unwrapped: what ``policies --long`` prints."""
+        doc = inspect.getdoc(self.factory()) or self.summary
+        return " ".join(doc.split())
+
+
+def _builtin(name: str, target: str, family: str, summary: str, *, takes_path: bool = False) -> PolicyEntry:
+    return PolicyEntry(name, f"joulesched.agent.{target}", family, summary, takes_path)
+
+
+#: Our own policies, in the order the benchmark lists them.
+BUILTIN: tuple[PolicyEntry, ...] = (
+    _builtin("default-k8s", "baselines:DefaultK8s", "kube-default",
+             "kube-scheduler's default scoring: LeastAllocated + BalancedAllocation, exact integer formulas"),
+    _builtin("most-allocated", "baselines:MostAllocated", "packing",
+             "NodeResourcesFit MostAllocated: kube's bin-packing strategy"),
+    _builtin("requested-to-capacity-ratio", "baselines:RequestedToCapacityRatio", "packing",
+             "NodeResourcesFit RequestedToCapacityRatio with a shape (default: pack)"),
+    _builtin("target-load-packing", "baselines:TargetLoadPacking", "load-aware",
+             "scheduler-plugins TargetLoadPacking: pack on measured CPU up to a target, then spread"),
+    _builtin("peaks", "baselines:Peaks", "power-aware",
+             "PEAKS: least power increase under an exponential power model per node"),
+    _builtin("energy-greedy", "baselines:EnergyGreedy", "power-aware",
+             "least marginal watts on the node's own curve (waking a sleeping node costs its idle draw)"),
+    _builtin("round-robin", "baselines:RoundRobin", "reference", "the next feasible node, wrapping around"),
+    _builtin("random", "baselines:Random", "reference", "a uniformly random feasible node"),
+    _builtin("dqn", "dqn_policy:DQNPolicy", "learned",
+             "the trained Double DQN (dqn=MODEL): greedy on its per-node advantages", takes_path=True),
+)
+
+
+def _params(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
+def _plugins() -> dict[str, PolicyEntry]:
+    """Entry points of the ``joulesched.policies`` group; a plugin never shadows a built-in name."""
+    builtin = {e.name for e in BUILTIN}
+    out: dict[str, PolicyEntry] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in builtin:
+            log.warning("entry point %s = %s ignored: %r is a built-in policy", ep.name, ep.value, ep.name)
+            continue
+        out[ep.name] = PolicyEntry(ep.name, ep.value, "third-party", f"plugin {ep.value}")
+    return out
+
+
+def entries() -> dict[str, PolicyEntry]:
+    """Every policy by name: the built-in table, then the installed plugins."""
+    return {**{e.name: e for e in BUILTIN}, **_plugins()}
+
+
+def policy_names() -> list[str]:
+    return sorted(entries())
+
+
+def entry(name: str) -> PolicyEntry:
+    table = entries()
+    if name not in table:
+        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(table))}")
+    return table[name]
+
+
+BASELINES: list[str] = [e.name for e in BUILTIN if e.family != "learned"]
+HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in HEURISTIC_FAMILIES)
+UPSTREAM_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in UPSTREAM_FAMILIES)
+SLEEP_AWARE_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "sleep-aware")
+
+
+def family_of(spec: str) -> str:
+    """The family of a spec's policy (``most-allocated:balanced=1`` is packing); unknown names are third-party."""
+    name = parse_spec(spec)[0]
+    return next((e.family for e in BUILTIN if e.name == name), "third-party")
+
+
+def _check_options(e: PolicyEntry, factory: Callable[..., Any], opts: dict[str, str]) -> None:
+    params = _params(factory)
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return
+    known = [p.name for p in params if p.kind != p.VAR_POSITIONAL and p.name not in ("path", "net", "self")]
+    unknown = [k for k in opts if k not in known]
+    if unknown:
+        have = ", ".join(known) if known else "none"
+        raise PolicyError(f"policy {e.name!r}: unknown option {unknown[0]!r}; its options: {have}")
+
+
+def make_policy(spec: str) -> Policy:
+    """Build a policy from its spec; raises :class:`PolicyError` naming the problem (a typo lists the names)."""
+    name, opts, path = parse_spec(spec)
+    e = entry(name)
+    if path is not None and not e.takes_path and e.family != "third-party":
+        raise PolicyError(f"policy {name!r} takes no model file (NAME=PATH is for dqn); use {name}:key=value")
+    factory = e.factory()
+    _check_options(e, factory, opts)
+    try:
+        pol = factory(path=path, **opts) if path is not None else factory(**opts)
+    except TypeError as ex:
+        raise PolicyError(f"policy {name!r}: bad option ({ex})") from None
+    pol.name = canonical_spec(spec)
+    return pol

@@ -1,0 +1,42 @@
+"""The one loop of the data flow: a Policy deciding for a Backend, from the first pod to the last.
+
+    scenario → backend (twin | kube) → ClusterState → policy → placement → meter → results
+
+The same function runs a benchmark cell on the twin and the live scheduler on a cluster. Decision latency
+(filter plus policy, as kube-scheduler's scheduling attempt) is measured by the backend, which knows when
+its filtering began.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import numpy as np
+
+from joulesched.agent.policy import Policy
+from joulesched.cluster.backend import Backend
+
+R = TypeVar("R")
+
+
+def run_policy(backend: Backend[R], policy: Policy, seed: int = 0) -> R:
+    """Drive ``backend`` with ``policy`` until it has no more decisions; return the backend's result.
+
+    The policy is reset with a generator seeded by ``seed`` before its first decision, and again with the
+    same generator whenever the backend hands out a new ClusterState (a live cluster's nodes changed).
+    """
+    rng = np.random.default_rng(seed)
+    backend.begin()
+    state = None
+    reset, choose = policy.reset, policy.choose
+    nxt, bind = backend.next_decision, backend.bind
+    while (d := nxt()) is not None:
+        if d.state is not state:
+            state = d.state
+            reset(state, rng)
+        try:
+            node = choose(state, d.pod, d.mask)
+            bind(d, node)
+        except Exception as e:
+            backend.abandon(d, e)
+    return backend.result()

@@ -1,0 +1,105 @@
+"""Atomic file writes: a reader sees the old file or the whole new one, never half of it.
+
+Every output joulesched writes (results, timelines, plots, checkpoints, traces, stage records) goes through
+:func:`atomic_path`: a uniquely named temporary file in the destination's own folder (so two overlapping runs
+never share a temp name and the final rename stays on one filesystem), flushed to disk, then renamed over the
+destination. On any error the temporary file is removed and the destination is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from joulesched.core.errors import UsageError
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename is durable only once the directory entry is on disk; not every filesystem allows it.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``dest``; when the block succeeds, fsync it and rename it to ``dest``.
+
+    ``mode`` sets the file's permissions (default: what a plain ``open`` would give under the umask).
+    """
+    dest = Path(dest)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask  # mkstemp creates 0600
+        os.chmod(tmp, mode)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+        _fsync_dir(dest.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(dest: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
+    """Write ``data`` to ``dest`` atomically; returns the destination."""
+    with atomic_path(dest, mode) as tmp:
+        tmp.write_bytes(data)
+    return Path(dest)
+
+
+def atomic_write_text(dest: str | os.PathLike, text: str, mode: int | None = None) -> Path:
+    """Write ``text`` (UTF-8) to ``dest`` atomically; returns the destination."""
+    return atomic_write_bytes(dest, text.encode("utf-8"), mode)
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    return p
+
+
+def _check_creatable(folder: Path, option: str) -> None:
+    """``folder`` exists as a writable directory, or can be created where its nearest existing parent is."""
+    base = _nearest_existing(folder)
+    if not base.is_dir():
+        raise UsageError(f"{option}: {base} is not a directory, so {folder} cannot be created")
+    # A real probe: permission bits say nothing for root, a read-only mount or /proc.
+    try:
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".joulesched-probe-")
+    except OSError as e:
+        raise UsageError(f"{option}: cannot write in {base} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output_file(path: str | os.PathLike, option: str) -> Path:
+    """Fail now, before any work, if ``path`` cannot be written as a file (checked again by the write)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    _check_creatable(path.parent if str(path.parent) else Path("."), f"{option} {path}")
+    return path
+
+
+def check_output_dir(path: str | os.PathLike, option: str) -> Path:
+    """Fail now, before any work, if ``path`` cannot be used as an output folder."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path} exists and is not a directory")
+    _check_creatable(path, f"{option} {path}")
+    return path

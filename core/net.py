@@ -1,0 +1,21 @@
+"""Listen addresses as every joulesched daemon takes them: ``HOST:PORT`` or ``[V6]:PORT``."""
+
+from __future__ import annotations
+
+from joulesched.core.errors import UsageError
+
+
+def parse_listen(listen: str, option: str = "--listen") -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) to ``(host, port)``; port 0 picks a free one.
+
+    Raises :class:`~joulesched.core.errors.UsageError` (a ValueError) saying what is wrong.
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host:
+        raise UsageError(f"{option} {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host:
+        raise UsageError(f"{option} {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"{option} {listen!r}: port must be a number from 0 to 65535")
+    return host, int(port)

@@ -1,0 +1,187 @@
+"""Build and run the live daemons from their options: the scheduler (``serve``) and the extender.
+
+The CLI and the kube pipeline use the same code: a daemon is a context manager that validates every option
+before anything starts (policy spec, kubeconfig, listen address, Prometheus URL, power profiles), starts its
+threads on entry, exposes readiness as an event (caches synced, and the Lease held where leader election is
+on), and stops cleanly on exit. Nothing here sleeps for a fixed time.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.metrics_feed import DEFAULT_CPU_QUERY, DEFAULT_POWER_QUERY
+from joulesched.core.errors import JouleschedError, UsageError
+from joulesched.core.net import parse_listen
+
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+log = logging.getLogger("joulesched.live")
+
+
+class DaemonInputError(UsageError):
+    """A bad option value of `serve` or `extender`."""
+
+
+class NotReady(JouleschedError):
+    """The daemon did not become ready in time (no apiserver answer, or the Lease is held elsewhere)."""
+
+
+@dataclass
+class CacheOptions:
+    """Where the cluster cache reads from.
+
+    :param kubeconfig: a kubeconfig file; None = in-cluster service account, else $KUBECONFIG or ~/.kube/config.
+    :param context: the kubeconfig context (None: its current one).
+    :param prometheus: URL of the Prometheus with node CPU and watts; empty = request-based usage only.
+    :param cpu_query, power_query, node_label: the PromQL of the feed and the label naming the node.
+    :param power_profiles: YAML file of named power curves (a ConfigMap in a cluster).
+    :param metrics_interval: seconds between Prometheus queries.
+    """
+
+    kubeconfig: Optional[str] = None
+    context: Optional[str] = None
+    prometheus: str = ""
+    cpu_query: str = DEFAULT_CPU_QUERY
+    power_query: str = DEFAULT_POWER_QUERY
+    node_label: str = "node"
+    power_profiles: Optional[str] = None
+    metrics_interval: float = 15.0
+
+
+def check_url(url: str, option: str = "--prometheus") -> str:
+    if url and not (url.startswith("http://") or url.startswith("https://")):
+        raise DaemonInputError(f"{option} {url!r} must be an http:// or https:// URL")
+    return url.rstrip("/")
+
+
+def build_cache(opts: CacheOptions) -> KubeCache:
+    """A :class:`KubeCache` over the configured apiserver, with the Prometheus feed and power curves."""
+    from joulesched.cluster.kube.client import load_api_client
+    from joulesched.cluster.kube.metrics_feed import FeedConfig
+    from joulesched.cluster.kube.objects import CurveResolver, load_profiles
+
+    feed = FeedConfig(url=check_url(opts.prometheus or ""), cpu_query=opts.cpu_query, power_query=opts.power_query,
+                      node_label=opts.node_label, interval_s=opts.metrics_interval)
+    curves = CurveResolver(load_profiles(opts.power_profiles) if opts.power_profiles else None)
+    api = load_api_client(opts.kubeconfig, opts.context)
+    return KubeCache(api, curves=curves, feed=feed)
+
+
+def default_namespace() -> str:
+    """The pod's own namespace when running in a cluster, else ``joulesched``."""
+    try:
+        with open(SA_NAMESPACE_FILE, encoding="utf-8") as f:
+            return f.read().strip() or "joulesched"
+    except OSError:
+        return "joulesched"
+
+
+def _listen(listen: str, server_cls, *args):
+    host, port = parse_listen(listen)
+    try:
+        return server_cls(*args, host, port)
+    except OSError as e:  # the port is taken, or not ours to bind
+        raise DaemonInputError(f"cannot listen on {listen}: {e.strerror or e}") from None
+
+
+class SchedulerDaemon:
+    """``joulesched serve``: a :class:`~joulesched.live.scheduler.Scheduler` plus its /metrics and /healthz.
+
+    Everything is built (and every option checked) in the constructor; ``with`` starts it and stops it.
+    :meth:`wait_ready` blocks until the caches are synced and this replica may bind.
+    """
+
+    def __init__(self, *, policy: str, scheduler_name: str = "joulesched", listen: str = "127.0.0.1:10259",
+                 leader_elect: bool = True, lease_namespace: Optional[str] = None, bind_workers: int = 4,
+                 seed: int = 0, cache: CacheOptions | None = None) -> None:
+        from joulesched.agent.registry import make_policy
+        from joulesched.live.scheduler import Scheduler, ServeConfig, StatusServer
+
+        if not scheduler_name.strip():
+            raise DaemonInputError("--scheduler-name must not be empty")
+        parse_listen(listen)
+        pol = make_policy(policy)
+        self.policy_spec = policy
+        self.cache = build_cache(cache or CacheOptions())
+        self.cfg = ServeConfig(scheduler_name=scheduler_name, seed=seed, leader_elect=leader_elect,
+                               lease_namespace=lease_namespace or default_namespace(), bind_workers=bind_workers)
+        self.scheduler = Scheduler(self.cache, pol, self.cfg)
+        self.status = _listen(listen, StatusServer, self.scheduler.registry, self.scheduler.healthy)
+
+    @property
+    def port(self) -> int:
+        return self.status.port
+
+    def __enter__(self) -> "SchedulerDaemon":
+        log.info("scheduler %s: policy %s, identity %s, leader election %s, metrics on http://%s:%d/metrics",
+                 self.cfg.scheduler_name, self.policy_spec, self.cfg.identity,
+                 "on" if self.cfg.leader_elect else "off", self.status.httpd.server_address[0], self.port)
+        self.status.start()
+        self.scheduler.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.scheduler.stop()
+        self.status.stop()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Return once the scheduler decides and binds; raise :class:`NotReady` after ``timeout`` seconds."""
+        if not self.scheduler.ready.wait(timeout):
+            why = "the caches never synced" if not self.cache.synced else "this replica never became leader"
+            raise NotReady(f"scheduler {self.cfg.scheduler_name} not ready after {timeout:.0f} s: {why}")
+
+
+class ExtenderDaemon:
+    """``joulesched extender``: the cache and the extender's HTTP server, started and stopped together."""
+
+    def __init__(self, *, policy: str, listen: str = "127.0.0.1:8888", seed: int = 0,
+                 cache: CacheOptions | None = None) -> None:
+        from joulesched.agent.registry import make_policy
+        from joulesched.live.extender import Extender, ExtenderServer
+
+        parse_listen(listen)
+        pol = make_policy(policy)
+        self.policy_spec = policy
+        self.cache = build_cache(cache or CacheOptions())
+        self.extender = Extender(self.cache, pol, seed=seed)
+        self.server = _listen(listen, ExtenderServer, self.extender)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def __enter__(self) -> "ExtenderDaemon":
+        log.info("extender: policy %s on http://%s:%d", self.policy_spec, self.server.httpd.server_address[0],
+                 self.port)
+        self.cache.start()
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+        self.cache.stop()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        if not self.cache.wait_synced(timeout):
+            raise NotReady(f"extender caches not synced after {timeout:.0f} s")
+
+
+def wait_for_signal(stop: threading.Event | None = None) -> None:
+    """Block until SIGTERM or SIGINT (or ``stop`` is set, for tests and embedding)."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,59 @@
+"""What every `joulesched` command shares: the consoles, the error-to-exit mapping, the command line.
+
+Library code raises :class:`~joulesched.core.errors.JouleschedError` subclasses; :func:`errors` turns any of
+them into one red line on stderr and the exit code the error carries (2 for bad input, 1 for a failure at run
+time). Ctrl-C and SIGTERM exit 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from joulesched.core.errors import EXIT_INTERRUPTED, JouleschedError
+from joulesched.pipelines.progress import err
+
+# Piped output (logs, CI) gets a wide console so that tables are not truncated to 80 columns.
+out = Console(highlight=False) if sys.stdout.isatty() else Console(width=160, highlight=False)
+
+__all__ = ["EXIT_INTERRUPTED", "command_line", "err", "errors", "fail", "interrupted", "out"]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: message`` in red on stderr and exit with ``code``."""
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def errors() -> Iterator[None]:
+    """Map joulesched's own errors to one line and their exit code; nothing else is caught."""
+    try:
+        yield
+    except JouleschedError as e:
+        fail(str(e), e.exit_code)
+
+
+def command_line() -> str:
+    """The command as typed (``joulesched`` and the arguments, shell-quoted): it reproduces the run."""
+    return "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+@contextlib.contextmanager
+def interrupted(out_dir: Path) -> Iterator[None]:
+    """Ctrl-C: say what was kept and how to resume, exit 130 (stages record themselves only when complete)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted:[/yellow] {escape(str(out_dir))} is consistent: finished stages are kept, "
+                  "the interrupted one is not recorded (a cluster run deleted its pods). Re-run the same command "
+                  "to resume.", soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None

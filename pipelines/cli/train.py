@@ -1,0 +1,95 @@
+"""`joulesched train` and `joulesched test`: thin typer commands over :mod:`joulesched.pipelines.training`.
+
+Every knob of the DQN (network, replay, exploration, validation, seeds, reward weights) lives in
+:class:`joulesched.agent.config.TrainConfig`; ``--config FILE`` reads one from YAML, ``--set KEY=VALUE``
+overrides single knobs and ``--show-config`` prints the result. The epilog of ``train --help`` lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from joulesched.pipelines.cli.common import errors, fail, out
+from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite, train_scenarios
+
+DEFAULT_MODEL = Path("models/dqn.pt")
+DEFAULT_MINUTES = 5.0
+
+
+def knobs_epilog() -> str:
+    """The epilog of ``train --help``: every knob with its default and description."""
+    from joulesched.agent.config import describe
+
+    lines = ["Training knobs (--set SECTION.KEY=VALUE, or a --config YAML with dqn: and reward: sections):", ""]
+    for key, default, doc in describe():
+        lines.append(f"  {key} = {default!r}: {doc}")
+    # Typer's rich help keeps lines that end in two spaces (markdown-style line breaks) apart.
+    return "\n\n".join(lines)
+
+
+def train_cmd(
+    scenario: Annotated[Optional[list[Path]], typer.Option(
+        "--scenario", "-s", help="Scenario YAML to train on (repeat for a mix; a repeated file gets more episodes). "
+        "Default: heterogeneous-sleep, heterogeneous twice, homogeneous (tiny and large stay unseen).")] = None,
+    model: Annotated[Path, typer.Option(help="Model file (safetensors, whatever the extension). Created if "
+                                        "missing.")] = DEFAULT_MODEL,
+    minutes: Annotated[Optional[float], typer.Option(
+        help=f"Train for this many minutes of wall time. Default: {DEFAULT_MINUTES:g} when --steps is not given.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Train for this many decisions (environment steps).")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        "--config", help="Training config YAML (dqn: and reward: sections; see the knobs below).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Override one knob, e.g. --set dqn.hidden=128 (repeatable; applied after --config).")] = None,
+    show_config: Annotated[bool, typer.Option(
+        "--show-config", help="Print the resolved config as YAML and exit without training.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue training an existing model.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing model instead of "
+                                            "refusing.")] = False,
+    seed: Annotated[int, typer.Option(min=0, help="Seed for the network, exploration and episode sampling.")] = 0,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+) -> None:
+    """Train the DQN scheduler on the twin; writes the model, NAME.json, NAME.curve.csv and NAME.curve.png."""
+    from joulesched.agent.config import TrainConfig, dump_config, load_config, with_overrides
+    from joulesched.pipelines.training import train
+
+    if minutes is not None and steps is not None:
+        fail("give --minutes or --steps, not both")
+    with errors():
+        cfg = load_config(config) if config is not None else None
+        if set_:
+            cfg = with_overrides(cfg or TrainConfig(), set_)
+        if show_config:
+            out.print(dump_config(cfg or TrainConfig()), end="", soft_wrap=True)
+            return
+        if minutes is None and steps is None:
+            minutes = DEFAULT_MINUTES
+        s = train(scenario or train_scenarios(), model, minutes=minutes, steps=steps, resume=resume,
+                  overwrite=overwrite, seed=seed, progress=progress, config=cfg)
+    out.print(f"wrote {s.model} ({s.steps:,} steps this run, {s.total_steps:,} in all, {s.episodes} episodes, "
+              f"{s.wall_s:.0f} s); best validation score {s.best_validation_score:.4f} at step {s.best_step:,}")
+    out.print(f"training curve: {s.curve_csv}" + (f", {s.curve_png}" if s.curve_png else ""))
+
+
+def test_cmd(
+    model: Annotated[Path, typer.Option(help="Model file to evaluate.", show_default=display(SHIPPED_MODEL))]
+    = SHIPPED_MODEL,
+    scenario: Annotated[Optional[list[Path]], typer.Option(
+        "--scenario", "-s", help="Scenario YAML (repeat). Default: the standard suite in scenarios/.")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Workloads per scenario (seeds scenario.seed + 0..N-1).")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    bound: Annotated[bool, typer.Option("--bound/--no-bound", help="Also compute the offline lower bound.")] = True,
+) -> None:
+    """Evaluate a model greedily (epsilon = 0) beside every baseline and print the table."""
+    from joulesched.pipelines.training import evaluate, format_table
+
+    with errors():
+        res = evaluate(model, scenario or standard_suite(), seeds, lower=bound)
+    if as_json:
+        typer.echo(json.dumps(res, indent=2, sort_keys=True))
+    else:
+        out.print(format_table(res), soft_wrap=True)
+
