@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from joulesched.agent.checkpoint import load_network
+from joulesched.agent.checkpoint import feature_names, load_network
 from joulesched.agent.dqn import QNetwork
 from joulesched.agent.features import FeatureBuilder
 from joulesched.agent.policy import NodeScores, PolicyError, Scorer
@@ -59,12 +59,30 @@ class DQNPolicy:
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
         self._feat = FeatureBuilder(state)
 
-    def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores:
-        """The advantage of each candidate (what the greedy choice maximises)."""
+    def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray, top: int = 3) -> NodeScores:
+        """Each candidate's Q-value and advantage (the greedy choice maximises the advantage, which ranks nodes as
+        Q does), and the ``top`` features that moved its advantage most: gradient x value, signed, per feature
+        (the contribution relative to an all-zero row)."""
+        if self._feat is None or not self._feat.matches(state):
+            self._feat = FeatureBuilder(state)
         mask = np.zeros(len(state), dtype=bool)
         mask[idx] = True
-        a = self.scores(state, pod, mask)[idx]
-        return NodeScores(idx, {"Advantage": (1, a)}, a)
+        rows = torch.from_numpy(self._feat.build(state, pod, mask).copy())
+        with torch.inference_mode():
+            q = self.net(rows[None], torch.from_numpy(mask)[None])[0].numpy().astype(np.float64)
+        x = rows[torch.from_numpy(idx)].clone().requires_grad_(True)
+        with torch.enable_grad():
+            adv = self.net.advantages(x)
+            adv.sum().backward()  # rows are scored independently, so each row's gradient is its own
+        contrib = (x.grad * x).detach().numpy()
+        a = adv.detach().numpy().astype(np.float64)
+        names = feature_names()
+        feats = []
+        for k in range(len(idx)):
+            order = np.argsort(-np.abs(contrib[k]))[:top]
+            feats.append([{"name": names[j], "value": float(x.detach()[k, j]), "contribution": float(contrib[k, j])}
+                          for j in order])
+        return NodeScores(idx, {"Q": (1, q[idx]), "Advantage": (1, a)}, a, feats)
 
     @torch.inference_mode()
     def scores(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> np.ndarray:

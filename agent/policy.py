@@ -31,13 +31,14 @@ class NodeScores:
 
     ``plugins`` maps a score's name to ``(weight, per-candidate values)``; ``total`` is what the policy
     maximises (higher is better), aligned with ``idx``. ``features`` optionally names the inputs behind each
-    candidate's score (a learned policy's top features), as ``[(name, value), ...]`` per candidate.
+    candidate's score (a learned policy's top features), as ``[{"name", "value", "contribution"}, ...]`` per
+    candidate.
     """
 
     idx: np.ndarray
     plugins: dict[str, tuple[float, np.ndarray]]
     total: np.ndarray
-    features: list[list[tuple[str, float]]] | None = None
+    features: list[list[dict]] | None = None
 
 
 class Scorer(Protocol):

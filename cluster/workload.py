@@ -11,10 +11,12 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 from joulesched.cluster.scenario import Scenario, ScenarioError, Synthetic
+from joulesched.core.fsio import atomic_path
 
 TRACE_COLUMNS = ("submit_s", "duration_s", "cpu_request_m", "memory_request_mib", "cpu_usage_m")
 NO_REQUEST = -1
@@ -110,17 +112,22 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
     return wl
 
 
-def write_trace(wl: Workload, path: str | Path) -> None:
-    """Write ``wl`` as a trace CSV that :func:`load_trace` reads back to the same pods."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(TRACE_COLUMNS)
-        for s, d, c, m, u in zip(wl.submit_s.tolist(), wl.duration_s.tolist(), wl.cpu_req.tolist(),
-                                 wl.mem_req.tolist(), wl.usage_m.tolist()):
-            w.writerow((repr(s), repr(d), "" if c < 0 else c, "" if m < 0 else m, repr(u)))
-    tmp.replace(path)
+def write_trace(wl: Workload, dest: str | Path | TextIO) -> None:
+    """Write ``wl`` as a trace CSV that :func:`load_trace` reads back to the same pods: to a file (atomically)
+    or to an open text stream such as stdout."""
+    if not isinstance(dest, (str, Path)):
+        _write_rows(wl, dest)
+        return
+    with atomic_path(dest) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
+        _write_rows(wl, fh)
+
+
+def _write_rows(wl: Workload, fh: TextIO) -> None:
+    w = csv.writer(fh)
+    w.writerow(TRACE_COLUMNS)
+    for s, d, c, m, u in zip(wl.submit_s.tolist(), wl.duration_s.tolist(), wl.cpu_req.tolist(),
+                             wl.mem_req.tolist(), wl.usage_m.tolist()):
+        w.writerow((repr(s), repr(d), "" if c < 0 else c, "" if m < 0 else m, repr(u)))
 
 
 def _parse_cell(path: Path, lineno: int, col: str, cell: str) -> float:

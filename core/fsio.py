@@ -29,11 +29,13 @@ def _fsync_dir(folder: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
-    """Yield a temporary path beside ``dest``; when the block succeeds, fsync it and rename it to ``dest``.
+    """Yield a temporary path beside ``dest`` (creating its folder); when the block succeeds, fsync it and
+    rename it to ``dest``.
 
     ``mode`` sets the file's permissions (default: what a plain ``open`` would give under the umask).
     """
     dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)  # an output path names its folder too: create it
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(tmp_name)

@@ -8,15 +8,12 @@ specs, model files) are validated before anything is written.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +26,8 @@ from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import check_output_dir
+from joulesched.pipelines.pool import process_pool
+from joulesched.pipelines.stats import t_halfwidth
 
 RESULTS_VERSION = 1
 
@@ -157,9 +156,8 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
         for task, metrics, tl in _ray_map(tasks, ray_address):
             collect(task, metrics, tl)
     elif jobs > 1:
-        # spawn, not fork: a parent that imported torch must not fork its thread pools.
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
-            for task, metrics, tl in ex.map(_run_task, tasks):
+        with process_pool(jobs) as pool:  # in task order, so results.json is the same for any --jobs
+            for task, metrics, tl in pool.imap(_run_task, tasks):
                 collect(task, metrics, tl)
     else:
         for task in tasks:
@@ -192,12 +190,6 @@ def _label(sc: Scenario) -> str:
     return sc.source.stem if sc.source else sc.name
 
 
-def _ci95(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    return 1.96 * float(np.std(values, ddof=1)) / math.sqrt(len(values))
-
-
 def summarize(doc: dict) -> dict:
     """Per scenario and policy: means across seeds, energy ratios against default-k8s and the lower bound."""
     by_name: dict[str, list[dict]] = {}
@@ -223,7 +215,7 @@ def summarize(doc: dict) -> dict:
             if "default-k8s" in doc["policies"]:
                 ratios = [v["energy_joules"] / e["policies"]["default-k8s"]["energy_joules"] for v, e in zip(vals, entries)]
                 row["energy_vs_default"] = float(np.mean(ratios))
-                row["energy_vs_default_ci95"] = _ci95(ratios)
+                row["energy_vs_default_ci95"] = t_halfwidth(ratios)
             rows[pol] = row
         heur = [h for h in rows if family_of(h) in HEURISTIC_FAMILIES]
         if heur:
@@ -232,7 +224,7 @@ def summarize(doc: dict) -> dict:
             for pol in doc["policies"]:
                 r = [e["policies"][pol]["energy_joules"] / b for e, b in zip(entries, best)]
                 rows[pol]["energy_vs_best_heuristic"] = float(np.mean(r))
-                rows[pol]["energy_vs_best_heuristic_ci95"] = _ci95(r)
+                rows[pol]["energy_vs_best_heuristic_ci95"] = t_halfwidth(r)
         out[name] = {"seeds": len(entries), "lower_bound_joules": float(np.mean([e["lower_bound_joules"] for e in entries])),
                      "policies": rows}
     return out

@@ -98,7 +98,7 @@ def explain(policy: Policy, st: ClusterState, pod: PodRequest, seed: int = 0) ->
             row["weights"] = {pl: w for pl, (w, _) in scores.plugins.items()}
             row["total"] = _num(scores.total[k])
             if scores.features is not None:
-                row["features"] = [[n, round(float(v), 4)] for n, v in scores.features[k]]
+                row["features"] = scores.features[k]
         nodes.append(row)
     out = {"policy": policy.name, "pod": {"cpu_m": pod.cpu_m, "memory_mib": pod.memory_mib},
            "nodes": nodes, "chosen": st.names[chosen] if chosen is not None else None}

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from joulesched.core.errors import UsageError
+from joulesched.core.fsio import check_output_dir
 from joulesched.pipelines.benchmark import RESULTS_VERSION, write_outputs
 from joulesched.pipelines.report import write_report
 from joulesched.pipelines.stages import Stage, StageRunner
@@ -232,7 +233,7 @@ def summarize_kube(doc: dict) -> dict:
             row["latency_p99_ms"] = float(v["latency_p99_ms"])
             if ref and ref["energy_joules"] > 0:
                 row["energy_vs_default"] = v["energy_joules"] / ref["energy_joules"]
-                row["energy_vs_default_ci95"] = 0.0
+                row["energy_vs_default_ci95"] = None  # one measured run: no interval
             rows[pol] = row
         out[e["name"]] = {"seeds": 1, "lower_bound_joules": None, "policies": rows}
     return out
@@ -286,6 +287,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     from joulesched.workloads.load.results import check_url
     from joulesched.workloads.manifests import APPS
 
+    check_output_dir(out, "--out")
     if not kubeconfig:
         raise KubePipelineError("--env kube needs --kubeconfig FILE")
     if not prometheus_url:

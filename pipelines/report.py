@@ -59,28 +59,39 @@ def _plot_energy_ratio(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_energy_vs_slo(doc: dict, path: Path) -> None:
+def _plot_energy_vs_service(doc: dict, path: Path) -> None:
+    """Energy against mean pending time (and against SLO violations when any policy has some): the cost in
+    service quality of each policy's saving. Pending time keeps the plot readable when no pod misses its SLO."""
     summ, policies = doc["summary"], doc["policies"]
     ref = "default-k8s" if "default-k8s" in policies else policies[0]
-    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    slo = any((r["slo_violation_rate"] or 0) > 0 for s in summ.values() for r in s["policies"].values())
+    panels = [("mean_pending_s", "mean pending time per pod (s)", 1.0)]
+    if slo:
+        panels.append(("slo_violation_rate", "pods violating their SLO (%)", 100.0))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels) + 2, 4.2), squeeze=False, sharey=True)
     markers = "osD^v<>p*h"
-    for j, n in enumerate(summ):
-        for p in policies:
-            r = summ[n]["policies"][p]
-            ax.scatter(100 * r["slo_violation_rate"], r["energy_joules"] / summ[n]["policies"][ref]["energy_joules"],
-                       color=_color(policies, p), marker=markers[j % len(markers)], s=40,
-                       label=p if j == 0 else None)
-        ax.scatter([], [], color="black", marker=markers[j % len(markers)], label=n)
-    ax.set_xlabel("pods violating their SLO (%)")
-    ax.set_ylabel(f"energy / {ref}")
-    ax.set_title("Energy against service quality (bottom left is best)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    for ax, (key, label, scale) in zip(axes[0], panels):
+        for j, n in enumerate(summ):
+            for p in policies:
+                r = summ[n]["policies"][p]
+                ax.scatter(scale * (r[key] or 0.0), r["energy_joules"] / summ[n]["policies"][ref]["energy_joules"],
+                           color=_color(policies, p), marker=markers[j % len(markers)], s=40,
+                           label=p if j == 0 and ax is axes[0][-1] else None)
+            if ax is axes[0][-1]:
+                ax.scatter([], [], color="black", marker=markers[j % len(markers)], label=n)
+        # Pending times span orders of magnitude (0.1 s for a spreader, minutes for a packer that waits for
+        # wake-ups): a symmetric log axis keeps zero and both ends visible.
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel(label)
+    axes[0][0].set_ylabel(f"energy / {ref}")
+    fig.suptitle("Energy against service quality (bottom left is best)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _plot_power(doc: dict, tl: dict, i: int, name: str, path: Path) -> bool:
+def _plot_power(doc: dict, tl: dict, i: int, name: str, path: Path, seed: int) -> bool:
     policies = doc["policies"]
     key = f"{i}/bin_s"
     if key not in tl:
@@ -95,7 +106,7 @@ def _plot_power(doc: dict, tl: dict, i: int, name: str, path: Path) -> bool:
         ax.plot(t, w / 1000, lw=1.1, label=p, color=_color(policies, p))
         ax2.plot(t, tl[f"{i}/{p}/awake"], lw=1.0, color=_color(policies, p))
     ax.set_ylabel("cluster power (kW)")
-    ax.set_title(f"{name}: power over time (seed 0)")
+    ax.set_title(f"{name}: power over time (workload seed {seed})")
     ax.legend(fontsize=7, ncol=3)
     ax2.set_ylabel("nodes awake")
     ax2.set_xlabel("time (h)")
@@ -105,7 +116,7 @@ def _plot_power(doc: dict, tl: dict, i: int, name: str, path: Path) -> bool:
     return True
 
 
-def _plot_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, path: Path) -> bool:
+def _plot_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, path: Path, seed: int) -> bool:
     policies = doc["policies"]
     summ = doc["summary"][name]["policies"]
     best = min(policies, key=lambda p: summ[p]["energy_joules"])
@@ -131,7 +142,7 @@ def _plot_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, path: Path) 
         else:
             ax.set_ylabel("node")
     fig.colorbar(im, ax=axes[0].tolist(), label="CPU utilisation")
-    fig.suptitle(f"{name}: per-node utilisation (seed 0)")
+    fig.suptitle(f"{name}: per-node utilisation (workload seed {seed})")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -197,16 +208,17 @@ code{background:#f4f4f4;padding:1px 4px}
 <h1>joulesched benchmark</h1>
 <p class="meta">{{ header }}<br>{{ n_scen }} scenario(s) &times; {{ seeds }} seed(s) &times; {{ policies|length }} policies,
 run in {{ "%.1f"|format(wall_s) }} s. Generated {{ when }}.{% if command %}<br>Command: <code>{{ command }}</code>{% endif %}</p>
-<p>Energy ratios are per seed, then averaged; the &plusmn; is a 95% interval across seeds. The lower bound is the
-clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no policy can use less.</p>
+<p>Energy ratios are per seed, then averaged; the &plusmn; is the half-width of a 95% Student-t interval over the n
+seeds shown (none with one seed). The lower bound is the clairvoyant fluid relaxation of
+<code>docs/lower-bound.md</code>: no policy can use less.</p>
 <h2>Energy relative to default-k8s</h2>
 <img src="plots/energy_ratio.png" alt="energy ratio per policy and scenario">
-<img src="plots/energy_vs_slo.png" alt="energy against SLO violations">
+<img src="plots/energy_vs_service.png" alt="energy against mean pending time and SLO violations">
 {% if training_curve %}<h2>Training curve</h2>
 <img src="plots/training_curve.png" alt="DQN training curve">{% endif %}
 {% for s in scenarios %}
 <h2>{{ s.name }}</h2>
-<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods; {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.</p>
+<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods, n = {{ s.n }} seed(s) (workload seeds {{ s.seeds }}); {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.</p>
 <table><tr><th>policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
 <th>mean throttling</th><th>mean pending (s)</th><th>never placed</th><th>decision p99 (&micro;s)</th></tr>
 {% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td>{{ r.policy }}</td><td>{{ r.energy }}</td>
@@ -220,6 +232,14 @@ clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no policy can 
 """
 
 
+def _ratio(row: dict, key: str) -> str:
+    """``0.712 ± 0.031`` (Student-t 95 % half-width), or the mean alone when there is no interval."""
+    if key not in row or row[key] is None:
+        return "—"
+    ci = row.get(f"{key}_ci95")
+    return f"{row[key]:.3f}" + (f" ± {ci:.3f}" if ci is not None else "")
+
+
 def write_report(out: Path, header: str = "Measured on the embedded twin (simulated cluster).") -> Path:
     """Render ``out/report.html`` and ``out/plots/*.png`` from ``out/results.json`` and its timelines."""
     out = Path(out)
@@ -231,7 +251,7 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
     plots = out / "plots"
     plots.mkdir(exist_ok=True)
     _plot_energy_ratio(doc, plots / "energy_ratio.png")
-    _plot_energy_vs_slo(doc, plots / "energy_vs_slo.png")
+    _plot_energy_vs_service(doc, plots / "energy_vs_service.png")
     first_index = {}
     for e in doc["scenarios"]:
         first_index.setdefault(e["name"], len(first_index))
@@ -239,10 +259,12 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
     for name, s in doc["summary"].items():
         i = first_index[name]
         entry = next(e for e in doc["scenarios"] if e["name"] == name)
+        seeds = [e.get("seed") for e in doc["scenarios"] if e["name"] == name]
         images = []
-        if _plot_power(doc, tl, i, name, plots / f"power_{i}.png"):
+        # Timelines are recorded on the scenario's first workload seed (the entry listed first).
+        if _plot_power(doc, tl, i, name, plots / f"power_{i}.png", entry.get("seed", 0)):
             images.append(f"power_{i}.png")
-        if _plot_util(doc, tl, nodes, i, name, plots / f"util_{i}.png"):
+        if _plot_util(doc, tl, nodes, i, name, plots / f"util_{i}.png", entry.get("seed", 0)):
             images.append(f"util_{i}.png")
         if doc.get("env") == "kube":
             if _plot_node_power(entry, doc["policies"], name, plots / f"node_power_{i}.png"):
@@ -252,22 +274,15 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
         best = min(s["policies"], key=lambda p: s["policies"][p]["energy_joules"])
         rows = []
         for p, r in s["policies"].items():
-            vs = "—"
-            if "energy_vs_default" in r:
-                vs = f"{r['energy_vs_default']:.3f}"
-                if s["seeds"] > 1:
-                    vs += f" ± {r['energy_vs_default_ci95']:.3f}"
-            vh = "—"
-            if "energy_vs_best_heuristic" in r:
-                vh = f"{r['energy_vs_best_heuristic']:.3f}"
-                if s["seeds"] > 1:
-                    vh += f" ± {r['energy_vs_best_heuristic_ci95']:.3f}"
+            vs = _ratio(r, "energy_vs_default")
+            vh = _ratio(r, "energy_vs_best_heuristic")
             rows.append({"policy": p, "energy": fmt_energy(r["energy_joules"]), "vs_default": vs, "vs_heur": vh,
                          "vs_lb": r.get("energy_vs_lower_bound"), "slo": 100 * r["slo_violation_rate"],
                          "thr": None if r["mean_throttling"] is None else 100 * r["mean_throttling"],
                          "pending": r["mean_pending_s"],
                          "uns": r["unschedulable_pods"], "p99": r["decision_us_p99"], "best": p == best})
-        scen.append({"name": name, "nodes": entry["nodes"], "pods": entry["pods"],
+        scen.append({"name": name, "nodes": entry["nodes"], "pods": entry["pods"], "n": s["seeds"],
+                     "seeds": ", ".join(str(x) for x in seeds),
                      "lb": fmt_energy(s["lower_bound_joules"]) if s.get("lower_bound_joules") else None, "rows": rows, "images": images})
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     page = env.from_string(_TEMPLATE).render(

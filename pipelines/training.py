@@ -36,6 +36,7 @@ from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import check_output_file
 from joulesched.pipelines.progress import progress_bar
+from joulesched.pipelines.stats import mean_ci
 
 
 class TrainError(UsageError):
@@ -257,7 +258,20 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
                 entry["lower_bound_joules"] = lb.joules
                 entry["ratio_vs_lower_bound"] = e / lb.joules
             out["scenarios"].append(entry)
+    out["summary"] = _summary(out["scenarios"])
     return out
+
+
+RATIOS = ("ratio_vs_default", "ratio_vs_best_heuristic", "ratio_vs_lower_bound")
+
+
+def _summary(entries: list[dict]) -> dict:
+    """Per scenario, each DQN ratio's mean over the seeds with its Student-t 95 % half-width and n."""
+    by_name: dict[str, list[dict]] = {}
+    for e in entries:
+        by_name.setdefault(e["name"], []).append(e)
+    return {name: {k: mean_ci([e[k] for e in es]) for k in RATIOS if all(k in e for e in es)}
+            for name, es in by_name.items()}
 
 
 def format_table(result: dict) -> str:
@@ -278,6 +292,12 @@ def format_table(result: dict) -> str:
             extra.append(f"dqn / lower bound = {s['ratio_vs_lower_bound']:.3f}")
         if extra:
             lines.append("  " + "; ".join(extra))
+    for name, ratios in result.get("summary", {}).items():
+        if any(r["n"] > 1 for r in ratios.values()):
+            parts = [f"{k.removeprefix('ratio_vs_').replace('_', ' ')} {r['mean']:.3f}"
+                     + (f" ± {r['ci95']:.3f}" if r["ci95"] is not None else "") for k, r in ratios.items()]
+            n = max(r["n"] for r in ratios.values())
+            lines.append(f"{name}, dqn over {n} seeds (mean ± Student-t 95 %): " + "; ".join(parts))
     return "\n".join(lines)
 
 

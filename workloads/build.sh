@@ -52,17 +52,8 @@ trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/wheels"
 cp "$wheelhouse"/*.whl "$ctx/wheels/"
 tar -C "$repo" --exclude=__pycache__ -cf - workloads | tar -C "$ctx" -xf -
-# The joulesched wheel, built from a copy of the package folders (pyproject.toml lists them), so the build
-# leaves nothing behind in the checkout.
-src="$ctx/src"
-mkdir -p "$src"
-cp "$repo/pyproject.toml" "$repo/README.md" "$src/"
-for pkg in $("$python" -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb"));
-print(" ".join(sorted({p.split(".")[1] for p in d["tool"]["setuptools"]["packages"]})))' "$repo/pyproject.toml"); do
-  tar -C "$repo" --exclude=__pycache__ -cf - "$pkg" | tar -C "$src" -xf -
-done
-"$python" -m pip wheel --quiet --no-deps --wheel-dir "$ctx/wheels" "$src" >&2
-rm -rf "$src"
+# The joulesched wheel itself (installed in the image without its dependencies).
+PYTHON="$python" "$repo/scripts/build-wheel.sh" "$ctx/wheels"
 
 for app in "${apps[@]}"; do
   echo "building $prefix/$app:$tag from $base" >&2

@@ -7,6 +7,7 @@ same manifests run under kube-scheduler or joulesched.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -69,6 +70,19 @@ def container_args(app: str) -> list[str]:
     return args
 
 
+#: A Kubernetes resource quantity (apimachinery's resource.Quantity): a decimal number with an optional
+#: binary (Ki..Ei), decimal (m, k, M..E) or exponent suffix.
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+
+
+def check_quantity(value: str, what: str) -> str:
+    """``value`` if it is a valid Kubernetes quantity (``500m``, ``2``, ``1Gi``), else ValueError naming it."""
+    if not _QUANTITY.match(value):
+        raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 500m or 2 for cpu, 512Mi or 1Gi for "
+                         "memory)")
+    return value
+
+
 def render(
     app: str,
     *,
@@ -83,6 +97,10 @@ def render(
         raise ValueError(f"unknown app {app!r}; expected one of {', '.join(APPS)}")
     if not scheduler_name:
         raise ValueError("scheduler_name must not be empty")
+    if cpu_request is not None:
+        check_quantity(cpu_request, "--cpu-request")
+    if memory_request is not None:
+        check_quantity(memory_request, "--memory-request")
     name = f"joulesched-{app}"
     lab = labels(app)
     cpu, mem = DEFAULT_REQUESTS[app]

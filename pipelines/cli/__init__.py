@@ -10,9 +10,24 @@ The root :data:`app` is assembled on first use, so that importing one command mo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"joulesched {version('joulesched')}")
+        raise typer.Exit()
+
+
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the installed version and exit.")] = False,
+) -> None:
+    """Energy-aware Kubernetes scheduling: twin, baselines, DQN, power metering, workloads."""
 
 
 def build_app() -> typer.Typer:
@@ -26,6 +41,7 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
+    app.callback()(_root)
     app.registered_commands.extend(bench.app.registered_commands)
     app.command("pipeline")(pipeline.pipeline)
     app.command("train", epilog=train.knobs_epilog())(train.train_cmd)
@@ -52,5 +68,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a run the way Ctrl-C does: workers torn down, exit 130
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     __getattr__("app")()

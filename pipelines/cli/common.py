@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,7 +54,10 @@ def interrupted(out_dir: Path) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        err.print(f"[yellow]interrupted:[/yellow] {escape(str(out_dir))} is consistent: finished stages are kept, "
-                  "the interrupted one is not recorded (a cluster run deleted its pods). Re-run the same command "
-                  "to resume.", soft_wrap=True)
+        # We are on the way out: a second Ctrl-C (or a SIGTERM) must not cut the exit short or print a traceback.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        err.print(f"[yellow]interrupted:[/yellow] {escape(str(out_dir))} is consistent: nothing half-written is "
+                  "left (results are written only when complete; a pipeline keeps its finished stages, and a cluster "
+                  "run deleted its pods). Re-run the same command to resume.", soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -194,6 +194,7 @@ def calibrate(
     """Fit an 11-point power curve (0..100 % CPU) and write it as a node group scenarios can include."""
     import socket
 
+    from joulesched.core.fsio import check_output_file
     from joulesched.power.calibrate import (
         CalibrationError,
         fit_curve,
@@ -204,6 +205,8 @@ def calibrate(
         write_profile,
     )
 
+    with errors():
+        check_output_file(out_path, "--out")  # before minutes of measuring, not after
     facts = host_facts(str(proc_root))
     try:
         if from_samples is not None:

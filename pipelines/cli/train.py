@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from joulesched.pipelines.cli.common import errors, fail, out
+from joulesched.pipelines.cli.common import errors, fail, interrupted, out
 from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite, train_scenarios
 
 DEFAULT_MODEL = Path("models/dqn.pt")
@@ -58,7 +58,7 @@ def train_cmd(
 
     if minutes is not None and steps is not None:
         fail("give --minutes or --steps, not both")
-    with errors():
+    with errors(), interrupted(model.parent):
         cfg = load_config(config) if config is not None else None
         if set_:
             cfg = with_overrides(cfg or TrainConfig(), set_)

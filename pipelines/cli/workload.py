@@ -6,6 +6,7 @@ Bad input prints one line on stderr and exits 2; a driver that cannot run exits 
 from __future__ import annotations
 
 import json
+import shutil
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -45,6 +46,11 @@ def serve(
     cart_url: Annotated[Optional[str], typer.Option(help="Shop: the cart service's URL (orders).")] = None,
     default_ms: Annotated[float, typer.Option(help="CPU ms of work the test app's /test does.")] = 10.0,
     access_log: Annotated[bool, typer.Option(help="Log every request to stderr.")] = False,
+    net_allow: Annotated[Optional[list[str]], typer.Option(
+        "--net-allow", envvar="JOULESCHED_NET_ALLOW",
+        help="Blockers: where net_target may point (repeat; IP network, host name or *.suffix). Replaces the "
+             "default: 127.0.0.0/8, ::1/128, localhost, *.svc, *.svc.cluster.local. Link-local and metadata "
+             "addresses are always refused.")] = None,
 ) -> None:
     """Serve one app on HOST:PORT until SIGINT/SIGTERM; every running load is stopped on the way out."""
     from joulesched.core.net import parse_listen
@@ -75,9 +81,14 @@ def serve(
         except ValueError as exc:
             _fail(str(exc))
     else:
+        from joulesched.workloads.egress import DEFAULT_ALLOW, EgressError, NetAllow
         from joulesched.workloads.service import BlockerService, create_app
 
-        service = BlockerService(app.value, scratch_dir)
+        try:
+            allow = NetAllow(net_allow if net_allow else DEFAULT_ALLOW)
+        except EgressError as exc:
+            _fail(str(exc))
+        service = BlockerService(app.value, scratch_dir, net_allow=allow)
         flask_app = create_app(service)
         on_exit = service.shutdown
     try:
@@ -95,10 +106,18 @@ def _check_target(url: str) -> None:
         _fail(str(exc))
 
 
-def _emit(result: Any, as_json: bool) -> None:
+MaxErrorOpt = Annotated[float, typer.Option(
+    "--max-error-rate", min=0.0, max=1.0,
+    help="Exit 1 when more than this share of requests failed (the target is down or overloaded).")]
+
+
+def _emit(result: Any, as_json: bool, max_error_rate: float = 1.0) -> None:
     from joulesched.workloads.load.results import format_table
 
     typer.echo(result.model_dump_json(indent=2) if as_json else format_table(result))
+    if result.error_rate > max_error_rate:
+        _fail(f"{result.error_rate:.0%} of {result.requests} requests failed (more than --max-error-rate "
+              f"{max_error_rate:.0%}): is {result.target} up?", code=1)
 
 
 @load_app.command()
@@ -108,10 +127,11 @@ def jmeter(
     threads: Annotated[int, typer.Option(min=1, max=10_000, help="Concurrent JMeter threads.")] = 10,
     rampup: Annotated[int, typer.Option(min=0, max=3600, help="Seconds to start all threads.")] = 1,
     duration: Annotated[int, typer.Option(min=1, max=86_400, help="Seconds the thread group runs (then JMeter stops).")] = 10,
-    jmeter_bin: Annotated[str, typer.Option("--jmeter", help="JMeter executable.")] = "jmeter",
+    jmeter_bin: Annotated[str, typer.Option("--jmeter", help="JMeter executable (a name on PATH or a path).")] = "jmeter",
     launcher: Annotated[str, typer.Option(help="auto | jmeter | debian-2.13 (see workloads/jmeter/xstream-allow.bsh).")] = "auto",
     workdir: Annotated[Optional[Path], typer.Option(help="Keep results.jtl and jmeter.log here (default: a temp dir, removed).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    max_error_rate: MaxErrorOpt = 0.5,
 ) -> None:
     """Run JMeter headless against TARGET and report p50/p95/p99 latency, throughput and error rate."""
     from joulesched.workloads.load import jmeter as driver
@@ -121,13 +141,16 @@ def jmeter(
         _fail(f"--launcher {launcher!r}: expected auto, jmeter or debian-2.13")
     if not plan.is_file():
         _fail(f"--plan {plan} not found")
+    if shutil.which(jmeter_bin) is None:
+        _fail(f"--jmeter {jmeter_bin!r} is not an executable (not found on PATH or not executable); install JMeter "
+              "(Debian: apt-get install jmeter jmeter-http) or give its path")
     _check_target(target)
     try:
         result = driver.run(target, plan=plan, threads=threads, rampup_s=rampup, duration_s=duration,
                             jmeter_bin=jmeter_bin, launcher=launcher, workdir=workdir)  # type: ignore[arg-type]
     except DriverError as exc:
         _fail(str(exc), code=1)
-    _emit(result, as_json)
+    _emit(result, as_json, max_error_rate)
 
 
 @load_app.command()
@@ -138,6 +161,7 @@ def locust(
     duration: Annotated[int, typer.Option(min=1, max=86_400, help="Seconds to run.")] = 10,
     workdir: Annotated[Optional[Path], typer.Option(help="Keep Locust's per-request samples here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    max_error_rate: MaxErrorOpt = 0.5,
 ) -> None:
     """Run Locust headless against TARGET; same report as `load jmeter`, for machines without Java."""
     from joulesched.workloads.load import locust as driver
@@ -148,7 +172,7 @@ def locust(
         result = driver.run(target, users=users, spawn_rate=spawn_rate, duration_s=duration, workdir=workdir)
     except DriverError as exc:
         _fail(str(exc), code=1)
-    _emit(result, as_json)
+    _emit(result, as_json, max_error_rate)
 
 
 @load_app.command()

@@ -1,0 +1,71 @@
+"""Worker processes for benchmark cells that stop at once: one Ctrl-C (or SIGTERM) ends them all.
+
+Workers are spawned (never forked: a parent that imported torch must not fork its thread pools) and ignore
+SIGINT from their first instruction on (:func:`_quiet_start`), so a terminal's Ctrl-C reaches only the parent. There the KeyboardInterrupt terminates the pool and is
+raised again; while the pool is being torn down further Ctrl-Cs and SIGTERMs are ignored, so a second one
+cannot interrupt the cleanup and leave orphans behind (the hang a plain ProcessPoolExecutor shows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from multiprocessing import get_context
+from multiprocessing.pool import Pool
+
+
+def _worker_init() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _quiet_start() -> Iterator[list[int]]:
+    """While the workers are being spawned, SIGINT is ignored: an ignored disposition survives fork and exec, so
+    each worker's Python starts with Ctrl-C ignored and a terminal's Ctrl-C to the process group cannot kill it
+    half-way through its imports. A SIGTERM meanwhile is held and replayed once the pool exists. (A Ctrl-C in
+    this window of a few milliseconds is dropped; the next one is not.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    got: list[int] = []
+    saved_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    saved_term = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, saved_int)
+        signal.signal(signal.SIGTERM, saved_term)
+
+
+@contextlib.contextmanager
+def process_pool(jobs: int) -> Iterator[Pool]:
+    """A pool of ``jobs`` spawned workers; on any exception (Ctrl-C included) every worker is terminated."""
+    with _quiet_start() as held:
+        pool = get_context("spawn").Pool(jobs, initializer=_worker_init)
+    try:
+        if held:
+            raise KeyboardInterrupt
+        yield pool
+    except BaseException:
+        with _signals_ignored():
+            pool.terminate()
+            pool.join()
+        raise
+    else:
+        pool.close()
+        pool.join()

@@ -1,0 +1,55 @@
+"""`joulesched validate`: a scenario checked without running it, and what it will do that a user should know.
+
+Errors (a malformed file, field or trace) raise :class:`~joulesched.cluster.scenario.ScenarioError` as loading
+does. Warnings are facts that hold for every policy, so none of them depends on which scheduler runs:
+
+* pods whose requests exceed every node's allocatable can never be placed;
+* when the pods present at once (each running from its arrival for its duration) request more CPU or memory
+  than the whole cluster has, pods must wait whatever the scheduler does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from joulesched.cluster.scenario import load_scenario
+from joulesched.cluster.workload import Workload, build_workload
+
+
+def _peak_concurrent(wl: Workload, req: np.ndarray) -> tuple[float, float]:
+    """The largest total of ``req`` over pods present at once if each ran from arrival for its duration, and
+    when it happens."""
+    r = np.maximum(req, 0).astype(np.float64)
+    t = np.concatenate((wl.submit_s, wl.submit_s + wl.duration_s))
+    d = np.concatenate((r, -r))
+    order = np.lexsort((d, t))  # departures before arrivals at the same instant
+    level = np.cumsum(d[order])
+    k = int(np.argmax(level))
+    return float(level[k]), float(t[order][k])
+
+
+def check_scenario(path: str | Path) -> dict:
+    """Load ``path`` (raising on errors) and return ``{file, name, nodes, pods, warnings}``."""
+    sc = load_scenario(path)
+    wl = build_workload(sc)
+    cpu = np.array([g.cpu_m for g in sc.nodes for _ in range(g.count)], dtype=np.int64)
+    mem = np.array([g.memory_mib for g in sc.nodes for _ in range(g.count)], dtype=np.int64)
+    warnings = []
+    fits = np.zeros(len(wl), dtype=bool)
+    for c, m in {(int(g.cpu_m), int(g.memory_mib)) for g in sc.nodes}:
+        fits |= (np.maximum(wl.cpu_req, 0) <= c) & (np.maximum(wl.mem_req, 0) <= m)
+    if (~fits).any():
+        n = int((~fits).sum())
+        big_c, big_m = int(np.max(wl.cpu_req[~fits])), int(np.max(wl.mem_req[~fits]))
+        warnings.append(f"{n} of {len(wl)} pods fit no node even when it is empty (up to {big_c}m CPU, "
+                        f"{big_m} MiB requested; the largest node has {int(cpu.max())}m, {int(mem.max())} MiB): "
+                        "they will never be placed")
+    for what, req, cap, unit in (("CPU", wl.cpu_req, cpu.sum(), "m"), ("memory", wl.mem_req, mem.sum(), " MiB")):
+        peak, at = _peak_concurrent(wl, np.where(fits, req, 0))
+        if peak > cap:
+            warnings.append(f"at t={at:.0f} s the pods present request {peak:.0f}{unit} {what}, "
+                            f"{100 * peak / cap:.0f} % of the cluster's {int(cap)}{unit}: every policy leaves pods "
+                            "pending there")
+    return {"file": str(path), "name": sc.name, "nodes": sc.node_count, "pods": len(wl), "warnings": warnings}

@@ -1,0 +1,144 @@
+"""What a newcomer hits in the first hour: every bad input refused before any work, with one line and exit 2;
+no silent acceptance; the conveniences (--version, policies --long, explain for the DQN, -o -)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from joulesched.pipelines.cli import app
+from joulesched.pipelines.stats import t_halfwidth
+from tests.pipelines.test_cli import SNAPSHOT
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "scenarios" / "tiny.yaml")
+runner = CliRunner()
+
+
+def _one_line_exit_2(r, needle: str) -> None:
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert needle in text, text
+    assert "Traceback" not in r.output
+
+
+def test_version():
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and re.fullmatch(r"joulesched \d+\.\d+\.\d+\S*\n", r.stdout)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["trace", "-s", TINY, "-o", "x.csv", "--seed", "-1"], "--seed"),
+    (["explain", "--snapshot", "s.json", "--seed", "-3"], "--seed"),
+    (["train", "-s", TINY, "--steps", "5", "--seed", "-1"], "--seed"),
+    (["benchmark", "-s", TINY, "--seeds", "0"], "--seeds"),
+    (["benchmark", "-s", TINY, "-p", "default-k8s:"], "followed by key=value"),
+    (["benchmark", "-s", TINY, "-p", "target-load-packing:y=3"], "unknown option 'y'; its options: pct, x"),
+    (["demo", "--model", "typo.pt"], "--model typo.pt does not exist"),
+    (["workload", "manifest", "cpu", "--cpu-request", "lots"], "is not a Kubernetes quantity"),
+    (["load", "jmeter", "--target", "http://127.0.0.1:9/x", "--jmeter", "/nonexistent"], "--jmeter '/nonexistent'"),
+])
+def test_bad_options_exit_2_naming_the_option(args, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _one_line_exit_2(runner.invoke(app, args), needle)
+
+
+def test_unwritable_outputs_fail_before_any_work(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    # Each of these used to run (train for minutes, benchmark the suite) and only then fail on the write.
+    for args, needle in [
+        (["train", "-s", TINY, "--steps", "100000", "--model", str(a_file / "m.pt")], "is not a directory"),
+        (["benchmark", "-s", TINY, "--out", str(a_file)], "exists and is not a directory"),
+        (["trace", "-s", TINY, "-o", "/proc/x.csv"], "cannot write in /proc"),
+        (["benchmark", "-s", TINY, "--out", "/proc/out"], "cannot write in /proc"),
+    ]:
+        _one_line_exit_2(runner.invoke(app, args), needle)
+    assert a_file.read_text() == "x"
+
+
+def test_trace_to_stdout_and_into_a_new_folder(tmp_path):
+    r = runner.invoke(app, ["trace", "-s", TINY, "-o", "-"])
+    assert r.exit_code == 0 and r.stdout.startswith("submit_s,duration_s,")
+    assert len(r.stdout.splitlines()) == 1 + 183 and not Path("-").exists()
+    deep = tmp_path / "missing" / "dir" / "p.csv"
+    r = runner.invoke(app, ["trace", "-s", TINY, "-o", str(deep)])
+    assert r.exit_code == 0 and deep.read_text() == runner.invoke(app, ["trace", "-s", TINY, "-o", "-"]).stdout
+
+
+def test_no_report_prints_no_report_path(tmp_path):
+    r = runner.invoke(app, ["benchmark", "-s", TINY, "-p", "default-k8s", "--out", str(tmp_path), "--no-report"])
+    assert r.exit_code == 0 and "report:" not in r.stdout and "results:" in r.stdout
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_validate_warns_about_pods_that_fit_no_node_and_inevitable_queueing(tmp_path):
+    sc = yaml.safe_load(Path(TINY).read_text())
+    sc["nodes"] = [{"name_prefix": "small", "count": 1, "cpu_m": 500, "memory_mib": 2048,
+                    "power_watts": "hp-ml110-g4"}]
+    p = tmp_path / "small.yaml"
+    p.write_text(yaml.safe_dump(sc))
+    r = runner.invoke(app, ["validate", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    (found,) = json.loads(r.stdout)
+    assert any("fit no node" in w for w in found["warnings"])
+    assert any("every policy leaves pods pending" in w for w in found["warnings"])
+    ok = json.loads(runner.invoke(app, ["validate", TINY, "--json"]).stdout)
+    assert ok[0]["warnings"] == []
+
+
+def test_policies_long_and_json():
+    rows = json.loads(runner.invoke(app, ["policies", "--json"]).stdout)
+    by = {r["name"]: r for r in rows}
+    assert by["target-load-packing"]["options"] == {"pct": "0", "x": "40"}
+    assert by["default-k8s"]["family"] == "kube-default" and "LeastAllocated" in by["default-k8s"]["description"]
+    assert by["dqn"]["takes_model_file"] is True
+    human = runner.invoke(app, ["policies", "--long"])
+    assert human.exit_code == 0 and "x=40" in human.stdout
+
+
+def test_explain_shows_a_dqns_q_values_and_top_features(tmp_path):
+    p = tmp_path / "snap.json"
+    p.write_text(json.dumps(SNAPSHOT))
+    model = ROOT / "models" / "small.pt"
+    r = runner.invoke(app, ["explain", "--snapshot", str(p), "--policy", f"dqn={model}", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    feasible = [n for n in res["nodes"] if n["feasible"]]
+    assert len(feasible) == 2
+    for n in feasible:
+        assert set(n["scores"]) == {"Q", "Advantage"} and len(n["features"]) == 3
+        assert all({"name", "value", "contribution"} <= set(f) for f in n["features"])
+    # The chosen node is the one with the highest advantage (and Q: they rank nodes alike).
+    best = max(feasible, key=lambda n: n["scores"]["Advantage"])
+    assert res["chosen"] == best["name"] == max(feasible, key=lambda n: n["scores"]["Q"])["name"]
+    human = runner.invoke(app, ["explain", "--snapshot", str(p), "--policy", f"dqn={model}"])
+    assert human.exit_code == 0 and "top features" in human.stdout
+
+
+def test_intervals_are_student_t_with_n():
+    # n = 2: t(0.975, 1) = 12.706, so the half-width is 12.706 * s / sqrt(2), not 1.96 * s / sqrt(2).
+    assert t_halfwidth([1.0, 2.0]) == pytest.approx(12.7062 * 0.70711 / 1.41421, rel=1e-4)
+    assert t_halfwidth([1.0]) is None
+
+
+def test_no_help_shows_a_raw_type_tag():
+    for args in (["--help"], ["benchmark", "--help"], ["train", "--help"], ["serve", "--help"],
+                 ["pipeline", "--help"], ["power", "exporter", "--help"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0
+        assert not re.search(r"<(bool|int|str|path|float|list\[[^\]]*\])", r.stdout), (args, r.stdout)
+
+
+def test_train_help_lists_every_knob_with_its_default():
+    from joulesched.agent.config import describe
+
+    text = " ".join(runner.invoke(app, ["train", "--help"]).stdout.replace("│", " ").split())
+    for key, default, _ in describe():
+        assert f"{key} = {default!r}" in text, key
+    assert "Default: 5 when --steps is not given" in text

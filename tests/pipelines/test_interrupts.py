@@ -1,0 +1,68 @@
+"""Ctrl-C and SIGTERM stop a parallel run at once: workers gone, exit 130, the output folder consistent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CMD = [sys.executable, "-m", "joulesched.pipelines.cli", "benchmark", "-s", str(ROOT / "scenarios" / "large.yaml"),
+       "-s", str(ROOT / "scenarios" / "homogeneous.yaml"), "--seeds", "3", "--jobs", "2", "--no-report"]
+
+
+def _start(out: Path) -> tuple[subprocess.Popen, float]:
+    proc = subprocess.Popen([*CMD, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    # Wait until both workers exist and are busy, so the signals land mid-run, not during start-up.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        if len([k for k in kids if "spawn_main" in " ".join(k.cmdline())]) >= 2:
+            break
+        time.sleep(0.05)
+    return proc, time.monotonic()
+
+
+def _check_stopped(proc: subprocess.Popen, t0: float, out: Path) -> None:
+    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    try:
+        _, stderr = proc.communicate(timeout=5 + 1)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the run did not exit within 5 s of the interrupt")
+    assert time.monotonic() - t0 < 8, "exit took longer than 5 s"  # 5 s goal plus this test's own polling
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr, stderr
+    time.sleep(0.2)
+    assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    # Consistent: nothing was written (results come only when complete), no temp files left.
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+
+
+def test_two_sigints_50_ms_apart_stop_a_parallel_benchmark_20_times(tmp_path):
+    for k in range(20):
+        out = tmp_path / f"run{k}"
+        proc, _ = _start(out)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it: to the whole process group
+        t0 = time.monotonic()
+        time.sleep(0.05)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        _check_stopped(proc, t0, out)
+
+
+def test_sigterm_stops_a_parallel_benchmark(tmp_path):
+    out = tmp_path / "run"
+    proc, _ = _start(out)
+    proc.send_signal(signal.SIGTERM)  # to the parent only, as a supervisor sends it
+    _check_stopped(proc, time.monotonic(), out)
