@@ -18,8 +18,6 @@ not fit the network.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import DQN, QNetwork
 from joulesched.agent.features import CONTEXT_FEATURES, NODE_FEATURES, POD_FEATURES, SCHEMA_VERSION
 from joulesched.agent.policy import PolicyError
+from joulesched.core.fsio import atomic_path, atomic_write_text
 
 FORMAT = "joulesched-dqn"
 FORMAT_VERSION = 1
@@ -71,18 +70,9 @@ def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict |
         "features": feature_names(), "config": agent.cfg.to_dict(), "reward": reward or {},
         "training": {**training, "updates": agent.updates},
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a model is an ordinary file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with atomic_path(path) as tmp:  # a model is an ordinary file: the umask's mode, not mkstemp's 0600
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -66,6 +66,14 @@ def atomic_write_text(dest: str | os.PathLike, text: str, mode: int | None = Non
     return atomic_write_bytes(dest, text.encode("utf-8"), mode)
 
 
+def atomic_savefig(fig, dest: str | os.PathLike, **savefig_kw) -> Path:
+    """A matplotlib figure saved to ``dest`` atomically, in the format its suffix names (default PNG)."""
+    fmt = savefig_kw.pop("format", None) or (Path(dest).suffix.lstrip(".") or "png")
+    with atomic_path(dest) as tmp:
+        fig.savefig(tmp, format=fmt, **savefig_kw)
+    return Path(dest)
+
+
 def _nearest_existing(path: Path) -> Path:
     p = path
     while not p.exists():

@@ -7,6 +7,7 @@ never break the YAML. `validate` runs `cloud-init schema` when the binary exists
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -28,32 +29,86 @@ def _render(template: str, **values) -> str:
     return _env.get_template(template).render(**values)
 
 
+FETCH_CA_KEY = TEMPLATES / "fetch-ca-key.py"
+#: The line a master prints on its serial console once kubeadm made (or loaded) the CA: public, the pin.
+CA_HASH_MARKER = "JOULESCHED-CA-CERT-HASH "
+_CA_HASH = re.compile(re.escape(CA_HASH_MARKER) + r"(sha256:[0-9a-f]{64})\b")
+
+
 def render_kube_node(*, role: str, hostname: str, ssh_authorized_keys: list[str], kubeadm: KubeadmConfig,
-                     token: str, ca_cert_pem: str, ca_key_pem: str = "", ca_cert_hash: str = "",
-                     master_address: str = "", advertise_address: str = "") -> str:
-    """user-data for a kubeadm master (`role="master"`, needs the CA key) or worker (needs the CA hash)."""
+                     token: str, ca_cert_pem: str = "", ca_key_parameter: str = "", aws_region: str = "",
+                     ca_cert_hash: str = "", master_address: str = "", advertise_address: str = "") -> str:
+    """user-data for a kubeadm master or worker. No private key ever goes in.
+
+    A master either lets ``kubeadm init`` make the cluster CA (the default; its hash appears on the serial
+    console, see :func:`ca_hash_from_console`), or, given ``ca_cert_pem`` with ``ca_key_parameter`` and
+    ``aws_region``, fetches that CA's key from SSM Parameter Store through its instance role before init.
+    A worker needs the CA's hash (``sha256:...``) and the master's address."""
     if role not in ("master", "worker"):
         raise ValueError(f"role must be master or worker, got {role!r}")
-    if role == "master" and not ca_key_pem:
-        raise ValueError("a master needs the cluster CA key")
+    if role == "master" and bool(ca_cert_pem) != bool(ca_key_parameter and aws_region):
+        raise ValueError("a master given a CA certificate needs ca_key_parameter and aws_region (its key comes "
+                         "from SSM), and one without lets kubeadm make the CA")
+    if "PRIVATE KEY" in ca_cert_pem:
+        raise ValueError("ca_cert_pem holds a private key; user-data must never carry one")
     if role == "worker" and not (ca_cert_hash.startswith("sha256:") and master_address):
         raise ValueError("a worker needs ca_cert_hash (sha256:...) and master_address")
+    cni_url, cni_sha256 = kubeadm.cni_manifest()
     return _render("kube-node.yaml.j2", role=role, hostname=hostname, admin_user=ADMIN_USER,
                    ssh_authorized_keys=ssh_authorized_keys, kubernetes_minor=kubeadm.kubernetes_minor,
-                   pod_network_cidr=kubeadm.pod_network_cidr, cni=kubeadm.cni,
-                   calico_version=kubeadm.calico_version, token=token, ca_cert_pem=ca_cert_pem,
-                   ca_key_pem=ca_key_pem, ca_cert_hash=ca_cert_hash, master_address=master_address,
-                   advertise_address=advertise_address)
+                   pod_network_cidr=kubeadm.pod_network_cidr, cni=kubeadm.cni, cni_url=cni_url,
+                   cni_sha256=cni_sha256, token=token, ca_cert_pem=ca_cert_pem if role == "master" else "",
+                   ca_key_parameter=ca_key_parameter if role == "master" else "", aws_region=aws_region,
+                   fetch_ca_key_script=FETCH_CA_KEY.read_text(), ca_cert_hash=ca_cert_hash,
+                   master_address=master_address, advertise_address=advertise_address)
 
 
-def render_power_host(*, hostname: str, ssh_authorized_keys: list[str], host_key_private: str = "",
-                      host_key_public: str = "") -> str:
-    """user-data for a bare host Ansible configures; pass a per-run ed25519 host key pair to pin it."""
-    if bool(host_key_private) != bool(host_key_public):
-        raise ValueError("give both halves of the host key or neither")
+def ca_hash_from_console(text: str) -> str | None:
+    """The CA hash a master printed on its serial console (:data:`CA_HASH_MARKER`), or None if not yet."""
+    m = _CA_HASH.search(text)
+    return m.group(1) if m else None
+
+
+def wait_for_ca_hash(console_log: str | Path, timeout_s: float, alive=lambda: True, poll_s: float = 1.0) -> str:
+    """Poll a master's serial console log until it prints the CA hash; GuestError-like RuntimeError on timeout.
+
+    The console is the guest's own output, written by QEMU on the host: only public values come back this way.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    path = Path(console_log)
+    while True:
+        try:
+            found = ca_hash_from_console(path.read_text(errors="replace"))
+        except OSError:
+            found = None
+        if found:
+            return found
+        if not alive():
+            raise CaHashTimeout(f"the master stopped before printing its CA hash; see {path}")
+        if time.monotonic() > deadline:
+            raise CaHashTimeout(f"the master printed no CA hash within {timeout_s:.0f} s; see {path}")
+        time.sleep(poll_s)
+
+
+def render_power_host(*, hostname: str, ssh_authorized_keys: list[str]) -> str:
+    """user-data for a bare host Ansible configures. The host makes its own SSH host keys on first boot and
+    prints the public halves on its serial console, where a client reads them to pin the host
+    (:func:`host_keys_from_console`); no host private key is ever in user-data."""
     return _render("power-host.yaml.j2", hostname=hostname, admin_user=ADMIN_USER,
-                   ssh_authorized_keys=ssh_authorized_keys, host_key_private=host_key_private,
-                   host_key_public=host_key_public)
+                   ssh_authorized_keys=ssh_authorized_keys)
+
+
+_HOST_KEYS = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
+_PUBKEY = re.compile(r"\b(ssh-ed25519|ecdsa-sha2-nistp(?:256|384|521)|ssh-rsa) ([A-Za-z0-9+/]+={0,3})")
+
+
+def host_keys_from_console(text: str) -> list[str]:
+    """``["ssh-ed25519 AAAA...", ...]``: the host public keys cloud-init printed on the serial console (its
+    keys_to_console module), for a known_hosts file; empty until the block has been printed."""
+    m = _HOST_KEYS.search(text.replace("\r", ""))
+    return [f"{t} {b}" for t, b in _PUBKEY.findall(m.group(1))] if m else []
 
 
 def render_meta_data(*, hostname: str, user_data: str) -> str:
@@ -68,6 +123,10 @@ def render_network_config(*, address: str, gateway: str, dns: str) -> str:
 
 class SchemaUnavailable(JouleschedError, RuntimeError):
     pass
+
+
+class CaHashTimeout(JouleschedError, RuntimeError):
+    """A master never printed its CA hash on the console (kubeadm init failed, or is still running)."""
 
 
 def validate(user_data: str) -> None:

@@ -19,6 +19,19 @@ from joulesched.core.errors import UsageError
 PROJECT = "joulesched"
 TARGETS = ("cluster", "kvm", "aws")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: An image reference (the distribution grammar, simplified): [registry[:port]/]path[:tag][@sha256:digest].
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REF = re.compile(rf"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*"
+                       r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+
+
+def check_image(value: str) -> str | None:
+    """Why ``value`` is not an image reference (``repo/name:tag``, ``repo/name@sha256:<64 hex>`` or both), or
+    None when it is one."""
+    if not IMAGE_REF.match(value):
+        return (f"{value!r} is not an image reference (registry/name:tag, or pinned: "
+                "registry/name@sha256:<64 hex digits>)")
+    return None
 DEFAULT_APPS = ("cpu", "memory", "disk", "network", "testapp")
 
 
@@ -78,12 +91,14 @@ class ClusterConfig:
     namespace: str
     image: str
     power_exporter: PowerExporterConfig
+    power_namespace: str = ""  # the exporters' own namespace; "" means "<namespace>-power"
     prometheus: str = "manifests"
     prometheus_image: str = "quay.io/prometheus/prometheus:v2.53.2"
     helm_chart_version: str = "65.1.1"
     node_exporter_image: str = "quay.io/prometheus/node-exporter:v1.8.2"
     workload_image_prefix: str = "joulesched"
     workload_tag: str = "latest"
+    workload_images: tuple[tuple[str, str], ...] = ()  # (app, full reference): digests pin an app's image
     apps: tuple[str, ...] = DEFAULT_APPS
     scheduler_name: str = "joulesched"
     scheduler_replicas: int = 2
@@ -92,16 +107,51 @@ class ClusterConfig:
     prometheus_url: str | None = None
     kube_context: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.power_namespace:
+            object.__setattr__(self, "power_namespace", f"{self.namespace}-power")
+
 
 # -------------------------------------------------------------------------------------------------- vm targets
+#: The CNI manifests a master applies (as cluster-admin): pinned versions and the SHA-256 of each file, checked
+#: before `kubectl apply`. Another version needs its own checksum (``cniManifestSha256``).
+CNI_PINS = {
+    "calico": ("v3.28.1", "3349111bfb38ded7c5ddd60018aa1d36f315c4a64902e1c18adba632634c5cf7"),
+    "flannel": ("v0.25.6", "e6e1a291dad04625de6aee5ab4352a9652f376d02b5bce39c357892ec10dd1e5"),
+}
+CNI_URLS = {
+    "calico": "https://raw.githubusercontent.com/projectcalico/calico/{version}/manifests/calico.yaml",
+    "flannel": "https://raw.githubusercontent.com/flannel-io/flannel/{version}/Documentation/kube-flannel.yml",
+}
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
 @dataclass(frozen=True)
 class KubeadmConfig:
-    """What every kubeadm guest installs (containerd from the distro, kubeadm from pkgs.k8s.io)."""
+    """What every kubeadm guest installs (containerd from the distro, kubeadm from pkgs.k8s.io).
+
+    :param cni_sha256: SHA-256 of the CNI manifest; empty means the pinned one of :data:`CNI_PINS`, which only
+        exists for the pinned version."""
 
     kubernetes_minor: str = "v1.30"
     pod_network_cidr: str = "192.168.0.0/16"
     cni: str = "calico"
-    calico_version: str = "v3.28.1"
+    calico_version: str = CNI_PINS["calico"][0]
+    flannel_version: str = CNI_PINS["flannel"][0]
+    cni_sha256: str = ""
+
+    @property
+    def cni_version(self) -> str:
+        return self.calico_version if self.cni == "calico" else self.flannel_version
+
+    def cni_manifest(self) -> tuple[str, str]:
+        """(URL, SHA-256) of the CNI manifest; ValueError when the version has no known checksum."""
+        pinned_version, pinned_sha = CNI_PINS[self.cni]
+        sha = self.cni_sha256 or (pinned_sha if self.cni_version == pinned_version else "")
+        if not SHA256.match(sha):
+            raise ValueError(f"{self.cni} {self.cni_version} has no pinned checksum; give cniManifestSha256 "
+                             f"(sha256sum of {CNI_URLS[self.cni].format(version=self.cni_version)})")
+        return CNI_URLS[self.cni].format(version=self.cni_version), sha
 
 
 @dataclass(frozen=True)
@@ -224,9 +274,21 @@ class _Collector:
             pod_network_cidr=self.opt("podNetworkCidr", d.pod_network_cidr),
             cni=self.choice("cni", d.cni, ("calico", "flannel")),
             calico_version=self.opt("calicoVersion", d.calico_version),
+            flannel_version=self.opt("flannelVersion", d.flannel_version),
+            cni_sha256=self.opt("cniManifestSha256", "").lower(),
         )
         if not re.match(r"^v1\.\d+$", k.kubernetes_minor):
             self.problems.append(f"{PROJECT}:kubernetesVersion must look like v1.30, got {k.kubernetes_minor!r}")
+        for key, v in (("calicoVersion", k.calico_version), ("flannelVersion", k.flannel_version)):
+            if not re.match(r"^v\d+\.\d+\.\d+$", v):
+                self.problems.append(f"{PROJECT}:{key} must be a release like v3.28.1, got {v!r}")
+        if k.cni_sha256 and not SHA256.match(k.cni_sha256):
+            self.problems.append(f"{PROJECT}:cniManifestSha256 must be 64 hex digits")
+        elif k.cni in CNI_PINS:
+            try:
+                k.cni_manifest()
+            except ValueError as e:
+                self.problems.append(f"{PROJECT}:cniManifestSha256: {e}")
         self.cidr("podNetworkCidr", k.pod_network_cidr)
         return k
 
@@ -246,11 +308,31 @@ def _apps(c: _Collector) -> tuple[str, ...]:
     return tuple(raw)
 
 
+def _workload_images(c: _Collector) -> tuple[tuple[str, str], ...]:
+    from joulesched.workloads.manifests import APPS
+
+    raw = c.r.get_object("workloadImages")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        c.problems.append(f"{PROJECT}:workloadImages must map app names to image references")
+        return ()
+    for app, ref in raw.items():
+        if app not in APPS:
+            c.problems.append(f"{PROJECT}:workloadImages: unknown app {app!r}; choose from {', '.join(APPS)}")
+        elif (why := check_image(ref)) is not None:
+            c.problems.append(f"{PROJECT}:workloadImages.{app}: {why}")
+    return tuple(sorted(raw.items()))
+
+
 def _cluster(c: _Collector) -> ClusterConfig:
     image = c.required("image", "registry.example.com/joulesched:0.1.0")
     ns = c.opt("namespace", "joulesched")
     if not DNS_LABEL.match(ns):
         c.problems.append(f"{PROJECT}:namespace must be a DNS label, got {ns!r}")
+    power_ns = c.opt("powerNamespace", f"{ns}-power")
+    if c.r.get("powerNamespace") and (not DNS_LABEL.match(power_ns) or power_ns == ns):
+        c.problems.append(f"{PROJECT}:powerNamespace must be a DNS label other than the namespace, got {power_ns!r}")
     sched_args = c.r.get_object("schedulerExtraArgs")
     if sched_args is not None and not (isinstance(sched_args, list) and all(isinstance(a, str) for a in sched_args)):
         c.problems.append(f"{PROJECT}:schedulerExtraArgs must be a list of strings")
@@ -270,8 +352,9 @@ def _cluster(c: _Collector) -> ClusterConfig:
     prometheus_url = c.opt_none("prometheusUrl")
     if prometheus_url and not re.match(r"^https?://", prometheus_url):
         c.problems.append(f"{PROJECT}:prometheusUrl needs a scheme (http:// or https://), got {prometheus_url!r}")
-    return ClusterConfig(
+    cfg = ClusterConfig(
         namespace=ns,
+        power_namespace=power_ns,
         image=image,
         power_exporter=PowerExporterConfig(
             image=c.opt("powerExporterImage", image),
@@ -285,6 +368,7 @@ def _cluster(c: _Collector) -> ClusterConfig:
         node_exporter_image=c.opt("nodeExporterImage", d.node_exporter_image),
         workload_image_prefix=c.opt("workloadImagePrefix", d.workload_image_prefix),
         workload_tag=c.opt("workloadTag", d.workload_tag),
+        workload_images=_workload_images(c),
         apps=_apps(c),
         scheduler_name=name,
         scheduler_replicas=c.integer("schedulerReplicas", d.scheduler_replicas, 0, 5),
@@ -293,6 +377,14 @@ def _cluster(c: _Collector) -> ClusterConfig:
         prometheus_url=prometheus_url,
         kube_context=c.opt_none("kubeContext"),
     )
+    for key, ref in (("image", cfg.image), ("powerExporterImage", cfg.power_exporter.image),
+                     ("prometheusImage", cfg.prometheus_image), ("nodeExporterImage", cfg.node_exporter_image)):
+        if ref and (why := check_image(ref)) is not None:
+            c.problems.append(f"{PROJECT}:{key}: {why}")
+    if not re.match(r"^[\w][\w.-]{0,127}$", cfg.workload_tag):
+        c.problems.append(f"{PROJECT}:workloadTag must be a tag such as 0.1.0 (pin digests with workloadImages), "
+                          f"got {cfg.workload_tag!r}")
+    return cfg
 
 
 def _kvm(c: _Collector) -> KvmConfig:

@@ -8,7 +8,12 @@ One ComponentResource per unit, each with its own type token, children parented 
 - `Monitoring`     Prometheus: our own Deployment (`manifests`) or kube-prometheus-stack (`helm`)
 - `Workloads`      the blocker and test apps, from the same manifests `joulesched workload` renders
 - `Scheduler`      `joulesched serve` and its least-privilege RBAC, from deploy/kubernetes/ (not forked)
-- `ClusterTarget`  the namespace and all of the above
+- `ClusterTarget`  the namespaces and all of the above
+
+Two namespaces: the power and node exporters need the host (hostPath, and uid 0 to read ``energy_uj``), which
+only the ``privileged`` Pod Security level admits, so they live in ``<namespace>-power`` and nothing else does;
+everything else (scheduler, Prometheus, workloads) runs in ``<namespace>`` under ``restricted``. NetworkPolicies
+let only Prometheus reach the exporters' and the scheduler's ports.
 """
 
 from __future__ import annotations
@@ -41,15 +46,38 @@ def _meta(name: str, namespace: str, labels: dict[str, str], **extra) -> dict:
     return {"name": name, "namespace": namespace, "labels": labels, **extra}
 
 
+#: Pods that scrape: our Prometheus, or kube-prometheus-stack's.
+PROMETHEUS_NAMES = ["joulesched-prometheus", "prometheus"]
+
+
+def scrape_only_policy(name: str, namespace: pulumi.Input[str], labels: dict[str, str], port: int,
+                       prometheus_namespace: str, opts: pulumi.ResourceOptions):
+    """A NetworkPolicy isolating the pods named ``labels``: only Prometheus pods in ``prometheus_namespace`` reach
+    ``port`` (kubelet probes come from the node, which NetworkPolicies always allow)."""
+    return k8s.networking.v1.NetworkPolicy(
+        name, metadata=_meta(labels["app.kubernetes.io/name"], namespace, labels),
+        spec={"podSelector": {"matchLabels": {"app.kubernetes.io/name": labels["app.kubernetes.io/name"]}},
+              "policyTypes": ["Ingress"],
+              "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {
+                  "kubernetes.io/metadata.name": prometheus_namespace}},
+                  "podSelector": {"matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In",
+                                                        "values": PROMETHEUS_NAMES}]}}],
+                  "ports": [{"protocol": "TCP", "port": port}]}]},
+        opts=opts)
+
+
 class PowerExporter(pulumi.ComponentResource):
-    """The power exporter on every node.
+    """The power exporter on every node, with the narrowest privileges that still read RAPL.
 
     Root inside the container only so it can read `energy_uj` (root-only since Linux 5.10); every capability is
-    dropped, so it can read what root owns and nothing else. `msr=True` adds CAP_SYS_RAWIO and /dev/cpu.
+    dropped, so it can read what root owns and nothing else: no CAP_DAC_OVERRIDE, no ptrace, no raw I/O. Two
+    read-only hostPaths (powercap and /proc, which lists the host's processes whatever the pod's PID namespace,
+    so no hostPID), no ServiceAccount token, a read-only root filesystem, seccomp RuntimeDefault, and only
+    Prometheus may connect. `msr=True` adds CAP_SYS_RAWIO and /dev/cpu.
     """
 
     def __init__(self, name: str, *, namespace: pulumi.Input[str], cfg: PowerExporterConfig,
-                 opts: pulumi.ResourceOptions | None = None):
+                 prometheus_namespace: str = "joulesched", opts: pulumi.ResourceOptions | None = None):
         super().__init__("joulesched:cluster:PowerExporter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         labels = _labels("power-exporter")
@@ -84,7 +112,6 @@ class PowerExporter(pulumi.ComponentResource):
                     "spec": {
                         "serviceAccountName": "joulesched-power-exporter",
                         "automountServiceAccountToken": False,
-                        "hostPID": True,  # pod attribution reads /proc/PID/cgroup of every host process
                         "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
                         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                         "containers": [{
@@ -112,11 +139,13 @@ class PowerExporter(pulumi.ComponentResource):
             spec={"clusterIP": "None", "selector": {"app.kubernetes.io/name": labels["app.kubernetes.io/name"]},
                   "ports": [{"name": "metrics", "port": cfg.port, "targetPort": "metrics"}]},
             opts=child)
+        self.network_policy = scrape_only_policy(f"{name}-netpol", namespace, labels, cfg.port, prometheus_namespace,
+                                                 child)
         self.register_outputs({"daemonset": self.daemonset.metadata["name"]})
 
 
 class NodeExporter(pulumi.ComponentResource):
-    def __init__(self, name: str, *, namespace: pulumi.Input[str], image: str,
+    def __init__(self, name: str, *, namespace: pulumi.Input[str], image: str, prometheus_namespace: str = "joulesched",
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("joulesched:cluster:NodeExporter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -158,11 +187,14 @@ class NodeExporter(pulumi.ComponentResource):
                 },
             },
             opts=child)
+        self.network_policy = scrape_only_policy(f"{name}-netpol", namespace, labels, 9100, prometheus_namespace,
+                                                 child)
         self.register_outputs({"daemonset": self.daemonset.metadata["name"]})
 
 
-def prometheus_config(namespace: str) -> str:
-    """prometheus.yml for the `manifests` mode: scrape annotated pods in our namespace."""
+def prometheus_config(namespace: str | list[str]) -> str:
+    """prometheus.yml for the `manifests` mode: scrape annotated pods in our namespaces."""
+    namespaces = [namespace] if isinstance(namespace, str) else list(namespace)
     relabel = [
         {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "action": "keep",
          "regex": "true"},
@@ -178,7 +210,7 @@ def prometheus_config(namespace: str) -> str:
         "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
         "scrape_configs": [{
             "job_name": "joulesched-pods",
-            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
+            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": namespaces}}],
             "relabel_configs": relabel,
         }],
     }
@@ -190,10 +222,11 @@ class Monitoring(pulumi.ComponentResource):
     `mode="helm"`: kube-prometheus-stack via helm.v3.Release, with its own node-exporter turned off (ours runs)."""
 
     def __init__(self, name: str, *, namespace: str, mode: str, image: str, chart_version: str,
-                 opts: pulumi.ResourceOptions | None = None):
+                 scrape_namespaces: tuple[str, ...] = (), opts: pulumi.ResourceOptions | None = None):
         super().__init__("joulesched:cluster:Monitoring", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         labels = _labels("prometheus")
+        scraped = [namespace, *[n for n in scrape_namespaces if n != namespace]]
         if mode == "helm":
             self.release = k8s.helm.v3.Release(
                 f"{name}-kps",
@@ -206,7 +239,7 @@ class Monitoring(pulumi.ComponentResource):
                     "grafana": {"enabled": False},
                     "prometheus": {"prometheusSpec": {
                         "podMonitorSelectorNilUsesHelmValues": False,
-                        "additionalScrapeConfigs": yaml.safe_load(prometheus_config(namespace))["scrape_configs"],
+                        "additionalScrapeConfigs": yaml.safe_load(prometheus_config(scraped))["scrape_configs"],
                     }},
                 },
                 opts=child)
@@ -214,19 +247,24 @@ class Monitoring(pulumi.ComponentResource):
             return
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-sa", metadata=_meta("joulesched-prometheus", namespace, labels), opts=child)
-        self.role = k8s.rbac.v1.Role(
-            f"{name}-role", metadata=_meta("joulesched-prometheus", namespace, labels),
-            rules=[{"apiGroups": [""], "resources": ["pods", "services", "endpoints"],
-                    "verbs": ["get", "list", "watch"]}],
-            opts=child)
-        self.binding = k8s.rbac.v1.RoleBinding(
-            f"{name}-rb", metadata=_meta("joulesched-prometheus", namespace, labels),
-            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "joulesched-prometheus"},
-            subjects=[{"kind": "ServiceAccount", "name": "joulesched-prometheus", "namespace": namespace}],
-            opts=child)
+        # Pod discovery, read-only, in each namespace it scrapes (a Role per namespace, no ClusterRole).
+        self.roles, self.bindings = [], []
+        for k, ns in enumerate(scraped):
+            suffix = "" if k == 0 else f"-{ns}"
+            self.roles.append(k8s.rbac.v1.Role(
+                f"{name}-role{suffix}", metadata=_meta("joulesched-prometheus", ns, labels),
+                rules=[{"apiGroups": [""], "resources": ["pods", "services", "endpoints"],
+                        "verbs": ["get", "list", "watch"]}],
+                opts=child))
+            self.bindings.append(k8s.rbac.v1.RoleBinding(
+                f"{name}-rb{suffix}", metadata=_meta("joulesched-prometheus", ns, labels),
+                role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "joulesched-prometheus"},
+                subjects=[{"kind": "ServiceAccount", "name": "joulesched-prometheus", "namespace": namespace}],
+                opts=child))
+        self.role, self.binding = self.roles[0], self.bindings[0]
         self.config_map = k8s.core.v1.ConfigMap(
             f"{name}-cm", metadata=_meta("joulesched-prometheus", namespace, labels),
-            data={"prometheus.yml": prometheus_config(namespace)}, opts=child)
+            data={"prometheus.yml": prometheus_config(scraped)}, opts=child)
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deploy",
             metadata=_meta("joulesched-prometheus", namespace, labels),
@@ -270,15 +308,17 @@ class Workloads(pulumi.ComponentResource):
     """Blockers and test apps: the Deployments and Services of `workloads.manifests.render`, unchanged."""
 
     def __init__(self, name: str, *, namespace: str, apps: tuple[str, ...], image_prefix: str, tag: str,
-                 scheduler_name: str, opts: pulumi.ResourceOptions | None = None):
+                 scheduler_name: str, images: dict[str, str] | None = None,
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__("joulesched:cluster:Workloads", name, None, opts)
-        from joulesched.workloads.manifests import render
+        from joulesched.workloads.manifests import image_of, render
 
         child = pulumi.ResourceOptions(parent=self)
         self.deployments: dict[str, k8s.apps.v1.Deployment] = {}
         for app in apps:
-            dep, svc = render(app, scheduler_name=scheduler_name, namespace=namespace,
-                              image=f"{image_prefix}/{app}:{tag}")
+            # A full reference per app (``repo/app@sha256:...``) wins over prefix and tag.
+            image = (images or {}).get(app) or f"{image_prefix}/{image_of(app)}:{tag}"
+            dep, svc = render(app, scheduler_name=scheduler_name, namespace=namespace, image=image)
             self.deployments[app] = k8s.apps.v1.Deployment(f"{name}-{app}", metadata=dep["metadata"],
                                                            spec=dep["spec"], opts=child)
             k8s.core.v1.Service(f"{name}-{app}-svc", metadata=svc["metadata"], spec=svc["spec"], opts=child)
@@ -286,7 +326,7 @@ class Workloads(pulumi.ComponentResource):
 
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
-SCHEDULER_MANIFESTS = ("rbac.yaml", "power-profiles.yaml", "deployment.yaml")
+SCHEDULER_MANIFESTS = ("rbac.yaml", "power-profiles.yaml", "deployment.yaml", "networkpolicy.yaml")
 _CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Namespace"}
 
 
@@ -294,7 +334,9 @@ def scheduler_manifests(*, namespace: str, image: str, replicas: int, scheduler_
                         prometheus_url: str | None, extra_args: tuple[str, ...] = ()) -> list[dict]:
     """The live scheduler's manifests from deploy/kubernetes/ (the one source of its RBAC and Deployment),
     moved to `namespace`, with our image, replica count, scheduler name, policy and Prometheus."""
-    docs = [d for f in SCHEDULER_MANIFESTS for d in yaml.safe_load_all((DEPLOY / f).read_text()) if d]
+    docs = [d for f in SCHEDULER_MANIFESTS for d in yaml.safe_load_all((DEPLOY / f).read_text()) if d
+            # The extender (its account and policy) is not part of this stack.
+            and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") != "extender"]
     overrides = {"--scheduler-name": scheduler_name, "--policy": policy, "--lease-namespace": namespace}
     if prometheus_url:
         overrides["--prometheus"] = prometheus_url
@@ -345,11 +387,19 @@ class Scheduler(pulumi.ComponentResource):
                 r = k8s.core.v1.ConfigMap(rname, metadata=meta, data=d["data"], opts=child)
             elif kind == "Deployment":
                 r = k8s.apps.v1.Deployment(rname, metadata=meta, spec=d["spec"], opts=child)
+            elif kind == "NetworkPolicy":
+                r = k8s.networking.v1.NetworkPolicy(rname, metadata=meta, spec=d["spec"], opts=child)
             else:
                 raise ValueError(f"unexpected {kind} in deploy/kubernetes")
             self.resources[(kind, meta["name"])] = r
         self.deployment = next(r for (k, _), r in self.resources.items() if k == "Deployment")
         self.register_outputs({"deployment": self.deployment.metadata["name"]})
+
+
+def pod_security(level: str) -> dict[str, str]:
+    """Pod Security Admission labels enforcing ``level`` (and warning and auditing at it)."""
+    return {"pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "latest",
+            "pod-security.kubernetes.io/warn": level, "pod-security.kubernetes.io/audit": level}
 
 
 class ClusterTarget(pulumi.ComponentResource):
@@ -360,20 +410,30 @@ class ClusterTarget(pulumi.ComponentResource):
         provider = k8s.Provider(f"{name}-k8s", context=cfg.kube_context, opts=pulumi.ResourceOptions(parent=self)) \
             if cfg.kube_context else None
         child = pulumi.ResourceOptions(parent=self, provider=provider)
-        ns = cfg.namespace
+        ns, power_ns = cfg.namespace, cfg.power_namespace
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": PART_OF,
-                                                          "pod-security.kubernetes.io/enforce": "privileged"}},
+                                                          **pod_security("restricted")}},
+            opts=child)
+        # The exporters need host access (hostPath, uid 0 for energy_uj): only `privileged` admits that, so they
+        # get a namespace of their own, where nothing else runs; warn and audit still report against baseline.
+        self.power_namespace = k8s.core.v1.Namespace(
+            f"{name}-power-ns", metadata={"name": power_ns, "labels": {
+                "app.kubernetes.io/part-of": PART_OF, **pod_security("privileged"),
+                "pod-security.kubernetes.io/warn": "baseline", "pod-security.kubernetes.io/audit": "baseline"}},
             opts=child)
         after_ns = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.namespace]))
-        self.power_exporter = PowerExporter(f"{name}-power", namespace=ns, cfg=cfg.power_exporter, opts=after_ns)
-        self.node_exporter = NodeExporter(f"{name}-node", namespace=ns, image=cfg.node_exporter_image,
-                                          opts=after_ns)
+        after_power_ns = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+            depends_on=[self.namespace, self.power_namespace]))
+        self.power_exporter = PowerExporter(f"{name}-power", namespace=power_ns, cfg=cfg.power_exporter,
+                                            prometheus_namespace=ns, opts=after_power_ns)
+        self.node_exporter = NodeExporter(f"{name}-node", namespace=power_ns, image=cfg.node_exporter_image,
+                                          prometheus_namespace=ns, opts=after_power_ns)
         self.monitoring = None
         if cfg.prometheus != "none":
             self.monitoring = Monitoring(f"{name}-mon", namespace=ns, mode=cfg.prometheus,
                                          image=cfg.prometheus_image, chart_version=cfg.helm_chart_version,
-                                         opts=after_ns)
+                                         scrape_namespaces=(ns, power_ns), opts=after_power_ns)
         prometheus_url = {"manifests": f"http://joulesched-prometheus.{ns}.svc:9090",
                           "helm": cfg.prometheus_url, "none": cfg.prometheus_url}[cfg.prometheus]
         #: Where the scheduler (and `joulesched pipeline --stack`) reads power from, in-cluster DNS.
@@ -384,5 +444,6 @@ class ClusterTarget(pulumi.ComponentResource):
             opts=after_ns)
         self.workloads = Workloads(f"{name}-apps", namespace=ns, apps=cfg.apps,
                                    image_prefix=cfg.workload_image_prefix, tag=cfg.workload_tag,
-                                   scheduler_name=cfg.scheduler_name, opts=after_ns)
+                                   scheduler_name=cfg.scheduler_name, images=dict(cfg.workload_images),
+                                   opts=after_ns)
         self.register_outputs({"namespace": self.namespace.metadata["name"]})

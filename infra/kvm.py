@@ -2,6 +2,10 @@
 
 `plan_guests` is plain Python (addresses, names, rendered cloud-init) shared with `joulesched infra kvm up`;
 `KvmTarget` wraps each planned guest in a `LibvirtGuest` dynamic resource.
+
+No private key goes into a seed: the master's `kubeadm init` makes the cluster CA, and the master prints the
+CA's public hash on its serial console. The master's guest resource waits for that line, and the workers'
+seeds are rendered from it (`kubeadm join --discovery-token-ca-cert-hash`), so they pin the real CA.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import pulumi
 from joulesched.infra.cloudinit import render_kube_node, render_meta_data, render_network_config
 from joulesched.infra.config import KvmConfig
 from joulesched.infra.libvirt_guests import GuestSpec
-from joulesched.infra.pki import KubeadmPki as PkiValues
+
+#: How long the master may take to boot, install kubeadm and print its CA hash (TCG guests are slow).
+CA_HASH_TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -35,13 +41,13 @@ def plan(prefix: str, cfg: KvmConfig) -> list[PlannedGuest]:
     return out
 
 
-def guest_spec(prefix: str, cfg: KvmConfig, g: PlannedGuest, master: PlannedGuest, pki: PkiValues) -> GuestSpec:
-    """The full GuestSpec of one planned guest, its cloud-init rendered from infra/cloud-init/."""
+def guest_spec(prefix: str, cfg: KvmConfig, g: PlannedGuest, master: PlannedGuest, token: str,
+               ca_cert_hash: str = "") -> GuestSpec:
+    """The full GuestSpec of one planned guest, its cloud-init rendered from infra/cloud-init/. A worker needs
+    the hash the master printed (:func:`joulesched.infra.cloudinit.wait_for_ca_hash`)."""
     user_data = render_kube_node(
         role=g.role, hostname=g.hostname, ssh_authorized_keys=[cfg.ssh_public_key], kubeadm=cfg.kubeadm,
-        token=pki.token, ca_cert_pem=pki.ca_cert_pem,
-        ca_key_pem=pki.ca_key_pem if g.role == "master" else "",
-        ca_cert_hash=pki.ca_cert_hash if g.role == "worker" else "",
+        token=token, ca_cert_hash=ca_cert_hash if g.role == "worker" else "",
         master_address=master.address or "10.0.2.15", advertise_address=g.address if g.role == "master" else "")
     network_config = ""
     if g.address:
@@ -56,6 +62,12 @@ def guest_spec(prefix: str, cfg: KvmConfig, g: PlannedGuest, master: PlannedGues
         kernel_cmdline=cfg.kernel_cmdline)
 
 
+def power_addresses(planned: list[PlannedGuest]) -> dict[str, str]:
+    """``node -> libvirt:///DOMAIN``: a guest's domain is named after its hostname, which is its node name. The
+    stack exports it; as the node power controller's address map (``--addresses``) it annotates each node."""
+    return {g.hostname: f"libvirt:///{g.hostname}" for g in planned}
+
+
 class KvmTarget(pulumi.ComponentResource):
     """A kubeadm cluster of libvirt guests: one master, `workers` workers."""
 
@@ -64,17 +76,27 @@ class KvmTarget(pulumi.ComponentResource):
         from joulesched.infra.dynamic import KubeadmPki, LibvirtGuest
 
         child = pulumi.ResourceOptions(parent=self)
-        self.pki = KubeadmPki(f"{name}-pki", common_name=f"{prefix}-kubernetes", opts=child)
+        # The bootstrap token only: the CA is made on the master (see the module docstring).
+        self.pki = KubeadmPki(f"{name}-pki", common_name=f"{prefix}-kubernetes", with_ca=False, opts=child)
         planned = plan(prefix, cfg)
         master = planned[0]
         self.guests: dict[str, LibvirtGuest] = {}
-        pki_out = pulumi.Output.all(self.pki.ca_cert_pem, self.pki.ca_key_pem, self.pki.ca_cert_hash, self.pki.token)
         for g in planned:
-            spec = pki_out.apply(lambda v, g=g: guest_spec(prefix, cfg, g, master, PkiValues(*v)).to_dict())
-            deps = [self.guests[master.hostname]] if g.role == "worker" else []
+            if g.role == "master":
+                spec = self.pki.token.apply(lambda t, g=g: guest_spec(prefix, cfg, g, master, t).to_dict())
+                deps, wait = [], CA_HASH_TIMEOUT_S
+            else:
+                m = self.guests[master.hostname]
+                spec = pulumi.Output.all(self.pki.token, m.ca_cert_hash).apply(
+                    lambda v, g=g: guest_spec(prefix, cfg, g, master, v[0], v[1]).to_dict())
+                deps, wait = [m], 0
             self.guests[g.hostname] = LibvirtGuest(
-                f"{name}-{g.hostname}", {k: spec[k] for k in GuestSpec.__dataclass_fields__},
+                f"{name}-{g.hostname}", {k: spec[k] for k in GuestSpec.__dataclass_fields__}, wait_ca_hash_s=wait,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=deps,
                                             additional_secret_outputs=["user_data"]))
+        #: The CA pin, as the master printed it.
+        self.ca_cert_hash = self.guests[master.hostname].ca_cert_hash
         self.addresses = {g.hostname: (g.address or f"127.0.0.1:{g.ssh_port}") for g in planned}
-        self.register_outputs({"guests": self.addresses})
+        #: Each node's power address for the node power controller (docs/node-power.md): its libvirt domain.
+        self.power_addresses = power_addresses(planned)
+        self.register_outputs({"guests": self.addresses, "power_addresses": self.power_addresses})

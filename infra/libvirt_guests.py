@@ -2,6 +2,8 @@
 
 The same functions back the Pulumi dynamic provider (`infra.dynamic.LibvirtGuest`) and `joulesched infra kvm
 up|down`, which needs no Pulumi. Files live in `pool_dir/<name>/`; `delete_guest` removes the domain and them.
+That folder is 0700 (owned by libvirt's QEMU user under qemu:///system, so QEMU can still open its files) and
+the seed is 0600: a seed holds the bootstrap token, and never a private key (infra/cloud-init/).
 
 Networking is either a libvirt network (`<interface type='network'>`) or QEMU user-mode with `restrict=on`
 (the guest reaches nothing; only SSH is forwarded, and only to 127.0.0.1).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -19,6 +22,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from joulesched.core.errors import JouleschedError
+from joulesched.core.fsio import atomic_path
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 
@@ -140,35 +144,67 @@ def domain_xml(spec: GuestSpec, *, virt_type: str, disk: Path, seed: Path, conso
 """
 
 
-def _run(argv: list[str], what: str) -> subprocess.CompletedProcess:
+def _run(argv: list[str], what: str, umask: int = -1) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=300)
+        return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=300, umask=umask)
     except FileNotFoundError:
         raise GuestError(f"{what}: {argv[0]} not found") from None
     except subprocess.CalledProcessError as e:
         raise GuestError(f"{what} failed ({' '.join(argv)}): {e.stderr.strip()[-2000:]}") from None
 
 
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def make_seed(seed: Path, *, user_data: str, meta_data: str, network_config: str = "") -> None:
-    """Write a NoCloud seed image (volume label cidata) with cloud-localds, or genisoimage if that is missing."""
+    """Write a NoCloud seed image (volume label cidata) with cloud-localds, or genisoimage if that is missing.
+
+    The seed and its sources are 0600 (the sources in a 0700 temporary folder, the tools run with umask 077);
+    the image is built under a unique temporary name beside ``seed`` and renamed into place."""
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        (t / "user-data").write_text(user_data)
-        (t / "meta-data").write_text(meta_data)
+        _write_private(t / "user-data", user_data)
+        _write_private(t / "meta-data", meta_data)
         files = ["user-data", "meta-data"]
         if network_config:
-            (t / "network-config").write_text(network_config)
+            _write_private(t / "network-config", network_config)
             files.append("network-config")
-        if shutil.which("cloud-localds"):
-            argv = ["cloud-localds"]
-            if network_config:
-                argv += ["--network-config", str(t / "network-config")]
-            _run([*argv, str(seed), str(t / "user-data"), str(t / "meta-data")], "cloud-localds")
-        elif shutil.which("genisoimage"):
-            _run(["genisoimage", "-quiet", "-output", str(seed), "-volid", "cidata", "-joliet", "-rock",
-                  *[str(t / f) for f in files]], "genisoimage")
-        else:
-            raise GuestError("no seed tool: apt-get install cloud-image-utils (cloud-localds) or genisoimage")
+        with atomic_path(seed, 0o600) as out:  # a unique private temporary name beside the seed, then a rename
+            if shutil.which("cloud-localds"):
+                argv = ["cloud-localds"]
+                if network_config:
+                    argv += ["--network-config", str(t / "network-config")]
+                _run([*argv, str(out), str(t / "user-data"), str(t / "meta-data")], "cloud-localds", umask=0o077)
+            elif shutil.which("genisoimage"):
+                _run(["genisoimage", "-quiet", "-output", str(out), "-volid", "cidata", "-joliet", "-rock",
+                      *[str(t / f) for f in files]], "genisoimage", umask=0o077)
+            else:
+                raise GuestError("no seed tool: apt-get install cloud-image-utils (cloud-localds) or genisoimage")
+
+
+def qemu_user(uri: str) -> pwd.struct_passwd | None:
+    """The account libvirt's system QEMU driver runs guests as (Debian: libvirt-qemu, Fedora: qemu), when this
+    process is root on a qemu:///system connection; None otherwise (a session's QEMU is this user)."""
+    if not uri.startswith("qemu:///system") or os.geteuid() != 0:
+        return None
+    for name in ("libvirt-qemu", "qemu"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    return None
+
+
+def private_dir(d: Path, uri: str) -> None:
+    """Create ``d`` 0700, owned by the user QEMU runs as (libvirt relabels the disk files themselves)."""
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    d.chmod(0o700)
+    user = qemu_user(uri)
+    if user is not None:
+        os.chown(d, user.pw_uid, user.pw_gid)
 
 
 def make_overlay(base: Path, overlay: Path, size_gib: int) -> None:
@@ -209,7 +245,7 @@ def create_guest(spec: GuestSpec) -> GuestInfo:
         except libvirt.libvirtError:
             pass
         d = guest_dir(spec)
-        d.mkdir(parents=True, exist_ok=True)
+        private_dir(d, spec.uri)
         disk, seed, log = d / "disk.qcow2", d / "seed.img", d / "console.log"
         dom = None
         try:
@@ -259,6 +295,22 @@ def delete_guest(uri: str, name: str, pool_dir: str) -> bool:
         conn.close()
     shutil.rmtree(guest_dir(pool_dir, name), ignore_errors=True)
     return dom is not None
+
+
+def domain_active(uri: str, name: str) -> bool:
+    """Whether the domain ``name`` exists and runs (False when libvirt cannot be reached)."""
+    import libvirt
+
+    try:
+        conn = _open(uri)
+    except GuestError:
+        return False
+    try:
+        return bool(conn.lookupByName(name).isActive())
+    except libvirt.libvirtError:
+        return False
+    finally:
+        conn.close()
 
 
 def list_guests(uri: str, prefix: str) -> list[str]:

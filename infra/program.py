@@ -39,7 +39,8 @@ def build(cfg: StackConfig) -> dict[str, pulumi.Input]:
         from joulesched.infra.kvm import KvmTarget
 
         k = KvmTarget(cfg.name_prefix, cfg.name_prefix, cfg.kvm)
-        return {"guests": k.addresses, "ca_cert_hash": k.pki.ca_cert_hash, "hosts": _ssh_hosts(k.addresses)}
+        return {"guests": k.addresses, "ca_cert_hash": k.ca_cert_hash, "hosts": _ssh_hosts(k.addresses),
+                "power_addresses": k.power_addresses}
     if cfg.target == "aws":
         from joulesched.infra.aws import AwsTarget
 

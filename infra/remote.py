@@ -25,10 +25,8 @@ from __future__ import annotations
 import getpass
 import io
 import logging
-import os
 import re
 import shlex
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
 from joulesched.core.errors import UsageError
+from joulesched.core.fsio import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +252,13 @@ def _pin_advice(spec: HostSpec, known_hosts: str) -> str:
             f"and if the fingerprints match, cat keys >> {known_hosts}")
 
 
+def _abandon(conn: Connection) -> None:
+    """Close a connection whose opening failed: fabric's close() skips a transport that never became active,
+    whose thread would then outlive the refusal."""
+    conn.close()
+    conn.client.close()
+
+
 def connect(spec: HostSpec, known_hosts: Optional[Path] = None, *, allow_agent: bool = True,
             timeout: float = 15.0) -> HostConnection:
     """An open fabric connection to ``spec`` that has checked its host key.
@@ -291,13 +297,13 @@ def connect(spec: HostSpec, known_hosts: Optional[Path] = None, *, allow_agent: 
     try:
         conn.open()
     except _UnknownHostKey as e:
-        conn.close()
+        _abandon(conn)
         raise RemoteError(
             f"{spec.name} ({spec.target}): host key is unknown ({e.key.get_name()} "
             f"{e.key.fingerprint}); it is not in {where} as {_known_host_name(spec)}: refusing to connect. "
             + _pin_advice(spec, str(files[0]) if files else "~/.ssh/known_hosts")) from None
     except paramiko.BadHostKeyException as e:
-        conn.close()
+        _abandon(conn)
         raise RemoteError(
             f"{spec.name} ({spec.target}): host key does NOT match known_hosts ({where}): it offered "
             f"{e.key.get_name()} {e.key.fingerprint}, known_hosts has {e.expected_key.fingerprint}. Either the "
@@ -305,11 +311,11 @@ def connect(spec: HostSpec, known_hosts: Optional[Path] = None, *, allow_agent: 
             f"ssh-keygen -R '{_known_host_name(spec)}' -f {files[0] if files else '~/.ssh/known_hosts'}; "
             + _pin_advice(spec, str(files[0]) if files else "~/.ssh/known_hosts")) from None
     except paramiko.PasswordRequiredException:
-        conn.close()
+        _abandon(conn)
         raise RemoteError(f"{spec.name}: key file {spec.key_file} is encrypted; add it to ssh-agent "
                           "(ssh-add) instead: passphrases and passwords are never asked for") from None
     except paramiko.SSHException as e:
-        conn.close()
+        _abandon(conn)
         # paramiko says "No authentication methods available" when it found no key to offer at all.
         if isinstance(e, paramiko.AuthenticationException) or "No authentication methods" in str(e):
             keys = f"key file {spec.key_file}" if spec.key_file else "the default keys in ~/.ssh"
@@ -319,7 +325,7 @@ def connect(spec: HostSpec, known_hosts: Optional[Path] = None, *, allow_agent: 
                               "ansible_ssh_private_key_file") from None
         raise RemoteError(f"{spec.name} ({spec.target}): cannot connect: {e or type(e).__name__}") from None
     except (OSError, EOFError) as e:
-        conn.close()
+        _abandon(conn)
         raise RemoteError(f"{spec.name} ({spec.target}): cannot connect: {e or type(e).__name__}") from None
     return conn
 
@@ -361,16 +367,10 @@ def run(conn: Connection, argv: Sequence[str], *, timeout: Optional[float] = Non
 def _write_atomic(path: Path, data: bytes, check: Optional[Callable[[Path], object]] = None) -> None:
     """Write ``path`` through a temp file in its folder and a rename: never half a file. ``check`` sees the
     complete temp file first; if it raises, ``path`` is left as it was."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
         if check is not None:
-            check(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            check(tmp)
 
 
 # -------------------------------------------------------------------------------------------------- steps

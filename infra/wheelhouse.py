@@ -1,26 +1,41 @@
 """Build the wheelhouse the power_exporter role installs from with `pip install --no-index` (air-gapped hosts).
 
-It holds joulesched's own wheel (built from this checkout, without touching it) and the exporter's runtime
-requirements, read from the role's defaults so there is one list. Fetching those needs an index once, on the
+It holds joulesched's own wheel (built from this checkout, without touching it), the exporter's runtime
+requirements, read from the role's defaults so there is one list, and ``requirements.lock``: exactly what the
+role installs, each pinned by version and SHA-256, for ``pip install --require-hashes``. The lock's own hash is
+the wheelhouse's content hash, which the role keys its install on: new code under an unchanged version number
+gives a new wheel, so a new lock, so a reinstall. Fetching the requirements needs an index once, on the
 controller; the hosts never do.
+
+The joulesched wheel is built with ``SOURCE_DATE_EPOCH`` fixed, so the same source gives the same bytes (and no
+needless reinstall on the hosts).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import yaml
 
 from joulesched.core.errors import JouleschedError
+from joulesched.core.fsio import atomic_path, atomic_write_text
 
 REPO = Path(__file__).resolve().parent.parent
 ROLE_DEFAULTS = REPO / "playbooks" / "roles" / "power_exporter" / "defaults" / "main.yml"
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+LOCK_NAME = "requirements.lock"
+#: 1980-01-01, the earliest time a zip entry can carry.
+SOURCE_DATE_EPOCH = "315532800"
 
 
 class WheelhouseError(JouleschedError, RuntimeError):
@@ -31,9 +46,9 @@ def exporter_requirements() -> list[str]:
     return list(yaml.safe_load(ROLE_DEFAULTS.read_text())["power_exporter_requirements"])
 
 
-def _pip(*args: str, what: str) -> None:
+def _pip(*args: str, what: str, env: dict[str, str] | None = None) -> None:
     r = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
-                       text=True, timeout=900)
+                       text=True, timeout=900, env={**os.environ, **(env or {})})
     if r.returncode != 0:
         raise WheelhouseError(f"{what} failed: {(r.stderr or r.stdout).strip()[-2000:]}")
 
@@ -53,29 +68,85 @@ def package_folders() -> list[str]:
     return sorted({name.split(".")[1] for name in _pyproject()["tool"]["setuptools"]["packages"]})
 
 
-def build_wheelhouse(out: Path, *, requirements: list[str] | None = None, all_deps: bool = False) -> Path:
-    """Write joulesched-<version>-py3-none-any.whl and the requirements' wheels into `out`; return the wheel.
+def build_wheelhouse(out: Path, *, requirements: list[str] | None = None, all_deps: bool = False,
+                     source: Path = REPO) -> Path:
+    """Write joulesched-<version>-py3-none-any.whl (built from ``source``, a checkout), the requirements' wheels
+    and :data:`LOCK_NAME` into `out`; return the wheel.
 
     Reuses wheels already in `out` (pip download skips what it has), so a cached wheelhouse refreshes fast."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="js-wheel-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
         for f in ("pyproject.toml", "README.md"):
-            shutil.copy2(REPO / f, src / f)
+            shutil.copy2(Path(source) / f, src / f)
         for pkg in package_folders():
-            if (REPO / pkg).is_dir():
-                shutil.copytree(REPO / pkg, src / pkg, ignore=_IGNORE)
-        _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out), str(src),
-             what="building the joulesched wheel")
-    wheel = out / f"joulesched-{project_version()}-py3-none-any.whl"
-    if not wheel.is_file():
-        raise WheelhouseError(f"expected {wheel} after the build")
+            if (Path(source) / pkg).is_dir():
+                shutil.copytree(Path(source) / pkg, src / pkg, ignore=_IGNORE)
+        built = Path(tmp) / "dist"
+        _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(built), str(src),
+             what="building the joulesched wheel", env={"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
+        name = f"joulesched-{project_version()}-py3-none-any.whl"
+        if not (built / name).is_file():
+            raise WheelhouseError(f"expected {name} after the build")
+        wheel = out / name
+        with atomic_path(wheel, 0o644) as t:  # a reader sees the old wheel or the new one, never half
+            shutil.copyfile(built / name, t)
     reqs = [str(wheel)] if all_deps else (requirements if requirements is not None else exporter_requirements())
     if reqs:
         _pip("download", "--dest", str(out), "--find-links", str(out), "--only-binary", ":all:", *reqs,
              what="downloading the requirements' wheels")
+    write_lock(out, wheel, reqs, all_deps=all_deps)
     return wheel
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def resolve(out: Path, reqs: list[str]) -> dict[str, tuple[str, Path]]:
+    """``{name: (version, wheel)}``: what pip installs for ``reqs`` from the wheelhouse alone (its resolver, a
+    dry run ignoring what this interpreter has)."""
+    if not reqs:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="js-lock-") as tmp:
+        report = Path(tmp) / "report.json"
+        _pip("install", "--dry-run", "--ignore-installed", "--no-index", "--find-links", str(out),
+             "--only-binary", ":all:", "--quiet", "--report", str(report), *reqs,
+             what="resolving the wheelhouse's requirements")
+        doc = json.loads(report.read_text())
+    found = {}
+    for item in doc.get("install", []):
+        url = item.get("download_info", {}).get("url", "")
+        path = Path(unquote(urlsplit(url).path))
+        if urlsplit(url).scheme != "file" or not path.is_file():
+            raise WheelhouseError(f"the resolver chose {url!r}, not a wheel of {out}")
+        meta = item["metadata"]
+        found[_canonical(meta["name"])] = (meta["version"], path)
+    return found
+
+
+def write_lock(out: Path, wheel: Path, reqs: list[str], *, all_deps: bool = False) -> Path:
+    """``out/requirements.lock``: joulesched and the closure of ``reqs``, ``name==version --hash=sha256:...``
+    each, sorted; written atomically. Returns its path."""
+    pins = resolve(out, reqs)
+    if not all_deps:  # joulesched itself goes in without its training dependencies
+        pins["joulesched"] = (project_version(), wheel)
+    lines = [f"# {LOCK_NAME}: written by `joulesched infra wheelhouse`; install with pip --require-hashes --no-deps.",
+             "# Its SHA-256 is the wheelhouse's content hash: the power_exporter role reinstalls when it changes."]
+    for name in sorted(pins):
+        version, path = pins[name]
+        lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha256_file(path)}")
+    return atomic_write_text(Path(out) / LOCK_NAME, "\n".join(lines) + "\n", mode=0o644)
 
 
 def archive_wheelhouse(wheelhouse: Path, out: Path | None = None) -> Path:
@@ -89,12 +160,11 @@ def archive_wheelhouse(wheelhouse: Path, out: Path | None = None) -> Path:
     wheels = sorted(wheelhouse.glob("*.whl"))
     if not wheels:
         raise WheelhouseError(f"{wheelhouse}: no wheels to archive")
-    tmp = out.with_name(out.name + ".partial")
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for w in wheels:
+    members = wheels + ([wheelhouse / LOCK_NAME] if (wheelhouse / LOCK_NAME).is_file() else [])
+    with atomic_path(out, 0o644) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for w in members:
             info = tar.gettarinfo(str(w), arcname=w.name)
             info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "root", "root"
             with w.open("rb") as f:
                 tar.addfile(info, f)
-    tmp.replace(out)
     return out

@@ -32,12 +32,14 @@ from joulesched.cluster.kube.cache import KubeCache
 from joulesched.cluster.kube.objects import node_gate_reason, parse_pod
 from joulesched.cluster.state import ClusterState
 from joulesched.core.errors import UsageError
-from joulesched.live.httpd import BackgroundHTTPServer, reply
+from joulesched.live.httpd import BackgroundHTTPServer, HardenedHandlerMixin, Limits, reply
 from joulesched.live.scheduler import ATTEMPT_BUCKETS
 
 log = logging.getLogger("joulesched.extender")
 
 MAX_EXTENDER_SCORE = 10
+#: kube-scheduler sends whole Node objects unless nodeCacheCapable: about 5 KB each, so 64 MiB is ~10,000 nodes.
+EXTENDER_LIMITS = Limits(timeout_s=10.0, max_connections=32, max_body=64 << 20)
 
 
 class ExtenderError(UsageError):
@@ -55,8 +57,19 @@ def _candidates(args: dict) -> tuple[list[str], list[dict] | None, bool]:
     nodes = args.get("Nodes")
     if isinstance(nodes, dict):
         items = nodes.get("items") or []
-        return [((n.get("metadata") or {}).get("name") or "") for n in items], items, False
+        if not isinstance(items, list) or not all(isinstance(n, dict) and isinstance(n.get("metadata") or {}, dict)
+                                                  for n in items):
+            raise ExtenderError("Nodes.items must be a list of Node objects")
+        return [str((n.get("metadata") or {}).get("name") or "") for n in items], items, False
     raise ExtenderError("ExtenderArgs needs Nodes (a NodeList) or NodeNames")
+
+
+def _pod(args: dict):
+    """The Pod of ExtenderArgs; a malformed one (a list where an object belongs, ...) is an ExtenderError."""
+    try:
+        return parse_pod(args["Pod"])
+    except (AttributeError, TypeError, KeyError, ValueError) as e:
+        raise ExtenderError(f"malformed Pod: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 def scale_scores(raw: np.ndarray) -> np.ndarray:
@@ -96,7 +109,7 @@ class Extender:
 
     def filter(self, args: dict) -> dict:
         names, items, by_name = _candidates(args)
-        pod = parse_pod(args["Pod"])
+        pod = _pod(args)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -125,7 +138,7 @@ class Extender:
 
     def prioritize(self, args: dict) -> list[dict]:
         names, _, _ = _candidates(args)
-        pod = parse_pod(args["Pod"])
+        pod = _pod(args)
         with self.cache.lock:
             st = self._state()
             if st is None:
@@ -180,10 +193,11 @@ class Extender:
 class ExtenderServer(BackgroundHTTPServer):
     """HTTP front: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``, ``GET /metrics``."""
 
-    def __init__(self, extender: Extender, host: str = "127.0.0.1", port: int = 8888) -> None:
+    def __init__(self, extender: Extender, host: str = "127.0.0.1", port: int = 8888,
+                 limits: Limits = EXTENDER_LIMITS) -> None:
         ext = extender
 
-        class H(BaseHTTPRequestHandler):
+        class H(HardenedHandlerMixin, BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def log_message(self, format: str, *a: Any) -> None:
@@ -194,15 +208,14 @@ class ExtenderServer(BackgroundHTTPServer):
 
             def do_POST(self) -> None:
                 verb = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
-                n = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(n) if n else b""
+                raw = self.read_body()  # Content-Length checked by the hardened base (400 / 413)
                 if verb not in ("filter", "prioritize"):
                     self._send(404, b'{"Error":"unknown verb; use /filter or /prioritize"}')
                     return
                 try:
                     args = json.loads(raw or b"null")
-                except json.JSONDecodeError as e:
-                    self._send(400, json.dumps({"Error": f"invalid JSON: {e}"}).encode())
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+                    self._send(400, json.dumps({"Error": f"invalid JSON: {str(e)[:200]}"}).encode())
                     return
                 code, body = ext.handle(verb, args)
                 self._send(code, json.dumps(body, separators=(",", ":")).encode())
@@ -217,4 +230,4 @@ class ExtenderServer(BackgroundHTTPServer):
                 else:
                     self._send(404, b"not found", "text/plain")
 
-        super().__init__(H, host, port, "extender-server")
+        super().__init__(H, host, port, "extender-server", limits)

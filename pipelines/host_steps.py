@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from joulesched.core.errors import JouleschedError, UsageError
+from joulesched.core.fsio import atomic_write_text
 from joulesched.pipelines.stages import Stage, StageRunner
 
 Event = Callable[[str, str], None]
@@ -81,9 +82,7 @@ def check_exporters(out: Path, hosts: Sequence, known_hosts: Path | None, *, por
         if "joulesched_node_joules_total" not in text:
             raise HostStepError(f"exporter on {h.name} serves no joulesched_node_joules_total: is it the joulesched "
                                 "power exporter (playbooks/site.yml installs it)?")
-        tmp = dest / f".{h.name}.metrics.tmp"
-        tmp.write_text(text)
-        tmp.replace(dest / f"{h.name}.metrics")
+        atomic_write_text(dest / f"{h.name}.metrics", text)
 
     _each(hosts, known_hosts, "exporter", check, on_event)
 

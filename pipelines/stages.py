@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from joulesched.core.fsio import atomic_write_text
 
 
 def fingerprint(files: Iterable[Path], params: dict) -> str:
@@ -76,9 +77,7 @@ class StageRunner:
         if missing:
             raise RuntimeError(f"stage {stage.name} did not produce {', '.join(missing)}")
         self.records.mkdir(parents=True, exist_ok=True)
-        tmp = rec.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"hash": fingerprint(stage.inputs, stage.params), "params": stage.params,
-                                   "outputs": [str(o) for o in stage.outputs]}, default=str) + "\n")
-        os.replace(tmp, rec)
+        atomic_write_text(rec, json.dumps({"hash": fingerprint(stage.inputs, stage.params), "params": stage.params,
+                                           "outputs": [str(o) for o in stage.outputs]}, default=str) + "\n")
         self.on_event(stage.name, "done")
         return True

@@ -34,7 +34,7 @@ from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import UsageError
-from joulesched.core.fsio import check_output_file
+from joulesched.core.fsio import atomic_savefig, check_output_file
 from joulesched.pipelines.progress import progress_bar
 from joulesched.pipelines.stats import mean_ci
 
@@ -207,7 +207,7 @@ def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
                    fontsize=8)
     ax2.set_xlabel("decisions (environment steps)")
     fig.tight_layout()
-    fig.savefig(png_path, dpi=90)
+    atomic_savefig(fig, png_path, dpi=90)
     plt.close(fig)
     return png_path
 

@@ -6,15 +6,20 @@ the numbers nor the overhead. Counters are cumulative from the monitor and never
 
 from __future__ import annotations
 
+import gzip
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from joulesched.core.httpd import BackgroundHTTPServer, HardenedHandlerMixin, Limits, reply
 from joulesched.power.monitor import PowerMonitor, Snapshot
 
 log = logging.getLogger(__name__)
@@ -67,6 +72,38 @@ class SnapshotCollector(Collector):
         return [node, active, idle, watts, ratio, proc, pod, vm]
 
 
+#: A scrape sends no body; a few Prometheus servers (and a probe or two) at once.
+EXPORTER_LIMITS = Limits(timeout_s=10.0, max_connections=16, max_body=64 << 10)
+
+
+def metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    """``GET /metrics`` (text or OpenMetrics as the scraper's Accept asks, gzip when accepted), ``GET /healthz``;
+    anything else is 404, any other method 405 (the hardened base)."""
+
+    class H(HardenedHandlerMixin, BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            path = urlsplit(self.path).path
+            if path == "/metrics":
+                encoder, ctype = choose_encoder(self.headers.get("Accept"))
+                data, extra = encoder(registry), {}
+                if "gzip" in (self.headers.get("Accept-Encoding") or ""):
+                    data, extra = gzip.compress(data, compresslevel=5), {"Content-Encoding": "gzip"}
+                reply(self, 200, data, ctype, extra)
+            elif path in ("/healthz", "/livez", "/readyz"):
+                reply(self, 200, b"ok\n", "text/plain")
+            else:
+                reply(self, 404, b"not found; metrics are at /metrics\n", "text/plain")
+
+        do_HEAD = do_GET
+
+    return H
+
+
 class Exporter:
     """Refreshes ``monitor`` every ``interval_s`` and serves /metrics on ``host:port`` (port 0 picks one)."""
 
@@ -80,6 +117,7 @@ class Exporter:
         self.registry.register(SnapshotCollector(lambda: self.monitor.snapshot))
         self._host, self._port = host, port
         self._stop = threading.Event()
+        self._http: BackgroundHTTPServer | None = None
         self._server = None
         self._thread: threading.Thread | None = None
 
@@ -90,7 +128,9 @@ class Exporter:
     def start(self) -> "Exporter":
         """Take the baseline reading, start serving, and start the refresh loop in a daemon thread."""
         self.monitor.refresh()
-        self._server, _ = start_http_server(self._port, addr=self._host, registry=self.registry)
+        self._http = BackgroundHTTPServer(metrics_handler(self.registry), self._host, self._port,
+                                          "joulesched-power-http", EXPORTER_LIMITS).start()
+        self._server = self._http.httpd
         self._thread = threading.Thread(target=self._loop, name="joulesched-power-refresh", daemon=True)
         self._thread.start()
         return self
@@ -112,9 +152,8 @@ class Exporter:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
+        if self._http:
+            self._http.stop()
 
     def wait(self) -> None:
         """Block until stopped (the CLI's foreground mode)."""

@@ -5,17 +5,21 @@ Two directions, both paced by a token bucket:
   produces traffic with no client in the loop;
 - `paced_stream` backs `GET /stream`, for a client that pulls the bytes.
 A send blocks at most SEND_TIMEOUT_S, so `stop()` returns promptly even against a stalled receiver.
+Every (re)connect resolves the target through the allow-list (`workloads/egress.py`) and connects to the
+address it checked, so DNS cannot re-point a running stream at a refused address.
 """
 
 from __future__ import annotations
 
 import http.client
 import os
+import socket
 import threading
 import time
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
+from joulesched.workloads.egress import NetAllow
 from joulesched.workloads.pacing import TokenBucket, chunk_size
 
 SEND_TIMEOUT_S = 5.0
@@ -37,9 +41,10 @@ def paced_stream(mbps: float, seconds: float, stop: threading.Event, counter: li
 class NetworkLoad:
     """Stream `mbps` to `target` (chunked POST) for `duration_s`, reconnecting if the target drops."""
 
-    def __init__(self, mbps: float, target: str, duration_s: float):
+    def __init__(self, mbps: float, target: str, duration_s: float, allow: NetAllow | None = None):
         self.mbps = mbps
         self.target = target
+        self.allow = allow if allow is not None else NetAllow()
         self.duration_s = duration_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,8 +58,12 @@ class NetworkLoad:
 
     def _connect(self) -> http.client.HTTPConnection:
         u = urlsplit(self.target)
+        address = self.allow.resolve(self.target)  # EgressError (a ValueError) when refused
         cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
         conn = cls(u.hostname, u.port, timeout=SEND_TIMEOUT_S)
+        # Connect to the checked address; Host and (for https) SNI and certificate checks keep the name.
+        conn._create_connection = lambda addr, timeout, source=None: socket.create_connection(  # type: ignore
+            (address, addr[1]), timeout, source)
         conn.putrequest("POST", (u.path or "/") + (f"?{u.query}" if u.query else ""))
         conn.putheader("Content-Type", "application/octet-stream")
         conn.putheader("Transfer-Encoding", "chunked")
@@ -75,7 +84,7 @@ class NetworkLoad:
                     conn.getresponse().read()
                 finally:
                     conn.close()
-            except (OSError, http.client.HTTPException) as exc:
+            except (OSError, ValueError, http.client.HTTPException) as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self._stop.wait(RETRY_S)
 

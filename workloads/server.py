@@ -1,4 +1,10 @@
-"""Run a Flask app on werkzeug's threaded server in this process, and clean up on every way out."""
+"""Run a Flask app on werkzeug's threaded server in this process, and clean up on every way out.
+
+The server is werkzeug's with joulesched's hardened base in front (:mod:`joulesched.core.httpd`): a socket
+timeout, a bounded number of connection threads, ``Content-Length`` checked before the app sees the request.
+Body sizes are the app's to cap (``MAX_CONTENT_LENGTH``, :data:`MAX_CONTENT_LENGTH` by default), so a
+streaming endpoint such as the blockers' ``/sink`` can opt out on purpose.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,33 @@ import sys
 from typing import Callable
 
 from flask import Flask
-from werkzeug.serving import make_server
+from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
+
+from joulesched.core.httpd import HardenedHandlerMixin, HardenedServerMixin, Limits
+
+#: Default request body cap of every workload app (Flask's MAX_CONTENT_LENGTH): their bodies are small JSON.
+MAX_CONTENT_LENGTH = 1 << 20
+#: Timeout and connection bound; bodies are capped by the apps (max_body=None), chunked bodies are decoded.
+APP_LIMITS = Limits(timeout_s=30.0, max_connections=64, max_body=None, allow_chunked=True)
+
+
+class _Handler(HardenedHandlerMixin, WSGIRequestHandler):
+    app_reads_body = True  # the application reads wsgi.input; werkzeug deals with what it leaves
+
+
+class HardenedWSGIServer(HardenedServerMixin, ThreadedWSGIServer):
+    """werkzeug's threaded WSGI server under :class:`~joulesched.core.httpd.Limits`."""
+
+    def __init__(self, host: str, port: int, app, limits: Limits = APP_LIMITS) -> None:
+        self.limits = limits
+        super().__init__(host, port, app, handler=_Handler)
+
+
+def make_server(host: str, port: int, app: Flask, limits: Limits = APP_LIMITS) -> HardenedWSGIServer:
+    """The hardened server for ``app``; an app without MAX_CONTENT_LENGTH gets :data:`MAX_CONTENT_LENGTH`."""
+    if app.config.get("MAX_CONTENT_LENGTH") is None:
+        app.config["MAX_CONTENT_LENGTH"] = MAX_CONTENT_LENGTH
+    return HardenedWSGIServer(host, port, app, limits)
 
 
 def serve(app: Flask, host: str, port: int, on_exit: Callable[[], None] = lambda: None, access_log: bool = False) -> None:
@@ -33,7 +65,7 @@ def serve(app: Flask, host: str, port: int, on_exit: Callable[[], None] = lambda
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _term)
-    server = make_server(host, port, app, threaded=True)
+    server = make_server(host, port, app)
     shown = f"[{host}]" if ":" in host else host
     print(f"listening on http://{shown}:{server.port}", flush=True)
     try:

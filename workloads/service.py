@@ -8,8 +8,12 @@ puts the HTTP API on top:
     POST /stop                                                           -> 200 status
     GET  /status                                                         -> 200 status
     GET  /healthz                                                        -> 200 {"status": "ok"}
-    GET  /stream?mbps=&seconds=   (network, combined) paced random bytes
-    POST /sink                    (network, combined) reads and discards a (chunked) body
+    GET  /stream?mbps=&seconds=   (network, combined) paced random bytes          -> 200 | 400 | 429
+    POST /sink                    (network, combined) reads and discards a (chunked) body -> 200 | 429
+
+Bodies are capped at MAX_CONTENT_LENGTH (413) except ``/sink``, which exists to swallow a stream; at most
+``max_streams`` ``/stream`` and ``/sink`` run at once (429 with Retry-After beyond), so they cannot take every
+server thread. ``net_target`` must pass the allow-list (`workloads/egress.py`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,17 @@ from pydantic import ValidationError
 from joulesched.core.errors import UsageError
 from joulesched.workloads.cpu import CpuLoad
 from joulesched.workloads.disk import DiskLoad
+from joulesched.workloads.egress import EgressError, NetAllow
 from joulesched.workloads.memory import MemoryLoad
 from joulesched.workloads.network import NetworkLoad, paced_stream
-from joulesched.workloads.params import KIND_FIELDS, KINDS, LoadParams, StreamParams
+from joulesched.workloads.params import KIND_FIELDS, KINDS, MAX_DURATION_S, MAX_NET_MBPS, LoadParams, StreamParams
+
+#: Request bodies of /start and /stop are a few hundred bytes of JSON.
+MAX_CONTENT_LENGTH = 64 << 10
+#: /stream and /sink responses running at once; each holds a server thread for up to an hour.
+MAX_STREAMS = 4
+#: What one network load can send at most (its rate cap for the longest duration).
+SINK_MAX_BYTES = int(MAX_NET_MBPS * 1e6 / 8 * MAX_DURATION_S)
 
 
 class Load(Protocol):
@@ -71,13 +83,20 @@ class BlockerService:
 
     :param kind: one of params.KINDS; limits which LoadParams fields /start accepts.
     :param scratch_dir: where the disk blocker creates (and removes) its scratch directory.
+    :param net_allow: where network loads may stream (default: loopback and in-cluster service names).
+    :param max_streams: concurrent /stream and /sink requests.
     """
 
-    def __init__(self, kind: str, scratch_dir: Path | None = None):
+    def __init__(self, kind: str, scratch_dir: Path | None = None, net_allow: NetAllow | None = None,
+                 max_streams: int = MAX_STREAMS):
         if kind not in KINDS:
             raise ValueError(f"unknown blocker kind {kind!r}; expected one of {', '.join(KINDS)}")
+        if max_streams < 1:
+            raise ValueError("max_streams must be >= 1")
         self.kind = kind
         self.scratch_dir = Path(scratch_dir or tempfile.gettempdir())
+        self.net_allow = net_allow if net_allow is not None else NetAllow()
+        self.stream_slots = threading.BoundedSemaphore(max_streams)
         self._lock = threading.Lock()
         self._run: _Run | None = None
         self._last: dict[str, Any] | None = None
@@ -93,9 +112,15 @@ class BlockerService:
             allowed = ", ".join(sorted(KIND_FIELDS[self.kind]))
             raise BadRequest(f"the {self.kind} blocker does not take {', '.join(extra)}; it takes {allowed}")
         try:
-            return LoadParams.model_validate(body)
+            params = LoadParams.model_validate(body)
         except ValidationError as exc:
             raise BadRequest(validation_message(exc), details=exc.errors(include_url=False, include_context=False)) from None
+        if params.net_target is not None:
+            try:
+                self.net_allow.check_url(params.net_target)
+            except EgressError as exc:
+                raise BadRequest(str(exc)) from None
+        return params
 
     def _build(self, p: LoadParams) -> dict[str, Load]:
         loads: dict[str, Load] = {}
@@ -107,7 +132,7 @@ class BlockerService:
             loads["disk"] = DiskLoad(p.disk_read_mbps, p.disk_write_mbps, p.disk_file_mib, p.duration_s, self.scratch_dir)
         if p.net_mbps:
             assert p.net_target is not None
-            loads["network"] = NetworkLoad(p.net_mbps, p.net_target, p.duration_s)
+            loads["network"] = NetworkLoad(p.net_mbps, p.net_target, p.duration_s, self.net_allow)
         return loads
 
     def start(self, body: Any) -> dict[str, Any]:
@@ -189,8 +214,15 @@ def error_response(message: str, status: int = 400, details: Any = None) -> tupl
     return jsonify(body), status
 
 
+def _busy() -> tuple[Response, int]:
+    resp, code = error_response("too many /stream and /sink requests at once; retry later", 429)
+    resp.headers["Retry-After"] = "1"
+    return resp, code
+
+
 def create_app(service: BlockerService) -> Flask:
     app = Flask(f"joulesched-{service.kind}-blocker")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_CONTENT_LENGTH
 
     @app.errorhandler(BadRequest)
     def _bad(exc: BadRequest):
@@ -223,18 +255,36 @@ def create_app(service: BlockerService) -> Flask:
                 q = StreamParams.model_validate(request.args.to_dict())
             except ValidationError as exc:
                 raise BadRequest(validation_message(exc)) from None
+            if not service.stream_slots.acquire(blocking=False):
+                return _busy()
+            released = []
+
+            def release() -> None:  # once, whether the stream ended, failed or was never started
+                if not released:
+                    released.append(True)
+                    service.stream_slots.release()
+
             gen = paced_stream(q.mbps, q.seconds, service.streams, service.stream_bytes)
-            return Response(gen, mimetype="application/octet-stream")
+            resp = Response(gen, mimetype="application/octet-stream")
+            resp.call_on_close(release)
+            return resp
 
         @app.post("/sink")
         def sink():
-            got = 0
-            while True:
-                block = request.stream.read(1 << 16)
-                if not block:
-                    break
-                got += len(block)
-                service.sink_bytes += len(block)
-            return jsonify(received=got)
+            if not service.stream_slots.acquire(blocking=False):
+                return _busy()
+            try:
+                # A sink swallows streams by design: the most one load can send, bounded in count by max_streams.
+                request.max_content_length = SINK_MAX_BYTES
+                got = 0
+                while True:
+                    block = request.stream.read(1 << 16)
+                    if not block:
+                        break
+                    got += len(block)
+                    service.sink_bytes += len(block)
+                return jsonify(received=got)
+            finally:
+                service.stream_slots.release()
 
     return app

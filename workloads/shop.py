@@ -25,6 +25,7 @@ import uuid
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import requests
 from flask import Blueprint, Flask, jsonify, request
@@ -36,6 +37,8 @@ PARTS = ("all", "catalogue", "cart", "orders")
 CATALOGUE = [(f"Item {i:02d}", 199 + 150 * i, 1000) for i in range(1, 21)]
 MAX_QUANTITY = 100
 UPSTREAM_TIMEOUT_S = 5.0
+#: Request bodies are a cart line or an order: small JSON.
+MAX_CONTENT_LENGTH = 64 << 10
 
 SCHEMAS = {
     "catalogue": "CREATE TABLE IF NOT EXISTS products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
@@ -234,18 +237,19 @@ class CatalogueHTTP(_HTTP):
         return self.call("GET", "/api/products")
 
     def product(self, pid: int) -> dict:
-        return self.call("GET", f"/api/products/{pid}")
+        return self.call("GET", f"/api/products/{int(pid)}")
 
     def reserve(self, lines: list[dict]) -> list[dict]:
         return self.call("POST", "/api/products/reserve", json={"lines": lines})["lines"]
 
 
 class CartHTTP(_HTTP):
+    # A cart id comes from a client: quoted whole, so "../x", "a?b" or "a/b" stay one path segment upstream.
     def get(self, cid: str) -> dict:
-        return self.call("GET", f"/api/carts/{cid}")
+        return self.call("GET", f"/api/carts/{quote(cid, safe='')}")
 
     def clear(self, cid: str) -> None:
-        self.call("DELETE", f"/api/carts/{cid}/items")
+        self.call("DELETE", f"/api/carts/{quote(cid, safe='')}/items")
 
 
 # ---- HTTP front ----------------------------------------------------------------------------------------------
@@ -309,6 +313,7 @@ def create_app(db_path: Path | None = None, part: str = "all", catalogue_url: st
     path = Path(db_path) if db_path else Path(tempfile.mkdtemp(prefix="joulesched-shop-")) / "shop.db"
     init_db(path, part)
     app = Flask(f"joulesched-shop-{part}")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_CONTENT_LENGTH
     if part == "all":
         cat = Catalogue(path)
         carts = Carts(path, cat)

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_WORK_MS = 1000
 DEFAULT_WORK_MS = 10
+#: The test app takes no body; anything larger is refused with 413.
+MAX_CONTENT_LENGTH = 64 << 10
 
 
 class WorkQuery(BaseModel):
@@ -32,6 +34,7 @@ def burn(ms: float) -> int:
 
 def create_app(default_ms: float = DEFAULT_WORK_MS) -> Flask:
     app = Flask("joulesched-testapp")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_CONTENT_LENGTH
 
     @app.get("/healthz")
     def healthz():

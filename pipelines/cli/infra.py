@@ -44,8 +44,11 @@ def _stack(name: str):
         _fail(str(e))
 
 
-def _pulumi_op(op: str, stack: str, **kw) -> None:
+def _pulumi_op(op: str, stack: str, *, confirm: str | None = None, **kw) -> None:
+    """Run ``op`` on the stack; ``confirm`` is asked only once the stack is known to be usable."""
     s = _stack(stack)
+    if confirm is not None and not typer.confirm(confirm):
+        raise typer.Exit(1)
     from pulumi.automation import errors
 
     try:
@@ -68,18 +71,14 @@ def up(stack: StackOpt,
        yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before changing anything.")] = False
        ) -> None:
     """Create or update the environment of a stack."""
-    if not yes and not typer.confirm(f"update stack {stack}?"):
-        raise typer.Exit(1)
-    _pulumi_op("up", stack)
+    _pulumi_op("up", stack, confirm=None if yes else f"update stack {stack}?")
 
 
 @app.command()
 def destroy(stack: StackOpt,
             yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before deleting.")] = False) -> None:
     """Delete every resource of a stack."""
-    if not yes and not typer.confirm(f"destroy everything in stack {stack}?"):
-        raise typer.Exit(1)
-    _pulumi_op("destroy", stack)
+    _pulumi_op("destroy", stack, confirm=None if yes else f"destroy everything in stack {stack}?")
 
 
 # ------------------------------------------------------------------------------------------ kvm (no Pulumi)
@@ -113,28 +112,36 @@ PrefixOpt = Annotated[Optional[str], typer.Option(help="Guest name prefix (defau
 @kvm_app.command("up")
 def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt = None,
            prefix: PrefixOpt = None) -> None:
-    """Create the master and workers of the kvm config as libvirt guests (a fresh CA and token per run)."""
-    from joulesched.infra.kvm import guest_spec, plan
-    from joulesched.infra.libvirt_guests import GuestError, create_guest, delete_guest
-    from joulesched.infra.pki import generate
+    """Create the master and workers of the kvm config as libvirt guests (a fresh token per run; the master
+    makes the cluster CA, and the workers pin the hash it prints on its serial console)."""
+    from joulesched.infra.cloudinit import CaHashTimeout, wait_for_ca_hash
+    from joulesched.infra.kvm import CA_HASH_TIMEOUT_S, guest_spec, plan
+    from joulesched.infra.libvirt_guests import GuestError, create_guest, delete_guest, domain_active
+    from joulesched.infra.pki import new_token
 
     cfg = _kvm_config(config, ssh_public_key, prefix)
     planned = plan(cfg.name_prefix, cfg.kvm)
-    pki = generate(f"{cfg.name_prefix}-kubernetes")
+    token = new_token()
     made = []
+    ca_hash = ""
     table = Table("guest", "role", "address", "virt type", "console log")
     try:
         for g in planned:
-            info = create_guest(guest_spec(cfg.name_prefix, cfg.kvm, g, planned[0], pki))
+            info = create_guest(guest_spec(cfg.name_prefix, cfg.kvm, g, planned[0], token, ca_hash))
             made.append(g.hostname)
             table.add_row(g.hostname, g.role, g.address or f"127.0.0.1:{g.ssh_port}", info.virt_type,
                           info.console_log)
-    except GuestError as e:
+            if g.role == "master" and len(planned) > 1:
+                out.print(f"waiting for {g.hostname} to make the cluster CA (console: {info.console_log}) ...")
+                ca_hash = wait_for_ca_hash(info.console_log, CA_HASH_TIMEOUT_S,
+                                           alive=lambda g=g: domain_active(cfg.kvm.uri, g.hostname))
+    except (GuestError, CaHashTimeout) as e:
         for name in made:  # all or nothing
             delete_guest(cfg.kvm.uri, name, cfg.kvm.pool_dir)
         _fail(str(e), 1)
     out.print(table)
-    out.print(f"CA pin for joins: {pki.ca_cert_hash}")
+    if ca_hash:
+        out.print(f"CA pin for joins: {ca_hash}")
 
 
 @kvm_app.command("down")
@@ -197,13 +204,14 @@ def wheelhouse(
         help="Also write DIR.tar, one reproducible archive for power_exporter_wheelhouse_src (much faster to copy "
              "than a directory).")] = False,
 ) -> None:
-    """Build the wheelhouse power_exporter installs from with `pip --no-index` on air-gapped hosts."""
-    from joulesched.infra.wheelhouse import WheelhouseError, archive_wheelhouse, build_wheelhouse
+    """Build the wheelhouse power_exporter installs from with `pip --no-index` on air-gapped hosts, and its
+    requirements.lock (every wheel pinned by SHA-256, for `pip install --require-hashes`)."""
+    from joulesched.infra.wheelhouse import LOCK_NAME, WheelhouseError, archive_wheelhouse, build_wheelhouse
 
     try:
         wheel = build_wheelhouse(out_dir, all_deps=all_deps)
         tar = archive_wheelhouse(out_dir) if archive else None
     except WheelhouseError as e:
         _fail(str(e), 1)
-    out.print(f"wheelhouse {out_dir}: {wheel.name} and {len(list(out_dir.glob('*.whl'))) - 1} requirement wheel(s)"
-              + (f"; archive {tar}" if tar else ""))
+    out.print(f"wheelhouse {out_dir}: {wheel.name} and {len(list(out_dir.glob('*.whl'))) - 1} requirement wheel(s), "
+              f"pinned in {out_dir / LOCK_NAME}" + (f"; archive {tar}" if tar else ""))

@@ -13,6 +13,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DYNAMIC = "pulumi-python:dynamic:Resource"
+#: What a mocked kvm master "prints" as its CA hash (a real one reads it from the serial console).
+MASTER_CA_HASH = "sha256:" + "5e" * 32
 
 
 @dataclass
@@ -30,14 +32,14 @@ class Recording(pulumi.runtime.Mocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
-        if args.typ == DYNAMIC and "common_name" in args.inputs:  # KubeadmPki: make a real one, it is fast
-            from joulesched.infra.pki import generate
+        if args.typ == DYNAMIC and "common_name" in args.inputs:  # KubeadmPki: the real provider, it is fast
+            from joulesched.infra.dynamic import KubeadmPkiProvider
 
-            p = generate(args.inputs["common_name"])
-            outputs.update(ca_cert_pem=p.ca_cert_pem, ca_key_pem=p.ca_key_pem, ca_cert_hash=p.ca_cert_hash,
-                           token=p.token)
+            outputs.update(KubeadmPkiProvider().create(dict(args.inputs)).outs)
         elif args.typ == DYNAMIC:
-            outputs.update(uuid=f"uuid-{args.name}", resolved_virt_type="qemu")
+            outputs.update(uuid=f"uuid-{args.name}", resolved_virt_type="qemu", ca_cert_hash="")
+            if args.inputs.get("wait_ca_hash_s"):  # a master: the hash it would print on its console
+                outputs["ca_cert_hash"] = MASTER_CA_HASH
         elif args.typ == "aws:ec2/instance:Instance":
             outputs.update(private_ip="10.0.1.10", public_ip="203.0.113.10")
         self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs))
@@ -78,7 +80,7 @@ def run(build: Callable[[], Any], config: dict[str, Any] | None = None) -> Recor
 def stack_config(stack: str, **extra: Any) -> dict[str, Any]:
     """The committed Pulumi.<stack>.yaml config plus per-user settings a test adds (keys without prefix)."""
     doc = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"]
-    doc = {k: v for k, v in doc.items() if k.startswith("joulesched:")}
+    doc = {k: v for k, v in doc.items() if k.startswith(("joulesched:", "aws:"))}
     doc.update({f"joulesched:{k}": v for k, v in extra.items()})
     return doc
 

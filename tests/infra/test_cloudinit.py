@@ -10,17 +10,16 @@ import yaml
 pytest.importorskip("cryptography", reason="infra extra not installed: pip install -e '.[infra]'")
 
 from joulesched.infra.cloudinit import (
+    ca_hash_from_console,
+    host_keys_from_console,
     render_kube_node,
     render_meta_data,
     render_network_config,
     render_power_host,
     validate,
 )
-from joulesched.infra.config import KubeadmConfig
+from joulesched.infra.config import CNI_PINS, KubeadmConfig
 from joulesched.infra.pki import ca_cert_hash, generate
-
-# A placeholder shaped like a private key (assembled, so secret scanners do not flag the test): never a real key.
-FAKE_KEY = "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nx\n-----END OPENSSH " + "PRIVATE KEY-----\n"
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBn1 user@example"
 HAS_CLOUD_INIT = shutil.which("cloud-init") is not None
@@ -33,15 +32,15 @@ def pki():
 
 def _docs(pki):
     master = render_kube_node(role="master", hostname="js-master", ssh_authorized_keys=[KEY],
-                              kubeadm=KubeadmConfig(), token=pki.token, ca_cert_pem=pki.ca_cert_pem,
-                              ca_key_pem=pki.ca_key_pem, advertise_address="192.168.122.10")
+                              kubeadm=KubeadmConfig(), token=pki.token, advertise_address="192.168.122.10")
+    aws_master = render_kube_node(role="master", hostname="js-master", ssh_authorized_keys=[KEY],
+                                  kubeadm=KubeadmConfig(cni="flannel"), token=pki.token, ca_cert_pem=pki.ca_cert_pem,
+                                  ca_key_parameter="/js/kubeadm/ca-key", aws_region="eu-central-1")
     worker = render_kube_node(role="worker", hostname="js-worker-0", ssh_authorized_keys=[KEY],
-                              kubeadm=KubeadmConfig(cni="flannel"), token=pki.token, ca_cert_pem=pki.ca_cert_pem,
+                              kubeadm=KubeadmConfig(cni="flannel"), token=pki.token,
                               ca_cert_hash=pki.ca_cert_hash, master_address="192.168.122.10")
-    host = render_power_host(hostname="js-host", ssh_authorized_keys=[KEY],
-                             host_key_private=FAKE_KEY,
-                             host_key_public="ssh-ed25519 AAAAhost")
-    return {"master": master, "worker": worker, "host": host}
+    host = render_power_host(hostname="js-host", ssh_authorized_keys=[KEY])
+    return {"master": master, "aws-master": aws_master, "worker": worker, "host": host}
 
 
 def test_documents_are_cloud_config(pki):
@@ -50,15 +49,48 @@ def test_documents_are_cloud_config(pki):
         assert yaml.safe_load(doc)["locale"] == "C.UTF-8", name
 
 
-def test_master_runs_kubeadm_init_with_our_ca(pki):
+def test_master_makes_its_own_ca_and_prints_only_its_hash(pki):
     d = yaml.safe_load(_docs(pki)["master"])
-    files = {f["path"]: f for f in d["write_files"]}
-    assert files["/etc/kubernetes/pki/ca.key"]["content"] == pki.ca_key_pem
-    assert files["/etc/kubernetes/pki/ca.key"]["permissions"] == "0600"
+    paths = {f["path"] for f in d["write_files"]}
+    assert not any(p.startswith("/etc/kubernetes/pki/") for p in paths)  # kubeadm init makes the CA itself
     init = next(c for c in d["runcmd"] if c[:2] == ["kubeadm", "init"])
     assert init[init.index("--token") + 1] == pki.token and "--pod-network-cidr" in init
-    assert any("calico" in " ".join(c) for c in d["runcmd"])
-    assert "containerd" in d["packages"]
+    assert "JOULESCHED-CA-CERT-HASH" in " ".join(" ".join(c) for c in d["runcmd"] if isinstance(c, list))
+    assert "containerd" in d["packages"] and "python3-boto3" not in d["packages"]
+
+
+def test_aws_master_fetches_the_key_through_its_role(pki):
+    d = yaml.safe_load(_docs(pki)["aws-master"])
+    files = {f["path"]: f for f in d["write_files"]}
+    assert files["/etc/kubernetes/pki/ca.crt"]["content"] == pki.ca_cert_pem
+    assert "/etc/kubernetes/pki/ca.key" not in files
+    script = files["/usr/local/sbin/joulesched-fetch-ca-key"]
+    assert script["permissions"] == "0700" and "get_parameter" in script["content"]
+    cmds = [c for c in d["runcmd"] if isinstance(c, list)]
+    fetch = next(i for i, c in enumerate(cmds) if c[0] == "/usr/local/sbin/joulesched-fetch-ca-key")
+    init = next(i for i, c in enumerate(cmds) if c[:2] == ["kubeadm", "init"])
+    assert fetch < init and cmds[fetch][cmds[fetch].index("--parameter") + 1] == "/js/kubeadm/ca-key"
+    assert "python3-boto3" in d["packages"]
+
+
+@pytest.mark.parametrize("cni", ["calico", "flannel"])
+def test_the_cni_manifest_is_pinned_and_checked_before_apply(pki, cni):
+    version, sha = CNI_PINS[cni]
+    doc = render_kube_node(role="master", hostname="m", ssh_authorized_keys=[KEY], kubeadm=KubeadmConfig(cni=cni),
+                           token=pki.token)
+    d = yaml.safe_load(doc)
+    assert "latest" not in doc
+    files = {f["path"]: f for f in d["write_files"]}
+    assert files["/etc/kubernetes/cni.sha256"]["content"] == f"{sha}  /etc/kubernetes/cni.yaml\n"
+    cmds = [" ".join(c) for c in d["runcmd"] if isinstance(c, list)]
+    fetch = next(i for i, c in enumerate(cmds) if c.startswith("curl") and "/etc/kubernetes/cni.yaml" in c)
+    assert f"/{version}/" in cmds[fetch] and "--proto =https" in cmds[fetch]
+    apply = next(i for i, c in enumerate(cmds) if "apply -f" in c)
+    assert apply > fetch and "sha256sum --check --strict /etc/kubernetes/cni.sha256 && kubectl" in cmds[apply]
+    with pytest.raises(ValueError, match="no pinned checksum"):
+        KubeadmConfig(cni=cni, calico_version="v3.29.0", flannel_version="v0.26.0").cni_manifest()
+    other = KubeadmConfig(cni=cni, calico_version="v3.29.0", flannel_version="v0.26.0", cni_sha256="ab" * 32)
+    assert other.cni_manifest()[1] == "ab" * 32
 
 
 def test_worker_joins_with_a_pinned_ca_and_never_sees_the_key(pki):
@@ -68,6 +100,20 @@ def test_worker_joins_with_a_pinned_ca_and_never_sees_the_key(pki):
     assert join[2] == "192.168.122.10:6443"
     assert join[join.index("--discovery-token-ca-cert-hash") + 1] == ca_cert_hash(pki.ca_cert_pem)
     assert "PRIVATE KEY" not in doc and "unsafe-skip" not in doc
+    # No ca.crt either: `kubeadm join` preflight refuses an existing one, discovery fetches and pins it.
+    assert not any(f["path"].startswith("/etc/kubernetes/pki") for f in d["write_files"])
+
+
+def test_console_parsers():
+    h = "sha256:" + "0123456789abcdef" * 4
+    console = f"[  12.3] cloud-init[99]: JOULESCHED-CA-CERT-HASH {h}\r\nlogin:"
+    assert ca_hash_from_console(console) == h
+    assert ca_hash_from_console("JOULESCHED-CA-CERT-HASH sha256:\n") is None
+    keys = ("-----BEGIN SSH HOST KEY KEYS-----\r\necdsa-sha2-nistp256 AAAAE2Vj= root@h\r\n"
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHk root@h\r\n-----END SSH HOST KEY KEYS-----\r\n")
+    assert host_keys_from_console("noise\n" + keys) == ["ecdsa-sha2-nistp256 AAAAE2Vj=",
+                                                        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHk"]
+    assert host_keys_from_console(keys[:60]) == []
 
 
 def test_no_password_login(pki):
@@ -93,9 +139,15 @@ def test_meta_and_network_config():
 
 
 def test_bad_inputs_are_rejected(pki):
-    with pytest.raises(ValueError, match="CA key"):
+    with pytest.raises(ValueError, match="ca_key_parameter"):
         render_kube_node(role="master", hostname="m", ssh_authorized_keys=[KEY], kubeadm=KubeadmConfig(),
                          token=pki.token, ca_cert_pem=pki.ca_cert_pem)
+    with pytest.raises(ValueError, match="private key"):
+        render_kube_node(role="master", hostname="m", ssh_authorized_keys=[KEY], kubeadm=KubeadmConfig(),
+                         token=pki.token, ca_cert_pem=pki.ca_key_pem, ca_key_parameter="/p", aws_region="r")
+    with pytest.raises(TypeError):  # there is no way to pass the key itself any more
+        render_kube_node(role="master", hostname="m", ssh_authorized_keys=[KEY], kubeadm=KubeadmConfig(),
+                         token=pki.token, ca_key_pem=pki.ca_key_pem)
     with pytest.raises(ValueError, match="ca_cert_hash"):
         render_kube_node(role="worker", hostname="w", ssh_authorized_keys=[KEY], kubeadm=KubeadmConfig(),
                          token=pki.token, ca_cert_pem=pki.ca_cert_pem)
@@ -103,7 +155,7 @@ def test_bad_inputs_are_rejected(pki):
 
 @pytest.mark.skipif(not HAS_CLOUD_INIT, reason="cloud-init not installed (apt-get install cloud-init); "
                                                "schema validation needs its `cloud-init schema`")
-@pytest.mark.parametrize("which", ["master", "worker", "host"])
+@pytest.mark.parametrize("which", ["master", "aws-master", "worker", "host"])
 def test_cloud_init_schema_accepts(pki, which):
     validate(_docs(pki)[which])
 

@@ -4,6 +4,8 @@ and the provision summary (ansible-runner patched: the real run is tests/infra/t
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 
 import pytest
 import yaml
@@ -79,13 +81,26 @@ def test_kvm_up_and_down_on_the_libvirt_test_driver(tmp_path):
             "joulesched:workers": "1", "joulesched:diskGib": "3", "joulesched:memoryMib": "1024"}}))
         pub = tmp_path / "id.pub"
         pub.write_text(KEY + "\n")
+        # The test driver runs no guest: write the master's serial console as QEMU would, once it exists.
+        ca_hash = "sha256:" + "c4" * 32
+        console = tmp_path / "pool" / "jst-master" / "console.log"
+
+        def master_prints():
+            deadline = time.monotonic() + 30
+            while not console.parent.is_dir() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            console.write_text(f"JOULESCHED-CA-CERT-HASH {ca_hash}\n")
+
+        t = threading.Thread(target=master_prints)
+        t.start()
         r = runner.invoke(app, ["kvm", "up", "--config", str(cfg), "--ssh-public-key", str(pub), "--prefix", "jst"])
+        t.join()
         assert r.exit_code == 0, r.output
         assert sorted(d.name() for d in keep.listAllDomains() if d.name().startswith("jst-")) == \
             ["jst-master", "jst-worker-0"]
-        assert "192.168.122.10" in r.output and "sha256:" in r.output
+        assert "192.168.122.10" in r.output and ca_hash in r.output
         seed = tmp_path / "pool" / "jst-worker-0" / "seed.img"
-        assert seed.is_file()
+        assert ca_hash.encode() in seed.read_bytes()  # the worker pins the CA the master made
         r = runner.invoke(app, ["kvm", "down", "--config", str(cfg), "--prefix", "jst"])
         assert r.exit_code == 0 and "removed 2 guest(s)" in r.output, r.output
         assert not [d for d in keep.listAllDomains() if d.name().startswith("jst-")]

@@ -103,6 +103,64 @@ def test_create_and_delete_guest(tmp_path, base):
 
 
 @need_tools
+def test_guest_files_are_private(tmp_path, base):
+    import stat
+
+    spec = _spec(tmp_path, base)
+    info = create_guest(spec)
+    try:
+        d = tmp_path / "pool" / "js-test-guest"
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+        assert stat.S_IMODE((d / "seed.img").stat().st_mode) == 0o600
+        assert info.seed == str(d / "seed.img")
+    finally:
+        delete_guest(spec.uri, spec.name, spec.pool_dir)
+
+
+def test_qemu_user_only_for_root_on_the_system_driver(monkeypatch):
+    from joulesched.infra.libvirt_guests import qemu_user
+
+    assert qemu_user("test:///default") is None and qemu_user("qemu:///session") is None
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert qemu_user("qemu:///system") is None
+
+
+@need_tools
+def test_dynamic_provider_waits_for_the_masters_ca_hash(tmp_path, base):
+    """A master's resource is created once the guest printed its CA hash on the serial console; the console
+    file is written here as QEMU would write the guest's output (the test driver runs no guest)."""
+    pytest.importorskip("pulumi", reason="infra extra not installed")
+    import threading
+    import time
+
+    from joulesched.infra.cloudinit import CaHashTimeout
+    from joulesched.infra.dynamic import LibvirtGuestProvider
+
+    h = "sha256:" + "ab" * 32
+    console = tmp_path / "pool" / "js-test-guest" / "console.log"
+
+    def guest_prints():
+        deadline = time.monotonic() + 20
+        while not console.parent.is_dir() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        console.write_text(f"[ 99.0] cloud-init[1]: JOULESCHED-CA-CERT-HASH {h}\r\n")
+
+    t = threading.Thread(target=guest_prints)
+    t.start()
+    p = LibvirtGuestProvider()
+    res = p.create({**_spec(tmp_path, base).to_dict(), "wait_ca_hash_s": 20})
+    t.join()
+    try:
+        assert res.outs["ca_cert_hash"] == h
+    finally:
+        p.delete(res.id, res.outs)
+    with pytest.raises(CaHashTimeout, match="no CA hash within 1 s"):
+        p.create({**_spec(tmp_path, base).to_dict(), "wait_ca_hash_s": 1})
+    assert list_guests("test:///default", "js-test-") == []  # a master that never printed is removed
+
+
+@need_tools
 def test_failed_create_leaves_nothing(tmp_path):
     spec = _spec(tmp_path, tmp_path / "missing.qcow2")
     with pytest.raises(GuestError, match="does not exist"):

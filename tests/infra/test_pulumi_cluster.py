@@ -29,13 +29,83 @@ def test_components_have_their_own_type_tokens(rec):
         assert token in types, token
 
 
-def test_namespace_and_everything_in_it(rec):
-    ns = rec.of_type("kubernetes:core/v1:Namespace")
-    assert [n.inputs["metadata"]["name"] for n in ns] == ["joulesched"]
+HOST_AGENTS = {"joulesched-power-exporter", "joulesched-node-exporter"}
+
+
+def test_namespaces_and_everything_in_them(rec):
+    """The exporters (host access) alone in a privileged namespace; everything else under PSA restricted.
+    Before: one namespace, enforce=privileged, shared by the exporter, the scheduler and the workloads."""
+    ns = {n.inputs["metadata"]["name"]: n.inputs["metadata"]["labels"]
+          for n in rec.of_type("kubernetes:core/v1:Namespace")}
+    assert set(ns) == {"joulesched", "joulesched-power"}
+    assert ns["joulesched"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert ns["joulesched-power"]["pod-security.kubernetes.io/enforce"] == "privileged"
     for r in rec.resources:
         if r.typ.startswith("kubernetes:") and r.typ.split(":")[-1] not in ("Namespace", "ClusterRole",
                                                                              "ClusterRoleBinding"):
-            assert r.inputs["metadata"]["namespace"] == "joulesched", r.name
+            meta = r.inputs["metadata"]
+            if meta["name"] in HOST_AGENTS:
+                assert meta["namespace"] == "joulesched-power", r.name
+            elif r.typ.endswith(("Role", "RoleBinding")) and meta["name"] == "joulesched-prometheus":
+                assert meta["namespace"] in ns, r.name  # pod discovery in both namespaces, nowhere else
+            else:
+                assert meta["namespace"] == "joulesched", r.name
+
+
+def test_restricted_namespace_holds_only_restricted_pods(rec):
+    """What PSA `restricted` checks, on every pod template in the restricted namespace."""
+    for r in rec.of_type(DEP) + rec.of_type(DS):
+        if r.inputs["metadata"]["namespace"] != "joulesched":
+            continue
+        pod = _pod(r)
+        assert not any(pod.get(k) for k in ("hostPID", "hostNetwork", "hostIPC")), r.name
+        assert not any("hostPath" in v for v in pod.get("volumes", [])), r.name
+        assert pod["securityContext"]["runAsNonRoot"] is True, r.name
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", r.name
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], r.name
+            assert "add" not in sc["capabilities"] and not sc.get("privileged"), r.name
+
+
+def test_network_policies_guard_the_scheduler_and_exporter_ports(rec):
+    pols = {(p.inputs["metadata"]["namespace"], p.inputs["metadata"]["name"]): p.inputs["spec"]
+            for p in rec.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")}
+    expect = {("joulesched-power", "joulesched-power-exporter"): 9102,
+              ("joulesched-power", "joulesched-node-exporter"): 9100, ("joulesched", "joulesched-scheduler"): 10259}
+    assert set(pols) == set(expect)
+    for key, port in expect.items():
+        spec = pols[key]
+        assert spec["policyTypes"] == ["Ingress"] and spec["podSelector"]["matchLabels"], key
+        (rule,) = spec["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": port}], key
+        for peer in rule["from"]:
+            names = peer["podSelector"]["matchExpressions"][0]["values"]
+            assert set(names) <= {"prometheus", "joulesched-prometheus"} and "ipBlock" not in peer, key
+
+
+def test_power_exporter_has_no_host_pid_and_no_token(rec):
+    pod = _pod(rec.by_k8s_name(DS, "joulesched-power-exporter"))
+    assert "hostPID" not in pod and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+def test_image_references_accept_digests():
+    digest = "sha256:" + "0f" * 32
+    rec = run_main(stack_config("cluster", image=f"registry.example.com/joulesched/joulesched@{digest}",
+                                prometheusImage=f"quay.io/prometheus/prometheus:v2.53.2@{digest}",
+                                workloadImages={"cpu": f"registry.example.com/joulesched/cpu@{digest}"}))
+    sched = _pod(rec.by_k8s_name(DEP, "joulesched"))["containers"][0]
+    assert sched["image"] == f"registry.example.com/joulesched/joulesched@{digest}"
+    assert _pod(rec.by_k8s_name(DS, "joulesched-power-exporter"))["containers"][0]["image"] == sched["image"]
+    assert _pod(rec.by_k8s_name(DEP, "joulesched-cpu"))["containers"][0]["image"].endswith(f"/cpu@{digest}")
+    assert _pod(rec.by_k8s_name(DEP, "joulesched-memory"))["containers"][0]["image"].endswith("/memory:latest")
+    with pytest.raises(InfraConfigError) as e:
+        run_main(stack_config("cluster", image="registry.example.com/js@sha256:abc",
+                              workloadImages={"cpu": "Bad Image", "gpu": "x:1"}, workloadTag="sha256:" + "0" * 64))
+    text = str(e.value)
+    assert "joulesched:image: 'registry.example.com/js@sha256:abc' is not an image reference" in text
+    assert "workloadImages.cpu" in text and "unknown app 'gpu'" in text and "workloadTag must be a tag" in text
 
 
 def test_power_exporter_daemonset_hostpaths_and_no_capabilities(rec):

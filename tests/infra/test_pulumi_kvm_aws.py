@@ -8,7 +8,7 @@ pytest.importorskip("pulumi_kubernetes", reason="infra extra not installed: pip 
 import yaml  # noqa: E402
 
 from joulesched.infra.config import InfraConfigError  # noqa: E402
-from tests.infra.pulumi_harness import DYNAMIC, run_main, stack_config  # noqa: E402
+from tests.infra.pulumi_harness import DYNAMIC, MASTER_CA_HASH, run_main, stack_config  # noqa: E402
 
 # The start of a private key, assembled so that secret scanners do not flag the test.
 FAKE_KEY_HEADER = "-----BEGIN OPENSSH " + "PRIVATE KEY-----"
@@ -47,10 +47,12 @@ def test_kvm_guest_properties(kvm):
     assert join[2] == "192.168.122.10:6443"
     assert yaml.safe_load(g["joulesched-worker-1"]["network_config"])["ethernets"]["primary"]["addresses"] == \
         ["192.168.122.12/24"]
-    # one CA for the whole cluster: the master writes it, the workers pin its hash
-    ca_master = next(f["content"] for f in ud["write_files"] if f["path"] == "/etc/kubernetes/pki/ca.crt")
-    ca_worker = next(f["content"] for f in w["write_files"] if f["path"] == "/etc/kubernetes/pki/ca.crt")
-    assert ca_master == ca_worker
+    # One CA for the whole cluster, made by the master's kubeadm init: no seed carries a CA file, and the
+    # workers pin the hash the master's guest resource read from its console.
+    assert not any(f["path"].startswith("/etc/kubernetes/pki") for f in ud["write_files"] + w["write_files"])
+    assert join[join.index("--discovery-token-ca-cert-hash") + 1] == MASTER_CA_HASH
+    assert m["wait_ca_hash_s"] > 0 and g["joulesched-worker-1"]["wait_ca_hash_s"] == 0
+    assert kvm.exports["ca_cert_hash"] is not None
 
 
 def test_kvm_user_network_and_direct_kernel_boot():
@@ -108,8 +110,37 @@ def test_aws_instances_share_the_kubeadm_cloud_init(aws_rec):
     w = yaml.safe_load(inst["joulesched-worker-0"]["userData"])
     join = next(c for c in w["runcmd"] if c[:2] == ["kubeadm", "join"])
     assert join[2] == "10.0.1.10:6443"  # the master's private IP, through an Output
-    assert inst["joulesched-master"]["metadataOptions"]["httpTokens"] == "required"
+    for i in inst.values():
+        assert i["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
+                                        "httpPutResponseHopLimit": 1}
     assert inst["joulesched-master"]["rootBlockDevice"]["encrypted"] is True
+
+
+def test_aws_ca_key_goes_through_ssm_and_the_master_role_only(aws_rec):
+    import json
+
+    (param,) = aws_rec.of_type("aws:ssm/parameter:Parameter")
+    (pki,) = [r for r in aws_rec.of_type(DYNAMIC) if "common_name" in r.inputs]
+    from pulumi.runtime import rpc
+
+    value = param.inputs["value"]  # a secret in the state: the key never appears in plain text there
+    assert value[rpc._special_sig_key] == rpc._special_secret_sig and value["value"] == pki.outputs["ca_key_pem"]
+    assert param.inputs["type"] == "SecureString"
+    assert param.inputs["name"] == "/joulesched/kubeadm/ca-key"
+    (policy,) = aws_rec.of_type("aws:iam/rolePolicy:RolePolicy")
+    stmts = json.loads(policy.inputs["policy"])["Statement"]
+    assert [s["Action"] for s in stmts] == [["ssm:GetParameter"], ["kms:Decrypt"]]
+    assert stmts[0]["Resource"] != "*"
+    assert stmts[1]["Condition"] == {"StringEquals": {"kms:ViaService": "ssm.eu-central-1.amazonaws.com"}}
+    inst = {r.inputs["tags"]["Name"]: r.inputs for r in aws_rec.of_type("aws:ec2/instance:Instance")}
+    assert inst["joulesched-master"].get("iamInstanceProfile")
+    assert not inst["joulesched-worker-0"].get("iamInstanceProfile")  # workers read nothing
+    m = yaml.safe_load(inst["joulesched-master"]["userData"])
+    fetch = next(c for c in m["runcmd"] if isinstance(c, list) and c[0].endswith("joulesched-fetch-ca-key"))
+    assert fetch[fetch.index("--region") + 1] == "eu-central-1"
+    w = yaml.safe_load(inst["joulesched-worker-0"]["userData"])
+    join = next(c for c in w["runcmd"] if c[:2] == ["kubeadm", "join"])
+    assert join[join.index("--discovery-token-ca-cert-hash") + 1] == pki.outputs["ca_cert_hash"]
 
 
 def test_aws_ssh_only_from_the_operator(aws_rec):

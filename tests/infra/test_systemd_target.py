@@ -95,3 +95,66 @@ def test_testinfra_passes_through_the_inventory(target, converged):
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " failed" not in r.stdout and "skipped" not in r.stdout.split("\n")[-2], \
         r.stdout[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------- upgrades
+MARKER_FILE = "power/exporter.py"
+MARKER_FROM = '"Energy per zone since the exporter started."'
+
+
+def _metrics(target) -> str:
+    r = targets.docker(target["env"], "exec", target["name"], "python3", "-c",
+                       "import urllib.request; print(urllib.request.urlopen("
+                       "'http://127.0.0.1:9102/metrics', timeout=5).read().decode())", check=False, timeout=60)
+    return r.stdout if r.returncode == 0 else ""
+
+
+def _main_pid(target) -> str:
+    return targets.docker(target["env"], "exec", target["name"], "systemctl", "show", "-p", "MainPID", "--value",
+                          "joulesched-power-exporter", timeout=60).stdout.strip()
+
+
+def test_new_code_under_the_same_version_is_installed_and_runs(target, converged, tmp_path):
+    """Converge, change the code (the version number stays 0.1.0), converge again: the role reinstalls because
+    the wheelhouse's lock hash changed, restarts the service, and the running exporter serves the new code.
+    Before the lock, the second converge found `joulesched==0.1.0` "already satisfied" and changed nothing."""
+    import shutil as sh
+
+    from joulesched.infra.wheelhouse import LOCK_NAME, build_wheelhouse, package_folders
+    from tests.infra.test_qemu_guest import _changed_tasks
+
+    marker = f"upgrade-marker-{os.getpid()}-{int(time.time())}"
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in ("pyproject.toml", "README.md"):
+        sh.copy2(targets.REPO / f, src / f)
+    for pkg in package_folders():
+        if (targets.REPO / pkg).is_dir():
+            sh.copytree(targets.REPO / pkg, src / pkg, ignore=sh.ignore_patterns("__pycache__"))
+    code = (src / MARKER_FILE).read_text()
+    assert MARKER_FROM in code
+    (src / MARKER_FILE).write_text(code.replace(MARKER_FROM, f'"Energy per zone since the exporter started '
+                                                             f'({marker})."'))
+    wheelhouse = tmp_path / "wheelhouse"
+    sh.copytree(targets.CACHE / "wheelhouse", wheelhouse)  # the same requirement wheels: no download
+    build_wheelhouse(wheelhouse, source=src)
+    assert (wheelhouse / LOCK_NAME).read_text() != (targets.CACHE / "wheelhouse" / LOCK_NAME).read_text()
+
+    assert marker not in _metrics(target)
+    pid_before = _main_pid(target)
+    inv = yaml.safe_load(target["inventory"].read_text())
+    inv["all"]["children"]["power_hosts"]["vars"]["power_exporter_wheelhouse_src"] = str(wheelhouse)
+    upgraded = dict(target, inventory=tmp_path / "hosts.yml")
+    upgraded["inventory"].write_text(yaml.safe_dump(inv))
+    r, t = _provision(upgraded)
+    assert r.succeeded, r.stdout[-6000:]
+    changed = _changed_tasks(r.stdout)
+    assert "power_exporter : Install joulesched and its requirements from the hashed lock file" in changed, changed
+    assert "power_exporter : Restart power exporter" in changed, changed
+    deadline = time.monotonic() + 60
+    while marker not in (body := _metrics(target)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert marker in body, "the running exporter does not serve the new code"
+    assert _main_pid(target) != pid_before
+    print(f"\nupgrade converge {t:.1f}s")
+    # (That an unchanged lock installs nothing is test_second_run_changes_nothing.)

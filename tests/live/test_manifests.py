@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
-MANIFESTS = ["namespace.yaml", "rbac.yaml", "deployment.yaml", "extender-deployment.yaml", "power-profiles.yaml"]
+MANIFESTS = ["namespace.yaml", "rbac.yaml", "deployment.yaml", "extender-deployment.yaml", "power-profiles.yaml",
+             "networkpolicy.yaml"]
 
 
 def _docs(name: str) -> list[dict]:
@@ -27,7 +28,7 @@ def test_kubernetes_validate_strict(name):
 
 
 def test_cluster_role_is_least_privilege():
-    role = next(d for d in _all() if d["kind"] == "ClusterRole")
+    role = next(d for d in _all() if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "joulesched")
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in role["rules"]}
     assert rules == {
         (("",), ("pods",)): ["get", "list", "watch"],
@@ -49,11 +50,48 @@ def test_lease_access_is_one_lease_in_one_namespace():
     assert [r["verbs"] for r in unnamed] == [["create"]]  # create cannot be limited by name
 
 
+def test_the_extender_has_its_own_read_only_account():
+    """Before: the extender ran as the scheduler's ServiceAccount, so it could bind any pod."""
+    dep = next(d for d in _docs("extender-deployment.yaml") if d["kind"] == "Deployment")
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "joulesched-extender"
+    docs = _docs("rbac.yaml")
+    (sa,) = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "joulesched-extender"]
+    (crb,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"
+              and {"kind": "ServiceAccount", "name": "joulesched-extender", "namespace": "joulesched"} in d["subjects"]]
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == crb["roleRef"]["name"]]
+    verbs = {v for r in role["rules"] for v in r["verbs"]}
+    assert verbs == {"get", "list", "watch"}, role["rules"]
+    assert {res for r in role["rules"] for res in r["resources"]} == {"pods", "nodes"}
+    # Nothing else is bound to the extender's account.
+    bound = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+             and any(s["name"] == "joulesched-extender" for s in d["subjects"])]
+    assert bound == [crb]
+
+
+def test_network_policies_open_only_the_ports_they_guard():
+    pols = {d["metadata"]["name"]: d["spec"] for d in _docs("networkpolicy.yaml")}
+    assert set(pols) == {"joulesched-scheduler", "joulesched-extender"}
+    for name, port in (("joulesched-scheduler", 10259), ("joulesched-extender", 8888)):
+        spec = pols[name]
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == name.split("-")[1]
+        assert spec["policyTypes"] == ["Ingress"]
+        assert {p["port"] for rule in spec["ingress"] for p in rule["ports"]} == {port}
+        for rule in spec["ingress"]:
+            for peer in rule["from"]:
+                assert peer.get("podSelector") or peer.get("ipBlock", {}).get("cidr") not in ("0.0.0.0/0", None)
+
+
+def test_the_namespace_is_restricted():
+    (ns,) = _docs("namespace.yaml")
+    labels = ns["metadata"]["labels"]
+    assert all(labels[f"pod-security.kubernetes.io/{m}"] == "restricted" for m in ("enforce", "warn", "audit"))
+
+
 @pytest.mark.parametrize("name", ["deployment.yaml", "extender-deployment.yaml"])
 def test_pods_are_hardened(name):
     dep = next(d for d in _docs(name) if d["kind"] == "Deployment")
     spec = dep["spec"]["template"]["spec"]
-    assert spec["serviceAccountName"] == "joulesched"
+    assert spec["serviceAccountName"] == ("joulesched" if name == "deployment.yaml" else "joulesched-extender")
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
     for c in spec["containers"]:
         sc = c["securityContext"]

@@ -115,26 +115,46 @@ def run(
     if threads < 1 or rampup_s < 0 or duration_s < 1:
         raise DriverError("need threads >= 1, rampup >= 0 and duration >= 1")
     props = split_target(target) | {"threads": str(threads), "rampup": str(rampup_s), "duration": str(duration_s)}
+    argv = command(jmeter_bin, launcher)
     own_dir = workdir is None
     wd = Path(tempfile.mkdtemp(prefix="joulesched-jmeter-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
-    wd.mkdir(parents=True, exist_ok=True)
+    try:  # a folder of our own is removed however the run ends; a --workdir is the caller's to keep
+        wd.mkdir(parents=True, exist_ok=True)
+        return _run(argv, plan, props, wd, target, rampup_s + duration_s + STARTUP_GRACE_S, own_dir)
+    finally:
+        if own_dir:
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+def _log_tail(log: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no jmeter.log)"
+
+
+def _run(argv: list[str], plan: Path, props: dict[str, str], wd: Path, target: str, limit_s: float,
+         own_dir: bool) -> LoadResult:
     jtl, log = wd / "results.jtl", wd / "jmeter.log"
-    argv = command(jmeter_bin, launcher) + ["-n", "-t", str(plan), "-l", str(jtl), "-j", str(log)]
+    argv = argv + ["-n", "-t", str(plan), "-l", str(jtl), "-j", str(log)]
     argv += [f"-J{k}={v}" for k, v in (props | RESULT_PROPS).items()]
+    # The log of a folder about to be removed goes into the message; a kept folder is named instead.
+    where = (lambda: f"jmeter.log ends:\n{_log_tail(log)}") if own_dir else (lambda: f"log: {log}")
     t0 = time.monotonic()
     # Own session so a timeout kills JMeter's whole process group, wrapper script and JVM alike.
     proc = subprocess.Popen(argv, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=rampup_s + duration_s + STARTUP_GRACE_S)
+        out, _ = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise DriverError(f"JMeter did not finish within {rampup_s + duration_s + STARTUP_GRACE_S:.0f} s; log: {log}") from None
+        raise DriverError(f"JMeter did not finish within {limit_s:.0f} s; {where()}") from None
+    except BaseException:  # Ctrl-C: the JVM must not outlive us either
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     wall = time.monotonic() - t0
     if proc.returncode != 0 or not jtl.is_file():
         tail = "\n".join(out.strip().splitlines()[-5:])
-        raise DriverError(f"JMeter exited {proc.returncode} without results; last output:\n{tail}")
-    result = summarise(read_csv_samples(jtl, "timeStamp", "elapsed", "success"), "jmeter", target, wall)
-    if own_dir:
-        shutil.rmtree(wd, ignore_errors=True)
-    return result
+        raise DriverError(f"JMeter exited {proc.returncode} without results; last output:\n{tail}\n{where()}")
+    return summarise(read_csv_samples(jtl, "timeStamp", "elapsed", "success"), "jmeter", target, wall)

@@ -43,7 +43,16 @@ def run(
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     own_dir = workdir is None
     wd = Path(tempfile.mkdtemp(prefix="joulesched-locust-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
-    wd.mkdir(parents=True, exist_ok=True)
+    try:  # a folder of our own is removed however the run ends; a --workdir is the caller's to keep
+        wd.mkdir(parents=True, exist_ok=True)
+        return _run(wd, target, host, path, users, spawn_rate, duration_s, locustfile)
+    finally:
+        if own_dir:
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+def _run(wd: Path, target: str, host: str, path: str, users: int, spawn_rate: float, duration_s: int,
+         locustfile: Path) -> LoadResult:
     samples = wd / "samples.csv"
     argv = [
         sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--host", host,
@@ -59,12 +68,13 @@ def run(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise DriverError(f"Locust did not finish within {duration_s + STARTUP_GRACE_S:.0f} s") from None
+    except BaseException:  # Ctrl-C: locust must not outlive us either
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     wall = time.monotonic() - t0
     # Locust exits 1 when any request failed; that is a result to report, not a driver failure.
     if proc.returncode not in (0, 1) or not samples.is_file():
         tail = "\n".join(out.strip().splitlines()[-5:])
         raise DriverError(f"Locust exited {proc.returncode} without results; last output:\n{tail}")
-    result = summarise(read_csv_samples(samples, "start_ms", "elapsed_ms", "ok"), "locust", target, wall)
-    if own_dir:
-        shutil.rmtree(wd, ignore_errors=True)
-    return result
+    return summarise(read_csv_samples(samples, "start_ms", "elapsed_ms", "ok"), "locust", target, wall)

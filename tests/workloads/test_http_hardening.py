@@ -1,0 +1,233 @@
+"""The workload apps on the hardened server, started for real (`joulesched workload serve` on loopback): body
+caps (413), Content-Length checks (400), bounded /stream and /sink (429), a bounded thread count, net_target
+limited to the allow-list (the cloud metadata address above all), upstream URL segments quoted, and Hypothesis
+fuzzing of every app: random methods, paths, headers and bodies, each answered 2xx/4xx in time."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psutil
+import pytest
+import requests as http
+from hypothesis import HealthCheck, given, settings
+
+from joulesched.workloads.egress import EgressError, NetAllow
+from joulesched.workloads.server import APP_LIMITS
+from joulesched.workloads.service import MAX_CONTENT_LENGTH, MAX_STREAMS
+from tests.support.httpfuzz import NoAnswer, Req, open_idle, requests, send
+from tests.workloads.conftest import start_app, stop_app, wait_for
+
+pytestmark = pytest.mark.slow
+
+APPS = {
+    "cpu": ("/start", "/stop", "/status", "/healthz"),
+    "memory": ("/start", "/stop", "/status", "/healthz"),
+    "disk": ("/start", "/stop", "/status", "/healthz"),
+    "network": ("/start", "/stop", "/status", "/healthz", "/stream", "/sink"),
+    "combined": ("/start", "/stop", "/status", "/healthz", "/stream", "/sink"),
+    "testapp": ("/work", "/test", "/healthz"),
+    "shop": ("/api/products", "/api/products/1", "/api/products/reserve", "/api/carts", "/api/carts/x",
+             "/api/carts/x/items", "/api/orders", "/api/orders/1", "/healthz"),
+}
+
+
+@pytest.fixture(scope="module")
+def apps(tmp_path_factory):
+    d = tmp_path_factory.mktemp("apps")
+    started = {}
+    try:
+        for kind in APPS:
+            extra = ("--scratch-dir", str(d)) if kind in ("disk", "combined") else ()
+            extra += ("--db", str(d / "shop.db")) if kind == "shop" else ()
+            started[kind] = start_app(kind, *extra, stderr_path=d / f"{kind}.stderr")
+        yield started
+    finally:
+        leftovers = [pid for s in started.values() for pid in stop_app(s)]
+        assert leftovers == []
+
+
+def _port(app) -> int:
+    return int(app.url.rsplit(":", 1)[1])
+
+
+# ----------------------------------------------------------------------------------------------- net_target
+@pytest.mark.parametrize("target", [
+    "http://169.254.169.254/latest/meta-data/iam/security-credentials/",
+    "http://[::ffff:169.254.169.254]/latest/meta-data/",
+    "http://[fe80::1]/", "http://[fd00:ec2::254]/latest/meta-data/",
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://10.0.0.1:8080/sink", "http://0.0.0.0:8080/sink", "http://example.com/sink",
+    "http://2852039166/",  # 169.254.169.254 as one decimal number
+])
+def test_net_target_outside_the_allow_list_is_refused(apps, target):
+    r = apps["network"].post("/start", json={"duration_s": 5, "net_mbps": 10, "net_target": target})
+    assert r.status_code == 400 and "net_target" in r.json()["error"], r.text
+    assert apps["network"].get("/status").json()["state"] == "idle"
+
+
+def test_metadata_stays_refused_even_when_its_network_is_allowed(tmp_path):
+    app = start_app("network", "--net-allow", "169.254.0.0/16", "--net-allow", "127.0.0.0/8",
+                    stderr_path=tmp_path / "e")
+    try:
+        r = app.post("/start", json={"duration_s": 5, "net_mbps": 10, "net_target": "http://169.254.169.254/"})
+        assert r.status_code == 400 and "metadata" in r.json()["error"]
+        ok = app.post("/start", json={"duration_s": 1, "net_mbps": 1, "net_target": app.url + "/sink"})
+        assert ok.status_code == 202, ok.text
+    finally:
+        assert stop_app(app) == []
+
+
+def test_a_bad_allow_list_pattern_exits_2():
+    import subprocess
+
+    from tests.workloads.conftest import BIN
+
+    r = subprocess.run([str(BIN), "workload", "serve", "network", "--net-allow", "10.*.0.1", "--listen",
+                        "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "net allow-list" in r.stderr, r.stderr
+
+
+def test_in_cluster_service_names_pass_and_resolve_is_checked_again():
+    """A permitted name that resolves to the metadata service is refused at connect time (DNS can change
+    between /start and a reconnect). The resolver is injected: no DNS server here can be made to lie."""
+    allow = NetAllow(resolver=lambda host, port: {"sink.ns.svc": ["10.96.0.7"],
+                                                  "evil.ns.svc": ["10.96.0.8", "169.254.169.254"]}[host])
+    assert allow.check_url("http://sink.ns.svc:8080/sink") == "sink.ns.svc"
+    assert allow.check_url("http://SINK.ns.svc.cluster.local./sink") == "sink.ns.svc.cluster.local"
+    assert allow.resolve("http://sink.ns.svc:8080/sink") == "10.96.0.7"
+    with pytest.raises(EgressError, match="169.254.169.254"):
+        allow.resolve("http://evil.ns.svc/sink")
+    for bad in ("http://svc/", "http://sink.ns.svc.evil.com/", "ftp://127.0.0.1/", "http://localhost.evil/"):
+        with pytest.raises(EgressError):
+            allow.check_url(bad)
+    with pytest.raises(EgressError, match="neither"):
+        NetAllow(["10.0.0.0/8", "a*b"])
+
+
+# ----------------------------------------------------------------------------------------------- bodies
+def test_bodies_over_max_content_length_are_413(apps):
+    big = b"x" * (MAX_CONTENT_LENGTH + 1)
+    for kind, path in (("cpu", "/start"), ("shop", "/api/orders"), ("shop", "/api/carts/x/items")):
+        r = http.post(apps[kind].url + path, data=big, headers={"Content-Type": "application/json"}, timeout=10)
+        assert r.status_code == 413, (kind, path, r.status_code)
+    # Declared and not sent: refused from the header alone, at once.
+    code, _ = send(_port(apps["cpu"]), Req("POST", "/start", (("Content-Type", "application/json"),), b"",
+                                           str(10 * MAX_CONTENT_LENGTH)).to_bytes(), deadline_s=3)
+    assert code == 413
+
+
+@pytest.mark.parametrize("length", ["-1", "abc", "1e3"])
+def test_negative_or_non_numeric_content_length_is_400(apps, length):
+    for kind in ("cpu", "testapp", "shop"):
+        code, _ = send(_port(apps[kind]), Req("POST", "/start", (), b"{}", length).to_bytes(), deadline_s=3)
+        assert code == 400, (kind, length)
+
+
+def test_every_app_sets_max_content_length(tmp_path):
+    from joulesched.workloads import shop, testapp
+    from joulesched.workloads.service import BlockerService, create_app
+
+    for app in (create_app(BlockerService("cpu")), testapp.create_app(), shop.create_app(tmp_path / "s.db")):
+        assert 0 < app.config["MAX_CONTENT_LENGTH"] <= 1 << 20, app.name
+
+
+# ----------------------------------------------------------------------------------------------- streams
+def test_stream_and_sink_are_bounded(apps):
+    app = apps["network"]
+    streams = [http.get(app.url + "/stream?mbps=1&seconds=60", stream=True, timeout=10) for _ in range(MAX_STREAMS)]
+    try:
+        assert all(r.status_code == 200 for r in streams)
+        extra = http.get(app.url + "/stream?mbps=1&seconds=60", timeout=10)
+        assert extra.status_code == 429 and extra.headers["Retry-After"] == "1"
+        assert http.post(app.url + "/sink", data=b"abc", timeout=10).status_code == 429
+        assert app.get("/status").status_code == 200  # the rest of the app still answers
+    finally:
+        for r in streams:
+            r.close()
+    # Closing the clients frees the slots (the server notices on its next write).
+    assert wait_for(lambda: http.get(app.url + "/stream?mbps=1&seconds=0.1", timeout=10).status_code == 200, 10)
+    assert http.post(app.url + "/sink", data=b"abc", timeout=10).json() == {"received": 3}
+
+
+def test_idle_connections_cannot_exhaust_threads(apps):
+    app = apps["testapp"]
+    proc = psutil.Process(app.pid)
+    base = proc.num_threads()
+    socks = open_idle(_port(app), APP_LIMITS.max_connections + 10)
+    try:
+        assert wait_for(lambda: proc.num_threads() >= base + APP_LIMITS.max_connections, 5)
+        time.sleep(0.3)
+        assert proc.num_threads() <= base + APP_LIMITS.max_connections
+        code, _ = send(_port(app), b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", deadline_s=3)
+        assert code == 503
+    finally:
+        for s in socks:
+            s.close()
+    assert wait_for(lambda: proc.num_threads() <= base + 1, 10)
+    assert app.get("/healthz").status_code == 200
+
+
+# ----------------------------------------------------------------------------------------------- shop
+class _Recorder(BaseHTTPRequestHandler):
+    paths: list[str] = []
+
+    def log_message(self, *a) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.paths.append(self.path)
+        data = json.dumps({"error": "no such cart"}).encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_shop_quotes_the_cart_id_in_upstream_urls(tmp_path):
+    from joulesched.workloads.shop import create_app
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        up = f"http://127.0.0.1:{srv.server_address[1]}"
+        orders = create_app(tmp_path / "o.db", "orders", catalogue_url=up, cart_url=up).test_client()
+        r = orders.post("/api/orders", json={"cart_id": "a/../../api/products/reserve?x=1#y"})
+        assert r.status_code == 404
+        assert _Recorder.paths == ["/api/carts/a%2F..%2F..%2Fapi%2Fproducts%2Freserve%3Fx%3D1%23y"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+# ----------------------------------------------------------------------------------------------- fuzzing
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=requests(tuple(p for paths in APPS.values() for p in paths)))
+@pytest.mark.parametrize("kind", list(APPS))
+def test_fuzz_app(apps, kind, data):
+    app = apps[kind]
+    try:
+        code, head = send(_port(app), data.to_bytes(), deadline_s=5)
+    except NoAnswer as e:
+        raise AssertionError(f"{kind}: {data}: {e}") from None
+    except ConnectionRefusedError:
+        raise AssertionError(f"{kind} is down after {data}") from None
+    assert 200 <= code < 300 or 400 <= code < 500, (kind, code, data, head)
+    if data.bad_length:
+        assert code == 400, (kind, code, data)
+    assert psutil.Process(app.pid).num_threads() <= 8 + APP_LIMITS.max_connections
+
+
+def test_apps_survive_the_fuzzing(apps):
+    for kind, app in apps.items():
+        assert app.proc.poll() is None, kind
+        assert app.get("/healthz").status_code == 200, kind
+        with socket.create_connection(("127.0.0.1", _port(app)), timeout=3):
+            pass

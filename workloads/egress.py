@@ -1,0 +1,122 @@
+"""Where a network blocker may send its stream: an allow-list of hosts, checked at /start and again at connect.
+
+An unauthenticated ``POST /start`` names ``net_target``, so without a limit anyone who reaches a blocker could
+point up to 100 Gbit/s for an hour at any address, the cloud metadata service included. Two checks:
+
+1. **At /start**, the URL's host must match the allow-list (:data:`DEFAULT_ALLOW`: loopback and in-cluster
+   service names). A pattern is an IP network (``10.0.0.0/8``, ``::1``), an exact host name (``sink``) or a
+   suffix (``*.svc``, which matches ``a.svc`` and ``a.b.svc``, not ``svc``). Names match case-insensitively,
+   without a trailing dot. IP literals must fall in an allowed network; names must match a name pattern.
+2. **At every connect**, the name is resolved once and the stream goes to that address only if no resolved
+   address is link-local (169.254.0.0/16 and fe80::/10, where every cloud's metadata service lives),
+   unspecified, multicast or broadcast, or the AWS IPv6 metadata address: so a permitted name that resolves
+   (or is re-pointed by DNS) to the metadata service is still refused. These are never allowed, whatever the
+   list says.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+from joulesched.core.errors import UsageError
+
+#: Loopback, and Kubernetes service names (``svc.ns.svc`` and ``svc.ns.svc.cluster.local``).
+DEFAULT_ALLOW = ("127.0.0.0/8", "::1/128", "localhost", "*.svc", "*.svc.cluster.local")
+#: Never a stream target: metadata services, "this host", multicast, broadcast.
+DENIED = tuple(ipaddress.ip_network(n) for n in (
+    "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128", "224.0.0.0/4", "ff00::/8", "255.255.255.255/32",
+    "fd00:ec2::254/128"))
+
+Resolver = Callable[[str, int], list[str]]
+
+
+class EgressError(UsageError):
+    """A stream target the allow-list (or the hard deny list) refuses; the message says which rule."""
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def denied(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return any(ip in net for net in DENIED if net.version == ip.version)
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise OSError(f"cannot resolve {host}: {e.strerror}") from None
+    return [info[4][0] for info in infos]
+
+
+class NetAllow:
+    """A parsed allow-list (see the module docstring); raises EgressError for a pattern it cannot read."""
+
+    def __init__(self, patterns: Iterable[str] = DEFAULT_ALLOW, resolver: Resolver = system_resolver) -> None:
+        self.patterns = tuple(p.strip() for p in patterns if p.strip())
+        self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        self.names: set[str] = set()
+        self.suffixes: list[str] = []
+        self.resolver = resolver
+        for p in self.patterns:
+            if p.startswith("*."):
+                rest = p[2:].lower().rstrip(".")
+                if not rest or "*" in rest:
+                    raise EgressError(f"net allow-list: bad suffix pattern {p!r} (expected *.example)")
+                self.suffixes.append("." + rest)
+                continue
+            try:
+                self.networks.append(ipaddress.ip_network(p, strict=False))
+                continue
+            except ValueError:
+                pass
+            if "*" in p or "/" in p or ":" in p:
+                raise EgressError(f"net allow-list: {p!r} is neither an IP network, a host name nor *.suffix")
+            self.names.add(p.lower().rstrip("."))
+
+    def describe(self) -> str:
+        return ", ".join(self.patterns) or "(empty: no stream target allowed)"
+
+    def check_url(self, url: str) -> str:
+        """The URL's host when the allow-list permits it; EgressError saying why not otherwise."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise EgressError("net_target must be an http:// or https:// URL with a host")
+        host = parts.hostname.rstrip(".").lower()
+        ip = _ip(host)
+        if ip is not None:
+            if denied(ip):
+                raise EgressError(f"net_target {host} is a link-local, metadata, multicast or unspecified "
+                                  "address; streams never go there")
+            if not any(ip in net for net in self.networks if net.version == ip.version):
+                raise EgressError(f"net_target {host} is not in the allow-list ({self.describe()}); "
+                                  "start the blocker with --net-allow to add it")
+            return host
+        if host in self.names or any(host.endswith(s) for s in self.suffixes):
+            return host
+        raise EgressError(f"net_target host {host!r} is not in the allow-list ({self.describe()}); "
+                          "start the blocker with --net-allow to add it")
+
+    def resolve(self, url: str) -> str:
+        """The one address to connect to for ``url``: checked again by name, then every resolved address
+        against the deny list. Raises EgressError (refused) or OSError (does not resolve)."""
+        host = self.check_url(url)
+        port = urlsplit(url).port or (443 if url.lower().startswith("https") else 80)
+        addrs = [a for a in self.resolver(host, port)]
+        if not addrs:
+            raise OSError(f"{host} resolves to no address")
+        bad = [a for a in addrs if (ip := _ip(a)) is None or denied(ip)]
+        if bad:
+            raise EgressError(f"net_target {host} resolves to {bad[0]}, a link-local, metadata, multicast or "
+                              "unspecified address; refused")
+        return addrs[0]
