@@ -8,9 +8,6 @@ specs, model files) are validated before anything is written.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,13 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from joulesched.agent.lower_bound import lower_bound
+from joulesched.agent.optimum import check_time_limit, optimum_entry
 from joulesched.agent.registry import HEURISTIC_FAMILIES, family_of, make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import UsageError
-from joulesched.core.fsio import check_output_dir
+from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
 from joulesched.pipelines.pool import process_pool
 from joulesched.pipelines.stats import t_halfwidth
 
@@ -115,11 +113,16 @@ def _ray_map(tasks: list[Task], address: str | None):
 def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str], seeds: int, out: Path, *,
                   jobs: int = 1,
                   on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
-                  command: str = "", executor: str = "local", ray_address: str | None = None) -> dict:
+                  command: str = "", executor: str = "local", ray_address: str | None = None,
+                  optimum: bool = False, optimum_time_limit: float = 60.0) -> dict:
     """Run the grid, write ``out/results.json`` and ``out/timelines.npz`` atomically, return the results.
 
     ``executor`` is ``local`` (``jobs`` processes) or ``ray`` (Ray tasks on ``ray_address`` or a local Ray).
+    ``optimum`` adds, per scenario and seed, the LP bound and (on small instances) the MIP's optimum of
+    agent/optimum.py, ``optimum_time_limit`` seconds each, beside the fluid lower bound.
     """
+    if optimum:
+        optimum_time_limit = check_time_limit(optimum_time_limit)
     if seeds < 1:
         raise BenchmarkInputError("--seeds must be at least 1")
     if executor not in ("local", "ray"):
@@ -130,7 +133,7 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
     tasks = [Task(sc, i, s, pol, record=(s == 0)) for i, sc in enumerate(loaded) for s in range(seeds)
              for pol in policies]
     if on_start:
-        on_start(len(tasks) + len(loaded) * seeds)
+        on_start(len(tasks) + len(loaded) * seeds * (2 if optimum else 1))
     t0 = time.perf_counter()
     bounds: dict[tuple[int, int], dict] = {}
     results: dict[tuple[int, int], dict] = {}
@@ -152,6 +155,10 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
             bounds[(i, s)] = _bound(sc, s)
             if on_progress:
                 on_progress(f"{_label(sc)} seed {s} lower bound")
+            if optimum:
+                bounds[(i, s)]["optimum"] = optimum_entry(sc, s, time_limit=optimum_time_limit)
+                if on_progress:
+                    on_progress(f"{_label(sc)} seed {s} optimum")
     if executor == "ray":
         for task, metrics, tl in _ray_map(tasks, ray_address):
             collect(task, metrics, tl)
@@ -227,22 +234,83 @@ def summarize(doc: dict) -> dict:
                 rows[pol]["energy_vs_best_heuristic_ci95"] = t_halfwidth(r)
         out[name] = {"seeds": len(entries), "lower_bound_joules": float(np.mean([e["lower_bound_joules"] for e in entries])),
                      "policies": rows}
+        if all("optimum" in e for e in entries):
+            out[name]["optimum"] = _optimum_summary([e["optimum"] for e in entries])
+    return out
+
+
+def _optimum_summary(opts: list[dict]) -> dict:
+    """Means across seeds of the LP bound, the optimum (when every seed has one) and its bound."""
+    def mean(key):
+        vals = [o[key] for o in opts]
+        return float(np.mean(vals)) if vals and all(v is not None for v in vals) else None
+
+    return {"lp_bound_joules": mean("lp_bound_joules"), "optimum_joules": mean("optimum_joules"),
+            "optimum_bound_joules": mean("bound_joules"), "status": [o["status"] for o in opts]}
+
+
+def headroom(doc: dict) -> dict[str, dict]:
+    """The headroom table per scenario (docs/PERFORMANCE.md): energy / default-k8s of the best upstream and the
+    best sleep-aware heuristic, the learned policy, the optimum (or the best bound where it is not solved), and
+    the share of the best heuristic's distance to it that the learned policy closes. Per seed, then averaged."""
+    from joulesched.agent.registry import UPSTREAM_FAMILIES
+
+    out: dict[str, dict] = {}
+    by_name: dict[str, list[dict]] = {}
+    for e in doc["scenarios"]:
+        by_name.setdefault(e["name"], []).append(e)
+    pols = doc["policies"]
+    if "default-k8s" not in pols:
+        return out
+    up = [p for p in pols if family_of(p) in UPSTREAM_FAMILIES]
+    sa = [p for p in pols if family_of(p) == "sleep-aware"]
+    heur = [p for p in pols if family_of(p) in HEURISTIC_FAMILIES]
+    learned = [p for p in pols if family_of(p) == "learned"]
+    for name, entries in by_name.items():
+        base = [e["policies"]["default-k8s"]["energy_joules"] for e in entries]
+
+        def best(names, entries=entries, base=base):
+            if not names:
+                return None, None
+            per = [min(e["policies"][p]["energy_joules"] for p in names) / b for e, b in zip(entries, base)]
+            top = min(names, key=lambda p: np.mean([e["policies"][p]["energy_joules"] / b
+                                                    for e, b in zip(entries, base)]))
+            return float(np.mean(per)), top
+
+        row: dict = {"seeds": len(entries)}
+        row["best_upstream"], row["best_upstream_policy"] = best(up)
+        row["best_sleep_aware"], row["best_sleep_aware_policy"] = best(sa)
+        row["best_heuristic"], _ = best(heur)
+        row["learned"], row["learned_policy"] = best(learned)
+        row["fluid_bound"] = float(np.mean([e["lower_bound_joules"] / b for e, b in zip(entries, base)]))
+        opt = [e.get("optimum") for e in entries]
+        if all(o is not None for o in opt):
+            lp = [o["lp_bound_joules"] for o in opt]
+            row["lp_bound"] = float(np.mean([v / b for v, b in zip(lp, base)])) if all(v is not None for v in lp) else None
+            solved = all(o["optimum_joules"] is not None for o in opt)
+            row["optimum"] = float(np.mean([o["optimum_joules"] / b for o, b in zip(opt, base)])) if solved else None
+            # The best proven bound per seed: the MIP's own where it ran, else the LP bound, never below fluid.
+            bnd = [max(v for v in (o.get("bound_joules"), o["lp_bound_joules"], e["lower_bound_joules"]) if v is not None)
+                   for o, e in zip(opt, entries)]
+            row["best_bound"] = float(np.mean([v / b for v, b in zip(bnd, base)]))
+            row["optimal"] = all(o["status"] == "optimal" for o in opt)
+            if row["learned"] is not None and row["best_heuristic"] is not None:
+                target = row["optimum"] if row["optimum"] is not None else row["best_bound"]
+                gap = row["best_heuristic"] - target
+                row["learned_share_of_gap"] = (row["best_heuristic"] - row["learned"]) / gap if gap > 1e-12 else None
+        out[name] = row
     return out
 
 
 def write_outputs(out: Path, doc: dict, timelines: dict[str, np.ndarray], meta: dict) -> None:
-    """Write results.json and timelines.npz through a temporary folder, then move them in place."""
+    """Write timelines.npz, nodes.json and, last, results.json, each atomically (core/fsio.py): results.json
+    is the set's commit record, so a reader that finds a new one finds the files it describes beside it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out))
-    try:
-        (tmp / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
-        np.savez_compressed(tmp / "timelines.npz", **timelines)
-        (tmp / "nodes.json").write_text(json.dumps(meta) + "\n")
-        for name in ("results.json", "timelines.npz", "nodes.json"):
-            os.replace(tmp / name, out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_path(out / "timelines.npz") as tmp, open(tmp, "wb") as fh:
+        np.savez_compressed(fh, **timelines)
+    atomic_write_text(out / "nodes.json", json.dumps(meta) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(doc, indent=2) + "\n")
 
 
 def load_results(path: Path) -> dict:

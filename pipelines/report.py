@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from jinja2 import Environment, select_autoescape  # noqa: E402
 
+from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
 from joulesched.pipelines.benchmark import load_results  # noqa: E402
 
 _PALETTE = ["#1b6ca8", "#d1495b", "#edae49", "#00798c", "#66a182", "#8d6a9f", "#7f7f7f", "#30343f", "#e07a5f",
@@ -55,7 +56,7 @@ def _plot_energy_ratio(doc: dict, path: Path) -> None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_ylim(0, max(1.15, ax.get_ylim()[1]))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -87,7 +88,7 @@ def _plot_energy_vs_service(doc: dict, path: Path) -> None:
     fig.suptitle("Energy against service quality (bottom left is best)")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -111,7 +112,7 @@ def _plot_power(doc: dict, tl: dict, i: int, name: str, path: Path, seed: int) -
     ax2.set_ylabel("nodes awake")
     ax2.set_xlabel("time (h)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return True
 
@@ -143,7 +144,7 @@ def _plot_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, path: Path, 
             ax.set_ylabel("node")
     fig.colorbar(im, ax=axes[0].tolist(), label="CPU utilisation")
     fig.suptitle(f"{name}: per-node utilisation (workload seed {seed})")
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return True
 
@@ -166,7 +167,7 @@ def _plot_placement(entry: dict, policies: list[str], i: int, name: str, path: P
         ax.text(c, r, f"{v:g}", ha="center", va="center", fontsize=7, color="black" if v < m.max() / 2 else "white")
     fig.colorbar(im, ax=ax, label="pods")
     ax.set_title(f"{name}: placements per node")
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return True
 
@@ -188,7 +189,29 @@ def _plot_node_power(entry: dict, policies: list[str], name: str, path: Path) ->
     axes[-1, 0].set_xlabel("seconds since the policy's pods were created")
     fig.suptitle(f"{name}: power per node (measured)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_awake_nodes(entry: dict, policies: list[str], name: str, path: Path) -> bool:
+    """Measured runs with the node power controller (``pipeline --env kube --sleep``): nodes awake over each
+    policy's window, as read from the cluster."""
+    shown = [p for p in policies if entry["policies"][p].get("awake_nodes")]
+    if not shown:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for p in shown:
+        t, n = zip(*entry["policies"][p]["awake_nodes"])
+        ax.step(t, n, where="post", lw=1.4, label=p, color=_color(policies, p))
+    ax.set_xlabel("seconds since the policy's pods were created")
+    ax.set_ylabel("nodes awake")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{name}: nodes awake (measured on the cluster)")
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return True
 
@@ -214,6 +237,17 @@ seeds shown (none with one seed). The lower bound is the clairvoyant fluid relax
 <h2>Energy relative to default-k8s</h2>
 <img src="plots/energy_ratio.png" alt="energy ratio per policy and scenario">
 <img src="plots/energy_vs_service.png" alt="energy against mean pending time and SLO violations">
+{% if headroom %}<h2>Headroom</h2>
+<p>Energy / default-k8s, per seed then averaged. The optimum is the MIP of <code>docs/optimum.md</code> where it
+was run (<code>--optimum</code>; * = not proven optimal in its time limit); the best bound is the largest proven
+lower bound (the MIP's, the LP's or the fluid one). The last column is the share of the best heuristic's distance
+to the optimum (or, where none was solved, to the best bound: then a lower estimate) that the learned policy
+closes.</p>
+<table><tr><th>scenario</th><th>default-k8s</th><th>best upstream heuristic</th><th>best sleep-aware heuristic</th>
+<th>learned</th><th>optimum</th><th>best bound</th><th>LP bound</th><th>fluid bound</th><th>gap closed by learned</th></tr>
+{% for h in headroom %}<tr><td>{{ h.name }}</td><td>1.000</td><td>{{ h.up }}</td><td>{{ h.sa }}</td><td>{{ h.learned }}</td>
+<td>{{ h.opt }}</td><td>{{ h.bound }}</td><td>{{ h.lp }}</td><td>{{ h.fluid }}</td><td>{{ h.share }}</td></tr>
+{% endfor %}</table>{% endif %}
 {% if training_curve %}<h2>Training curve</h2>
 <img src="plots/training_curve.png" alt="DQN training curve">{% endif %}
 {% for s in scenarios %}
@@ -238,6 +272,27 @@ def _ratio(row: dict, key: str) -> str:
         return "—"
     ci = row.get(f"{key}_ci95")
     return f"{row[key]:.3f}" + (f" ± {ci:.3f}" if ci is not None else "")
+
+
+def _headroom_rows(doc: dict) -> list[dict]:
+    """The headroom table's cells (pipelines/benchmark.py:headroom), formatted."""
+    from joulesched.pipelines.benchmark import headroom
+
+    def f(v, name=None):
+        return "—" if v is None else f"{v:.3f}" + (f" ({name})" if name else "")
+
+    rows = []
+    for name, h in headroom(doc).items():
+        opt = f(h.get("optimum"))
+        if h.get("optimum") is not None and not h.get("optimal"):
+            opt += "*"
+        share = h.get("learned_share_of_gap")
+        rows.append({"name": name, "up": f(h["best_upstream"], h["best_upstream_policy"]),
+                     "sa": f(h["best_sleep_aware"], h["best_sleep_aware_policy"]),
+                     "learned": f(h["learned"], h["learned_policy"]), "opt": opt, "bound": f(h.get("best_bound")),
+                     "lp": f(h.get("lp_bound")), "fluid": f(h["fluid_bound"]),
+                     "share": "—" if share is None else f"{100 * share:.0f} %"})
+    return rows
 
 
 def write_report(out: Path, header: str = "Measured on the embedded twin (simulated cluster).") -> Path:
@@ -269,6 +324,8 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
         if doc.get("env") == "kube":
             if _plot_node_power(entry, doc["policies"], name, plots / f"node_power_{i}.png"):
                 images.append(f"node_power_{i}.png")
+            if _plot_awake_nodes(entry, doc["policies"], name, plots / f"awake_{i}.png"):
+                images.append(f"awake_{i}.png")
             if _plot_placement(entry, doc["policies"], i, name, plots / f"placement_{i}.png"):
                 images.append(f"placement_{i}.png")
         best = min(s["policies"], key=lambda p: s["policies"][p]["energy_joules"])
@@ -285,12 +342,8 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
                      "seeds": ", ".join(str(x) for x in seeds),
                      "lb": fmt_energy(s["lower_bound_joules"]) if s.get("lower_bound_joules") else None, "rows": rows, "images": images})
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    page = env.from_string(_TEMPLATE).render(
+    page = env.from_string(_TEMPLATE).render(headroom=_headroom_rows(doc),
         header=header, n_scen=len(scen), seeds=doc["seeds"], policies=doc["policies"], wall_s=doc.get("wall_s", 0.0),
         when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.get("command", ""), scenarios=scen,
         training_curve=(plots / "training_curve.png").is_file())
-    path = out / "report.html"
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(page)
-    tmp.replace(path)
-    return path
+    return atomic_write_text(out / "report.html", page)

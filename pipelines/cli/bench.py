@@ -1,4 +1,4 @@
-"""The twin commands: benchmark, report, explain, policies, validate, trace, sweep and demo.
+"""The twin commands: benchmark, optimum, report, explain, policies, validate, trace, sweep and demo.
 
 Each is a thin typer signature over a library function in ``joulesched.pipelines``; bad input prints one red
 line naming the problem and exits 2 before anything is written (:func:`~joulesched.pipelines.cli.common.errors`).
@@ -38,16 +38,23 @@ def benchmark(
     jobs: Annotated[int, typer.Option(min=1, max=256, help="Worker processes.")] = 1,
     report: Annotated[bool, typer.Option(help="Write report.html with plots.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+    optimum: Annotated[bool, typer.Option(
+        "--optimum", help="Also the LP bound and, on small instances, the MIP optimum (docs/optimum.md).")] = False,
+    optimum_time_limit: Annotated[float, typer.Option(
+        help="Seconds for the MIP per scenario and seed, with --optimum.")] = 60.0,
 ) -> None:
     """Run every policy on the same workloads, side by side, and compare with the offline lower bound."""
+    from functools import partial
+
     from joulesched.agent.registry import BASELINES
     from joulesched.pipelines.benchmark import run_benchmark
     from joulesched.pipelines.report import write_report
 
     scenarios = scenario or standard_suite()
     policies = policy or list(BASELINES)
+    run = partial(run_benchmark, optimum=optimum, optimum_time_limit=optimum_time_limit) if optimum else run_benchmark
     with errors(), interrupted(out_dir):
-        doc = _run_with_progress(run_benchmark, scenarios, policies, seeds, out_dir, jobs, not as_json)
+        doc = _run_with_progress(run, scenarios, policies, seeds, out_dir, jobs, not as_json)
         if report:
             write_report(out_dir)
     print_summary(doc, as_json, out_dir, report)
@@ -75,7 +82,67 @@ def print_summary(doc: dict, as_json: bool, out_dir: Path, report: bool = True) 
                       f"{r.get('energy_vs_best_heuristic', float('nan')):.3f}", f"{r['energy_vs_lower_bound']:.3f}", f"{100 * r['slo_violation_rate']:.2f}%",
                       f"{r['mean_pending_s']:.1f}", f"{r['unschedulable_pods']:g}", f"{r['decision_us_p99']:.0f}")
         out.print(t)
+        if s.get("optimum"):
+            o = s["optimum"]
+            kwh = lambda j: "—" if j is None else f"{j / 3.6e6:.2f} kWh"  # noqa: E731
+            out.print(f"  optimum {kwh(o['optimum_joules'])} ({', '.join(o['status'])}), its bound "
+                      f"{kwh(o['optimum_bound_joules'])}, LP bound {kwh(o['lp_bound_joules'])}")
     out.print(f"results: {out_dir / 'results.json'}" + (f"   report: {out_dir / 'report.html'}" if report else ""))
+
+
+@app.command()
+def optimum(
+    scenario: Annotated[list[Path], typer.Option("--scenario", "-s", help="Scenario YAML (repeatable).")],
+    seeds: Annotated[int, typer.Option(min=1, max=1000, help="Seeds per scenario (workload seed = scenario seed + i).")] = 1,
+    time_limit: Annotated[float, typer.Option(
+        "--time-limit", help="Seconds for the MIP per scenario and seed, model building included.")] = 60.0,
+    max_nodes: Annotated[int, typer.Option(min=1, help="Larger clusters get the LP and fluid bounds only.")] = 16,
+    max_pods: Annotated[int, typer.Option(min=1, help="More pods than this: the LP and fluid bounds only.")] = 200,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout.")] = False,
+) -> None:
+    """The clairvoyant optimum: a MIP over the twin's own semantics (HiGHS), with its bound and gap, the LP and
+    fluid bounds, every heuristic's energy beside it, and the optimal schedule replayed in the twin."""
+    from joulesched.agent.optimum import check_time_limit, optimum_entry, policy_energies
+    from joulesched.agent.registry import HEURISTICS
+    from joulesched.cluster.scenario import load_scenario
+    from joulesched.cluster.workload import build_workload
+
+    with errors():
+        check_time_limit(time_limit)
+        loaded = [load_scenario(p) for p in scenario]
+        for sc in loaded:
+            build_workload(sc)  # a bad trace fails before any solving
+        rows = []
+        with progress_bar(not as_json) as prog:
+            task = prog.add_task("optimum", total=len(loaded) * seeds, item="")
+            for sc in loaded:
+                for s in range(seeds):
+                    prog.update(task, item=f"{sc.name} seed {s}")
+                    row = optimum_entry(sc, s, time_limit=time_limit, max_nodes=max_nodes, max_pods=max_pods)
+                    row["policies"] = policy_energies(sc, s, ("default-k8s", *HEURISTICS))
+                    rows.append(row)
+                    prog.update(task, advance=1)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    kwh = lambda j: "—" if j is None else f"{j / 3.6e6:.3f}"  # noqa: E731
+    t = Table(title="optimum (kWh; ×best = / best heuristic)", title_justify="left")
+    for col in ("scenario", "seed", "nodes", "pods", "status", "optimum", "bound", "gap", "LP bound", "fluid",
+                "best heuristic", "×best", "replay err", "s"):
+        t.add_column(col, justify="left" if col in ("scenario", "status", "best heuristic") else "right")
+    for r in rows:
+        best = min(r["policies"], key=r["policies"].get)
+        ratio = f"{r['optimum_joules'] / r['policies'][best]:.3f}" if r["optimum_joules"] else "—"
+        t.add_row(r["name"], str(r["seed"]), str(r["nodes"]), str(r["pods"]), r["status"], kwh(r["optimum_joules"]),
+                  kwh(r["bound_joules"]), "—" if r["gap"] is None else f"{100 * r['gap']:.2f}%",
+                  kwh(r["lp_bound_joules"]), kwh(r["fluid_joules"]), f"{best} {kwh(r['policies'][best])}", ratio,
+                  "—" if r["replay_rel_error"] is None else f"{r['replay_rel_error']:.1e}",
+                  "—" if r["wall_s"] is None else f"{r['wall_s']:.0f}")
+    out.print(t)
+    for r in rows:
+        if r["message"]:
+            out.print(f"{r['name']} seed {r['seed']}: {escape(r['message'])}")
+
 
 
 @app.command("report")
@@ -188,14 +255,32 @@ def validate(
             err.print(f"[yellow]warning:[/yellow] {f['file']}: {escape(w)}", soft_wrap=True)
 
 
-@app.command()
+trace_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.callback(invoke_without_command=True)
 def trace(
-    scenario: Annotated[Path, typer.Option("--scenario", "-s", help="Scenario whose workload to export.")],
-    out_file: Annotated[Path, typer.Option("--out", "-o", help="Trace CSV to write; - for stdout.")],
+    ctx: typer.Context,
+    scenario: Annotated[Optional[Path], typer.Option("--scenario", "-s",
+                                                     help="Scenario whose workload to export.")] = None,
+    out_file: Annotated[Optional[Path], typer.Option("--out", "-o", help="Trace CSV to write; - for stdout.")] = None,
     seed: Annotated[Optional[int], typer.Option(min=0, help="Workload seed (default: the scenario's).")] = None,
 ) -> None:
-    """Export a scenario's workload (synthetic or trace) as a trace CSV."""
+    """Export a scenario's workload (synthetic or trace) as a trace CSV: trace -s SCENARIO -o OUT.
+
+    `trace import` converts a public cluster trace (Alibaba, Google, Azure) into one."""
     import sys
+
+    if ctx.invoked_subcommand is not None:
+        given = [o for o, v in (("--scenario", scenario), ("--out", out_file), ("--seed", seed)) if v is not None]
+        if given:
+            ctx.fail(f"{', '.join(given)}: an option of the export (trace -s ... -o ...), not of "
+                     f"`trace {ctx.invoked_subcommand}`; put the subcommand's options after its name")
+        return
+    for opt, value in (("'--scenario' / '-s'", scenario), ("'--out' / '-o'", out_file)):
+        if value is None:
+            ctx.fail(f"Missing option {opt}.")  # what click says for a required option
 
     from joulesched.cluster.scenario import load_scenario
     from joulesched.cluster.workload import build_workload, write_trace
@@ -205,10 +290,110 @@ def trace(
     with errors():
         if not to_stdout:
             check_output_file(out_file, "--out")
-        wl = build_workload(load_scenario(scenario), seed)
+        wl = build_workload(load_scenario(scenario), seed, pod_model=True)
         write_trace(wl, sys.stdout if to_stdout else out_file)
     if not to_stdout:
         out.print(f"{out_file}: {len(wl)} pods")
+
+
+def _trace_formats() -> type[Enum]:
+    from joulesched.cluster.traces import FORMATS
+
+    return Enum("TraceFormat", {f: f for f in FORMATS}, type=str)
+
+
+TraceFormat = _trace_formats()
+
+
+@trace_app.command("import")
+def trace_import(
+    files: Annotated[list[Path], typer.Argument(help="The trace's files, named after their tables (.gz is read as "
+                                                     "it streams).")],
+    fmt: Annotated[TraceFormat, typer.Option("--format", "-f", help="The trace's format (docs/twin.md has each "
+                                                                    "schema and its unit conversions).")],
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="Pods CSV to write (the twin's trace format).")],
+    machines: Annotated[Optional[Path], typer.Option(
+        "--machines", "-m", help="Also write the machine table as scenario node groups: a YAML file a scenario "
+                                 "includes with nodes: [{include: FILE}].")] = None,
+    window: Annotated[Optional[str], typer.Option(
+        help="START:END trace seconds to keep (START becomes the twin's 0; END may be empty). Default: all.")] = None,
+    usage_step: Annotated[float, typer.Option(min=1.0, help="Seconds per step of a usage series.")] = 300.0,
+    cpu_unit_m: Annotated[Optional[float], typer.Option(
+        min=1.0, help="Millicores a normalised CPU of 1.0 stands for (default: the format's, in docs/twin.md).")] \
+        = None,
+    memory_unit_mib: Annotated[Optional[float], typer.Option(
+        min=1.0, help="MiB a normalised memory of 1.0 (Alibaba 2018: of 100) stands for (default: the format's).")]
+        = None,
+    usage_fraction: Annotated[float, typer.Option(
+        min=0.0, max=4.0, help="Demand of a pod whose trace records no usage, as a fraction of its request.")] = 0.5,
+    power_profile: Annotated[str, typer.Option(help="SPECpower profile of the node groups (the traces carry no "
+                                                    "power data).")] = "ibm-x3550-m3-x5675",
+    max_pods: Annotated[int, typer.Option(min=1, help="max_pods of the node groups.")] = 110,
+    machine_id: Annotated[Optional[str], typer.Option(
+        help="azure-packing-2020: the machine type whose fractions size the VMs (default: the one hosting the "
+             "most VM types).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+) -> None:
+    """Convert a public cluster trace into the twin's pods CSV (and its machines into node groups).
+
+    Streams the files (memory bounded by what is kept, not by the input) with a progress bar.
+    A malformed, truncated or wrong-format file exits 2 naming the file, line and column; nothing is written."""
+    from joulesched.cluster.traces import ImportOptions, import_trace, input_size, write_outputs
+    from joulesched.core.errors import UsageError
+    from joulesched.core.fsio import check_output_file
+    from joulesched.power.curves import SPECPOWER
+
+    fmt_name = fmt.value
+    with errors():
+        win = _parse_window(window)
+        if power_profile not in SPECPOWER:
+            raise UsageError(f"--power-profile {power_profile!r}: unknown; known: {', '.join(sorted(SPECPOWER))}")
+        check_output_file(out_file, "--out")
+        if machines is not None:
+            check_output_file(machines, "--machines")
+            if machines.resolve() == out_file.resolve():
+                raise UsageError("--machines and --out name the same file")
+        opts = ImportOptions(window=win, usage_step_s=usage_step, cpu_unit_m=cpu_unit_m,
+                             memory_unit_mib=memory_unit_mib, usage_fraction=usage_fraction,
+                             power_profile=power_profile, max_pods_per_node=max_pods, machine_id=machine_id)
+        with progress_bar(not as_json) as prog:
+            task = prog.add_task(f"import {fmt_name}", total=input_size(fmt_name, files) or None,
+                                 item=", ".join(p.name for p in files)[:60])
+            res = import_trace(fmt_name, files, opts, progress=lambda n: prog.update(task, advance=n))
+        write_outputs(res, out_file, machines, f"{fmt_name}: {' '.join(p.name for p in files)}")
+    summary = {**res.summary, "pods_file": str(out_file), "nodes_file": None if machines is None else str(machines),
+               "node_groups": res.node_groups}
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+        return
+    t = Table(title=f"{out_file}: {len(res.workload)} pods from {fmt_name}", title_justify="left")
+    t.add_column("what", no_wrap=True)
+    t.add_column("value", justify="right")
+    for k, v in res.summary.items():
+        if k not in ("format",):
+            t.add_row(escape(str(k)), escape(str(v)))
+    out.print(t)
+    if machines is not None:
+        out.print(f"{machines}: {len(res.node_groups)} node group(s), "
+                  f"{sum(g['count'] for g in res.node_groups)} nodes", soft_wrap=True)
+
+
+def _parse_window(text: str | None) -> tuple[float, float] | None:
+    import math
+
+    from joulesched.core.errors import UsageError
+
+    if text is None:
+        return None
+    a, sep, b = text.partition(":")
+    try:
+        lo = float(a) if a.strip() else 0.0
+        hi = float(b) if b.strip() else math.inf
+    except ValueError:
+        raise UsageError(f"--window {text!r}: expected START:END in trace seconds, e.g. 0:86400") from None
+    if not sep or not math.isfinite(lo) or hi <= lo or math.isnan(hi):
+        raise UsageError(f"--window {text!r}: expected START:END with END > START, e.g. 0:86400")
+    return lo, hi
 
 
 class Executor(str, Enum):

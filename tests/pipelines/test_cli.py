@@ -42,7 +42,7 @@ def test_benchmark_writes_results_report_and_plots(tmp_path):
             assert m["energy_joules"] >= e["lower_bound_joules"] and m["placements"] > 0
     html = (tmp_path / "report.html").read_text()
     assert "tiny" in html and "most-allocated" in html
-    for png in ("energy_ratio.png", "energy_vs_slo.png", "power_0.png", "util_0.png"):
+    for png in ("energy_ratio.png", "energy_vs_service.png", "power_0.png", "util_0.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 5000
 
 

@@ -1,0 +1,1116 @@
+"""The clairvoyant offline optimum: a mixed-integer program over the twin's own semantics, solved with HiGHS.
+
+docs/optimum.md states the model and proves what it is exact for. In short, it chooses for every placeable pod
+a node and a *start mode* and charges exactly the energy the twin would meter for that choice:
+
+* a pod is bound when it arrives (so the twin's filter must pass: CPU, memory and pod-slot requests of the
+  pods bound to the node, including those waiting on a waking node, fit its allocatable);
+* it starts at once when its node is on, at the end of the node's wake-up when the node is waking, and
+  ``wake_s`` after its arrival when the node is asleep (it wakes the node);
+* a node is awake on the union of ``[bind, end + sleep_after_s)`` over its pods and on ``[0, sleep_after_s)``,
+  and asleep elsewhere; awake it draws its idle watts plus its curve's rise at its demand, asleep
+  ``sleep_watts``;
+* the power curve is the twin's exact piecewise-linear interpolation (segment binaries at every point where
+  the curve bends down), and the run lasts ``max(duration_s, last completion)``.
+
+Its schedules never queue a pod and never overload a node (demand above capacity would stretch durations by
+processor sharing, which no linear model can state). On instances where no policy can overload a node (every
+pod's CPU usage at most its request, no best-effort pods) and none has to queue a pod, it is the exact optimum
+over every run the twin can produce; elsewhere it is the optimum over the runs that neither queue nor
+throttle. :func:`replay` drives the twin with the optimum's assignment and returns the twin's own result, which
+is how the model is checked against the twin.
+
+:func:`evaluate` prices a given schedule (a heuristic's twin run) in the model, a second check.
+
+:func:`lp_bound` is a time-indexed LP over kinds of node (served CPU, nodes serving, holding pods and awake,
+requests per core served, the sleep and wake windows, the curve's convex envelope) that no run of the twin can
+beat, queued or throttled runs included; it is never below the fluid bound and scales to the 240-node scenario.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from joulesched.agent.lower_bound import _lower_hull, lower_bound
+from joulesched.cluster.scenario import Scenario, Sleep
+from joulesched.cluster.twin import RunResult, Twin
+from joulesched.cluster.workload import build_workload
+from joulesched.core.errors import UsageError
+
+TOL = 1e-6  # seconds: event times closer than this are the same instant (the twin's departures come first)
+
+
+class OptimumError(UsageError):
+    """An option of the optimum is malformed, or the instance is outside what the model can state."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What the model reads: the cluster, the idle policy and the placeable pods of one (scenario, seed)."""
+
+    name: str
+    seed: int
+    cap: np.ndarray  # allocatable millicores per node
+    mem: np.ndarray
+    slots: np.ndarray
+    curves: np.ndarray  # (N, 11) watts
+    sleep_w: np.ndarray
+    kinds: np.ndarray  # nodes with equal kinds are interchangeable
+    can_sleep: bool
+    sleep_after: float
+    wake: float
+    horizon: float
+    pod: np.ndarray  # index of each modelled pod in the workload
+    a: np.ndarray  # arrival
+    d: np.ndarray  # duration
+    c: np.ndarray  # CPU request as the filter reads it (absent = 0)
+    m: np.ndarray
+    u: np.ndarray  # CPU demand
+    never_placed: int  # pods that fit no empty node: the twin never places them either
+    never_sleep: np.ndarray | None = None  # nodes that stay awake (a group's never_sleep)
+    scenario: Scenario | None = None  # where it came from, for warm starts and replays
+    seed_offset: int = 0
+
+    @property
+    def nodes(self) -> int:
+        return len(self.cap)
+
+    @property
+    def pods(self) -> int:
+        return len(self.a)
+
+    @property
+    def overload_free(self) -> bool:
+        """True when no policy can overload a node: demand never exceeds the requests the filter admits."""
+        return bool(np.all(self.u <= self.c))
+
+
+def instance(scenario: Scenario, seed_offset: int = 0) -> Instance:
+    """The instance of run ``seed_offset`` of ``scenario`` (workload seed ``scenario.seed + seed_offset``)."""
+    ip = scenario.idle_policy
+    if isinstance(ip, Sleep):
+        extra = [f"{k}={getattr(ip, k)!r}" for k, off in (("min_awake", 0), ("spare_cpu_m", 0), ("consolidation", None))
+                 if getattr(ip, k, off) != off]
+        if extra:
+            raise OptimumError(f"{scenario.name}: the optimum models the plain sleep rule (an empty node sleeps after "
+                               f"sleep_after_s); this scenario sets idle_policy {', '.join(extra)}")
+    seed = scenario.seed + seed_offset
+    wl = build_workload(scenario, seed)
+    twin = Twin(scenario, wl)
+    st = twin.state
+    keep = np.flatnonzero(twin.placeable)
+    never = np.array([bool(getattr(scenario.nodes[g], "never_sleep", False)) for g in st.group.tolist()])
+    kinds_map: dict[tuple, int] = {}
+    kinds = []
+    for i in range(len(st)):
+        key = (int(st.alloc_cpu[i]), int(st.alloc_mem[i]), int(st.alloc_pods[i]), tuple(st.curves[i].tolist()),
+               float(st.sleep_watts[i]), bool(never[i]))
+        kinds.append(kinds_map.setdefault(key, len(kinds_map)))
+    return Instance(
+        name=scenario.name, seed=seed, cap=st.alloc_cpu.astype(np.float64), mem=st.alloc_mem.astype(np.float64),
+        slots=st.alloc_pods.astype(np.float64), curves=st.curves.copy(), sleep_w=st.sleep_watts.copy(),
+        kinds=np.asarray(kinds), can_sleep=st.can_sleep,
+        sleep_after=float(twin.sleep_after) if st.can_sleep else math.inf, wake=st.wake_s if st.can_sleep else 0.0,
+        horizon=float(scenario.duration_s), pod=keep, a=wl.submit_s[keep].astype(np.float64),
+        d=wl.duration_s[keep].astype(np.float64), c=np.maximum(wl.cpu_req[keep], 0).astype(np.float64),
+        m=np.maximum(wl.mem_req[keep], 0).astype(np.float64), u=wl.usage_m[keep].astype(np.float64),
+        never_placed=int(len(wl) - keep.size), never_sleep=never, scenario=scenario, seed_offset=seed_offset)
+
+
+@dataclass
+class OptimumResult:
+    """The solver's answer for one instance. Energies are joules over the twin's whole run."""
+
+    name: str
+    seed: int
+    nodes: int
+    pods: int
+    status: str  # optimal | time_limit | infeasible | no_solution
+    energy_joules: float | None  # the best schedule's energy as the model states it (None: none found)
+    bound_joules: float | None  # the solver's proven lower bound on every schedule of the model
+    gap: float | None  # (energy - bound) / energy
+    wall_s: float
+    variables: int
+    binaries: int
+    rows: int
+    overload_free: bool
+    assignment: dict[int, int] = field(default_factory=dict)  # workload pod index -> node
+    starts: dict[int, float] = field(default_factory=dict)  # workload pod index -> start time in the schedule
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in ("name", "seed", "nodes", "pods", "status", "energy_joules",
+                                               "bound_joules", "gap", "wall_s", "variables", "binaries", "rows",
+                                               "overload_free", "message")}
+        return out
+
+
+# ---- the model ---------------------------------------------------------------------------------------------
+class _Model:
+    """A sparse linear model assembled in numpy-friendly lists, handed to HiGHS in one call."""
+
+    def __init__(self) -> None:
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.cost: list[float] = []
+        self.integer: list[bool] = []
+        self.rlo: list[float] = []
+        self.rhi: list[float] = []
+        self.ri: list[int] = []
+        self.ci: list[int] = []
+        self.v: list[float] = []
+        self.offset = 0.0
+
+    def var(self, lb: float, ub: float, cost: float = 0.0, integer: bool = False) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.cost.append(cost)
+        self.integer.append(integer)
+        return len(self.lb) - 1
+
+    def row(self, cols, vals, lo: float, hi: float) -> None:
+        r = len(self.rlo)
+        self.rlo.append(lo)
+        self.rhi.append(hi)
+        self.ri.extend([r] * len(cols))
+        self.ci.extend(cols)
+        self.v.extend(vals)
+
+    @property
+    def ncols(self) -> int:
+        return len(self.lb)
+
+    @property
+    def nrows(self) -> int:
+        return len(self.rlo)
+
+    def highs(self, *, integral: bool, time_limit: float, threads: int | None, gap: float):
+        import highspy
+
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("time_limit", float(time_limit))
+        h.setOptionValue("mip_rel_gap", gap)
+        h.setOptionValue("random_seed", 0)
+        if threads:
+            h.setOptionValue("threads", int(threads))
+        lp = highspy.HighsLp()
+        n, m = self.ncols, self.nrows
+        lp.num_col_ = n
+        lp.num_row_ = m
+        lp.col_cost_ = np.asarray(self.cost, dtype=np.float64)
+        lp.col_lower_ = np.asarray(self.lb, dtype=np.float64)
+        lp.col_upper_ = np.asarray(self.ub, dtype=np.float64)
+        lp.row_lower_ = np.asarray(self.rlo, dtype=np.float64)
+        lp.row_upper_ = np.asarray(self.rhi, dtype=np.float64)
+        lp.offset_ = self.offset
+        ri = np.asarray(self.ri, dtype=np.int64)
+        ci = np.asarray(self.ci, dtype=np.int64)
+        vv = np.asarray(self.v, dtype=np.float64)
+        # Column-wise storage, duplicates (the same variable twice in one row) summed.
+        key = ci * max(m, 1) + ri
+        order = np.argsort(key, kind="stable")
+        key, vv = key[order], vv[order]
+        uniq, first = np.unique(key, return_index=True)
+        vals = np.add.reduceat(vv, first) if vv.size else vv
+        cols, rows = uniq // max(m, 1), uniq % max(m, 1)
+        starts = np.searchsorted(cols, np.arange(n + 1))
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = starts.astype(np.int32)
+        lp.a_matrix_.index_ = rows.astype(np.int32)
+        lp.a_matrix_.value_ = vals
+        lp.a_matrix_.num_col_ = n
+        lp.a_matrix_.num_row_ = m
+        if integral and any(self.integer):
+            lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
+                               for b in self.integer]
+        h.passModel(lp)
+        return h
+
+
+def _unique_times(times: np.ndarray) -> np.ndarray:
+    t = np.sort(np.asarray(times, dtype=np.float64))
+    if t.size == 0:
+        return t
+    keep = np.concatenate(([True], np.diff(t) > TOL))
+    return t[keep]
+
+
+def _index(grid: np.ndarray, t) -> np.ndarray:
+    """Index of the grid point equal to ``t`` (within TOL); ``t`` must be on the grid."""
+    return np.searchsorted(grid, np.asarray(t) - TOL)
+
+
+def _env_pieces(xs: np.ndarray, ys: np.ndarray) -> list[tuple[float, float]]:
+    """(intercept, slope) of each segment of the lower convex hull of the points, left to right."""
+    hx, hy = _lower_hull(xs, ys)
+    out = []
+    for k in range(len(hx) - 1):
+        s = (hy[k + 1] - hy[k]) / (hx[k + 1] - hx[k])
+        out.append((float(hy[k] - s * hx[k]), float(s)))
+    return out
+
+
+class _Spans:
+    """Columns that count over index ranges [lo, hi), read back per index."""
+
+    def __init__(self, n: int) -> None:
+        self.cols: list[list[int]] = [[] for _ in range(n)]
+        self.vals: list[list[float]] = [[] for _ in range(n)]
+        self.keys: list[list[int]] = [[] for _ in range(n)]
+
+    def add(self, col: int, val: float, lo: int, hi: int, key: int = -1) -> None:
+        for j in range(max(lo, 0), min(hi, len(self.cols))):
+            self.cols[j].append(col)
+            self.vals[j].append(val)
+            self.keys[j].append(key)
+
+    def at(self, j: int) -> tuple[list[int], list[float]]:
+        return self.cols[j], self.vals[j]
+
+    def by_key(self, j: int) -> list[list[int]]:
+        """The columns at ``j`` grouped by key (a pod's modes)."""
+        out: dict[int, list[int]] = {}
+        for col, key in zip(self.cols[j], self.keys[j]):
+            out.setdefault(key, []).append(col)
+        return list(out.values())
+
+
+_spans = _Spans
+
+
+@dataclass
+class _Built:
+    model: _Model
+    y: dict  # (p, unit, mode) -> column
+    modes: list  # per pod: list of (start, trigger check index or -1)
+    inst: Instance
+    units: list  # per unit: list of node indices
+
+
+def _build(inst: Instance) -> _Built:
+    """Assemble the MIP (docs/optimum.md): one unit per node, ``y[p, node, mode]`` binaries and the rest."""
+    N, P = inst.nodes, inst.pods
+    sleep = inst.can_sleep
+    Z, W = inst.sleep_after, inst.wake
+    # Units: CPU in cores and memory in GiB keep the coefficients near 1 (HiGHS is much faster so).
+    a, d = inst.a, inst.d
+    c, mreq, u = inst.c / 1000.0, inst.m / 1024.0, inst.u / 1000.0
+    capN, memN = inst.cap / 1000.0, inst.mem / 1024.0
+    idle = inst.curves[:, 0]
+    premium = idle - inst.sleep_w
+    if sleep and (premium < 0).any():
+        raise OptimumError("a node's sleep_watts exceeds its idle watts: the model assumes sleeping saves power")
+    integral = True
+    units = [[i] for i in range(N)]
+    U = len(units)
+    rep = [un[0] for un in units]  # a representative node per unit
+    mult = np.array([len(un) for un in units], dtype=np.float64)
+    cap = capN[rep]
+    M = _Model()
+
+    # Pods a unit can take: its requests fit an empty node and its demand fits the CPU (no overload).
+    allowed = ((c[:, None] <= cap[None, :]) & (mreq[:, None] <= memN[rep][None, :])
+               & (inst.slots[rep][None, :] >= 1) & (u[:, None] <= cap[None, :] + 1e-12))
+    bad = np.flatnonzero(~allowed.any(axis=1))
+    if bad.size:
+        raise _Infeasible(f"pod {int(inst.pod[bad[0]])} demands {inst.u[bad[0]]:g}m, more than any node it fits: "
+                          "every schedule overloads a node, which the model does not state")
+
+    # Check grid: arrivals, the run's earliest end T0 and the later ends a delayed pod may cause.
+    T0 = max(inst.horizon, float((a + d).max()) if P else 0.0)
+    arr = _unique_times(a)
+    jp = _index(arr, a)  # arrival index of each pod (into arr)
+    # Start modes: on arrival (node on), or at the end of a wake-up triggered at an arrival in (a - W, a].
+    modes: list[list[tuple[float, int]]] = []
+    for p in range(P):
+        ms = [(float(a[p]), -1)]
+        if sleep:
+            lo = a[p] - W
+            for j in range(int(jp[p]), -1, -1):
+                t = arr[j]
+                if t <= lo + TOL and not (W <= TOL and j == jp[p]):
+                    break
+                if t >= Z - TOL:  # a node can be asleep only from sleep_after_s on
+                    ms.append((float(t + W), j))
+        modes.append(ms)
+    ends = np.array([s + d[p] for p in range(P) for s, _ in modes[p]]) if P else np.zeros(0)
+    tail = ends[ends > T0 + TOL]
+    chk = _unique_times(np.concatenate(([0.0], arr, [T0], tail)))
+    jchk = _index(chk, arr)  # arrival j -> check index
+    J = len(chk)
+    iT0 = int(_index(chk, T0))
+    pods_at: dict[int, list[int]] = {}
+    for p in range(P):
+        pods_at.setdefault(int(jchk[jp[p]]), []).append(p)
+
+    # ---- assignment ----
+    y: dict[tuple[int, int, int], int] = {}
+    for p in range(P):
+        cols = []
+        for i in range(U):
+            if not allowed[p, i]:
+                continue
+            for k in range(len(modes[p])):
+                y[(p, i, k)] = col = M.var(0.0, 1.0, 0.0, integral)
+                cols.append(col)
+        M.row(cols, [1.0] * len(cols), 1.0, 1.0)
+
+    def ymodes(p, i):
+        return [(k, y[(p, i, k)]) for k in range(len(modes[p])) if (p, i, k) in y]
+
+    # ---- the run's window: ext[j] = 1 while some pod is still running after check point j (j >= iT0) ----
+    ext: dict[int, int] = {}
+    for j in range(iT0, J - 1):
+        ext[j] = M.var(0.0, 1.0, 0.0, False)
+        if j > iT0:
+            M.row([ext[j], ext[j - 1]], [1.0, -1.0], -math.inf, 0.0)
+    for (p, i, k), col in y.items():
+        e = modes[p][k][0] + d[p]
+        for j in range(iT0, J - 1):
+            if chk[j] < e - TOL:
+                M.row([col, ext[j]], [1.0, -1.0], -math.inf, 0.0)
+
+    # Sleep draw (all nodes) over the window; the awake premium is added per node below.
+    base_w = float((inst.sleep_w if sleep else idle).sum())
+    M.offset += base_w * T0
+    for j in range(iT0, J - 1):
+        M.cost[ext[j]] += base_w * (chk[j + 1] - chk[j])
+
+    # ---- per unit: awake state on the check grid, requests, dynamic power on the event grid ----
+    dyn_times = [0.0, T0]
+    for p in range(P):
+        for s, _ in modes[p]:
+            dyn_times += [s, s + d[p]]
+    tg = _unique_times(np.concatenate((np.asarray(dyn_times), arr)))
+    G = len(tg) - 1  # dyn intervals [tg[g], tg[g+1])
+    jof = np.searchsorted(chk, tg[:-1] + TOL, side="right") - 1  # check point at or before each dyn interval
+    aw_cols: dict[tuple[int, int], int] = {}
+    wk_cols: dict[tuple[int, int], int] = {}
+    at_cols: dict[tuple[int, int], int] = {}
+    for i in range(U):
+        n = mult[i]
+        node = rep[i]
+        Pi = [p for p in range(P) if allowed[p, i]]
+        # Awake state: aw[j] (awake before the arrivals at chk[j]), wk[j] (woken at chk[j]).
+        aw: dict[int, int | None] = {}
+        wk: dict[int, int] = {}
+        never = inst.never_sleep is not None and bool(inst.never_sleep[node])
+        if sleep:
+            for j in range(J):
+                # None: awake for sure (before the first sleep timer can fire, or a node that never sleeps)
+                aw[j] = None if chk[j] < Z - TOL or never else M.var(0.0, n, 0.0, integral)
+            for j, ps in ([] if never else pods_at.items()):
+                if chk[j] >= Z - TOL and any(allowed[p, i] for p in ps):
+                    wk[j] = M.var(0.0, n, 0.0, integral)
+        for j, col in aw.items():
+            if col is not None:
+                aw_cols[(i, j)] = col
+        for j, col in wk.items():
+            wk_cols[(i, j)] = col
+
+        def awake_after(j):
+            """(cols, vals, const): nodes of the unit awake just after the arrivals at check point j."""
+            cols, vals, const = [], [], 0.0
+            if not sleep or aw.get(j) is None:
+                const = n
+            else:
+                cols.append(aw[j])
+                vals.append(1.0)
+            if sleep and j in wk:
+                cols.append(wk[j])
+                vals.append(1.0)
+            return cols, vals, const
+
+        if sleep:
+            # Cover count before the arrivals at j: pods bound earlier whose end + sleep_after is after chk[j].
+            # Cover count before the arrivals at j (pods bound earlier whose end + sleep_after is after chk[j]),
+            # written out per check point: a running sum would make the LP's bases dense and the simplex slow.
+            cover = _spans(J)
+            kmax = np.zeros(J)
+            for p in Pi:
+                j0 = int(jchk[jp[p]])
+                emax = 0.0
+                for k, col in ymodes(p, i):
+                    E = modes[p][k][0] + d[p] + Z
+                    emax = max(emax, E)
+                    cover.add(col, 1.0, j0 + 1, int(np.searchsorted(chk, E - TOL)), p)  # gone at the first point >= E
+                kmax[j0 + 1:int(np.searchsorted(chk, emax - TOL))] += 1
+            for j in range(J):
+                if aw[j] is None:
+                    continue
+                cols, vals = cover.at(j)
+                M.row([aw[j]] + cols, [1.0] + [-v for v in vals], -math.inf, 0.0)  # awake only if covered
+                for pc in cover.by_key(j):  # covered by any pod: awake (a row per pod keeps the relaxation strong)
+                    M.row(pc + [aw[j]], [1.0] * len(pc) + [-1.0], -math.inf, 0.0)
+            # Start modes against the node's state at the pod's arrival.
+            for p in Pi:
+                j = int(jchk[jp[p]])
+                lo_w = int(np.searchsorted(chk, chk[j] - W + TOL, side="right"))
+                window = [jj for jj in range(lo_w, j) if jj in wk]
+                for k, col in ymodes(p, i):
+                    trig = modes[p][k][1]
+                    if trig < 0:  # on: awake and not waking
+                        cols, vals = [col] + [wk[jj] for jj in window], [1.0] + [1.0] * len(window)
+                        if aw[j] is None:
+                            M.row(cols, vals, -math.inf, n)
+                        else:
+                            M.row(cols + [aw[j]], vals + [-1.0], -math.inf, 0.0)
+                    else:
+                        jt = int(jchk[trig])
+                        if jt in wk:
+                            M.row([col, wk[jt]], [1.0, -1.0], -math.inf, 0.0)
+                        else:
+                            M.ub[col] = 0.0
+            for j, col in wk.items():
+                if aw[j] is not None:
+                    M.row([col, aw[j]], [1.0, 1.0], -math.inf, n)
+                else:
+                    M.ub[col] = 0.0  # awake for sure: never woken here
+                trig_cols = [y[(p, i, k)] for p in pods_at[j] for k in range(len(modes[p]))
+                             if (p, i, k) in y and modes[p][k][1] >= 0 and int(jchk[modes[p][k][1]]) == j]
+                M.row([col] + trig_cols, [1.0] + [-1.0] * len(trig_cols), -math.inf, 0.0)
+            # Awake time between check points j and j+1: the whole gap when the node is still covered at j+1,
+            # else the latest cover end inside the gap, so at[j] >= (E - chk[j]) y for each (pod, mode) whose cover
+            # ends there, and the initial cover [0, sleep_after) likewise.
+            ending: list[list[tuple[int, float]]] = [[] for _ in range(J)]
+            for p in Pi:
+                for k, col in ymodes(p, i):
+                    E = modes[p][k][0] + d[p] + Z
+                    jr = int(np.searchsorted(chk, E - TOL))
+                    if 1 <= jr < J:
+                        ending[jr - 1].append((col, min(E, chk[jr]) - chk[jr - 1]))
+            jz = int(np.searchsorted(chk, Z - TOL))
+            for j in range(J - 1):
+                gap = chk[j + 1] - chk[j]
+                nxt = aw[j + 1]
+                cost = premium[node] if j < iT0 else 0.0  # at is in node-seconds
+                if nxt is None:
+                    M.offset += n * premium[node] * gap if j < iT0 else 0.0
+                    if j >= iT0:
+                        M.cost[ext[j]] += n * premium[node] * gap
+                    continue
+                at = M.var(n * (Z - chk[j]) if j == jz - 1 else 0.0, n * gap, cost)
+                at_cols[(i, j)] = at
+                M.row([at, nxt], [1.0, -gap], 0.0, math.inf)
+                for col, span in ending[j]:
+                    M.row([at, col], [1.0, -span], 0.0, math.inf)
+                if j >= iT0:  # charged only while the run lasts
+                    atc = M.var(0.0, n * gap, premium[node])
+                    M.row([atc, at, ext[j]], [1.0, -1.0, -n * gap], -n * gap, math.inf)
+                    M.cost[at] = 0.0
+        # Requests held on the check grid: from arrival to end, checked just after each arrival batch.
+        for res, cap_r in ((c, capN[node]), (mreq, memN[node]), (None, inst.slots[node])):
+            need = np.ones(P) if res is None else res
+            if need[Pi].sum() <= cap_r and res is not c:
+                continue  # never binding on this node (CPU stays: its rows tie requests to awake nodes)
+            held = _spans(J)
+            first = J
+            for p in Pi:
+                if need[p] == 0:
+                    continue
+                j0 = int(jchk[jp[p]])
+                first = min(first, j0)
+                for k, col in ymodes(p, i):
+                    held.add(col, need[p], j0, int(np.searchsorted(chk, modes[p][k][0] + d[p] - TOL)))
+            for j in range(first, J):
+                if not (j in pods_at and any(allowed[p, i] and need[p] for p in pods_at[j])):
+                    continue  # requests only grow at arrivals: checking just after them is enough
+                cols, vals = held.at(j)
+                ac, av, const = awake_after(j) if sleep else ([], [], n)
+                M.row(cols + ac, vals + [-cap_r * v for v in av], -math.inf, cap_r * const)
+        # Dynamic power on the event grid: the demand U(g) of the pods running in each interval.
+        running = _spans(G)
+        maxu = np.zeros(G + 1)
+        for p in Pi:
+            for k, col in ymodes(p, i):
+                st_ = modes[p][k][0]
+                gs, ge = int(_index(tg, st_)), int(_index(tg, st_ + d[p]))
+                running.add(col, u[p], gs, ge, p)
+                maxu[gs:ge] += u[p]
+        curve = inst.curves[node]
+        w = cap[i] / 10.0
+        slopes = np.diff(curve) / w  # watts per millicore on each tenth
+        concave = [b for b in range(1, 10) if slopes[b] < slopes[b - 1] - 1e-12]
+        dyn_pieces = _env_pieces(np.linspace(0.0, cap[i], 11), curve - curve[0])
+        awake_in: dict[int, list[tuple[int, float]]] = {}  # check interval -> (v, seconds) of its dyn intervals
+        for g in range(G):
+            dt = tg[g + 1] - tg[g]
+            # Only the tenths the demand can reach here get a column: the pods that may run bound it.
+            lim = min(cap[i], maxu[g])
+            nseg = int(min(10, math.ceil(lim / w - 1e-9))) if lim > 1e-9 else 0
+            cols = [M.var(0.0, w, slopes[s] * dt) for s in range(nseg)]
+            rc, rv = running.at(g)
+            if rc or cols:
+                M.row(cols + rc, [1.0] * len(cols) + [-x for x in rv], 0.0, 0.0)
+            if not cols:
+                continue
+            j = int(jof[g])
+            ac, av, const = awake_after(j) if sleep else ([], [], n)
+            if sleep and ac:
+                # v: nodes awake through this interval (every node with demand here is). Bounded by the nodes
+                # awake after the last arrival and, summed over the check interval, by its awake time; the
+                # demand and the envelope cut below read v, which ties the idle premium to the demand.
+                v = M.var(0.0, n)
+                M.row([v] + ac, [1.0] + [-x for x in av], -math.inf, const)
+                awake_in.setdefault(j, []).append((v, dt))
+                for pc in running.by_key(g):  # a node with a pod running is awake through the interval
+                    M.row(pc + [v], [1.0] * len(pc) + [-1.0], -math.inf, 0.0)
+                ac, av, const = [v], [1.0], 0.0
+            # Segment order where the curve bends down: a later tenth only once the earlier ones are full.
+            zs = []
+            for b in concave:
+                if b >= len(cols):
+                    break
+                z = M.var(0.0, 1.0, 0.0, True)
+                M.row(cols[:b] + [z], [1.0] * b + [-w * b], 0.0, math.inf)
+                nb = next((bb for bb in concave if bb > b), 10)
+                for s in range(b, min(nb, len(cols))):
+                    M.row([cols[s], z], [1.0, -w], -math.inf, 0.0)
+                if zs:
+                    M.row([z, zs[-1]], [1.0, -1.0], -math.inf, 0.0)
+                zs.append(z)
+            if sleep and ac:
+                M.row(cols + ac, [1.0] * len(cols) + [-cap[i] * v for v in av], -math.inf, cap[i] * const)
+            # The convex envelope, a valid cut that tightens the relaxation.
+            for alpha, beta in dyn_pieces:
+                rcols = cols + ac
+                rvals = [slopes[s] - beta for s in range(len(cols))] + [-alpha * v for v in av]
+                M.row(rcols, rvals, alpha * const, math.inf)
+        for j, vs in awake_in.items():
+            at = at_cols.get((i, j))
+            if at is not None:
+                M.row([at] + [v for v, _ in vs], [1.0] + [-dt for _, dt in vs], 0.0, math.inf)
+    # Interchangeable nodes are used in order (relabelling any schedule makes it so): x[p, i'] <= sum_{q<p} x[q, i].
+    for i in range(U - 1):
+        i2 = i + 1
+        if inst.kinds[rep[i]] != inst.kinds[rep[i2]]:
+            continue
+        fprev = None
+        for p in range(P):
+            if (p, i2, 0) in y and fprev is None:
+                for _, col in ymodes(p, i2):
+                    M.ub[col] = 0.0
+            elif (p, i2, 0) in y:
+                cols2 = [col for _, col in ymodes(p, i2)]
+                M.row(cols2 + [fprev], [1.0] * len(cols2) + [-1.0], -math.inf, 0.0)
+            if (p, i, 0) in y:
+                f = M.var(0.0, math.inf)
+                cols1 = [col for _, col in ymodes(p, i)]
+                rc = [f] + cols1 + ([fprev] if fprev is not None else [])
+                rv = [1.0] + [-1.0] * len(cols1) + ([-1.0] if fprev is not None else [])
+                M.row(rc, rv, 0.0, 0.0)
+                fprev = f
+    return _Built(M, y, modes, inst, units)
+
+
+class _Infeasible(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One schedule of the model's class: a node and a start time per modelled pod (workload indices)."""
+
+    source: str
+    assignment: dict[int, int]
+    starts: dict[int, float]
+    twin_joules: float | None = None  # the twin's energy for it, when it came from a twin run
+
+
+def twin_schedule(inst: Instance, spec: str) -> Schedule | None:
+    """Run policy ``spec`` in the twin on the instance; its schedule if the run is in the model's class (every pod
+    bound on arrival, no node overloaded), else None."""
+    from joulesched.agent.registry import make_policy
+
+    sc = inst.scenario
+    if sc is None:
+        raise ValueError("the instance has no scenario to run")
+    wl = build_workload(sc, inst.seed)
+    twin = Twin(sc, wl)
+    pol = make_policy(spec)
+    rng = np.random.default_rng(inst.seed)
+    twin.begin()
+    state = None
+    while (dcs := twin.next_decision()) is not None:
+        if dcs.state is not state:
+            state = dcs.state
+            pol.reset(state, rng)
+        if abs(twin.now - float(wl.submit_s[int(dcs.key)])) > TOL:
+            return None  # a pod was queued
+        twin.bind(dcs, pol.choose(state, dcs.pod, dcs.mask))
+    res = twin.result()
+    if res.mean_throttling > 0 or res.unschedulable_pods != inst.never_placed:
+        return None
+    pods = inst.pod.tolist()
+    return Schedule(spec, {p: int(twin.pod_node[p]) for p in pods}, {p: float(twin.pod_start[p]) for p in pods},
+                    res.energy_joules)
+
+
+def _fix(b: _Built, sched: Schedule) -> tuple[list[int], list[float]] | None:
+    """The y columns of ``sched`` (1 for its (node, mode), 0 for the others), or None if the model has no such
+    column (a start the model does not know, or a node it forbids)."""
+    inst = b.inst
+    unit_of = {node: i for i, un in enumerate(b.units) for node in un}
+    # Interchangeable nodes are relabelled in order of first use, as the model's symmetry breaking wants; the
+    # twin cannot tell the difference.
+    first: dict[int, list[int]] = {}
+    for pod in inst.pod.tolist():
+        node = sched.assignment[pod]
+        seen = first.setdefault(int(inst.kinds[node]), [])
+        if node not in seen:
+            seen.append(node)
+    relabel = {}
+    for kind, used in first.items():
+        same = [i for i in range(inst.nodes) if inst.kinds[i] == kind]
+        relabel.update(zip(used + [i for i in same if i not in used], same))
+    ones = set()
+    for p, pod in enumerate(inst.pod.tolist()):
+        i, st = unit_of[relabel[sched.assignment[pod]]], sched.starts[pod]
+        ks = [k for k, (s0, _) in enumerate(b.modes[p]) if abs(s0 - st) <= 1e-6 * max(1.0, abs(st))]
+        ks = [k for k in ks if (p, i, k) in b.y]
+        if not ks:
+            return None
+        # On arrival with wake_s = 0, "on" and "woken" start at the same time: the twin's state decides, and
+        # the solver picks the one consistent with it.
+        ones.update((p, i, k) for k in ks[:1])
+    cols = list(b.y.values())
+    vals = [1.0 if key in ones else 0.0 for key in b.y]
+    return cols, vals
+
+
+def evaluate(inst: Instance, sched: Schedule, *, time_limit: float = 60.0) -> float | None:
+    """The model's energy for a given schedule (its pod-to-node-and-start columns fixed), or None when the model
+    cannot state it. Equal to the twin's energy for that schedule when the model is right."""
+    b = _build(inst)
+    fixed = _fix(b, sched)
+    if fixed is None:
+        return None
+    for col, v in zip(*fixed):
+        if v == 0.0:
+            b.model.ub[col] = 0.0
+    h = b.model.highs(integral=True, time_limit=time_limit, threads=None, gap=1e-9)
+    h.run()
+    import highspy
+
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value)
+
+
+#: Policies whose twin runs seed the MIP with a first schedule (the best one in the model's class is used), on
+#: top of every heuristic of the registry.
+WARM_START = ("default-k8s", "awake-first:fit=efficient", "awake-first:headroom=0.8")
+
+
+def warm_specs() -> tuple[str, ...]:
+    from joulesched.agent.registry import HEURISTICS
+
+    return tuple(dict.fromkeys((*WARM_START, *HEURISTICS)))
+
+
+def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = None, gap: float = 1e-6,
+          warm: tuple[str, ...] | None = None, lp: LPBound | None = None, lns_share: float = 0.4) -> OptimumResult:
+    """Solve the MIP for ``inst`` within ``time_limit`` seconds (model building included).
+
+    The solver starts from the best schedule among the ``warm`` policies' twin runs that the model can state,
+    and its bound is the best of its own, the LP bound and the fluid bound. When the MIP is not solved in
+    ``1 - lns_share`` of the time, the rest improves its best schedule by re-solving it with the pods of one
+    window of arrivals free and the others fixed (a large-neighbourhood search). ``status`` is ``optimal`` when
+    the gap is closed to ``gap`` (relative), ``time_limit`` when the time ran out first."""
+    time_limit = check_time_limit(time_limit)
+    t0 = time.perf_counter()
+    base = dict(name=inst.name, seed=inst.seed, nodes=inst.nodes, pods=inst.pods, overload_free=inst.overload_free)
+    try:
+        b = _build(inst)
+    except _Infeasible as e:
+        return OptimumResult(**base, status="infeasible", energy_joules=None, bound_joules=None, gap=None,
+                             wall_s=time.perf_counter() - t0, variables=0, binaries=0, rows=0, message=str(e))
+    M = b.model
+    sizes = dict(variables=M.ncols, binaries=int(sum(M.integer)), rows=M.nrows)
+    lp = lp or lp_bound(inst, time_limit=max(1.0, time_limit / 4))
+    warm = warm_specs() if warm is None else warm
+    scheds = [s for s in (twin_schedule(inst, w) for w in warm) if s is not None] if inst.scenario else []
+    scheds.sort(key=lambda s: s.twin_joules)
+    # Most of the time goes to the whole MIP (its bound); the rest to a neighbourhood search from its best schedule.
+    left = time_limit - (time.perf_counter() - t0)
+    h = M.highs(integral=True, time_limit=max(1.0, left * (1.0 - lns_share)), threads=threads, gap=gap)
+    for sc_ in scheds:
+        fixed = _fix(b, sc_)
+        if fixed is not None:
+            h.setSolution(len(fixed[0]), np.asarray(fixed[0], dtype=np.int32), np.asarray(fixed[1]))
+            break
+    h.run()
+    import highspy
+
+    status = h.getModelStatus()
+    info = h.getInfo()
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return OptimumResult(**base, status="infeasible", energy_joules=None, bound_joules=None, gap=None,
+                             wall_s=time.perf_counter() - t0, **sizes,
+                             message="no schedule binds every pod on arrival without overloading a node")
+    bounds = [x for x in (lp.joules, lp.fluid_joules) if math.isfinite(x)]
+    if math.isfinite(info.mip_dual_bound):
+        bounds.append(float(info.mip_dual_bound))
+    bound = max(bounds) if bounds else None
+    if info.primal_solution_status != 2:  # kSolutionStatusFeasible
+        return OptimumResult(**base, status="no_solution", energy_joules=None, bound_joules=bound, gap=None,
+                             wall_s=time.perf_counter() - t0, **sizes, message="no schedule found in the time limit")
+    x = np.asarray(h.getSolution().col_value)
+    energy = float(info.objective_function_value)
+    optimal = status == highspy.HighsModelStatus.kOptimal
+    if not optimal:
+        x, energy = _neighbourhoods(b, x, energy, t0 + time_limit, threads)
+    assignment, starts = {}, {}
+    for (p, i, k), col in b.y.items():
+        if x[col] > 0.5:
+            assignment[int(inst.pod[p])] = b.units[i][0]
+            starts[int(inst.pod[p])] = b.modes[p][k][0]
+    if bound is None or bound > energy:
+        bound = energy  # the solver proved this schedule optimal (within its tolerance)
+    g = (energy - bound) / energy if energy > 0 else 0.0
+    return OptimumResult(**base, status="optimal" if optimal or g <= gap else "time_limit", energy_joules=energy,
+                         bound_joules=bound, gap=g, wall_s=time.perf_counter() - t0, **sizes,
+                         assignment=assignment, starts=starts)
+
+
+def _neighbourhoods(b: _Built, x: np.ndarray, energy: float, deadline: float,
+                    threads: int | None) -> tuple[np.ndarray, float]:
+    """Large-neighbourhood search: free the pods arriving in one window (a third of them, windows sliding by a
+    sixth), fix the others to the incumbent's node and mode, re-solve, keep improvements, until ``deadline``."""
+    M = b.model
+    P = b.inst.pods
+    by_pod: dict[int, list[int]] = {}
+    for (p, _, _), col in b.y.items():
+        by_pod.setdefault(p, []).append(col)
+    size = max(6, P // 3)
+    step = max(1, size // 2)
+    lb0, ub0 = list(M.lb), list(M.ub)
+    start, stale = 0, 0
+    try:
+        while deadline - time.perf_counter() > 2.0 and stale < max(1, -(-P // step)) * 2:
+            free = set(range(start, min(P, start + size)))
+            start = start + step if start + size < P else 0
+            lb, ub = list(lb0), list(ub0)
+            for p, cols in by_pod.items():
+                if p in free:
+                    continue
+                for col in cols:
+                    if x[col] > 0.5:
+                        lb[col] = 1.0
+                    else:
+                        ub[col] = 0.0
+            M.lb, M.ub = lb, ub
+            h = M.highs(integral=True, time_limit=min(10.0, deadline - time.perf_counter() - 1.0), threads=threads,
+                        gap=1e-6)
+            ones = [c for cols in by_pod.values() for c in cols]
+            h.setSolution(len(ones), np.asarray(ones, dtype=np.int32), np.asarray([float(x[c] > 0.5) for c in ones]))
+            h.run()
+            info = h.getInfo()
+            if info.primal_solution_status == 2 and info.objective_function_value < energy * (1 - 1e-9):
+                x, energy, stale = np.asarray(h.getSolution().col_value), float(info.objective_function_value), 0
+            else:
+                stale += 1
+    finally:
+        M.lb, M.ub = lb0, ub0
+    return x, energy
+
+
+@dataclass(frozen=True)
+class LPBound:
+    joules: float
+    fluid_joules: float
+    wall_s: float
+    variables: int
+    rows: int
+    status: str
+    coarse: bool = False
+
+
+def _range_max_rows(M: _Model, x: list[int], ranges: list[tuple[int, int, int]]) -> None:
+    """Rows ``col >= max(x[lo..hi])`` for each (col, lo, hi), through a sparse table of maxima (O(log) rows each)."""
+    n = len(x)
+    if not ranges or n == 0:
+        return
+    table = [list(x)]
+    longest = max(hi - lo + 1 for _, lo, hi in ranges)
+    while (1 << len(table)) <= longest:
+        prev, half = table[-1], 1 << (len(table) - 1)
+        level = []
+        for k in range(n):
+            v = M.var(0.0, math.inf)
+            M.row([v, prev[k]], [1.0, -1.0], 0.0, math.inf)
+            if k + half < n:
+                M.row([v, prev[k + half]], [1.0, -1.0], 0.0, math.inf)
+            level.append(v)
+        table.append(level)
+    for col, lo, hi in ranges:
+        if hi < lo:
+            continue
+        lev = (hi - lo + 1).bit_length() - 1
+        for k in {lo, hi - (1 << lev) + 1}:
+            M.row([col, table[lev][k]], [1.0, -1.0], 0.0, math.inf)
+
+
+def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max_bins: int = 1500) -> LPBound:
+    """A time-indexed LP over node kinds that bounds the energy of every run of the twin from below.
+
+    Per interval between arrivals and per kind of node it keeps the served CPU, the nodes serving, holding pods
+    and awake; requests (CPU, memory, pod slots) held per core served, which must fit the nodes holding pods; a
+    node that holds a pod stays awake ``sleep_after_s`` and a node that serves was awake ``wake_s`` before; each
+    node's power is at least its idle (awake) or sleep draw plus the convex envelope of its curve. Work obeys
+    the fluid bound's causality, so the LP is never below the fluid bound, and everything it states holds for
+    queued and throttled runs too (docs/optimum.md). Returns it with the fluid bound (``fluid_joules``).
+
+    With more than ``max_bins`` distinct arrival times the grid is thinned to about that many points (every
+    statement still holds on the coarser grid, but causality is checked at fewer instants, so the LP may then
+    fall below the fluid bound: the larger of the two is returned, ``coarse`` says so).
+    """
+    import highspy
+
+    t0 = time.perf_counter()
+    fl = fluid(inst)
+    P = inst.pods
+    a, d = inst.a, inst.d
+    u = inst.u / 1000.0
+    c, mreq = inst.c / 1000.0, inst.m / 1024.0
+    sleep = inst.can_sleep
+    Z, W = inst.sleep_after, inst.wake
+    by_kind: dict[int, list[int]] = {}
+    for i, k in enumerate(inst.kinds.tolist()):
+        by_kind.setdefault(k, []).append(i)
+    groups = list(by_kind.values())
+    H1 = max(inst.horizon, float((a + d).max()) if P else 0.0)
+    grid = _unique_times(np.concatenate(([0.0], a, [H1])))
+    grid = grid[grid <= H1 + TOL]
+    coarse = len(grid) > max_bins + 1
+    if coarse:
+        step = H1 / max_bins
+        keep = np.concatenate(([True], np.diff(np.floor(grid / step)) > 0))
+        keep[-1] = True
+        grid = grid[keep]
+    K = len(grid) - 1
+    dt = np.diff(grid)
+    M = _Model()
+    # Classes of pods by requests per core of demand: each holds at least its minimum ratio while served.
+    busy = u > 0
+    ratio = np.where(busy, c / np.maximum(u, 1e-12), 0.0)
+    qs = np.unique(np.quantile(ratio[busy], np.linspace(0, 1, classes + 1)[1:-1])) if busy.any() else np.zeros(0)
+    cls = np.searchsorted(qs, ratio, side="right")
+    ncls = int(cls.max()) + 1 if P else 1
+    per = []
+    for q in range(ncls):
+        sel = busy & (cls == q)
+        if not sel.any():
+            per.append(None)
+            continue
+        per.append(dict(rho=float((c[sel] / u[sel]).min()), mu=float((mreq[sel] / u[sel]).min()),
+                        slot=float((1.0 / u[sel]).min()), sel=sel))
+    # Work barriers per class at the grid points: A_q(t) = sum u clip(t - a, 0, d) over the class's pods.
+    ycols = [[[None] * K for _ in groups] for _ in range(ncls)]
+    for gi, nodes in enumerate(groups):
+        i0 = nodes[0]
+        n = float(len(nodes))
+        cap, alloc_c, alloc_m, slots = inst.cap[i0] / 1000.0, inst.cap[i0] / 1000.0, inst.mem[i0] / 1024.0, inst.slots[i0]
+        curve = inst.curves[i0]
+        idle, sw = float(curve[0]), float(inst.sleep_w[i0])
+        can = sleep and not (inst.never_sleep is not None and bool(inst.never_sleep[i0]))
+        premium = idle - sw if can else 0.0
+        M.offset += (sw if can else idle) * n * float(dt.sum())
+        pieces = _env_pieces(np.linspace(0.0, cap, 11), curve - curve[0])
+        busy_cols, serv_cols = [], []
+        av_cols = []
+        for k in range(K):
+            ys = []
+            for q in range(ncls):
+                if per[q] is None:
+                    continue
+                ycols[q][gi][k] = y = M.var(0.0, n * cap)
+                ys.append((q, y))
+            serv = M.var(0.0, n)
+            bz = M.var(0.0, n)
+            if can:
+                # Every node is awake on [0, sleep_after): the bin's mean awake count is at least that share.
+                lo_aw = n * min(1.0, max(0.0, (Z - grid[k]) / dt[k])) if dt[k] > 0 else 0.0
+                av = M.var(lo_aw, n, premium * dt[k])
+                M.row([bz, av], [1.0, -1.0], -math.inf, 0.0)
+            else:
+                av = None
+            M.row([serv, bz], [1.0, -1.0], -math.inf, 0.0)
+            ycs = [y for _, y in ys]
+            M.row(ycs + [serv], [1.0] * len(ycs) + [-cap], -math.inf, 0.0)
+            for attr, capr in (("rho", alloc_c), ("mu", alloc_m), ("slot", slots)):
+                coef = [per[q][attr] for q, _ in ys]
+                if any(v > 0 for v in coef):
+                    M.row(ycs + [bz], coef + [-capr], -math.inf, 0.0)
+            D = M.var(0.0, math.inf, dt[k])
+            for alpha, beta in pieces:
+                M.row([D] + ycs + [serv], [1.0] + [-beta] * len(ycs) + [-alpha], 0.0, math.inf)
+            busy_cols.append(bz)
+            serv_cols.append(serv)
+            av_cols.append(av)
+        if can:
+            # Held pods keep a node awake sleep_after_s; a serving node was awake wake_s before.
+            starts = grid[:-1]
+            ends = grid[1:]
+            hold, wake = [], []
+            for k in range(K):
+                lo = int(np.searchsorted(starts, ends[k] - Z - TOL))
+                if lo <= k - 1:
+                    hold.append((av_cols[k], lo, k - 1))
+                hi = int(np.searchsorted(ends, starts[k] + W + TOL, side="right")) - 1
+                if hi >= k + 1:
+                    wake.append((av_cols[k], k + 1, hi))
+            _range_max_rows(M, busy_cols, hold)
+            _range_max_rows(M, serv_cols, wake)
+    # Causality per class: cumulative served work by each grid point at most what the class could have asked.
+    tail_w = []
+    for q in range(ncls):
+        if per[q] is None:
+            continue
+        sel = per[q]["sel"]
+        aq, dq, uq = a[sel], d[sel], u[sel]
+        prev = None
+        for k in range(K):
+            cum = M.var(0.0, float(np.dot(uq, np.clip(grid[k + 1] - aq, 0.0, dq))) + 1e-9)
+            cols = [cum] + [ycols[q][gi][k] for gi in range(len(groups))]
+            vals = [1.0] + [-dt[k]] * len(groups)
+            if prev is not None:
+                cols.append(prev)
+                vals.append(-1.0)
+            M.row(cols, vals, 0.0, 0.0)
+            prev = cum
+        wq = M.var(0.0, math.inf)
+        tail_w.append(wq)
+        total = float(np.dot(uq, dq))
+        M.row(([prev] if prev is not None else []) + [wq], [1.0] * (1 if prev is not None else 0) + [1.0], total, total)
+    # What is left after H' runs in a tail of free length at the cluster's fluid cost tau * G(w / tau).
+    b0, gx, gy = _cluster_g(inst)
+    L = M.var(0.0, math.inf)
+    Et = M.var(0.0, math.inf, 1.0)
+    for k in range(len(gx) - 1):
+        beta = (gy[k + 1] - gy[k]) / (gx[k + 1] - gx[k])
+        alpha = gy[k] - beta * gx[k]
+        M.row([Et, L] + tail_w, [1.0, -alpha] + [-beta] * len(tail_w), 0.0, math.inf)
+    M.row([Et, L], [1.0, -b0], 0.0, math.inf)
+    h = M.highs(integral=False, time_limit=time_limit, threads=None, gap=1e-6)
+    h.setOptionValue("solver", "ipm")
+    h.setOptionValue("run_crossover", "off")
+    h.run()
+    status = h.getModelStatus()
+    ok = status == highspy.HighsModelStatus.kOptimal
+    info = h.getInfo()
+    # Without crossover the interior point's objective is the LP's optimum within its tolerance (1e-8 relative).
+    val = float(info.objective_function_value) if ok else math.nan
+    if coarse and ok:
+        val = max(val, fl)
+    return LPBound(val, fl, time.perf_counter() - t0, M.ncols, M.nrows,
+                   "optimal" if ok else h.modelStatusToString(status), coarse)
+
+
+def _cluster_g(inst: Instance) -> tuple[float, np.ndarray, np.ndarray]:
+    """The fluid bound's G (docs/lower-bound.md) in cores: floor watts, breakpoints, values."""
+    from joulesched.agent.lower_bound import cluster_cost
+
+    b, x, g = cluster_cost(_state(inst))
+    return b, x / 1000.0, g
+
+
+def fluid(inst: Instance) -> float:
+    """The fluid lower bound (agent/lower_bound.py) of the instance's cluster and pods."""
+    from joulesched.cluster.workload import Workload
+
+    wl = Workload(inst.a, inst.d, inst.c.astype(np.int64), inst.m.astype(np.int64), inst.u)
+    return lower_bound(_state(inst), wl, inst.horizon).joules
+
+
+def _state(inst: Instance):
+    from joulesched.cluster.state import ClusterState
+
+    return ClusterState([f"n{i}" for i in range(inst.nodes)], inst.cap.astype(int), inst.mem.astype(int),
+                        inst.slots.astype(int), inst.curves, sleep_watts=inst.sleep_w, can_sleep=inst.can_sleep,
+                        wake_s=inst.wake)
+
+
+# ---- replay in the twin ------------------------------------------------------------------------------------
+class ReplayError(RuntimeError):
+    """The twin would not follow the schedule: the model and the twin disagree."""
+
+
+def replay(scenario: Scenario, seed_offset: int, assignment: dict[int, int]) -> RunResult:
+    """Run the twin on the instance, binding each pod to the node of ``assignment`` (workload pod index ->
+    node). Raises :class:`ReplayError` if the twin asks about a pod at another time than its arrival, or the
+    assigned node is not feasible then: the schedule would not be the one the model priced."""
+    seed = scenario.seed + seed_offset
+    wl = build_workload(scenario, seed)
+    twin = Twin(scenario, wl)
+    twin.begin()
+    while (dcs := twin.next_decision()) is not None:
+        p = int(dcs.key)
+        node = assignment.get(p)
+        if node is None:
+            raise ReplayError(f"pod {p} has no node in the schedule")
+        if abs(twin.now - float(wl.submit_s[p])) > TOL:
+            raise ReplayError(f"pod {p} was queued: the twin decided it at {twin.now:.6f}, it arrived at "
+                              f"{float(wl.submit_s[p]):.6f}")
+        if not dcs.mask[node]:
+            raise ReplayError(f"pod {p}: node {node} does not pass the filter at {twin.now:.6f}")
+        twin.bind(dcs, node)
+    return twin.result()
+
+
+#: Instances larger than this get the LP and fluid bounds only: the MIP would not get far in minutes.
+MIP_MAX_NODES = 16
+MIP_MAX_PODS = 200
+
+
+def check_time_limit(time_limit: float) -> float:
+    """A positive, finite number of seconds, or :class:`OptimumError`."""
+    try:
+        t = float(time_limit)
+    except (TypeError, ValueError):
+        raise OptimumError(f"--time-limit {time_limit!r} is not a number of seconds") from None
+    if not (t > 0 and math.isfinite(t)):
+        raise OptimumError(f"--time-limit must be a positive number of seconds, got {time_limit!r}")
+    return t
+
+
+def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float = 60.0,
+                  max_nodes: int = MIP_MAX_NODES, max_pods: int = MIP_MAX_PODS, replay_check: bool = True) -> dict:
+    """Everything known about the optimum of one (scenario, seed): the fluid and LP bounds for every run, and
+    on a small enough instance the MIP's best schedule, its bound and gap, and that schedule replayed in the
+    twin (``replay_joules``, ``replay_rel_error``: the model checked against the twin)."""
+    time_limit = check_time_limit(time_limit)
+    inst = instance(scenario, seed_offset)
+    lp = lp_bound(inst, time_limit=max(10.0, time_limit))
+    out = {"name": scenario.name, "seed": inst.seed, "nodes": inst.nodes, "pods": inst.pods,
+           "overload_free": inst.overload_free, "fluid_joules": lp.fluid_joules,
+           "lp_bound_joules": lp.joules if math.isfinite(lp.joules) else None, "lp_wall_s": lp.wall_s,
+           "status": "skipped", "optimum_joules": None, "bound_joules": None, "gap": None, "wall_s": None,
+           "replay_joules": None, "replay_rel_error": None, "message": ""}
+    if inst.nodes > max_nodes or inst.pods > max_pods:
+        out["message"] = (f"{inst.nodes} nodes and {inst.pods} pods: above the MIP's limits ({max_nodes} nodes, "
+                          f"{max_pods} pods); LP and fluid bounds only")
+        return out
+    res = solve(inst, time_limit=time_limit, lp=lp)
+    out.update(status=res.status, optimum_joules=res.energy_joules, bound_joules=res.bound_joules, gap=res.gap,
+               wall_s=res.wall_s, message=res.message, variables=res.variables, binaries=res.binaries)
+    if replay_check and res.assignment:
+        rr = replay(scenario, seed_offset, res.assignment)
+        out["replay_joules"] = rr.energy_joules
+        out["replay_rel_error"] = abs(rr.energy_joules - res.energy_joules) / rr.energy_joules
+    return out
+
+
+def policy_energies(scenario: Scenario, seed_offset: int, specs) -> dict[str, float]:
+    """Each policy's energy in the twin on the same (scenario, seed), as the benchmark runs it."""
+    from joulesched.agent.registry import make_policy
+    from joulesched.agent.runner import run_policy
+
+    seed = scenario.seed + seed_offset
+    twin = Twin(scenario, build_workload(scenario, seed))
+    return {p: run_policy(twin, make_policy(p), seed).energy_joules for p in specs}

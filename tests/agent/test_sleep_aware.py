@@ -1,0 +1,161 @@
+"""The sleep-aware baselines, worked out by hand: which node each rule picks, and why."""
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from joulesched.agent.policy import PolicyError
+from joulesched.agent.registry import HEURISTICS, SLEEP_AWARE_HEURISTICS, family_of, make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
+from joulesched.cluster.twin import Twin
+from joulesched.pipelines.cli import app
+from joulesched.pipelines.explain import explain
+from tests.helpers import scenario, workload
+
+LINEAR = [100.0 + 10.0 * k for k in range(11)]  # 100 W idle, 200 W at full load
+
+
+def cluster(cpu, curves=None, asleep=(), waking=()):
+    n = len(cpu)
+    st = ClusterState([f"n{i}" for i in range(n)], cpu, [65536] * n, [110] * n, curves or [LINEAR] * n,
+                      sleep_watts=[5.0] * n, can_sleep=True, wake_s=60)
+    for i in asleep:
+        st.power_state[i] = ASLEEP
+    for i in waking:
+        st.power_state[i] = WAKING
+    return st
+
+
+def pick(spec, st, pod, seed=0):
+    pol = make_policy(spec)
+    pol.reset(st, np.random.default_rng(seed))
+    return pol.choose(st, pod, st.feasible(pod))
+
+
+def test_they_are_sleep_aware_heuristics_in_every_best_heuristic_ratio():
+    assert set(SLEEP_AWARE_HEURISTICS) == {"awake-first", "pabfd"}
+    assert set(SLEEP_AWARE_HEURISTICS) <= set(HEURISTICS)
+    assert family_of("awake-first:fit=efficient,headroom=0.8") == "sleep-aware"
+
+
+def test_awake_first_best_fit_among_awake_nodes_before_a_better_sleeping_one():
+    # n0: 4 cores, 1 used; n1: 4 cores, 3 used; n2: asleep, 8 cores and the most efficient (25 W/core vs 50).
+    st = cluster([4000, 4000, 8000], [LINEAR, LINEAR, [100.0 + 10 * k for k in range(11)]], asleep=[2])
+    st.bind(0, PodRequest(1000, 100))
+    st.bind(1, PodRequest(3000, 100))
+    # 500m leaves 500m free on n1 (1/8 of it) and 2500m on n0 (5/8): best fit is n1; n2 stays asleep.
+    assert pick("awake-first", st, PodRequest(500, 100)) == 1
+    # 1500m fits n0 only among the awake ones: still not n2.
+    assert pick("awake-first", st, PodRequest(1500, 100)) == 0
+
+
+def test_a_waking_node_counts_as_awake():
+    st = cluster([4000, 8000], waking=[0], asleep=[1])
+    assert pick("awake-first", st, PodRequest(500, 100)) == 0
+    assert pick("pabfd", st, PodRequest(500, 100)) == 0
+
+
+def test_awake_first_wakes_the_most_efficient_sleeping_node_ties_to_the_larger():
+    big = [50.0 + 15.0 * k for k in range(11)]  # 200 W at 8 cores: 25 W/core
+    small = [40.0 + 6.0 * k for k in range(11)]  # 100 W at 4 cores: 25 W/core, a tie
+    dear = [40.0 + 10.0 * k for k in range(11)]  # 140 W at 4 cores: 35 W/core
+    st = cluster([2000, 4000, 8000, 4000], [LINEAR, small, big, dear], asleep=[1, 2, 3])
+    st.bind(0, PodRequest(1800, 100))
+    # Nothing awake fits 500m; n1 and n2 both cost 25 W/core at full load, n2 is larger.
+    assert pick("awake-first", st, PodRequest(500, 100)) == 2
+    assert pick("pabfd", st, PodRequest(500, 100)) == 2
+    # Without n2, n1 (25 W/core) beats n3 (35 W/core).
+    st.bind(2, PodRequest(8000, 100))
+    assert pick("awake-first", st, PodRequest(500, 100)) == 1
+
+
+def test_fit_efficient_orders_awake_nodes_by_watts_per_core_first():
+    eff = [50.0 + 5.0 * k for k in range(11)]  # 100 W at 8 cores: 12.5 W/core, against 50 W/core for LINEAR
+    st = cluster([4000, 8000], [LINEAR, eff])
+    st.bind(0, PodRequest(3000, 100))
+    assert pick("awake-first", st, PodRequest(500, 100)) == 0  # tightest: 500m left on n0
+    assert pick("awake-first:fit=efficient", st, PodRequest(500, 100)) == 1
+
+
+def test_headroom_keeps_requests_below_h_while_another_node_can_take_the_pod():
+    st = cluster([4000, 4000, 4000], asleep=[2])
+    st.bind(0, PodRequest(3000, 100))
+    st.bind(1, PodRequest(1000, 100))
+    pod = PodRequest(500, 100)
+    assert pick("awake-first", st, pod) == 0  # best fit fills n0 to 3.5 of 4 cores
+    assert pick("awake-first:headroom=0.8", st, pod) == 1  # 3.5/4 > 0.8; n1 would be at 1.5/4
+    st.bind(1, PodRequest(2000, 100))  # n1 at 3/4: 3.5/4 > 0.8 on both awake nodes
+    assert pick("awake-first:headroom=0.8", st, pod) == 2  # so the sleeping node is woken
+    st.bind(2, PodRequest(3500, 100))  # n2 woken with 3.5 of 4 cores: no node within the headroom now
+    st.power_state[2] = WAKING
+    assert pick("awake-first:headroom=0.8", st, pod) == 2  # past the headroom, best fit; never left unplaced
+
+
+def test_pabfd_picks_the_least_power_increase_on_requests():
+    # n0 linear: 500m of 4000 adds 12.5 W. n1 idle-heavy then flat: 0-10 % costs 40 W, 10-20 % costs 2 W;
+    # n1 already holds 400m (10 %), so 500m more (to 22.5 %) adds 2 + 0.25 * 2 = 2.5 W. PABFD picks n1,
+    # best fit (tightest) would pick n0 whose 3000m requests leave 500m.
+    steep = [60.0, 100.0, 102.0, 104.0, 106.0, 108.0, 110.0, 112.0, 114.0, 116.0, 118.0]
+    st = cluster([4000, 4000], [LINEAR, steep])
+    st.bind(0, PodRequest(3000, 100))
+    st.bind(1, PodRequest(400, 100))
+    pod = PodRequest(500, 100)
+    assert pick("pabfd", st, pod) == 1
+    assert pick("awake-first", st, pod) == 0
+    scores = make_policy("pabfd").node_scores(st, pod, np.array([0, 1]))
+    assert scores.plugins["PowerIncreaseW"][1].tolist() == pytest.approx([12.5, 2.5])
+
+
+def test_scores_explain_the_choice():
+    st = cluster([4000, 4000, 8000], asleep=[2])
+    st.bind(1, PodRequest(3000, 100))
+    pod = PodRequest(500, 100)
+    for spec in ("awake-first", "pabfd"):
+        res = explain(make_policy(spec), st, pod, 0)
+        totals = {n["name"]: n["total"] for n in res["nodes"]}
+        assert res["chosen"] == max(totals, key=totals.get)
+        assert totals["n2"] < max(totals.values())  # the sleeping node scores below the awake ones
+
+
+def test_ties_are_broken_by_the_run_generator():
+    st = cluster([4000, 4000, 4000])
+    picks = {pick("awake-first", st, PodRequest(500, 100), seed) for seed in range(20)}
+    assert picks == {0, 1, 2}
+
+
+def test_in_the_twin_a_sleeping_node_is_not_woken_while_an_awake_one_fits():
+    # Two nodes asleep after 10 s; pods arrive at 100 s and 200 s, both fit one node. energy-greedy and
+    # most-allocated may wake both; awake-first wakes one and keeps it.
+    sc = scenario([{"count": 2, "cpu_m": 4000}], duration_s=1000,
+                  idle={"mode": "sleep", "sleep_after_s": 10, "sleep_watts": 5, "wake_s": 20})
+    wl = workload((100, 300, 1000, 10, 800), (200, 300, 1000, 10, 800))
+    tw = Twin(sc, wl)
+    r = run_policy(tw, make_policy("awake-first"), 0)
+    assert len(set(tw.pod_node)) == 1 and r.completed_pods == 2
+    # By hand: both nodes idle (100 W) on [0, 10), then asleep (5 W). The chosen node wakes at 100 (idle to
+    # 120), runs p0 on [120, 420) and p1 on [200, 500) (800m of 4000 each: +20 W apiece on the linear curve),
+    # is idle until 510 and sleeps again. The other sleeps from 10 to 1000.
+    expected = (2 * 100 * 10 + 5 * 990 + 5 * (90 + 490) + 100 * (510 - 100) + 20 * 300 + 20 * 300)
+    assert expected == 62850
+    assert r.energy_joules == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("awake-first:headroom=-0.5", "headroom=-0.5 must be in (0, 1]"),
+    ("awake-first:headroom=0", "must be in (0, 1]"),
+    ("pabfd:headroom=1.5", "must be in (0, 1]"),
+    ("awake-first:headroom=lots", "is not a number"),
+    ("awake-first:fit=loosest", "fit='loosest' is not a fit order"),
+])
+def test_malformed_options_are_refused(spec, message):
+    with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make_policy(spec)
+
+
+def test_malformed_options_exit_2_in_the_cli(tmp_path):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["benchmark", "-s", "scenarios/tiny.yaml", "-p", "awake-first:headroom=-1",
+                                 "--out", str(out)])
+    assert r.exit_code == 2 and "headroom" in r.output
+    assert not out.exists()
