@@ -1,8 +1,8 @@
 """Scenario files: YAML validated by pydantic, every error naming the file and the field.
 
 A scenario is a cluster (node groups with power curves), an idle-power policy, and a workload (a synthetic
-generator or a trace CSV). Loading never writes anything; a bad file raises :class:`ScenarioError`, which the
-CLI turns into one line and exit code 2.
+generator or a trace CSV, or a mix of job and service generators and traces). Loading never writes anything;
+a bad file raises :class:`ScenarioError`, which the CLI turns into one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from joulesched.cluster.nodepower import PowerPolicy
 from joulesched.core.errors import UsageError
 from joulesched.power.curves import SPECPOWER, validate_curve
 
@@ -33,13 +34,44 @@ class AlwaysOn(_Strict):
     mode: Literal["always_on"] = "always_on"
 
 
+class Consolidation(_Strict):
+    """Evict the pods of an under-used awake node so that it can sleep (the decision core's rules,
+    :mod:`joulesched.cluster.nodepower`). An evicted pod restarts after ``restart_s`` wherever the policy puts
+    it; a job loses its progress unless it checkpoints (``checkpoint_fraction`` of pods, drawn from the
+    scenario seed)."""
+
+    interval_s: float = Field(300.0, gt=0, allow_inf_nan=False)
+    max_evictions_per_hour: int = Field(60, ge=0)
+    restart_s: float = Field(30.0, ge=0, allow_inf_nan=False)
+    horizon_s: float = Field(3600.0, ge=0, allow_inf_nan=False)
+    checkpoint_fraction: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+
+
 class Sleep(_Strict):
-    """An empty node sleeps after ``sleep_after_s``; binding a pod to it wakes it, which takes ``wake_s``."""
+    """An empty node sleeps after ``sleep_after_s``; binding a pod to it wakes it, which takes ``wake_s``.
+
+    ``min_awake`` nodes, with ``spare_cpu_m`` of free requested CPU among them, always stay awake (a node held
+    awake by them is looked at again every ``recheck_s``); ``consolidation`` (off unless given) evicts pods so
+    that more nodes can sleep. The defaults keep the plain rule: every node that has been empty long enough
+    sleeps."""
 
     mode: Literal["sleep"]
     sleep_after_s: float = Field(300.0, ge=0, allow_inf_nan=False)
     sleep_watts: float = Field(10.0, ge=0, allow_inf_nan=False)
     wake_s: float = Field(60.0, ge=0, allow_inf_nan=False)
+    min_awake: int = Field(0, ge=0)
+    spare_cpu_m: int = Field(0, ge=0)
+    recheck_s: float = Field(60.0, gt=0, allow_inf_nan=False)
+    consolidation: Consolidation | None = None
+
+    def power_policy(self) -> PowerPolicy:
+        """The decision core's parameters."""
+        c = self.consolidation
+        extra = {} if c is None else dict(consolidate=True, consolidate_interval_s=c.interval_s,
+                                          max_evictions_per_hour=c.max_evictions_per_hour, restart_s=c.restart_s,
+                                          horizon_s=c.horizon_s)
+        return PowerPolicy(sleep_after_s=self.sleep_after_s, min_awake=self.min_awake, spare_cpu_m=self.spare_cpu_m,
+                           recheck_s=self.recheck_s, **extra)
 
 
 IdlePolicy = Annotated[Union[AlwaysOn, Sleep], Field(discriminator="mode")]
@@ -56,6 +88,7 @@ class NodeGroup(_Strict):
     memory_mib: int = Field(gt=0)
     max_pods: int = Field(110, ge=1)
     power_watts: Union[list[float], str]
+    never_sleep: bool = False  # like the joulesched.io/never-sleep annotation (or a control-plane node)
 
     @field_validator("name_prefix")
     @classmethod
@@ -87,6 +120,10 @@ class Synthetic(_Strict):
     requests follow the Alibaba 2023 quantiles (cores) times ``cpu_scale``; memory is ``memory_per_core_mib``
     per requested core with lognormal noise. Actual usage is a uniform fraction of the request in
     ``usage_fraction``, with noise. ``best_effort_fraction`` of pods carry no requests at all.
+
+    The pod-model metadata (``owner_kind``, ``app``, ``namespace``, ``priority``, ``slo_class``) is the same for
+    every pod of the generator; ``cpu_limit_factor`` / ``memory_limit_factor`` give pods with requests a limit
+    of that many times the request. Their defaults leave the pods exactly as they were before the pod model.
     """
 
     pods: int = Field(ge=1, le=10_000_000)
@@ -105,6 +142,19 @@ class Synthetic(_Strict):
     usage_fraction: tuple[float, float] = (0.5, 0.8)
     usage_noise_sigma: float = Field(0.1, ge=0, allow_inf_nan=False)
     best_effort_fraction: float = Field(0.05, ge=0, le=1, allow_inf_nan=False)
+    # Pod-model metadata (docs/twin.md); the defaults are the pods of before the pod model, unchanged.
+    owner_kind: str = Field("", max_length=63)
+    app: str = Field("", max_length=253)
+    namespace: str = Field("default", max_length=63)
+    priority: int = Field(0, ge=-(2**31), lt=2**31)
+    slo_class: str = Field("", max_length=63)
+    cpu_limit_factor: float | None = Field(None, ge=1, allow_inf_nan=False)  # limit = factor x request
+    memory_limit_factor: float | None = Field(None, ge=1, allow_inf_nan=False)
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, v: str) -> str:
+        return _namespace(v)
 
     @field_validator("usage_fraction")
     @classmethod
@@ -121,17 +171,152 @@ class Synthetic(_Strict):
         return self
 
 
-class WorkloadSpec(_Strict):
-    """Exactly one of ``synthetic`` or ``trace`` (a CSV path relative to the scenario file)."""
+def _namespace(v: str) -> str:
+    if not _DNS_LABEL.match(v) or len(v) > 63:
+        raise ValueError("must be a Kubernetes namespace name (a lowercase DNS label, at most 63 characters)")
+    return v
 
-    synthetic: Synthetic | None = None
-    trace: str | None = None
+
+class UsageProfile(_Strict):
+    """A service's CPU demand per replica over the day, as a fraction of its CPU request.
+
+    ``sinusoid``: mean ``mean_fraction``, peak/trough ``swing``, peaking ``peak_s`` into each ``period_s``
+    (scenario time 0 is midnight). ``hourly``: 24 relative levels, linear between the hours, scaled to the same
+    mean. ``constant``: ``mean_fraction`` throughout. The twin sees it piecewise constant over ``step_s``
+    (each step holds the exact mean of the curve over it, times lognormal noise of ``noise_sigma``). Across the
+    services of one entry the mean varies lognormally (``service_sigma``) and the peak by ``phase_jitter_s``.
+    """
+
+    pattern: Literal["constant", "sinusoid", "hourly"] = "sinusoid"
+    mean_fraction: float = Field(0.4, gt=0, le=4, allow_inf_nan=False)
+    swing: float = Field(4.0, ge=1, allow_inf_nan=False)
+    peak_s: float = Field(50_400.0, ge=0, allow_inf_nan=False)
+    period_s: float = Field(86_400.0, gt=0, allow_inf_nan=False)
+    hourly: list[float] | None = None
+    step_s: float = Field(300.0, ge=1, allow_inf_nan=False)
+    noise_sigma: float = Field(0.1, ge=0, le=2, allow_inf_nan=False)
+    service_sigma: float = Field(0.25, ge=0, le=2, allow_inf_nan=False)
+    phase_jitter_s: float = Field(1800.0, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "WorkloadSpec":
-        if (self.synthetic is None) == (self.trace is None):
-            raise ValueError("give exactly one of 'synthetic' or 'trace'")
+    def _hourly(self) -> "UsageProfile":
+        if self.pattern == "hourly":
+            h = self.hourly
+            if h is None or len(h) != 24:
+                raise ValueError("pattern hourly needs 'hourly': 24 levels, one per hour from midnight")
+            if not all(math.isfinite(x) and x >= 0 for x in h) or max(h) <= 0:
+                raise ValueError("hourly levels must be finite, >= 0, and not all 0")
+        elif self.hourly is not None:
+            raise ValueError("'hourly' is only used with pattern: hourly")
         return self
+
+
+class Autoscale(_Strict):
+    """A HorizontalPodAutoscaler on CPU: ``ceil(demand / (target_fraction x cpu_m))`` replicas, between
+    ``min_replicas`` and ``max_replicas`` (default: the entry's ``replicas``), evaluated every usage step;
+    scaling down waits ``scale_down_delay_s`` (Kubernetes' default stabilisation window is 300 s)."""
+
+    min_replicas: int = Field(1, ge=1, le=10_000)
+    max_replicas: int | None = Field(None, ge=1, le=10_000)
+    target_fraction: float = Field(0.6, gt=0, le=4, allow_inf_nan=False)
+    scale_down_delay_s: float = Field(300.0, ge=0, allow_inf_nan=False)
+
+
+class Services(_Strict):
+    """``count`` long-running services (Deployments) of ``replicas`` pods each, created at ``start_s`` (spread
+    uniformly over ``spread_s``). They have no planned end: a service runs until the scenario ends, unless its
+    autoscaler removes replicas. ``usage`` is the per-replica demand at ``replicas`` replicas; with
+    ``autoscale`` the service's total demand is shared by however many replicas it has."""
+
+    count: int = Field(ge=1, le=100_000)
+    replicas: int = Field(3, ge=1, le=10_000)
+    cpu_m: int = Field(gt=0)
+    memory_mib: int = Field(gt=0)
+    cpu_limit_m: int | None = Field(None, gt=0)
+    memory_limit_mib: int | None = Field(None, gt=0)
+    usage: UsageProfile = Field(default_factory=UsageProfile)
+    autoscale: Autoscale | None = None
+    start_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    spread_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    name: str = Field("svc", max_length=40)
+    owner_kind: str = Field("Deployment", max_length=63)
+    namespace: str = Field("default", max_length=63)
+    priority: int = Field(0, ge=-(2**31), lt=2**31)
+    slo_class: str = Field("", max_length=63)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _DNS_LABEL.match(v):
+            raise ValueError("must be a lowercase DNS label (a-z, 0-9, '-'): it names the services' Deployments")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, v: str) -> str:
+        return _namespace(v)
+
+    @model_validator(mode="after")
+    def _limits(self) -> "Services":
+        for lim, req, what in ((self.cpu_limit_m, self.cpu_m, "cpu"), (self.memory_limit_mib, self.memory_mib,
+                                                                        "memory")):
+            if lim is not None and lim < req:
+                raise ValueError(f"the {what} limit {lim} is below the request {req} (Kubernetes refuses it)")
+        a = self.autoscale
+        if a is not None and a.max_replicas is not None and a.max_replicas < a.min_replicas:
+            raise ValueError("autoscale.max_replicas must be >= autoscale.min_replicas")
+        return self
+
+
+def _as_list(v: object) -> object:
+    return [v] if isinstance(v, dict) else v
+
+
+class WorkloadSpec(_Strict):
+    """The pods: one generator or several mixed.
+
+    The original forms stand alone: ``synthetic`` (one job generator) or ``trace`` (a CSV path relative to the
+    scenario file). To mix, give any of ``jobs`` (job generators, the fields of ``synthetic``), ``services``
+    and ``trace`` (one path or a list). A service's SLO is judged per ``slo_interval_s`` of absolute time.
+    """
+
+    synthetic: Synthetic | None = None
+    trace: str | list[str] | None = None
+    jobs: list[Synthetic] | None = None
+    services: list[Services] | None = None
+    slo_interval_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("jobs", "services", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: object) -> object:
+        return _as_list(v)  # one mapping is a list of one
+
+    @model_validator(mode="after")
+    def _generators(self) -> "WorkloadSpec":
+        mixed = self.jobs is not None or self.services is not None
+        if self.synthetic is not None and self.trace is not None:
+            raise ValueError("give exactly one of 'synthetic' or 'trace' (to mix a generator with a trace, write "
+                             "the generator under 'jobs')")
+        if self.synthetic is not None and mixed:
+            raise ValueError("'synthetic' stands alone; to mix generators write it under 'jobs'")
+        if self.synthetic is None and self.trace is None and not mixed:
+            raise ValueError("give exactly one of 'synthetic' or 'trace', or mix 'jobs', 'services' and 'trace'")
+        for name in ("jobs", "services"):
+            if getattr(self, name) == []:
+                raise ValueError(f"'{name}' is empty")
+        if isinstance(self.trace, list) and not self.trace:
+            raise ValueError("'trace' is an empty list")
+        return self
+
+    @property
+    def traces(self) -> list[str]:
+        t = self.trace
+        return [] if t is None else [t] if isinstance(t, str) else list(t)
+
+    @property
+    def job_generators(self) -> list[Synthetic]:
+        """``synthetic`` or the ``jobs`` entries, in order (the first one draws from the run's own seed)."""
+        return [self.synthetic] if self.synthetic is not None else list(self.jobs or [])
 
 
 class Scenario(_Strict):
@@ -154,6 +339,9 @@ class Scenario(_Strict):
             if g.name_prefix in seen:
                 raise ValueError(f"node group name_prefix {g.name_prefix!r} is used twice")
             seen.add(g.name_prefix)
+        ip = self.idle_policy
+        if isinstance(ip, Sleep) and ip.min_awake > self.node_count:
+            raise ValueError(f"idle_policy.min_awake {ip.min_awake} is more than the {self.node_count} nodes")
         return self
 
     @property
@@ -162,10 +350,15 @@ class Scenario(_Strict):
 
     @property
     def trace_path(self) -> Path | None:
-        if self.workload.trace is None:
-            return None
+        """The (first) trace file, resolved against the scenario's folder."""
+        paths = self.trace_paths
+        return paths[0] if paths else None
+
+    @property
+    def trace_paths(self) -> list[Path]:
+        """Every trace file of the workload, resolved against the scenario's folder."""
         base = self.source.parent if self.source else Path.cwd()
-        return (base / self.workload.trace).resolve()
+        return [(base / t).resolve() for t in self.workload.traces]
 
 
 def _format_validation_error(path: Path | str, err: ValidationError) -> str:
@@ -193,7 +386,8 @@ def _read_yaml(path: Path, what: str) -> object:
 
 
 def _expand_includes(raw: dict, path: Path) -> dict:
-    """Node groups may be ``{include: profile.yaml, count: N, ...}``: a node profile from `power calibrate`."""
+    """Node groups may be ``{include: profile.yaml, count: N, ...}``: a node profile from `power calibrate`, or
+    ``{include: nodes.yaml}`` of several groups (the machines `trace import --machines` writes)."""
     nodes = raw.get("nodes")
     if not isinstance(nodes, list):
         return raw
@@ -202,6 +396,14 @@ def _expand_includes(raw: dict, path: Path) -> dict:
         if isinstance(group, dict) and "include" in group:
             inc = path.parent / str(group["include"])
             data = _read_yaml(inc, "node profile")
+            if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) > 1:
+                # Several groups (`joulesched trace import --machines`): each one, with the entry's other keys.
+                if "count" in group:
+                    raise ScenarioError(f"{path}: nodes.{i}.include: {inc} holds {len(data['nodes'])} node groups; "
+                                        "'count' applies to one")
+                over = {k: v for k, v in group.items() if k != "include"}
+                out.extend({**g, **over} if isinstance(g, dict) else g for g in data["nodes"])
+                continue
             if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) == 1:
                 data = data["nodes"][0]
             if not isinstance(data, dict):
@@ -224,6 +426,7 @@ def load_scenario(path: str | Path) -> Scenario:
         sc = Scenario.model_validate({**raw, "source": path.resolve()})
     except ValidationError as e:
         raise ScenarioError(_format_validation_error(path, e)) from None
-    if sc.trace_path is not None and not sc.trace_path.is_file():
-        raise ScenarioError(f"{path}: workload.trace: file not found: {sc.trace_path}")
+    for tp in sc.trace_paths:
+        if not tp.is_file():
+            raise ScenarioError(f"{path}: workload.trace: file not found: {tp}")
     return sc

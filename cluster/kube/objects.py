@@ -9,14 +9,17 @@ level, because :class:`~cluster.state.PodRequest` carries one value per resource
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from kubernetes.utils import parse_quantity
 
 from joulesched.cluster.state import PodRequest
+from joulesched.cluster.workload import QOS_CLASSES, SERVICE_OWNERS, PodMeta
 from joulesched.core.errors import UsageError
 from joulesched.power.curves import SPECPOWER, validate_curve
 
@@ -26,6 +29,10 @@ POWER_WATTS_ANNOTATION = "joulesched.io/power-watts"
 POWER_PROFILE_KEY = "joulesched.io/power-profile"
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+#: The node power controller's taint and state annotation (joulesched.cluster.nodepower has the full set).
+ASLEEP_TAINT = "joulesched.io/asleep"
+POWER_STATE_ANNOTATION = "joulesched.io/power-state"
+WAKE_FAILED_ANNOTATION = "joulesched.io/wake-failed"  # set while a wake of this node has failed: do not wait for it
 
 
 class ObjectError(UsageError):
@@ -34,6 +41,12 @@ class ObjectError(UsageError):
 
 def cpu_millis(q: str | int | float | None) -> int:
     """``"500m"`` -> 500, ``"2"`` -> 2000, rounded up as the apiserver does for millicores."""
+    if isinstance(q, str):  # quantities repeat across pods: parse each string once (the watch's hot path)
+        return _cached_quantity(q, "cpu", True)
+    return _cpu_millis(q)
+
+
+def _cpu_millis(q: str | int | float | None) -> int:
     try:
         return int(math.ceil(parse_quantity(q) * 1000))
     except ValueError as e:
@@ -43,11 +56,22 @@ def cpu_millis(q: str | int | float | None) -> int:
 def memory_mib(q: str | int | float | None, *, round_up: bool = True) -> int:
     """``"512Mi"`` -> 512, ``"1Gi"`` -> 1024, ``"1G"`` -> 954 (bytes / 2^20, rounded up for requests and down
     for allocatable so that a fit in MiB implies a fit in bytes)."""
+    if isinstance(q, str):
+        return _cached_quantity(q, "memory", round_up)
+    return _memory_mib(q, round_up)
+
+
+def _memory_mib(q: str | int | float | None, round_up: bool = True) -> int:
     try:
         mib = parse_quantity(q) / Decimal(1 << 20)
     except ValueError as e:
         raise ObjectError(f"bad memory quantity {q!r}: {e}") from None
     return int(math.ceil(mib)) if round_up else int(math.floor(mib))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_quantity(q: str, res: str, round_up: bool) -> int:
+    return _cpu_millis(q) if res == "cpu" else _memory_mib(q, round_up)  # errors propagate, uncached
 
 
 def _requests(container: dict) -> dict:
@@ -92,6 +116,14 @@ class NodeInfo:
     labels: dict = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
+    ready: bool = True  # the Ready condition is True (or the node reports none)
+    asleep: bool = False  # the node power controller put it to sleep (its taint ``joulesched.io/asleep``)
+    waking: bool = False  # ... and is waking it (annotation ``joulesched.io/power-state: waking``)
+
+    def awake_view(self) -> "NodeInfo":
+        """The node as it will be once awake: without the controller's taint and cordon, Ready."""
+        return replace(self, unschedulable=False, ready=True, asleep=False, waking=False,
+                       taints=tuple(t for t in self.taints if t.key != ASLEEP_TAINT))
 
 
 @dataclass(frozen=True)
@@ -109,6 +141,9 @@ class PodInfo:
     node_selector: dict = field(default_factory=dict)
     tolerations: tuple = ()
     rv: int = 0  # metadata.resourceVersion as an integer (0 when it is not one)
+    meta: PodMeta = field(default_factory=PodMeta)  # the pod model's metadata, as the twin has it (pod_meta)
+    labels: dict = field(default_factory=dict)
+    owner_name: str = ""  # the workload's name (a ReplicaSet's Deployment, see pod_meta)
 
     @property
     def key(self) -> str:
@@ -136,7 +171,126 @@ def parse_pod(pod: dict) -> PodInfo:
                    deleting=bool(meta.get("deletionTimestamp")),
                    node_selector=dict(spec.get("nodeSelector") or {}),
                    tolerations=tuple(tuple(sorted((k, str(v)) for k, v in t.items())) for t in
-                                     spec.get("tolerations") or []))
+                                     spec.get("tolerations") or []),
+                   meta=pod_meta(pod), labels=dict(meta.get("labels") or {}), owner_name=pod_owner(pod)[1])
+
+
+# ---- the pod model's metadata (the same PodMeta the twin's workloads give a policy) -------------------------
+#: kube's built-in PriorityClasses (pkg/apis/scheduling), for a pod whose spec.priority the admission plugin
+#: has not filled in (an object that did not come through a real apiserver).
+SYSTEM_PRIORITIES = {"system-node-critical": 2_000_001_000, "system-cluster-critical": 2_000_000_000}
+#: Koordinator's QoS label (LSE, LSR, LS, BE, SYSTEM): Alibaba's classes, which its traces carry as ``qos``.
+SLO_CLASS_LABEL = "koordinator.sh/qosClass"
+APP_LABELS = ("app.kubernetes.io/name", "app", "k8s-app")
+
+
+def pod_owner(pod: dict) -> tuple[str, str]:
+    """``(kind, name)`` of the pod's workload: its controller ownerReference, with a ReplicaSet resolved to its
+    Deployment by the Deployment controller's naming convention (the ReplicaSet is ``<deployment>-<hash>`` and
+    the pod carries the label ``pod-template-hash: <hash>``), so no ReplicaSet has to be fetched. A ReplicaSet
+    without that label (not made by a Deployment) stays a ReplicaSet. ``("", "")`` for a bare pod."""
+    meta = pod.get("metadata") or {}
+    refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict)]
+    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    if ref is None:
+        return "", ""
+    kind, name = str(ref.get("kind") or ""), str(ref.get("name") or "")
+    h = (meta.get("labels") or {}).get("pod-template-hash")
+    if kind == "ReplicaSet" and h and name.endswith(f"-{h}") and len(name) > len(h) + 1:
+        return "Deployment", name[: -len(h) - 1]
+    return kind, name
+
+
+def _limits(container: dict) -> dict:
+    return ((container.get("resources") or {}).get("limits") or {})
+
+
+def pod_limits(pod: dict) -> tuple[int | None, int | None]:
+    """Pod-level CPU (millicores) and memory (MiB) limits: a resource is limited only when every container
+    limits it (one unlimited container leaves the pod unbounded); the sum is raised to the largest init
+    container's limit, plus ``spec.overhead``. ``None``: no limit."""
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    out: list[int | None] = []
+    for res, conv in (("cpu", cpu_millis), ("memory", memory_mib)):
+        try:
+            if not containers or any(res not in _limits(c) for c in containers):
+                out.append(None)
+                continue
+            total = sum(conv(_limits(c)[res]) for c in containers)
+            init = [conv(_limits(c)[res]) for c in spec.get("initContainers") or [] if res in _limits(c)]
+            total = max(total, max(init, default=0))
+            over = (spec.get("overhead") or {}).get(res)
+            out.append(total + (conv(over) if over is not None else 0))
+        except ObjectError:
+            out.append(None)  # a malformed quantity cannot come from a real apiserver
+    return out[0], out[1]
+
+
+def qos_class(pod: dict) -> str:
+    """The pod's QoS class: ``status.qosClass`` when set, else computed as kube's ``ComputePodQOS``
+    (pkg/apis/core/helper/qos) does, container by container (init containers included): only quantities > 0
+    count, and a container's missing request defaults to its limit as the apiserver does. *Guaranteed*: every
+    container limits CPU and memory and every request equals its limit; *BestEffort*: nothing requested or
+    limited; otherwise *Burstable*."""
+    given = (pod.get("status") or {}).get("qosClass")
+    if given in QOS_CLASSES:
+        return given
+    spec = pod.get("spec") or {}
+    requests: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    guaranteed = True
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        lim_c = _limits(c)
+        req_c = {**lim_c, **_requests(c)}  # apiserver defaulting: a missing request is the limit
+        found = set()
+        for res, conv in (("cpu", cpu_millis), ("memory", memory_mib)):
+            try:
+                if res in req_c and (v := conv(req_c[res])) > 0:
+                    requests[res] = requests.get(res, 0) + v
+                if res in lim_c and (v := conv(lim_c[res])) > 0:
+                    found.add(res)
+                    limits[res] = limits.get(res, 0) + v
+            except ObjectError:
+                continue
+        if found != {"cpu", "memory"}:
+            guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    if guaranteed and all(limits.get(r) == v for r, v in requests.items()) and len(requests) == len(limits):
+        return "Guaranteed"
+    return "Burstable"
+
+
+def pod_priority(pod: dict) -> int:
+    """``spec.priority`` (the Priority admission plugin resolves ``priorityClassName`` into it); without it,
+    kube's built-in system classes by name, else 0 (the default when no class is named)."""
+    spec = pod.get("spec") or {}
+    p = spec.get("priority")
+    if isinstance(p, int) and not isinstance(p, bool):
+        return p
+    return SYSTEM_PRIORITIES.get(str(spec.get("priorityClassName") or ""), 0)
+
+
+def pod_meta(pod: dict) -> PodMeta:
+    """The pod model's metadata from a Pod object, as :meth:`joulesched.cluster.workload.Workload.meta` gives it
+    in the twin: kind (a service when a Deployment, StatefulSet, DaemonSet, ReplicaSet or ReplicationController
+    owns it, or a bare pod restarts ``Always``; a job otherwise), owner kind (:func:`pod_owner`), priority
+    (:func:`pod_priority`), QoS class (:func:`qos_class`), app (the labels ``app.kubernetes.io/name``, ``app``,
+    ``k8s-app``, else the owning workload's name), namespace, the label ``koordinator.sh/qosClass`` as the
+    service class, and the limits (:func:`pod_limits`)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    labels = meta.get("labels") or {}
+    owner, owner_name = pod_owner(pod)
+    if owner:
+        kind = "service" if owner in SERVICE_OWNERS else "job"
+    else:
+        kind = "service" if (spec.get("restartPolicy") or "Always") == "Always" else "job"
+    app = next((str(labels[k]) for k in APP_LABELS if labels.get(k)), owner_name)
+    cpu_lim, mem_lim = pod_limits(pod)
+    return PodMeta(kind=kind, owner_kind=owner, priority=pod_priority(pod), qos_class=qos_class(pod), app=app,
+                   namespace=meta.get("namespace") or "default", slo_class=str(labels.get(SLO_CLASS_LABEL) or ""),
+                   cpu_limit_m=cpu_lim, memory_limit_mib=mem_lim)
 
 
 def parse_curve(text: str) -> tuple[float, ...]:
@@ -152,16 +306,32 @@ def parse_curve(text: str) -> tuple[float, ...]:
         raise ObjectError(str(e)) from None
 
 
+#: Labels under ``node-restriction.kubernetes.io/`` are the ones a kubelet can never set on its own Node (the
+#: NodeRestriction admission plugin refuses it): only an admin can. A node's own power claims (the annotation
+#: and ``joulesched.io/power-profile``, which its kubelet may write) count only with this label set to "true".
+POWER_TRUSTED_LABEL = "node-restriction.kubernetes.io/joulesched-power-trusted"
+#: The admin-only way to pick a profile for a node, always honoured.
+ADMIN_PROFILE_LABEL = "node-restriction.kubernetes.io/joulesched-power-profile"
+
+_curve_log = logging.getLogger("joulesched.kube.curves")
+
+
 class CurveResolver:
     """Where a node's power curve comes from, in this order:
 
-    1. annotation ``joulesched.io/power-watts`` (an 11-point JSON list, e.g. written by ``power calibrate``);
-    2. label or annotation ``joulesched.io/power-profile`` naming a profile in ``profiles`` (a ConfigMap
-       mounted as a file, see :func:`load_profiles`) or a SPECpower table in :data:`power.curves.SPECPOWER`;
+    1. annotation ``joulesched.io/power-watts`` (an 11-point JSON list, e.g. written by ``power calibrate``),
+       only on a node labelled ``node-restriction.kubernetes.io/joulesched-power-trusted: "true"``;
+    2. a profile named by the admin-only label ``node-restriction.kubernetes.io/joulesched-power-profile`` or,
+       on a trusted node, by the label or annotation ``joulesched.io/power-profile``: one of ``profiles`` (a
+       ConfigMap in the scheduler's namespace, mounted as a file, see :func:`load_profiles`) or a SPECpower
+       table in :data:`power.curves.SPECPOWER`;
     3. ``profiles`` keyed by the node's own name;
     4. the default curve.
 
-    A malformed curve is reported once per node (``errors``) and the next source is used.
+    A kubelet can write its own Node's annotations and ``joulesched.io/`` labels, so a compromised node could
+    otherwise claim a tiny curve and attract pods; the trust label is one only admins can set (NodeRestriction).
+    A claim from an untrusted node, or a malformed curve, is reported once per node (``errors``, and a WARNING
+    log line) and the next source is used.
     """
 
     def __init__(self, profiles: dict[str, tuple[float, ...]] | None = None,
@@ -170,20 +340,33 @@ class CurveResolver:
         self.default = validate_curve(default)
         self.errors: dict[str, str] = {}
 
+    def _note(self, name: str, message: str) -> None:
+        if self.errors.get(name) != message:
+            _curve_log.warning("node %s: %s", name, message)
+        self.errors[name] = message
+
     def resolve(self, name: str, labels: dict, annotations: dict) -> tuple[tuple[float, ...], str]:
+        trusted = str(labels.get(POWER_TRUSTED_LABEL, "")).lower() == "true"
         text = annotations.get(POWER_WATTS_ANNOTATION)
+        node_prof = labels.get(POWER_PROFILE_KEY) or annotations.get(POWER_PROFILE_KEY)
+        ignored = [k for k, v in ((POWER_WATTS_ANNOTATION, text), (POWER_PROFILE_KEY, node_prof)) if v]
+        if not trusted:
+            text, node_prof = None, None
         if text:
             try:
                 return parse_curve(text), "annotation"
             except ObjectError as e:
-                self.errors[name] = f"{POWER_WATTS_ANNOTATION}: {e}"
-        prof = labels.get(POWER_PROFILE_KEY) or annotations.get(POWER_PROFILE_KEY)
+                self._note(name, f"{POWER_WATTS_ANNOTATION}: {e}")
+        prof = labels.get(ADMIN_PROFILE_LABEL) or node_prof
         if prof:
             if prof in self.profiles:
                 return self.profiles[prof], f"profile:{prof}"
             if prof in SPECPOWER:
                 return validate_curve(SPECPOWER[prof]), f"specpower:{prof}"
-            self.errors[name] = f"{POWER_PROFILE_KEY}: unknown profile {prof!r}"
+            self._note(name, f"{POWER_PROFILE_KEY}: unknown profile {prof!r}")
+        if ignored and not trusted:
+            self._note(name, f"ignored {' and '.join(ignored)}: the node can write those itself, and it lacks the "
+                             f"admin-only label {POWER_TRUSTED_LABEL}=true; using the next curve source")
         if name in self.profiles:
             return self.profiles[name], "profile:node"
         return self.default, "default"
@@ -232,9 +415,14 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
         cpu, mem, pods = 0, 0, 0  # unusable allocatable: the node takes no pods
     taints = tuple(Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
                    for t in spec.get("taints") or [])
+    ready = next((c.get("status") == "True" for c in status.get("conditions") or [] if c.get("type") == "Ready"),
+                 True)
+    # A node whose wake failed is gated like any tainted node, so pods waiting for it choose another.
+    asleep = any(t.key == ASLEEP_TAINT for t in taints) and WAKE_FAILED_ANNOTATION not in annotations
     return NodeInfo(name=name, cpu_m=max(cpu, 0), memory_mib=max(mem, 0), max_pods=max(pods, 0), curve=curve,
                     curve_source=source, labels=dict(labels), taints=taints,
-                    unschedulable=bool(spec.get("unschedulable")))
+                    unschedulable=bool(spec.get("unschedulable")), ready=ready, asleep=asleep,
+                    waking=asleep and annotations.get(POWER_STATE_ANNOTATION) == "waking")
 
 
 def tolerates(tolerations: tuple, taint: Taint) -> bool:
@@ -254,6 +442,9 @@ def tolerates(tolerations: tuple, taint: Taint) -> bool:
     return False
 
 
+NOT_READY_TAINT = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
+
+
 def node_gate_reason(node: NodeInfo, pod: PodInfo) -> str:
     """The first non-resource filter the node fails, in kube-scheduler's plugin order, as kube words it;
     "" when it passes. NodeUnschedulable, TaintToleration (NoSchedule/NoExecute), NodeAffinity (nodeSelector)."""
@@ -263,6 +454,10 @@ def node_gate_reason(node: NodeInfo, pod: PodInfo) -> str:
     for taint in node.taints:
         if taint.effect in ("NoSchedule", "NoExecute") and not tolerates(pod.tolerations, taint):
             return f"node(s) had untolerated taint {{{taint.key}: {taint.value}}}"
+    # The node lifecycle controller taints a NotReady node node.kubernetes.io/not-ready; checked here too, so
+    # that nothing is placed on a node that is off or booting even before that taint appears.
+    if not node.ready and not tolerates(pod.tolerations, NOT_READY_TAINT):
+        return f"node(s) had untolerated taint {{{NOT_READY_TAINT.key}: }}"
     for k, v in pod.node_selector.items():
         if node.labels.get(k) != v:
             return "node(s) didn't match Pod's node affinity/selector"

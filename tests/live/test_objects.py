@@ -9,7 +9,9 @@ import pytest
 
 from joulesched.cluster.kube.cache import kube_unschedulable_message
 from joulesched.cluster.kube.objects import (
+    ADMIN_PROFILE_LABEL,
     POWER_PROFILE_KEY,
+    POWER_TRUSTED_LABEL,
     POWER_WATTS_ANNOTATION,
     CurveResolver,
     ObjectError,
@@ -64,15 +66,41 @@ def test_curve_sources_in_order(tmp_path):
     prof.write_text("mine: [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]\nn3: {power_watts: [1,2,3,4,5,6,7,8,9,10,11]}\n")
     cr = CurveResolver(load_profiles(str(prof)))
     own = [50.0 + i for i in range(11)]
-    n1 = parse_node(make_node("n1", annotations={POWER_WATTS_ANNOTATION: json.dumps(own)}), cr)
+    trusted = {POWER_TRUSTED_LABEL: "true"}
+    n1 = parse_node(make_node("n1", labels=trusted, annotations={POWER_WATTS_ANNOTATION: json.dumps(own)}), cr)
     assert n1.curve == tuple(own) and n1.curve_source == "annotation"
-    n2 = parse_node(make_node("n2", labels={POWER_PROFILE_KEY: "mine"}), cr)
+    n2 = parse_node(make_node("n2", labels={POWER_PROFILE_KEY: "mine", **trusted}), cr)
     assert n2.curve[0] == 10 and n2.curve_source == "profile:mine"
     assert parse_node(make_node("n3"), cr).curve_source == "profile:node"
-    n4 = parse_node(make_node("n4", labels={POWER_PROFILE_KEY: "hp-ml110-g5"}), cr)
+    n4 = parse_node(make_node("n4", labels={POWER_PROFILE_KEY: "hp-ml110-g5", **trusted}), cr)
     assert n4.curve == tuple(float(w) for w in SPECPOWER["hp-ml110-g5"])
-    bad = parse_node(make_node("n5", annotations={POWER_WATTS_ANNOTATION: "[1, 2]"}), cr)
+    bad = parse_node(make_node("n5", labels=trusted, annotations={POWER_WATTS_ANNOTATION: "[1, 2]"}), cr)
     assert bad.curve_source == "default" and "11 points" in cr.errors["n5"]
+    admin = parse_node(make_node("n7", labels={ADMIN_PROFILE_LABEL: "mine"}), cr)  # admin-only: no trust label
+    assert admin.curve_source == "profile:mine"
+
+
+def test_a_node_cannot_pick_its_own_curve_without_the_admin_label(tmp_path, caplog):
+    """A kubelet may write its Node's annotations and joulesched.io labels: a compromised node claiming a tiny
+    curve must not attract pods. Before: the annotation was used as given."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("n2: [90, 100, 110, 120, 130, 140, 150, 160, 170, 180, 190]\n")
+    cr = CurveResolver(load_profiles(str(prof)))
+    tiny = json.dumps([1] * 11)
+    with caplog.at_level("WARNING", logger="joulesched.kube.curves"):
+        n1 = parse_node(make_node("n1", annotations={POWER_WATTS_ANNOTATION: tiny}), cr)
+        parse_node(make_node("n1", annotations={POWER_WATTS_ANNOTATION: tiny}), cr)  # said once, not per re-read
+    assert n1.curve_source == "default" and n1.curve == cr.default
+    assert POWER_TRUSTED_LABEL in cr.errors["n1"] and "ignored" in cr.errors["n1"]
+    assert len([r for r in caplog.records if "n1" in r.getMessage()]) == 1
+    # The ConfigMap's curve for the node (the scheduler's namespace) wins over what the node says.
+    n2 = parse_node(make_node("n2", labels={POWER_PROFILE_KEY: "hp-ml110-g5"},
+                              annotations={POWER_WATTS_ANNOTATION: tiny}), cr)
+    assert n2.curve_source == "profile:node" and n2.curve[0] == 90
+    # A trust label with another value, or set as an annotation (which kubelets can write), is no trust.
+    for meta in ({"labels": {POWER_TRUSTED_LABEL: "yes"}}, {"annotations": {POWER_TRUSTED_LABEL: "true"}}):
+        ann = {POWER_WATTS_ANNOTATION: tiny, **meta.get("annotations", {})}
+        assert parse_node(make_node("n3", labels=meta.get("labels"), annotations=ann), cr).curve_source == "default"
     assert parse_node(make_node("n6", cpu="4", memory="8Gi", pods="110"), cr).cpu_m == 4000
 
 
