@@ -10,6 +10,11 @@ of ``pipelines/benchmark.py``; there is no lower bound on a real cluster, so it 
 Every policy's measurement is a resumable stage writing ``DIR/runs/<policy>.json``; the report stage
 assembles them. By default the pipeline runs our scheduler with policy P itself, in this process
 (:class:`joulesched.live.daemon.SchedulerDaemon`), while P is measured, and waits for it to be ready.
+
+With ``sleep`` (``--sleep``) the node power controller (:class:`joulesched.live.nodepower.NodePowerDaemon`)
+runs beside the scheduler for every policy, so idle nodes sleep and pending pods wake them, and each run
+records the nodes awake over its window as read from the cluster (nodes Ready and not asleep), which the
+report plots.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import copy
 import hashlib
 import json
 import logging
-import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from joulesched.core.errors import UsageError
-from joulesched.core.fsio import check_output_dir
+from joulesched.core.fsio import atomic_write_text, check_output_dir
 from joulesched.pipelines.benchmark import RESULTS_VERSION, write_outputs
 from joulesched.pipelines.report import write_report
 from joulesched.pipelines.stages import Stage, StageRunner
@@ -138,10 +143,112 @@ def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: P
         handler.close()
 
 
+#: What ``--sleep`` gives the node power controller unless told otherwise (docs/node-power.md).
+SLEEP_DEFAULTS = {"actuator": "none", "sleep_after_s": 60.0, "min_awake": 1}
+
+
+def check_sleep(sleep: dict | None) -> dict | None:
+    """``sleep`` options filled with :data:`SLEEP_DEFAULTS` and checked before anything starts."""
+    if sleep is None:
+        return None
+    from joulesched.cluster.nodepower import PowerPolicy
+    from joulesched.live.actuators import NAMES
+
+    unknown = set(sleep) - {*SLEEP_DEFAULTS, "credentials", "addresses", "libvirt_uri"}
+    if unknown:
+        raise KubePipelineError(f"unknown --sleep option {sorted(unknown)[0]!r}")
+    opts = {**SLEEP_DEFAULTS, **sleep}
+    if opts["actuator"] not in NAMES:
+        raise KubePipelineError(f"--sleep-actuator {opts['actuator']!r}: known: {', '.join(NAMES)}")
+    try:
+        PowerPolicy(sleep_after_s=float(opts["sleep_after_s"]), min_awake=int(opts["min_awake"]))
+    except ValueError as e:
+        raise KubePipelineError(f"--sleep: {e}") from None
+    return opts
+
+
+@contextlib.contextmanager
+def node_power_controller(sleep: dict | None, kubeconfig: str, log_path: Path, context: str | None = None,
+                          start_timeout_s: float = 30.0) -> Iterator[None]:
+    """Run the node power controller (one replica, no Lease) in this process for one policy's run."""
+    if sleep is None:
+        yield
+        return
+    from joulesched.cluster.nodepower import PowerPolicy
+    from joulesched.live.nodepower import NodePowerDaemon
+
+    handler = logging.FileHandler(log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("joulesched")
+    root.addHandler(handler)
+    level = root.level
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    try:
+        daemon = NodePowerDaemon(actuator=sleep["actuator"], kubeconfig=kubeconfig, context=context,
+                                 policy=PowerPolicy(sleep_after_s=float(sleep["sleep_after_s"]),
+                                                    min_awake=int(sleep["min_awake"])),
+                                 leader_elect=False, status=False, credentials=sleep.get("credentials"),
+                                 addresses=sleep.get("addresses"),
+                                 actuator_options={"libvirt_uri": sleep["libvirt_uri"]} if sleep.get("libvirt_uri")
+                                 else None)
+        with daemon:
+            daemon.wait_ready(start_timeout_s)
+            yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+class AwakeSampler:
+    """Counts, every ``interval_s``, the nodes that are awake as the cluster says: Ready, and not put to sleep
+    by the node power controller. ``series``: [[seconds since start, nodes awake], ...]."""
+
+    def __init__(self, core, interval_s: float = 2.0) -> None:
+        self.core, self.interval_s = core, interval_s
+        self.series: list[list[float]] = []
+        self._stop = threading.Event()
+        self._t0 = time.time()
+        self._thread = threading.Thread(target=self._loop, name="awake-sampler", daemon=True)
+
+    @staticmethod
+    def awake(node) -> bool:
+        from joulesched.cluster.nodepower import POWER_STATE_ANNOTATION
+
+        conds = {c.type: c.status for c in (node.status.conditions or [])} if node.status else {}
+        state = (node.metadata.annotations or {}).get(POWER_STATE_ANNOTATION, "awake")
+        return conds.get("Ready", "True") == "True" and state not in ("sleeping", "asleep")
+
+    def sample(self) -> None:
+        try:
+            nodes = self.core.list_node(_request_timeout=10).items
+        except Exception:  # a missed sample is a gap in the plot, not a failed run
+            return
+        self.series.append([round(time.time() - self._t0, 3), float(sum(self.awake(n) for n in nodes))])
+
+    def _loop(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> "AwakeSampler":
+        self._t0 = time.time()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        self.sample()
+
+
 def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], namespace: str, run_id: str,
                target: str, load_seconds: int, users: int, driver: str, workdir: Path, bind_timeout_s: float,
                delete_timeout_s: float, energy_selector: str, scrape_wait_s: float, image: str | None,
-               on_event: Callable[[str, str], None], rate_window_s: float = 60.0) -> dict:
+               on_event: Callable[[str, str], None], rate_window_s: float = 60.0,
+               sample_awake_s: float | None = None) -> dict:
     """One policy's measured run; returns its metrics (the benchmark schema plus kube-only fields)."""
     from kubernetes.client.rest import ApiException
 
@@ -156,6 +263,9 @@ def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], names
     created_at: dict[str, float] = {}
     bound_at: dict[str, float] = {}
     nodes: dict[str, int] = {}
+    sampler = AwakeSampler(core, sample_awake_s) if sample_awake_s else None
+    if sampler is not None:
+        sampler.__enter__()
     try:
         on_event(policy, f"creating {pods} pods with schedulerName {scheduler_name_for(policy)}")
         for m in manifests:
@@ -187,10 +297,13 @@ def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], names
                 if e.status != 404:
                     raise
         gone = _wait(lambda: not listed(), delete_timeout_s, 0.1)
+        if sampler is not None:
+            sampler.__exit__()
         if not gone:
             raise KubePipelineError(f"pods of {policy} still exist {delete_timeout_s:.0f} s after deletion")
     pending = [bound_at[n] - created_at[n] for n in bound_at]
-    return {
+    extra = {"awake_nodes": sampler.series} if sampler is not None else {}
+    return {**extra,
         "energy_joules": joules,
         "slo_violation_rate": float(load.error_rate),
         "unschedulable_pods": len(names) - len(bound_at),
@@ -254,9 +367,7 @@ def _policy_inputs(policy: str) -> list[Path]:
 
 def _write_json(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
@@ -267,7 +378,8 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
              energy_selector: str = ENERGY_METRIC, scrape_wait_s: float = 120.0, image: str | None = None,
              command: str = "", on_event: Callable[[str, str], None] | None = None,
              start_scheduler: bool = True, kube_context: str | None = None, force: bool = False,
-             on_plan: Callable[[list[str]], None] | None = None, rate_window_s: float = 60.0) -> dict:
+             on_plan: Callable[[list[str]], None] | None = None, rate_window_s: float = 60.0,
+             sleep: dict | None = None, sample_awake_s: float = 2.0) -> dict:
     """Measure every policy in turn on the cluster of ``kubeconfig``; write results.json and report.html.
 
     Each policy's measurement is a resumable stage (``pipelines/stages.py``) whose output is
@@ -278,6 +390,9 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     With ``start_scheduler`` the pipeline runs ``joulesched serve --policy P`` itself (out of cluster, with the
     same kubeconfig) while policy P is measured; without it, a scheduler already deployed on the cluster binds
     ``schedulerName: joulesched`` pods, and only one non-default policy can be measured meaningfully.
+
+    ``sleep`` (options of :data:`SLEEP_DEFAULTS`; ``{}`` for the defaults) runs the node power controller for
+    every policy and records ``awake_nodes`` (sampled every ``sample_awake_s``) in each run.
     """
     from kubernetes import client as k8s
     from prometheus_api_client import PrometheusConnect
@@ -309,6 +424,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     for a in apps:
         if a not in APPS:
             raise KubePipelineError(f"unknown app {a!r}; expected one of {', '.join(APPS)}")
+    sleep = check_sleep(sleep)
     on_event = on_event or (lambda name, what: None)
 
     api = load_api_client(kubeconfig, kube_context)
@@ -335,7 +451,8 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     common = {"cluster": api.configuration.host, "namespace": namespace, "prometheus": prometheus_url,
               "target": target, "pods": pods, "apps": list(apps), "load_seconds": load_seconds, "users": users,
               "driver": driver, "energy_selector": energy_selector, "image": image,
-              "start_scheduler": start_scheduler, "rate_window_s": rate_window_s}
+              "start_scheduler": start_scheduler, "rate_window_s": rate_window_s,
+              **({"sleep": sleep, "sample_awake_s": sample_awake_s} if sleep is not None else {})}
     try:
         (out / "logs").mkdir(exist_ok=True)
         for pol in policies:
@@ -344,13 +461,16 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
                 log = out / "logs" / f"serve-{policy_key(pol)}.log"
                 sched = (our_scheduler(pol, kubeconfig, prometheus_url, log, context=kube_context)
                          if start_scheduler else contextlib.nullcontext())
-                with sched:
+                power = node_power_controller(sleep, kubeconfig, out / "logs" / f"node-power-{policy_key(pol)}.log",
+                                              context=kube_context)
+                with sched, power:
                     res = run_policy(core, prom, pol, pods=pods, apps=list(apps), namespace=namespace,
                                      run_id=uuid.uuid4().hex[:6], target=target, load_seconds=load_seconds,
                                      users=users, driver=driver, workdir=out / "load",
                                      bind_timeout_s=bind_timeout_s, delete_timeout_s=delete_timeout_s,
                                      energy_selector=energy_selector, scrape_wait_s=scrape_wait_s, image=image,
-                                     on_event=on_event, rate_window_s=rate_window_s)
+                                     on_event=on_event, rate_window_s=rate_window_s,
+                                     sample_awake_s=sample_awake_s if sleep is not None else None)
                 _write_json(run_files[pol], {"policy": pol, "nodes": len(core.list_node().items),
                                              "wall_s": time.perf_counter() - t0, "metrics": res})
 

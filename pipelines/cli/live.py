@@ -1,4 +1,5 @@
-"""`joulesched serve` and `joulesched extender`: typer signatures over :mod:`joulesched.live.daemon`.
+"""`joulesched serve`, `joulesched extender` and `joulesched node-power`: typer signatures over
+:mod:`joulesched.live.daemon` and :mod:`joulesched.live.nodepower`.
 
 Settings are resolved once, in this order: command-line options, then built-in defaults. Every input is
 checked before anything starts; a bad one prints one red line and exits 2.
@@ -30,6 +31,23 @@ ProfilesOpt = Annotated[Optional[str], typer.Option(
 IntervalOpt = Annotated[float, typer.Option("--metrics-interval", min=1.0, help="Seconds between Prometheus queries.")]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the policy's tie breaks.")]
 LogOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
+# The node power controller's options, shared by `node-power` and `serve --node-power`.
+ActuatorOpt = Annotated[str, typer.Option(
+    "--actuator", help="How nodes are powered: none (cordon only), auto (by each node's joulesched.io/power "
+                       "address), libvirt, redfish, ipmi, wol, aws.")]
+SleepAfterOpt = Annotated[float, typer.Option("--sleep-after", min=0.0, help="Seconds a node must be empty "
+                                              "(DaemonSet and mirror pods do not count) before it sleeps.")]
+MinAwakeOpt = Annotated[int, typer.Option("--min-awake", min=0, help="Nodes that always stay awake.")]
+SpareCpuOpt = Annotated[int, typer.Option("--spare-cpu", min=0, help="Free requested millicores the awake nodes "
+                                          "keep among them.")]
+ConsolidateOpt = Annotated[bool, typer.Option("--consolidate/--no-consolidate", help="Evict the pods of an "
+                                              "under-used node when they all fit elsewhere, so that it can sleep.")]
+CredentialsOpt = Annotated[Optional[str], typer.Option(
+    "--credentials", help="BMC logins (Redfish, IPMI): a YAML file or a mounted Secret; never on the command line.")]
+AddressesOpt = Annotated[Optional[str], typer.Option(
+    "--addresses", help="YAML map of node name to power address, for nodes without the joulesched.io/power "
+                        "annotation (mount a ConfigMap here).")]
+LibvirtUriOpt = Annotated[str, typer.Option("--libvirt-uri", help="libvirt connection of the libvirt actuator.")]
 
 
 def serve(
@@ -44,6 +62,9 @@ def serve(
     lease_namespace: Annotated[Optional[str], typer.Option(
         "--lease-namespace", help="Namespace of the leader Lease. Default: the pod's namespace, else joulesched.")] = None,
     bind_workers: Annotated[int, typer.Option("--bind-workers", min=1, max=64, help="Binding requests in flight.")] = 4,
+    sample_pct: Annotated[Optional[int], typer.Option(
+        "--sample-pct", min=0, max=100, help="percentageOfNodesToScore for policies that do not sample themselves "
+        "(dqn, sleep-aware): 0 = kube's adaptive percentage. Default: they see every feasible node.")] = None,
     cpu_query: CpuQueryOpt = DEFAULT_CPU_QUERY,
     power_query: PowerQueryOpt = DEFAULT_POWER_QUERY,
     node_label: NodeLabelOpt = "node",
@@ -51,21 +72,135 @@ def serve(
     metrics_interval: IntervalOpt = 15.0,
     seed: SeedOpt = 0,
     log_level: LogOpt = "info",
+    node_power: Annotated[bool, typer.Option("--node-power/--no-node-power", help="Also run the node power "
+                                             "controller (sharing this scheduler's Lease): idle nodes sleep, "
+                                             "pending pods wake them.")] = False,
+    actuator: ActuatorOpt = "none",
+    sleep_after: SleepAfterOpt = 300.0,
+    min_awake: MinAwakeOpt = 1,
+    spare_cpu: SpareCpuOpt = 0,
+    consolidate: ConsolidateOpt = False,
+    credentials: CredentialsOpt = None,
+    addresses: AddressesOpt = None,
+    libvirt_uri: LibvirtUriOpt = "qemu:///system",
 ) -> None:
     """Run POLICY as a secondary scheduler: bind pending pods whose schedulerName matches, until SIGTERM."""
+    power = dict(actuator=actuator, sleep_after=sleep_after, min_awake=min_awake, spare_cpu=spare_cpu,
+                 consolidate=consolidate, credentials=credentials, addresses=addresses,
+                 libvirt_uri=libvirt_uri) if node_power else None
     run_serve(scheduler_name=scheduler_name, policy=policy, listen=listen, leader_elect=leader_elect,
-              lease_namespace=lease_namespace, bind_workers=bind_workers, seed=seed, log_level=log_level,
+              lease_namespace=lease_namespace, bind_workers=bind_workers, sample_pct=sample_pct, seed=seed,
+              log_level=log_level,
               cache=dict(kubeconfig=kubeconfig, context=context, prometheus=prometheus or "", cpu_query=cpu_query,
                          power_query=power_query, node_label=node_label, power_profiles=power_profiles,
-                         metrics_interval=metrics_interval))
+                         metrics_interval=metrics_interval), node_power=power)
 
 
-def run_serve(*, log_level: str = "info", stop: threading.Event | None = None, cache: dict, **options) -> None:
-    """The body of ``serve`` (``stop`` ends it without a signal, for tests)."""
+def _node_power_daemon(*, actuator: str, sleep_after: float, min_awake: int, spare_cpu: int, consolidate: bool,
+                       credentials, addresses, libvirt_uri: str, **kw):
+    from joulesched.cluster.nodepower import PowerPolicy
+    from joulesched.live.nodepower import NodePowerDaemon
+
+    policy = PowerPolicy(sleep_after_s=sleep_after, min_awake=min_awake, spare_cpu_m=spare_cpu,
+                         consolidate=consolidate, **kw.pop("consolidation", {}))
+    return NodePowerDaemon(actuator=actuator, policy=policy, credentials=credentials, addresses=addresses,
+                           actuator_options={"libvirt_uri": libvirt_uri, **kw.pop("actuator_options", {})}, **kw)
+
+
+def run_serve(*, log_level: str = "info", stop: threading.Event | None = None, cache: dict,
+              node_power: dict | None = None, **options) -> None:
+    """The body of ``serve`` (``stop`` ends it without a signal, for tests). With ``node_power`` the node
+    power controller runs beside the scheduler, on the scheduler's connection and Lease."""
     from joulesched.live.daemon import CacheOptions, SchedulerDaemon, configure_logging, wait_for_signal
 
     with errors():
         daemon = SchedulerDaemon(cache=CacheOptions(**cache), **options)
+        power = None
+        if node_power is not None:
+            power = _node_power_daemon(**node_power, api_client=daemon.cache.api, leader=daemon.scheduler.leader,
+                                       leader_elect=daemon.cfg.leader_elect, scheduler_name=daemon.cfg.scheduler_name,
+                                       lease_namespace=daemon.cfg.lease_namespace, power_profiles=cache.get(
+                                           "power_profiles"), status=False)
+    configure_logging(log_level)
+    with daemon:
+        if power is None:
+            wait_for_signal(stop)
+        else:
+            with power:
+                wait_for_signal(stop)
+
+
+def node_power(
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    actuator: ActuatorOpt = "none",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Log every action it would take; change nothing "
+                                          "(no node, Event or Lease is written).")] = False,
+    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT of /metrics, /healthz and /readyz.")] =
+        "127.0.0.1:10262",
+    leader_elect: Annotated[bool, typer.Option("--leader-elect/--no-leader-elect",
+                                               help="Elect a leader with a Lease (needed with several replicas).")] = True,
+    lease_namespace: Annotated[Optional[str], typer.Option(
+        "--lease-namespace", help="Namespace of the Lease. Default: the pod's namespace, else joulesched.")] = None,
+    sleep_after: SleepAfterOpt = 300.0,
+    min_awake: MinAwakeOpt = 1,
+    spare_cpu: SpareCpuOpt = 0,
+    consolidate: ConsolidateOpt = False,
+    consolidate_interval: Annotated[float, typer.Option("--consolidate-interval", min=1.0,
+                                                        help="Seconds between consolidation rounds.")] = 300.0,
+    max_evictions_per_hour: Annotated[int, typer.Option("--max-evictions-per-hour", min=0,
+                                                        help="Eviction budget over any sliding hour.")] = 60,
+    restart_s: Annotated[float, typer.Option("--restart-s", min=0.0, help="Predicted cost of restarting one "
+                                             "evicted pod, in seconds at its request.")] = 30.0,
+    horizon_s: Annotated[float, typer.Option("--horizon-s", min=0.0, help="Seconds a consolidation's saving is "
+                                             "counted for against that cost.")] = 3600.0,
+    wake_timeout: Annotated[float, typer.Option("--wake-timeout", min=1.0, help="Seconds a woken node has to turn "
+                                                "Ready before the next node is tried.")] = 600.0,
+    resync: Annotated[float, typer.Option("--resync", min=0.05, help="Seconds between reconciles "
+                                          "(informer events also trigger one).")] = 5.0,
+    sleep_watts: Annotated[float, typer.Option("--sleep-watts", min=0.0, help="Estimated draw of a sleeping node, "
+                                               "for the joules-saved metric.")] = 10.0,
+    scheduler_name: Annotated[str, typer.Option("--scheduler-name", help="Pods of this scheduler wake the node it "
+                                                "nominates.")] = "joulesched",
+    credentials: CredentialsOpt = None,
+    addresses: AddressesOpt = None,
+    power_profiles: ProfilesOpt = None,
+    libvirt_uri: LibvirtUriOpt = "qemu:///system",
+    redfish_ca: Annotated[Optional[str], typer.Option("--redfish-ca", help="CA bundle for BMC certificates "
+                                                      "(default: the system store; never unverified).")] = None,
+    force_off: Annotated[bool, typer.Option("--force-off/--no-force-off", help="Allow a hard power-off when a "
+                                            "graceful one does not finish (Redfish, IPMI).")] = True,
+    ssh_key: Annotated[Optional[str], typer.Option("--ssh-key", help="Key file for the wol actuator's SSH.")] = None,
+    known_hosts: Annotated[Optional[str], typer.Option("--known-hosts", help="Pinned host keys for the wol "
+                                                       "actuator's SSH (default ~/.ssh/known_hosts).")] = None,
+    ssh_user: Annotated[str, typer.Option("--ssh-user", help="SSH user of the wol actuator.")] = "root",
+    suspend_command: Annotated[str, typer.Option("--suspend-command", help="What the wol actuator runs on the "
+                                                 "host to sleep.")] = "systemctl suspend",
+    aws_region: Annotated[Optional[str], typer.Option("--aws-region", help="EC2 region (default: boto3's).")] = None,
+    aws_endpoint: Annotated[Optional[str], typer.Option("--aws-endpoint", help="EC2 endpoint URL.")] = None,
+    log_level: LogOpt = "info",
+) -> None:
+    """Put idle nodes to sleep, wake them for pending pods, optionally consolidate, until SIGTERM."""
+    run_node_power(log_level=log_level, actuator=actuator, dry_run=dry_run, listen=listen, leader_elect=leader_elect,
+                   lease_namespace=lease_namespace, kubeconfig=kubeconfig, context=context, sleep_after=sleep_after,
+                   min_awake=min_awake, spare_cpu=spare_cpu, consolidate=consolidate,
+                   consolidation=dict(consolidate_interval_s=consolidate_interval,
+                                      max_evictions_per_hour=max_evictions_per_hour, restart_s=restart_s,
+                                      horizon_s=horizon_s),
+                   wake_timeout_s=wake_timeout, resync_s=resync, sleep_watts=sleep_watts,
+                   scheduler_name=scheduler_name, credentials=credentials, addresses=addresses,
+                   power_profiles=power_profiles, libvirt_uri=libvirt_uri,
+                   actuator_options=dict(redfish_ca=redfish_ca, force_off=force_off, ssh_key=ssh_key,
+                                         known_hosts=known_hosts, ssh_user=ssh_user, suspend_command=suspend_command,
+                                         aws_region=aws_region, aws_endpoint=aws_endpoint))
+
+
+def run_node_power(*, log_level: str = "info", stop: threading.Event | None = None, **options) -> None:
+    """The body of ``node-power`` (``stop`` ends it without a signal, for tests)."""
+    from joulesched.live.daemon import configure_logging, wait_for_signal
+
+    with errors():
+        daemon = _node_power_daemon(**options)
     configure_logging(log_level)
     with daemon:
         wait_for_signal(stop)

@@ -92,12 +92,22 @@ def pipeline(
         help="kube: run `joulesched serve --policy P` here for each policy (else one already runs in the cluster).")] = True,
     energy_selector: Annotated[Optional[str], typer.Option(
         help="kube: PromQL series summed for node energy (default: RAPL packages + DRAM, or the model's platform).")] = None,
+    sleep: Annotated[bool, typer.Option(
+        "--sleep", help="kube: run the node power controller beside the scheduler for every policy (idle nodes "
+        "sleep, pending pods wake them); the report shows the nodes awake over time.")] = False,
+    sleep_actuator: Annotated[str, typer.Option(
+        help="kube, with --sleep: the controller's actuator (none, auto, libvirt, redfish, ipmi, wol, aws).")] = "none",
+    sleep_after: Annotated[float, typer.Option(
+        min=0.0, help="kube, with --sleep: seconds a node must be empty before it sleeps.")] = 60.0,
 ) -> None:
     """Calibrate (optional), train or load the DQN, benchmark it against every baseline and the bound, report.
 
     With --env kube: each policy in turn deploys pods, drives load, reads energy from Prometheus, tears down."""
     if minutes is not None and steps is not None:
         _fail("give at most one of --minutes and --steps")
+    if sleep and env is not Env.kube:
+        _fail("--sleep runs the node power controller on a cluster: it needs --env kube (in the twin, sleep is "
+              "the scenario's idle_policy)")
     if load_driver not in ("locust", "jmeter"):
         _fail(f"--load-driver must be locust or jmeter, not {load_driver!r}")
     environment = None
@@ -135,7 +145,8 @@ def pipeline(
                            model=model, minutes=minutes, steps=steps, scenario=scenario,
                            train_scenario=train_scenario, hosts=host_list, known_hosts=known_hosts,
                            calibrate=calibrate, calibrate_step_seconds=calibrate_step_seconds,
-                           collect_logs=collect_logs, stack=stack)
+                           collect_logs=collect_logs, stack=stack,
+                           sleep={"actuator": sleep_actuator, "sleep_after_s": sleep_after} if sleep else None)
             return
         _pipeline_sim(out_dir, scenario=scenario, model=model, train_scenario=train_scenario, minutes=minutes,
                       steps=steps, seeds=seeds, jobs=jobs, node_profile=node_profile, force=force, hosts=host_list,
@@ -178,7 +189,8 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
                    load_driver: str, start_scheduler: bool, energy_selector: Optional[str], force: bool,
                    model: Optional[Path], minutes: Optional[float], steps: Optional[int],
                    scenario: Optional[list[Path]], train_scenario: Optional[list[Path]], hosts, known_hosts,
-                   calibrate: bool, calibrate_step_seconds: float, collect_logs: bool, stack: Optional[str]) -> None:
+                   calibrate: bool, calibrate_step_seconds: float, collect_logs: bool, stack: Optional[str],
+                   sleep: Optional[dict] = None) -> None:
     from joulesched.pipelines.kube_pipeline import run_kube
 
     missing = [o for o, v in (("--kubeconfig", kubeconfig), ("--prometheus", prometheus), ("--target", target)) if not v]
@@ -205,6 +217,7 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
                            policies=policies, pods=pods, load_seconds=load_seconds, driver=load_driver,  # type: ignore[arg-type]
                            command=command, start_scheduler=start_scheduler, kube_context=context, force=force,
                            **({"energy_selector": energy_selector} if energy_selector else {}),
+                           **({"sleep": sleep} if sleep is not None else {}),
                            on_event=show.event, on_plan=show.plan)
             if hosts and collect_logs:
                 from joulesched.pipelines.host_steps import collect_host_logs

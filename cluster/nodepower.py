@@ -1,0 +1,270 @@
+"""The node power decision core: when an idle node may sleep, which node to wake, and whether to consolidate.
+
+One implementation, driven by both sides, so that the twin and a real cluster cannot diverge:
+
+* the twin (:class:`joulesched.cluster.twin.Twin`, ``idle_policy: {mode: sleep, ...}``) calls it at its sleep
+  timers and consolidation ticks;
+* the live controller (:mod:`joulesched.live.nodepower`, ``joulesched node-power``) calls it on every
+  reconcile, with a :class:`~joulesched.cluster.state.ClusterState` built from the informers.
+
+Rules (docs/node-power.md):
+
+* **sleep**: a node may sleep when it has held no workload pod (DaemonSet and mirror pods do not count) for
+  ``sleep_after_s``, is not protected (a control-plane node, or annotated ``joulesched.io/never-sleep``), and
+  at least ``min_awake`` nodes with ``spare_cpu_m`` of free requested CPU among them stay awake. A node held
+  awake by those two is looked at again every ``recheck_s``.
+* **wake**: pods pending that fit no awake node wake the node the scheduler nominated, when it picked a
+  sleeping one; otherwise the most efficient sleeping node that fits (lowest watts per millicore at full load).
+* **consolidation** (optional): the pods of an awake node are evicted when every one of them fits on the other
+  awake nodes, none is protected (a PDB that does not allow it, local storage, ``safe-to-evict: "false"``),
+  the eviction budget (``max_evictions_per_hour``) allows them all, and the predicted saving exceeds the cost
+  of restarting them. The saving is the node's idle-minus-sleep draw (plus the change in its pods' dynamic
+  power on their new nodes) over ``horizon_s``, or only until the node would have emptied by itself where its
+  pods' remaining run times are known; the cost is each pod's share of its new node's power over
+  ``restart_s``, plus, for the progress it loses, a node kept awake while it is redone. Then the node sleeps.
+
+The core is pure: no clock, no I/O. Callers pass ``now`` (twin seconds, or the controller's monotonic clock).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from joulesched.cluster.state import ASLEEP, ON, ClusterState, PodRequest
+
+#: Node annotation: the node must never be put to sleep (any value but "false").
+NEVER_SLEEP_ANNOTATION = "joulesched.io/never-sleep"
+#: Node annotation: the power address of the node (``libvirt:///domain``, ``redfish://...``, ...).
+POWER_ADDRESS_ANNOTATION = "joulesched.io/power"
+#: Node annotation written by the controller: ``awake``, ``sleeping``, ``asleep``, ``waking`` and the time.
+POWER_STATE_ANNOTATION = "joulesched.io/power-state"
+POWER_SINCE_ANNOTATION = "joulesched.io/power-state-since"
+#: The taint a sleeping node carries (with the cordon), so that the state is visible and tolerable.
+ASLEEP_TAINT = "joulesched.io/asleep"
+#: Labels that mark a control-plane node (never put to sleep).
+CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+#: Pod annotations that forbid evicting it (cluster-autoscaler's and ours).
+SAFE_TO_EVICT_ANNOTATIONS = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "joulesched.io/safe-to-evict")
+
+
+@dataclass(frozen=True)
+class PowerPolicy:
+    """The decision parameters (the scenario's ``idle_policy: sleep`` and the controller's options).
+
+    :param sleep_after_s: an empty node sleeps after this long.
+    :param min_awake: at least this many nodes stay awake.
+    :param spare_cpu_m: the awake nodes keep at least this much free requested CPU among them.
+    :param recheck_s: a node held awake by ``min_awake`` or ``spare_cpu_m`` is looked at again after this.
+    :param consolidate: evict the pods of under-used nodes so that they can sleep.
+    :param consolidate_interval_s: how often consolidation is considered.
+    :param max_evictions_per_hour: the eviction budget, over any sliding hour.
+    :param restart_s: what restarting one evicted pod costs, in seconds at its demand.
+    :param horizon_s: how long a consolidation's saving is counted for.
+    """
+
+    sleep_after_s: float = 300.0
+    min_awake: int = 0
+    spare_cpu_m: int = 0
+    recheck_s: float = 60.0
+    consolidate: bool = False
+    consolidate_interval_s: float = 300.0
+    max_evictions_per_hour: int = 60
+    restart_s: float = 30.0
+    horizon_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for name in ("sleep_after_s", "recheck_s", "consolidate_interval_s", "restart_s", "horizon_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and np.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.recheck_s <= 0 or self.consolidate_interval_s <= 0:
+            raise ValueError("recheck_s and consolidate_interval_s must be > 0")
+        for name in ("min_awake", "spare_cpu_m", "max_evictions_per_hour"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class MovablePod:
+    """A pod consolidation might evict. ``key`` is the caller's handle (a twin index, a pod uid).
+
+    :param usage_m: its CPU demand (for the saving); :param lost_s: the progress an eviction throws away
+        (0 for a service or a checkpointing job); :param blocker: why it may not be evicted ("" = it may);
+    :param remaining_s: how long it will still run if left alone, where known (the twin knows; a live pod's is
+        unknown, infinity): the node would empty by itself then, so the saving counts only until then.
+    """
+
+    key: object
+    request: PodRequest
+    usage_m: float = 0.0
+    lost_s: float = 0.0
+    blocker: str = ""
+    remaining_s: float = float("inf")
+
+
+@dataclass
+class Plan:
+    """Evict ``moves`` (pod key, target node index) from ``node``; predicted saving and cost in joules."""
+
+    node: int
+    moves: list[tuple[object, int]]
+    saving_j: float
+    cost_j: float
+
+
+# Verdicts of may_sleep (the empty string means yes).
+HELD_MIN_AWAKE = "min_awake"
+HELD_SPARE = "spare_cpu"
+
+
+@dataclass
+class NodePowerCore:
+    """The decisions, for one cluster of ``n`` nodes. ``protected[i]``: node ``i`` never sleeps and is never
+    consolidated. Keeps only the eviction history (for the budget)."""
+
+    policy: PowerPolicy
+    protected: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    evictions: deque = field(default_factory=deque)  # times of past evictions
+
+    # ---- sleep -------------------------------------------------------------------------------------------
+    def may_sleep(self, st: ClusterState, i: int, workload_pods: int | None = None) -> str:
+        """Whether node ``i``, empty for ``sleep_after_s`` already, may sleep now: "" (yes), or why not:
+        ``protected``, ``busy``, ``not awake``, or one of the reasons to look again later
+        (:data:`HELD_MIN_AWAKE`, :data:`HELD_SPARE`). Nodes counted awake: those not ASLEEP (waking ones
+        count, they are on their way)."""
+        if len(self.protected) and self.protected[i]:
+            return "protected"
+        if st.power_state[i] != ON:
+            return "not awake"
+        if (st.pods[i] if workload_pods is None else workload_pods) > 0:
+            return "busy"
+        p = self.policy
+        if p.min_awake or p.spare_cpu_m:  # the common case (neither set) costs nothing
+            awake = st.power_state != ASLEEP
+            if int(awake.sum()) - 1 < p.min_awake:
+                return HELD_MIN_AWAKE
+            if p.spare_cpu_m and int(st.free_cpu[awake].sum()) - int(st.free_cpu[i]) < p.spare_cpu_m:
+                return HELD_SPARE
+        return ""
+
+    # ---- wake --------------------------------------------------------------------------------------------
+    @staticmethod
+    def efficiency(st: ClusterState) -> np.ndarray:
+        """Watts per millicore at full load (lower is better); the order in which sleeping nodes are woken."""
+        return st.peak_watts / np.maximum(st.alloc_cpu, 1)
+
+    def choose_wake(self, st: ClusterState, pending: Sequence[PodRequest],
+                    nominated: Sequence[int] = (), fits: np.ndarray | None = None) -> list[int]:
+        """Sleeping nodes to wake for ``pending`` pods that fit no awake node, in order of preference.
+
+        ``nominated`` are the nodes the scheduler chose for pods (sleeping ones are woken first, in order).
+        The rest are served greedily: each pod that fits no awake or already-chosen node picks the most
+        efficient sleeping node it fits (``fits``, optional, masks nodes a pod may use at all, e.g. by its
+        selectors; shape (len(pending), n))."""
+        asleep = st.power_state == ASLEEP
+        chosen: list[int] = []
+        for i in nominated:
+            if 0 <= i < len(st) and asleep[i] and i not in chosen:
+                chosen.append(i)
+        free_c = st.free_cpu.astype(np.int64).copy()
+        free_m = st.free_mem.astype(np.int64).copy()
+        free_p = st.free_pods.astype(np.int64).copy()
+        usable = ~asleep
+        usable[chosen] = True
+        order = np.argsort(self.efficiency(st), kind="stable")
+        for k, req in enumerate(pending):
+            c, m = req.filter_cpu, req.filter_mem
+            ok = (free_c >= c) & (free_m >= m) & (free_p > 0)
+            if fits is not None:
+                ok &= fits[k]
+            hit = np.flatnonzero(ok & usable)
+            if len(hit):
+                j = int(hit[0])
+            else:
+                cand = [int(j) for j in order if ok[j] and asleep[j]]
+                if not cand:
+                    continue  # fits no node at all: waking would not help
+                j = cand[0]
+                chosen.append(j)
+                usable[j] = True
+            free_c[j] -= c
+            free_m[j] -= m
+            free_p[j] -= 1
+        return chosen
+
+    # ---- consolidation -----------------------------------------------------------------------------------
+    def eviction_budget(self, now: float) -> int:
+        """Evictions still allowed in the hour ending at ``now``."""
+        ev = self.evictions
+        while ev and ev[0] <= now - 3600.0:
+            ev.popleft()
+        return max(0, self.policy.max_evictions_per_hour - len(ev))
+
+    def record_evictions(self, now: float, count: int) -> None:
+        self.evictions.extend([now] * count)
+
+    def plan(self, st: ClusterState, now: float, pods: dict[int, Sequence[MovablePod]],
+             fits: dict[object, np.ndarray] | None = None) -> Plan | None:
+        """The best node to empty now, or None. ``pods`` maps each awake node to its workload pods (a node
+        missing from it is not considered). One node per call, as Karpenter's single-node consolidation does;
+        the caller evicts, records the evictions, and sleeps the node once it is empty.
+
+        Candidates are tried least requested CPU first; the first that passes every check wins. A pod goes to
+        the most efficient other awake node with room (``fits[key]`` optionally restricts where it may go)."""
+        p = self.policy
+        budget = self.eviction_budget(now)
+        if budget <= 0:
+            return None
+        on = st.power_state == ON
+        eff = self.efficiency(st)
+        slope = (st.peak_watts - st.idle_watts) / np.maximum(st.alloc_cpu, 1)  # marginal W per millicore
+        awake_n = int((st.power_state != ASLEEP).sum())
+        cands = [i for i, ps in pods.items() if ps and on[i] and not (len(self.protected) and self.protected[i])
+                 and len(ps) <= budget and not any(m.blocker for m in ps)]
+        cands.sort(key=lambda i: (st.req_cpu[i] / max(int(st.alloc_cpu[i]), 1), -st.idle_watts[i], i))
+        for i in cands:
+            if awake_n - 1 < p.min_awake:
+                return None
+            free_c = st.free_cpu.astype(np.int64).copy()
+            free_m = st.free_mem.astype(np.int64).copy()
+            free_p = st.free_pods.astype(np.int64).copy()
+            targets = np.flatnonzero(on)
+            targets = targets[targets != i]
+            targets = targets[np.argsort(eff[targets], kind="stable")]
+            moves: list[tuple[object, int]] = []
+            saving_w = float(st.idle_watts[i] - st.sleep_watts[i])
+            cost_j = 0.0
+            until = min(p.horizon_s, max(m.remaining_s for m in pods[i]))  # it empties by itself after that
+            for m in sorted(pods[i], key=lambda m: -m.request.filter_cpu):
+                c, mm = m.request.filter_cpu, m.request.filter_mem
+                ok = (free_c[targets] >= c) & (free_m[targets] >= mm) & (free_p[targets] > 0)
+                if fits is not None and m.key in fits:
+                    ok &= fits[m.key][targets]
+                hit = np.flatnonzero(ok)
+                if not len(hit):
+                    break
+                j = int(targets[hit[0]])
+                free_c[j] -= c
+                free_m[j] -= mm
+                free_p[j] -= 1
+                moves.append((m.key, j))
+                saving_w += m.usage_m * float(slope[i] - slope[j])
+                # Restarting costs the pod's share of its new node for restart_s; progress thrown away must be
+                # redone, and keeps a node awake that long (its whole idle draw): a long job is rarely worth it.
+                share = float(slope[j] + st.idle_watts[j] / max(int(st.alloc_cpu[j]), 1))
+                cost_j += m.usage_m * share * p.restart_s + (m.usage_m * float(slope[j]) + float(st.idle_watts[j])) \
+                    * m.lost_s
+            else:
+                if p.spare_cpu_m:
+                    awake = st.power_state != ASLEEP
+                    awake[i] = False
+                    if int(free_c[awake].sum()) < p.spare_cpu_m:
+                        continue
+                saving_j = saving_w * until
+                if saving_j > cost_j:
+                    return Plan(i, moves, saving_j, cost_j)
+        return None

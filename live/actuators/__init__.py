@@ -1,0 +1,129 @@
+"""Power actuators of the node power controller, one module each, behind the protocol in :mod:`.base`.
+
+:func:`make_actuator` builds one by name (modules are imported only when used, so a missing optional library
+only matters to the actuator that needs it). ``auto`` dispatches on each node's address scheme.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass, field
+
+from joulesched.live.actuators.base import ActuatorError, AddressError, Target
+from joulesched.live.actuators.credentials import Credentials
+
+#: name -> module:class, and the options each takes from :class:`ActuatorOptions`.
+ACTUATORS = {
+    "none": "joulesched.live.actuators.none:NoneActuator",
+    "libvirt": "joulesched.live.actuators.libvirt:LibvirtActuator",
+    "redfish": "joulesched.live.actuators.redfish:RedfishActuator",
+    "ipmi": "joulesched.live.actuators.ipmi:IpmiActuator",
+    "wol": "joulesched.live.actuators.wol:WolActuator",
+    "aws": "joulesched.live.actuators.aws:AwsActuator",
+}
+NAMES = ("auto", *ACTUATORS)
+
+
+@dataclass
+class ActuatorOptions:
+    """Settings the actuators share; each takes the ones it needs.
+
+    :param libvirt_uri: libvirt connection URI. :param credentials: BMC logins (Redfish, IPMI).
+    :param redfish_ca: CA bundle for BMC certificates. :param force_off: allow a hard power-off when a graceful
+        one does not finish in ``graceful_timeout_s``. :param ssh_key, known_hosts, ssh_user, suspend_command:
+        the Wake-on-LAN actuator's SSH side. :param aws_region, aws_endpoint: EC2.
+    """
+
+    libvirt_uri: str = "qemu:///system"
+    credentials: Credentials = field(default_factory=Credentials)
+    redfish_ca: str | None = None
+    force_off: bool = True
+    graceful_timeout_s: float = 120.0
+    poll_s: float = 1.0
+    ssh_key: str | None = None
+    known_hosts: str | None = None
+    ssh_user: str = "root"
+    suspend_command: str = "systemctl suspend"
+    aws_region: str | None = None
+    aws_endpoint: str | None = None
+
+
+def _build(name: str, o: ActuatorOptions):
+    mod, cls = ACTUATORS[name].split(":")
+    try:
+        klass = getattr(importlib.import_module(mod), cls)
+    except ImportError as e:
+        raise ActuatorError(f"actuator {name!r} needs a library that is not installed ({e.name}); "
+                            "pip install 'joulesched[node-power]'") from None
+    kw = {"none": {}, "libvirt": dict(uri=o.libvirt_uri),
+          "redfish": dict(credentials=o.credentials, ca_bundle=o.redfish_ca, force_off=o.force_off,
+                          graceful_timeout_s=o.graceful_timeout_s, poll_s=o.poll_s),
+          "ipmi": dict(credentials=o.credentials, force_off=o.force_off, graceful_timeout_s=o.graceful_timeout_s,
+                       poll_s=o.poll_s),
+          "wol": dict(key_file=o.ssh_key, known_hosts=o.known_hosts, user=o.ssh_user,
+                      suspend_command=o.suspend_command),
+          "aws": dict(region=o.aws_region, endpoint_url=o.aws_endpoint, poll_s=o.poll_s)}[name]
+    return klass(**kw)
+
+
+class AutoActuator:
+    """Dispatches each node to the actuator of its address's scheme, built on first use."""
+
+    name = "auto"
+
+    def __init__(self, options: ActuatorOptions) -> None:
+        self.options = options
+        self._built: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def _for(self, target: Target):
+        name = target.address.actuator
+        with self._lock:
+            if name not in self._built:
+                self._built[name] = _build(name, self.options)
+            return self._built[name]
+
+    def sleep(self, target: Target) -> None:
+        self._for(target).sleep(target)
+
+    def wake(self, target: Target) -> None:
+        self._for(target).wake(target)
+
+    def state(self, target: Target) -> str:
+        return self._for(target).state(target)
+
+
+class OneActuator:
+    """A single actuator; a node whose address names another refuses (so a typo never drives the wrong BMC)."""
+
+    def __init__(self, actuator) -> None:
+        self.actuator = actuator
+        self.name = actuator.name
+
+    def _check(self, target: Target) -> None:
+        if self.name != "none" and target.address.actuator != self.name:
+            raise AddressError(f"{target.node}: power address {target.address.raw!r} is not for the {self.name} "
+                               "actuator")
+
+    def sleep(self, target: Target) -> None:
+        self._check(target)
+        self.actuator.sleep(target)
+
+    def wake(self, target: Target) -> None:
+        self._check(target)
+        self.actuator.wake(target)
+
+    def state(self, target: Target) -> str:
+        self._check(target)
+        return self.actuator.state(target)
+
+
+def make_actuator(name: str, options: ActuatorOptions | None = None):
+    """The actuator called ``name`` (one of :data:`NAMES`). Raises AddressError for an unknown name."""
+    o = options or ActuatorOptions()
+    if name == "auto":
+        return AutoActuator(o)
+    if name not in ACTUATORS:
+        raise AddressError(f"unknown actuator {name!r}; known: {', '.join(NAMES)}")
+    return OneActuator(_build(name, o))

@@ -1,0 +1,63 @@
+"""AWS EC2 with ``boto3``: sleep = ``StopInstances`` (with ``Hibernate=True`` where the instance was launched
+with hibernation configured), wake = ``StartInstances``. Address ``aws://INSTANCE-ID[?region=R]``.
+
+Credentials come from boto3's own chain (an IAM role for the service account, or environment variables and a
+shared credentials file from a Secret), never from the address or the command line. ``endpoint_url`` points
+it elsewhere (moto's server in the tests, a VPC endpoint)."""
+
+from __future__ import annotations
+
+import time
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from joulesched.live.actuators.base import OFF, ON, TRANSITIONING, UNKNOWN, ActuatorError, Target
+
+
+class AwsActuator:
+    name = "aws"
+
+    def __init__(self, *, region: str | None = None, endpoint_url: str | None = None, timeout_s: float = 600.0,
+                 poll_s: float = 5.0) -> None:
+        self.region, self.endpoint_url, self.timeout_s, self.poll_s = region, endpoint_url, timeout_s, poll_s
+        self._clients: dict[str, object] = {}
+
+    def _ec2(self, target: Target):
+        region = target.address.params.get("region") or self.region
+        if region not in self._clients:
+            self._clients[region] = boto3.client("ec2", region_name=region, endpoint_url=self.endpoint_url)
+        return self._clients[region]
+
+    def _instance(self, target: Target) -> dict:
+        try:
+            r = self._ec2(target).describe_instances(InstanceIds=[target.address.host])
+            return r["Reservations"][0]["Instances"][0]
+        except (ClientError, BotoCoreError, IndexError, KeyError) as e:
+            raise ActuatorError(f"{target.node}: EC2 {target.address.host}: {e}") from None
+
+    def sleep(self, target: Target) -> None:
+        inst = self._instance(target)
+        if inst["State"]["Name"] in ("stopped", "stopping"):
+            return
+        hibernate = bool((inst.get("HibernationOptions") or {}).get("Configured"))
+        try:
+            self._ec2(target).stop_instances(InstanceIds=[target.address.host], Hibernate=hibernate)
+        except (ClientError, BotoCoreError) as e:
+            raise ActuatorError(f"{target.node}: EC2 stop {target.address.host}: {e}") from None
+        deadline = time.monotonic() + self.timeout_s
+        while self.state(target) != OFF:
+            if time.monotonic() >= deadline:
+                raise ActuatorError(f"{target.node}: EC2 {target.address.host} not stopped after {self.timeout_s:g} s")
+            time.sleep(self.poll_s)
+
+    def wake(self, target: Target) -> None:
+        try:
+            self._ec2(target).start_instances(InstanceIds=[target.address.host])
+        except (ClientError, BotoCoreError) as e:
+            raise ActuatorError(f"{target.node}: EC2 start {target.address.host}: {e}") from None
+
+    def state(self, target: Target) -> str:
+        name = self._instance(target)["State"]["Name"]
+        return {"running": ON, "stopped": OFF, "pending": TRANSITIONING, "stopping": TRANSITIONING,
+                "shutting-down": TRANSITIONING}.get(name, UNKNOWN)

@@ -1,0 +1,90 @@
+"""IPMI 2.0 (lanplus) with ``pyghmi``: sleep = chassis soft off (``shutdown``), then hard ``off`` after
+``graceful_timeout_s`` when allowed; wake = ``on``. Address ``ipmi://HOST[:PORT]`` (623 by default); the login
+comes from the credentials file, by HOST[:PORT].
+
+One session per BMC is kept and reused (pyghmi keeps sessions per BMC in the process, and a second
+``Command`` to a BMC while the first is open does not log in again cleanly); a call that fails on it drops it
+and is tried once more on a fresh one."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pyghmi import exceptions as ipmi_exc
+from pyghmi.ipmi import command
+
+from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target
+from joulesched.live.actuators.credentials import Credentials
+
+
+class IpmiActuator:
+    name = "ipmi"
+
+    def __init__(self, credentials: Credentials | None = None, *, force_off: bool = True,
+                 graceful_timeout_s: float = 120.0, poll_s: float = 1.0) -> None:
+        self.credentials = credentials or Credentials()
+        self.force_off, self.graceful_timeout_s, self.poll_s = force_off, graceful_timeout_s, poll_s
+        self._sessions: dict[str, command.Command] = {}
+        self._lock = threading.Lock()
+
+    def _cmd(self, target: Target, fresh: bool = False) -> command.Command:
+        host = target.address.host
+        bmc, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+        login = self.credentials.for_host(host)
+        if login is None:
+            raise ActuatorError(f"{target.node}: no IPMI login for {host} in the credentials file")
+        with self._lock:
+            if fresh:
+                self._sessions.pop(host, None)
+            if host not in self._sessions:
+                try:
+                    self._sessions[host] = command.Command(bmc=bmc, userid=login.username, password=login.password,
+                                                           port=int(port or 623))
+                except (ipmi_exc.IpmiException, OSError) as e:
+                    raise ActuatorError(f"{target.node}: IPMI {host}: {e}") from None
+            return self._sessions[host]
+
+    def _power(self, c: command.Command) -> str:
+        return c.get_power().get("powerstate", "")
+
+    def _session(self, target: Target) -> command.Command:
+        """The BMC's session, checked with a status read; a broken one is replaced once."""
+        c = self._cmd(target)
+        try:
+            self._power(c)
+            return c
+        except ipmi_exc.IpmiException:
+            return self._cmd(target, fresh=True)
+
+    def sleep(self, target: Target) -> None:
+        try:
+            c = self._session(target)
+            if self._power(c) == "off":
+                return
+            c.set_power("shutdown")
+            deadline = time.monotonic() + self.graceful_timeout_s
+            while self._power(c) != "off":
+                if time.monotonic() >= deadline:
+                    if not self.force_off:
+                        raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after a soft "
+                                            "off (hard off is not allowed)")
+                    c.set_power("off", wait=30)
+                    break
+                time.sleep(self.poll_s)
+        except ipmi_exc.IpmiException as e:
+            raise ActuatorError(f"{target.node}: IPMI power off: {e}") from None
+
+    def wake(self, target: Target) -> None:
+        try:
+            c = self._session(target)
+            if self._power(c) != "on":
+                c.set_power("on")
+        except ipmi_exc.IpmiException as e:
+            raise ActuatorError(f"{target.node}: IPMI power on: {e}") from None
+
+    def state(self, target: Target) -> str:
+        try:
+            return {"on": ON, "off": OFF}.get(self._power(self._session(target)), UNKNOWN)
+        except ipmi_exc.IpmiException as e:
+            raise ActuatorError(f"{target.node}: IPMI power status: {e}") from None

@@ -1,0 +1,86 @@
+"""Redfish (bare metal BMCs) with the ``sushy`` client: sleep = ``GracefulShutdown``, then ``ForceOff`` if the
+system is still on after ``graceful_timeout_s`` (when allowed); wake = ``On``.
+
+Address ``redfish://HOST[:PORT]/redfish/v1/Systems/ID`` (HTTPS, certificates verified against the system
+store or ``ca_bundle``) or ``redfish+http://...`` for a BMC on a management network without TLS. The login
+comes from the credentials file, by HOST[:PORT]."""
+
+from __future__ import annotations
+
+import time
+
+import sushy
+
+from joulesched.live.actuators.base import OFF, ON, TRANSITIONING, UNKNOWN, ActuatorError, Target
+from joulesched.live.actuators.credentials import Credentials
+
+
+class RedfishActuator:
+    name = "redfish"
+
+    def __init__(self, credentials: Credentials | None = None, *, ca_bundle: str | None = None,
+                 force_off: bool = True, graceful_timeout_s: float = 120.0, poll_s: float = 1.0,
+                 timeout_s: float = 30.0) -> None:
+        self.credentials = credentials or Credentials()
+        self.verify: bool | str = ca_bundle or True  # never False: a BMC's certificate is always checked
+        self.force_off, self.graceful_timeout_s, self.poll_s, self.timeout_s = (force_off, graceful_timeout_s,
+                                                                                poll_s, timeout_s)
+
+    def _system(self, target: Target):
+        a = target.address
+        proto = "http" if a.scheme == "redfish+http" else "https"
+        login = self.credentials.for_host(a.host)
+        try:
+            root = sushy.Sushy(f"{proto}://{a.host}/redfish/v1", username=login.username if login else None,
+                               password=login.password if login else None, verify=self.verify)
+            return root.get_system("/" + a.path)
+        except sushy.exceptions.SushyError as e:
+            raise ActuatorError(f"{target.node}: Redfish {proto}://{a.host}/{a.path}: {_why(e)}") from None
+        except Exception as e:  # connection refused, TLS failure
+            raise ActuatorError(f"{target.node}: Redfish {proto}://{a.host}: {type(e).__name__}: {e}") from None
+
+    def _wait(self, system, want: sushy.PowerState, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            system.refresh(force=True)
+            if system.power_state == want:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.poll_s)
+
+    def sleep(self, target: Target) -> None:
+        system = self._system(target)
+        try:
+            if system.power_state == sushy.PowerState.OFF:
+                return
+            system.reset_system(sushy.ResetType.GRACEFUL_SHUTDOWN)
+            if self._wait(system, sushy.PowerState.OFF, self.graceful_timeout_s):
+                return
+            if not self.force_off:
+                raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after GracefulShutdown "
+                                    "(ForceOff is not allowed)")
+            system.reset_system(sushy.ResetType.FORCE_OFF)
+            if not self._wait(system, sushy.PowerState.OFF, self.timeout_s):
+                raise ActuatorError(f"{target.node}: still on {self.timeout_s:g} s after ForceOff")
+        except sushy.exceptions.SushyError as e:
+            raise ActuatorError(f"{target.node}: Redfish power off: {_why(e)}") from None
+
+    def wake(self, target: Target) -> None:
+        system = self._system(target)
+        try:
+            if system.power_state in (sushy.PowerState.ON, sushy.PowerState.POWERING_ON):
+                return
+            system.reset_system(sushy.ResetType.ON)
+        except sushy.exceptions.SushyError as e:
+            raise ActuatorError(f"{target.node}: Redfish power on: {_why(e)}") from None
+
+    def state(self, target: Target) -> str:
+        system = self._system(target)
+        ps = system.power_state
+        return {sushy.PowerState.ON: ON, sushy.PowerState.OFF: OFF, sushy.PowerState.POWERING_ON: TRANSITIONING,
+                sushy.PowerState.POWERING_OFF: TRANSITIONING}.get(ps, UNKNOWN)
+
+
+def _why(e: Exception) -> str:
+    return str(getattr(e, "detail", None) or e).splitlines()[0][:300]

@@ -1,0 +1,369 @@
+"""The node power controller end to end on the API emulator: the real `kubernetes` client over HTTP, the real
+libvirt actuator on libvirt's test driver (test:///default), and emulated kubelets whose Ready condition
+follows the machines (tests/support/machines.py). No kube-apiserver or kubelet can run here (machines.md); the
+emulator and the kubelets are the mock parts.
+
+Checked: idle nodes are cordoned, tainted and slept after sleep_after_s; pending pods wake a node and are bound
+only once it is Ready; control-plane and never-sleep nodes are never touched; min_awake holds; dry-run writes
+nothing; two replicas never both act; actuator failures are reported, uncordoned and retried, and a failed
+wake moves on to the next node; 300 pods of churn lose no pod and bind none twice; consolidation honours PDBs
+on the Eviction API (429) and its eviction budget."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import pytest
+
+from joulesched.cluster.kube.client import api_client_for
+from joulesched.cluster.nodepower import (
+    ASLEEP_TAINT,
+    NEVER_SLEEP_ANNOTATION,
+    POWER_ADDRESS_ANNOTATION,
+    POWER_STATE_ANNOTATION,
+    PowerPolicy,
+)
+from joulesched.live.actuators import ActuatorOptions, make_actuator
+from joulesched.live.nodepower import NodePowerConfig, NodePowerController, NodePowerStatusServer
+from tests.live.conftest import wait_until
+from tests.support.machines import Kubelets, Machines
+
+CTL_FAST = dict(resync_s=0.05, settle_s=0.1, retry_initial_s=0.3, retry_max_s=1.0, wake_timeout_s=5.0,
+                drain_timeout_s=5.0,
+                lease_duration_s=0.6, renew_deadline_s=0.4, retry_period_s=0.05, lease_namespace="default")
+
+
+@pytest.fixture
+def machines():
+    m = Machines()
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def kubelets(emu, machines):
+    k = Kubelets(emu, machines).start()
+    yield k
+    k.stop()
+
+
+@pytest.fixture
+def make_controller(emu):
+    made: list[NodePowerController] = []
+
+    def make(policy: PowerPolicy | None = None, *, actuator: str = "libvirt", start: bool = True,
+             **kw) -> NodePowerController:
+        cfg = NodePowerConfig(policy=policy or PowerPolicy(sleep_after_s=0.3),
+                              **{**CTL_FAST, "leader_elect": False, **kw})
+        act = make_actuator(actuator, ActuatorOptions(libvirt_uri="test:///default"))
+        c = NodePowerController(api_client_for(emu.url), act, cfg)
+        made.append(c)
+        return c.start() if start else c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def add_nodes(emu, machines, names, cpu="4", memory="8Gi", annotations=None, labels=None):
+    for n in names:
+        addr = machines.add(n)
+        emu.add_node(n, cpu=cpu, memory=memory, annotations={POWER_ADDRESS_ANNOTATION: addr, **(annotations or {})},
+                     labels=labels)
+
+
+def pstate(emu, node) -> str:
+    return ((emu.get("nodes", node) or {}).get("metadata", {}).get("annotations") or {}).get(POWER_STATE_ANNOTATION,
+                                                                                           "awake")
+
+
+def asleep(emu, machines, node) -> bool:
+    obj = emu.get("nodes", node)
+    return (pstate(emu, node) == "asleep" and machines.saved(node) and obj["spec"].get("unschedulable") is True
+            and any(t["key"] == ASLEEP_TAINT and t["effect"] == "NoSchedule" for t in obj["spec"].get("taints", [])))
+
+
+def awake(emu, machines, node) -> bool:
+    obj = emu.get("nodes", node)
+    return (pstate(emu, node) == "awake" and machines.running(node) and not obj["spec"].get("unschedulable")
+            and not any(t["key"] == ASLEEP_TAINT for t in obj["spec"].get("taints", [])))
+
+
+def events(emu, reason=None):
+    return [e for e in emu.list("events") if e["involvedObject"]["kind"] == "Node"
+            and (reason is None or e["reason"] == reason)]
+
+
+def check_bindings_only_to_awake_nodes(emu, kubelets, finished=None):
+    """Every binding went to a node that was Ready and awake at that moment, or that was being put to sleep
+    (cordoned, still running: a decision made before the taint was seen) and whose sleep was then called off,
+    or whose pod had finished (``finished``: pod -> time) before the machine went off."""
+    for ns, pod, _uid, node, t in emu.bindings:
+        states = [(pt, p["metadata"]["annotations"][POWER_STATE_ANNOTATION]) for n, p, pt in emu.node_patches
+                  if n == node and POWER_STATE_ANNOTATION in (p.get("metadata") or {}).get("annotations", {})]
+        before = [s for pt, s in states if pt <= t]
+        after = [s for pt, s in states if pt > t]
+        ok = not before or before[-1] == "awake" or (before[-1] == "sleeping" and after[:1] == ["awake"])
+        if not ok and before[-1] == "sleeping" and finished and pod in finished:
+            off = [rt for rt, n, r in kubelets.log if n == node and rt > t and not r]
+            ok = bool(off) and finished[pod] < off[0]  # it was gone before its node went down
+        assert ok, f"{ns}/{pod} bound to {node} while it was {before[-1]} (then {after[:1]})"
+        ready = [r for rt, n, r in kubelets.log if n == node and rt <= t]
+        assert not ready or ready[-1], f"{ns}/{pod} bound to {node} while it was not Ready"
+
+
+def test_idle_nodes_are_cordoned_tainted_and_put_to_sleep_after_sleep_after_s(emu, machines, kubelets, make_controller):
+    add_nodes(emu, machines, ["a", "b"])
+    t0 = time.monotonic()
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.5))
+    wait_until(lambda: all(asleep(emu, machines, n) for n in "ab"), 10, "both nodes asleep")
+    first = min(t for t, a, _ in ctl.actions if a == "sleep")
+    assert first - t0 >= 0.5
+    wait_until(lambda: len(events(emu, "NodeAsleep")) == 2, 5, "two NodeAsleep events")
+    assert len(events(emu, "NodeSleeping")) == 2
+    wait_until(lambda: not any(r for _, n, r in kubelets.log[-2:]), 5, "kubelets reporting the nodes gone")
+    # Asleep, the nodes keep the joules-saved estimate growing.
+    saved = ctl.registry.get_sample_value("joulesched_node_power_joules_saved_total")
+    wait_until(lambda: ctl.registry.get_sample_value("joulesched_node_power_joules_saved_total") > saved, 5)
+    assert ctl.registry.get_sample_value("joulesched_node_power_nodes", {"state": "asleep"}) == 2
+
+
+def test_a_pending_pod_wakes_a_node_and_is_bound_once_it_is_ready(emu, machines, kubelets, make_controller,
+                                                                 make_scheduler):
+    add_nodes(emu, machines, ["a", "b"])
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2))
+    wait_until(lambda: all(asleep(emu, machines, n) for n in "ab"), 10, "both nodes asleep")
+    sched = make_scheduler("most-allocated", node_wait_poll_s=0.05)
+    emu.add_pod("p0", cpu="500m", memory="256Mi")
+    wait_until(lambda: emu.get("pods", "p0", "default")["spec"].get("nodeName"), 10, "p0 bound")
+    node = emu.get("pods", "p0", "default")["spec"]["nodeName"]
+    pod = emu.get("pods", "p0", "default")
+    assert pod["status"].get("nominatedNodeName") == node  # the scheduler chose the sleeping node and waited
+    assert awake(emu, machines, node)
+    other = ({"a", "b"} - {node}).pop()
+    assert asleep(emu, machines, other)  # only one node was woken
+    check_bindings_only_to_awake_nodes(emu, kubelets)
+    assert sched.registry.get_sample_value("joulesched_pods_waited_for_node_total") == 1
+    assert ctl.registry.get_sample_value("joulesched_node_power_wake_latency_seconds_count") == 1
+    assert [e["reason"] for e in events(emu) if e["involvedObject"]["name"] == node][-2:] == ["NodeWaking",
+                                                                                             "NodeAwake"]
+
+
+def test_pods_of_another_scheduler_that_fit_no_awake_node_wake_the_most_efficient(emu, machines, kubelets,
+                                                                                  make_controller):
+    add_nodes(emu, machines, ["small"], cpu="2")
+    add_nodes(emu, machines, ["big"], cpu="16")  # same default curve on 8x the cores: more efficient
+    make_controller(PowerPolicy(sleep_after_s=0.2))
+    wait_until(lambda: asleep(emu, machines, "small") and asleep(emu, machines, "big"), 10)
+    emu.add_pod("k", cpu="1", scheduler_name="default-scheduler")
+    wait_until(lambda: awake(emu, machines, "big"), 10, "big woken")
+    time.sleep(0.5)  # k stays pending (no default scheduler here): big is kept awake for it, small never woken
+    assert awake(emu, machines, "big") and asleep(emu, machines, "small")
+    emu.bind("default", "k", {"target": {"name": "big"}}, None)  # as kube-scheduler would
+    time.sleep(0.3)
+    assert awake(emu, machines, "big") and asleep(emu, machines, "small")
+
+
+def test_control_plane_and_never_sleep_nodes_are_never_touched_and_min_awake_holds(emu, machines, kubelets,
+                                                                                  make_controller):
+    add_nodes(emu, machines, ["cp"], labels={"node-role.kubernetes.io/control-plane": ""})
+    add_nodes(emu, machines, ["keep"], annotations={NEVER_SLEEP_ANNOTATION: "true"})
+    add_nodes(emu, machines, ["w0", "w1", "w2", "w3"])
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=4))  # cp and keep count: 2 workers stay on
+    wait_until(lambda: sum(asleep(emu, machines, n) for n in ("w0", "w1", "w2", "w3")) == 2, 10)
+    time.sleep(1.0)  # well past sleep_after_s: nothing more happens
+    assert sum(asleep(emu, machines, n) for n in ("w0", "w1", "w2", "w3")) == 2
+    touched = {n for n, _, _ in emu.node_patches}
+    assert "cp" not in touched and "keep" not in touched
+    assert machines.running("cp") and machines.running("keep")
+    assert len([a for a in ctl.actions if a[1] == "sleep"]) == 2
+
+
+def test_dry_run_announces_every_action_and_changes_nothing(emu, machines, make_controller):  # no kubelets: no writes
+    add_nodes(emu, machines, ["a", "b"])
+    rv = emu.resource_version
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.1), dry_run=True)
+    wait_until(lambda: len(ctl.actions) == 2, 5, "two announced sleeps")
+    time.sleep(0.5)
+    assert sorted(n for _, a, n in ctl.actions if a == "sleep") == ["a", "b"] and len(ctl.actions) == 2
+    assert emu.node_patches == [] and events(emu) == [] and emu.list("leases") == []
+    assert emu.resource_version == rv  # not one write
+    assert machines.running("a") and machines.running("b")
+
+
+def test_two_replicas_never_both_act(emu, machines, kubelets, make_controller, make_scheduler):
+    add_nodes(emu, machines, ["a", "b", "c"])
+    pol = PowerPolicy(sleep_after_s=0.2)
+    r1 = make_controller(pol, leader_elect=True, identity="r1")
+    r2 = make_controller(pol, leader_elect=True, identity="r2")
+    wait_until(lambda: all(asleep(emu, machines, n) for n in "abc"), 10)
+    acting = [r for r in (r1, r2) if r.actions]
+    assert len(acting) == 1
+    first, second = (r1, r2) if acting[0] is r1 else (r2, r1)
+    for t, _, _ in first.actions:  # every action inside one of its terms as leader
+        assert any(s <= t <= e for s, e in first.leader.terms)
+    first.stop()
+    wait_until(second.is_leader, 3, "takeover")
+    make_scheduler("most-allocated", node_wait_poll_s=0.05)
+    emu.add_pod("p", cpu="1")
+    wait_until(lambda: emu.get("pods", "p", "default")["spec"].get("nodeName"), 10, "p bound after takeover")
+    assert second.actions and all(t >= first.leader.terms[-1][1] for t, _, _ in second.actions)
+
+
+def test_actuator_failures_are_reported_uncordoned_and_retried(emu, machines, kubelets, make_controller):
+    # The address names a domain that does not exist (yet); the node itself is up (its kubelet is not told).
+    emu.add_node("ghost", annotations={POWER_ADDRESS_ANNOTATION: f"libvirt:///ghost-{machines.tag}"})
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.1))
+    wait_until(lambda: events(emu, "NodeSleepFailed"), 5, "a NodeSleepFailed event")
+    ev = events(emu, "NodeSleepFailed")[0]
+    assert ev["type"] == "Warning" and "not found" in ev["message"].lower()
+    wait_until(lambda: pstate(emu, "ghost") == "awake", 5)
+    node = emu.get("nodes", "ghost")
+    assert not node["spec"].get("unschedulable") and not node["spec"].get("taints")  # uncordoned and untainted
+    assert ctl.registry.get_sample_value("joulesched_node_power_failures_total", {"op": "sleep"}) >= 1
+    machines.add("ghost")  # the machine turns up: the next retry (after the backoff) succeeds
+    wait_until(lambda: asleep(emu, machines, "ghost"), 10, "ghost asleep after a retry")
+    assert len(events(emu, "NodeSleepFailed")) >= 1
+
+
+def test_a_failed_wake_tries_the_next_node(emu, machines, kubelets, make_controller, make_scheduler):
+    add_nodes(emu, machines, ["a"], cpu="16")  # the most efficient: woken first
+    add_nodes(emu, machines, ["b"], cpu="4")
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2))
+    wait_until(lambda: asleep(emu, machines, "a") and asleep(emu, machines, "b"), 10)
+    machines.remove("a")  # its machine is gone: waking it fails
+    emu.add_pod("k", cpu="1", scheduler_name="default-scheduler")
+    wait_until(lambda: events(emu, "NodeWakeFailed"), 10, "a NodeWakeFailed event")
+    wait_until(lambda: awake(emu, machines, "b"), 10, "b woken instead")
+    assert events(emu, "NodeWakeFailed")[0]["involvedObject"]["name"] == "a"
+    assert ctl.registry.get_sample_value("joulesched_node_power_failures_total", {"op": "wake"}) >= 1
+
+
+def test_status_endpoints(emu, machines, kubelets, make_controller):
+    add_nodes(emu, machines, ["a"])
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.1))
+    srv = NodePowerStatusServer(ctl, port=0).start()
+    try:
+        base = f"http://127.0.0.1:{srv.port}"
+        wait_until(lambda: ctl.synced, 5)
+        assert urllib.request.urlopen(base + "/readyz", timeout=5).read() == b"ok"
+        assert urllib.request.urlopen(base + "/healthz", timeout=5).read() == b"ok"
+        wait_until(lambda: asleep(emu, machines, "a"), 5)
+        wait_until(lambda: ctl.registry.get_sample_value("joulesched_node_power_nodes", {"state": "asleep"}) == 1, 5)
+        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        for name in ("joulesched_node_power_nodes{state=\"asleep\"} 1.0", "joulesched_node_power_wake_latency_seconds",
+                     "joulesched_node_power_failures_total", "joulesched_node_power_evictions_total",
+                     "joulesched_node_power_joules_saved_total"):
+            assert name in text
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_300_pods_of_churn_lose_no_pod_and_bind_none_twice(emu, machines, kubelets, make_controller, make_scheduler):
+    """Waves of short pods with idle gaps, so nodes sleep between waves and are woken for the next one."""
+    add_nodes(emu, machines, [f"n{k}" for k in range(5)], cpu="4", memory="8Gi")
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.15))
+    make_scheduler("most-allocated", node_wait_poll_s=0.05, bind_workers=4)
+    made, done = [], {}
+    deadline = time.monotonic() + 60
+    for wave in range(10):
+        names = [f"w{wave}-{k}" for k in range(30)]
+        for n in names:
+            emu.add_pod(n, cpu="500m", memory="512Mi")
+            made.append(n)
+        # Each pod "runs" until it is bound, then finishes (its kubelet marks it Succeeded).
+        while len(done) < len(made) and time.monotonic() < deadline:
+            for n in made:
+                if n not in done:
+                    pod = emu.get("pods", n, "default")
+                    if pod["spec"].get("nodeName"):
+                        emu.set_pod_phase("default", n, "Succeeded")
+                        done[n] = time.monotonic()
+            time.sleep(0.02)
+        time.sleep(0.4 if wave % 2 else 0.05)  # idle gaps: nodes go to sleep, the next wave wakes them
+    assert len(done) == 300, f"{300 - len(done)} pods never bound"
+    stats = emu.stats()
+    assert stats["pods_bound_twice"] == 0 and stats["bindings"] == 300
+    check_bindings_only_to_awake_nodes(emu, kubelets, done)
+    sleeps = [a for a in ctl.actions if a[1] == "sleep"]
+    wakes = [a for a in ctl.actions if a[1] == "wake"]
+    assert sleeps and wakes  # the churn really went through sleep and wake cycles
+
+
+# ---- consolidation -----------------------------------------------------------------------------------------
+def _spread(emu, k_per_node, nodes, labels):
+    """Pods owned by a ReplicaSet, bound directly (as if placed earlier), k per node."""
+    for n in nodes:
+        for k in range(k_per_node):
+            name = f"{n}-p{k}"
+            emu.add_pod(name, cpu="500m", memory="256Mi", labels=labels, owner="ReplicaSet")
+            emu.bind("default", name, {"target": {"name": n}}, None)
+
+
+def test_consolidation_honours_pdbs_then_empties_a_node_which_sleeps(emu, machines, kubelets, make_controller,
+                                                                    make_scheduler):
+    add_nodes(emu, machines, ["a", "b"], cpu="4")
+    _spread(emu, 1, ["a", "b"], {"app": "web"})
+    emu.add_pdb("web", match_labels={"app": "web"}, min_available=2)  # no disruption allowed
+    pol = PowerPolicy(sleep_after_s=0.2, consolidate=True, consolidate_interval_s=0.2, restart_s=1)
+    ctl = make_controller(pol)
+    make_scheduler("most-allocated", node_wait_poll_s=0.05)
+    time.sleep(1.0)
+    # The controller reads the PDB and does not even try while it allows nothing.
+    assert emu.evictions == [] and all(awake(emu, machines, n) for n in "ab")
+    # A PDB that allows one disruption: a node is drained (its pod evicted, replaced, placed on the other).
+    emu.delete("poddisruptionbudgets", "default", "web")
+    emu.add_pdb("web", match_labels={"app": "web"}, min_available=1)
+    wait_until(lambda: any(code == 201 for *_, code, _ in emu.evictions), 10, "an eviction")
+    drained = next(n for n in "ab" if asleep(emu, machines, n) or pstate(emu, n) in ("draining", "sleeping"))
+    wait_until(lambda: asleep(emu, machines, drained), 10, f"{drained} asleep after its pod left")
+    other = ({"a", "b"} - {drained}).pop()
+    pods = [p for p in emu.list("pods") if p["metadata"].get("labels", {}).get("app") == "web"]
+    assert len(pods) == 2 and all(p["spec"].get("nodeName") == other for p in pods)
+    assert ctl.registry.get_sample_value("joulesched_node_power_evictions_total", {"result": "evicted"}) == 1
+    check_bindings_only_to_awake_nodes(emu, kubelets)
+
+
+def test_eviction_answered_429_aborts_the_drain_and_uncordons(emu, machines, kubelets, make_controller):
+    add_nodes(emu, machines, ["a", "b"], cpu="4")
+    _spread(emu, 1, ["a", "b"], {"app": "web"})
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, consolidate=True, consolidate_interval_s=0.3),
+                          start=False)
+    # The PDB appears between the controller's read of it and its eviction: the Eviction API answers 429.
+    real = ctl._do_drain
+
+    def drain_after_a_pdb(name, pods):
+        emu.add_pdb("web", match_labels={"app": "web"}, min_available=2)
+        real(name, pods)
+
+    ctl._do_drain = drain_after_a_pdb
+    ctl.start()
+    wait_until(lambda: any(code == 429 for *_, code, _ in emu.evictions), 10, "a 429")
+    wait_until(lambda: events(emu, "NodeConsolidationAborted"), 5)
+    wait_until(lambda: all(awake(emu, machines, n) for n in "ab"), 5, "both nodes uncordoned and awake")
+    assert ctl.registry.get_sample_value("joulesched_node_power_evictions_total", {"result": "refused"}) == 1
+    assert len([p for p in emu.list("pods")]) == 2
+
+
+def test_consolidation_keeps_to_its_eviction_budget(emu, machines, kubelets, make_controller, make_scheduler):
+    add_nodes(emu, machines, ["a", "b", "c", "d"], cpu="8")
+    _spread(emu, 2, ["a", "b", "c"], {"app": "batch"})  # d is empty; a, b, c could each be emptied
+    pol = PowerPolicy(sleep_after_s=0.2, consolidate=True, consolidate_interval_s=0.2, max_evictions_per_hour=3)
+    ctl = make_controller(pol)
+    make_scheduler("most-allocated", node_wait_poll_s=0.05)
+    wait_until(lambda: sum(code == 201 for *_, code, _ in emu.evictions) >= 2, 10)
+    time.sleep(2.0)  # many consolidation rounds later
+    assert sum(code == 201 for *_, code, _ in emu.evictions) == 2  # one node's two pods; a second needs 4 > 3
+    assert ctl.core.eviction_budget(ctl.clock()) == 1
+    pods = [p for p in emu.list("pods") if p["metadata"].get("labels", {}).get("app") == "batch"]
+    assert len(pods) == 6 and all(p["spec"].get("nodeName") for p in pods)
+
+
+def test_an_address_from_the_map_is_written_onto_the_node_and_used(emu, machines, kubelets, make_controller):
+    addr = machines.add("m1")
+    emu.add_node("m1")  # no annotation: the address comes from the map (a ConfigMap, or the kvm stack's output)
+    make_controller(PowerPolicy(sleep_after_s=0.2), addresses={"m1": addr})
+    wait_until(lambda: emu.get("nodes", "m1")["metadata"]["annotations"].get(POWER_ADDRESS_ANNOTATION) == addr, 5)
+    wait_until(lambda: asleep(emu, machines, "m1"), 10, "m1 asleep through its mapped address")
