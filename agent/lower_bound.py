@@ -6,12 +6,17 @@ docs/lower-bound.md states it and proves it. In short:
    x = 0 costing its floor (the sleep draw where nodes may sleep, else its idle watts).
 2. The cluster's cost of serving Y millicores is at least G(Y) = min sum c_i(x_i) with sum x_i = Y: convex and
    piecewise linear, built by filling the envelopes' segments in order of slope (watts per millicore).
-3. A pod is served at most at its demanded rate, from its arrival on, so by time t at most
-   A(t) = sum_j u_j clip(t - a_j, 0, d_j) has been served, and no run ends before
-   H' = max(duration_s, max_j a_j + d_j). With S(t) the work served by t, S(t) <= A(t) and S(T) = W. For convex G the cheapest such S on [0, T] is the lower convex hull of the arrival corners and
-   (T, W) (a taut string), and we minimise over every T >= H' exactly, vertex by vertex.
+3. A job is served at most at its demanded rate, from its arrival on, so by time t at most
+   A(t) = sum_j W_j(clip(t - a_j, 0, d_j)) has been served (W_j(x): the job's demand integrated over its
+   first x seconds of progress; u_j x for a constant job), and no run ends before
+   H' = max(duration_s, max_j a_j + d_j). With S(t) the job work served by t, S(t) <= A(t) and S(T) = W. For
+   convex G the cheapest such S on [0, T] is the lower convex hull of A's corners and (T, W) (a taut string),
+   and we minimise over every T >= H' exactly, vertex by vertex.
 
-It ignores memory, pod slots, wake-up time and the discreteness of pods, which only makes it lower.
+Services count for nothing beyond the floor: no work of theirs is conserved (a throttled service's demand is
+lost, not served later) and a run may leave one waiting, so no served amount of theirs holds for every run
+(docs/lower-bound.md has the counterexamples). It ignores memory, pod slots, wake-up time and the
+discreteness of pods, which only makes it lower.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from joulesched.cluster.state import ClusterState
-from joulesched.cluster.workload import Workload
+from joulesched.cluster.workload import JOB, Workload
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class LowerBound:
     joules: float
     end_s: float  # the window length T that attains it
     floor_watts: float  # b: every node at its floor
-    work_m_s: float  # W: millicore-seconds served
+    work_m_s: float  # W: job millicore-seconds served (services' demand is not in it)
 
 
 def node_envelope(curve: np.ndarray, cap_m: float, floor_w: float) -> tuple[np.ndarray, np.ndarray]:
@@ -104,25 +109,56 @@ class _G:
         return tau * self(r / tau)
 
 
+def _profile_corners(wl: Workload, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Slope changes of the barrier of the profiled jobs ``idx``: at ``a_j + x_k`` for each breakpoint ``x_k``
+    of progress inside its work (the first value holds from progress 0), and at ``a_j + d_j`` back to 0.
+    Returns (times, slope changes, the jobs' total work)."""
+    times: list[float] = []
+    slopes: list[float] = []
+    work = 0.0
+    for j in idx.tolist():
+        a, d = float(wl.submit_s[j]), float(wl.duration_s[j])
+        pa, pb = wl.profile_bounds(j)
+        t, m = wl.prof_t[pa:pb].tolist(), wl.prof_m[pa:pb].tolist()
+        prev = 0.0
+        for k, (x, v) in enumerate(zip(t, m)):
+            if k and x >= d:
+                break
+            times.append(a + (x if k else 0.0))
+            slopes.append(v - prev)
+            prev = v
+        times.append(a + d)
+        slopes.append(-prev)
+        work += wl.usage_integral(j, 0.0, d)
+    return np.array(times), np.array(slopes), work
+
+
 def lower_bound(state: ClusterState, workload: Workload, horizon_s: float,
                 placeable: np.ndarray | None = None) -> LowerBound:
-    """Minimum over T >= max(horizon, last arrival) and causal schedules of the integral of G(S'(t))."""
+    """Minimum over T >= max(horizon, last clairvoyant job completion) and causal schedules of the integral of
+    G(S'(t)), S the jobs' work served (services add nothing beyond the floor; see the module docstring)."""
     b, x, g = cluster_cost(state)
     G = _G(b, x, g)
     keep = np.ones(len(workload), dtype=bool) if placeable is None else np.asarray(placeable, dtype=bool)
-    a = workload.submit_s[keep]
-    u = workload.usage_m[keep]
-    d = workload.duration_s[keep]
+    keep = keep & (workload.kind == JOB)
+    const = keep & (workload.profile < 0)
+    a = workload.submit_s[const]
+    u = workload.usage_m[const]
+    d = workload.duration_s[const]
     total = float(np.dot(u, d))
-    # No pod can finish before arrival + duration (its served rate is at most its demand), so no run ends
-    # before the clairvoyant last completion.
-    h_min = max(horizon_s, float((a + d).max()) if a.size else 0.0)
+    prof = np.flatnonzero(keep & (workload.profile >= 0))
+    pt, ps, pw = _profile_corners(workload, prof) if prof.size else (np.zeros(0), np.zeros(0), 0.0)
+    total += pw
+    # No job can finish before arrival + duration (its progress rate is at most 1), so no run ends before the
+    # clairvoyant last completion.
+    ends = workload.submit_s[keep] + workload.duration_s[keep]
+    h_min = max(horizon_s, float(ends.max()) if ends.size else 0.0)
     if total <= 0:
         return LowerBound(b * h_min, h_min, b, 0.0)
-    # Barrier A(t) = sum_j u_j clip(t - a_j, 0, d_j): work that could have been served by t, piecewise linear
-    # with breakpoints at arrivals and clairvoyant completions.
-    t_ev = np.concatenate((a, a + d))
-    slope_ev = np.concatenate((u, -u))
+    # Barrier A(t): job work that could have been served by t, piecewise linear with breakpoints at arrivals,
+    # profile breakpoints and clairvoyant completions.
+    t_ev = np.concatenate((a, a + d, pt))
+    slope_ev = np.concatenate((u, -u, ps))
     order = np.argsort(t_ev, kind="stable")
     t_ev, slope_ev = t_ev[order], slope_ev[order]
     times, first = np.unique(t_ev, return_index=True)

@@ -23,19 +23,22 @@ def run_policy(backend: Backend[R], policy: Policy, seed: int = 0) -> R:
     """Drive ``backend`` with ``policy`` until it has no more decisions; return the backend's result.
 
     The policy is reset with a generator seeded by ``seed`` before its first decision, and again with the
-    same generator whenever the backend hands out a new ClusterState (a live cluster's nodes changed).
+    same generator whenever the backend hands out a new ClusterState (a live cluster's nodes changed). A policy
+    whose ``uses_meta`` is true is also handed the pod's metadata, ``choose(state, pod, mask, meta=...)``
+    (:attr:`~joulesched.cluster.backend.Decision.meta`: the same fields in the twin and on a cluster).
     """
     rng = np.random.default_rng(seed)
     backend.begin()
     state = None
     reset, choose = policy.reset, policy.choose
+    with_meta = bool(getattr(policy, "uses_meta", False))
     nxt, bind = backend.next_decision, backend.bind
     while (d := nxt()) is not None:
         if d.state is not state:
             state = d.state
             reset(state, rng)
         try:
-            node = choose(state, d.pod, d.mask)
+            node = choose(state, d.pod, d.mask, meta=d.meta) if with_meta else choose(state, d.pod, d.mask)
             bind(d, node)
         except Exception as e:
             backend.abandon(d, e)

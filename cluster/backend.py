@@ -13,11 +13,14 @@ A new backend is one class with these five methods (``begin``, ``next_decision``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from joulesched.cluster.state import ClusterState, PodRequest
+
+if TYPE_CHECKING:
+    from joulesched.cluster.workload import PodMeta
 
 R = TypeVar("R", covariant=True)
 
@@ -28,14 +31,18 @@ class Decision:
 
     ``state`` is what the policy reads (the same object for a whole twin run; a live backend hands out a new
     one when its node set changes, and the runner then resets the policy). ``mask`` marks the nodes that pass
-    the filters. ``key`` is the backend's own handle on the pod. A decision is valid until it is bound or
-    abandoned.
+    the filters. ``key`` is the backend's own handle on the pod. ``meta`` is what is known about the pod
+    beyond its requests (kind, owner, priority, QoS class, app, namespace, limits): the twin fills it from the
+    workload (:meth:`~joulesched.cluster.workload.Workload.meta`), the live scheduler from the Pod object
+    (:func:`~joulesched.cluster.kube.objects.pod_meta`), so a policy sees the same features on both; ``None``
+    from a backend that knows nothing more. A decision is valid until it is bound or abandoned.
     """
 
     state: ClusterState
     pod: PodRequest
     mask: np.ndarray
     key: Any = None
+    meta: PodMeta | None = None
 
 
 class Backend(Protocol, Generic[R]):

@@ -2,18 +2,28 @@
 
 Model (docs/twin.md has the full statement):
 
-* Events are pod arrivals (from the workload, in order), departures, node sleeps and wake-ups.
+* Events are pod arrivals (from the workload, in order), departures, node sleeps and wake-ups, and (with
+  consolidation) consolidation ticks and restarts of evicted pods.
+* When a node sleeps, and whether one is emptied by consolidation, is decided by the node power decision
+  core (:mod:`joulesched.cluster.nodepower`), the same code the live controller runs.
 * A pod that fits no node waits in a FIFO pending queue and is retried when a departure frees resources.
 * Node power is its curve at u = min(1, demand / allocatable); a sleeping node draws ``sleep_watts``; a waking
   node draws its idle watts for ``wake_s`` and its pods start when it is up.
 * CPU is processor-shared and work-conserving: when demand exceeds a node's capacity every pod on it gets
-  capacity / demand of what it asks for, and runs correspondingly longer. A pod violates its SLO when it was
-  served below ``slo_fraction`` of its demand for more than ``slo_tolerance`` of its life.
-* The run ends when every placeable pod has finished, and never before the scenario's ``duration_s``. Pods
-  whose requests fit no node even when the cluster is empty are counted as never placed.
+  capacity / demand of what it asks for, and a job runs correspondingly longer. A job violates its SLO when it
+  was served below ``slo_fraction`` of its demand for more than ``slo_tolerance`` of its life; a service is
+  judged the same way per ``slo_interval_s`` of absolute time.
+* The pod model (docs/twin.md): a *service* has no work; it runs until its stop time or the run's end, and its
+  demand follows the absolute clock (one event per distinct breakpoint time, shared by every service that
+  changes then). A *job* with a usage profile changes demand at breakpoints of its progress, which are entries
+  in its node's virtual-time heap, like its departure.
+* The run ends when every placeable job has finished, and never before the scenario's ``duration_s``;
+  services never extend it. Pods whose requests fit no node even when the cluster is empty are counted as
+  never placed.
 
 Each node keeps a virtual clock that advances at its service rate, so a departure is one heap entry per node
-and a change of rate reschedules one entry, not one per pod.
+and a change of rate reschedules one entry, not one per pod. A workload of constant-usage jobs runs the
+original code path: the pod model's handlers are swapped in only when a workload has services or profiles.
 
 The twin is a :class:`~joulesched.cluster.backend.Backend` (``start``, ``next_decision``, ``bind``, ``abandon``,
 ``result``) and its energy is read through a :class:`~joulesched.power.meter.EnergyMeter`, :class:`TwinMeter`.
@@ -24,19 +34,22 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from bisect import insort
+from bisect import bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from joulesched.cluster.backend import Decision
+from joulesched.cluster.nodepower import HELD_MIN_AWAKE, HELD_SPARE, MovablePod, NodePowerCore
 from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState, PodRequest
 from joulesched.cluster.workload import Workload
 from joulesched.power.curves import interp
 
-_DEPART, _SLEEP, _WAKE = 0, 1, 2
+_DEPART, _SLEEP, _WAKE, _CONSOLIDATE, _RESTART = 0, 1, 2, 3, 4
+# The pod model's events: services' demand changes (one per distinct time), a service's stop, an SLO interval's end.
+_USAGE, _STOP, _SLO_TICK = 5, 6, 7
 _NOT_PLACED, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
 
 
@@ -57,6 +70,21 @@ def cluster_from_scenario(scenario: Scenario) -> ClusterState:
     return ClusterState(names, cpu, mem, pods, curves, sleep_watts=sleep_w, group=group,
                         group_names=[g.name_prefix for g in scenario.nodes],
                         wake_s=scenario.idle_policy.wake_s if sleeping else 0.0, can_sleep=sleeping)
+
+
+class _TwinDecision(Decision):
+    """The twin's one reused :class:`Decision`. Its ``meta`` is read from the workload's per-pod list by ``key``
+    when a policy asks for it, so handing out a decision costs what it did before the pod model."""
+
+    __slots__ = ("_metas",)
+
+    @property
+    def meta(self):
+        return None if self.key is None else self._metas[self.key]
+
+    @meta.setter
+    def meta(self, value) -> None:  # Decision.__init__ sets it; the twin's comes from the workload
+        pass
 
 
 @dataclass
@@ -87,10 +115,32 @@ class RunResult:
     decision_us_p99: float
     decisions: int
     timeline: Timeline | None = None
+    evictions: int = 0  # pods evicted by consolidation (each restarted elsewhere)
+    # The pod model: services that ran to their stop or the run's end (they are in completed_pods too), and
+    # their SLO judged per interval (slo_violations counts jobs only).
+    completed_services: int = 0
+    service_intervals: int = 0
+    service_slo_violations: int = 0
+
+    @property
+    def completed_jobs(self) -> int:
+        return self.completed_pods - self.completed_services
 
     @property
     def slo_violation_rate(self) -> float:
-        return self.slo_violations / self.completed_pods if self.completed_pods else 0.0
+        """Failed SLO judgements over all judgements: one per completed job (its whole life) and one per
+        service-interval. With jobs only, the share of completed pods that violated their SLO."""
+        n = self.completed_jobs + self.service_intervals
+        return (self.slo_violations + self.service_slo_violations) / n if n else 0.0
+
+    @property
+    def job_slo_violation_rate(self) -> float:
+        return self.slo_violations / self.completed_jobs if self.completed_jobs else 0.0
+
+    @property
+    def service_slo_violation_rate(self) -> float:
+        """Violating service-intervals over service-intervals (docs/twin.md, "Service quality")."""
+        return self.service_slo_violations / self.service_intervals if self.service_intervals else 0.0
 
 
 class TwinMeter:
@@ -141,9 +191,40 @@ class Twin:
         cpu, mem = wl.cpu_req.tolist(), wl.mem_req.tolist()
         self._req = [PodRequest(None if c < 0 else c, None if m < 0 else m) for c, m in zip(cpu, mem)]
         self.placeable = self._placeable_mask(cluster_from_scenario(scenario), wl)
+        ip = scenario.idle_policy
+        self.power_policy = ip.power_policy() if isinstance(ip, Sleep) else None
+        cons = ip.consolidation if isinstance(ip, Sleep) else None
+        # Which pods checkpoint (keep their progress when evicted): drawn once from the scenario's seed.
+        self._ckpt = ((np.random.default_rng(scenario.seed).random(len(wl)) < cons.checkpoint_fraction).tolist()
+                      if cons is not None else [])
         self._placeable = self.placeable.tolist()
+        self._meta = wl.pod_metas()  # what each decision hands the policy (shared objects for equal metadata)
+        self._pm = wl.has_pod_model
+        if self._pm:
+            self._setup_pod_model(wl)
         self.meter = TwinMeter(self)
         self.reset()
+
+    def _setup_pod_model(self, wl: Workload) -> None:
+        """Per-pod inputs of services and profiles (built once, as the requests are), and the pod model's
+        handlers in place of the plain jobs' ones (instance attributes shadow the methods)."""
+        self._usage0 = self._usage  # a run changes _usage (the current demand of profiled pods): reset copies it
+        self._is_svc = wl.is_service.tolist()
+        has = wl.profile >= 0
+        pa, pb = np.zeros(len(wl), dtype=np.int64), np.zeros(len(wl), dtype=np.int64)
+        pa[has], pb[has] = wl.prof_ptr[wl.profile[has]], wl.prof_ptr[wl.profile[has] + 1]
+        self._pa, self._pb = pa.tolist(), pb.tolist()  # pod p's steps are [_pa[p], _pb[p]); empty: constant
+        self._pt, self._pv = wl.prof_t.tolist(), wl.prof_m.tolist()
+        # A service stops at its own stop time or at the scenario's end, whichever comes first: after duration_s
+        # only jobs run (they may run past it), so no job can wait behind services forever.
+        end = np.minimum(wl.submit_s + wl.duration_s, self.scenario.duration_s)
+        svc = np.flatnonzero(wl.is_service & self.placeable)
+        self._stops = list(zip(end[svc].tolist(), svc.tolist()))
+        self._has_svc = bool(wl.is_service.any())
+        self._slo_interval = float(self.scenario.workload.slo_interval_s)
+        self._start = self._start_pm
+        self._depart = self._depart_pm
+        self._may_end = self._may_end_pm
 
     # ---- set-up -------------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -152,6 +233,16 @@ class Twin:
         n, p = len(st), len(wl)
         self.horizon = sc.duration_s
         self.sleep_after = sc.idle_policy.sleep_after_s if st.can_sleep else math.inf
+        protected = np.array([sc.nodes[g].never_sleep for g in st.group.tolist()], dtype=bool)
+        self.power = NodePowerCore(self.power_policy, protected) if self.power_policy is not None else None
+        consolidate = self.power is not None and self.power_policy.consolidate
+        # Work left per pod at its next start: the workload's durations, copied only when evictions can change them.
+        self._work = list(self._dur) if consolidate else self._dur
+        self._restarting = 0  # evicted pods waiting to restart
+        self.evictions = 0
+        self._carry: dict[int, tuple[float, float, float]] = {}  # evicted pod -> (bad s, throttle integral, life s)
+        self._first_start: dict[int, float] = {}
+        self.power_log: list[tuple[float, str, int]] = []  # (time, "sleep" | "wake" | "evict", node)
         self.slo_fraction = sc.slo_fraction
         self.slo_tolerance = sc.slo_tolerance
         self.pod_node = [-1] * p
@@ -192,7 +283,8 @@ class Twin:
         self.request: PodRequest | None = None
         self.mask: np.ndarray | None = None
         self.decision_t0 = 0  # perf_counter_ns() when the current decision's filtering began
-        self._decision = Decision(st, PodRequest(), np.zeros(n, dtype=bool))
+        self._decision = _TwinDecision(st, PodRequest(), np.zeros(n, dtype=bool))
+        self._decision._metas = self._meta
         self._lat: list[int] = []  # decision latencies (filter plus policy), ns
         self.done = False
         self._end_s = math.nan
@@ -205,6 +297,31 @@ class Twin:
             self.timeline = None
         for i in range(n):
             self._arm_sleep(i, 0.0)
+        if consolidate:
+            self._push(self.power_policy.consolidate_interval_s, _CONSOLIDATE, -1, 0)
+        self._svcs: list[dict[int, None]] = [{} for _ in range(n)]  # running services per node (ordered)
+        if self._pm:
+            self._reset_pod_model(p)
+
+    def _reset_pod_model(self, p: int) -> None:
+        self._usage = list(self._usage0)  # current demand per pod
+        self._pk = [0] * p  # index of the profile step a running pod is in
+        self._vfin = [0.0] * p  # a running job's departure in its node's virtual clock
+        self._epoch = [0] * p  # starts of the pod so far: tells stale registrations apart
+        self._chg: dict[float, list[tuple[int, int]]] = {}  # time -> services (pod, epoch) whose demand changes
+        self._expired = 0  # services whose stop came before they were ever placed
+        for t, q in self._stops:
+            self._push(t, _STOP, q, 0)
+        # SLO per interval: per service, bad and alive seconds of the current interval, and the snapshot
+        # (node's bad integral, time) its running stint was last accounted from.
+        self._sacc: dict[int, list[float]] = {}
+        self._sb0 = [0.0] * p
+        self._st0 = [0.0] * p
+        self._svc_intervals = 0
+        self._svc_viol = 0
+        self._tick_k = 1
+        if self._has_svc:
+            self._push(self._slo_interval, _SLO_TICK, -1, 0)
 
     @staticmethod
     def _placeable_mask(st: ClusterState, wl: Workload) -> np.ndarray:
@@ -248,7 +365,7 @@ class Twin:
                 k = self._next_arrival
                 t_ar = submit[k] if k < n_pods else math.inf
                 if t_ev <= t_ar:
-                    if t_ev == math.inf or (self._live == 0 and k >= n_pods and not self._pending):
+                    if t_ev == math.inf or (self._live == 0 and k >= n_pods and self._may_end(t_ev)):
                         self._finish()
                         return None
                     t, _, kind, i, ver = heapq.heappop(events)
@@ -259,11 +376,27 @@ class Twin:
                         self._depart(i)
                     elif kind == _SLEEP:
                         self._advance(t)
-                        if ver == self._sleep_ver[i] and self._pstate[i] == ON and st.pods[i] == 0:
-                            self._set_pstate(i, ASLEEP)
-                    else:
+                        self._sleep_event(i, ver)
+                    elif kind == _WAKE:
                         self._advance(t)
                         self._wake(i)
+                    elif kind == _RESTART:
+                        self._advance(t)
+                        if self._pm and self.pod_status[i] == _DONE:
+                            continue  # a service whose stop came while it waited (and counted it out)
+                        self._restarting -= 1
+                        ready.append(i)  # i is the evicted pod: it is scheduled again
+                    elif kind == _CONSOLIDATE:
+                        self._advance(t)
+                        self._consolidate()
+                    else:
+                        self._advance(t)
+                        if kind == _USAGE:
+                            self._usage_event(t)
+                        elif kind == _STOP:
+                            self._stop_service(i)
+                        else:
+                            self._slo_tick()
                     continue
                 self._advance(t_ar)
                 self._next_arrival = k + 1
@@ -278,7 +411,7 @@ class Twin:
                 self.decision_t0 = t0
                 self.pod, self.request, self.mask = p, req, mask
                 d = self._decision
-                d.pod, d.mask, d.key = req, mask, p
+                d.pod, d.mask, d.key = req, mask, p  # d.meta is looked up from d.key when read
                 return d
             insort(self._pending, p)
 
@@ -305,6 +438,8 @@ class Twin:
             self._waiting[node].append(p)
             if ps == ASLEEP:
                 self._set_pstate(node, WAKING)
+                if self.record:
+                    self.power_log.append((self.now, "wake", node))
                 self._push(self.now + st.wake_s, _WAKE, node, 0)
 
     # ---- internals ----------------------------------------------------------------------------------------
@@ -360,7 +495,7 @@ class Twin:
         self.pod_start[p] = self.now
         self._bad0[p] = self._bad[i]
         self._thr0[p] = self._thr[i]
-        heapq.heappush(self._running[i], (self._vclock[i] + self._dur[p], p))
+        heapq.heappush(self._running[i], (self._vclock[i] + self._work[p], p))
         self._dem[i] += self._usage[p]
 
     def _refresh(self, i: int) -> None:
@@ -403,6 +538,78 @@ class Twin:
         elif ps == WAKING:
             self._set_power(i, self._curves[i][0])
 
+    def _sleep_event(self, i: int, ver: int) -> None:
+        """Node ``i``'s sleep timer fired: the decision core says whether it sleeps now, or is looked at again."""
+        if ver != self._sleep_ver[i] or self._pstate[i] != ON or self.state.pods[i] != 0:
+            return  # a pod came, or the node is not idle-awake: this timer is stale
+        verdict = self.power.may_sleep(self.state, i)
+        if not verdict:
+            self._set_pstate(i, ASLEEP)
+            if self.record:
+                self.power_log.append((self.now, "sleep", i))
+        elif verdict in (HELD_MIN_AWAKE, HELD_SPARE):
+            self._push(self.now + self.power_policy.recheck_s, _SLEEP, i, ver)
+
+    def _consolidate(self) -> None:
+        """A consolidation tick: ask the core for a node to empty; evict its pods, which restart after
+        ``restart_s``, and put it to sleep at once (it is empty and nothing may land on it meanwhile)."""
+        pp, st = self.power_policy, self.state
+        if self._live or self._next_arrival < len(self._submit) or self._restarting or \
+                (self._pm and self.now < self.horizon):  # services run until the horizon at least
+            self._push(self.now + pp.consolidate_interval_s, _CONSOLIDATE, -1, 0)
+        pods: dict[int, list[MovablePod]] = {}
+        prot = self.power.protected
+        for i in range(len(st)):
+            if self._pstate[i] != ON or not (self._running[i] or self._svcs[i]) or prot[i]:
+                continue
+            self._touch(i)
+            v, rate = self._vclock[i], self._rate[i]
+            pods[i] = [MovablePod(p, self._req[p], self._usage[p],
+                                  0.0 if self._ckpt[p] else self._work[p] - (vf - v), "", (vf - v) / rate)
+                       for vf, p in self._running[i] if p >= 0]  # p < 0: a profiled job's next demand change
+            # A service loses no work when evicted; it would empty the node by itself at its stop time.
+            pods[i] += [MovablePod(p, self._req[p], self._usage[p], 0.0, "",
+                                   self._svc_end(p) - self.now) for p in self._svcs[i]]
+        plan = self.power.plan(st, self.now, pods)
+        if plan is not None:
+            self.power.record_evictions(self.now, len(plan.moves))
+            self._evict(plan.node)
+
+    def _evict(self, i: int) -> None:
+        st, now = self.state, self.now
+        self._touch(i)
+        v = self._vclock[i]
+        heap = self._running[i]
+        if self.record:
+            self.power_log.append((now, "evict", i))
+        restart = self.power_policy.restart_s
+        svcs = self._svcs[i]
+        for vf, p in [e for e in heap if e[1] >= 0] + [(math.inf, q) for q in svcs]:
+            self._dem[i] -= self._usage[p]
+            st.unbind(i, self._req[p])
+            b, th, life = self._carry.get(p, (0.0, 0.0, 0.0))
+            self._carry[p] = (b + self._bad[i] - self._bad0[p], th + self._thr[i] - self._thr0[p],
+                              life + now - self.pod_start[p])
+            self._first_start.setdefault(p, self.pod_start[p])
+            if p in svcs:
+                self._svc_accrue(p, i)  # its interval goes on; it is judged at the interval's end
+            else:
+                if self._ckpt[p]:
+                    self._work[p] = max(vf - v, 1e-9)
+                self._live -= 1  # (a service left _live when it started)
+            self.pod_node[p] = -1
+            self.pod_status[p] = _NOT_PLACED
+            self._restarting += 1
+            self.evictions += 1
+            self._push(now + restart, _RESTART, p, 0)
+        heap.clear()
+        svcs.clear()
+        self._refresh(i)
+        self._sleep_ver[i] += 1
+        self._set_pstate(i, ASLEEP)
+        if self.record:
+            self.power_log.append((now, "sleep", i))
+
     def _arm_sleep(self, i: int, t: float) -> None:
         if self.sleep_after < math.inf:
             self._sleep_ver[i] += 1
@@ -415,6 +622,8 @@ class Twin:
             self._start(p, i)
         self._waiting[i].clear()
         self._refresh(i)
+        if self.state.pods[i] == 0:  # every pod it woke for was a service that stopped meanwhile
+            self._arm_sleep(i, self.now)
 
     def _depart(self, i: int) -> None:
         self._touch(i)
@@ -452,17 +661,242 @@ class Twin:
             self._pending = keep
             self._ready.extend(retry)
 
+    def _may_end(self, t: float) -> bool:
+        """With no job bound and none to arrive: may the run end before the event at ``t``? (Jobs only: when
+        none is pending or restarting; nodes may still fall asleep before the horizon, see :meth:`_finish`.)"""
+        return not self._pending and not self._restarting
+
     def _finish(self) -> None:
         """Close the run at max(horizon, last completion); nodes may still fall asleep before the horizon."""
         end = max(self.horizon, self.now)
         while self._events and self._events[0][0] <= end:
             t, _, kind, i, ver = heapq.heappop(self._events)
             self._advance(t)
-            if kind == _SLEEP and ver == self._sleep_ver[i] and self._pstate[i] == ON and self.state.pods[i] == 0:
-                self._set_pstate(i, ASLEEP)
+            if kind == _SLEEP:
+                self._sleep_event(i, ver)
         self._advance(end)
+        if self._pm:
+            self._close_services()
         self._end_s = end
         self.done = True
+
+    # ---- the pod model: services and usage profiles --------------------------------------------------------
+    # _live counts bound jobs, and services bound to a waking node until they start: the run waits for jobs only.
+    def _svc_end(self, p: int) -> float:
+        return min(self._submit[p] + self._dur[p], self.horizon)
+
+    def _may_end_pm(self, t: float) -> bool:
+        """The run ends at max(horizon, last job completion): services never extend it. Every service has
+        stopped by the horizon, so what is pending or restarting after it is a job, which the run waits for."""
+        return (t > self.horizon or not self._has_svc) and not self._pending and not self._restarting
+
+    def _start_pm(self, p: int, i: int) -> None:
+        """Start pod ``p`` on node ``i``: a constant job as always; a profiled job at the step of its progress,
+        its next breakpoint an entry ``(vclock, ~p)`` in the node's virtual-time heap; a service at the step of
+        the clock."""
+        if self._is_svc[p]:
+            self._start_svc(p, i)
+            return
+        a, b = self._pa[p], self._pb[p]
+        if a == b:
+            Twin._start(self, p, i)
+            return
+        self._touch(i)
+        self.pod_status[p] = _RUNNING
+        self.pod_start[p] = self.now
+        self._bad0[p] = self._bad[i]
+        self._thr0[p] = self._thr[i]
+        work, dur, pt = self._work[p], self._dur[p], self._pt
+        vf = self._vfin[p] = self._vclock[i] + work
+        heap = self._running[i]
+        heapq.heappush(heap, (vf, p))
+        k = max(a, bisect_right(pt, dur - work, a, b) - 1)  # progress dur - work: more than 0 after a checkpoint
+        self._pk[p] = k
+        u = self._usage[p] = self._pv[k]
+        self._dem[i] += u
+        if k + 1 < b and pt[k + 1] < dur:
+            # Progress x is reached at vclock vf - (dur - x): exact, with no drift over many steps.
+            heapq.heappush(heap, (vf - dur + pt[k + 1], ~p))
+
+    def _start_svc(self, p: int, i: int) -> None:
+        self._touch(i)
+        now = self.now
+        self.pod_status[p] = _RUNNING
+        self.pod_start[p] = now
+        self._bad0[p] = self._bad[i]
+        self._thr0[p] = self._thr[i]
+        self._sb0[p] = self._bad[i]
+        self._st0[p] = now
+        self._live -= 1
+        self._epoch[p] += 1
+        a, b = self._pa[p], self._pb[p]
+        if a < b:  # demand read afresh from the clock: also what an evicted service restarts with
+            pt = self._pt
+            k = max(a, bisect_right(pt, now, a, b) - 1)
+            self._pk[p] = k
+            self._usage[p] = self._pv[k]
+            if k + 1 < b:
+                self._register(p, pt[k + 1])
+        self._dem[i] += self._usage[p]
+        self._svcs[i][p] = None
+
+    def _register(self, p: int, t: float) -> None:
+        """Service ``p`` changes demand at ``t``: one event per distinct time, however many services share it
+        (the generators' services share the absolute grid of their usage steps)."""
+        lst = self._chg.get(t)
+        if lst is None:
+            self._chg[t] = [(p, self._epoch[p])]
+            self._push(t, _USAGE, -1, 0)
+        else:
+            lst.append((p, self._epoch[p]))
+
+    def _usage_event(self, t: float) -> None:
+        touched: dict[int, None] = {}
+        pt, pv, pb = self._pt, self._pv, self._pb
+        for p, ep in self._chg.pop(t, ()):
+            if ep != self._epoch[p] or self.pod_status[p] != _RUNNING:
+                continue  # stopped, or evicted (and maybe restarted, registered again) since
+            i = self.pod_node[p]
+            if i not in touched:
+                self._touch(i)  # integrate the node's clock at the old rate first
+                touched[i] = None
+            k = self._pk[p] = self._pk[p] + 1
+            u = pv[k]
+            self._dem[i] += u - self._usage[p]
+            self._usage[p] = u
+            if k + 1 < pb[p]:
+                self._register(p, pt[k + 1])
+        for i in touched:
+            self._refresh(i)
+
+    def _depart_pm(self, i: int) -> None:
+        """:meth:`_depart` with profiled jobs: an entry ``(v, ~p)`` reached in the virtual clock is job ``p``'s
+        next demand change; the node re-plans its next event as for a departure (:meth:`_refresh`)."""
+        self._touch(i)
+        heap = self._running[i]
+        v = self._vclock[i]
+        eps = 1e-9 * max(1.0, v)
+        st = self.state
+        pt, pv, pb, dur = self._pt, self._pv, self._pb, self._dur
+        freed = False
+        while heap and heap[0][0] <= v + eps:
+            _, p = heapq.heappop(heap)
+            if p < 0:
+                p = ~p
+                k = self._pk[p] = self._pk[p] + 1
+                u = pv[k]
+                self._dem[i] += u - self._usage[p]
+                self._usage[p] = u
+                if k + 1 < pb[p] and pt[k + 1] < dur[p]:
+                    heapq.heappush(heap, (self._vfin[p] - dur[p] + pt[k + 1], ~p))
+                continue
+            freed = True
+            self._dem[i] -= self._usage[p]
+            life = self.now - self.pod_start[p]
+            self.pod_end[p] = self.now
+            self.pod_status[p] = _DONE
+            self._bad0[p] = self._bad[i] - self._bad0[p]
+            self._thr0[p] = (self._thr[i] - self._thr0[p]) / life if life > 0 else 0.0
+            st.unbind(i, self._req[p])
+            self._live -= 1
+        self._refresh(i)
+        if freed:
+            if not heap and not self._svcs[i] and self.sleep_after < math.inf:
+                self._arm_sleep(i, self.now)
+            if self._pending:
+                self._retry_pending(i)
+
+    def _stop_service(self, p: int) -> None:
+        """Service ``p``'s stop time: its Deployment scales it in, its trace ends it, or the scenario ends."""
+        s = self.pod_status[p]
+        now = self.now
+        if s == _RUNNING:
+            i = self.pod_node[p]
+            self._touch(i)
+            self._svc_accrue(p, i)
+            self._svc_judge(p)
+            del self._svcs[i][p]
+            self._dem[i] -= self._usage[p]
+            self.state.unbind(i, self._req[p])
+            life = now - self.pod_start[p]
+            self.pod_end[p] = now
+            self.pod_status[p] = _DONE
+            self._bad0[p] = self._bad[i] - self._bad0[p]
+            self._thr0[p] = (self._thr[i] - self._thr0[p]) / life if life > 0 else 0.0
+            self._refresh(i)
+            if not self._running[i] and not self._svcs[i] and self.sleep_after < math.inf:
+                self._arm_sleep(i, now)
+            if self._pending:
+                self._retry_pending(i)
+            return
+        if s == _DONE:
+            return
+        if s == _WAITING:  # bound to a node still waking up
+            i = self.pod_node[p]
+            self._waiting[i].remove(p)
+            self.state.unbind(i, self._req[p])
+            self._live -= 1
+        elif p in self._pending:
+            self._pending.remove(p)
+        else:  # evicted, waiting for its restart: the restart event will see it done and drop it
+            self._restarting -= 1
+        if p in self._carry:  # it ran before an eviction: its life ends here
+            self.pod_start[p] = self.pod_end[p] = now
+            self._bad0[p] = self._thr0[p] = 0.0
+            self.pod_status[p] = _DONE
+            self._svc_judge(p)
+        else:  # never placed before its stop
+            self.pod_node[p] = -1
+            self._expired += 1
+
+    def _svc_accrue(self, p: int, i: int) -> None:
+        """Add running service ``p``'s time since its snapshot (node ``i`` touched to now) to its interval."""
+        acc = self._sacc.get(p)
+        if acc is None:
+            acc = self._sacc[p] = [0.0, 0.0]
+        b = self._bad[i]
+        acc[0] += b - self._sb0[p]
+        acc[1] += self.now - self._st0[p]
+        self._sb0[p] = b
+        self._st0[p] = self.now
+
+    def _svc_judge(self, p: int) -> None:
+        """Close service ``p``'s current interval: it violates when its seconds served below ``slo_fraction``
+        exceed ``slo_tolerance`` of the seconds it was alive in it."""
+        acc = self._sacc.pop(p, None)
+        if acc is not None and acc[1] > 0.0:
+            self._svc_intervals += 1
+            if acc[0] > self.slo_tolerance * acc[1]:
+                self._svc_viol += 1
+
+    def _slo_tick(self) -> None:
+        """An SLO interval ends (a multiple of ``slo_interval_s``): judge every service alive in it."""
+        for i, svcs in enumerate(self._svcs):
+            if svcs:
+                self._touch(i)
+                for p in svcs:
+                    self._svc_accrue(p, i)
+        for p in list(self._sacc):
+            self._svc_judge(p)
+        self._tick_k += 1
+        self._push(self._tick_k * self._slo_interval, _SLO_TICK, -1, 0)
+
+    def _close_services(self) -> None:
+        """The run's end: services still running end here (their last interval is judged as it stands)."""
+        now = self.now
+        for i, svcs in enumerate(self._svcs):
+            if not svcs:
+                continue
+            self._touch(i)
+            for p in svcs:
+                self._svc_accrue(p, i)
+                life = now - self.pod_start[p]
+                self.pod_end[p] = now
+                self.pod_status[p] = _DONE
+                self._bad0[p] = self._bad[i] - self._bad0[p]
+                self._thr0[p] = (self._thr[i] - self._thr0[p]) / life if life > 0 else 0.0
+        for p in list(self._sacc):
+            self._svc_judge(p)
 
     # ---- results ------------------------------------------------------------------------------------------
     @property
@@ -481,20 +915,41 @@ class Twin:
         decision_ns = np.asarray(self._lat, dtype=np.int64)
         done = [p for p, s in enumerate(self.pod_status) if s == _DONE]
         life = [self.pod_end[p] - self.pod_start[p] for p in done]
-        viol = sum(1 for p, L in zip(done, life) if self._bad0[p] > self.slo_tolerance * L)
+        bad, thr = self._bad0, self._thr0
+        if self._carry:  # evicted pods: add up their runs (bad seconds, throttling) over their whole life
+            bad, thr = list(bad), list(thr)
+            for k, p in enumerate(done):
+                if p in self._carry:
+                    cb, ct, cl = self._carry[p]
+                    bad[p] += cb
+                    total = life[k] + cl
+                    thr[p] = (thr[p] * life[k] + ct) / total if total > 0 else 0.0
+                    life[k] = total
+        svc: dict[str, int] = {}
+        if self._pm and self._has_svc:  # services are judged per interval (_svc_judge), not over their life
+            is_svc = self._is_svc
+            jobs = [(p, L) for p, L in zip(done, life) if not is_svc[p]]
+            svc = {"completed_services": len(done) - len(jobs), "service_intervals": self._svc_intervals,
+                   "service_slo_violations": self._svc_viol}
+        else:
+            jobs = zip(done, life)
+        viol = sum(1 for p, L in jobs if bad[p] > self.slo_tolerance * L)
         placed = [p for p, node in enumerate(self.pod_node) if node >= 0]
-        pending = [self.pod_start[p] - self._submit[p] for p in placed]
+        first = self._first_start
+        pending = [(first[p] if p in first else self.pod_start[p]) - self._submit[p] for p in placed]
         p99 = float(np.percentile(decision_ns, 99)) / 1000.0 if len(decision_ns) else 0.0
         return RunResult(
             energy_joules=self.meter.joules(0.0, self._end_s),
             end_s=self._end_s,
             placements=self.placements,
-            unschedulable_pods=self.unschedulable + len(self._pending),
+            unschedulable_pods=self.unschedulable + len(self._pending) + (self._expired if self._pm else 0),
             completed_pods=len(done),
             slo_violations=viol,
             mean_pending_s=float(np.mean(pending)) if pending else 0.0,
-            mean_throttling=float(np.mean([self._thr0[p] for p in done])) if done else 0.0,
+            mean_throttling=float(np.mean([thr[p] for p in done])) if done else 0.0,
             decision_us_p99=p99,
             decisions=len(decision_ns) or self.placements,  # driven through place() alone: one per placement
             timeline=self.timeline,
+            evictions=self.evictions,
+            **svc,
         )

@@ -1,25 +1,64 @@
-"""Pod streams for the twin: trace CSVs and the synthetic generator.
+"""Pod streams for the twin: the pod model, trace CSVs and the synthetic generators.
 
 A :class:`Workload` is a struct of arrays sorted by submission time. A request of ``-1`` means the pod has
 no request for that resource (best-effort for both); ``0`` is an explicit zero, which kube-scheduler treats
-differently when scoring.
+differently when scoring. Limits sit beside requests (``-1`` = no limit).
+
+The pod model (docs/twin.md, "The pod model"):
+
+* **Kind.** A *job* (:data:`JOB`) has work to do: ``duration_s`` is its run time at full service, and
+  throttling stretches it. A *service* (:data:`SERVICE`) has no work: it runs from submission until
+  ``submit_s + duration_s`` (a Deployment scaling it down, or the trace ending it), or, with
+  ``duration_s = inf``, until the scenario ends; the twin stops every service at the scenario's end at the
+  latest (only jobs may run past it).
+* **Usage over time.** A pod's demanded CPU is piecewise constant. Most pods have one value, ``usage_m``;
+  a pod with a *profile* (``profile >= 0``) follows a step series from the profile table (``prof_ptr``,
+  ``prof_t``, ``prof_m``, compressed-row like a CSR matrix; replicas of one service share one profile). The
+  clock of a profile depends on the kind: a job's breakpoints are seconds of *progress* (work done, so a
+  throttled job reaches them later), a service's are *absolute* scenario seconds (its load follows the
+  clock, not its age). Value ``prof_m[k]`` holds from ``prof_t[k]`` to the next breakpoint; the first value
+  also holds before the first breakpoint and the last one after the last. A twin integrates this exactly
+  event by event: a change of demand is one more event, never a tick. ``usage_m`` of a profiled pod is its
+  mean demand over its planned life.
+* **Metadata.** Owner kind, priority (an integer, higher is more important, as Kubernetes), the QoS class
+  (derived from requests and limits as Kubernetes does: :attr:`Workload.qos`), an app/workload key,
+  namespace, and the trace's own service class (``slo_class``: Alibaba's LS/BE, Azure's high/low, ...).
+  Strings are stored as codes into small tables (``app`` and ``app_names``, ...).
+
+Every new field has a default that reproduces the workloads of before the pod model exactly: a job, no
+limits, priority 0, namespace ``default``, empty owner/app/class, constant usage.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 
-from joulesched.cluster.scenario import Scenario, ScenarioError, Synthetic
+from joulesched.cluster.scenario import Scenario, ScenarioError, Services, Synthetic
 from joulesched.core.fsio import atomic_path
 
 TRACE_COLUMNS = ("submit_s", "duration_s", "cpu_request_m", "memory_request_mib", "cpu_usage_m")
+#: Optional columns of the twin's CSV (the pod model); a file without them loads as before.
+OPTIONAL_COLUMNS = ("kind", "cpu_limit_m", "memory_limit_mib", "priority", "owner_kind", "app", "namespace",
+                    "slo_class", "usage_profile")
 NO_REQUEST = -1
+NO_LIMIT = -1
+
+JOB, SERVICE = 0, 1
+KINDS = ("job", "service")
+#: QoS classes, as codes of :attr:`Workload.qos` (the names are Kubernetes' ``status.qosClass`` values).
+BEST_EFFORT, BURSTABLE, GUARANTEED = 0, 1, 2
+QOS_CLASSES = ("BestEffort", "Burstable", "Guaranteed")
+#: Owner kinds whose pods are services (they restart and never finish on their own), as Kubernetes runs them.
+SERVICE_OWNERS = frozenset({"Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "ReplicationController"})
+DEFAULT_NAMESPACE = "default"
 
 # Alibaba GPU trace 2023 pod CPU request quantiles (cores), reference.md section 6. The tails (p0, p100) are
 # our choice so the quantile function is defined everywhere.
@@ -27,9 +66,60 @@ _CPU_Q = np.array([0.0, 0.25, 0.50, 0.75, 0.90, 0.99, 1.0])
 _CPU_CORES = np.array([1.0, 4.0, 11.3, 12.0, 16.4, 32.0, 64.0])
 
 
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    """What a policy may know about a pod beyond its requests, the same in the twin
+    (:meth:`Workload.meta`) and on a cluster (:func:`joulesched.cluster.kube.objects.pod_meta`).
+
+    ``kind`` is ``"job"`` or ``"service"``; ``qos_class`` one of :data:`QOS_CLASSES`; limits are ``None`` when
+    the pod sets none; ``app`` is the workload key (a Deployment's name, a trace's job or app group)."""
+
+    kind: str = "job"
+    owner_kind: str = ""
+    priority: int = 0
+    qos_class: str = "BestEffort"
+    app: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    slo_class: str = ""
+    cpu_limit_m: int | None = None
+    memory_limit_mib: int | None = None
+
+
+def qos_codes(cpu_req: np.ndarray, mem_req: np.ndarray, cpu_lim: np.ndarray, mem_lim: np.ndarray) -> np.ndarray:
+    """Kubernetes' QoS class (``ComputePodQOS``, pkg/apis/core/helper/qos) of one-container pods, as codes.
+
+    Only values > 0 count as set. *Guaranteed*: CPU and memory limits set, and every set request equal to its
+    limit (an unset request defaults to the limit, as the apiserver does). *BestEffort*: no request and no
+    limit set. Otherwise *Burstable*. A pod-level view cannot tell containers apart: a pod whose containers
+    mix guaranteed and unlimited ones is read here as its sums say (the live view computes it per container).
+    """
+    lim_c, lim_m = cpu_lim > 0, mem_lim > 0
+    # The apiserver defaults a missing request to the limit before anything computes the class.
+    req_c = np.where((cpu_req < 0) & lim_c, cpu_lim, cpu_req)
+    req_m = np.where((mem_req < 0) & lim_m, mem_lim, mem_req)
+    set_c, set_m = req_c > 0, req_m > 0
+    out = np.full(len(cpu_req), BURSTABLE, dtype=np.int8)
+    out[~(set_c | set_m | lim_c | lim_m)] = BEST_EFFORT
+    guaranteed = lim_c & lim_m & (~set_c | (req_c == cpu_lim)) & (~set_m | (req_m == mem_lim))
+    # ... and as many distinct requested resources as limited ones (both limits are set here, so both requests).
+    guaranteed &= set_c & set_m
+    out[guaranteed] = GUARANTEED
+    return out
+
+
+def _codes(n: int, dtype=np.int32) -> np.ndarray:
+    return np.zeros(n, dtype=dtype)
+
+
+_META_TABLES = (("owner", "owner_names", ("",)), ("app", "app_names", ("",)),
+                ("namespace", "namespace_names", (DEFAULT_NAMESPACE,)), ("slo", "slo_names", ("",)))
+
+
 @dataclass(frozen=True)
 class Workload:
-    """Pods sorted by ``submit_s``. Requests are int64 (``-1`` = none); usage is demanded millicores."""
+    """Pods sorted by ``submit_s``. Requests and limits are int64 (``-1`` = none); usage is demanded
+    millicores. The keyword-only fields are the pod model (module docstring); each defaults to what a
+    workload of constant-usage jobs without metadata had."""
 
     submit_s: np.ndarray
     duration_s: np.ndarray
@@ -37,33 +127,327 @@ class Workload:
     mem_req: np.ndarray
     usage_m: np.ndarray
     dropped: int = 0  # trace rows past the scenario's duration
+    kind: np.ndarray | None = field(default=None, kw_only=True)  # int8: JOB or SERVICE
+    cpu_lim: np.ndarray | None = field(default=None, kw_only=True)  # int64 millicores, -1 = no limit
+    mem_lim: np.ndarray | None = field(default=None, kw_only=True)  # int64 MiB, -1 = no limit
+    priority: np.ndarray | None = field(default=None, kw_only=True)  # int32
+    owner: np.ndarray | None = field(default=None, kw_only=True)  # int32 codes into owner_names
+    owner_names: tuple[str, ...] = field(default=("",), kw_only=True)
+    app: np.ndarray | None = field(default=None, kw_only=True)
+    app_names: tuple[str, ...] = field(default=("",), kw_only=True)
+    namespace: np.ndarray | None = field(default=None, kw_only=True)
+    namespace_names: tuple[str, ...] = field(default=(DEFAULT_NAMESPACE,), kw_only=True)
+    slo: np.ndarray | None = field(default=None, kw_only=True)
+    slo_names: tuple[str, ...] = field(default=("",), kw_only=True)
+    profile: np.ndarray | None = field(default=None, kw_only=True)  # int32 into the profile table, -1 = constant
+    prof_ptr: np.ndarray | None = field(default=None, kw_only=True)  # int64, profiles + 1 offsets
+    prof_t: np.ndarray | None = field(default=None, kw_only=True)  # float64 breakpoints (see module docstring)
+    prof_m: np.ndarray | None = field(default=None, kw_only=True)  # float64 millicores from each breakpoint on
 
     def __post_init__(self) -> None:
         n = len(self.submit_s)
         for name in ("duration_s", "cpu_req", "mem_req", "usage_m"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"workload column {name} has {len(getattr(self, name))} rows, expected {n}")
+        s = object.__setattr__
+        for name, default, dtype in (("kind", JOB, np.int8), ("cpu_lim", NO_LIMIT, np.int64),
+                                     ("mem_lim", NO_LIMIT, np.int64), ("priority", 0, np.int32),
+                                     ("profile", -1, np.int32)):
+            v = getattr(self, name)
+            if v is None:
+                s(self, name, np.full(n, default, dtype=dtype))
+            elif len(v) != n:
+                raise ValueError(f"workload column {name} has {len(v)} rows, expected {n}")
+        for name, table, _ in _META_TABLES:
+            v, names = getattr(self, name), getattr(self, table)
+            if v is None:
+                s(self, name, _codes(n))
+            elif len(v) != n:
+                raise ValueError(f"workload column {name} has {len(v)} rows, expected {n}")
+            if not names:
+                raise ValueError(f"workload table {table} is empty")
+            if n and (int(getattr(self, name).max()) >= len(names) or int(getattr(self, name).min()) < 0):
+                raise ValueError(f"workload column {name} has codes outside {table}")
+        if self.prof_ptr is None:
+            s(self, "prof_ptr", np.zeros(1, dtype=np.int64))
+            s(self, "prof_t", np.zeros(0))
+            s(self, "prof_m", np.zeros(0))
+        ptr = self.prof_ptr
+        if len(self.prof_t) != len(self.prof_m) or ptr[0] != 0 or ptr[-1] != len(self.prof_t) \
+                or (np.diff(ptr) < 1).any():
+            raise ValueError("workload profile table is inconsistent (every profile needs at least one step)")
+        if n and (int(self.profile.max()) >= len(ptr) - 1 or int(self.profile.min()) < -1):
+            raise ValueError("workload column profile refers to no profile")
 
     def __len__(self) -> int:
         return len(self.submit_s)
 
+    # ---- what the twin and the lower bound read -------------------------------------------------------------
     @property
     def work_m_s(self) -> float:
-        """Total demanded CPU work, millicore-seconds."""
-        return float(np.dot(self.usage_m, self.duration_s))
+        """Total demanded CPU work, millicore-seconds (infinite while an open-ended service is in it: use
+        :meth:`demand_m_s` with a horizon)."""
+        if not self.has_pod_model:
+            return float(np.dot(self.usage_m, self.duration_s))
+        return self.demand_m_s()
+
+    @cached_property
+    def has_pod_model(self) -> bool:
+        """Whether any pod is a service or has time-varying usage: the twin then runs its pod-model event
+        handlers; without them it keeps the plain jobs' code path. Metadata and limits alone do not count: they
+        change nothing in the twin's physics."""
+        return bool((self.kind == SERVICE).any() or (self.profile >= 0).any())
+
+    @property
+    def is_service(self) -> np.ndarray:
+        return self.kind == SERVICE
+
+    @cached_property
+    def qos(self) -> np.ndarray:
+        """Kubernetes QoS class per pod, codes into :data:`QOS_CLASSES` (:func:`qos_codes`)."""
+        return qos_codes(self.cpu_req, self.mem_req, self.cpu_lim, self.mem_lim)
+
+    def meta(self, i: int) -> PodMeta:
+        """Pod ``i``'s metadata as a policy sees it (the same type the live backend fills)."""
+        cl, ml = int(self.cpu_lim[i]), int(self.mem_lim[i])
+        return PodMeta(kind=KINDS[int(self.kind[i])], owner_kind=self.owner_names[int(self.owner[i])],
+                       priority=int(self.priority[i]), qos_class=QOS_CLASSES[int(self.qos[i])],
+                       app=self.app_names[int(self.app[i])],
+                       namespace=self.namespace_names[int(self.namespace[i])],
+                       slo_class=self.slo_names[int(self.slo[i])],
+                       cpu_limit_m=None if cl < 0 else cl, memory_limit_mib=None if ml < 0 else ml)
+
+    def pod_metas(self) -> list[PodMeta]:
+        """:meth:`meta` of every pod, as one list (what a twin hands each decision). Pods with equal metadata
+        share one object, so a workload of identical pods costs one :class:`PodMeta`, not one per pod."""
+        n = len(self)
+        if not n:
+            return []
+        cols = np.stack([self.kind.astype(np.int64), self.owner, self.priority, self.qos, self.app, self.namespace,
+                         self.slo, self.cpu_lim, self.mem_lim], axis=1)
+        _, first, inverse = np.unique(cols, axis=0, return_index=True, return_inverse=True)
+        metas = [self.meta(int(i)) for i in first.tolist()]
+        return [metas[k] for k in inverse.reshape(-1).tolist()]
+
+    # ---- lifetimes ----------------------------------------------------------------------------------------
+    def service_end_s(self, i: int) -> float | None:
+        """When service ``i`` stops (absolute seconds: its Deployment scales it down, or the trace ends it), or
+        ``None`` when it runs until the scenario ends. ``None`` for a job too (a job ends when its work is
+        done: :meth:`planned_end_s`)."""
+        if self.kind[i] != SERVICE:
+            return None
+        d = float(self.duration_s[i])
+        return None if math.isinf(d) else float(self.submit_s[i]) + d
+
+    def planned_end_s(self, i: int, start_s: float) -> float | None:
+        """Pod ``i``'s end if it starts at ``start_s`` and is never throttled: a job's start plus its work, a
+        service's stop time (which does not depend on when it started), ``None`` for an open-ended service."""
+        if self.kind[i] == SERVICE:
+            return self.service_end_s(i)
+        return start_s + float(self.duration_s[i])
+
+    # ---- usage over time ----------------------------------------------------------------------------------
+    def profile_bounds(self, i: int) -> tuple[int, int]:
+        """``(a, b)``: pod ``i``'s steps are ``prof_t[a:b]``, ``prof_m[a:b]``; ``(0, 0)`` for constant usage.
+        A twin walks them with a cursor (one index per pod) instead of searching."""
+        p = int(self.profile[i])
+        if p < 0:
+            return 0, 0
+        return int(self.prof_ptr[p]), int(self.prof_ptr[p + 1])
+
+    def usage_segments(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pod ``i``'s breakpoints and demands in its clock (a job: progress seconds; a service: absolute
+        seconds). A constant pod is one step at 0 (job) or at its submission (service)."""
+        a, b = self.profile_bounds(i)
+        if a == b:
+            t0 = float(self.submit_s[i]) if self.kind[i] == SERVICE else 0.0
+            return np.array([t0]), np.array([float(self.usage_m[i])])
+        return self.prof_t[a:b], self.prof_m[a:b]
+
+    def usage_step(self, i: int, x: float) -> tuple[float, float]:
+        """``(millicores, next_change)``: pod ``i``'s demand at clock value ``x`` and the clock value of its next
+        change (``inf`` when it never changes again). The twin calls this when a pod starts and whenever
+        its previous ``next_change`` is reached (for a job, in progress, so the wall time of that event is
+        ``now + (next_change - progress) / rate``)."""
+        a, b = self.profile_bounds(i)
+        if a == b:
+            return float(self.usage_m[i]), math.inf
+        t = self.prof_t[a:b]
+        k = int(np.searchsorted(t, x, side="right")) - 1
+        nxt = float(t[k + 1]) if k + 1 < b - a else math.inf
+        return float(self.prof_m[a + max(k, 0)]), nxt
+
+    def usage_at(self, i: int, x: float) -> float:
+        return self.usage_step(i, x)[0]
+
+    def usage_integral(self, i: int, x0: float, x1: float) -> float:
+        """Exact millicore-seconds pod ``i`` demands over clock interval ``[x0, x1)``."""
+        if not x1 > x0:
+            return 0.0
+        a, b = self.profile_bounds(i)
+        if a == b:
+            return float(self.usage_m[i]) * (x1 - x0)
+        t, m = self.prof_t[a:b], self.prof_m[a:b]
+        starts = np.concatenate(([-math.inf], t[1:]))
+        ends = np.concatenate((t[1:], [math.inf]))
+        overlap = np.clip(np.minimum(ends, x1) - np.maximum(starts, x0), 0.0, None)
+        return float(np.dot(overlap, m))
+
+    def life_window(self, i: int, horizon: float | None = None) -> tuple[float, float]:
+        """Pod ``i``'s planned life in its own clock, unthrottled: a job ``[0, duration)`` of progress, a service
+        ``[submit, end)`` of absolute time, its end capped at ``horizon`` when given."""
+        if self.kind[i] == SERVICE:
+            s = float(self.submit_s[i])
+            e = s + float(self.duration_s[i])
+            return s, e if horizon is None else min(e, max(horizon, s))
+        return 0.0, float(self.duration_s[i])
+
+    def demand_m_s(self, horizon: float | None = None) -> float:
+        """Total demanded CPU, millicore-seconds: each job's over its work, each service's from submission to
+        its end or ``horizon``, whichever comes first (infinite for an open-ended service without one)."""
+        const = self.profile < 0
+        job = self.kind == JOB
+        total = float(np.dot(self.usage_m[const & job], self.duration_s[const & job]))
+        svc = const & ~job
+        if svc.any():
+            end = self.submit_s[svc] + self.duration_s[svc]
+            if horizon is not None:
+                end = np.minimum(end, np.maximum(horizon, self.submit_s[svc]))
+            total += float(np.dot(self.usage_m[svc], end - self.submit_s[svc]))
+        for i in np.flatnonzero(~const).tolist():
+            total += self.usage_integral(i, *self.life_window(i, horizon))
+        return total
+
+    # ---- building ------------------------------------------------------------------------------------------
+    def subset(self, keep: np.ndarray, dropped: int | None = None) -> "Workload":
+        """The pods where ``keep`` is true (order kept; the profile and name tables are shared)."""
+        cols = {k: getattr(self, k)[keep] for k in _POD_COLUMNS}
+        tables = {k: getattr(self, k) for k in _TABLES}
+        return Workload(**cols, dropped=self.dropped if dropped is None else dropped, **tables)
+
+
+_POD_COLUMNS = ("submit_s", "duration_s", "cpu_req", "mem_req", "usage_m", "kind", "cpu_lim", "mem_lim",
+                "priority", "owner", "app", "namespace", "slo", "profile")
+_TABLES = ("owner_names", "app_names", "namespace_names", "slo_names", "prof_ptr", "prof_t", "prof_m")
+
+
+def merge_workloads(parts: Sequence[Workload]) -> Workload:
+    """One workload of all ``parts``' pods, stably sorted by submission (ties keep the parts' order), with the
+    name and profile tables merged."""
+    if len(parts) == 1:
+        return parts[0]
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in _POD_COLUMNS}
+    index: dict[str, dict[str, int]] = {}  # per name table: name -> code, in order of first appearance
+    ptr, pt, pm, nprof, nsteps = [np.zeros(1, dtype=np.int64)], [], [], 0, 0
+    for wl in parts:
+        for k in ("submit_s", "duration_s", "cpu_req", "mem_req", "usage_m", "kind", "cpu_lim", "mem_lim",
+                  "priority"):
+            cols[k].append(getattr(wl, k))
+        for name, table, default in _META_TABLES:
+            idx = index.setdefault(table, {default[0]: 0})
+            remap = np.array([idx.setdefault(s, len(idx)) for s in getattr(wl, table)], dtype=np.int32)
+            cols[name].append(remap[getattr(wl, name)])
+        prof = wl.profile.copy()
+        prof[prof >= 0] += nprof
+        cols["profile"].append(prof)
+        ptr.append(wl.prof_ptr[1:] + nsteps)
+        nsteps += len(wl.prof_t)
+        pt.append(wl.prof_t)
+        pm.append(wl.prof_m)
+        nprof += len(wl.prof_ptr) - 1
+    merged = {k: np.concatenate(v) for k, v in cols.items()}
+    order = np.argsort(merged["submit_s"], kind="stable")
+    return Workload(**{k: v[order] for k, v in merged.items()}, dropped=sum(p.dropped for p in parts),
+                    **{t: tuple(index[t]) for _, t, _ in _META_TABLES},
+                    prof_ptr=np.concatenate(ptr), prof_t=np.concatenate(pt), prof_m=np.concatenate(pm))
+
+
+class PodBuilder:
+    """Collects pods one at a time (trace readers, importers) and builds a :class:`Workload`.
+
+    Numbers go into compact typed arrays and strings into code tables, so that a million pods cost tens of
+    megabytes, not a Python object each. Profiles are added once (:meth:`add_profile`) and shared by index.
+    """
+
+    def __init__(self) -> None:
+        from array import array
+
+        self._f = {k: array("d") for k in ("submit_s", "duration_s", "usage_m")}
+        self._i = {k: array("q") for k in ("cpu_req", "mem_req", "cpu_lim", "mem_lim")}
+        self._c = {k: array("i") for k in ("priority", "owner", "app", "namespace", "slo", "profile")}
+        self._kind = array("b")
+        self._names = {t: {d[0]: 0} for _, t, d in _META_TABLES}
+        self._ptr, self._pt, self._pm = array("q", [0]), array("d"), array("d")
+        self._prof_key: dict[object, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._kind)
+
+    def code(self, table: str, name: str) -> int:
+        idx = self._names[table]
+        return idx.setdefault(name, len(idx))
+
+    def add_profile(self, t: Sequence[float], m: Sequence[float], key: object = None) -> int:
+        """Add a step series (breakpoints ``t``, strictly increasing; millicores ``m``) and return its index;
+        with ``key``, a series added before under the same key is reused."""
+        if key is not None and key in self._prof_key:
+            return self._prof_key[key]
+        self._pt.extend(t)
+        self._pm.extend(m)
+        self._ptr.append(len(self._pt))
+        p = len(self._ptr) - 2
+        if key is not None:
+            self._prof_key[key] = p
+        return p
+
+    def add(self, submit_s: float, duration_s: float, cpu_req: int, mem_req: int, usage_m: float, *,
+            kind: int = JOB, cpu_lim: int = NO_LIMIT, mem_lim: int = NO_LIMIT, priority: int = 0,
+            owner: str = "", app: str = "", namespace: str = DEFAULT_NAMESPACE, slo: str = "",
+            profile: int = -1) -> None:
+        f, i, c = self._f, self._i, self._c
+        f["submit_s"].append(submit_s)
+        f["duration_s"].append(duration_s)
+        f["usage_m"].append(usage_m)
+        i["cpu_req"].append(cpu_req)
+        i["mem_req"].append(mem_req)
+        i["cpu_lim"].append(cpu_lim)
+        i["mem_lim"].append(mem_lim)
+        c["priority"].append(priority)
+        c["owner"].append(self.code("owner_names", owner) if owner else 0)
+        c["app"].append(self.code("app_names", app) if app else 0)
+        c["namespace"].append(0 if namespace == DEFAULT_NAMESPACE else self.code("namespace_names", namespace))
+        c["slo"].append(self.code("slo_names", slo) if slo else 0)
+        c["profile"].append(profile)
+        self._kind.append(kind)
+
+    def build(self) -> Workload:
+        """The pods, stably sorted by submission time."""
+        cols: dict[str, np.ndarray] = {k: np.frombuffer(v, dtype=np.float64).copy() if len(v) else np.zeros(0)
+                                       for k, v in self._f.items()}
+        cols |= {k: np.asarray(v, dtype=np.int64) for k, v in self._i.items()}
+        cols |= {k: np.asarray(v, dtype=np.int32) for k, v in self._c.items()}
+        cols["kind"] = np.asarray(self._kind, dtype=np.int8)
+        order = np.argsort(cols["submit_s"], kind="stable")
+        return Workload(**{k: v[order] for k, v in cols.items()},
+                        **{t: tuple(idx) for t, idx in self._names.items()},
+                        prof_ptr=np.asarray(self._ptr, dtype=np.int64), prof_t=np.asarray(self._pt, dtype=np.float64),
+                        prof_m=np.asarray(self._pm, dtype=np.float64))
 
 
 def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
     """Read a trace CSV. Rows submitted at or after ``duration_s`` are dropped and counted.
 
-    Raises :class:`ScenarioError` naming the line and column of the first bad cell.
+    The five columns of :data:`TRACE_COLUMNS` are required; the pod model's :data:`OPTIONAL_COLUMNS` are
+    read when present (docs/twin.md lists them), and other columns are ignored. Raises
+    :class:`ScenarioError` naming the line and column of the first bad cell.
     """
     path = Path(path)
     try:
         fh = path.open(newline="", encoding="utf-8")
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read trace: {e}") from None
-    cols: dict[str, list[float]] = {c: [] for c in TRACE_COLUMNS}
+    pods = PodBuilder()
+    profiles: dict[str, int] = {}
     with fh:
         reader = csv.reader(fh)
         try:
@@ -77,44 +461,117 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
         if missing:
             raise ScenarioError(f"{path}: line 1: missing column(s) {', '.join(missing)}; header must include "
                                 f"{','.join(TRACE_COLUMNS)}")
-        idx = {c: header.index(c) for c in TRACE_COLUMNS}
+        idx = {c: header.index(c) for c in TRACE_COLUMNS + OPTIONAL_COLUMNS if c in header}
+        extra = [c for c in OPTIONAL_COLUMNS if c in idx]
         try:
             for lineno, row in enumerate(reader, start=2):
                 if not row or all(not c.strip() for c in row):
                     continue
                 if len(row) != len(header):
                     raise ScenarioError(f"{path}: line {lineno}: {len(row)} cells, header has {len(header)}")
-                for c in TRACE_COLUMNS:
-                    cols[c].append(_parse_cell(path, lineno, c, row[idx[c]].strip()))
+                if not extra:
+                    pods.add(*(_parse_cell(path, lineno, c, row[idx[c]].strip()) for c in TRACE_COLUMNS))
+                else:
+                    _add_model_row(pods, profiles, path, lineno, {c: row[idx[c]].strip() for c in idx})
         except csv.Error as e:
             raise ScenarioError(f"{path}: unreadable CSV: {e}") from None
         except UnicodeDecodeError as e:
             raise ScenarioError(f"{path}: not UTF-8 text: {e}") from None
-    if not cols["submit_s"]:
+    if not len(pods):
         raise ScenarioError(f"{path}: trace has a header but no pods")
-    submit = np.asarray(cols["submit_s"], dtype=np.float64)
-    order = np.argsort(submit, kind="stable")
-    wl = Workload(
-        submit_s=submit[order],
-        duration_s=np.asarray(cols["duration_s"], dtype=np.float64)[order],
-        cpu_req=np.asarray(cols["cpu_request_m"], dtype=np.int64)[order],
-        mem_req=np.asarray(cols["memory_request_mib"], dtype=np.int64)[order],
-        usage_m=np.asarray(cols["cpu_usage_m"], dtype=np.float64)[order],
-    )
+    wl = pods.build()
     if duration_s is not None:
         keep = wl.submit_s < duration_s
         dropped = int((~keep).sum())
         if dropped:
             if not keep.any():
                 raise ScenarioError(f"{path}: every pod is submitted at or after duration_s={duration_s}")
-            wl = Workload(wl.submit_s[keep], wl.duration_s[keep], wl.cpu_req[keep], wl.mem_req[keep],
-                          wl.usage_m[keep], dropped=dropped)
+            wl = wl.subset(keep, dropped=dropped)
     return wl
+
+
+def _add_model_row(pods: PodBuilder, profiles: dict[str, int], path: Path, lineno: int, cells: dict[str, str]) -> None:
+    """One row of a CSV with pod-model columns (see :func:`load_trace`)."""
+    def where(col: str) -> str:
+        return f"{path}: line {lineno}, column {col}"
+
+    kind_s = cells.get("kind", "").lower() or "job"
+    if kind_s not in KINDS:
+        raise ScenarioError(f"{where('kind')}: {cells['kind']!r} is not one of {', '.join(KINDS)}")
+    kind = KINDS.index(kind_s)
+    d_cell = cells["duration_s"]
+    if kind == SERVICE and d_cell.lower() in ("", "inf"):
+        duration = math.inf  # a service the trace never stops runs until the scenario ends
+    else:
+        duration = _parse_cell(path, lineno, "duration_s", d_cell)
+    submit = _parse_cell(path, lineno, "submit_s", cells["submit_s"])
+    cpu = _parse_cell(path, lineno, "cpu_request_m", cells["cpu_request_m"])
+    mem = _parse_cell(path, lineno, "memory_request_mib", cells["memory_request_mib"])
+    usage = _parse_cell(path, lineno, "cpu_usage_m", cells["cpu_usage_m"])
+    lim = {}
+    for col, req in (("cpu_limit_m", cpu), ("memory_limit_mib", mem)):
+        cell = cells.get(col, "")
+        try:
+            v = int(cell) if cell else NO_LIMIT
+        except ValueError:
+            raise ScenarioError(f"{where(col)}: {cell!r} is not an integer (leave it empty for no limit)") from None
+        if cell and v < 0:
+            raise ScenarioError(f"{where(col)}: {v} is negative")
+        if v != NO_LIMIT and req != NO_REQUEST and v < req:
+            raise ScenarioError(f"{where(col)}: limit {v} is below the request {req} (Kubernetes refuses it)")
+        lim[col] = v
+    # As the apiserver does: a resource with a limit and no request is requested at its limit.
+    if cpu == NO_REQUEST and lim["cpu_limit_m"] != NO_LIMIT:
+        cpu = lim["cpu_limit_m"]
+    if mem == NO_REQUEST and lim["memory_limit_mib"] != NO_LIMIT:
+        mem = lim["memory_limit_mib"]
+    prio_s = cells.get("priority", "")
+    try:
+        prio = int(prio_s) if prio_s else 0
+    except ValueError:
+        raise ScenarioError(f"{where('priority')}: {prio_s!r} is not an integer") from None
+    if not -(2**31) <= prio < 2**31:
+        raise ScenarioError(f"{where('priority')}: {prio} is outside the 32-bit range Kubernetes allows")
+    prof_s = cells.get("usage_profile", "")
+    profile = -1
+    if prof_s:
+        profile = profiles.get(prof_s, -1)
+        if profile < 0:
+            t, m = parse_profile(prof_s, where("usage_profile"), job=kind == JOB)
+            profile = profiles[prof_s] = pods.add_profile(t, m)
+    pods.add(submit, duration, int(cpu), int(mem), usage, kind=kind, cpu_lim=int(lim["cpu_limit_m"]),
+             mem_lim=int(lim["memory_limit_mib"]), priority=prio, owner=cells.get("owner_kind", ""),
+             app=cells.get("app", ""), namespace=cells.get("namespace", "") or DEFAULT_NAMESPACE,
+             slo=cells.get("slo_class", ""), profile=profile)
+
+
+def parse_profile(text: str, where: str, *, job: bool) -> tuple[list[float], list[float]]:
+    """``"t:m t:m ..."`` (seconds : millicores) -> breakpoints and values. A job's series starts at progress 0."""
+    t: list[float] = []
+    m: list[float] = []
+    for k, tok in enumerate(text.split(), start=1):
+        a, sep, b = tok.partition(":")
+        try:
+            x, v = float(a), float(b)
+        except ValueError:
+            raise ScenarioError(f"{where}: step {k} {tok!r} is not SECONDS:MILLICORES") from None
+        if not sep or not (math.isfinite(x) and math.isfinite(v)) or v < 0:
+            raise ScenarioError(f"{where}: step {k} {tok!r} is not SECONDS:MILLICORES with finite, non-negative "
+                                "millicores")
+        if t and x <= t[-1]:
+            raise ScenarioError(f"{where}: step {k} at {x} s does not come after the previous one at {t[-1]} s")
+        t.append(x)
+        m.append(v)
+    if job and t[0] != 0.0:
+        raise ScenarioError(f"{where}: a job's usage profile is in seconds of progress and must start at 0, "
+                            f"not {t[0]}")
+    return t, m
 
 
 def write_trace(wl: Workload, dest: str | Path | TextIO) -> None:
     """Write ``wl`` as a trace CSV that :func:`load_trace` reads back to the same pods: to a file (atomically)
-    or to an open text stream such as stdout."""
+    or to an open text stream such as stdout. The pod model's optional columns are written only when some pod
+    uses them, so a workload of plain jobs gives the same five-column file as before."""
     if not isinstance(dest, (str, Path)):
         _write_rows(wl, dest)
         return
@@ -122,12 +579,55 @@ def write_trace(wl: Workload, dest: str | Path | TextIO) -> None:
         _write_rows(wl, fh)
 
 
+def _model_columns(wl: Workload) -> list[str]:
+    used = {"kind": (wl.kind != JOB).any(), "cpu_limit_m": (wl.cpu_lim >= 0).any(),
+            "memory_limit_mib": (wl.mem_lim >= 0).any(), "priority": (wl.priority != 0).any(),
+            "owner_kind": (wl.owner != 0).any(), "app": (wl.app != 0).any(), "namespace": (wl.namespace != 0).any(),
+            "slo_class": (wl.slo != 0).any(), "usage_profile": (wl.profile >= 0).any()}
+    return [c for c in OPTIONAL_COLUMNS if used[c]]
+
+
 def _write_rows(wl: Workload, fh: TextIO) -> None:
     w = csv.writer(fh)
-    w.writerow(TRACE_COLUMNS)
-    for s, d, c, m, u in zip(wl.submit_s.tolist(), wl.duration_s.tolist(), wl.cpu_req.tolist(),
-                             wl.mem_req.tolist(), wl.usage_m.tolist()):
-        w.writerow((repr(s), repr(d), "" if c < 0 else c, "" if m < 0 else m, repr(u)))
+    extra = _model_columns(wl)
+    w.writerow(TRACE_COLUMNS + tuple(extra))
+    base = zip(wl.submit_s.tolist(), wl.duration_s.tolist(), wl.cpu_req.tolist(), wl.mem_req.tolist(),
+               wl.usage_m.tolist())
+    if not extra:
+        for s, d, c, m, u in base:
+            w.writerow((repr(s), repr(d), "" if c < 0 else c, "" if m < 0 else m, repr(u)))
+        return
+    prof_text: dict[int, str] = {}
+    for i, (s, d, c, m, u) in enumerate(base):
+        row = [repr(s), repr(d), "" if c < 0 else c, "" if m < 0 else m, repr(u)]
+        for col in extra:
+            if col == "kind":
+                row.append(KINDS[wl.kind[i]])
+            elif col == "cpu_limit_m":
+                row.append("" if wl.cpu_lim[i] < 0 else int(wl.cpu_lim[i]))
+            elif col == "memory_limit_mib":
+                row.append("" if wl.mem_lim[i] < 0 else int(wl.mem_lim[i]))
+            elif col == "priority":
+                row.append(int(wl.priority[i]))
+            elif col == "owner_kind":
+                row.append(wl.owner_names[wl.owner[i]])
+            elif col == "app":
+                row.append(wl.app_names[wl.app[i]])
+            elif col == "namespace":
+                row.append(wl.namespace_names[wl.namespace[i]])
+            elif col == "slo_class":
+                row.append(wl.slo_names[wl.slo[i]])
+            else:
+                p = int(wl.profile[i])
+                if p < 0:
+                    row.append("")
+                else:
+                    if p not in prof_text:
+                        a, b = int(wl.prof_ptr[p]), int(wl.prof_ptr[p + 1])
+                        prof_text[p] = " ".join(f"{t!r}:{v!r}" for t, v in zip(wl.prof_t[a:b].tolist(),
+                                                                                wl.prof_m[a:b].tolist()))
+                    row.append(prof_text[p])
+        w.writerow(row)
 
 
 def _parse_cell(path: Path, lineno: int, col: str, cell: str) -> float:
@@ -190,11 +690,15 @@ def _arrivals(spec: Synthetic, horizon: float, rng: np.random.Generator) -> np.n
 
 def synthesize(spec: Synthetic, horizon: float, seed: int) -> Workload:
     """Generate a workload from ``spec``; identical for identical (spec, horizon, seed)."""
-    rng = np.random.default_rng(seed)
+    return _synthesize(spec, horizon, np.random.default_rng(seed))
+
+
+def _synthesize(spec: Synthetic, horizon: float, rng: np.random.Generator,
+                what: str = "workload.synthetic") -> Workload:
     submit = _arrivals(spec, horizon, rng)
     n = submit.size
     if n == 0:
-        raise ScenarioError("workload.synthetic: no pod arrives before duration_s; lower mean_interarrival_s")
+        raise ScenarioError(f"{what}: no pod arrives before duration_s; lower mean_interarrival_s")
     max_d = spec.max_duration_s if spec.max_duration_s is not None else horizon
     dur = np.clip(spec.duration_median_s * np.exp(spec.duration_sigma * rng.standard_normal(n)),
                   spec.min_duration_s, max(max_d, spec.min_duration_s))
@@ -209,13 +713,159 @@ def synthesize(spec: Synthetic, horizon: float, seed: int) -> Workload:
     best_effort = rng.random(n) < spec.best_effort_fraction
     cpu[best_effort] = NO_REQUEST
     mem[best_effort] = NO_REQUEST
-    return Workload(submit, dur, cpu, mem, usage)
+    # Metadata draws nothing from the stream, so the pods above are the same with or without it.
+    return Workload(submit, dur, cpu, mem, usage, **_generator_meta(n, spec.owner_kind, spec.app, spec.namespace,
+                                                                      spec.priority, spec.slo_class),
+                    cpu_lim=_limits(cpu, spec.cpu_limit_factor), mem_lim=_limits(mem, spec.memory_limit_factor))
 
 
-def build_workload(scenario: Scenario, seed: int | None = None) -> Workload:
-    """The workload of ``scenario`` for run ``seed`` (default: the scenario's own seed)."""
+def _limits(req: np.ndarray, factor: float | None) -> np.ndarray:
+    if factor is None:
+        return np.full(len(req), NO_LIMIT, dtype=np.int64)
+    return np.where(req >= 0, np.ceil(req * factor), NO_LIMIT).astype(np.int64)
+
+
+def _generator_meta(n: int, owner: str, app: str, namespace: str, priority: int, slo: str) -> dict:
+    """One generator's metadata: the same for all its ``n`` pods."""
+    out: dict = {"priority": np.full(n, priority, dtype=np.int32)}
+    for col, table, default, value in (("owner", "owner_names", "", owner), ("app", "app_names", "", app),
+                                       ("namespace", "namespace_names", DEFAULT_NAMESPACE, namespace),
+                                       ("slo", "slo_names", "", slo)):
+        if value != default:
+            out[col] = np.ones(n, dtype=np.int32)
+            out[table] = (default, value)
+    return out
+
+
+# ---- services ---------------------------------------------------------------------------------------------
+def _shape_integral(u, t: np.ndarray) -> np.ndarray:
+    """Integral from 0 to ``t`` of the usage shape (mean 1 over a period), with the peak at ``u.peak_s``."""
+    if u.pattern == "constant":
+        return t.astype(np.float64)
+    p = u.period_s
+    if u.pattern == "sinusoid":
+        a = (u.swing - 1.0) / (u.swing + 1.0)  # peak / trough = (1 + a) / (1 - a) = swing
+        w = 2.0 * math.pi / p
+        return t + a / w * (np.sin(w * (t - u.peak_s)) - np.sin(w * (0.0 - u.peak_s)))
+    # hourly: 24 levels at the hours (scaled to mean 1), linear in between, periodic.
+    lv = np.asarray(u.hourly, dtype=np.float64)
+    lv = lv / lv.mean()  # the mean of a periodic piecewise-linear curve is the mean of its knots
+    knots = np.append(lv, lv[0])
+    dh = p / 24.0
+    cum = np.concatenate(([0.0], np.cumsum((knots[:-1] + knots[1:]) / 2.0 * dh)))  # cum[24] == p
+    periods = np.floor(t / p)
+    x = t - periods * p
+    h = np.minimum((x // dh).astype(np.int64), 23)
+    dx = x - h * dh
+    return periods * p + cum[h] + knots[h] * dx + (knots[h + 1] - knots[h]) * dx * dx / (2.0 * dh)
+
+
+def _step_means(u, starts: np.ndarray, ends: np.ndarray, shift: float) -> np.ndarray:
+    """Exact mean of the shape over each step ``[starts, ends)``, the whole curve shifted by ``shift`` s."""
+    return (_shape_integral(u, ends - shift) - _shape_integral(u, starts - shift)) / (ends - starts)
+
+
+def generate_services(spec: Services, horizon: float, rng: np.random.Generator) -> Workload:
+    """``spec.count`` services of ``spec.replicas`` pods (:class:`~joulesched.cluster.scenario.Services`).
+
+    Each service's demand is piecewise constant on the absolute grid of ``usage.step_s`` (so all services
+    change demand at the same instants), each step holding the exact mean of the curve over it times
+    lognormal noise. Its replicas share one profile. With an autoscaler, replica slot ``r`` exists while the
+    stabilised desired count exceeds ``r``: each stretch is one pod (a service pod with an end), and the last
+    stretch of a slot still alive at the horizon is open-ended.
+    """
+    u, step, R = spec.usage, spec.usage.step_s, spec.replicas
+    pods = PodBuilder()
+    meta = dict(kind=SERVICE, cpu_lim=NO_LIMIT if spec.cpu_limit_m is None else spec.cpu_limit_m,
+                mem_lim=NO_LIMIT if spec.memory_limit_mib is None else spec.memory_limit_mib,
+                priority=spec.priority, owner=spec.owner_kind, namespace=spec.namespace, slo=spec.slo_class)
+    sig = u.service_sigma
+    for j in range(spec.count):
+        # A fixed number of draws per service, so that one service's parameters never shift another's.
+        created = spec.start_s + (float(rng.uniform(0.0, spec.spread_s)) if spec.spread_s > 0 else 0.0)
+        level = u.mean_fraction * math.exp(sig * float(rng.standard_normal()) - sig * sig / 2.0)
+        shift = float(rng.normal(0.0, u.phase_jitter_s)) if u.phase_jitter_s > 0 else 0.0
+        if created >= horizon:
+            continue
+        grid = np.arange(math.floor(created / step) + 1, math.ceil(horizon / step)) * step
+        edges = np.concatenate(([created], grid[(grid > created) & (grid < horizon)], [horizon]))
+        starts, ends = edges[:-1], edges[1:]
+        noise = np.exp(u.noise_sigma * rng.standard_normal(len(starts)) - u.noise_sigma ** 2 / 2.0)
+        per_replica = spec.cpu_m * level * _step_means(u, starts, ends, shift) * noise
+        app = f"{spec.name}-{j}"
+        a = spec.autoscale
+        if a is None:
+            prof = pods.add_profile(starts, per_replica)
+            mean = float(np.dot(per_replica, ends - starts) / (horizon - created))
+            for _ in range(R):
+                pods.add(created, math.inf, spec.cpu_m, spec.memory_mib, mean, app=app, profile=prof, **meta)
+            continue
+        total = per_replica * R
+        have = _autoscale(total, spec.cpu_m, R, a, step)
+        per_pod = total / have
+        prof = pods.add_profile(starts, per_pod)
+        last = len(starts) - 1
+        for r in range(int(have.max())):
+            alive = np.concatenate(([False], have > r, [False])).astype(np.int8)
+            d = np.diff(alive)
+            for k0, k1 in zip(np.flatnonzero(d == 1).tolist(), (np.flatnonzero(d == -1) - 1).tolist()):
+                s0, e0 = float(starts[k0]), float(ends[k1])
+                life = slice(k0, k1 + 1)
+                mean = float(np.dot(per_pod[life], ends[life] - starts[life]) / (e0 - s0))
+                pods.add(s0, math.inf if k1 == last else e0 - s0, spec.cpu_m, spec.memory_mib, mean, app=app,
+                         profile=prof, **meta)
+    return pods.build()
+
+
+#: kube-controller-manager's --horizontal-pod-autoscaler-tolerance: no scaling while |ratio - 1| <= 0.1.
+HPA_TOLERANCE = 0.1
+
+
+def _autoscale(total: np.ndarray, cpu_m: int, replicas: int, a, step: float) -> np.ndarray:
+    """Replicas per step under the HorizontalPodAutoscaler's rule (pkg/controller/podautoscaler): desired =
+    ceil(current x utilisation / target) unless within the tolerance; scaling down only to the highest
+    recommendation of the stabilisation window; clamped to [min, max]. Starts from ``replicas``."""
+    lo = a.min_replicas
+    hi = max(a.max_replicas if a.max_replicas is not None else replicas, lo)
+    window = max(1, int(math.ceil(a.scale_down_delay_s / step)) + 1)  # recommendations within the window
+    cur = min(max(replicas, lo), hi)
+    recs: list[int] = []
+    out = np.empty(len(total), dtype=np.float64)
+    for k, demand in enumerate(total.tolist()):
+        ratio = demand / (cur * a.target_fraction * cpu_m)
+        desired = cur if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(ratio * cur - 1e-9)
+        desired = min(max(desired, lo), hi)
+        recs = (recs + [desired])[-window:]
+        cur = desired if desired >= cur else min(cur, max(recs))
+        out[k] = cur
+    return out
+
+
+# ---- scenarios --------------------------------------------------------------------------------------------
+def build_workload(scenario: Scenario, seed: int | None = None, *, pod_model: bool = True) -> Workload:
+    """The workload of ``scenario`` for run ``seed`` (default: the scenario's own seed).
+
+    The original forms are built exactly as before (``synthetic`` from the seed, one ``trace`` read as it
+    is). A mix draws its first job generator from the seed itself (so ``jobs: X`` is ``synthetic: X``), the
+    others and the services from independent streams of it, and merges everything by submission time.
+
+    The twin runs every workload (services and time-varying usage included); ``pod_model`` is accepted for the
+    callers written while it did not, and changes nothing.
+    """
     seed = scenario.seed if seed is None else seed
-    if scenario.workload.synthetic is not None:
-        return synthesize(scenario.workload.synthetic, scenario.duration_s, seed)
-    assert scenario.trace_path is not None
-    return load_trace(scenario.trace_path, scenario.duration_s)
+    spec, horizon = scenario.workload, scenario.duration_s
+    if spec.synthetic is not None:
+        wl = synthesize(spec.synthetic, horizon, seed)
+    elif not spec.jobs and not spec.services and len(spec.traces) == 1:
+        wl = load_trace(scenario.trace_paths[0], horizon)
+    else:
+        parts = [_synthesize(g, horizon, np.random.default_rng(seed if k == 0 else [seed, 1, k]),
+                             what=f"workload.jobs.{k}") for k, g in enumerate(spec.jobs or [])]
+        parts += [generate_services(sv, horizon, np.random.default_rng([seed, 2, k]))
+                  for k, sv in enumerate(spec.services or [])]
+        parts += [load_trace(p, horizon) for p in scenario.trace_paths]
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            raise ScenarioError(f"{scenario.source or scenario.name}: the workload has no pod before duration_s")
+        wl = merge_workloads(parts)
+    return wl

@@ -114,3 +114,43 @@ def test_live_and_twin_views_agree_for_the_same_service():
 def test_priority(priority, cls, want):
     spec = {k: v for k, v in (("priority", priority), ("priorityClassName", cls)) if v is not None}
     assert pod_meta(pod("p", containers=[GUARANTEED], **spec)).priority == want
+
+
+class _SeesMeta:
+    """The first feasible node; remembers the metadata each decision handed it (``uses_meta``)."""
+
+    name = "sees-meta"
+    scorer = None
+    uses_meta = True
+
+    def __init__(self) -> None:
+        self.seen: list[PodMeta] = []
+
+    def reset(self, state, rng) -> None:
+        pass
+
+    def choose(self, state, pod, mask, meta=None) -> int:
+        self.seen.append(meta)
+        return int(np.flatnonzero(mask)[0])
+
+
+def test_the_live_scheduler_hands_a_policy_each_pods_metadata(emu):
+    """Scheduler decisions carry PodInfo.meta (Decision.meta), and run_policy passes it to a policy asking for it,
+    as the twin does: the same PodMeta values for the same pods."""
+    from collections import Counter
+
+    from joulesched.live.scheduler import Scheduler, ServeConfig
+    from tests.live.conftest import FAST
+
+    emu.add_node("n0", cpu="16", memory="64Gi")
+    core = k8s.CoreV1Api(api_client_for(emu.url))
+    for obj, _ in PODS.values():
+        core.create_namespaced_pod(obj["metadata"]["namespace"], copy.deepcopy(obj))
+    pol = _SeesMeta()
+    s = Scheduler(KubeCache(api_client_for(emu.url)), pol,
+                  ServeConfig(**{**FAST, "leader_elect": False, "lease_namespace": "default"})).start()
+    try:
+        wait_until(lambda: len(emu.bindings) == len(PODS), what="every pod bound")
+    finally:
+        s.stop()
+    assert Counter(pol.seen) == Counter(want for _, want in PODS.values())
