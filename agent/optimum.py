@@ -48,6 +48,10 @@ class OptimumError(UsageError):
     """An option of the optimum is malformed, or the instance is outside what the model can state."""
 
 
+class PodModelUnsupported(OptimumError):
+    """The workload has services or time-varying usage, which the MIP does not model yet."""
+
+
 @dataclass(frozen=True)
 class Instance:
     """What the model reads: the cluster, the idle policy and the placeable pods of one (scenario, seed)."""
@@ -100,6 +104,9 @@ def instance(scenario: Scenario, seed_offset: int = 0) -> Instance:
                                f"sleep_after_s); this scenario sets idle_policy {', '.join(extra)}")
     seed = scenario.seed + seed_offset
     wl = build_workload(scenario, seed)
+    if wl.has_pod_model:
+        raise PodModelUnsupported(f"{scenario.name}: the optimum models jobs with constant usage; this workload "
+                                  "has services or usage profiles (the fluid lower bound still applies)")
     twin = Twin(scenario, wl)
     st = twin.state
     keep = np.flatnonzero(twin.placeable)
@@ -1085,7 +1092,14 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
     on a small enough instance the MIP's best schedule, its bound and gap, and that schedule replayed in the
     twin (``replay_joules``, ``replay_rel_error``: the model checked against the twin)."""
     time_limit = check_time_limit(time_limit)
-    inst = instance(scenario, seed_offset)
+    try:
+        inst = instance(scenario, seed_offset)
+    except PodModelUnsupported as e:
+        # In a benchmark over a whole suite this scenario simply has no optimum row (shown as n/a).
+        return {"name": scenario.name, "seed": scenario.seed + seed_offset, "nodes": scenario.node_count,
+                "pods": None, "overload_free": None, "status": "unsupported",
+                "fluid_joules": None, "lp_bound_joules": None, "optimum_joules": None, "bound_joules": None,
+                "gap": None, "wall_s": None, "replay_joules": None, "replay_rel_error": None, "message": str(e)}
     lp = lp_bound(inst, time_limit=max(10.0, time_limit))
     out = {"name": scenario.name, "seed": inst.seed, "nodes": inst.nodes, "pods": inst.pods,
            "overload_free": inst.overload_free, "fluid_joules": lp.fluid_joules,

@@ -102,16 +102,15 @@ def optimum(
 ) -> None:
     """The clairvoyant optimum: a MIP over the twin's own semantics (HiGHS), with its bound and gap, the LP and
     fluid bounds, every heuristic's energy beside it, and the optimal schedule replayed in the twin."""
-    from joulesched.agent.optimum import check_time_limit, optimum_entry, policy_energies
+    from joulesched.agent.optimum import check_time_limit, instance, optimum_entry, policy_energies
     from joulesched.agent.registry import HEURISTICS
     from joulesched.cluster.scenario import load_scenario
-    from joulesched.cluster.workload import build_workload
 
     with errors():
         check_time_limit(time_limit)
         loaded = [load_scenario(p) for p in scenario]
         for sc in loaded:
-            build_workload(sc)  # a bad trace fails before any solving
+            instance(sc)  # a bad trace, or a workload the MIP does not model, fails before any solving
         rows = []
         with progress_bar(not as_json) as prog:
             task = prog.add_task("optimum", total=len(loaded) * seeds, item="")

@@ -208,3 +208,19 @@ def test_benchmark_optimum_row_and_the_headroom_table(tmp_path):
     assert np.isfinite(row["optimum"])
     html = (out / "report.html").read_text()
     assert "<h2>Headroom</h2>" in html and "0.903" in html  # the fluid bound's ratio, in the table
+
+
+def test_a_workload_with_services_is_refused_by_the_optimum_and_skipped_by_the_benchmark(tmp_path):
+    """The MIP models constant-usage jobs; services and profiles get a clear refusal (exit 2) when asked for
+    directly, and an 'unsupported' row (n/a) inside a benchmark over a whole suite."""
+    from typer.testing import CliRunner
+
+    from joulesched.agent.optimum import optimum_entry
+    from joulesched.cluster.scenario import load_scenario
+    from joulesched.pipelines.cli import app
+
+    path = Path(__file__).resolve().parents[2] / "scenarios" / "services-diurnal-sleep.yaml"
+    r = CliRunner().invoke(app, ["optimum", "--scenario", str(path), "--time-limit", "5"])
+    assert r.exit_code == 2 and "services or usage profiles" in r.output
+    row = optimum_entry(load_scenario(path), 0, time_limit=5)
+    assert row["status"] == "unsupported" and row["optimum_joules"] is None
