@@ -282,7 +282,10 @@ def headroom(doc: dict) -> dict[str, dict]:
         row["best_sleep_aware"], row["best_sleep_aware_policy"] = best(sa)
         row["best_heuristic"], _ = best(heur)
         row["learned"], row["learned_policy"] = best(learned)
-        row["fluid_bound"] = float(np.mean([e["lower_bound_joules"] / b for e, b in zip(entries, base)]))
+        # A measured run (the kube path) has no lower bound: lower_bound_joules is null there.
+        fluid = [e.get("lower_bound_joules") for e in entries]
+        row["fluid_bound"] = (float(np.mean([v / b for v, b in zip(fluid, base)]))
+                              if all(v is not None for v in fluid) else None)
         opt = [e.get("optimum") for e in entries]
         if all(o is not None for o in opt):
             lp = [o["lp_bound_joules"] for o in opt]
@@ -290,8 +293,8 @@ def headroom(doc: dict) -> dict[str, dict]:
             solved = all(o["optimum_joules"] is not None for o in opt)
             row["optimum"] = float(np.mean([o["optimum_joules"] / b for o, b in zip(opt, base)])) if solved else None
             # The best proven bound per seed: the MIP's own where it ran, else the LP bound, never below fluid.
-            bnd = [max(v for v in (o.get("bound_joules"), o["lp_bound_joules"], e["lower_bound_joules"]) if v is not None)
-                   for o, e in zip(opt, entries)]
+            bnd = [max((v for v in (o.get("bound_joules"), o["lp_bound_joules"], e["lower_bound_joules"])
+                        if v is not None), default=0.0) for o, e in zip(opt, entries)]
             row["best_bound"] = float(np.mean([v / b for v, b in zip(bnd, base)]))
             row["optimal"] = all(o["status"] == "optimal" for o in opt)
             if row["learned"] is not None and row["best_heuristic"] is not None:
