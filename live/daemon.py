@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 from joulesched.cluster.kube.cache import KubeCache
@@ -99,20 +100,25 @@ class SchedulerDaemon:
 
     def __init__(self, *, policy: str, scheduler_name: str = "joulesched", listen: str = "127.0.0.1:10259",
                  leader_elect: bool = True, lease_namespace: Optional[str] = None, bind_workers: int = 4,
-                 seed: int = 0, cache: CacheOptions | None = None) -> None:
+                 seed: int = 0, cache: CacheOptions | None = None, sample_pct: Optional[int] = None) -> None:
         from joulesched.agent.registry import make_policy
         from joulesched.live.scheduler import Scheduler, ServeConfig, StatusServer
 
         if not scheduler_name.strip():
             raise DaemonInputError("--scheduler-name must not be empty")
+        if sample_pct is not None and not 0 <= sample_pct <= 100:
+            raise DaemonInputError(f"--sample-pct {sample_pct} must be in 0..100 (0: kube-scheduler's adaptive "
+                                   "percentage)")
         parse_listen(listen)
         pol = make_policy(policy)
         self.policy_spec = policy
         self.cache = build_cache(cache or CacheOptions())
         self.cfg = ServeConfig(scheduler_name=scheduler_name, seed=seed, leader_elect=leader_elect,
-                               lease_namespace=lease_namespace or default_namespace(), bind_workers=bind_workers)
+                               lease_namespace=lease_namespace or default_namespace(), bind_workers=bind_workers,
+                               sample_pct=sample_pct)
         self.scheduler = Scheduler(self.cache, pol, self.cfg)
-        self.status = _listen(listen, StatusServer, self.scheduler.registry, self.scheduler.healthy)
+        self.status = _listen(listen, partial(StatusServer, ready=self.scheduler.readiness_checks),
+                              self.scheduler.registry, self.scheduler.health_checks)
 
     @property
     def port(self) -> int:

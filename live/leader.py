@@ -19,17 +19,26 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from joulesched.live.ratelog import RateLimitedLog
+
 log = logging.getLogger("joulesched.leader")
 
 
 def _micro_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, ApiException):
+        return f"HTTP {e.status} {e.reason or ''}".strip()
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def default_identity() -> str:
@@ -61,8 +70,13 @@ class LeaderElector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.transitions = 0
+        #: monotonic time of the last round the apiserver answered (a 409 is an answer), and the last error:
+        #: a replica whose Lease calls keep failing (a wrong RBAC name, say) is standby for ever, and says so.
+        self.last_answer = clock()
+        self.last_error = ""
+        self._warn = RateLimitedLog(log)
         #: [start, end] of each term as leader on this replica's clock (end: when is_leader() turns False).
-        self.terms: list[list[float]] = []
+        self.terms: deque[list[float]] = deque(maxlen=1024)  # bounded: a flapping lease must not grow memory
 
     def is_leader(self) -> bool:
         return self._leading and self.clock() < self._renewed_at + self.renew_deadline_s
@@ -96,12 +110,24 @@ class LeaderElector:
         while not self._stop.is_set():
             try:
                 ok = self.try_acquire_or_renew()
-            except Exception as e:  # apiserver down, timeouts: retry; the deadline ends leadership
-                log.debug("lease %s: %s", self.name, e)
+                self.last_answer, self.last_error = self.clock(), ""
+            except Exception as e:  # apiserver down, timeouts, 403: retry; the deadline ends leadership
+                self.last_error = _describe(e)
+                self._warn.warn(f"lease:{self.last_error}", "lease %s/%s: %s (this replica cannot lead until "
+                                "it can read and write its Lease)", self.namespace, self.name, self.last_error)
                 ok = False
             if not ok and self._leading and not self.is_leader():
                 self._set_leading(False)
             self._stop.wait(self.retry_period_s)
+
+    @property
+    def holder(self) -> str:
+        """The holder named by the Lease when it was last read ("" when nobody holds it or it was never read)."""
+        return (self._observed or ("",))[0] or ""
+
+    def answering(self, within_s: float) -> bool:
+        """The apiserver answered a Lease round within ``within_s`` seconds (leading or standby)."""
+        return self.clock() - self.last_answer <= within_s
 
     def _body(self, lease: dict | None, now: str) -> dict:
         spec = dict((lease or {}).get("spec") or {})

@@ -4,20 +4,27 @@ One pass of the loop, for a pod with ``spec.schedulerName`` = ours and no ``spec
 
 1. **decide** (under the cache lock): the cached pod is still pending → filter (kube-scheduler's filters) →
    ``policy.choose`` → *assume* the pod on the node, so the next decision already sees it there;
-2. **bind** (in a small worker pool, as kube-scheduler's binding cycle runs in a goroutine):
-   ``POST pods/{name}/binding`` with the pod's uid as a precondition;
-3. **record**: Events (``Scheduled`` / ``FailedScheduling``) and the PodScheduled=False condition go through an
-   asynchronous recorder, best effort, off the scheduling path.
+2. **bind** (``bind_workers`` threads, as kube-scheduler's binding cycle runs in a goroutine; at most that many
+   requests in flight): ``POST pods/{name}/binding`` with the pod's uid as a precondition, through
+   :class:`~joulesched.cluster.kube.client.FastClient` (pooled keep-alive connections, raw JSON);
+3. **record**: Events (``Scheduled`` / ``FailedScheduling``, aggregated per pod and reason with a count, as
+   kube-scheduler's recorder does) and the PodScheduled=False condition go through an asynchronous recorder
+   with a bounded queue, best effort, off the scheduling path.
 
 What happens to a pod, whatever fails:
 
 - no feasible node: ``FailedScheduling`` event with kube's "0/N nodes are available: ..." message, condition
   PodScheduled=False/Unschedulable, retry after a backoff of 1 s doubling to 10 s;
+- the policy chose a node that is asleep or waking (the node power controller's taint): the pod is not bound;
+  its ``status.nominatedNodeName`` names the node (which tells the controller to wake it), and it waits in
+  the queue, without backoff, until the node is Ready and untainted, then is bound there (the nominated node
+  is tried first, as kube-scheduler does). No binding ever goes to a node that is not Ready;
 - bind answers 201: done; the watch confirms it;
 - bind answers 409: the pod is already bound (by us, when an earlier answer was lost, or by anyone else) or
   its uid changed. Re-read it; bound → done, never bound again; still pending → back off and retry;
 - bind answers 404: the pod was deleted; forget it;
-- anything else (5xx, timeouts, dropped connections): re-read; bound → done; otherwise back off and retry.
+- anything else (403, 5xx, timeouts, dropped connections): logged at WARNING (rate-limited) and counted in
+  ``joulesched_bind_errors_total{code}``; re-read; bound → done; otherwise back off and retry.
   A retried binding of a pod that did get bound answers 409, so no pod is ever bound twice, and no pod leaves
   the queue until the cache or a read shows it bound or deleted.
 
@@ -28,35 +35,45 @@ The scheduler is the cluster's :class:`~joulesched.cluster.backend.Backend`: its
 ``run_policy(scheduler, policy, seed)``, the same loop that drives the twin. :meth:`Scheduler.next_decision`
 pops the next pod whose backoff is over and returns it with the cache lock held; :meth:`Scheduler.bind`
 assumes it and hands the binding to a worker; :meth:`Scheduler.abandon` requeues it when the policy failed.
+
+Memory is bounded however long it runs: counters, a fixed-size latency reservoir, the last ``bind_log``
+binding requests, an LRU of Event series (bench/soak.py).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
+import http.client
 import itertools
 import json
 import logging
 import queue
+import socket
+import sys
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import quote
 
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
+import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from joulesched.agent.kube_scoring import num_nodes_to_score
 from joulesched.agent.policy import Policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.backend import Decision
 from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.client import FastClient
 from joulesched.cluster.kube.objects import PodInfo
 from joulesched.live.httpd import BackgroundHTTPServer, reply
 from joulesched.live.leader import LeaderElector, default_identity
+from joulesched.live.ratelog import RateLimitedLog
 
 log = logging.getLogger("joulesched.serve")
 
@@ -94,6 +111,19 @@ class ServeConfig:
     retry_period_s: float = 2.0
     identity: str = field(default_factory=default_identity)
     request_timeout_s: float = 10.0
+    node_wait_poll_s: float = 1.0  # a pod waiting for a sleeping node looks at it again this often
+    node_wait_max_s: float = 900.0  # ... and is decided afresh after this long
+    informer_stale_s: float = 60.0  # /healthz fails once an informer has had no answer for this long
+    loop_stale_s: float = 30.0  # ... or the scheduling loop has not turned for this long
+    event_update_interval_s: float = 10.0  # an aggregated Event's count is written at most this often
+    event_queue: int = 4096  # Events, conditions and nominations waiting to be written, at most
+    latency_reservoir: int = 8192  # attempt latencies kept as a uniform sample (for benches and tests)
+    bind_log: int = 4096  # the most recent binding requests kept in ``bind_sent``
+    #: percentageOfNodesToScore for policies that do not sample themselves (the DQN, the sleep-aware ones):
+    #: None = they see every feasible node; 0 = kube-scheduler's adaptive percentage (10 % at 5,000 nodes,
+    #: at least 100 nodes); 1..100 = that percentage. The kube-scoring baselines always sample as kube does
+    #: (their ``pct`` option).
+    sample_pct: int | None = None
 
 
 @dataclass
@@ -121,6 +151,8 @@ class _Entry:
     enqueued_at: float = field(default_factory=time.monotonic)
     last_failure: str = ""
     uncertain_node: str = ""  # a binding to this node may have happened: capacity stays reserved until we know
+    waiting_for: str = ""  # the sleeping node the policy chose: the pod waits until it is awake
+    waiting_since: float = 0.0
 
 
 class SchedulerMetrics:
@@ -139,74 +171,332 @@ class SchedulerMetrics:
         self.leader = Gauge("joulesched_leader", "1 while this replica holds the leader lease.", registry=registry)
         self.events_dropped = Counter("joulesched_events_dropped", "Events or status patches given up on.",
                                       registry=registry)
+        self.waiting = Counter("joulesched_pods_waited_for_node", "Pods that waited for a sleeping node to wake.",
+                               registry=registry)
+        self.bind_errors = Counter("joulesched_bind_errors", "Binding requests not answered 2xx, by HTTP code "
+                                   "(or timeout / connection when there was no answer).", ["code"],
+                                   registry=registry)
+        self.api_errors = Counter("joulesched_api_errors", "Failed re-reads, Event, condition and nomination "
+                                  "writes, by operation and HTTP code (or connection).", ["op", "code"],
+                                  registry=registry)
+
+
+@dataclass(slots=True)
+class _Series:
+    """One Event object: every occurrence of one reason for one pod, as kube's recorder aggregates them."""
+
+    namespace: str
+    pod: str
+    uid: str
+    etype: str
+    reason: str
+    message: str
+    count: int = 1
+    name: str = ""  # the Event's name once created
+    written: int = 0  # the count the API has
+    written_at: float = -1e18  # monotonic time of the last write
+    first_seen: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.time)
+
+
+@dataclass
+class _Shard:
+    """One recorder worker: its queue of keys and its deferred series updates ``(due, key)``."""
+
+    q: queue.Queue
+    deferred: list = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+
+def _rfc3339(t: float, micro: bool = False) -> str:
+    """RFC 3339 UTC (``metav1.Time``; ``metav1.MicroTime`` with ``micro``)."""
+    base = _second(int(t))
+    return f"{base}.{int(t % 1 * 1e6):06d}Z" if micro else base + "Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _second(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
 
 
 class EventRecorder:
-    """Posts core/v1 Events and PodScheduled conditions from one thread, retrying each a few times."""
+    """Writes core/v1 Events, PodScheduled conditions and nominations from one thread, off the scheduling path.
 
-    def __init__(self, core: k8s.CoreV1Api, component: str, instance: str, metrics: SchedulerMetrics,
+    **Aggregated as kube-scheduler does**: one Event per pod and reason (client-go's recorder keys a series by
+    the involved object, reason, action and reporting controller). The first occurrence creates it; later
+    ones raise its ``count``, ``lastTimestamp``, ``series`` and message with a merge patch, at most once every
+    ``update_interval_s`` per Event (the last count is always written, at the latest on stop), so a pod that
+    stays unschedulable for an hour costs a handful of writes, not one per attempt.
+
+    **Bounded**: the queue holds keys, not requests; a key already queued is not queued again (its latest
+    state is what gets written), and at most ``max_queue`` keys wait: past that new ones are dropped and
+    counted in ``joulesched_events_dropped_total`` (a dropped condition is written again on the pod's next
+    failed attempt). The series table keeps the ``max_series`` most recent pods and reasons.
+
+    Failures are retried three times, then logged at WARNING (rate-limited) and counted.
+    """
+
+    def __init__(self, http: FastClient, component: str, instance: str, metrics: "SchedulerMetrics",
                  may_write: Callable[[], bool] = lambda: True,
-                 condition_dropped: Callable[[str], None] = lambda uid: None) -> None:
-        self.core, self.component, self.instance, self.metrics = core, component, instance, metrics
+                 condition_dropped: Callable[[str], None] = lambda uid: None, *, update_interval_s: float = 10.0,
+                 max_queue: int = 4096, max_series: int = 4096, timeout_s: float = 5.0, workers: int = 2) -> None:
+        self.http, self.component, self.instance, self.metrics = http, component, instance, metrics
         self.condition_dropped = condition_dropped  # told when a condition could not be written, to retry it
         self.may_write = may_write  # a deposed leader must not overwrite its successor's conditions
-        self._q: queue.Queue[tuple[str, tuple] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="event-recorder", daemon=True)
-        self._thread.start()
+        self.update_interval_s, self.max_series, self.timeout_s = update_interval_s, max_series, timeout_s
+        self._lock = threading.Lock()
+        self._series: OrderedDict[tuple[str, str], _Series] = OrderedDict()
+        self._queued: set[tuple] = set()
+        self._latest: dict[tuple, tuple] = {}  # condition / nomination keys -> their latest arguments
+        self._warn = RateLimitedLog(log)
+        # Workers, each with its own queue and deferred updates; a pod's writes always go to the same one, in
+        # order. One worker cannot keep up with a scheduler binding 1,000 pods/s (one Event each).
+        self._shards = [_Shard(queue.Queue(maxsize=max(1, max_queue // workers))) for _ in range(max(1, workers))]
+        for k, sh in enumerate(self._shards):
+            sh.thread = threading.Thread(target=self._loop, args=(sh,), name=f"event-recorder-{k}", daemon=True)
+            sh.thread.start()
 
+    # ---- what the scheduler calls (never blocks) ----
     def scheduled(self, ns: str, name: str, uid: str, node: str) -> None:
-        self._q.put(("event", (ns, name, uid, "Normal", "Scheduled", f"Successfully assigned {ns}/{name} to {node}")))
+        self._record(ns, name, uid, "Normal", "Scheduled", f"Successfully assigned {ns}/{name} to {node}")
+
+    def nominated(self, ns: str, name: str, uid: str, node: str) -> None:
+        """The pod waits for ``node`` to wake: ``status.nominatedNodeName`` (which the node power controller
+        reads) and an Event."""
+        self._put(("nominate", uid), (ns, name, uid, node))
+        self._record(ns, name, uid, "Normal", "WaitingForNode", f"Node {node} is asleep; waiting for it to wake up")
 
     def failed(self, ns: str, name: str, uid: str, message: str, condition: bool) -> None:
-        self._q.put(("event", (ns, name, uid, "Warning", "FailedScheduling", message)))
+        self._record(ns, name, uid, "Warning", "FailedScheduling", message)
         if condition:
-            self._q.put(("condition", (ns, name, uid, message)))
+            self._put(("condition", uid), (ns, name, uid, message))
+
+    def forget(self, uid: str) -> None:
+        """The pod is bound or gone: its FailedScheduling series ends (a later failure starts a new Event)."""
+        with self._lock:
+            for reason in ("FailedScheduling", "WaitingForNode"):
+                s = self._series.get((uid, reason))
+                if s is not None and s.written == s.count and ("event", uid, reason) not in self._queued:
+                    del self._series[(uid, reason)]
+
+    def series_count(self) -> int:
+        with self._lock:
+            return len(self._series)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._q.put(None)
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for sh in self._shards:
+            try:
+                sh.q.put(None, timeout=timeout)  # waits only while the queue is full and the worker drains it
+            except queue.Full:
+                pass
+        for sh in self._shards:
+            sh.thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            kind, args = item
-            if not self.may_write():
-                continue
-            for attempt in range(3):
-                try:
-                    (self._event if kind == "event" else self._condition)(*args)
-                    break
-                except ApiException as e:
-                    if e.status == 404:
-                        break  # the pod is gone; nothing to record
-                    time.sleep(0.05 * (attempt + 1))
-                except Exception:
-                    time.sleep(0.05 * (attempt + 1))
+    def _shard(self, key: tuple) -> "_Shard":
+        return self._shards[hash(key[1]) % len(self._shards)]
+
+    # ---- queueing ----
+    def _record(self, ns: str, name: str, uid: str, etype: str, reason: str, message: str) -> None:
+        key = (uid, reason)
+        with self._lock:
+            s = self._series.get(key)
+            if s is None:
+                s = self._series[key] = _Series(ns, name, uid, etype, reason, message)
+                while len(self._series) > self.max_series:
+                    self._series.popitem(last=False)
             else:
-                self.metrics.events_dropped.inc()
-                if kind == "condition":
-                    self.condition_dropped(args[2])
+                s.count += 1
+                s.message, s.last_seen = message, time.time()
+                self._series.move_to_end(key)
+        self._put(("event", uid, reason), None)
 
-    def _event(self, ns: str, name: str, uid: str, etype: str, reason: str, message: str) -> None:
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name, "uid": uid},
-                "reason": reason, "message": message, "type": etype,
-                "source": {"component": self.component}, "reportingComponent": self.component,
-                "reportingInstance": self.instance, "action": "Scheduling" if etype == "Warning" else "Binding",
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        self.core.create_namespaced_event(ns, body, _preload_content=False, _request_timeout=5)
+    def _put(self, key: tuple, args: tuple | None) -> None:
+        with self._lock:
+            if args is not None:
+                self._latest[key] = args
+            if key in self._queued:
+                return  # already waiting: the worker writes the latest state
+            self._queued.add(key)
+        try:
+            self._shard(key).q.put_nowait(key)
+        except queue.Full:
+            with self._lock:
+                self._queued.discard(key)
+                self._latest.pop(key, None)
+            self._dropped(key, "the recorder's queue is full")
 
-    def _condition(self, ns: str, name: str, uid: str, message: str) -> None:
+    def _dropped(self, key: tuple, why: str) -> None:
+        self.metrics.events_dropped.inc()
+        if key[0] == "condition":
+            self.condition_dropped(key[1])
+        self._warn.warn(f"drop:{key[0]}", "recorder: %s for pod %s given up: %s", key[0], key[1], why)
+
+    # ---- the worker ----
+    def _loop(self, sh: "_Shard") -> None:
+        stopping = False
+        while True:
+            timeout = max(0.0, sh.deferred[0][0] - time.monotonic()) if sh.deferred else None
+            try:
+                key = sh.q.get(timeout=timeout)
+            except queue.Empty:
+                key = ()
+            if key is None:
+                stopping = True
+            elif key:
+                with self._lock:
+                    self._queued.discard(key)
+                self._handle(key)
+            now = time.monotonic()
+            while sh.deferred and (stopping or sh.deferred[0][0] <= now):
+                _, k = heapq.heappop(sh.deferred)
+                self._handle(k, force=True)
+            if stopping:
+                while True:  # what is still queued (stop() waits at most its timeout for this)
+                    try:
+                        k = sh.q.get_nowait()
+                    except queue.Empty:
+                        return
+                    if k:
+                        self._handle(k, force=True)
+
+    def _handle(self, key: tuple, force: bool = False) -> None:
+        if not self.may_write():
+            return
+        kind = key[0]
+        if kind == "event":
+            with self._lock:
+                if force:
+                    self._queued.discard(("deferred",) + key)
+                s = self._series.get((key[1], key[2]))
+                if s is None or s.written == s.count:
+                    return
+                if s.name and not force and time.monotonic() - s.written_at < self.update_interval_s:
+                    if ("deferred",) + key not in self._queued:
+                        self._queued.add(("deferred",) + key)
+                        heapq.heappush(self._shard(key).deferred, (s.written_at + self.update_interval_s, key))
+                    return
+                self._queued.discard(("deferred",) + key)
+                snap = (s.name, s.count, s.message, s.last_seen)
+            self._attempt(key, lambda: self._write_event(s, *snap))
+            return
+        with self._lock:
+            args = self._latest.pop(key, None)
+        if args is not None:
+            self._attempt(key, lambda: (self._condition if kind == "condition" else self._nominate)(*args))
+
+    def _attempt(self, key: tuple, write: Callable[[], int]) -> None:
+        why = ""
+        for attempt in range(3):
+            try:
+                code = write()
+            except (OSError, http.client.HTTPException) as e:
+                code, why = 0, type(e).__name__
+            else:
+                if code < 300:
+                    return
+                if code == 404:
+                    return  # the pod (or the Event) is gone; nothing to record
+                why = f"HTTP {code}"
+            self.metrics.api_errors.labels(key[0], str(code) if code else "connection").inc()
+            time.sleep(0.05 * (attempt + 1))
+        self._dropped(key, why)
+
+    def _write_event(self, s: _Series, name: str, count: int, message: str, last_seen: float) -> int:
+        last = _rfc3339(last_seen)
+        if not name:
+            name = f"{s.pod}.{time.time_ns():x}"
+            body = {"apiVersion": "v1", "kind": "Event",
+                    "metadata": {"name": name, "namespace": s.namespace},
+                    "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": s.namespace, "name": s.pod,
+                                       "uid": s.uid},
+                    "reason": s.reason, "message": message, "type": s.etype,
+                    "source": {"component": self.component}, "reportingComponent": self.component,
+                    "reportingInstance": self.instance,
+                    "action": "Scheduling" if s.etype == "Warning" else "Binding",
+                    "firstTimestamp": _rfc3339(s.first_seen), "lastTimestamp": last, "count": count}
+            r = self.http.request("POST", f"/api/v1/namespaces/{s.namespace}/events", _dumps(body),
+                                  timeout=self.timeout_s)
+            if r.status < 300:
+                with self._lock:
+                    s.name = name
+        else:
+            patch = {"count": count, "lastTimestamp": last, "message": message,
+                     "series": {"count": count, "lastObservedTime": _rfc3339(last_seen, micro=True)}}
+            r = self.http.request("PATCH", f"/api/v1/namespaces/{s.namespace}/events/{name}", _dumps(patch),
+                                  content_type="application/merge-patch+json", timeout=self.timeout_s)
+            if r.status == 404:  # the Event expired (the apiserver's event TTL is 1 h): start a new one
+                with self._lock:
+                    s.name = ""
+                return self._write_event(s, "", count, message, last_seen)
+        if r.status < 300:
+            with self._lock:
+                s.written, s.written_at = max(s.written, count), time.monotonic()
+        return r.status
+
+    def _nominate(self, ns: str, name: str, uid: str, node: str) -> int:
+        return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status",
+                                 _dumps({"status": {"nominatedNodeName": node}}),
+                                 content_type="application/merge-patch+json", timeout=self.timeout_s).status
+
+    def _condition(self, ns: str, name: str, uid: str, message: str) -> int:
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         patch = {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                             "message": message, "lastProbeTime": None,
                                             "lastTransitionTime": now}]}}
-        self.core.patch_namespaced_pod_status(name, ns, patch, _preload_content=False, _request_timeout=5,
-                                              _content_type="application/strategic-merge-patch+json")
+        return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", _dumps(patch),
+                                 content_type="application/strategic-merge-patch+json",
+                                 timeout=self.timeout_s).status
+
+
+def _dumps(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _q(segment: str) -> str:
+    return quote(segment, safe="")
+
+
+def _status_message(data: bytes) -> str:
+    """The ``message`` of a Status answer (or the start of whatever came back)."""
+    try:
+        return str(json.loads(data).get("message") or "")[:300]
+    except (ValueError, AttributeError):
+        return data[:200].decode("utf-8", "replace")
+
+
+class LatencyReservoir:
+    """A fixed-size uniform sample of attempt latencies (Vitter's algorithm R): ``size`` floats whatever the
+    run's length, for the percentiles benches and tests read; ``count`` is how many were offered."""
+
+    def __init__(self, size: int = 8192, seed: int = 0) -> None:
+        self.size = max(1, int(size))
+        self._buf = np.zeros(self.size)
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self, x: float) -> None:
+        with self._lock:
+            if self.count < self.size:
+                self._buf[self.count] = x
+            else:
+                j = int(self._rng.integers(self.count + 1))
+                if j < self.size:
+                    self._buf[j] = x
+            self.count += 1
+
+    def values(self) -> np.ndarray:
+        with self._lock:
+            return self._buf[: min(self.count, self.size)].copy()
+
+    def percentile(self, q: float) -> float:
+        v = self.values()
+        return float(np.percentile(v, q)) if v.size else float("nan")
+
+    def clear(self) -> None:
+        with self._lock:
+            self.count = 0
 
 
 class Scheduler:
@@ -223,19 +513,26 @@ class Scheduler:
         self.cache, self.policy = cache, policy
         self.registry = registry if registry is not None else cache.registry
         self.metrics = SchedulerMetrics(self.registry)
-        self.core = k8s.CoreV1Api(cache.api)
+        self.http = FastClient(cache.api)  # bindings, re-reads, Events: the hot path, pooled keep-alive
+        self._warn = RateLimitedLog(log)
         self._cv = threading.Condition()
         self._entries: dict[str, _Entry] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
-        self._pool = ThreadPoolExecutor(max_workers=self.cfg.bind_workers, thread_name_prefix="bind")
+        # The binding workers: bind_workers threads on one queue (a plain queue: an executor's futures cost the
+        # loop thread more than the decision's bookkeeping).
+        self._bind_q: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._binders = [threading.Thread(target=self._bind_worker, name=f"bind-{k}", daemon=True)
+                         for k in range(self.cfg.bind_workers)]
         # At most bind_workers bindings in flight: the loop decides the next pod only when a worker is free, so
         # decisions see fresh state and no pod waits in a hidden executor queue.
         self._slots = threading.BoundedSemaphore(self.cfg.bind_workers)
-        self.recorder = EventRecorder(self.core, self.cfg.scheduler_name, self.cfg.identity, self.metrics,
-                                      may_write=self.is_leader, condition_dropped=self._condition_dropped)
+        self.recorder = EventRecorder(self.http, self.cfg.scheduler_name, self.cfg.identity, self.metrics,
+                                      may_write=self.is_leader, condition_dropped=self._condition_dropped,
+                                      update_interval_s=self.cfg.event_update_interval_s,
+                                      max_queue=self.cfg.event_queue, timeout_s=min(5.0, self.cfg.request_timeout_s))
         self.leader: LeaderElector | None = None
         if self.cfg.leader_elect:
             self.leader = LeaderElector(cache.api, self.cfg.lease_namespace,
@@ -243,11 +540,19 @@ class Scheduler:
                                         lease_duration_s=self.cfg.lease_duration_s,
                                         renew_deadline_s=self.cfg.renew_deadline_s,
                                         retry_period_s=self.cfg.retry_period_s, on_change=self._leader_changed)
-        self.bound: dict[str, str] = {}  # uid -> node, bindings this replica made (for tests and the bench)
-        self.bind_sent: list[tuple[float, str]] = []  # (monotonic time, uid) of every binding request sent
-        self.latencies: list[float] = []  # seconds, decision + binding request, successful attempts
+        # Bounded, however long serve runs: counts, a latency sample, and the most recent binding requests.
+        self.bound_count = 0  # bindings this replica made
+        #: (monotonic time, uid) of the last ``bind_log`` binding requests sent (the property tests check each
+        #: was sent inside a leader term).
+        self.bind_sent: deque[tuple[float, str]] = deque(maxlen=self.cfg.bind_log)
+        #: seconds, decision + binding request, of successful attempts (a uniform sample)
+        self.latency = LatencyReservoir(self.cfg.latency_reservoir, seed=self.cfg.seed)
         self._alive = time.monotonic()
+        self._sample_start = 0
+        torch = sys.modules.get("torch")
+        self._torch_threads = torch.get_num_threads() if torch is not None else 0
         self._resync_needed = False
+        cache.sleep_aware = True  # sleeping nodes are candidates: choosing one makes the pod wait for it
         #: Set while this replica decides and binds (caches synced, leader or no election); cleared on losing it.
         self.ready = threading.Event()
         cache.add_pod_listener(self._on_pod)
@@ -257,6 +562,8 @@ class Scheduler:
         self.cache.start()
         if self.leader is not None:
             self.leader.start()
+        for t in self._binders:
+            t.start()
         self._loop_thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._loop_thread.start()
         return self
@@ -267,15 +574,47 @@ class Scheduler:
             self._cv.notify_all()
         if self._loop_thread is not None:
             self._loop_thread.join(10)
-        self._pool.shutdown(wait=True)
+        for _ in self._binders:
+            self._bind_q.put(None)
+        for t in self._binders:
+            if t.is_alive():
+                t.join()
         self.recorder.stop()  # drained while still leader, before the lease is released
         if self.leader is not None:
             self.leader.stop(release=True)
         self.cache.stop()
 
+    def health_checks(self) -> list[tuple[str, bool, str]]:
+        """``/healthz``: (check, passed, detail). Fails when an informer has had no answer from the apiserver
+        for ``informer_stale_s`` (its cache is no longer the cluster) or the loop is stuck."""
+        stale = self.cache.stale_for()
+        loop = time.monotonic() - self._alive
+        return [("informers", stale <= self.cfg.informer_stale_s,
+                 f"no answer from the apiserver for {stale:.0f} s" if stale else "watching"),
+                ("scheduling-loop", loop < self.cfg.loop_stale_s and not self._stop.is_set(),
+                 "stopped" if self._stop.is_set() else f"last turn {loop:.1f} s ago")]
+
+    def readiness_checks(self) -> list[tuple[str, bool, str]]:
+        """``/readyz``: informer sync, and leadership. A standby whose Lease calls are answered is ready (it
+        takes over when the leader goes); one whose Lease calls fail (a wrong RBAC name, say) is not, and says
+        why, so two such replicas cannot both sit in standby unseen."""
+        checks = [("informer-sync", self.cache.synced, "synced" if self.cache.synced else "listing")]
+        le = self.leader
+        if le is None:
+            checks.append(("leader-election", True, "disabled"))
+        elif le.is_leader():
+            checks.append(("leader-election", True, f"leading as {le.identity}"))
+        elif le.answering(max(le.lease_duration_s, 3 * le.retry_period_s)):
+            holder = le.holder or "nobody"
+            checks.append(("leader-election", True, f"standby; lease {le.namespace}/{le.name} held by {holder}"))
+        else:
+            checks.append(("leader-election", False, f"lease {le.namespace}/{le.name}: "
+                           f"{le.last_error or 'no answer'}"))
+        return checks
+
     def healthy(self) -> bool:
-        """Caches synced and the loop turned within the last 30 s."""
-        return self.cache.synced and time.monotonic() - self._alive < 30 and not self._stop.is_set()
+        """Every :meth:`health_checks` passes."""
+        return all(ok for _, ok, _ in self.health_checks())
 
     def is_leader(self) -> bool:
         return self.leader is None or self.leader.is_leader()
@@ -322,12 +661,14 @@ class Scheduler:
                 del self._entries[old.uid]  # bound (by anyone) or deleted
             self.metrics.pending.set(len(self._entries))
 
-    def _requeue(self, e: _Entry, backoff: bool, message: str = "") -> None:
+    def _requeue(self, e: _Entry, backoff: bool, message: str = "", delay: float | None = None) -> None:
         with self._cv:
             e.in_flight = False
             if e.uid not in self._entries:
                 return
-            if backoff:
+            if delay is not None:
+                pass
+            elif backoff:
                 e.attempts += 1
                 delay = min(self.cfg.backoff_initial_s * 2 ** (e.attempts - 1), self.cfg.backoff_max_s)
             else:
@@ -340,6 +681,7 @@ class Scheduler:
         with self._cv:
             self._entries.pop(e.uid, None)
             self.metrics.pending.set(len(self._entries))
+        self.recorder.forget(e.uid)
 
     def _next(self) -> _Entry | None:
         """The next pod whose backoff is over, or None after a short wait."""
@@ -367,6 +709,11 @@ class Scheduler:
 
     # ---- the Backend: the loop thread is run_policy(self, policy, seed) ----
     def _loop(self) -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None and self._torch_threads:
+            # OpenMP's thread count is per thread: the policy set it (the DQN: 1) on the thread that built it;
+            # without this the loop thread's forward passes spin up a pool on every core (4x slower on 2).
+            torch.set_num_threads(self._torch_threads)
         run_policy(self, self.policy, self.cfg.seed)
 
     def begin(self) -> None:
@@ -415,10 +762,23 @@ class Scheduler:
             if not (0 <= node < len(decision.mask) and decision.mask[node]):
                 raise RuntimeError(f"policy {self.policy.name!r} chose infeasible node {node}")
             name = decision.state.names[node]
-            self.cache.assume(p.entry.uid, name)
+            awake = self.cache.node_awake(name)
+            if awake:
+                self.cache.assume(p.entry.uid, name)
         finally:
             p.unlock(self.cache.lock)
-        self._pool.submit(self._bind, p.entry, name, p.t0)
+        if not awake:  # asleep or waking: nominate it, wait for it, lose nothing
+            self._wait_for_node(p.entry, name)
+            self._slots.release()
+            return
+        self._bind_q.put((p.entry, name, p.t0))
+
+    def _wait_for_node(self, e: _Entry, node: str) -> None:
+        if e.waiting_for != node:
+            e.waiting_for, e.waiting_since = node, time.monotonic()
+            self.recorder.nominated(e.namespace, e.name, e.uid, node)
+            self.metrics.waiting.inc()
+        self._requeue(e, backoff=False, delay=self.cfg.node_wait_poll_s)
 
     def abandon(self, decision: Decision, error: BaseException) -> None:
         """The policy (or the hand-off) failed: a policy bug must not kill the scheduler or lose the pod."""
@@ -434,7 +794,7 @@ class Scheduler:
 
     def result(self) -> dict[str, int]:
         """What this replica did while it ran."""
-        return {"bound": len(self.bound), "pending": self.pending()}
+        return {"bound": self.bound_count, "pending": self.pending()}
 
     def _resolve_uncertain(self, e: _Entry) -> bool:
         """A previous binding's outcome is unknown: find out before deciding again. True = go on deciding."""
@@ -474,10 +834,24 @@ class Scheduler:
                 return None
             st = self.cache.state()
             mask = self.cache.feasible(pod)
+            if e.waiting_for and st is not None:
+                w = e.waiting_for
+                k = st.names.index(w) if w in self.cache.nodes else -1
+                if k < 0 or not mask[k] or time.monotonic() - e.waiting_since > self.cfg.node_wait_max_s:
+                    e.waiting_for = ""  # gone, full, or never woke: decide afresh
+                elif not self.cache.node_awake(w):
+                    self._requeue(e, backoff=False, delay=self.cfg.node_wait_poll_s)  # still asleep: keep waiting
+                    return None
+                else:  # awake now: the node it waited for first, as kube-scheduler tries a nominated node first
+                    only = np.zeros_like(mask)
+                    only[k] = True
+                    mask = only
+            if st is not None and self.cfg.sample_pct is not None and not getattr(self.policy, "kube_sampling", False):
+                mask = self._sample(mask)
             if st is not None and mask.any():
                 attempt = _Attempt(e, t0)
                 lock = None  # handed over: bind() or abandon() releases it
-                return Decision(st, pod.request, mask, attempt)
+                return Decision(st, pod.request, mask, attempt, pod.meta)  # meta: as the twin's (pod_meta)
             message = self.cache.unschedulable_message(pod)
         finally:
             if lock is not None:
@@ -489,6 +863,26 @@ class Scheduler:
         e.last_failure = message
         self._requeue(e, backoff=True)
         return None
+
+    def _sample(self, mask: np.ndarray) -> np.ndarray:
+        """kube-scheduler's feasible-node search with percentageOfNodesToScore: from a start index that rotates
+        from one attempt to the next, the first k feasible nodes (k = numFeasibleNodesToFind)."""
+        n = len(mask)
+        k = num_nodes_to_score(n, self.cfg.sample_pct or 0)
+        idx = np.flatnonzero(mask)
+        if idx.size <= k:
+            self._sample_start = 0
+            return mask
+        pos = int(np.searchsorted(idx, self._sample_start))
+        take = np.concatenate((idx[pos:], idx[:pos]))[:k]
+        self._sample_start = (int(take[-1]) + 1) % n
+        out = np.zeros(n, dtype=bool)
+        out[take] = True
+        return out
+
+    def _bind_worker(self) -> None:
+        while (job := self._bind_q.get()) is not None:
+            self._bind(*job)
 
     def _bind(self, e: _Entry, node: str, t0: float) -> None:
         try:
@@ -505,8 +899,9 @@ class Scheduler:
         if outcome == "bound":
             self.metrics.attempts.labels("scheduled").inc()
             self.metrics.duration.labels("scheduled").observe(dt)
-            self.latencies.append(dt)
-            self.bound[e.uid] = node
+            self.latency.add(dt)
+            with self._cv:
+                self.bound_count += 1
             self.recorder.scheduled(e.namespace, e.name, e.uid, node)
             self._done(e)
             return
@@ -533,36 +928,55 @@ class Scheduler:
         unknown (no answer and no successful re-read) / standby (not the leader any more)."""
         if not self.is_leader():
             return "standby"
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": e.name, "namespace": e.namespace, "uid": e.uid},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        with self.cache.lock:
+            if not self.cache.node_awake(node):  # it went to sleep (or NotReady) since the decision
+                return "retry"
+        body = _dumps({"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": e.name, "namespace": e.namespace, "uid": e.uid},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         self.bind_sent.append((time.monotonic(), e.uid))
         try:
-            # _preload_content=False: the client cannot deserialise the Status the apiserver answers
-            # ("Invalid value for `target`", kubernetes-client/python#825); we only need the status code.
-            self.core.create_namespaced_pod_binding(e.name, e.namespace, body, _preload_content=False,
-                                                    _request_timeout=self.cfg.request_timeout_s)
+            r = self.http.request("POST", f"/api/v1/namespaces/{_q(e.namespace)}/pods/{_q(e.name)}/binding", body,
+                                  timeout=self.cfg.request_timeout_s)
+        except (OSError, http.client.HTTPException) as ex:  # dropped, timed out: it may or may not have happened
+            code = "timeout" if isinstance(ex, (socket.timeout, TimeoutError)) else "connection"
+            self.metrics.bind_errors.labels(code).inc()
+            self._warn.warn(f"bind:{code}", "binding %s/%s to %s: no answer (%s); re-reading the pod", e.namespace,
+                            e.name, node, type(ex).__name__)
+            return self._reread(e, node)
+        if r.status < 300:
             return "bound"
-        except ApiException as ex:
-            status = ex.status
-            if status == 409:
-                self.metrics.bind_conflicts.inc()
-            if status == 404:
+        self.metrics.bind_errors.labels(str(r.status)).inc()
+        if r.status == 409:  # already bound (by us after a lost answer, or by someone else) or a new uid
+            self.metrics.bind_conflicts.inc()
+        else:  # 403 (RBAC), 404 (deleted), 5xx...: never silent
+            self._warn.warn(f"bind:{r.status}", "binding %s/%s to %s answered HTTP %d: %s", e.namespace, e.name, node,
+                            r.status, _status_message(r.data))
+            if r.status == 404:
                 return "gone"
-        except Exception as ex:  # connection dropped, timeout: the binding may or may not have happened
-            log.info("binding %s/%s: %s", e.namespace, e.name, type(ex).__name__)
         return self._reread(e, node)
 
     def _reread(self, e: _Entry, node: str) -> str:
         """After an unclear answer: read the pod. Bound → never bind again; pending → retry; no answer →
         unknown."""
         try:
-            resp = self.core.read_namespaced_pod(e.name, e.namespace, _preload_content=False,
-                                                 _request_timeout=self.cfg.request_timeout_s)
-            pod = json.loads(resp.data)
-        except ApiException as ex:
-            return "gone" if ex.status == 404 else "unknown"
-        except Exception:
+            r = self.http.request("GET", f"/api/v1/namespaces/{_q(e.namespace)}/pods/{_q(e.name)}",
+                                  timeout=self.cfg.request_timeout_s)
+        except (OSError, http.client.HTTPException) as ex:
+            self.metrics.api_errors.labels("reread", "connection").inc()
+            self._warn.warn("reread:connection", "re-reading %s/%s failed (%s); its binding's outcome stays unknown",
+                            e.namespace, e.name, type(ex).__name__)
+            return "unknown"
+        if r.status == 404:
+            return "gone"
+        if r.status >= 300:
+            self.metrics.api_errors.labels("reread", str(r.status)).inc()
+            self._warn.warn(f"reread:{r.status}", "re-reading %s/%s answered HTTP %d: %s", e.namespace, e.name,
+                            r.status, _status_message(r.data))
+            return "unknown"
+        try:
+            pod = json.loads(r.data)
+        except ValueError:
             return "unknown"
         if (pod.get("metadata") or {}).get("uid") != e.uid:
             return "gone"  # deleted and re-created under the same name: the new pod is a new entry
@@ -574,23 +988,43 @@ class Scheduler:
         return "gone"  # someone else bound it
 
 
-# ---- /metrics and /healthz --------------------------------------------------------------------------------
-class StatusServer(BackgroundHTTPServer):
-    """``GET /metrics`` (Prometheus text) and ``GET /healthz`` on ``host:port`` (loopback by default)."""
+# ---- /metrics, /healthz, /readyz --------------------------------------------------------------------------
+Checks = Callable[[], "bool | list[tuple[str, bool, str]]"]
 
-    def __init__(self, registry: CollectorRegistry, healthy: Any, host: str = "127.0.0.1", port: int = 10259) -> None:
-        reg, ok = registry, healthy
+
+def _check_body(checks: bool | list[tuple[str, bool, str]], name: str, verbose: bool) -> tuple[int, bytes]:
+    """kube-apiserver's health answer: ``ok`` (200), or one ``[+]``/``[-]`` line per check and 503."""
+    if isinstance(checks, bool):
+        return (200, b"ok") if checks else (503, b"not ready")
+    good = all(ok for _, ok, _ in checks)
+    if good and not verbose:
+        return 200, b"ok"
+    lines = [f"[{'+' if ok else '-'}]{c} {'ok' if ok else 'failed'}: {detail}" for c, ok, detail in checks]
+    lines.append(f"{name} check {'passed' if good else 'failed'}")
+    return (200 if good else 503), ("\n".join(lines) + "\n").encode()
+
+
+class StatusServer(BackgroundHTTPServer):
+    """``GET /metrics`` (Prometheus text), ``/healthz`` (= ``/livez``: ``healthy``) and ``/readyz``
+    (``ready``, default ``healthy``) on ``host:port`` (loopback by default). A check callable returns a bool or
+    a list of (check, passed, detail); ``?verbose`` lists them even when all pass."""
+
+    def __init__(self, registry: CollectorRegistry, healthy: Checks, host: str = "127.0.0.1", port: int = 10259,
+                 ready: Checks | None = None) -> None:
+        reg, live, rdy = registry, healthy, ready or healthy
 
         class H(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def do_GET(self) -> None:
-                if self.path.split("?")[0] == "/metrics":
+                path, _, query = self.path.partition("?")
+                if path == "/metrics":
                     data, ctype, code = generate_latest(reg), CONTENT_TYPE_LATEST, 200
-                elif self.path.split("?")[0] in ("/healthz", "/livez", "/readyz"):
-                    good = ok()
-                    data, ctype, code = (b"ok" if good else b"not ready"), "text/plain", 200 if good else 503
+                elif path in ("/healthz", "/livez", "/readyz"):
+                    fn = rdy if path == "/readyz" else live
+                    code, data = _check_body(fn(), path[1:], "verbose" in query)
+                    ctype = "text/plain; charset=utf-8"
                 else:
                     data, ctype, code = b"not found", "text/plain", 404
                 reply(self, code, data, ctype)

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from joulesched.cluster.kube.informer import Informer
 from joulesched.cluster.kube.metrics_feed import FeedConfig, PrometheusFeed
 from joulesched.cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, node_gate_reason, parse_node, parse_pod
-from joulesched.cluster.state import ClusterState, PodRequest
+from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
 
 log = logging.getLogger("joulesched.kube")
 
@@ -70,11 +70,16 @@ class KubeCache:
         self._state: ClusterState | None = None
         self._index: dict[str, int] = {}
         self._gated: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._gate_views: dict[int, NodeInfo] = {}
+        #: Sleeping nodes pass the filters as they will be once awake (the scheduler then waits for them);
+        #: False: they are gated by their taint, cordon and Ready condition like any other node.
+        self.sleep_aware = False
         self._dirty = True
         self.epoch = 0
         self._cpu_frac: dict[str, float] = {}
         self._watts: dict[str, float] = {}
         self._m_frac = np.zeros(0)
+        self._m_any = False  # some node has a measured CPU fraction
         self._m_base_req = np.zeros(0)
         self._t0 = time.monotonic()
         self._nodes_gauge = Gauge("joulesched_cache_nodes", "Nodes in the scheduler's cache.", registry=self.registry)
@@ -84,7 +89,7 @@ class KubeCache:
                                       watch_timeout_s=watch_timeout_s)
         self.pod_informer = Informer("pods", self.core.list_pod_for_all_namespaces, self._replace_pods,
                                      self._pod_event, watch_timeout_s=watch_timeout_s,
-                                     field_selector=ACTIVE_PODS_SELECTOR)
+                                     on_events=self._pod_events, field_selector=ACTIVE_PODS_SELECTOR)
         self.feed = PrometheusFeed(feed or FeedConfig(), self._apply_metrics, self.registry)
 
     # ---- lifecycle ----
@@ -108,6 +113,10 @@ class KubeCache:
     @property
     def synced(self) -> bool:
         return self.node_informer.synced.is_set() and self.pod_informer.synced.is_set()
+
+    def stale_for(self) -> float:
+        """Seconds the longer-disconnected informer has gone without an answer (0 while both watches are open)."""
+        return max(self.node_informer.stale_for(), self.pod_informer.stale_for())
 
     def stop(self) -> None:
         self.feed.stop()
@@ -161,6 +170,15 @@ class KubeCache:
             if self._stale(info):
                 return
             self._set_pod(info.uid, None if etype == "DELETED" or not info.active else info)
+
+    def _pod_events(self, batch: list[tuple[str, dict]]) -> None:
+        """A chunk of watch events: parsed outside the lock, applied under it once (the scheduler's decisions
+        hold the same lock, so fewer hand-offs is more decisions)."""
+        parsed = [(etype, parse_pod(obj)) for etype, obj in batch]
+        with self.lock:
+            for etype, info in parsed:
+                if info.uid and not self._stale(info):
+                    self._set_pod(info.uid, None if etype == "DELETED" or not info.active else info)
 
     def _stale(self, info: PodInfo) -> bool:
         """An event older than what a resync already put in the cache (or removed from it)."""
@@ -249,10 +267,13 @@ class KubeCache:
         st = self._state
         if st is None:
             return None
-        has = ~np.isnan(self._m_frac)
-        req = st.req_cpu.astype(np.float64)
-        st.usage_cpu = np.where(has, np.nan_to_num(self._m_frac) * st.alloc_cpu + np.maximum(0.0, req - self._m_base_req),
-                                req)
+        if self._m_any:
+            has = ~np.isnan(self._m_frac)
+            req = st.req_cpu.astype(np.float64)
+            st.usage_cpu = np.where(has, np.nan_to_num(self._m_frac) * st.alloc_cpu
+                                    + np.maximum(0.0, req - self._m_base_req), req)
+        else:  # no measurement at all (no Prometheus, or it is down): usage is the requests, copied in place
+            np.copyto(st.usage_cpu, st.req_cpu, casting="unsafe")
         st.now = time.monotonic() - self._t0
         return st
 
@@ -270,7 +291,12 @@ class KubeCache:
         for node, req in self._accounted.values():
             if node in self._index:
                 st.bind(self._index[node], req)
-        self._gated = np.array([k for k, i in enumerate(infos) if i.unschedulable or i.taints], dtype=np.int64)
+        self._gated = np.array([k for k, i in enumerate(infos) if i.unschedulable or i.taints or not i.ready],
+                               dtype=np.int64)
+        self._gate_views = {k: i.awake_view() for k, i in enumerate(infos) if i.asleep}
+        for k, i in enumerate(infos):
+            if i.asleep:
+                st.power_state[k] = WAKING if i.waking else ASLEEP
         self._state = st
         self._refresh_metric_arrays()
 
@@ -285,14 +311,20 @@ class KubeCache:
         if st is None:
             return np.zeros(0, dtype=bool)
         mask = st.feasible(pod.request)
+        views = self._gate_views if self.sleep_aware else {}
         for k in self._gated:
-            if mask[k] and node_gate_reason(self.nodes[st.names[k]], pod):
+            if mask[k] and node_gate_reason(views.get(k) or self.nodes[st.names[k]], pod):
                 mask[k] = False
         if pod.node_selector:
             for k in np.flatnonzero(mask):
-                if node_gate_reason(self.nodes[st.names[k]], pod):
+                if node_gate_reason(views.get(k) or self.nodes[st.names[k]], pod):
                     mask[k] = False
         return mask
+
+    def node_awake(self, name: str) -> bool:
+        """The node is Ready and not asleep or waking: a binding to it may go out."""
+        info = self.nodes.get(name)
+        return info is not None and info.ready and not info.asleep
 
     def reasons(self, pod: PodInfo, i: int) -> list[str]:
         """Why node ``i`` fails ``pod`` (kube's wording); empty when it fits."""
@@ -326,6 +358,7 @@ class KubeCache:
         st = self._state
         assert st is not None
         self._m_frac = np.array([self._cpu_frac.get(n, np.nan) for n in st.names])
+        self._m_any = bool((~np.isnan(self._m_frac)).any())
         self._m_base_req = st.req_cpu.astype(np.float64).copy()
         #: Measured watts per node (NaN where Prometheus has none), for policies and reports that want it.
         st.measured_watts = np.array([self._watts.get(n, np.nan) for n in st.names])

@@ -12,13 +12,25 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("joulesched.kube")
+
+
+def _line_batches(resp: Any) -> Any:
+    """The complete, non-empty lines of each chunk the stream delivers, as one list per chunk (a half line
+    waits for the next chunk). ``kubernetes.watch``'s splitter copies the rest of the buffer at every line."""
+    buf = b""
+    for seg in resp.stream(amt=None, decode_content=False):
+        buf += seg.encode("utf-8") if isinstance(seg, str) else seg
+        *lines, buf = buf.split(b"\n")
+        lines = [ln for ln in lines if ln.strip()]
+        if lines:
+            yield lines
 
 
 class Informer:
@@ -32,14 +44,20 @@ class Informer:
 
     def __init__(self, name: str, list_fn: Callable[..., Any], on_replace: Callable[[list[dict]], None],
                  on_event: Callable[[str, dict], None], *, watch_timeout_s: int = 300, retry_s: float = 0.05,
-                 **kwargs: Any) -> None:
+                 on_events: Callable[[list[tuple[str, dict]]], None] | None = None, **kwargs: Any) -> None:
         self.name = name
         self.list_fn, self.kwargs = list_fn, kwargs
         self.on_replace, self.on_event = on_replace, on_event
+        #: optional: every event of one chunk of the stream in one call (the cache then takes its lock once)
+        self.on_events = on_events
         self.watch_timeout_s, self.retry_s = watch_timeout_s, retry_s
         self.synced = threading.Event()
         self.relists = 0
         self.resumes = 0
+        #: monotonic time of the last answer from the apiserver (a list, a watch opened, an event, a clean end);
+        #: with ``streaming`` it tells a quiet watch (healthy) from one that cannot reconnect (stale).
+        self.last_contact = time.monotonic()
+        self.streaming = False
         self._stop = threading.Event()
         self._resp: Any = None
         self._thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
@@ -61,9 +79,14 @@ class Informer:
                 pass
         self._thread.join(10)
 
+    def stale_for(self) -> float:
+        """Seconds since the apiserver last answered, 0 while a watch is open (a quiet watch is not stale)."""
+        return 0.0 if self.streaming else max(0.0, time.monotonic() - self.last_contact)
+
     def _list(self) -> None:
         resp = self.list_fn(_preload_content=False, _request_timeout=30, **self.kwargs)
         data = json.loads(resp.data)
+        self.last_contact = time.monotonic()
         self.resource_version = data["metadata"]["resourceVersion"]
         self.on_replace(data.get("items") or [])
         self.synced.set()
@@ -100,31 +123,46 @@ class Informer:
 
     def _watch_once(self) -> None:
         # The client's Watch helper with deserialize=False fails on ERROR events (it reads a 'raw_object' key
-        # it never set), so the stream is read here with the client's own line splitter.
+        # it never set), so the stream is read here, a chunk of lines at a time.
         if self._stop.is_set():
             return
         resp = self.list_fn(watch=True, resource_version=self.resource_version, allow_watch_bookmarks=True,
                             timeout_seconds=self.watch_timeout_s, _preload_content=False,
                             _request_timeout=(10, self.watch_timeout_s + 30), **self.kwargs)
         self._resp = resp
+        self.last_contact, self.streaming = time.monotonic(), True
         try:
             if self._stop.is_set():
                 return
-            for line in k8s_watch.watch.iter_resp_lines(resp):
-                if not line.strip():
-                    continue
-                ev = json.loads(line)
-                etype, obj = ev.get("type"), ev.get("object") or {}
-                if etype == "ERROR":
-                    raise ApiException(status=int(obj.get("code") or 500), reason=obj.get("message", "watch error"))
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
-                if etype in ("ADDED", "MODIFIED", "DELETED"):
-                    self.on_event(etype, obj)
+            for lines in _line_batches(resp):
+                self.last_contact = time.monotonic()
+                batch: list[tuple[str, dict]] = []
+                rv = ""
+                error = None
+                for line in lines:
+                    ev = json.loads(line)
+                    etype, obj = ev.get("type"), ev.get("object") or {}
+                    if etype == "ERROR":
+                        error = ApiException(status=int(obj.get("code") or 500),
+                                             reason=obj.get("message", "watch error"))
+                        break
+                    if etype in ("ADDED", "MODIFIED", "DELETED"):
+                        batch.append((etype, obj))
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if batch:
+                    if self.on_events is not None:
+                        self.on_events(batch)
+                    else:
+                        for etype, obj in batch:
+                            self.on_event(etype, obj)
                 if rv:
-                    self.resource_version = rv
+                    self.resource_version = rv  # applied: a resumed watch starts after it
+                if error is not None:
+                    raise error
                 if self._stop.is_set():
                     break
         finally:
+            self.streaming = False
             self._resp = None
             resp.close()
             resp.release_conn()

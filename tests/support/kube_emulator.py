@@ -18,6 +18,14 @@ relies on, made as faithful as we could:
 - ``PATCH pods/{name}/status`` with merge or strategic merge patch (conditions merge by ``type``).
 - ``POST events`` (core/v1) and coordination.k8s.io/v1 Leases with optimistic concurrency (409 on a stale
   ``resourceVersion``).
+- ``PATCH nodes/{name}``, ``pods/{name}`` and ``events/{name}`` with a JSON merge patch (``null`` deletes a field; a
+  ``metadata.resourceVersion`` in the patch is a precondition: 409 when stale), as ``kubectl cordon`` and the
+  node power controller write nodes.
+- policy/v1 PodDisruptionBudgets (list, get, create; ``status`` computed on read from the pods the selector
+  matches: bound, not terminating pods count as healthy) and the ``pods/{name}/eviction`` subresource:
+  ``201`` and the pod deleted when every PDB covering it allows a disruption, ``429 TooManyRequests`` when one
+  does not, ``404`` when the pod is gone. A pod owned by a ReplicaSet is replaced by a new pending pod, as its
+  controller would.
 
 Fault injection (:class:`Fault`): 500s, 409s, a response lost after the write was applied, slow responses, a
 watch stream cut in the middle of an event, a ``410 Gone`` watch, and the bind target node deleted between
@@ -30,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import copy
 import fnmatch
 import json
 import random
@@ -38,7 +45,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -47,11 +54,23 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 LEASE_PREFIX = "/apis/coordination.k8s.io/v1"
+POLICY_PREFIX = "/apis/policy/v1"
 
 
 def now_rfc3339(micro: bool = False) -> str:
     t = datetime.now(timezone.utc)
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if micro else t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _copy(o: Any) -> Any:
+    """A deep copy of a JSON tree (dicts, lists, scalars): what every stored object is, at a few times the
+    speed of ``copy.deepcopy``. Stored objects are never changed in place once committed (a write stores a new
+    object), so readers serialise them without copying."""
+    if type(o) is dict:
+        return {k: _copy(v) for k, v in o.items()}
+    if type(o) is list:
+        return [_copy(v) for v in o]
+    return o
 
 
 def status_body(code: int, reason: str, message: str) -> dict:
@@ -74,8 +93,11 @@ def make_node(name: str, cpu: str = "4", memory: str = "8Gi", pods: str = "110",
 
 
 def make_pod(name: str, namespace: str = "default", *, cpu: str | None = None, memory: str | None = None,
-             scheduler_name: str = "joulesched", node_name: str = "", containers: int = 1) -> dict:
-    """A pending v1 Pod; ``cpu``/``memory`` are per-container requests (None = no request)."""
+             scheduler_name: str = "joulesched", node_name: str = "", containers: int = 1,
+             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+             owner: str = "", volumes: list[dict] | None = None) -> dict:
+    """A pending v1 Pod; ``cpu``/``memory`` are per-container requests (None = no request). ``owner`` is the
+    kind of its controller (``ReplicaSet``, ``DaemonSet``, ...; "" = none)."""
     requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
     spec: dict[str, Any] = {
         "schedulerName": scheduler_name,
@@ -83,19 +105,29 @@ def make_pod(name: str, namespace: str = "default", *, cpu: str | None = None, m
                         "resources": {"requests": dict(requests)} if requests else {}} for k in range(containers)]}
     if node_name:
         spec["nodeName"] = node_name
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": spec, "status": {"phase": "Pending"}}
+    if volumes:
+        spec["volumes"] = list(volumes)
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if labels:
+        meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": f"{name}-owner",
+                                    "uid": f"owner-{name}", "controller": True}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
 
 
 # ---- faults -----------------------------------------------------------------------------------------------
-FAULT_KINDS = ("500", "409", "lost-response", "slow", "cut", "gone", "delete-node")
+FAULT_KINDS = ("500", "403", "409", "lost-response", "slow", "cut", "gone", "delete-node")
 
 
 @dataclass
 class Fault:
     """One injected fault.
 
-    :param kind: ``500`` (answer 500 before doing anything), ``409`` (answer Conflict before doing anything),
+    :param kind: ``500`` (answer 500 before doing anything), ``403`` (answer Forbidden, as RBAC does when a
+        verb is not granted), ``409`` (answer Conflict before doing anything),
         ``lost-response`` (apply the write, then answer 500: the client cannot know it succeeded), ``slow``
         (sleep ``delay_s`` then serve), ``cut`` (watch: send half an event then drop the connection; other
         requests: drop the connection without answering), ``gone`` (watch: answer a 410 Gone ERROR event),
@@ -198,7 +230,7 @@ def _merge(dst: dict, patch: dict, strategic: bool) -> dict:
                     dst[k].append(c)
                     by_type[c.get("type")] = c
         else:
-            dst[k] = copy.deepcopy(v)
+            dst[k] = _copy(v)
     return dst
 
 
@@ -216,22 +248,35 @@ class KubeEmulator:
 
     :param history: watch events kept; a watch from an older resourceVersion gets 410 Gone.
     :param seed: seeds the fault injector's generator.
+    :param event_ttl_s: Events are deleted this long after they were created (kube-apiserver's ``--event-ttl``,
+        1 h by default; measured from creation here, not from the last update).
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, history: int = 100_000, seed: int = 0) -> None:
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, history: int = 100_000, seed: int = 0,
+                 event_ttl_s: float = 3600.0) -> None:
         self.host, self._port = host, port
         self.history = history
+        self.event_ttl_s = event_ttl_s
+        self._event_times: deque[tuple[float, tuple[str, str]]] = deque()  # (created, key), oldest first
         self.faults = FaultInjector(seed)
-        self._lock = threading.Condition()
+        self._mutex = threading.RLock()
+        self._lock = threading.Condition(self._mutex)
         self._rv = 1
-        self._store: dict[str, dict[tuple[str, str], dict]] = {"nodes": {}, "pods": {}, "events": {}, "leases": {}}
+        self._store: dict[str, dict[tuple[str, str], dict]] = {"nodes": {}, "pods": {}, "events": {}, "leases": {},
+                                                             "poddisruptionbudgets": {}}
+        # One condition per resource on the store's lock: a write wakes only the watches of its resource (a
+        # binding does not wake the node watches; an Event, usually none).
+        self._watch_cv = {r: threading.Condition(self._mutex) for r in self._store}
         self._log: list[tuple[int, str, str, dict | None, dict | None]] = []  # (rv, resource, type, old, new)
         self._log_base = 2  # rv of _log[0]
         self._min_watch_rv = 1
         self.bindings: list[tuple[str, str, str, str, float]] = []
         self.bind_requests = 0
+        self._bind_times: dict[str, list[float]] = {}  # namespace ("" = all) -> monotonic times of bindings
         self.conflicts: list[tuple[str, str]] = []  # bindings refused because the pod was already assigned
         self.deleted_nodes: dict[str, float] = {}
+        self.evictions: list[tuple[str, str, int, float]] = []  # (namespace, pod, HTTP code, monotonic time)
+        self.node_patches: list[tuple[str, dict, float]] = []  # (node, patch, monotonic time) of every node PATCH
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -271,8 +316,7 @@ class KubeEmulator:
         if self._server is None:
             return
         self._stopping = True
-        with self._lock:
-            self._lock.notify_all()
+        self._notify_watches()
         self._server.shutdown()
         with self._conn_lock:
             conns = list(self._conns)
@@ -311,7 +355,7 @@ class KubeEmulator:
             return None  # nothing to delete: no new version (watch cursors rely on versions being contiguous)
         self._rv += 1
         if new is None:
-            gone = copy.deepcopy(old)
+            gone = _copy(old)
             gone["metadata"]["resourceVersion"] = str(self._rv)
             del store[key]
             self._log.append((self._rv, resource, "DELETED", old, gone))
@@ -326,8 +370,13 @@ class KubeEmulator:
             del self._log[:drop]
             self._log_base += drop
             self._min_watch_rv = self._log_base - 1
-        self._lock.notify_all()
+        self._watch_cv[resource].notify_all()
         return result
+
+    def _notify_watches(self) -> None:
+        with self._lock:
+            for cv in self._watch_cv.values():
+                cv.notify_all()
 
     def drop_watches(self) -> int:
         """Cut every open watch connection (as an apiserver restart or a load balancer would); returns how many."""
@@ -346,22 +395,26 @@ class KubeEmulator:
             self._log_base += len(self._log)
             self._log.clear()
             self._min_watch_rv = self._rv
-            self._lock.notify_all()
+        self._notify_watches()
 
     @property
     def resource_version(self) -> int:
         return self._rv
 
-    def _create(self, resource: str, obj: dict, namespace: str = "") -> dict:
+    def _create(self, resource: str, obj: dict, namespace: str = "", *, copy_result: bool = True) -> dict:
         meta = obj.setdefault("metadata", {})
         if namespace:
             meta["namespace"] = namespace
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-        if not meta.get("name"):
+        generated = not meta.get("name") and bool(meta.get("generateName"))
+        if not meta.get("name") and not generated:
             raise _ApiError(422, "Invalid", "metadata.name: Required value")
-        key = (meta.get("namespace", ""), meta["name"])
         with self._lock:
+            for _ in range(8):  # a generated name that is taken is drawn again, as the apiserver retries it
+                if generated:
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                key = (meta.get("namespace", ""), meta["name"])
+                if not generated or key not in self._store[resource]:
+                    break
             if key in self._store[resource]:
                 raise _ApiError(409, "AlreadyExists", f'{resource} "{meta["name"]}" already exists')
             meta["uid"] = str(uuid.uuid4())
@@ -369,7 +422,20 @@ class KubeEmulator:
             if resource == "pods":
                 obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
                 obj.setdefault("status", {}).setdefault("phase", "Pending")
-            return copy.deepcopy(self._commit(resource, key, obj))
+            new = self._commit(resource, key, obj)
+            if resource == "events":
+                self._expire_events(key)
+            return _copy(new) if copy_result else new
+
+    def _expire_events(self, key: tuple[str, str]) -> None:
+        """Delete the Events older than ``event_ttl_s`` (kube-apiserver's ``--event-ttl``: etcd drops them then);
+        lock held."""
+        now = time.monotonic()
+        self._event_times.append((now, key))
+        while self._event_times and now - self._event_times[0][0] > self.event_ttl_s:
+            _, old = self._event_times.popleft()
+            if old in self._store["events"]:
+                self._commit("events", old, None)
 
     # ---- direct API for tests ----
     def add_node(self, name: str, cpu: str = "4", memory: str = "8Gi", pods: str = "110", **kw: Any) -> dict:
@@ -383,20 +449,112 @@ class KubeEmulator:
     def add_pod(self, name: str, namespace: str = "default", **kw: Any) -> dict:
         return self._create("pods", make_pod(name, namespace, **kw))
 
+    def set_node_ready(self, name: str, ready: bool) -> None:
+        """What the node's kubelet (or its absence) reports: Ready True, or Unknown once it stops posting."""
+        with self._lock:
+            node = _copy(self._store["nodes"][("", name)])
+            conds = [c for c in node["status"].get("conditions", []) if c.get("type") != "Ready"]
+            conds.append({"type": "Ready", "status": "True" if ready else "Unknown",
+                          "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+                          "lastTransitionTime": now_rfc3339()})
+            node["status"]["conditions"] = conds
+            self._commit("nodes", ("", name), node)
+
+    def add_pdb(self, name: str, namespace: str = "default", *, match_labels: dict[str, str],
+                min_available: int | str | None = None, max_unavailable: int | str | None = None) -> dict:
+        """A policy/v1 PodDisruptionBudget over the pods with ``match_labels``."""
+        spec: dict[str, Any] = {"selector": {"matchLabels": dict(match_labels)}}
+        if min_available is not None:
+            spec["minAvailable"] = min_available
+        if max_unavailable is not None:
+            spec["maxUnavailable"] = max_unavailable
+        return self._create("poddisruptionbudgets", {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                                                     "metadata": {"name": name}, "spec": spec}, namespace)
+
+    def _pdb_status(self, pdb: dict) -> dict:
+        """The disruption controller's status for ``pdb`` now (lock held)."""
+        ns = pdb["metadata"].get("namespace", "")
+        sel = (pdb.get("spec") or {}).get("selector", {}).get("matchLabels") or {}
+        pods = [p for (pns, _), p in self._store["pods"].items() if pns == ns
+                and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
+        healthy = sum(1 for p in pods if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+                      and p["status"].get("phase") not in ("Succeeded", "Failed"))
+        expected = len(pods)
+
+        def count(v: int | str) -> int:
+            if isinstance(v, str) and v.endswith("%"):
+                return -(-int(v[:-1]) * expected // 100)  # rounded up, as the disruption controller does
+            return int(v)
+
+        spec = pdb.get("spec") or {}
+        if "maxUnavailable" in spec:
+            desired = max(0, expected - count(spec["maxUnavailable"]))
+        else:
+            desired = count(spec.get("minAvailable", 1))
+        return {"currentHealthy": healthy, "desiredHealthy": desired, "expectedPods": expected,
+                "disruptionsAllowed": max(0, healthy - desired), "observedGeneration": 1}
+
+    def evict(self, namespace: str, name: str, body: dict) -> dict:
+        """The Eviction subresource: 429 while a PDB covering the pod allows no disruption, else delete it."""
+        with self._lock:
+            pod = self._store["pods"].get((namespace, name))
+            if pod is None:
+                self.evictions.append((namespace, name, 404, time.monotonic()))
+                raise _ApiError(404, "NotFound", f'pods "{name}" not found')
+            want = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+            if want and want != pod["metadata"]["uid"]:
+                raise _ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {want}")
+            labels = pod["metadata"].get("labels") or {}
+            for (pns, _), pdb in self._store["poddisruptionbudgets"].items():
+                sel = (pdb.get("spec") or {}).get("selector", {}).get("matchLabels") or {}
+                if pns == namespace and all(labels.get(k) == v for k, v in sel.items()):
+                    if self._pdb_status(pdb)["disruptionsAllowed"] <= 0:
+                        self.evictions.append((namespace, name, 429, time.monotonic()))
+                        raise _ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
+                                        "disruption budget.")
+            self._commit("pods", (namespace, name), None)
+            self.evictions.append((namespace, name, 201, time.monotonic()))
+            owners = pod["metadata"].get("ownerReferences") or []
+            if any(o.get("kind") == "ReplicaSet" for o in owners):  # its controller makes a replacement
+                new = _copy(pod)
+                new["metadata"] = {k: v for k, v in pod["metadata"].items()
+                                   if k in ("namespace", "labels", "annotations", "ownerReferences")}
+                new["metadata"]["name"] = f"{name.rsplit('-r', 1)[0]}-r{uuid.uuid4().hex[:5]}"
+                new["spec"].pop("nodeName", None)
+                new["status"] = {"phase": "Pending"}
+                self._create("pods", new, namespace)
+        return status_body(201, "", "")
+
+    def patch(self, resource: str, namespace: str, name: str, patch: dict) -> dict:
+        """A JSON merge patch (RFC 7386) of the object; ``metadata.resourceVersion`` in it is a precondition."""
+        with self._lock:
+            obj = self._store[resource].get((namespace, name))
+            if obj is None:
+                raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            rv = (patch.get("metadata") or {}).get("resourceVersion")
+            if rv and rv != obj["metadata"]["resourceVersion"]:
+                raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": the object '
+                                "has been modified; please apply your changes to the latest version and try again")
+            obj = _copy(obj)
+            _merge(obj, _copy(patch), strategic=False)
+            if resource == "nodes":
+                self.node_patches.append((name, _copy(patch), time.monotonic()))
+            return _copy(self._commit(resource, (namespace, name), obj))
+
     def delete_pod(self, namespace: str, name: str) -> None:
         with self._lock:
             self._commit("pods", (namespace, name), None)
 
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
         with self._lock:
-            pod = copy.deepcopy(self._store["pods"][(namespace, name)])
+            pod = _copy(self._store["pods"][(namespace, name)])
             pod["status"]["phase"] = phase
             self._commit("pods", (namespace, name), pod)
 
     def get(self, resource: str, name: str, namespace: str = "") -> dict | None:
         with self._lock:
             obj = self._store[resource].get((namespace, name))
-            return copy.deepcopy(obj) if obj is not None else None
+            return _copy(obj) if obj is not None else None
 
     def stats(self) -> dict:
         """Counts for checks from another process: bindings, pods bound more than once, pending pods, faults."""
@@ -411,9 +569,22 @@ class KubeEmulator:
                     "last_binding": self.bindings[-1][4] if self.bindings else None,
                     "faults": dict(Counter(f"{k} {op}" for k, op in self.faults.log))}
 
+    def binding_times(self, namespace: str = "", since: int = 0) -> dict:
+        """Monotonic times of the accepted bindings (of pods in ``namespace``, or all), from the ``since``-th on:
+        ``{"count": total, "times": [...]}``. Cheap to poll: no pod is looked at."""
+        with self._lock:
+            times = self._bind_times.setdefault(namespace, [])
+            return {"count": len(times), "times": times[since:]}
+
     def list(self, resource: str) -> list[dict]:
         with self._lock:
-            return [copy.deepcopy(o) for o in self._store[resource].values()]
+            return [_copy(o) for o in self._store[resource].values()]
+
+    def changes(self, resource: str) -> list[tuple[str, dict]]:
+        """The watch events of ``resource`` still in the history, oldest first: what a watch from the oldest
+        kept version would replay (``(type, object)``; each write of an object is one entry)."""
+        with self._lock:
+            return [(etype, _copy(new)) for _rv, res, etype, _old, new in self._log if res == resource]
 
     # ---- request-level operations (called by the handler) ----
     def bind(self, namespace: str, name: str, body: dict, fault: Fault | None) -> dict:
@@ -438,14 +609,19 @@ class KubeEmulator:
                                 f'{name} is already assigned to node "{pod["spec"]["nodeName"]}"')
             if pod["metadata"].get("deletionTimestamp"):
                 raise _ApiError(409, "Conflict", f'pod {name} is being deleted, cannot be assigned to a host')
-            pod = copy.deepcopy(pod)
-            pod["spec"]["nodeName"] = target
+            # Copy on write of what changes (metadata gets the new resourceVersion); the rest is shared with
+            # the old version, which nothing changes in place.
+            pod = {**pod, "metadata": dict(pod["metadata"]), "spec": {**pod["spec"], "nodeName": target},
+                   "status": dict(pod["status"])}
             conds = [c for c in pod["status"].get("conditions", []) if c.get("type") != "PodScheduled"]
             conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                           "lastTransitionTime": now_rfc3339()})
             pod["status"]["conditions"] = conds
             self._commit("pods", (namespace, name), pod)
-            self.bindings.append((namespace, name, pod["metadata"]["uid"], target, time.monotonic()))
+            t = time.monotonic()
+            self.bindings.append((namespace, name, pod["metadata"]["uid"], target, t))
+            self._bind_times.setdefault("", []).append(t)
+            self._bind_times.setdefault(namespace, []).append(t)
         return status_body(201, "", "")
 
     def patch_status(self, resource: str, namespace: str, name: str, patch: dict, strategic: bool) -> dict:
@@ -453,11 +629,11 @@ class KubeEmulator:
             obj = self._store[resource].get((namespace, name))
             if obj is None:
                 raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
-            obj = copy.deepcopy(obj)
+            obj = _copy(obj)
             if "status" in patch:
                 obj.setdefault("status", {})
                 _merge(obj["status"], patch["status"] or {}, strategic)
-            return copy.deepcopy(self._commit(resource, (namespace, name), obj))
+            return _copy(self._commit(resource, (namespace, name), obj))
 
     def replace(self, resource: str, namespace: str, name: str, body: dict) -> dict:
         with self._lock:
@@ -468,12 +644,12 @@ class KubeEmulator:
             if rv and rv != old["metadata"]["resourceVersion"]:
                 raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": the object '
                                 "has been modified; please apply your changes to the latest version and try again")
-            body = copy.deepcopy(body)
+            body = _copy(body)
             meta = body.setdefault("metadata", {})
             meta["uid"] = old["metadata"]["uid"]
             meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
             meta["namespace"], meta["name"] = namespace, name
-            return copy.deepcopy(self._commit(resource, (namespace, name), body))
+            return _copy(self._commit(resource, (namespace, name), body))
 
     def delete(self, resource: str, namespace: str, name: str) -> dict:
         with self._lock:
@@ -482,15 +658,30 @@ class KubeEmulator:
                 raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
             if resource == "nodes":
                 self.deleted_nodes[name] = time.monotonic()
-            return copy.deepcopy(gone)
+            return _copy(gone)
 
     def list_objects(self, resource: str, namespace: str, sel: list) -> dict:
         with self._lock:
-            items = [copy.deepcopy(o) for (ns, _), o in self._store[resource].items()
+            items = [o for (ns, _), o in self._store[resource].items()
                      if (not namespace or ns == namespace) and matches(o, sel)]
             rv = str(self._rv)
-        kind = {"nodes": "NodeList", "pods": "PodList", "events": "EventList", "leases": "LeaseList"}[resource]
+        kind = {"nodes": "NodeList", "pods": "PodList", "events": "EventList", "leases": "LeaseList",
+                "poddisruptionbudgets": "PodDisruptionBudgetList"}[resource]
+        if resource == "poddisruptionbudgets":
+            with self._lock:
+                items = [{**o, "status": self._pdb_status(o)} for o in items]
         return {"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items}
+
+
+class _Headers(dict):
+    """Request headers by lower-cased name; ``get`` and ``[]`` take any case (``[]`` is None when missing, as
+    on ``email.message.Message``)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict.get(self, key.lower(), default)
+
+    def __getitem__(self, key: str) -> Any:
+        return dict.get(self, key.lower())
 
 
 class _ApiError(Exception):
@@ -507,6 +698,40 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
+
+    def parse_request(self) -> bool:
+        """HTTP/1.x request line and headers, as BaseHTTPRequestHandler's, without the ``email`` parser it
+        uses for headers (which cost the emulator more than everything else a binding does)."""
+        self.command, self.request_version, self.close_connection = None, "HTTP/0.9", True
+        self.requestline = line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = line.split()
+        if not words:
+            return False
+        if len(words) != 3 or words[2] not in ("HTTP/1.0", "HTTP/1.1"):
+            self.send_error(400, f"Bad request syntax ({line!r})")
+            return False
+        self.command, self.path, self.request_version = words
+        if self.path.startswith("//"):
+            self.path = "/" + self.path.lstrip("/")
+        headers = _Headers()
+        for _ in range(101):
+            h = self.rfile.readline(65537)
+            if len(h) > 65536:
+                self.send_error(431, "Line too long")
+                return False
+            if h in (b"\r\n", b"\n", b""):
+                break
+            k, _, v = h.decode("iso-8859-1").partition(":")
+            headers[k.strip().lower()] = v.strip()
+        else:
+            self.send_error(431, "Too many headers")
+            return False
+        self.headers = headers  # type: ignore[assignment]
+        conn = headers.get("Connection", "").lower()
+        self.close_connection = conn == "close" or (self.request_version == "HTTP/1.0" and conn != "keep-alive")
+        if headers.get("Expect", "").lower() == "100-continue" and self.request_version == "HTTP/1.1":
+            return self.handle_expect_100()
+        return True
 
     def handle(self) -> None:
         try:
@@ -534,6 +759,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:  # the client asked (or spoke HTTP/1.0): say so, as Go's net/http does
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
@@ -576,7 +803,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str) -> tuple[str, str, str, str, str]:
         """(op verb, resource, namespace, name, subresource) for a path."""
         parts = [p for p in path.split("/") if p]
-        if path.startswith(LEASE_PREFIX + "/"):
+        if path.startswith(LEASE_PREFIX + "/") or path.startswith(POLICY_PREFIX + "/"):
             rest = parts[3:]
             resource_group = True
         elif parts[:2] == ["api", "v1"]:
@@ -590,7 +817,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest:
             raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         resource, name, sub = rest[0], rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else ""
-        allowed = {"leases"} if resource_group else {"nodes", "pods", "events"}
+        allowed = ({"leases"} if path.startswith(LEASE_PREFIX) else {"poddisruptionbudgets"}) if resource_group \
+            else {"nodes", "pods", "events"}
         if resource not in allowed:
             raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         return method, resource, ns, name, sub
@@ -605,6 +833,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if url.path == "/emulator/stats":  # not Kubernetes: lets a bench in another process check the store
                 self._send_json(200, emu.stats())
+                return
+            if url.path == "/emulator/bindings":  # not Kubernetes: binding times, for throughput benches
+                self._send_json(200, emu.binding_times(q.get("namespace", ""), int(q.get("since") or 0)))
                 return
             if url.path in ("/healthz", "/readyz", "/livez"):
                 data = b"ok"
@@ -627,9 +858,12 @@ class _Handler(BaseHTTPRequestHandler):
             f = emu.faults.take(op, ("slow",))
             if f is not None:
                 time.sleep(f.delay_s)
-            f = emu.faults.take(op, ("500", "409", "cut", "gone", "lost-response", "delete-node"))
+            f = emu.faults.take(op, ("500", "403", "409", "cut", "gone", "lost-response", "delete-node"))
             if f is not None and f.kind == "500":
                 raise _ApiError(500, "InternalError", "Internal error occurred: injected fault")
+            if f is not None and f.kind == "403":
+                raise _ApiError(403, "Forbidden", f'{resource} "{name}" is forbidden: User '
+                                '"system:serviceaccount:joulesched:joulesched" cannot ' + op + ': injected fault')
             if f is not None and f.kind == "409":
                 raise _ApiError(409, "Conflict", f"Operation cannot be fulfilled on {resource} \"{name}\": "
                                 "injected conflict")
@@ -656,6 +890,14 @@ class _Handler(BaseHTTPRequestHandler):
         emu = self.emulator
         if op == "bind":
             return emu.bind(ns, name, body, fault), 201
+        if method == "POST" and sub == "eviction" and resource == "pods":
+            return emu.evict(ns, name, body), 201
+        if method == "PATCH" and name and not sub and resource in ("nodes", "pods", "events"):
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype != "application/merge-patch+json":
+                raise _ApiError(415, "UnsupportedMediaType", f"the emulator supports merge patches of {resource}, "
+                                f"not {ctype}")
+            return emu.patch(resource, ns, name, body), 200
         if method == "GET" and not name:
             return emu.list_objects(resource, ns, parse_field_selector(q.get("fieldSelector"))), 200
         if method == "GET":
@@ -664,9 +906,9 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
             return obj, 200
         if method == "POST" and not name:
-            if resource in ("pods", "events", "leases") and not ns:
+            if resource in ("pods", "events", "leases", "poddisruptionbudgets") and not ns:
                 raise _ApiError(404, "NotFound", f"{resource} are namespaced")
-            return emu._create(resource, body, ns), 201
+            return emu._create(resource, body, ns, copy_result=False), 201
         if method == "PATCH" and sub == "status":
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
@@ -709,7 +951,7 @@ class _Handler(BaseHTTPRequestHandler):
             with emu._lock:
                 if rv_param in ("", "0"):
                     cursor = emu._rv
-                    initial = [copy.deepcopy(o) for (ons, _), o in emu._store[resource].items()
+                    initial = [o for (ons, _), o in emu._store[resource].items()
                                if (not ns or ons == ns) and matches(o, sel)]
                 else:
                     cursor = int(rv_param)
@@ -727,7 +969,7 @@ class _Handler(BaseHTTPRequestHandler):
                         left = deadline - time.monotonic()
                         if left <= 0:
                             break
-                        emu._lock.wait(min(left, 0.5))
+                        emu._watch_cv[resource].wait(min(left, 0.5))
                     if emu._stopping or time.monotonic() >= deadline:
                         break
                     if cursor < emu._min_watch_rv:
@@ -786,8 +1028,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fault", action="append", default=[], metavar="KIND:OP:PROBABILITY",
                     help="inject a fault forever with this probability, e.g. 500:bind:0.02 (repeatable)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quiet", action="store_true", help="do not print each binding (benchmarks)")
+    ap.add_argument("--event-ttl", type=float, default=3600.0, help="seconds an Event is kept (--event-ttl)")
     a = ap.parse_args(argv)
-    emu = KubeEmulator(port=a.port, seed=a.seed)
+    emu = KubeEmulator(port=a.port, seed=a.seed, event_ttl_s=a.event_ttl)
     for spec in a.fault:
         kind, rest = spec.split(":", 1)
         op, prob = rest.rsplit(":", 1)
@@ -804,9 +1048,14 @@ def main(argv: list[str] | None = None) -> None:
 
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    shown = 0
     try:
-        while not done.wait(1.0):
-            pass
+        while not done.wait(0.5):
+            # Every binding as it happens, so a first-time user sees the scheduler place pods.
+            if not a.quiet:
+                for b in emu.bindings[shown:]:
+                    print(f"bound {b[0]}/{b[1]} to {b[3]}", flush=True)
+                shown = len(emu.bindings)
     except KeyboardInterrupt:
         pass
     finally:

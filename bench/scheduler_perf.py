@@ -1,0 +1,361 @@
+"""kube-scheduler's scheduler_perf **SchedulingBasic**, for `joulesched serve`, against the API emulator.
+
+Upstream (test/integration/scheduler_perf/misc/performance-config.yaml): 5,000 nodes from
+templates/node-default.yaml (4 CPU, 32 Gi, 110 pods, Ready; allocatable = capacity, as the apiserver defaults
+it), then ``initPods`` pods scheduled unmeasured, then ``measurePods`` pods measured, all from
+templates/pod-default.yaml (one pause container, port 80, requests = limits = 100m / 500Mi). Gates:
+5000Nodes_10000Pods (1,000 init) >= 680 pods/s, 5000Nodes_50000Pods (5,000 init) >= 810 pods/s.
+
+Here: the emulator (tests/support/kube_emulator.py, its own process) holds the nodes; a creator process posts
+the pods over loopback HTTP at a steady rate (``--rate``) with ``schedulerName: joulesched``; the scheduler
+(`live.scheduler.Scheduler`, what `serve` runs) places and binds them. Reported as scheduler_perf computes
+SchedulingThroughput (util.go, throughputCollector): a 1 s ticker from the start of the measured creation;
+the first tick that sees a bound pod only starts the clock; each later tick records (new bindings) / (time
+since the last recorded tick), an interval with none is merged into the next one (recorded once per merged
+second); average and the 50/90/95/99th percentiles of the sorted samples (index ceil(n·p/100) - 1). Bindings
+are counted where they land, in the emulator. Attempt latency (decision + binding request) p50/p99 comes from
+the scheduler's reservoir, measured pods only.
+
+The ceiling: ``noop`` runs a binder with no decisions (each pending pod seen by the same informer is bound to
+the next node round-robin) through the same client stack and window, against the same emulator, with the pods
+created as fast as the emulator takes them (``--noop-rate 0``), so it measures the stack's capacity;
+``noop+events`` also writes the Scheduled Event per pod that the scheduler writes. CPU seconds of each
+process over the measured phase show what bounds a figure.
+
+    .venv/bin/python bench/scheduler_perf.py                         # 5,000 nodes; 10k and 50k pods; noop, 4 policies
+    .venv/bin/python bench/scheduler_perf.py --smoke                 # under 60 s: 1,000 nodes, 20,000 pods
+    .venv/bin/python bench/scheduler_perf.py --policy default-k8s --pods 10000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: templates/pod-default.yaml
+POD_TEMPLATE = {"apiVersion": "v1", "kind": "Pod", "metadata": {},
+                "spec": {"schedulerName": "joulesched",
+                         "containers": [{"image": "registry.k8s.io/pause:3.10.1", "name": "pause",
+                                         "ports": [{"containerPort": 80}],
+                                         "resources": {"limits": {"cpu": "100m", "memory": "500Mi"},
+                                                       "requests": {"cpu": "100m", "memory": "500Mi"}}}]}}
+#: ``@sample=P``: serve's sample_pct for a policy that does not sample itself (0 = kube's adaptive percentage)
+DEFAULT_POLICIES = ["default-k8s", "most-allocated", "awake-first", "dqn=models/small.pt@sample=0"]
+INIT_PODS = {10000: 1000, 50000: 5000}  # upstream's initPods for each measurePods
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---- the creator (a subprocess: `scheduler_perf.py --create ...`) -------------------------------------------
+def create_pods(port: int, namespace: str, count: int, rate: float, prefix: str, threads: int = 3) -> None:
+    """POST ``count`` pods at ``rate`` per second (0 = as fast as the emulator takes them), over keep-alive
+    connections, and print the monotonic time of the first request."""
+    next_i = itertools.count()
+    t0 = time.monotonic()
+    errors = []
+
+    def work() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        while (i := next(next_i)) < count:
+            if rate > 0:
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            pod = dict(POD_TEMPLATE, metadata={"name": f"{prefix}-{i}", "namespace": namespace})
+            conn.request("POST", f"/api/v1/namespaces/{namespace}/pods", json.dumps(pod).encode(),
+                         {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            if r.status != 201:
+                errors.append(r.status)
+
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    print(json.dumps({"t0": t0}), flush=True)
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    print(json.dumps({"done": time.monotonic(), "errors": len(errors)}), flush=True)
+
+
+def _start_creator(port: int, namespace: str, count: int, rate: float) -> tuple[subprocess.Popen, float]:
+    p = subprocess.Popen([sys.executable, __file__, "--create", str(port), namespace, str(count), str(rate)],
+                         cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    return p, json.loads(p.stdout.readline())["t0"]
+
+
+# ---- SchedulingThroughput, as scheduler_perf's throughputCollector ----------------------------------------
+def scheduling_throughput(times: list[float], start: float, interval: float = 1.0) -> dict:
+    """``times``: when each measured pod was bound; ``start``: when the collector started (the measured
+    creation). Ticks every ``interval`` from ``start`` until the last binding."""
+    times = sorted(times)
+    samples: list[float] = []
+    if not times:
+        return {"samples": 0}
+    k, started, last_count, last_t, skipped = 0, False, 0, start, 0
+    tick = start
+    while tick + interval <= times[-1] + 1e-9:
+        tick += interval
+        while k < len(times) and times[k] <= tick:
+            k += 1
+        if k == 0:
+            continue
+        if not started:
+            started, last_count, last_t = True, k, tick
+            continue
+        new = k - last_count
+        if new == 0:
+            skipped += 1
+            continue
+        samples += [new / (tick - last_t)] * (skipped + 1)
+        last_count, last_t, skipped = k, tick, 0
+    if not samples:
+        return {"samples": 0}
+    samples.sort()
+    n = len(samples)
+
+    def perc(p: int) -> float:
+        return samples[int(math.ceil(n * p / 100)) - 1]
+
+    return {"samples": n, "average": sum(samples) / n, "perc50": perc(50), "perc90": perc(90),
+            "perc95": perc(95), "perc99": perc(99)}
+
+
+# ---- the no-op binder: the same informer, client and window; no decision -----------------------------------
+class NoopBinder:
+    """Binds each pending pod of ``scheduler_name`` to the next node round-robin, ``window`` requests in flight
+    through :class:`FastClient`, optionally writing the Scheduled Event as the scheduler does."""
+
+    def __init__(self, cache, window: int, events: bool, scheduler_name: str = "joulesched") -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from joulesched.cluster.kube.client import FastClient
+
+        self.cache, self.events, self.name = cache, events, scheduler_name
+        self.http = FastClient(cache.api)
+        self.pool = ThreadPoolExecutor(window, thread_name_prefix="noop-bind")  # = the window in flight
+        self.rr = itertools.count()
+        self.nodes: list[str] | None = None
+        self.seen: set[str] = set()
+        self.ev_pool = ThreadPoolExecutor(1, thread_name_prefix="noop-events") if events else None
+        cache.add_pod_listener(self._on_pod)
+
+    def _on_pod(self, old, new) -> None:  # called with the cache lock held: hand off only
+        if new is None or new.node_name or new.scheduler_name != self.name or new.uid in self.seen:
+            return
+        self.seen.add(new.uid)
+        if self.nodes is None:
+            self.nodes = sorted(self.cache.nodes)
+        self.pool.submit(self._bind, new.namespace, new.name, new.uid, self.nodes[next(self.rr) % len(self.nodes)])
+
+    def _bind(self, ns: str, name: str, uid: str, node: str) -> None:
+        body = json.dumps({"apiVersion": "v1", "kind": "Binding",
+                           "metadata": {"name": name, "namespace": ns, "uid": uid},
+                           "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+                          separators=(",", ":")).encode()
+        r = self.http.request("POST", f"/api/v1/namespaces/{ns}/pods/{name}/binding", body)
+        if r.status < 300 and self.ev_pool is not None:
+            self.ev_pool.submit(self._event, ns, name, uid, node)
+
+    def _event(self, ns: str, name: str, uid: str, node: str) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{name}.{time.time_ns():x}",
+                                                                  "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name, "uid": uid},
+                "reason": "Scheduled", "message": f"Successfully assigned {ns}/{name} to {node}", "type": "Normal",
+                "source": {"component": "noop"}, "reportingComponent": "noop", "action": "Binding",
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        self.http.request("POST", f"/api/v1/namespaces/{ns}/events", json.dumps(body).encode())
+
+    def start(self) -> "NoopBinder":
+        self.cache.start()
+        return self
+
+    def stop(self) -> None:
+        self.pool.shutdown(wait=True)
+        if self.ev_pool is not None:
+            self.ev_pool.shutdown(wait=True)
+        self.cache.stop()
+        self.http.close()
+
+
+# ---- one run --------------------------------------------------------------------------------------------------
+def _wait_bound(url: str, namespace: str, count: int, timeout: float, times: list[float]) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = _get(f"{url}/emulator/bindings?namespace={namespace}&since={len(times)}")
+        times += got["times"]
+        if len(times) >= count:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window: int, timeout: float,
+        leader_elect: bool = False) -> dict:
+    from joulesched.cluster.kube.cache import KubeCache
+    from joulesched.cluster.kube.client import api_client_for
+
+    port = _free_port()
+    emu = subprocess.Popen([sys.executable, "-m", "tests.support.kube_emulator", "--port", str(port), "--nodes",
+                            str(nodes), "--node-cpu", "4", "--node-memory", "32Gi", "--quiet"],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    sched = None
+    creator = None
+    try:
+        line = emu.stdout.readline()
+        if "emulator on" not in line:
+            raise RuntimeError(f"emulator did not start: {line}")
+        cache = KubeCache(api_client_for(url))
+        if policy in ("noop", "noop+events"):
+            sched = NoopBinder(cache, window, events=policy == "noop+events").start()
+        else:
+            from joulesched.agent.registry import make_policy
+            from joulesched.live.scheduler import Scheduler, ServeConfig
+
+            spec, _, opt = policy.partition("@sample=")
+            cfg = ServeConfig(leader_elect=leader_elect, lease_namespace="default", bind_workers=window,
+                              latency_reservoir=200_000, sample_pct=int(opt) if opt else None)
+            sched = Scheduler(cache, make_policy(spec), cfg).start()
+        if not cache.wait_synced(60):
+            raise RuntimeError("the cache never synced")
+        if init_pods:
+            c, _ = _start_creator(port, "init", init_pods, 0)
+            init_times: list[float] = []
+            if not _wait_bound(url, "init", init_pods, timeout, init_times):
+                raise RuntimeError(f"{policy}: init pods not all bound within {timeout} s")
+            c.wait(30)
+        if hasattr(sched, "latency"):
+            sched.latency.clear()
+        cpu0 = {"emulator": _cpu_s(emu.pid), "scheduler": time.process_time()}
+        creator, t_start = _start_creator(port, "measure", pods, rate)
+        times: list[float] = []
+        ok = _wait_bound(url, "measure", pods, timeout, times)
+        wall = time.monotonic() - t_start
+        cpu = {"emulator": _cpu_s(emu.pid) - cpu0["emulator"], "scheduler": time.process_time() - cpu0["scheduler"]}
+        try:
+            cpu["creator"] = _cpu_s(creator.pid)
+        except OSError:
+            cpu["creator"] = float("nan")
+        tp = scheduling_throughput(times, t_start)
+        out = {"policy": policy, "nodes": nodes, "init_pods": init_pods, "pods": pods, "rate": rate, "window": window,
+               "bound": len(times), "complete": ok, "wall_s": wall,
+               "span_pods_per_s": (len(times) - 1) / (max(times) - min(times)) if len(times) > 1 else None,
+               "throughput": tp, "cpu_s": cpu,
+               "cpu_share": {k: v / wall for k, v in cpu.items()}}
+        if hasattr(sched, "latency"):
+            lat = sched.latency
+            out["attempt_ms"] = {"p50": lat.percentile(50) * 1e3, "p99": lat.percentile(99) * 1e3,
+                                 "samples": lat.count}
+            out["events_dropped"] = sched.metrics.events_dropped._value.get()
+        st = _get(url + "/emulator/stats")
+        out["bound_twice"] = st["pods_bound_twice"]
+        return out
+    finally:
+        if creator is not None:
+            creator.kill()
+            creator.wait()
+        if sched is not None:
+            sched.stop()
+        emu.terminate()
+        try:
+            emu.wait(15)
+        except subprocess.TimeoutExpired:
+            emu.kill()
+
+
+def _row(r: dict) -> str:
+    tp, lat = r["throughput"], r.get("attempt_ms") or {}
+
+    def f(v, d=0):
+        return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{d}f}"
+
+    share = r["cpu_share"]
+    return (f"| {r['policy']} | {r['nodes']} | {r['pods']} | {f(tp.get('average'))} | {f(tp.get('perc50'))} | "
+            f"{f(tp.get('perc90'))} | {f(tp.get('perc99'))} | {f(lat.get('p50'), 2)} | {f(lat.get('p99'), 2)} | "
+            f"{share['emulator']:.2f} / {share['scheduler']:.2f} / {share['creator']:.2f} | "
+            f"{'yes' if r['complete'] else 'NO'} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--policy", action="append", help="repeatable; also noop, noop+events (the ceiling); "
+                    f"default: noop, noop+events, {', '.join(DEFAULT_POLICIES)}")
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--pods", type=int, action="append", help="measured pods, repeatable (default 10000, 50000)")
+    ap.add_argument("--init-pods", type=int, default=None, help="unmeasured pods first (default: upstream's, "
+                    "1,000 for 10k and 5,000 for 50k, else 10 %%)")
+    ap.add_argument("--rate", type=float, default=1500, help="measured pods created per second (0: as fast as "
+                    "the emulator takes them)")
+    ap.add_argument("--noop-rate", type=float, default=0, help="creation rate of the noop runs (0: as fast as "
+                    "the emulator takes them, so that they measure its capacity)")
+    ap.add_argument("--window", type=int, default=4, help="binding requests in flight (serve --bind-workers)")
+    ap.add_argument("--timeout", type=float, default=600, help="per phase, seconds")
+    ap.add_argument("--leader-elect", action="store_true", help="run the scheduler with leader election on")
+    ap.add_argument("--smoke", action="store_true", help="under 60 s: 1,000 nodes, 500 + 20,000 pods, noop and "
+                    "default-k8s")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--create", nargs=4, metavar=("PORT", "NS", "COUNT", "RATE"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.create:
+        create_pods(int(a.create[0]), a.create[1], int(a.create[2]), float(a.create[3]), "pod")
+        return
+    if a.smoke:
+        a.nodes, a.pods, a.init_pods = 1000, a.pods or [20000], 500 if a.init_pods is None else a.init_pods
+        a.policy = a.policy or ["noop", "default-k8s"]
+    policies = a.policy or ["noop", "noop+events", *DEFAULT_POLICIES]
+    sizes = a.pods or [10000, 50000]
+    results = []
+    for n in sizes:
+        init = a.init_pods if a.init_pods is not None else INIT_PODS.get(n, n // 10)
+        for p in policies:
+            rate = a.noop_rate if p.startswith("noop") else a.rate
+            r = run(p, a.nodes, init, n, rate, a.window, a.timeout, a.leader_elect)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    print()
+    print("| policy | nodes | pods | pods/s avg | p50 | p90 | p99 | attempt p50 ms | attempt p99 ms | "
+          "CPU emulator / scheduler / creator | complete |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(_row(r))
+    if a.json:
+        from joulesched.core.fsio import atomic_write_text
+
+        atomic_write_text(a.json, json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
