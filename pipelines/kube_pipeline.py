@@ -113,6 +113,25 @@ def _wait(cond: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any
 
 
 @contextlib.contextmanager
+def _log_to(log_path: Path) -> Iterator[None]:
+    """joulesched's own log records (INFO and up) also go to ``log_path`` while the block runs: the in-process
+    daemons' logs, kept beside each policy's run."""
+    handler = logging.FileHandler(log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("joulesched")
+    root.addHandler(handler)
+    level = root.level
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+@contextlib.contextmanager
 def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: Path,
                   start_timeout_s: float = 30.0, context: str | None = None) -> Iterator[None]:
     """Run our scheduler with ``policy``, in this process, for the duration of one policy's run (kube-scheduler
@@ -123,24 +142,12 @@ def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: P
         return
     from joulesched.live.daemon import CacheOptions, SchedulerDaemon
 
-    handler = logging.FileHandler(log_path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("joulesched")
-    root.addHandler(handler)
-    level = root.level
-    if root.getEffectiveLevel() > logging.INFO:
-        root.setLevel(logging.INFO)
-    try:
-        daemon = SchedulerDaemon(policy=policy, scheduler_name=JOULESCHED_SCHEDULER, listen="127.0.0.1:0",
-                                 leader_elect=False,
-                                 cache=CacheOptions(kubeconfig=kubeconfig, context=context, prometheus=prometheus_url))
-        with daemon:
-            daemon.wait_ready(start_timeout_s)
-            yield
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
-        handler.close()
+    daemon = SchedulerDaemon(policy=policy, scheduler_name=JOULESCHED_SCHEDULER, listen="127.0.0.1:0",
+                             leader_elect=False,
+                             cache=CacheOptions(kubeconfig=kubeconfig, context=context, prometheus=prometheus_url))
+    with _log_to(log_path), daemon:
+        daemon.wait_ready(start_timeout_s)
+        yield
 
 
 #: What ``--sleep`` gives the node power controller unless told otherwise (docs/node-power.md).
@@ -177,28 +184,16 @@ def node_power_controller(sleep: dict | None, kubeconfig: str, log_path: Path, c
     from joulesched.cluster.nodepower import PowerPolicy
     from joulesched.live.nodepower import NodePowerDaemon
 
-    handler = logging.FileHandler(log_path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("joulesched")
-    root.addHandler(handler)
-    level = root.level
-    if root.getEffectiveLevel() > logging.INFO:
-        root.setLevel(logging.INFO)
-    try:
-        daemon = NodePowerDaemon(actuator=sleep["actuator"], kubeconfig=kubeconfig, context=context,
-                                 policy=PowerPolicy(sleep_after_s=float(sleep["sleep_after_s"]),
-                                                    min_awake=int(sleep["min_awake"])),
-                                 leader_elect=False, status=False, credentials=sleep.get("credentials"),
-                                 addresses=sleep.get("addresses"),
-                                 actuator_options={"libvirt_uri": sleep["libvirt_uri"]} if sleep.get("libvirt_uri")
-                                 else None)
-        with daemon:
-            daemon.wait_ready(start_timeout_s)
-            yield
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
-        handler.close()
+    daemon = NodePowerDaemon(actuator=sleep["actuator"], kubeconfig=kubeconfig, context=context,
+                             policy=PowerPolicy(sleep_after_s=float(sleep["sleep_after_s"]),
+                                                min_awake=int(sleep["min_awake"])),
+                             leader_elect=False, status=False, credentials=sleep.get("credentials"),
+                             addresses=sleep.get("addresses"),
+                             actuator_options={"libvirt_uri": sleep["libvirt_uri"]} if sleep.get("libvirt_uri")
+                             else None)
+    with _log_to(log_path), daemon:
+        daemon.wait_ready(start_timeout_s)
+        yield
 
 
 class AwakeSampler:

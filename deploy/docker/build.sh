@@ -33,12 +33,7 @@ command -v "$engine" >/dev/null || die "$engine not found"
 
 if [ -z "$wheelhouse" ]; then
   wheelhouse="${XDG_CACHE_HOME:-$HOME/.cache}/joulesched/wheelhouse-scheduler"
-  mkdir -p "$wheelhouse"
-  # Wheels for the image's CPython 3.11 on glibc x86_64, whatever this host runs; torch==2.13.0 is the CPU build.
-  "$python" -m pip download --quiet --dest "$wheelhouse" --only-binary=:all: \
-    --python-version 3.11 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -r "$repo/deploy/docker/requirements.txt"
+  PYTHON="$python" "$repo/scripts/download-wheels.sh" "$wheelhouse" "$repo/deploy/docker/requirements.txt"
 fi
 [ -d "$wheelhouse" ] || die "--wheelhouse $wheelhouse is not a directory"
 
