@@ -11,8 +11,9 @@ Layout of the file (whatever its extension, ``models/small.pt`` included):
 A readable copy of the metadata is written next to the file as ``NAME.json``; it is informational only, the
 loader reads the header. Loading refuses, with :class:`agent.policy.PolicyError`: missing files, pickles and
 ``torch.save`` archives (detected by their magic bytes, before any parser sees them; they are never unpickled),
-files that are not valid safetensors, a missing or foreign header, another feature schema, and tensors that do
-not fit the network.
+files that are not valid safetensors, a missing or foreign header, a feature schema this code does not know,
+and tensors that do not fit the network. Schema 1 (``models/small.pt``) and schema 2 both load: the network,
+the features and the predictor follow the schema the file records.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from joulesched.agent.config import DQNConfig
-from joulesched.agent.dqn import DQN, QNetwork
-from joulesched.agent.features import CONTEXT_FEATURES, NODE_FEATURES, POD_FEATURES, SCHEMA_VERSION
+from joulesched.agent.dqn import DQN, make_network
+from joulesched.agent.features import feature_names as schema_feature_names
 from joulesched.agent.policy import PolicyError
 from joulesched.core.fsio import atomic_path, atomic_write_text
 
 FORMAT = "joulesched-dqn"
 FORMAT_VERSION = 1
+#: The feature schemas this code reads (agent/features.py).
+KNOWN_SCHEMAS = (1, 2)
 META_KEY = "joulesched"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 
@@ -48,8 +51,8 @@ class Checkpoint:
         return {name[k:]: t for name, t in self.tensors.items() if name.startswith(prefix + ".")}
 
 
-def feature_names() -> list[str]:
-    return list(NODE_FEATURES + POD_FEATURES + CONTEXT_FEATURES)
+def feature_names(schema: int = 1) -> list[str]:
+    return schema_feature_names(schema)
 
 
 def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict | None = None) -> Path:
@@ -66,8 +69,8 @@ def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict |
             val = val if torch.is_tensor(val) else torch.tensor(float(val))
             tensors[f"optim.{pid}.{key}"] = val.detach().reshape(val.shape).contiguous().clone().float()
     meta = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "feature_schema": SCHEMA_VERSION,
-        "features": feature_names(), "config": agent.cfg.to_dict(), "reward": reward or {},
+        "format": FORMAT, "format_version": FORMAT_VERSION, "feature_schema": agent.cfg.feature_schema,
+        "features": feature_names(agent.cfg.feature_schema), "config": agent.cfg.to_dict(), "reward": reward or {},
         "training": {**training, "updates": agent.updates},
     }
     with atomic_path(path) as tmp:  # a model is an ordinary file: the umask's mode, not mkstemp's 0600
@@ -118,15 +121,21 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if meta.get("format_version") != FORMAT_VERSION:
         raise PolicyError(f"{path}: model file format {meta.get('format_version')!r}, this joulesched reads "
                           f"{FORMAT_VERSION}; re-train it")
-    if meta.get("feature_schema") != SCHEMA_VERSION or meta.get("features") != feature_names():
-        raise PolicyError(f"{path}: trained on feature schema {meta.get('feature_schema')!r}, this joulesched uses "
-                          f"{SCHEMA_VERSION}; re-train with `joulesched train --model {path}`")
+    schema = meta.get("feature_schema")
+    if schema not in KNOWN_SCHEMAS:
+        raise PolicyError(f"{path}: trained on feature schema {schema!r}, which this joulesched does not know (it "
+                          f"reads schemas {', '.join(map(str, KNOWN_SCHEMAS))}); use the joulesched that wrote it, or "
+                          f"re-train with `joulesched train --model {path} --overwrite`")
+    if meta.get("features") != feature_names(schema):
+        raise PolicyError(f"{path}: its feature columns are not schema {schema}'s; re-train with "
+                          f"`joulesched train --model {path} --overwrite`")
     try:
-        cfg = DQNConfig.from_dict(meta.get("config") or {})
+        # Schema-1 files predate the schema knob: the file's schema is the truth.
+        cfg = DQNConfig.from_dict({**(meta.get("config") or {}), "feature_schema": schema})
     except (TypeError, ValueError) as e:
         raise PolicyError(f"{path}: bad hyperparameters in model metadata ({e})") from None
     ckpt = Checkpoint(cfg, meta, tensors)
-    net = QNetwork(cfg.hidden)
+    net = make_network(cfg)
     try:
         net.load_state_dict(ckpt.state("q"), strict=True)
     except RuntimeError as e:
@@ -137,14 +146,20 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return ckpt
 
 
-def load_network(path: str | Path) -> tuple[QNetwork, dict]:
+def load_network(path: str | Path) -> tuple[torch.nn.Module, dict]:
     """The online network, in eval mode, and the metadata: what inference needs."""
+    net, _, meta = load_model(path)
+    return net, meta
+
+
+def load_model(path: str | Path) -> tuple[torch.nn.Module, DQNConfig, dict]:
+    """The online network (eval mode), its :class:`DQNConfig` (schema, predictor settings) and the metadata."""
     ckpt = load_checkpoint(path)
-    net = QNetwork(ckpt.config.hidden)
+    net = make_network(ckpt.config)
     net.load_state_dict(ckpt.state("q"))
     net.eval()
     net.requires_grad_(False)
-    return net, ckpt.meta
+    return net, ckpt.config, ckpt.meta
 
 
 def load_agent(path: str | Path, seed: int = 0) -> tuple[DQN, dict]:

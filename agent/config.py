@@ -23,7 +23,10 @@ from joulesched.core.errors import UsageError
 
 #: Caps on the sizes a config (or a model file's metadata) may ask for.
 LIMITS = {"hidden": 4096, "batch_size": 65_536, "buffer_size": 10_000_000, "replay_memory_mb": 65_536,
-          "n_step": 1_000}
+          "n_step": 1_000, "inducing_points": 256, "attention_dim": 1024, "head_hidden": 4096,
+          "randomize_max_nodes": 5_000, "episodes_per_round": 1_024, "pretrain_episodes": 10_000}
+#: What ``teacher: auto`` means, per kind of cluster (the best heuristics of the headroom table).
+AUTO_TEACHER = {"sleep": "awake-first:fit=efficient", "always_on": "pabfd"}
 
 
 class ConfigError(UsageError):
@@ -34,8 +37,28 @@ class ConfigError(UsageError):
 class DQNConfig:
     """Hyperparameters of the agent and its training loop (CleanRL's ``Args``, reference.md section 7)."""
 
-    hidden: int = 64
+    feature_schema: int = 2
+    """Feature schema of a new model: 2 (predicted lifetimes and load, where the sleep-aware heuristics would put
+    the pod, the arrival rate; agent/features.py) or 1 (the original columns, models/small.pt)."""
+    hidden: int = 48
     """Width of the shared node scorer's two hidden layers."""
+    attention: bool = True
+    """Schema 2: the set-attention block over the nodes (False: each node is scored from its own row and the
+    shared context columns alone; the ablation)."""
+    inducing_points: int = 4
+    """Schema 2: seed vectors of the set-attention block (summaries of the cluster each node reads)."""
+    attention_dim: int = 16
+    """Schema 2: width of the attention's keys and queries."""
+    head_hidden: int = 32
+    """Schema 2: width of the summaries' values and of the advantage head's hidden layer."""
+    prediction: bool = True
+    """Schema 2: the online lifetime and load predictor's columns (False: zeros; the ablation)."""
+    prediction_horizon_s: float = 600.0
+    """Schema 2: how far ahead a node's predicted load looks, seconds."""
+    predictor_shrink: float = 3.0
+    """Pseudo-count of the predictor's shrinkage of a key's lifetimes toward its more general class."""
+    predictor_prior_s: float = 600.0
+    """The predictor's remaining life at age 0 before any pod has ended (then Lindy's: as long as it has lived)."""
     learning_rate: float = 3e-4
     """Adam step size (CleanRL uses 2.5e-4)."""
     gamma_tau_s: float = 1800.0
@@ -53,13 +76,43 @@ class DQNConfig:
     """Environment steps per gradient step."""
     target_update_interval: int = 1_000
     """Environment steps between hard copies of the online net into the target net."""
-    eps_start: float = 1.0
+    eps_start: float = 0.3
+    """Exploration at the start (schema 2 starts from the teacher's demonstrations; schema 1's recipe used 1.0)."""
     eps_end: float = 0.03
     exploration_fraction: float = 0.4
     """Share of the training budget over which epsilon decays linearly from eps_start to eps_end."""
     heuristic_explore: float = 0.5
-    """Probability that an exploratory action is a baseline's choice (most-allocated or energy-greedy, picked per
-    episode) instead of a uniformly random feasible node."""
+    """Probability that an exploratory action is the teacher's choice (schema 1: most-allocated or energy-greedy,
+    alternating per episode) instead of a node drawn by explore_topk / explore_uniform."""
+    teacher: str = "auto"
+    """Schema 2: the heuristic that pretrains the agent, guides exploration and labels the margin loss: a policy
+    spec, or auto (awake-first:fit=efficient where nodes sleep, pabfd where they are always on)."""
+    pretrain_episodes: int = 4
+    """Schema 2: episodes of the teacher's own choices collected before learning starts (demonstrations)."""
+    pretrain_updates: int = 2_000
+    """Schema 2: gradient steps on the demonstrations (margin loss plus TD) before the first rollout of the agent."""
+    bc_weight: float = 1.0
+    """Weight of the margin loss toward the teacher's choices at the start of training (0: pure RL)."""
+    bc_weight_end: float = 0.05
+    """... decaying linearly to this over the exploration fraction: the agent starts at the teacher and may leave
+    it only where the TD targets say a different node is worth more than bc_margin."""
+    bc_margin: float = 0.05
+    """Margin of the DQfD loss, in reward units (one large node's peak draw for 10 minutes)."""
+    explore_topk: int = 3
+    """Schema 2: a non-teacher exploratory action is drawn from the agent's own top-k nodes ..."""
+    explore_uniform: float = 0.25
+    """... or, with this probability, uniformly from every feasible node."""
+    randomize: float = 0.5
+    """Schema 2: share of training episodes on randomised clusters (agent/randomize.py: node mixes, curves around
+    the SPECpower tables, sleep parameters, load levels, service and job mixes); the rest run the given
+    scenarios. 0 trains on the given scenarios only (the ablation)."""
+    randomize_max_nodes: int = 40
+    """Largest randomised training cluster."""
+    episodes_per_round: int = 2
+    """Schema 2: episodes collected per round (with the weights of two rounds back), then their gradient steps.
+    Results depend on this, never on --workers or the executor."""
+    max_episode_decisions: int = 3_000
+    """Schema 2: an episode is truncated after this many decisions (the rest of a long run is not collected)."""
     shaping: bool = True
     """Potential-based reward shaping with phi(s) = -tau x current cluster power (agent/train.py): same optimal
     policy, far smaller values to fit."""
@@ -77,8 +130,15 @@ class DQNConfig:
     the suite), which training never sees."""
     validation_seeds: tuple[int, ...] = (10_007,)
     """Workload seeds of the greedy validation runs (outside the training range)."""
+    validation_random: int = 2
+    """Randomised clusters in the validation set besides the training scenarios (their own seeds: never trained on)."""
     slo_slack: float = 0.005
     """Validation tolerates default-k8s's SLO violation rate plus this (0.5 percentage points)."""
+    validation_reference: str = "sleep-aware"
+    """What validation divides energy by: sleep-aware (the best of awake-first, awake-first:fit=efficient and
+    pabfd per case) or upstream (the better of most-allocated and energy-greedy, the schema-1 recipe)."""
+    validation_pending_weight: float = 0.2
+    """Validation adds this times the mean pending time's excess over the reference's + 10 %, relative to it."""
 
     def __post_init__(self) -> None:
         if self.hidden < 1 or self.batch_size < 1 or self.buffer_size < self.batch_size:
@@ -107,6 +167,29 @@ class DQNConfig:
             raise ValueError("need 0 <= train_seed_range low < high, validation_seeds, and 0 <= slo_slack < 1")
         if any(lo <= s < hi for s in self.validation_seeds):
             raise ValueError("validation_seeds must lie outside train_seed_range")
+        if self.feature_schema not in (1, 2):
+            raise ValueError(f"feature_schema must be 1 or 2, got {self.feature_schema}")
+        if self.validation_random < 0:
+            raise ValueError("validation_random must be >= 0")
+        for name in ("inducing_points", "attention_dim", "head_hidden", "episodes_per_round",
+                     "max_episode_decisions", "randomize_max_nodes", "explore_topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.randomize_max_nodes < 3:
+            raise ValueError("randomize_max_nodes must be >= 3")
+        for name in ("randomize", "explore_uniform"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1]")
+        if min(self.bc_weight, self.bc_weight_end, self.bc_margin, self.pretrain_episodes, self.pretrain_updates,
+               self.validation_pending_weight) < 0:
+            raise ValueError("bc_weight, bc_weight_end, bc_margin, pretrain_episodes, pretrain_updates and "
+                             "validation_pending_weight must be >= 0")
+        if self.prediction_horizon_s <= 0 or self.predictor_shrink <= 0 or self.predictor_prior_s <= 0:
+            raise ValueError("prediction_horizon_s, predictor_shrink and predictor_prior_s must be > 0")
+        if self.validation_reference not in ("sleep-aware", "upstream"):
+            raise ValueError("validation_reference must be sleep-aware or upstream")
+        if not self.teacher.strip():
+            raise ValueError("teacher must be a policy spec or auto")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -15,6 +15,16 @@ the feasible nodes. Q is the dueling combination over the feasible set::
 Nothing depends on the node count, so the same weights run on 3 nodes or 5,000. The argmax only needs ``A``,
 so inference scores the feasible nodes with the trunk and the advantage head and skips the value head.
 
+That is :class:`QNetwork`, feature schema 1 (``models/small.pt``). Schema 2's :class:`SetQNetwork` adds
+cross-node context, a set-transformer block (Lee et al., "Set Transformer", ICML 2019: an *induced set
+attention block*): ``K`` learned seed vectors attend over every node's embedding (feasible or not), giving
+``K`` summaries of the whole cluster, and each node's row then attends over those summaries. Its advantage
+head reads the node's embedding beside what it took from the summaries, so a node's score depends on every
+other node, at O(N K) cost rather than the O(N^2) of full self-attention. Identical rows (empty nodes of one
+kind and power state) can be read once with their multiplicity (a log-count added to the attention logits,
+which is exact). ``attention=False`` leaves the summaries out (the "without attention" ablation: each node
+scored from its own row and the shared context columns alone).
+
 Masking: infeasible nodes get ``-1e9`` before any argmax or max, both for the greedy action and for the
 target's ``max`` over ``s'`` (the buffer stores the next state's mask). Discounting is per simulated second
 (``gamma = exp(-dt / gamma_tau_s)``), since decisions are irregular in time.
@@ -31,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from joulesched.agent.config import DQNConfig
-from joulesched.agent.features import CONTEXT_SLICE, N_CONTEXT, N_FEATURES, N_POD
+from joulesched.agent.features import CONTEXT_SLICE, N_FEATURES, n_features
 
 NEG = -1e9
 
@@ -39,7 +49,7 @@ NEG = -1e9
 class QNetwork(nn.Module):
     """The shared node scorer. Input rows ``(..., N, N_FEATURES)``, mask ``(..., N)`` bool; output Q ``(..., N)``."""
 
-    def __init__(self, hidden: int = 64, n_features: int = N_FEATURES, n_context: int = N_POD + N_CONTEXT) -> None:
+    def __init__(self, hidden: int = 64, n_features: int = N_FEATURES, n_context: int = n_features(1)[1]) -> None:
         super().__init__()
         self.n_features = n_features
         self.trunk = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
@@ -50,7 +60,11 @@ class QNetwork(nn.Module):
         """A per row, without the value head: all that the greedy choice needs."""
         return self.adv(self.trunk(x)).squeeze(-1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def score(self, x: torch.Tensor, cand: torch.Tensor, logw: torch.Tensor | None = None) -> torch.Tensor:
+        """A of rows ``cand`` of ``x`` (M, F): rows are scored independently."""
+        return self.advantages(x[cand])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         h = self.trunk(x)  # (B, N, H)
         a = self.adv(h).squeeze(-1)  # (B, N)
         m = mask.to(h.dtype)
@@ -63,6 +77,120 @@ class QNetwork(nn.Module):
         return q.masked_fill(~mask, NEG)
 
 
+class SetQNetwork(nn.Module):
+    """Schema 2's scorer: a per-node MLP, an induced set attention block over the nodes, a dueling head.
+
+    Rows ``(..., N, F)``; ``mask`` (feasible) and ``valid`` (real nodes, not padding) ``(..., N)`` bool.
+    """
+
+    def __init__(self, n_features: int, n_context: int, hidden: int = 64, attention: bool = True,
+                 inducing: int = 4, attention_dim: int = 16, head_hidden: int = 32) -> None:
+        super().__init__()
+        self.n_features, self.n_context = n_features, n_context
+        self.attention, self.dk = attention, attention_dim
+        self.embed = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        mix_in = hidden
+        if attention:
+            dv = head_hidden
+            self.seeds = nn.Parameter(torch.randn(inducing, attention_dim) / math.sqrt(attention_dim))
+            self.pool_kv = nn.Linear(hidden, attention_dim + dv)  # node keys and values for the K seeds
+            self.row_q = nn.Linear(hidden, attention_dim)  # each node's query over the K summaries
+            self.sum_kv = nn.Linear(dv, attention_dim + dv)  # the summaries' keys and values
+            mix_in = hidden + dv
+        self.mix = nn.Sequential(nn.Linear(mix_in, head_hidden), nn.ReLU())
+        self.adv = nn.Linear(head_hidden, 1)
+        self.value = nn.Sequential(nn.Linear(n_context + head_hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def _summaries(self, e: torch.Tensor, valid: torch.Tensor | None, logw: torch.Tensor | None) -> torch.Tensor:
+        """(..., K, dv): the seeds' attention over the nodes."""
+        kv = self.pool_kv(e)
+        k, v = kv[..., :self.dk], kv[..., self.dk:]
+        logits = torch.matmul(k, self.seeds.t()) / math.sqrt(self.dk)  # (..., N, K)
+        if logw is not None:
+            logits = logits + logw.unsqueeze(-1)
+        if valid is not None:
+            valid = valid | ~valid.any(-1, keepdim=True)  # never an all-masked softmax
+            logits = logits.masked_fill(~valid.unsqueeze(-1), float("-inf"))
+        att = torch.softmax(logits, dim=-2)  # over the nodes
+        return torch.matmul(att.transpose(-1, -2), v)  # (..., K, dv)
+
+    def _heads(self, e: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
+        """(..., N, head_hidden): each row's embedding beside what it reads from the summaries."""
+        if s is None:
+            return self.mix(e)
+        skv = self.sum_kv(s)
+        sk, sv = skv[..., :self.dk], skv[..., self.dk:]
+        q = self.row_q(e)
+        att = torch.softmax(torch.matmul(q, sk.transpose(-1, -2)) / math.sqrt(self.dk), dim=-1)  # (..., N, K)
+        return self.mix(torch.cat((e, torch.matmul(att, sv)), dim=-1))
+
+    def score(self, x: torch.Tensor, cand: torch.Tensor, logw: torch.Tensor | None = None) -> torch.Tensor:
+        """Advantages of rows ``cand`` of ``x`` (M, F): every row of ``x`` is a node of the cluster (``logw``: the
+        log of how many identical nodes a row stands for), only the candidates are scored."""
+        nn_ = self.n_features - self.n_context
+        return self.score_parts(x[:, :nn_].t(), x[0, nn_:], cand, logw)
+
+    def score_parts(self, node_t: torch.Tensor, ctx: torch.Tensor, cand: torch.Tensor,
+                    logw: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`score` from the node columns transposed, ``(F_node, M)``, and the shared columns once,
+        ``(F_context,)``: the same arithmetic as :meth:`forward`, regrouped for one decision. The shared columns
+        enter the first layer as a bias; the attention's keys, queries and values are folded into their weights
+        (``softmax(e W_k s^T)`` is ``softmax(e (W_k s^T))``, and the attention-weighted mean of ``W_v e + b`` is
+        ``W_v`` (mean of e) ``+ b``), so per node it costs the embedding and K products, not three projections."""
+        nn_ = self.n_features - self.n_context
+        e1, e2 = self.embed[0], self.embed[2]
+        w1 = e1.weight
+        b1 = e1.bias + torch.mv(w1[:, nn_:], ctx)
+        e = torch.relu(torch.addmm(b1.unsqueeze(1), w1[:, :nn_], node_t))  # (H, M)
+        e = torch.relu(torch.addmm(e2.bias.unsqueeze(1), e2.weight, e))
+        mix = self.mix[0]
+        wm, bm = mix.weight, mix.bias.unsqueeze(1)
+        ec = e if cand.numel() == e.shape[1] else e[:, cand]  # (H, C)
+        if not self.attention:
+            h = torch.relu(torch.addmm(bm, wm, ec))
+        else:
+            dk, hd = self.dk, e.shape[0]
+            scale = 1.0 / math.sqrt(dk)
+            wk, wv = self.pool_kv.weight[:dk], self.pool_kv.weight[dk:]
+            bk, bv = self.pool_kv.bias[:dk], self.pool_kv.bias[dk:]
+            a_pool = torch.mm(self.seeds, wk) * scale  # (K, H)
+            lp = torch.addmm((torch.mv(self.seeds, bk) * scale).unsqueeze(1), a_pool, e)  # (K, M)
+            if logw is not None:
+                lp = lp + logw.unsqueeze(0)
+            att = torch.softmax(lp, dim=1)
+            s = torch.addmm(bv, torch.mm(att, e.t()), wv.t())  # (K, dv)
+            skv = torch.addmm(self.sum_kv.bias, s, self.sum_kv.weight.t())
+            sk, sv = skv[:, :dk], skv[:, dk:]
+            a_row = torch.mm(sk, self.row_q.weight) * scale  # (K, H)
+            lr = torch.addmm((torch.mv(sk, self.row_q.bias) * scale).unsqueeze(1), a_row, ec)  # (K, C)
+            att_r = torch.softmax(lr, dim=0)
+            z = torch.mm(torch.mm(wm[:, hd:], sv.t()), att_r)  # (head_hidden, C)
+            h = torch.relu(torch.addmm(bm, wm[:, :hd], ec) + z)
+        return torch.mv(h.t(), self.adv.weight[0]) + self.adv.bias
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        e = self.embed(x)
+        s = self._summaries(e, valid, None) if self.attention else None
+        h = self._heads(e, s)
+        a = self.adv(h).squeeze(-1)
+        m = mask.to(h.dtype)
+        cnt = m.sum(-1, keepdim=True).clamp_min(1.0)
+        pooled = (h * m.unsqueeze(-1)).sum(-2) / cnt
+        ctx = x[..., 0, self.n_features - self.n_context:]
+        v = self.value(torch.cat((ctx, pooled), -1))
+        a_mean = (a * m).sum(-1, keepdim=True) / cnt
+        return (v + a - a_mean).masked_fill(~mask, NEG)
+
+
+def make_network(cfg: DQNConfig) -> nn.Module:
+    """The network a config asks for: schema 1's :class:`QNetwork` or schema 2's :class:`SetQNetwork`."""
+    if cfg.feature_schema == 1:
+        return QNetwork(cfg.hidden)
+    nf, nc = n_features(cfg.feature_schema)
+    return SetQNetwork(nf, nc, cfg.hidden, attention=cfg.attention, inducing=cfg.inducing_points,
+                       attention_dim=cfg.attention_dim, head_hidden=cfg.head_hidden)
+
+
 class ReplayBatch(NamedTuple):
     obs: torch.Tensor  # (B, N, F) float32
     mask: torch.Tensor  # (B, N) bool
@@ -71,10 +199,15 @@ class ReplayBatch(NamedTuple):
     next_obs: torch.Tensor
     next_mask: torch.Tensor
     discounts: torch.Tensor  # (B,) float32: prod of per-step gammas over the n steps; 0 when terminated
+    valid: torch.Tensor | None = None  # (B, N) bool: real nodes (not padding), for the attention
+    teacher: torch.Tensor | None = None  # (B,) int64: the teacher heuristic's choice in obs, -1 when none
 
 
 class ReplayBuffer:
-    """Circular storage of n-step transitions, observations as float16 (features are bounded in [-1, 4])."""
+    """Circular storage of n-step transitions, observations as float16 (features are bounded in [-1, 4]).
+
+    Besides the transition it keeps each one's node count (padding rows are not nodes: the attention must not
+    read them) and the teacher heuristic's choice in its state (the margin loss, agent/train.py)."""
 
     obs: np.ndarray
     mask: np.ndarray
@@ -92,13 +225,19 @@ class ReplayBuffer:
         self.actions = np.zeros(capacity, dtype=np.int64)
         self.returns = np.zeros(capacity, dtype=np.float32)
         self.discounts = np.zeros(capacity, dtype=np.float32)
+        self.n_nodes = np.zeros(capacity, dtype=np.int32)
+        self.teacher = np.full(capacity, -1, dtype=np.int64)
         self.size = 0
         self.pos = 0
+
+    @staticmethod
+    def bytes_per_transition(max_nodes: int, n_features: int) -> int:
+        return 2 * max_nodes * (2 * n_features + 1) + 48
 
     def __len__(self) -> int:
         return self.size
 
-    def add(self, obs, mask, action, ret, next_obs, next_mask, discount) -> None:
+    def add(self, obs, mask, action, ret, next_obs, next_mask, discount, teacher: int = -1) -> None:
         i = self.pos
         n = obs.shape[0]
         self.obs[i, :n] = obs
@@ -112,15 +251,56 @@ class ReplayBuffer:
         self.actions[i] = action
         self.returns[i] = ret
         self.discounts[i] = discount
+        self.n_nodes[i] = n
+        self.teacher[i] = teacher
         self.pos = (i + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
+
+    def add_many(self, t: "Transitions") -> None:
+        """Append an episode's transitions (rollout order)."""
+        obs, nxt = t.obs, t.next_index
+        for k in range(t.actions.size):
+            j = nxt[k]
+            terminal = j < 0
+            self.add(obs[k], t.mask[k], int(t.actions[k]), float(t.returns[k]),
+                     np.zeros_like(obs[k]) if terminal else obs[j],
+                     np.zeros_like(t.mask[k]) if terminal else t.mask[j], float(t.discounts[k]),
+                     int(t.teacher[k]))
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> ReplayBatch:
         idx = rng.integers(self.size, size=batch_size)
         t = torch.from_numpy
+        n = int(self.n_nodes[idx].max())  # the batch's largest cluster: less padding to compute
+        valid = t(np.arange(n)[None, :] < self.n_nodes[idx][:, None])
         return ReplayBatch(
-            t(self.obs[idx].astype(np.float32)), t(self.mask[idx]), t(self.actions[idx]), t(self.returns[idx]),
-            t(self.next_obs[idx].astype(np.float32)), t(self.next_mask[idx]), t(self.discounts[idx]))
+            t(self.obs[idx, :n].astype(np.float32)), t(self.mask[idx, :n]), t(self.actions[idx]),
+            t(self.returns[idx]), t(self.next_obs[idx, :n].astype(np.float32)), t(self.next_mask[idx, :n]),
+            t(self.discounts[idx]), valid, t(self.teacher[idx]))
+
+
+class Transitions(NamedTuple):
+    """One episode's n-step transitions as a rollout returns them: each step's rows once (float16), the step
+    its n-step target looks at (``next_index``, -1: the episode ended), the teacher's choices."""
+
+    obs: np.ndarray  # (T, N, F) float16
+    mask: np.ndarray  # (T, N) bool
+    actions: np.ndarray  # (T,) int64
+    returns: np.ndarray  # (T,) float32
+    discounts: np.ndarray  # (T,) float32
+    next_index: np.ndarray  # (T,) int64
+    teacher: np.ndarray  # (T,) int64
+
+
+def margin_loss(q: torch.Tensor, teacher: torch.Tensor, margin: float) -> torch.Tensor:
+    """DQfD's large-margin loss (Hester et al., AAAI 2018): ``max_a [Q(s, a) + margin 1(a != a_T)] - Q(s, a_T)``
+    over the feasible actions (``q`` holds -1e9 elsewhere), averaged over rows with a teacher action."""
+    has = teacher >= 0
+    if not bool(has.any()):
+        return q.sum() * 0.0
+    q, t = q[has], teacher[has]
+    q_t = q.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+    bonus = torch.full_like(q, margin).scatter(-1, t.unsqueeze(-1), 0.0)
+    return ((q + bonus).max(-1).values - q_t).mean()
 
 
 class DQN:
@@ -129,12 +309,16 @@ class DQN:
     def __init__(self, cfg: DQNConfig, seed: int = 0) -> None:
         self.cfg = cfg
         torch.manual_seed(seed)
-        self.q = QNetwork(cfg.hidden)
-        self.q_target = QNetwork(cfg.hidden)
+        self.q = make_network(cfg)
+        self.q_target = make_network(cfg)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
         self.updates = 0
+
+    @property
+    def schema(self) -> int:
+        return self.cfg.feature_schema
 
     @torch.inference_mode()
     def greedy(self, rows: np.ndarray, mask: np.ndarray) -> int:
@@ -142,20 +326,25 @@ class DQN:
         idx = np.flatnonzero(mask)
         if idx.size == 1:
             return int(idx[0])
-        a = self.q.advantages(torch.from_numpy(np.ascontiguousarray(rows[idx], dtype=np.float32)))
+        a = self.q.score(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)), torch.from_numpy(idx))
         return int(idx[int(torch.argmax(a))])
 
-    def update(self, b: ReplayBatch) -> float:
-        """One gradient step of masked Double DQN with Huber loss; returns the loss."""
+    def update(self, b: ReplayBatch, bc_weight: float = 0.0, td_weight: float = 1.0) -> float:
+        """One gradient step of masked Double DQN with Huber loss, plus ``bc_weight`` times the margin loss
+        toward the teacher's choices; returns the loss."""
         with torch.no_grad():
-            next_online = self.q(b.next_obs, b.next_mask)
+            nv = b.valid  # the same cluster (a terminal next state is all zeros, and its value unused)
+            next_online = self.q(b.next_obs, b.next_mask, nv)
             best = next_online.argmax(-1, keepdim=True)
-            next_q = self.q_target(b.next_obs, b.next_mask).gather(-1, best).squeeze(-1)
+            next_q = self.q_target(b.next_obs, b.next_mask, nv).gather(-1, best).squeeze(-1)
             has_next = b.next_mask.any(-1)
             next_q = torch.where(has_next, next_q, torch.zeros_like(next_q))
             target = b.returns + b.discounts * next_q
-        q = self.q(b.obs, b.mask).gather(-1, b.actions.unsqueeze(-1)).squeeze(-1)
-        loss = F.huber_loss(q, target, delta=self.cfg.huber_delta)
+        q_all = self.q(b.obs, b.mask, b.valid)
+        q = q_all.gather(-1, b.actions.unsqueeze(-1)).squeeze(-1)
+        loss = td_weight * F.huber_loss(q, target, delta=self.cfg.huber_delta)
+        if bc_weight > 0 and b.teacher is not None:
+            loss = loss + bc_weight * margin_loss(q_all, b.teacher, self.cfg.bc_margin)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm)

@@ -4,6 +4,13 @@ Greedy (epsilon = 0) always: exploration exists only inside agent/train.py. Each
 rows (numpy, no Python loop over nodes) and scores the feasible ones in one batched forward pass of the shared
 scorer's trunk and advantage head under ``torch.inference_mode``; ties go to the lowest index. Empty nodes
 whose rows repeat a lower-index empty node's row are scored once (exact: same argmax).
+
+The model file's feature schema decides the rest. Schema 1 (``models/small.pt``) reads the state alone.
+Schema 2 also reads the pod's metadata (``uses_meta``) and keeps an online lifetime predictor
+(agent/predictor.py) fed by the backend: :meth:`DQNPolicy.attach`, which ``run_policy`` calls before a run,
+subscribes it to the twin's binds and ends (``Twin.observe_pods``) or, on a cluster, to the scheduler cache's
+pod events (``KubeCache.add_pod_listener``, through :class:`~joulesched.agent.predictor.KubePodFeed`). Its
+attention reads every node; identical empty nodes are read once with their multiplicity (exact).
 """
 
 from __future__ import annotations
@@ -13,11 +20,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from joulesched.agent.checkpoint import feature_names, load_network
+from joulesched.agent.checkpoint import feature_names, load_model
+from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import QNetwork
-from joulesched.agent.features import FeatureBuilder
+from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2
 from joulesched.agent.policy import NodeScores, PolicyError, Scorer
+from joulesched.agent.predictor import KubePodFeed, PodPredictor
 from joulesched.cluster.state import ClusterState, PodRequest
+
+
+def make_predictor(cfg: DQNConfig) -> PodPredictor | None:
+    """The predictor a schema-2 config asks for (None for schema 1 or without prediction)."""
+    if cfg.feature_schema < 2 or not cfg.prediction:
+        return None
+    return PodPredictor(cfg.prediction_horizon_s, cfg.predictor_shrink, cfg.predictor_prior_s)
 
 #: From this many feasible nodes on, empty nodes identical to a lower-index empty node are not scored again
 #: (FeatureBuilder.candidates): same choice, far fewer rows in big, lightly loaded clusters.
@@ -30,19 +46,30 @@ class DQNPolicy:
     :param path: a checkpoint written by ``joulesched train`` (safetensors; anything else is refused).
     :param threads: torch intra-op threads (process-wide; 1 is fastest for this small MLP). ``0`` leaves
         torch's setting alone.
+    :param net, config: a network in memory and its config (training's validation), instead of a file.
     """
 
     name = "dqn"
-    net: QNetwork
+    net: torch.nn.Module
     meta: dict
 
-    def __init__(self, path: str | None = None, threads: str | int = 1, net: QNetwork | None = None) -> None:
+    def __init__(self, path: str | None = None, threads: str | int = 1, net: torch.nn.Module | None = None,
+                 config: DQNConfig | None = None) -> None:
         if net is None:
             if not path:
                 raise PolicyError("policy 'dqn' needs a model file: dqn=models/NAME.pt")
-            net, meta = load_network(Path(path))
+            net, config, meta = load_model(Path(path))
         else:
             meta = {}
+            if config is None:
+                config = DQNConfig(feature_schema=1 if isinstance(net, QNetwork) else 2)
+        self.cfg = config
+        self.schema = config.feature_schema
+        #: Schema 2 reads the pod's metadata (its predicted life, kind and QoS class).
+        self.uses_meta = self.schema >= 2
+        self.predictor = make_predictor(config)
+        self._feed: KubePodFeed | None = None
+        self._feed_source: object | None = None
         try:
             threads = int(threads)
         except ValueError:
@@ -56,27 +83,75 @@ class DQNPolicy:
     def scorer(self) -> Scorer:
         return self
 
+    # ---- the predictor's feed -----------------------------------------------------------------------------
+    def attach(self, backend: object) -> None:
+        """Before a run (``run_policy``): a fresh predictor, subscribed to ``backend``'s pod events: the twin's
+        ``observe_pods``, or a live scheduler's cache (``backend.cache.add_pod_listener``; subscribed once per
+        cache, the cache has no way to unsubscribe). Nothing for schema 1."""
+        if self.predictor is None:
+            return
+        self.predictor.reset()
+        observe = getattr(backend, "observe_pods", None)
+        if observe is not None:
+            observe(self.predictor)
+            self._feed = None
+            return
+        cache = getattr(backend, "cache", None)
+        listen = getattr(cache, "add_pod_listener", None)
+        if listen is not None:
+            if self._feed_source is not cache:
+                self._feed = KubePodFeed()
+                self._feed_source = cache
+                listen(self._feed)
+
+    def detach(self, backend: object) -> None:
+        """After a run: the twin stops reporting to this policy's predictor."""
+        observe = getattr(backend, "observe_pods", None)
+        if observe is not None and self.predictor is not None:
+            observe(None)
+
+    def _builder(self, state: ClusterState) -> FeatureBuilder:
+        if self.schema >= 2:
+            feat: FeatureBuilder = FeatureBuilderV2(state, prediction=self.predictor is not None)
+            if self.predictor is not None:
+                self.predictor.set_nodes(state.names)
+        else:
+            feat = FeatureBuilder(state)
+        self._feat = feat
+        return feat
+
+    def _rows(self, state: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> np.ndarray:
+        feat = self._feat if self._feat is not None and self._feat.matches(state) else self._builder(state)
+        if self.schema < 2:
+            return feat.build(state, pod, mask)
+        if self._feed is not None and self.predictor is not None:
+            self._feed.drain(self.predictor, state.now)
+        return feat.build(state, pod, mask, meta=meta, predictor=self.predictor)
+
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
-        self._feat = FeatureBuilder(state)
+        self._builder(state)
 
     def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray, top: int = 3) -> NodeScores:
         """Each candidate's Q-value and advantage (the greedy choice maximises the advantage, which ranks nodes as
         Q does), and the ``top`` features that moved its advantage most: gradient x value, signed, per feature
         (the contribution relative to an all-zero row)."""
-        if self._feat is None or not self._feat.matches(state):
-            self._feat = FeatureBuilder(state)
         mask = np.zeros(len(state), dtype=bool)
         mask[idx] = True
-        rows = torch.from_numpy(self._feat.build(state, pod, mask).copy())
+        rows = torch.from_numpy(self._rows(state, pod, mask).copy())
         with torch.inference_mode():
             q = self.net(rows[None], torch.from_numpy(mask)[None])[0].numpy().astype(np.float64)
         x = rows[torch.from_numpy(idx)].clone().requires_grad_(True)
         with torch.enable_grad():
-            adv = self.net.advantages(x)
+            if self.schema >= 2:
+                # The cluster's summaries are held fixed (read from every row), so each candidate's gradient is
+                # the effect of its own row.
+                adv = self._adv_with_fixed_summaries(rows, x)
+            else:
+                adv = self.net.advantages(x)
             adv.sum().backward()  # rows are scored independently, so each row's gradient is its own
         contrib = (x.grad * x).detach().numpy()
         a = adv.detach().numpy().astype(np.float64)
-        names = feature_names()
+        names = feature_names(self.schema)
         feats = []
         for k in range(len(idx)):
             order = np.argsort(-np.abs(contrib[k]))[:top]
@@ -84,26 +159,43 @@ class DQNPolicy:
                           for j in order])
         return NodeScores(idx, {"Q": (1, q[idx]), "Advantage": (1, a)}, a, feats)
 
+    def _adv_with_fixed_summaries(self, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        net = self.net
+        s = net._summaries(net.embed(rows).detach(), None, None) if net.attention else None
+        return net.adv(net._heads(net.embed(x), s)).squeeze(-1)
+
     @torch.inference_mode()
-    def scores(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> np.ndarray:
+    def scores(self, state: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> np.ndarray:
         """Advantage of every node (higher is better); infeasible nodes get -inf."""
-        if self._feat is None or not self._feat.matches(state):
-            self._feat = FeatureBuilder(state)
-        rows = self._feat.build(state, pod, mask)
-        a = self.net.advantages(torch.from_numpy(rows)).numpy().astype(np.float64)
+        rows = self._rows(state, pod, mask, meta)
+        a = self.net.score(torch.from_numpy(rows), torch.arange(rows.shape[0])).numpy().astype(np.float64)
         return np.where(mask, a, -np.inf)
 
     @torch.inference_mode()
-    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
+    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> int:
         idx = np.flatnonzero(mask)
         if idx.size == 1:
             return int(idx[0])
-        if self._feat is None or not self._feat.matches(state):
-            self._feat = FeatureBuilder(state)
-        rows = self._feat.build(state, pod, mask)
-        if idx.size >= DEDUPE_MIN:
-            idx = self._feat.candidates(state, idx)
-        if idx.size < rows.shape[0]:
-            rows = rows[idx]
-        a = self.net.advantages(torch.from_numpy(rows))
+        if self.schema < 2:
+            rows = self._rows(state, pod, mask, meta)
+            feat = self._feat
+            if idx.size >= DEDUPE_MIN:
+                idx = feat.candidates(state, idx)
+            if idx.size < rows.shape[0]:
+                rows = rows[idx]
+            a = self.net.advantages(torch.from_numpy(rows))
+            return int(idx[int(torch.argmax(a))])
+        feat = self._feat if self._feat is not None and self._feat.matches(state) else self._builder(state)
+        if self._feed is not None and self.predictor is not None:
+            self._feed.drain(self.predictor, state.now)
+        node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
+        logw, pos = None, idx
+        if len(state) >= DEDUPE_MIN:
+            reps, cnt = feat.groups(state)
+            if reps.size < node_t.shape[1]:
+                idx = feat.candidates(state, idx)
+                node_t = node_t[:, reps]
+                logw = torch.from_numpy(np.log(cnt).astype(np.float32))
+                pos = np.searchsorted(reps, idx)
+        a = self.net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(pos), logw)
         return int(idx[int(torch.argmax(a))])

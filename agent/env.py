@@ -5,8 +5,10 @@ Spaces
 The node count must be fixed per env instance, so observations are padded to ``max_nodes`` (by default the
 largest cluster among the env's scenarios):
 
-* ``observation["nodes"]``: float32 ``(max_nodes, N_FEATURES)``, one row per node (agent/features.py names
-  every column); rows past the cluster's real node count are zero.
+* ``observation["nodes"]``: float32 ``(max_nodes, n_features)``, one row per node (agent/features.py names
+  every column of each schema; ``schema=2``, the default, or 1); rows past the cluster's real node count are
+  zero. With schema 2 the env keeps the episode's lifetime predictor (agent/predictor.py), fed by the twin's
+  binds and ends as they happen (``Twin.observe_pods``), and hands the pod's metadata to the features.
 * ``observation["action_mask"]``: int8 ``(max_nodes,)``, 1 where the node is real and fits the pod.
 * ``action_space``: ``Discrete(max_nodes)``. The same mask is in ``info["action_mask"]`` (bool) and
   :meth:`SchedulingEnv.action_masks` (the sb3-contrib convention).
@@ -43,7 +45,8 @@ import numpy as np
 from gymnasium import spaces
 
 from joulesched.agent.config import RewardConfig
-from joulesched.agent.features import N_FEATURES, FeatureBuilder
+from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2, n_features
+from joulesched.agent.predictor import PodPredictor
 from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.state import WAKING
 from joulesched.cluster.twin import Twin
@@ -75,6 +78,10 @@ class SchedulingEnv(gym.Env):
         times the pods at ``f`` times the arrival rate (domain randomisation: heavier load exposes overload and
         SLO violations that the nominal scenarios rarely show). ``(1.0,)`` keeps scenarios as written.
 
+    :param schema: feature schema, 2 (default) or 1.
+    :param predictor: schema 2's lifetime predictor (reset at every episode; ``"default"``: one with the default
+        settings); None: the predicted columns are 0.
+
     ``reset(options={"scenario": i, "workload_seed": s, "load_scale": f})`` pins an episode's scenario and
     workload.
     """
@@ -86,8 +93,18 @@ class SchedulingEnv(gym.Env):
 
     def __init__(self, scenarios: Sequence[Scenario | str | Path], *, max_nodes: int | None = None,
                  reward: RewardConfig | None = None, workload_seeds: Sequence[int] | None = None,
-                 max_decisions: int | None = None, load_scales: Sequence[float] = (1.0,)) -> None:
+                 max_decisions: int | None = None, load_scales: Sequence[float] = (1.0,), schema: int = 2,
+                 predictor: PodPredictor | None | str = "default") -> None:
         super().__init__()
+        if schema not in (1, 2):
+            raise ValueError(f"schema must be 1 or 2, got {schema}")
+        self.schema = schema
+        if isinstance(predictor, str):
+            if predictor != "default":
+                raise ValueError("predictor must be a PodPredictor, None or 'default'")
+            predictor = PodPredictor()
+        self.predictor = predictor if schema >= 2 else None
+        self.n_features = n_features(schema)[0]
         if not scenarios:
             raise ValueError("SchedulingEnv needs at least one scenario")
         self.scenarios = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]
@@ -104,19 +121,20 @@ class SchedulingEnv(gym.Env):
         if not self.load_scales or any(not (0.05 <= f <= 20.0) for f in self.load_scales):
             raise ValueError("load_scales must be a non-empty list of factors in [0.05, 20]")
         self.observation_space = spaces.Dict({
-            "nodes": spaces.Box(OBS_LOW, OBS_HIGH, shape=(self.max_nodes, N_FEATURES), dtype=np.float32),
+            "nodes": spaces.Box(OBS_LOW, OBS_HIGH, shape=(self.max_nodes, self.n_features), dtype=np.float32),
             "action_mask": spaces.MultiBinary(self.max_nodes),
         })
         self.action_space = spaces.Discrete(self.max_nodes)
         self.twin = None
         self._feat: FeatureBuilder | None = None
-        self._obs = np.zeros((self.max_nodes, N_FEATURES), dtype=np.float32)
+        self._obs = np.zeros((self.max_nodes, self.n_features), dtype=np.float32)
         self._mask = np.zeros(self.max_nodes, dtype=bool)
         self._twins: dict[tuple[int, int], Twin] = {}
         self.scenario_index = 0
         self.workload_seed = 0
         self.load_scale = 1.0
         self.decisions = 0
+        self.decision = None
 
     # ---- gymnasium API --------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -141,11 +159,19 @@ class SchedulingEnv(gym.Env):
             twin = self._twins[key] = Twin(sc, build_workload(sc, self.workload_seed))
         twin.reset()
         self.twin = twin
-        self._feat = FeatureBuilder(twin.state)
+        if self.schema >= 2:
+            self._feat = FeatureBuilderV2(twin.state, prediction=self.predictor is not None)
+            if self.predictor is not None:
+                self.predictor.reset()
+                self.predictor.set_nodes(twin.state.names)
+            twin.observe_pods(self.predictor)
+        else:
+            self._feat = FeatureBuilder(twin.state)
         self._scale = float(twin.state.peak_watts.max()) * self.reward_cfg.scale_seconds
         self._slo_limit = twin.state.alloc_cpu / twin.scenario.slo_fraction
         self.decisions = 0
-        if twin.next_decision() is None:
+        self.decision = twin.next_decision()
+        if self.decision is None:
             raise RuntimeError(f"scenario {sc.name!r} (workload seed {ws}) has no pod to place")
         return self._observe(), self._info(dt=0.0, invalid=False)
 
@@ -165,7 +191,8 @@ class SchedulingEnv(gym.Env):
         viol = int(st.pods[st.usage_cpu > self._slo_limit].sum())
         pend = tw.pending_pods + int(st.pods[st.power_state == WAKING].sum())
         e0, t0 = tw.energy_joules, tw.now
-        terminated = tw.next_decision() is None
+        self.decision = tw.next_decision()
+        terminated = self.decision is None
         de, dt = tw.energy_joules - e0, tw.now - t0
         reward = -(de + (cfg.slo_joules_per_pod_s * viol + cfg.pending_joules_per_pod_s * pend) * dt) / self._scale
         if invalid:
@@ -184,7 +211,11 @@ class SchedulingEnv(gym.Env):
     def _observe(self) -> dict[str, np.ndarray]:
         tw = self.twin
         n = len(tw.state)
-        self._feat.build(tw.state, tw.request, tw.mask, out=self._obs[:n])
+        if self.schema >= 2:
+            self._feat.build(tw.state, tw.request, tw.mask, out=self._obs[:n], meta=self.decision.meta,
+                             predictor=self.predictor)
+        else:
+            self._feat.build(tw.state, tw.request, tw.mask, out=self._obs[:n])
         self._mask[:n] = tw.mask
         self._mask[n:] = False
         return {"nodes": self._obs.copy(), "action_mask": self._mask.astype(np.int8)}

@@ -11,8 +11,13 @@ something the node or the cluster has, so nothing depends on the node count or o
 * power state flags (asleep, waking, empty) and the time to the node's next known pod departure, squashed as
   ``dt / (dt + 600 s)`` (1 = nothing will leave).
 
-Bump :data:`SCHEMA_VERSION` whenever a column changes meaning or order: checkpoints record it and a model
-trained on another schema is refused.
+Two schemas. Version 1 (:class:`FeatureBuilder`) is what ``models/small.pt`` was trained on; its
+``departure_soon`` column reads the twin's own departure times. Version 2 (:class:`FeatureBuilderV2`, the
+default since the learned scheduler of issue 15) reads nothing a cluster would not show: the time a node needs
+to empty and its load in ten minutes come from the online predictor (agent/predictor.py); it adds the pod's
+predicted life and kind, the recent arrival rate and its trend, and where the two sleep-aware heuristics would
+put the pod. Checkpoints record the schema; a model of a schema this code does not know is refused
+(agent/checkpoint.py). Bump a version whenever a column changes meaning or order.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import numpy as np
 
 from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
 
+#: Schema 1's version number (the original columns; :data:`LATEST_SCHEMA` is what new models use).
 SCHEMA_VERSION = 1
+LATEST_SCHEMA = 2
 
 NODE_FEATURES = (
     "req_cpu_frac",  # sum of real CPU requests / allocatable
@@ -177,3 +184,217 @@ class FeatureBuilder:
         o[:, k + 7] = np.count_nonzero(mask) / n
         o[:, k + 8] = float(w_now.sum()) / self.total_peak
         return o
+
+
+# ---- schema 2 ----------------------------------------------------------------------------------------------------
+NODE_FEATURES_V2 = NODE_FEATURES[:19] + (
+    "pred_empty",  # predicted time until the node holds no pod, log-squashed (0: empty); agent/predictor.py
+    "pred_load",  # util x the predicted share of its requested CPU still there in 10 minutes, <= 2
+    "extends",  # how long this pod would outlive the node's other pods (predicted), log-squashed
+    "pod_cpu_share",  # the pod's non-zero CPU request / allocatable, <= 1.5
+    "pick_awake_first",  # 1 where awake-first:fit=efficient would put the pod (ties: every tied node)
+    "pick_pabfd",  # 1 where pabfd would
+    "feasible",  # the node passes the filter (the attention reads infeasible nodes too)
+)
+POD_FEATURES_V2 = POD_FEATURES + (
+    "pod_life",  # the pod's predicted life, log-squashed
+    "service",  # a service (no work; it lives until its Deployment scales in)
+    "guaranteed",  # QoS class Guaranteed
+)
+CONTEXT_FEATURES_V2 = CONTEXT_FEATURES + (
+    "offered_load",  # requested CPU arriving per second x mean predicted life / cluster CPU, x / (1 + x)
+    "arrival_trend",  # log(5-minute / 1-hour placement rate) / 2, clipped to [-1, 1]
+    "pred_cluster_load",  # sum of the nodes' predicted load / cluster CPU
+    "wake_time",  # wake_s / (wake_s + 60 s)
+)
+#: Columns that come from the predictor: zero when a model is trained without prediction (the ablation).
+PREDICTED_V2 = ("pred_empty", "pred_load", "extends", "pod_life", "offered_load", "arrival_trend",
+                "pred_cluster_load")
+N_NODE_V2, N_POD_V2, N_CONTEXT_V2 = len(NODE_FEATURES_V2), len(POD_FEATURES_V2), len(CONTEXT_FEATURES_V2)
+N_FEATURES_V2 = N_NODE_V2 + N_POD_V2 + N_CONTEXT_V2
+LIFE_SCALE_S = 60.0
+_LIFE_NORM = 1.0 / np.log1p(1440.0)  # a day is 1
+
+
+def life_squash(dt):
+    """Seconds to [0, 1.5]: log1p(dt / 60 s) / log1p(1440), so a minute, an hour and a day stay apart."""
+    return np.minimum(np.log1p(np.maximum(dt, 0.0) / LIFE_SCALE_S) * _LIFE_NORM, 1.5)
+
+
+def feature_names(schema: int) -> list[str]:
+    """Column names of a feature schema (1 or 2)."""
+    if schema == 1:
+        return list(NODE_FEATURES + POD_FEATURES + CONTEXT_FEATURES)
+    if schema == 2:
+        return list(NODE_FEATURES_V2 + POD_FEATURES_V2 + CONTEXT_FEATURES_V2)
+    raise ValueError(f"unknown feature schema {schema!r}")
+
+
+def n_features(schema: int) -> tuple[int, int]:
+    """(columns of a row, of which pod + context columns) of a schema."""
+    if schema == 1:
+        return N_FEATURES, N_POD + N_CONTEXT
+    return N_FEATURES_V2, N_POD_V2 + N_CONTEXT_V2
+
+
+def _lexmin(idx: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
+    """The members of ``idx`` minimal under the lexicographic order of ``keys`` (aligned with idx)."""
+    sel = np.arange(idx.size)
+    for k in keys:
+        v = k[sel]
+        sel = sel[v == v.min()]
+        if sel.size == 1:
+            break
+    return idx[sel]
+
+
+def heuristic_picks(st: ClusterState, pod: PodRequest, idx: np.ndarray,
+                    wpc: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The feasible nodes (of sorted ``idx``) that awake-first:fit=efficient and pabfd rank first
+    (agent/sleep_aware.py with headroom 1; an exact tie names every tied node, where the policies draw one).
+    Successive minima over the keys, not a sort. ``wpc``: every node's watts per core at full load, if known."""
+    if idx.size == 0:
+        return idx, idx
+    if wpc is None:
+        wpc = st.peak_watts / np.maximum(st.alloc_cpu, 1) * 1000.0
+    awake = st.power_state[idx] != ASLEEP
+    if not awake.any():
+        wake = _lexmin(idx, [wpc[idx], -st.alloc_cpu[idx].astype(np.float64)])
+        return wake, wake
+    a = idx[awake] if not awake.all() else idx
+    cpu = np.maximum(st.alloc_cpu[a], 1).astype(np.float64)
+    nz = st.nz_cpu[a]
+    # awake-first:fit=efficient: watts per core, then the smallest free CPU share, then memory share.
+    w = wpc[a]
+    best = a[w == w.min()]
+    if best.size > 1:
+        cb = np.maximum(st.alloc_cpu[best], 1).astype(np.float64)
+        mb = np.maximum(st.alloc_mem[best], 1).astype(np.float64)
+        best = _lexmin(best, [(st.alloc_cpu[best] - st.nz_cpu[best] - pod.nz_cpu) / cb,
+                              (st.alloc_mem[best] - st.nz_mem[best] - pod.nz_mem) / mb])
+    # pabfd: the least power increase on the node's curve at its requests, then the tighter fit.
+    x0 = np.minimum(nz / cpu, 1.0) * 10.0
+    x1 = np.minimum((nz + pod.nz_cpu) / cpu, 1.0) * 10.0
+    curves = st.curves[a]
+    r = np.arange(a.size)
+    i0, i1 = np.minimum(x0.astype(np.int64), 9), np.minimum(x1.astype(np.int64), 9)
+    lo0, lo1 = curves[r, i0], curves[r, i1]
+    p0 = lo0 + (x0 - i0) * (curves[r, i0 + 1] - lo0)
+    p1 = lo1 + (x1 - i1) * (curves[r, i1 + 1] - lo1)
+    pb = _lexmin(a, [np.round(p1 - p0, 9), (cpu - nz - pod.nz_cpu) / cpu])
+    return best, pb
+
+
+class FeatureBuilderV2(FeatureBuilder):
+    """Schema 2's rows (:data:`NODE_FEATURES_V2`, :data:`POD_FEATURES_V2`, :data:`CONTEXT_FEATURES_V2`).
+
+    :param prediction: False zeroes the :data:`PREDICTED_V2` columns (the "without prediction" ablation).
+    The predictor is the caller's (the policy's or the env's): :meth:`build` reads it, never a duration.
+    """
+
+    def __init__(self, state: ClusterState, prediction: bool = True) -> None:
+        super().__init__(state)
+        self.prediction = prediction
+        self._out = np.zeros((self.n, N_FEATURES_V2), dtype=np.float32)
+        self._node_t = np.zeros((N_NODE_V2, self.n), dtype=np.float32)
+        self._node_t[10:16] = self.static.T  # the per-node constants
+        self._ctx = np.zeros(N_POD_V2 + N_CONTEXT_V2, dtype=np.float32)
+        self.wake_col = float(state.wake_s / (state.wake_s + 60.0))
+        self.wpc = state.peak_watts / np.maximum(state.alloc_cpu, 1) * 1000.0  # the sleep-aware policies' key
+
+    def groups(self, st: ClusterState) -> tuple[np.ndarray, np.ndarray]:
+        """(representative rows, multiplicities): empty nodes of one class and power state have identical rows
+        (the predictor has nothing on them either), so the attention may read one of them with its count."""
+        empty = st.pods == 0
+        ne = int(np.count_nonzero(empty))
+        if ne < 2:
+            return self.rows, np.ones(self.n)
+        e_idx = np.flatnonzero(empty)
+        key = self.node_class[e_idx] * 3 + st.power_state[e_idx]
+        _, first, counts = np.unique(key, return_index=True, return_counts=True)
+        if first.size == ne:
+            return self.rows, np.ones(self.n)
+        busy = np.flatnonzero(~empty)
+        reps = np.concatenate((busy, e_idx[first]))
+        cnt = np.concatenate((np.ones(busy.size), counts.astype(np.float64)))
+        order = np.argsort(reps, kind="stable")
+        return reps[order], cnt[order]
+
+    def build(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, out: np.ndarray | None = None, *,
+              meta=None, predictor=None) -> np.ndarray:
+        """Feature rows for every node, ``(N, N_FEATURES_V2)`` (into ``out`` if given, else a buffer the next call
+        overwrites). ``meta`` is the pod's :class:`~joulesched.cluster.workload.PodMeta` (None: unknown),
+        ``predictor`` the run's :class:`~joulesched.agent.predictor.PodPredictor` (None: the predicted columns
+        are zero)."""
+        node_t, ctx = self.parts(st, pod, mask, meta=meta, predictor=predictor)
+        o = self._out if out is None else out
+        o[:, :N_NODE_V2] = node_t.T
+        o[:, N_NODE_V2:] = ctx
+        return o
+
+    def parts(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, *, meta=None,
+              predictor=None) -> tuple[np.ndarray, np.ndarray]:
+        """The rows as inference reads them: the node columns transposed, ``(N_NODE_V2, N)`` (each column
+        written contiguously), and the pod and context columns once, ``(N_POD_V2 + N_CONTEXT_V2,)``. Both are
+        buffers the next call overwrites."""
+        o = self._node_t
+        ctx = self._ctx
+        pc, pm = float(pod.nz_cpu), float(pod.nz_mem)
+        ps = st.power_state
+        asleep = ps == ASLEEP
+        u = st.usage_cpu * self.inv_cpu
+        share = pc * self.inv_cpu
+        ua = u + share
+        w_now = np.where(asleep, st.sleep_watts, self._watts(u))
+        w_after = self._watts(ua)
+        np.multiply(st.req_cpu, self.inv_cpu, out=o[0], casting="unsafe")
+        np.multiply(st.req_mem, self.inv_mem, out=o[1], casting="unsafe")
+        np.multiply(st.pods, self.inv_pods, out=o[2], casting="unsafe")
+        np.minimum(u, 2.0, out=o[3], casting="unsafe")
+        np.minimum(ua, 2.0, out=o[4], casting="unsafe")
+        np.clip(ua - 1.0, 0.0, 1.0, out=o[5], casting="unsafe")
+        np.minimum((st.nz_cpu + pc) * self.inv_cpu, 1.5, out=o[6], casting="unsafe")
+        np.minimum((st.nz_mem + pm) * self.inv_mem, 1.5, out=o[7], casting="unsafe")
+        np.multiply(w_now, self.inv_max_peak, out=o[8], casting="unsafe")
+        np.multiply(w_after - w_now, self.inv_max_peak, out=o[9], casting="unsafe")
+        o[16] = asleep
+        o[17] = ps == WAKING
+        o[18] = st.pods == 0
+        np.minimum(share, 1.5, out=o[22], casting="unsafe")
+        idx = np.flatnonzero(mask)
+        af, pb = heuristic_picks(st, pod, idx, self.wpc)
+        o[23:25] = 0.0
+        o[23, af] = 1.0
+        o[24, pb] = 1.0
+        o[25] = mask
+        ctx[0] = min(pc / self.mean_cpu, 4.0)
+        ctx[1] = min(pm / self.mean_mem, 4.0)
+        ctx[2] = float(pod.best_effort)
+        ctx[4] = meta is not None and meta.kind == "service"
+        ctx[5] = meta is not None and meta.qos_class == "Guaranteed"
+        c = N_POD_V2
+        n = self.n
+        ctx[c] = np.count_nonzero(asleep) / n
+        ctx[c + 1] = np.count_nonzero(ps == WAKING) / n
+        ctx[c + 2] = float(st.usage_cpu.sum()) / self.total_cap
+        ctx[c + 3] = float(st.req_cpu.sum()) / self.total_cap
+        ctx[c + 4] = idx.size / n
+        ctx[c + 5] = float(w_now.sum()) / self.total_peak
+        ctx[c + 9] = self.wake_col
+        if self.prediction and predictor is not None:
+            empty_in, stay = predictor.nodes(st.now, n)
+            life = predictor.pod_remaining(meta, 0.0)
+            o[19] = life_squash(empty_in)
+            pl = np.minimum(u * stay, 2.0)
+            o[20] = pl
+            o[21] = life_squash(np.maximum(life - empty_in, 0.0))
+            ctx[3] = float(life_squash(life))
+            load, trend = predictor.arrivals(st.now, self.total_cap)
+            ctx[c + 6] = load
+            ctx[c + 7] = trend
+            ctx[c + 8] = float(np.dot(pl, self.cap_cpu)) / self.total_cap
+        else:
+            o[19:22] = 0.0
+            ctx[3] = 0.0
+            ctx[c + 6:c + 9] = 0.0
+        return o, ctx

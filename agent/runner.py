@@ -25,9 +25,24 @@ def run_policy(backend: Backend[R], policy: Policy, seed: int = 0) -> R:
     The policy is reset with a generator seeded by ``seed`` before its first decision, and again with the
     same generator whenever the backend hands out a new ClusterState (a live cluster's nodes changed). A policy
     whose ``uses_meta`` is true is also handed the pod's metadata, ``choose(state, pod, mask, meta=...)``
-    (:attr:`~joulesched.cluster.backend.Decision.meta`: the same fields in the twin and on a cluster).
+    (:attr:`~joulesched.cluster.backend.Decision.meta`: the same fields in the twin and on a cluster). A policy
+    with ``attach(backend)`` / ``detach(backend)`` is given the backend before and after the run, to subscribe to
+    what it reports as the run goes (the DQN's lifetime predictor: the twin's binds and ends, a live cache's pod
+    events).
     """
     rng = np.random.default_rng(seed)
+    attach = getattr(policy, "attach", None)
+    if attach is not None:  # a policy that learns from the run's pod events (the DQN's predictor) subscribes
+        attach(backend)
+    try:
+        return _loop(backend, policy, rng)
+    finally:
+        detach = getattr(policy, "detach", None)
+        if detach is not None:
+            detach(backend)
+
+
+def _loop(backend: Backend[R], policy: Policy, rng: np.random.Generator) -> R:
     backend.begin()
     state = None
     reset, choose = policy.reset, policy.choose

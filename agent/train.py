@@ -1,8 +1,23 @@
-"""The DQN training loop: collect with epsilon-greedy (heuristic-guided) exploration, learn from n-step
-replay, validate greedily on held-out workload seeds and keep the best weights.
+"""The DQN training loop: demonstrations from the teacher heuristic, then rounds of epsilon-greedy rollouts and
+n-step replay learning, greedy validation on held-out workloads, the best weights kept.
 
-It reads top to bottom: seeding, the exploration schedule, one loop (act, step, store, learn, validate).
-pipelines/train.py wraps it with checkpoints, the progress bar and the training curve.
+It reads top to bottom:
+
+1. **Episodes** (:func:`episode_specs`): each draws, from the run's seed, its round and its index alone, a
+   cluster (a given scenario at a load factor, or a randomised one, agent/randomize.py), a workload seed from
+   the training range and an exploration seed.
+2. **Rollouts** (:func:`rollout`, a pure function of its :class:`RolloutTask`): one episode in the env with the
+   weights it was handed; every step records the rows, the mask, the action, the shaped reward and the
+   teacher's choice. It runs in this process, in a local process pool or on Ray (:class:`Executor`); tasks are
+   collected in order, so the result depends on the seeds and ``episodes_per_round``, never on ``--workers``
+   or the executor.
+3. **Learning**: round ``r``'s episodes ran with the weights after round ``r - 2``'s updates (round ``r + 1``
+   is collected while round ``r`` is learned from), then ``steps / train_frequency`` updates of masked Double
+   DQN plus the decaying margin loss toward the teacher.
+4. **Validation** (:class:`Validator`): greedy runs on held-out workload seeds, scored against the best
+   sleep-aware heuristic; the best weights are kept and loaded back at the end.
+
+pipelines/training.py wraps it with checkpoints, the executors, the progress bar and the training curve.
 """
 
 from __future__ import annotations
@@ -11,24 +26,26 @@ import copy
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from joulesched.agent.config import DQNConfig
-from joulesched.agent.dqn import DQN, ReplayBuffer, discount
-from joulesched.agent.dqn_policy import DQNPolicy
+from joulesched.agent.config import AUTO_TEACHER, DQNConfig, RewardConfig
+from joulesched.agent.dqn import DQN, ReplayBuffer, Transitions, discount, make_network
+from joulesched.agent.dqn_policy import DQNPolicy, make_predictor
 from joulesched.agent.env import SchedulingEnv, scale_load
-from joulesched.agent.features import N_FEATURES, NODE_FEATURES
-from joulesched.agent.registry import make_policy
+from joulesched.agent.features import NODE_FEATURES, n_features
+from joulesched.agent.randomize import random_scenario
+from joulesched.agent.registry import SLEEP_AWARE_HEURISTICS, make_policy
 from joulesched.agent.runner import run_policy
-from joulesched.cluster.scenario import Scenario
+from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 
-WATTS_NOW = NODE_FEATURES.index("watts_now")
+WATTS_NOW = NODE_FEATURES.index("watts_now")  # the same column in both schemas
 
 
 @dataclass
@@ -53,162 +70,399 @@ class TrainLog:
     rows: list[EpisodeLog] = field(default_factory=list)
 
 
+def teacher_spec(cfg: DQNConfig, scenario: Scenario) -> str:
+    """The teacher heuristic for ``scenario``: ``cfg.teacher``, or for ``auto`` the best heuristic of its kind of
+    cluster (:data:`~joulesched.agent.config.AUTO_TEACHER`)."""
+    if cfg.teacher != "auto":
+        return cfg.teacher
+    return AUTO_TEACHER["sleep" if isinstance(scenario.idle_policy, Sleep) else "always_on"]
+
+
+# ---- episodes and rollouts -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One training episode: the cluster (load scaling applied by the env), its workload seed, the seed of
+    its exploration, and a label for the curve."""
+
+    scenario: Scenario
+    workload_seed: int
+    load_scale: float
+    seed: int
+    label: str
+
+
+def episode_specs(cfg: DQNConfig, scenarios: Sequence[Scenario], seed: int, round_: int,
+                  count: int) -> list[EpisodeSpec]:
+    """The episodes of one round, each drawn from ``(seed, round, index)`` alone (round -1: demonstrations)."""
+    out = []
+    lo, hi = cfg.train_seed_range
+    for k in range(count):
+        g = np.random.default_rng([seed, round_ + 1, k])
+        if cfg.randomize > 0 and g.random() < cfg.randomize:
+            sc = random_scenario(g, cfg.randomize_max_nodes, name="random")
+            scale, label = 1.0, f"random-{sc.node_count}{'s' if isinstance(sc.idle_policy, Sleep) else 'a'}"
+        else:
+            sc = scenarios[int(g.integers(len(scenarios)))]
+            scale = float(cfg.load_scales[int(g.integers(len(cfg.load_scales)))])
+            label = sc.name + (f" x{scale:g}" if scale != 1.0 else "")
+        out.append(EpisodeSpec(sc, int(g.integers(lo, hi)), scale, int(g.integers(2**31 - 1)), label))
+    return out
+
+
+@dataclass
+class RolloutTask:
+    """What a worker needs for one episode: the spec, the config and reward, the weights (``None``: the teacher
+    acts on every step, a demonstration) and epsilon."""
+
+    spec: EpisodeSpec
+    cfg: DQNConfig
+    reward: RewardConfig
+    weights: dict[str, torch.Tensor] | None
+    epsilon: float
+
+
+@dataclass
+class RolloutResult:
+    transitions: Transitions
+    label: str
+    episode_return: float
+    steps: int
+
+
+def _score(net: torch.nn.Module, rows: np.ndarray, idx: np.ndarray) -> torch.Tensor:
+    return net.score(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)), torch.from_numpy(idx))
+
+
+@torch.inference_mode()
+def rollout(task: RolloutTask) -> RolloutResult:
+    """Run one episode (module docstring, step 2). Pure: the result depends on the task alone."""
+    torch.set_num_threads(1)
+    cfg, spec, rc = task.cfg, task.spec, task.reward
+    rng = np.random.default_rng(spec.seed)
+    env = SchedulingEnv([spec.scenario], reward=rc, max_decisions=cfg.max_episode_decisions,
+                        schema=cfg.feature_schema, predictor=make_predictor(cfg))
+    obs, info = env.reset(seed=spec.seed, options={"scenario": 0, "workload_seed": spec.workload_seed,
+                                                  "load_scale": spec.load_scale})
+    net = None
+    if task.weights is not None:
+        net = make_network(cfg)
+        net.load_state_dict(task.weights)
+        net.eval()
+    teacher = make_policy(teacher_spec(cfg, spec.scenario))
+    teacher.reset(env.twin.state, rng)
+    t_meta = bool(getattr(teacher, "uses_meta", False))
+    n = info["n_nodes"]
+    tau, n_step = cfg.gamma_tau_s, cfg.n_step
+    # Potential-based shaping (Ng, Harada and Russell 1999), policy-invariant also with per-step discounts:
+    # r' = r + gamma(dt) phi(s') - phi(s), phi(s) = -(tau / scale_seconds) x the cluster's watts now (the
+    # reward-unit cost of drawing today's power for one discount horizon), phi(terminal) = 0. It removes the
+    # large, action-independent part of the values; the environment's reward itself is unchanged.
+    coef = -(tau / rc.scale_seconds) if cfg.shaping else 0.0
+
+    def phi(r: np.ndarray) -> float:
+        return coef * float(r[:, WATTS_NOW].sum(dtype=np.float64)) if coef else 0.0
+
+    rows = obs["nodes"][:n]
+    phi_s = phi(rows)
+    obs_l, mask_l, act, rew, dts, teach = [], [], [], [], [], []
+    ep_return, terminated = 0.0, False
+    while True:
+        mask = obs["action_mask"][:n].astype(bool)
+        tw, d = env.twin, env.decision
+        ta = int(teacher.choose(tw.state, tw.request, tw.mask, meta=d.meta) if t_meta
+                 else teacher.choose(tw.state, tw.request, tw.mask))
+        if net is None:
+            a = ta
+        elif rng.random() < task.epsilon:
+            feas = np.flatnonzero(mask)
+            if rng.random() < cfg.heuristic_explore:
+                a = ta
+            elif feas.size <= 1 or rng.random() < cfg.explore_uniform:
+                a = int(feas[rng.integers(feas.size)])
+            else:  # one of the agent's own top-k: exploration near what it believes
+                adv = _score(net, rows, feas).numpy()
+                top = feas[np.argsort(-adv, kind="stable")[:min(cfg.explore_topk, feas.size)]]
+                a = int(top[rng.integers(top.size)])
+        else:
+            feas = np.flatnonzero(mask)
+            a = int(feas[0]) if feas.size == 1 else int(feas[int(torch.argmax(_score(net, rows, feas)))])
+        obs_l.append(rows.astype(np.float16))
+        mask_l.append(mask)
+        act.append(a)
+        teach.append(ta)
+        obs, r, terminated, truncated, info = env.step(a)
+        ep_return += r
+        rows = obs["nodes"][:n]
+        phi_next = 0.0 if terminated else phi(rows)
+        rew.append(r + discount(info["dt_s"], tau) * phi_next - phi_s)
+        dts.append(info["dt_s"])
+        phi_s = phi_next
+        if terminated or truncated:
+            break
+    obs_l.append(rows.astype(np.float16))  # the state after the last step (all zeros when terminated)
+    mask_l.append(obs["action_mask"][:n].astype(bool))
+    t = len(act)
+    r_arr, cum = np.asarray(rew), np.concatenate(([0.0], np.cumsum(dts)))
+    returns = np.zeros(t, dtype=np.float32)
+    discounts = np.zeros(t, dtype=np.float32)
+    nxt = np.zeros(t, dtype=np.int64)
+    for k in range(t):
+        e = min(k + n_step, t)
+        returns[k] = float(np.dot(np.exp(-(cum[k:e] - cum[k]) / tau), r_arr[k:e]))
+        nxt[k] = e
+        discounts[k] = 0.0 if (terminated and e == t) else math.exp(-(cum[e] - cum[k]) / tau)
+    tr = Transitions(np.stack(obs_l), np.stack(mask_l), np.asarray(act, dtype=np.int64), returns, discounts, nxt,
+                     np.asarray(teach, dtype=np.int64))
+    return RolloutResult(tr, spec.label, ep_return, t)
+
+
+# ---- executors -------------------------------------------------------------------------------------------------
+class Pending(Protocol):
+    def get(self) -> list: ...
+
+
+class Executor(Protocol):
+    """Runs a picklable function over tasks; ``get()`` returns the results in task order."""
+
+    workers: int
+
+    def map_async(self, fn: Callable[[Any], Any], tasks: list) -> Pending: ...
+
+
+class _Deferred:
+    def __init__(self, fn: Callable[[Any], Any], tasks: list) -> None:
+        self.fn, self.tasks = fn, tasks
+
+    def get(self) -> list:
+        return [self.fn(t) for t in self.tasks]
+
+
+class SerialExecutor:
+    """In this process, each batch when it is asked for (the weights travel in the tasks, so running later
+    changes nothing)."""
+
+    workers = 1
+
+    def map_async(self, fn: Callable[[Any], Any], tasks: list) -> Pending:
+        return _Deferred(fn, tasks)
+
+
+def _weights(agent: DQN) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in agent.q.state_dict().items()}
+
+
+# ---- validation ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ValidationCase:
+    scenario: Scenario  # load scaling applied
+    seed: int
+    e_ref: float  # the reference heuristic's energy
+    slo_ref: float  # default-k8s's SLO violation rate
+    pend_ref: float  # the reference heuristic's mean pending seconds
+    label: str
+
+
+@dataclass
+class ValidationTask:
+    case: ValidationCase
+    cfg: DQNConfig
+    weights: dict[str, torch.Tensor]
+
+
+_TWINS: dict[tuple[int, int], Twin] = {}
+
+
+def _twin(sc: Scenario, seed: int) -> Twin:
+    key = (hash(sc.model_dump_json()), seed)
+    tw = _TWINS.get(key)
+    if tw is None:
+        if len(_TWINS) > 32:
+            _TWINS.clear()
+        tw = _TWINS[key] = Twin(sc, build_workload(sc, seed))
+    return tw
+
+
+@torch.inference_mode()
+def validate_case(task: ValidationTask) -> tuple[float, float, float]:
+    """(energy, SLO violation rate, mean pending seconds) of the greedy agent on one case."""
+    torch.set_num_threads(1)
+    net = make_network(task.cfg)
+    net.load_state_dict(task.weights)
+    net.eval()
+    r = run_policy(_twin(task.case.scenario, task.case.seed), DQNPolicy(net=net, config=task.cfg, threads=0),
+                   task.case.seed)
+    return r.energy_joules, r.slo_violation_rate, r.mean_pending_s
+
+
 class Validator:
-    """Greedy runs on held-out workload seeds, at nominal load and at each extra load factor. Score = mean over
-    cases of energy / energy(best of most-allocated and energy-greedy) + 10 x (SLO violation rate above
-    default-k8s's + 0.5 pp). Lower is better; below 1 beats both heuristics."""
+    """Greedy runs on held-out workload seeds of each training scenario at each validation load factor, and on
+    ``cfg.validation_random`` randomised clusters of their own seeds. Score = mean over cases of energy /
+    reference energy + 10 x (SLO violation rate above default-k8s's + slack) + ``validation_pending_weight`` x
+    (mean pending time above the reference's + 10 %, relative to it, at least 1 s). The reference is the best
+    sleep-aware heuristic per case (``validation_reference``); below 1 beats it. Lower is better."""
 
-    def __init__(self, scenarios: list[Scenario], seeds: tuple[int, ...] = DQNConfig.validation_seeds,
-                 load_scales: tuple[float, ...] = (1.0,), slo_slack: float = DQNConfig.slo_slack) -> None:
-        self.slo_slack = slo_slack
-        self.cases = []
-        for base in scenarios:
-            for f in load_scales:
-                sc = scale_load(base, f)
-                for s in seeds:
-                    twin = Twin(sc, build_workload(sc, s))
-                    slo_ref = run_policy(twin, make_policy("default-k8s"), s).slo_violation_rate
-                    e_ref = min(run_policy(twin, make_policy(h), s).energy_joules
-                                for h in ("most-allocated", "energy-greedy"))
-                    self.cases.append((twin, s, e_ref, slo_ref))
+    def __init__(self, scenarios: Sequence[Scenario], cfg: DQNConfig | None = None, *,
+                 seeds: tuple[int, ...] | None = None, load_scales: tuple[float, ...] | None = None,
+                 slo_slack: float | None = None, random_clusters: int | None = None) -> None:
+        cfg = cfg or DQNConfig()
+        self.cfg = cfg
+        seeds = cfg.validation_seeds if seeds is None else seeds
+        load_scales = cfg.validation_load_scales if load_scales is None else load_scales
+        self.slo_slack = cfg.slo_slack if slo_slack is None else slo_slack
+        refs = (SLEEP_AWARE_HEURISTICS if cfg.validation_reference == "sleep-aware"
+                else ("most-allocated", "energy-greedy"))
+        unique: dict[str, Scenario] = {}
+        for sc in scenarios:
+            unique.setdefault(sc.model_dump_json(), sc)
+        plan = [(scale_load(base, f), s, base.name + (f" x{f:g}" if f != 1.0 else ""))
+                for base in unique.values() for f in load_scales for s in seeds]
+        n_random = cfg.validation_random if random_clusters is None else random_clusters
+        for k in range(n_random):
+            g = np.random.default_rng([seeds[0], 7, k])  # not a training stream: those are [seed, round, index]
+            sc = random_scenario(g, cfg.randomize_max_nodes, name=f"validation-random-{k}")
+            plan.append((sc, seeds[0], f"{sc.name} ({sc.node_count} nodes)"))
+        self.cases: list[ValidationCase] = []
+        for sc, s, label in plan:
+            twin = _twin(sc, s)
+            slo_ref = run_policy(twin, make_policy("default-k8s"), s).slo_violation_rate
+            runs = [run_policy(twin, make_policy(h), s) for h in refs]
+            best = min(runs, key=lambda r: r.energy_joules)
+            self.cases.append(ValidationCase(sc, s, best.energy_joules, slo_ref, best.mean_pending_s, label))
+        self.last: list[tuple[float, float, float]] = []
 
-    def score(self, agent: DQN) -> float:
-        pol = DQNPolicy(net=agent.q, threads=0)
+    def score(self, agent: DQN, executor: Executor | None = None) -> float:
+        executor = executor or SerialExecutor()
+        w = _weights(agent)
+        self.last = executor.map_async(validate_case, [ValidationTask(c, agent.cfg, w) for c in self.cases]).get()
         total = 0.0
-        for twin, s, e_ref, slo_ref in self.cases:
-            r = run_policy(twin, pol, s)
-            total += r.energy_joules / e_ref + 10.0 * max(0.0, r.slo_violation_rate - slo_ref - self.slo_slack)
+        pw = self.cfg.validation_pending_weight
+        for c, (e, slo, pend) in zip(self.cases, self.last):
+            total += e / c.e_ref + 10.0 * max(0.0, slo - c.slo_ref - self.slo_slack)
+            total += pw * max(0.0, pend - 1.1 * c.pend_ref) / max(c.pend_ref, 1.0)
         return total / len(self.cases)
 
 
-def train(env: SchedulingEnv, agent: DQN, *, total_steps: int | None = None, total_seconds: float | None = None,
+# ---- the loop --------------------------------------------------------------------------------------------------
+def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total_seconds: float | None = None,
           seed: int = 0, resumed: bool = False, validator: Validator | None = None,
-          progress: Callable[[int, float, float], None] | None = None) -> TrainLog:
-    """Train ``agent`` on ``env`` for ``total_steps`` decisions or ``total_seconds`` of wall time.
+          progress: Callable[[int, float, float], None] | None = None, reward: RewardConfig | None = None,
+          executor: Executor | None = None) -> TrainLog:
+    """Train ``agent`` for ``total_steps`` decisions or ``total_seconds`` of wall time on the given scenarios
+    (a list, or a :class:`SchedulingEnv` whose scenarios and reward weights are used).
 
-    A resumed run starts epsilon at ``min(eps_start, 0.2)``. When a validator is given, the best validated
-    weights are loaded back into ``agent`` at the end (the log says at which step).
+    A resumed run skips the demonstrations and starts epsilon at ``min(eps_start, 0.2)``. When a validator is
+    given, the best validated weights are loaded back into ``agent`` at the end (the log says at which step;
+    step 0 is the agent before its first rollout, i.e. right after the demonstrations).
     """
     if (total_steps is None) == (total_seconds is None):
         raise ValueError("give exactly one of total_steps or total_seconds")
+    if isinstance(env_or_scenarios, SchedulingEnv):
+        scenarios, reward = list(env_or_scenarios.scenarios), reward or env_or_scenarios.reward_cfg
+    else:
+        scenarios = list(env_or_scenarios)
+    reward = reward or RewardConfig()
+    executor = executor or SerialExecutor()
     cfg: DQNConfig = agent.cfg
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
+    nf = n_features(cfg.feature_schema)[0]
+    max_nodes = max([s.node_count for s in scenarios] + ([cfg.randomize_max_nodes] if cfg.randomize > 0 else []))
+    per = ReplayBuffer.bytes_per_transition(max_nodes, nf)
+    capacity = max(cfg.batch_size, min(cfg.buffer_size, cfg.replay_memory_mb * 2**20 // per))
+    buffer = ReplayBuffer(capacity, max_nodes, nf)
     eps_start = min(cfg.eps_start, 0.2) if resumed else cfg.eps_start
-    per_transition = 2 * env.max_nodes * (2 * N_FEATURES + 1) + 32  # obs + next obs (float16) and masks
-    capacity = max(cfg.batch_size, min(cfg.buffer_size, cfg.replay_memory_mb * 2**20 // per_transition))
-    buffer = ReplayBuffer(capacity, env.max_nodes)
     learning_starts = min(cfg.learning_starts, 1_000) if resumed else cfg.learning_starts
-    heuristics = [make_policy("most-allocated"), make_policy("energy-greedy")]
     log = TrainLog()
     t_start = time.perf_counter()
     best_state = None
+    recent: deque = deque(maxlen=20)
+    state = {"loss": math.nan, "eps": eps_start}
+    sync_every = max(1, cfg.target_update_interval // cfg.train_frequency)
 
-    def progress_frac() -> float:
+    def progress_frac(steps: int) -> float:
         if total_steps is not None:
-            return log.steps / max(total_steps, 1)
+            return steps / max(total_steps, 1)
         return (time.perf_counter() - t_start) / total_seconds
 
     def epsilon(p: float) -> float:
         f = min(1.0, p / cfg.exploration_fraction)
         return eps_start + f * (cfg.eps_end - eps_start)
 
+    def bc_weight(p: float) -> float:
+        f = min(1.0, p / cfg.exploration_fraction)
+        return cfg.bc_weight + f * (cfg.bc_weight_end - cfg.bc_weight)
+
     def validate() -> None:
         nonlocal best_state
         if validator is None:
             return
-        score = validator.score(agent)
+        score = validator.score(agent, executor)
         log.rows.append(EpisodeLog(log.steps, log.episodes, time.perf_counter() - t_start, "validation",
-                                   math.nan, eps, last_loss, score))
+                                   math.nan, state["eps"], state["loss"], score))
         if score < log.best_score:
             log.best_score, log.best_step = score, log.steps
             best_state = copy.deepcopy(agent.q.state_dict())
 
-    obs, info = env.reset(seed=seed)
-    heur = heuristics[0]
-    heur.reset(env.twin.state, rng)
-    window: deque = deque()  # (rows, mask, action, shaped reward, dt) of the last n steps
-    ep_return, last_loss, eps = 0.0, math.nan, eps_start
-    recent: deque = deque(maxlen=20)
-    tau, n_step = cfg.gamma_tau_s, cfg.n_step
-    # Potential-based shaping (Ng, Harada and Russell 1999), policy-invariant also with per-step discounts:
-    # r' = r + gamma(dt) * phi(s') - phi(s), phi(s) = -(tau / scale_seconds) * sum of watts_now (the reward-unit
-    # cost of drawing today's power for one discount horizon), phi(terminal) = 0. It removes the large,
-    # action-independent part (-tau * P) from the values the network must fit, leaving the power changes that
-    # decisions cause; the environment's reward itself is unchanged.
-    phi_coef = -(tau / env.reward_cfg.scale_seconds) if cfg.shaping else 0.0
-    watts_col = WATTS_NOW
+    def learn(n_updates: int, bc: float) -> None:
+        for _ in range(n_updates):
+            state["loss"] = agent.update(buffer.sample(cfg.batch_size, rng), bc_weight=bc)
+            if agent.updates % sync_every == 0:
+                agent.sync_target()
 
-    def phi(o: dict, n_rows: int) -> float:
-        return phi_coef * float(o["nodes"][:n_rows, watts_col].sum(dtype=np.float64)) if phi_coef else 0.0
-
-    phi_s = phi(obs, info["n_nodes"])
-
-    def emit(next_rows, next_mask, terminated: bool) -> None:
-        rows, mask, a, _, _ = window[0]
-        ret, elapsed = 0.0, 0.0
-        for _, _, _, r, dt in window:
-            ret += discount(elapsed, tau) * r
-            elapsed += dt
-        disc = 0.0 if terminated else discount(elapsed, tau)
-        buffer.add(rows, mask, a, ret, next_rows, next_mask, disc)
-
-    while True:
-        p = progress_frac()
-        if p >= 1.0:
-            break
-        eps = epsilon(p)
-        n = info["n_nodes"]
-        rows = obs["nodes"][:n]
-        mask = obs["action_mask"][:n].astype(bool)
-        # ---- act: epsilon-greedy; exploration is a baseline's choice or a uniform feasible node -------------
-        if rng.random() < eps:
-            if rng.random() < cfg.heuristic_explore:
-                tw = env.twin
-                a = heur.choose(tw.state, tw.request, tw.mask)
-            else:
-                feas = np.flatnonzero(mask)
-                a = int(feas[rng.integers(feas.size)])
-        else:
-            a = agent.greedy(rows, mask)
-        obs, r, terminated, truncated, info = env.step(a)
-        log.steps += 1
-        ep_return += r
-        phi_next = 0.0 if terminated else phi(obs, n)
-        window.append((rows, mask, a, r + discount(info["dt_s"], tau) * phi_next - phi_s, info["dt_s"]))
-        phi_s = phi_next
-        next_rows = obs["nodes"][:n]
-        next_mask = obs["action_mask"][:n].astype(bool)
-        if len(window) == n_step:
-            emit(next_rows, next_mask, terminated)
-            window.popleft()
-        if terminated or truncated:
-            while window:
-                emit(next_rows, next_mask, terminated)
-                window.popleft()
-        # ---- learn ------------------------------------------------------------------------------------------
-        if len(buffer) >= max(learning_starts, cfg.batch_size) and log.steps % cfg.train_frequency == 0:
-            last_loss = agent.update(buffer.sample(cfg.batch_size, rng))
-        if log.steps % cfg.target_update_interval == 0:
-            agent.sync_target()
-        if validator is not None and log.steps % cfg.eval_every_steps == 0 and len(buffer) >= learning_starts:
-            validate()
-        # ---- episode bookkeeping ----------------------------------------------------------------------------
-        if terminated or truncated:
+    def record(results: list[RolloutResult], eps: float, demo: bool = False) -> int:
+        steps = 0
+        for res in results:
+            buffer.add_many(res.transitions)
+            steps += res.steps
+            if demo:  # the teacher's episodes: not the agent's, and not in the step budget
+                log.rows.append(EpisodeLog(0, 0, time.perf_counter() - t_start, f"demo {res.label}",
+                                           res.episode_return, 1.0, state["loss"]))
+                continue
             log.episodes += 1
-            recent.append(ep_return)
-            name = env.scenarios[env.scenario_index].name
-            if env.load_scale != 1.0:
-                name += f" x{env.load_scale:g}"
-            log.rows.append(EpisodeLog(log.steps, log.episodes, time.perf_counter() - t_start, name, ep_return,
-                                       eps, last_loss))
-            ep_return = 0.0
-            obs, info = env.reset()
-            phi_s = phi(obs, info["n_nodes"])
-            heur = heuristics[log.episodes % len(heuristics)]
-            heur.reset(env.twin.state, rng)
-        if progress is not None and log.steps % 250 == 0:
+            recent.append(res.episode_return)
+            log.rows.append(EpisodeLog(log.steps + steps, log.episodes, time.perf_counter() - t_start, res.label,
+                                       res.episode_return, eps, state["loss"]))
+        return steps
+
+    # 1. Demonstrations: the teacher's own episodes, then gradient steps on them (margin loss plus TD).
+    if not resumed and cfg.pretrain_episodes > 0:
+        specs = episode_specs(cfg, scenarios, seed, -1, cfg.pretrain_episodes)
+        demo = executor.map_async(rollout, [RolloutTask(s, cfg, reward, None, 1.0) for s in specs]).get()
+        record(demo, 1.0, demo=True)
+        learn(cfg.pretrain_updates, cfg.bc_weight)
+        agent.sync_target()
+    validate()
+
+    # 2-4. Rounds: collect round r + 1 with the current weights while learning from round r.
+    def submit(r: int, eps: float) -> Pending:
+        specs = episode_specs(cfg, scenarios, seed, r, cfg.episodes_per_round)
+        return executor.map_async(rollout, [RolloutTask(s, cfg, reward, _weights(agent), eps) for s in specs])
+
+    round_ = 0
+    pending = submit(round_, epsilon(0.0))
+    next_eval = cfg.eval_every_steps
+    carry = 0
+    while True:
+        eps = state["eps"] = epsilon(progress_frac(log.steps))
+        results = pending.get()
+        steps = sum(r.steps for r in results)
+        finishing = progress_frac(log.steps + steps) >= 1.0
+        if not finishing:
+            round_ += 1
+            pending = submit(round_, epsilon(progress_frac(log.steps + steps)))
+        record(results, eps)
+        log.steps += steps
+        carry += steps
+        if len(buffer) >= max(learning_starts, cfg.batch_size):
+            n_up, carry = divmod(carry, cfg.train_frequency)
+            learn(n_up, bc_weight(progress_frac(log.steps)))
+        while validator is not None and log.steps >= next_eval:
+            next_eval += cfg.eval_every_steps
+            validate()
+        if progress is not None:
             progress(log.steps, float(np.mean(recent)) if recent else math.nan, eps)
+        if finishing:
+            break
     validate()
     if best_state is not None:
         agent.q.load_state_dict(best_state)

@@ -37,6 +37,7 @@ import time
 from bisect import bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -70,6 +71,16 @@ def cluster_from_scenario(scenario: Scenario) -> ClusterState:
     return ClusterState(names, cpu, mem, pods, curves, sleep_watts=sleep_w, group=group,
                         group_names=[g.name_prefix for g in scenario.nodes],
                         wake_s=scenario.idle_policy.wake_s if sleeping else 0.0, can_sleep=sleeping)
+
+
+class PodObserver(Protocol):
+    """What :meth:`Twin.observe_pods` reports, as it happens: pod ``key`` bound to ``node`` at ``t`` (its
+    metadata and non-zero CPU request), and pod ``key`` gone at ``t`` (``completed``: it finished or stopped;
+    False: evicted or cut off at the horizon)."""
+
+    def bound(self, t: float, key: int, node: int, meta: object, cpu_m: float) -> None: ...
+
+    def ended(self, t: float, key: int, completed: bool) -> None: ...
 
 
 class _TwinDecision(Decision):
@@ -199,6 +210,7 @@ class Twin:
                       if cons is not None else [])
         self._placeable = self.placeable.tolist()
         self._meta = wl.pod_metas()  # what each decision hands the policy (shared objects for equal metadata)
+        self._observer: PodObserver | None = None  # observe_pods(): told of binds and ends as they happen
         self._pm = wl.has_pod_model
         if self._pm:
             self._setup_pod_model(wl)
@@ -333,6 +345,11 @@ class Twin:
             ok |= (cpu <= c) & (mem <= m)
         return ok & (st.alloc_pods.max() > 0)
 
+    def observe_pods(self, observer: PodObserver | None) -> None:
+        """Tell ``observer`` of every bind and every end as it happens (None: stop). It sees what a cluster
+        shows, never a pod's duration: the predictor of docs/dqn.md learns from this. It stays across runs."""
+        self._observer = observer
+
     # ---- the Backend ----------------------------------------------------------------------------------------
     def begin(self) -> None:
         """Begin a run from time 0 (the twin can run any number of times)."""
@@ -425,6 +442,8 @@ class Twin:
             raise ValueError(f"node {node} is not feasible for pod {p}")
         st.bind(node, req)
         self.pod_node[p] = node
+        if self._observer is not None:
+            self._observer.bound(self.now, p, node, self._meta[p], req.nz_cpu)
         self.placements += 1
         self._live += 1
         self._sleep_ver[node] += 1  # any pending sleep of this node is off
@@ -599,6 +618,8 @@ class Twin:
                 self._live -= 1  # (a service left _live when it started)
             self.pod_node[p] = -1
             self.pod_status[p] = _NOT_PLACED
+            if self._observer is not None:
+                self._observer.ended(now, p, False)  # evicted: censored, it restarts elsewhere
             self._restarting += 1
             self.evictions += 1
             self._push(now + restart, _RESTART, p, 0)
@@ -631,6 +652,7 @@ class Twin:
         v = self._vclock[i]
         eps = 1e-9 * max(1.0, v)
         st = self.state
+        obs = self._observer
         while heap and heap[0][0] <= v + eps:
             _, p = heapq.heappop(heap)
             self._dem[i] -= self._usage[p]
@@ -641,6 +663,8 @@ class Twin:
             self._thr0[p] = (self._thr[i] - self._thr0[p]) / life if life > 0 else 0.0  # now: mean throttling
             st.unbind(i, self._req[p])
             self._live -= 1
+            if obs is not None:
+                obs.ended(self.now, p, True)
         self._refresh(i)
         if not heap and self.sleep_after < math.inf:  # empty (pods on a running node are all in its heap)
             self._arm_sleep(i, self.now)
@@ -799,6 +823,8 @@ class Twin:
             self._thr0[p] = (self._thr[i] - self._thr0[p]) / life if life > 0 else 0.0
             st.unbind(i, self._req[p])
             self._live -= 1
+            if self._observer is not None:
+                self._observer.ended(self.now, p, True)
         self._refresh(i)
         if freed:
             if not heap and not self._svcs[i] and self.sleep_after < math.inf:
@@ -823,6 +849,8 @@ class Twin:
             self.pod_status[p] = _DONE
             self._bad0[p] = self._bad[i] - self._bad0[p]
             self._thr0[p] = (self._thr[i] - self._thr0[p]) / life if life > 0 else 0.0
+            if self._observer is not None:  # cut off at the horizon: not a life that ended
+                self._observer.ended(now, p, self._submit[p] + self._dur[p] <= self.horizon)
             self._refresh(i)
             if not self._running[i] and not self._svcs[i] and self.sleep_after < math.inf:
                 self._arm_sleep(i, now)
@@ -836,6 +864,8 @@ class Twin:
             self._waiting[i].remove(p)
             self.state.unbind(i, self._req[p])
             self._live -= 1
+            if self._observer is not None:
+                self._observer.ended(now, p, self._submit[p] + self._dur[p] <= self.horizon)
         elif p in self._pending:
             self._pending.remove(p)
         else:  # evicted, waiting for its restart: the restart event will see it done and drop it

@@ -94,6 +94,9 @@ class Extender:
         self.cache, self.policy = cache, policy
         self.rng = np.random.default_rng(seed)
         self._epoch = -1
+        attach = getattr(policy, "attach", None)
+        if attach is not None:  # the DQN's lifetime predictor learns from the cache's pod events, as in serve
+            attach(self)
         reg = cache.registry
         self.requests = Counter("joulesched_extender_requests", "Extender requests by verb and result.",
                                 ["verb", "result"], registry=reg)

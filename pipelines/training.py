@@ -7,7 +7,14 @@
 * ``NAME.curve.csv`` and ``NAME.curve.png``: the training curve (episode returns, validation score).
 
 ``evaluate`` runs the model greedily beside every baseline on the same workloads (seed ``s`` of a scenario is
-workload seed ``scenario.seed + s``, as in the benchmark) and returns a JSON-ready table.
+workload seed ``scenario.seed + s``, as in the benchmark) and returns a JSON-ready table with the ratios to
+default-k8s, to the best heuristic, to the best sleep-aware heuristic and to the optimum or the best proven
+bound (agent/optimum.py: the MIP on small constant-usage instances, the LP and fluid bounds elsewhere,
+``unsupported`` for services and usage profiles).
+
+Rollouts and validation runs go to an executor: in this process (``workers=1``), a local process pool
+(``executor="local"``, ``workers=N``) or Ray (``executor="ray"``). The tasks carry their seeds and weights and
+are collected in order, so a run gives the same model on any of them (agent/train.py).
 """
 
 from __future__ import annotations
@@ -25,10 +32,9 @@ import torch
 from joulesched.agent.checkpoint import load_agent, load_checkpoint, save_checkpoint
 from joulesched.agent.config import DQNConfig, RewardConfig, TrainConfig
 from joulesched.agent.dqn import DQN
-from joulesched.agent.env import SchedulingEnv
-from joulesched.agent.registry import BASELINES, HEURISTIC_FAMILIES, family_of, make_policy
+from joulesched.agent.registry import BASELINES, HEURISTIC_FAMILIES, SLEEP_AWARE_HEURISTICS, family_of, make_policy
 from joulesched.agent.runner import run_policy
-from joulesched.agent.train import Validator
+from joulesched.agent.train import SerialExecutor, Validator
 from joulesched.agent.train import train as train_loop
 from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.twin import Twin
@@ -41,6 +47,94 @@ from joulesched.pipelines.stats import mean_ci
 
 class TrainError(UsageError):
     """Bad train/test arguments; the message says how to fix them."""
+
+
+EXECUTORS = ("local", "ray")
+#: The sleep-aware heuristics "the best sleep-aware heuristic" is taken over (the headroom table's set).
+SLEEP_AWARE = tuple(SLEEP_AWARE_HEURISTICS) + ("awake-first:fit=efficient",)
+
+
+class PoolExecutor:
+    """Rollouts on a local pool of spawned worker processes (pipelines/pool.py: one Ctrl-C stops them all)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._ctx = None
+        self.pool = None
+
+    def __enter__(self) -> "PoolExecutor":
+        from joulesched.pipelines.pool import process_pool
+
+        self._ctx = process_pool(self.workers)
+        self.pool = self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool | None:
+        return self._ctx.__exit__(*exc)
+
+    def map_async(self, fn, tasks):
+        return self.pool.map_async(fn, tasks, chunksize=1)
+
+
+class _RayPending:
+    def __init__(self, refs) -> None:
+        self.refs = refs
+
+    def get(self) -> list:
+        import ray
+
+        return ray.get(self.refs)
+
+
+class RayExecutor:
+    """Rollouts as Ray tasks, on ``address`` or on a local Ray started with ``workers`` CPUs (no dashboard,
+    nothing listening off-host), shut down afterwards if this started it."""
+
+    def __init__(self, workers: int, address: str | None = None) -> None:
+        self.workers, self.address = workers, address
+        self._started = False
+        self._remote: dict = {}
+
+    def __enter__(self) -> "RayExecutor":
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise TrainError("--executor ray needs Ray: pip install 'joulesched[sweep]' (or ray)") from None
+        if not ray.is_initialized():
+            kw = {} if self.address else {"num_cpus": self.workers}
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     **kw)
+            self._started = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._started:
+            import ray
+
+            ray.shutdown()
+
+    def map_async(self, fn, tasks):
+        import ray
+
+        remote = self._remote.get(fn)
+        if remote is None:
+            remote = self._remote[fn] = ray.remote(num_cpus=1)(fn)
+        return _RayPending([remote.remote(t) for t in tasks])
+
+
+def make_executor(workers: int = 1, executor: str = "local", ray_address: str | None = None):
+    """A context manager giving the executor (module docstring): serial for one local worker."""
+    import contextlib
+
+    if executor not in EXECUTORS:
+        raise TrainError(f"unknown executor {executor!r}; use {' or '.join(EXECUTORS)}")
+    if workers < 1:
+        raise TrainError(f"--workers must be >= 1, got {workers}")
+    if executor == "ray":
+        return RayExecutor(workers, ray_address)
+    if workers == 1:
+        return contextlib.nullcontext(SerialExecutor())
+    return PoolExecutor(workers)
 
 
 @dataclass
@@ -65,9 +159,11 @@ def _curve_paths(model: Path) -> tuple[Path, Path]:
 def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float | None = None,
           steps: int | None = None, resume: bool = False, overwrite: bool = False, seed: int = 0,
           progress: bool = True, config: TrainConfig | None = None, validate: bool = True, threads: int = 1,
-          on_progress: Callable[[int, float, float], None] | None = None) -> TrainSummary:
+          on_progress: Callable[[int, float, float], None] | None = None, workers: int = 1,
+          executor: str = "local", ray_address: str | None = None) -> TrainSummary:
     """Train (or resume) a DQN on ``scenarios`` (files or loaded scenarios) for ``minutes`` of wall time or
-    ``steps`` decisions, with ``config`` (default: :class:`~joulesched.agent.config.TrainConfig`'s defaults)."""
+    ``steps`` decisions, with ``config`` (default: :class:`~joulesched.agent.config.TrainConfig`'s defaults),
+    its rollouts on ``workers`` processes of ``executor`` (the same model whichever)."""
     if (minutes is None) == (steps is None):
         raise TrainError("give exactly one of --minutes or --steps")
     if minutes is not None and not (0 < minutes <= 24 * 60):
@@ -78,6 +174,10 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         raise TrainError("give at least one --scenario")
     if seed < 0:
         raise TrainError(f"--seed must be >= 0, got {seed}")
+    if executor not in EXECUTORS:
+        raise TrainError(f"unknown executor {executor!r}; use {' or '.join(EXECUTORS)}")
+    if workers < 1:
+        raise TrainError(f"--workers must be >= 1, got {workers}")
     model = check_output_file(model, "--model")
     if resume and not model.exists():
         raise TrainError(f"--resume: {model} does not exist; drop --resume to create it")
@@ -97,19 +197,21 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         config = config or TrainConfig()
         agent, reward = DQN(config.dqn, seed=seed), config.reward
     cfg: DQNConfig = agent.cfg
-    env = SchedulingEnv(loaded, reward=reward, workload_seeds=range(*cfg.train_seed_range),
-                        load_scales=cfg.load_scales)
-    validator = Validator(loaded, seeds=cfg.validation_seeds, load_scales=cfg.validation_load_scales,
-                          slo_slack=cfg.slo_slack) if validate else None
+    try:
+        make_policy(cfg.teacher) if cfg.teacher != "auto" else None
+    except UsageError as e:
+        raise TrainError(f"dqn.teacher: {e}") from None
+    validator = Validator(loaded, cfg) if validate else None
 
     bar_cb, bar_ctx = _progress_bar(progress, steps, minutes)
     cb = on_progress
     if bar_cb is not None:
         cb = bar_cb if on_progress is None else (lambda s, r, e: (bar_cb(s, r, e), on_progress(s, r, e)))
     t0 = time.perf_counter()
-    with bar_ctx:
-        log = train_loop(env, agent, total_steps=steps, total_seconds=None if minutes is None else minutes * 60.0,
-                         seed=seed, resumed=resume, validator=validator, progress=cb)
+    with bar_ctx, make_executor(workers, executor, ray_address) as ex:
+        log = train_loop(loaded, agent, total_steps=steps,
+                         total_seconds=None if minutes is None else minutes * 60.0, seed=seed, resumed=resume,
+                         validator=validator, progress=cb, reward=reward, executor=ex)
     wall = time.perf_counter() - t0
     total_steps = int(prev_training.get("steps", 0)) + log.steps
     training = {
@@ -121,6 +223,7 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         "wall_s": round(float(prev_training.get("wall_s", 0.0)) + wall, 1),
         "runs": list(prev_training.get("runs", [])) + [{
             "steps": log.steps, "wall_s": round(wall, 1), "resumed": resume, "seed": seed,
+            "workers": workers, "executor": executor,
             "budget": {"minutes": minutes, "steps": steps}, "best_step": log.best_step,
             "best_validation_score": None if math.isinf(log.best_score) else round(log.best_score, 5),
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -203,7 +306,7 @@ def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
     if val:
         x, y = zip(*val)
         ax2.plot(x, y, "o-", color="black")
-    ax2.set_ylabel("validation: energy / best of\nmost-allocated, energy-greedy\n(+ SLO penalty), lower is better",
+    ax2.set_ylabel("validation: energy / best\nsleep-aware heuristic (+ SLO,\npending penalties), lower is better",
                    fontsize=8)
     ax2.set_xlabel("decisions (environment steps)")
     fig.tight_layout()
@@ -214,21 +317,32 @@ def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
 
 # ---- evaluation -----------------------------------------------------------------------------------------------
 def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baselines: Sequence[str] = tuple(BASELINES),
-             lower: bool = True) -> dict:
-    """Greedy runs of the model beside ``baselines`` on ``seeds`` workloads of each scenario.
+             lower: bool = True, optimum: bool = True, optimum_time_limit: float = 20.0) -> dict:
+    """Greedy runs of the model beside ``baselines`` (and awake-first:fit=efficient) on ``seeds`` workloads of each
+    scenario.
 
-    Returns ``{"model", "meta", "scenarios": [{"name", "nodes", "seed", "rows": {policy: metrics},
-    "ratio_vs_default", "ratio_vs_best_heuristic", "best_heuristic", "ratio_vs_lower_bound"}]}``.
+    Returns ``{"model", "training", "scenarios": [{"name", "nodes", "seed", "rows": {policy: metrics},
+    "ratio_vs_default", "ratio_vs_best_heuristic", "best_heuristic", "ratio_vs_best_sleep_aware",
+    "best_sleep_aware", "ratio_vs_lower_bound", "optimum": {...}, "ratio_vs_optimum", "ratio_vs_bound",
+    "gap_closed"}], "summary"}``. With ``optimum``, agent/optimum.py's entry per scenario and seed: the MIP's
+    best schedule on instances it takes (``ratio_vs_optimum``), the best proven bound (MIP, LP or fluid:
+    ``ratio_vs_bound``), ``unsupported`` for services and usage profiles; ``gap_closed`` is (best sleep-aware
+    - dqn) / (best sleep-aware - optimum, or the bound where there is no optimum).
     """
     from joulesched.agent.lower_bound import lower_bound
+    from joulesched.agent.optimum import check_time_limit, optimum_entry
 
     if seeds < 1:
         raise TrainError("--seeds must be >= 1")
+    if optimum:
+        check_time_limit(optimum_time_limit)
     model = Path(model)
     meta = load_checkpoint(model).meta  # PolicyError on a bad file, before any work
     spec = f"dqn={model}"
     policies = [spec] + [b for b in baselines if b != spec]
-    out = {"model": str(model), "training": meta.get("training", {}), "scenarios": []}
+    policies += [p for p in SLEEP_AWARE if p not in policies]
+    out = {"model": str(model), "training": meta.get("training", {}), "feature_schema": meta.get("feature_schema"),
+           "scenarios": []}
     for p in scenarios:
         sc = load_scenario(p)
         for k in range(seeds):
@@ -253,16 +367,38 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
                 best = min(heur, key=lambda h: rows[h]["energy_joules"])
                 entry["best_heuristic"] = best
                 entry["ratio_vs_best_heuristic"] = e / rows[best]["energy_joules"]
+            sleepy = [h for h in rows if h in SLEEP_AWARE]
+            best_sa = min(sleepy, key=lambda h: rows[h]["energy_joules"])
+            entry["best_sleep_aware"] = best_sa
+            e_sa = rows[best_sa]["energy_joules"]
+            entry["ratio_vs_best_sleep_aware"] = e / e_sa
+            entry["pending_vs_best_sleep_aware"] = (rows["dqn"]["mean_pending_s"]
+                                                    - rows[best_sa]["mean_pending_s"])
             if lower:
                 lb = lower_bound(twin.state, wl, sc.duration_s, twin.placeable)
                 entry["lower_bound_joules"] = lb.joules
                 entry["ratio_vs_lower_bound"] = e / lb.joules
+            if optimum:
+                opt = optimum_entry(sc, k, time_limit=optimum_time_limit)
+                entry["optimum"] = opt
+                if opt["status"] != "unsupported":
+                    bounds = [b for b in (opt.get("bound_joules"), opt.get("lp_bound_joules"),
+                                          opt.get("fluid_joules")) if b]
+                    ref = opt.get("optimum_joules")
+                    if ref:
+                        entry["ratio_vs_optimum"] = e / ref
+                    if bounds:
+                        entry["ratio_vs_bound"] = e / max(bounds)
+                    target = ref if ref else (max(bounds) if bounds else None)
+                    if target is not None and e_sa - target > 1e-9 * e_sa:
+                        entry["gap_closed"] = (e_sa - e) / (e_sa - target)
             out["scenarios"].append(entry)
     out["summary"] = _summary(out["scenarios"])
     return out
 
 
-RATIOS = ("ratio_vs_default", "ratio_vs_best_heuristic", "ratio_vs_lower_bound")
+RATIOS = ("ratio_vs_default", "ratio_vs_best_heuristic", "ratio_vs_best_sleep_aware", "ratio_vs_lower_bound",
+          "ratio_vs_optimum", "ratio_vs_bound", "gap_closed")
 
 
 def _summary(entries: list[dict]) -> dict:
@@ -275,7 +411,8 @@ def _summary(entries: list[dict]) -> dict:
 
 
 def format_table(result: dict) -> str:
-    """A plain-text table: per scenario and seed, every policy's energy ratio to default-k8s and SLO rate."""
+    """A plain-text table: per scenario and seed, every policy's energy ratio to default-k8s and SLO rate, then
+    the DQN's ratios to the best heuristic, the best sleep-aware heuristic and the optimum or bound."""
     lines = []
     for s in result["scenarios"]:
         ref = s["rows"].get("default-k8s", {}).get("energy_joules")
@@ -288,10 +425,26 @@ def format_table(result: dict) -> str:
         extra = []
         if "ratio_vs_best_heuristic" in s:
             extra.append(f"dqn / best heuristic ({s['best_heuristic']}) = {s['ratio_vs_best_heuristic']:.3f}")
+        if "ratio_vs_best_sleep_aware" in s:
+            extra.append(f"dqn / best sleep-aware ({s['best_sleep_aware']}) = {s['ratio_vs_best_sleep_aware']:.3f}")
         if "ratio_vs_lower_bound" in s:
             extra.append(f"dqn / lower bound = {s['ratio_vs_lower_bound']:.3f}")
         if extra:
             lines.append("  " + "; ".join(extra))
+        opt = s.get("optimum")
+        if opt is not None:
+            if opt["status"] == "unsupported":
+                lines.append("  optimum: unsupported (services or usage profiles; the lower bound above still holds)")
+            else:
+                parts = []
+                if "ratio_vs_optimum" in s:
+                    gap = f", gap {100 * opt['gap']:.1f} %" if opt.get("gap") is not None else ""
+                    parts.append(f"dqn / optimum ({opt['status']}{gap}) = {s['ratio_vs_optimum']:.3f}")
+                if "ratio_vs_bound" in s:
+                    parts.append(f"dqn / best bound = {s['ratio_vs_bound']:.3f}")
+                if "gap_closed" in s:
+                    parts.append(f"share of the sleep-aware heuristic's gap closed = {100 * s['gap_closed']:.0f} %")
+                lines.append("  " + "; ".join(parts))
     for name, ratios in result.get("summary", {}).items():
         if any(r["n"] > 1 for r in ratios.values()):
             parts = [f"{k.removeprefix('ratio_vs_').replace('_', ' ')} {r['mean']:.3f}"

@@ -51,6 +51,13 @@ def train_cmd(
                                             "refusing.")] = False,
     seed: Annotated[int, typer.Option(min=0, help="Seed for the network, exploration and episode sampling.")] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+    workers: Annotated[int, typer.Option(min=1, help="Processes collecting rollouts and running validation "
+                                         "(the same model for any number).")] = 1,
+    executor: Annotated[str, typer.Option(help="Where the rollouts run: local (a process pool of --workers) or "
+                                          "ray (Ray tasks; a local Ray with --workers CPUs unless --ray-address).")]
+    = "local",
+    ray_address: Annotated[Optional[str], typer.Option(help="Address of an existing Ray cluster for --executor "
+                                                       "ray.")] = None,
 ) -> None:
     """Train the DQN scheduler on the twin; writes the model, NAME.json, NAME.curve.csv and NAME.curve.png."""
     from joulesched.agent.config import TrainConfig, dump_config, load_config, with_overrides
@@ -58,6 +65,8 @@ def train_cmd(
 
     if minutes is not None and steps is not None:
         fail("give --minutes or --steps, not both")
+    if executor not in ("local", "ray"):
+        fail(f"--executor must be local or ray, got {executor!r}")
     with errors(), interrupted(model.parent):
         cfg = load_config(config) if config is not None else None
         if set_:
@@ -68,7 +77,8 @@ def train_cmd(
         if minutes is None and steps is None:
             minutes = DEFAULT_MINUTES
         s = train(scenario or train_scenarios(), model, minutes=minutes, steps=steps, resume=resume,
-                  overwrite=overwrite, seed=seed, progress=progress, config=cfg)
+                  overwrite=overwrite, seed=seed, progress=progress, config=cfg, workers=workers, executor=executor,
+                  ray_address=ray_address)
     out.print(f"wrote {s.model} ({s.steps:,} steps this run, {s.total_steps:,} in all, {s.episodes} episodes, "
               f"{s.wall_s:.0f} s); best validation score {s.best_validation_score:.4f} at step {s.best_step:,}")
     out.print(f"training curve: {s.curve_csv}" + (f", {s.curve_png}" if s.curve_png else ""))
@@ -82,12 +92,18 @@ def test_cmd(
     seeds: Annotated[int, typer.Option(min=1, help="Workloads per scenario (seeds scenario.seed + 0..N-1).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     bound: Annotated[bool, typer.Option("--bound/--no-bound", help="Also compute the offline lower bound.")] = True,
+    optimum: Annotated[bool, typer.Option(
+        "--optimum/--no-optimum", help="Also the optimum (the MIP, on instances of at most 16 nodes and 200 pods) "
+        "and the LP bound (docs/optimum.md): the ratios to them and the share of the gap closed.")] = True,
+    optimum_time_limit: Annotated[float, typer.Option(help="Seconds for the MIP per scenario and seed.")] = 20.0,
 ) -> None:
-    """Evaluate a model greedily (epsilon = 0) beside every baseline and print the table."""
+    """Evaluate a model greedily (epsilon = 0) beside every baseline; print the ratios to default-k8s, to the
+    best heuristic, to the best sleep-aware heuristic and to the optimum or bound."""
     from joulesched.pipelines.training import evaluate, format_table
 
     with errors():
-        res = evaluate(model, scenario or standard_suite(), seeds, lower=bound)
+        res = evaluate(model, scenario or standard_suite(), seeds, lower=bound, optimum=optimum,
+                       optimum_time_limit=optimum_time_limit)
     if as_json:
         typer.echo(json.dumps(res, indent=2, sort_keys=True))
     else:

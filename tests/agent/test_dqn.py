@@ -1,5 +1,6 @@
 """The DQN agent: masking in training and inference, checkpoints (round trip, refusals), size independence,
-and a short fixed-seed training run that beats a random policy."""
+and a short fixed-seed training run that beats a random policy. The masking and checkpoint tests use schema 1's
+network (models/small.pt's); tests/agent/test_dqn_v2.py has schema 2's."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def test_inference_never_picks_an_infeasible_node():
     pol.reset(st, np.random.default_rng(0))
     assert np.argmax(pol.scores(st, pod, np.ones(6, bool))) in (0, 2, 4)  # it would pick a full node...
     assert mask[pol.choose(st, pod, mask)]  # ...but the mask wins
-    agent = DQN(DQNConfig(hidden=16, buffer_size=64, batch_size=8))
+    agent = DQN(DQNConfig(feature_schema=1, hidden=16, buffer_size=64, batch_size=8))
     agent.q.load_state_dict(_adversarial_net().state_dict())
     rows = FeatureBuilder(st).build(st, pod, mask)
     assert mask[agent.greedy(rows, mask)]
@@ -73,7 +74,7 @@ def test_inference_never_picks_an_infeasible_node():
 
 
 def test_target_max_ignores_infeasible_next_nodes():
-    cfg = DQNConfig(hidden=16, buffer_size=64, batch_size=2, learning_rate=1e-9)
+    cfg = DQNConfig(feature_schema=1, hidden=16, buffer_size=64, batch_size=2, learning_rate=1e-9)
     agent = DQN(cfg)
     agent.q.load_state_dict(_adversarial_net().state_dict())
     agent.sync_target()
@@ -91,22 +92,23 @@ def test_target_max_ignores_infeasible_next_nodes():
     assert np.isfinite(loss)
 
 
-def test_training_never_takes_an_infeasible_action():
-    env = SchedulingEnv([TINY], max_nodes=8)
-    original = env.step
+def test_training_never_takes_an_infeasible_action(monkeypatch):
+    """Every action of every rollout (greedy, teacher, top-k and uniform exploration) is feasible."""
+    original = SchedulingEnv.step
     taken = []
 
-    def checked_step(action):
-        mask = env.action_masks()
-        assert mask[int(action)], f"infeasible action {action}"
+    def checked_step(self, action):
+        assert self.action_masks()[int(action)], f"infeasible action {action}"
         taken.append(int(action))
-        return original(action)
+        return original(self, action)
 
-    env.step = checked_step
+    monkeypatch.setattr(SchedulingEnv, "step", checked_step)
     cfg = DQNConfig(hidden=16, buffer_size=2_000, batch_size=16, learning_starts=100, eps_start=0.5,
-                    heuristic_explore=0.5, target_update_interval=100, load_scales=(1.0, 2.0))
-    train(env, DQN(cfg, seed=1), total_steps=600, seed=1)
-    assert len(taken) == 600
+                    heuristic_explore=0.3, explore_uniform=0.5, target_update_interval=100, load_scales=(1.0, 2.0),
+                    pretrain_episodes=1, pretrain_updates=10, randomize=0.5, randomize_max_nodes=8,
+                    max_episode_decisions=150)
+    train([load_scenario(TINY)], DQN(cfg, seed=1), total_steps=600, seed=1)
+    assert len(taken) >= 750  # the demonstration and the 600-step budget in whole rounds
 
 
 def test_same_weights_run_on_any_cluster_size():
@@ -121,7 +123,7 @@ def test_same_weights_run_on_any_cluster_size():
 
 # ---- checkpoints ------------------------------------------------------------------------------------------------
 def _saved(tmp_path: Path) -> tuple[Path, DQN]:
-    agent = DQN(DQNConfig(hidden=16, buffer_size=64, batch_size=8), seed=3)
+    agent = DQN(DQNConfig(feature_schema=1, hidden=16, buffer_size=64, batch_size=8), seed=3)
     # Take one optimizer step so that Adam has state to save.
     x = torch.rand(8, 5, N_FEATURES)
     m = torch.ones(8, 5, dtype=torch.bool)
@@ -216,13 +218,15 @@ def test_short_training_beats_random_policy():
     clearly less energy than uniformly random placement on a held-out workload."""
     torch.set_num_threads(1)
     sc = load_scenario(SLEEP)
-    env = SchedulingEnv([sc], workload_seeds=range(1000, 1010))
+    # Reinforcement learning alone: no demonstrations, no margin loss, no teacher in the exploration.
     cfg = DQNConfig(hidden=32, buffer_size=10_000, batch_size=32, learning_starts=1_000, train_frequency=4,
-                    target_update_interval=500, exploration_fraction=0.5, load_scales=(1.0,))
+                    target_update_interval=500, exploration_fraction=0.5, load_scales=(1.0,), eps_start=1.0,
+                    pretrain_episodes=0, bc_weight=0.0, bc_weight_end=0.0, heuristic_explore=0.0, randomize=0.0,
+                    train_seed_range=(1000, 1010))
     agent = DQN(cfg, seed=0)
-    train(env, agent, total_steps=6_000, seed=0)
+    train([sc], agent, total_steps=6_000, seed=0)
     twin = Twin(sc, build_workload(sc, 42))
-    trained = run_policy(twin, DQNPolicy(net=agent.q, threads=0), 42).energy_joules
+    trained = run_policy(twin, DQNPolicy(net=agent.q, config=cfg, threads=1), 42).energy_joules
     rand = run_policy(twin, make_policy("random"), 42).energy_joules
     assert trained < 0.9 * rand, (trained / rand)
 

@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 from joulesched.agent.config import RewardConfig
 from joulesched.agent.env import SchedulingEnv, scale_load
-from joulesched.agent.features import N_FEATURES
+from joulesched.agent.features import N_FEATURES, N_FEATURES_V2
 from joulesched.cluster.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,9 @@ def test_padded_spaces_and_masks():
     env = SchedulingEnv([TINY, SLEEP])
     assert env.max_nodes == 22
     obs, info = env.reset(seed=3, options={"scenario": 0})
-    assert obs["nodes"].shape == (22, N_FEATURES) and obs["nodes"].dtype == np.float32
+    assert env.n_features == N_FEATURES_V2  # schema 2 by default
+    assert obs["nodes"].shape == (22, N_FEATURES_V2) and obs["nodes"].dtype == np.float32
+    assert SchedulingEnv([TINY], schema=1).observation_space["nodes"].shape == (3, N_FEATURES)
     assert env.observation_space.contains(obs)
     n = info["n_nodes"]
     assert n == 3
@@ -78,7 +80,7 @@ def test_invalid_action_is_redirected_and_penalised():
 def test_vector_env_steps_with_masks():
     venv = gym.vector.SyncVectorEnv([lambda: SchedulingEnv([TINY], max_decisions=30) for _ in range(2)])
     obs, info = venv.reset(seed=7)
-    assert obs["nodes"].shape == (2, 3, N_FEATURES)
+    assert obs["nodes"].shape == (2, 3, N_FEATURES_V2)
     for _ in range(40):
         masks = obs["action_mask"].astype(bool)
         actions = np.array([int(np.flatnonzero(m)[0]) if m.any() else 0 for m in masks])

@@ -107,3 +107,31 @@ def test_scale_scores():
     assert scale_scores([1.0, 2.0, 3.0]).tolist() == [0, 5, 10]
     assert scale_scores([4.0, 4.0]).tolist() == [10, 10]
     assert scale_scores([float("-inf"), 1.0, 2.0]).tolist() == [0, 0, 10]
+
+
+def test_a_schema_2_dqn_learns_from_the_pods_the_extender_sees(extender, emu):
+    """The extender hands its cache to the DQN (as serve does through run_policy), so the lifetime predictor
+    follows the cluster's pods: the pod bound by someone else is running on "big" in the predictor's view once
+    the extender has scored a pod."""
+    import torch
+
+    from joulesched.agent.config import DQNConfig
+    from joulesched.agent.dqn import DQN
+    from joulesched.agent.dqn_policy import DQNPolicy
+
+    torch.manual_seed(0)
+    cfg = DQNConfig()
+    policy = DQNPolicy(net=DQN(cfg, seed=0).q, config=cfg, threads=1)
+    cache = KubeCache(api_client_for(emu.url))
+    ext = Extender(cache, policy)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        assert ext.prioritize({"Pod": make_pod("p", cpu="1", memory="256Mi"),
+                               "NodeNames": ["small", "big", "big2"]})
+        pred = policy.predictor
+        assert pred.running == 1
+        empty_in, _ = pred.nodes(0.0, len(pred.names))
+        assert empty_in[pred.names.index("big")] > 0 and empty_in[pred.names.index("small")] == 0
+    finally:
+        cache.stop()

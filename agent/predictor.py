@@ -1,0 +1,392 @@
+"""Online, honest prediction of pod lifetimes and node load for the DQN's feature schema 2.
+
+LAVA-style (Barbalho et al., "LAVA: Lifetime-Aware VM Allocation with Learned Distributions and Adaptation to
+Mispredictions", MLSys 2024): what a pod has left to live is predicted from the distribution of the lifetimes
+of pods like it, *conditioned on its age*, and re-read as it ages, so a pod that outlives its first prediction
+is re-predicted from the tail of the distribution instead of being trusted to leave.
+
+Honesty: the predictor learns only from what a backend reports while the run goes on (a pod bound to a node at
+time t, a pod that ended at time t), never from a workload's durations. ``tests/agent/test_predictor.py``
+shuffles the true durations of pods that have not ended yet and checks that no decision made before then moves.
+
+* **Keys, with fallbacks.** A pod's key is its app/owner key (namespace, owner kind, app), its priority, QoS
+  class and kind. Lifetimes are pooled at four levels (that key; kind, owner kind, priority and QoS; kind and
+  QoS; kind) and over all pods. Each level's estimate is shrunk toward the next more general one by its
+  number of observations (``n m + k e_parent) / (n + k)``), so an unseen key predicts what its class does and a
+  key with many finished pods predicts what it has done.
+* **The distribution.** Per key, a histogram of finished lifetimes on log-spaced bins (1 s to about 4 months)
+  with the sum of the lifetimes per bin. For age ``a`` in bin ``j`` the remaining life is the mean lifetime of
+  the key's pods that lived at least the bin's lower edge, minus ``a``. Where no finished pod ever lived that
+  long the prior is Lindy's (a pod that has lived ``a`` lives about ``a`` more, at least ``prior_s`` at age 0):
+  that is what makes long-running services look long-running before one of them has ended.
+* **Nodes.** Per node: the predicted time until it holds no pod (the largest remaining life of its pods) and
+  the share of its requested CPU predicted to be still there in ``horizon_s`` (times its demand now: the
+  predicted load). Both are vectorised over the running pods (numpy, no loop over pods).
+* **Arrivals.** Exponentially weighted rates of placements (requested CPU per second) over 5 minutes and an
+  hour: the offered load (Little's law: rate x mean predicted life / cluster CPU) and its trend.
+
+Two feeds: the twin calls :meth:`PodPredictor.bound` / :meth:`PodPredictor.ended` (``Twin.observe_pods``);
+on a cluster :class:`KubePodFeed` turns the scheduler cache's pod events (``KubeCache.add_pod_listener``) into
+the same calls.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+#: Log-spaced lifetime bins: edge k is 2 ** (k / 2) seconds (1 s ... 2 ** 23.5 s, about 135 days).
+N_BINS = 48
+_EDGES = 2.0 ** (np.arange(N_BINS + 1) / 2.0)
+_LOG2 = math.log(2.0)
+#: Key levels, most specific first; the last one pools every pod.
+N_LEVELS = 5
+_NO_META_KEY = ("job", "", "default", "", 0, "BestEffort")
+
+
+def _bin_of(life: float) -> int:
+    if life < 1.0:
+        return 0
+    return min(N_BINS - 1, int(2.0 * math.log(life) / _LOG2))
+
+
+def _bins_of(ages: np.ndarray) -> np.ndarray:
+    """Vectorised :func:`_bin_of`."""
+    with np.errstate(divide="ignore"):
+        j = (2.0 / _LOG2) * np.log(np.maximum(ages, 1.0))
+    return np.minimum(j.astype(np.int64), N_BINS - 1)
+
+
+def level_keys(meta) -> tuple[Hashable, ...]:
+    """The pod's keys, most specific first (``meta`` is a :class:`~joulesched.cluster.workload.PodMeta` or
+    None). The last one, ``()``, pools every pod."""
+    if meta is None:
+        kind, owner, ns, app, prio, qos = _NO_META_KEY
+    else:
+        kind, owner, ns, app, prio, qos = (meta.kind, meta.owner_kind, meta.namespace, meta.app, meta.priority,
+                                           meta.qos_class)
+    return ((kind, owner, ns, app, prio, qos), (kind, owner, prio, qos), (kind, qos), (kind,), ())
+
+
+class _Level:
+    """Histograms of one key level: per key, counts and summed lifetimes per bin."""
+
+    def __init__(self) -> None:
+        self.index: dict[Hashable, int] = {}
+        self.counts = np.zeros((4, N_BINS))
+        self.sums = np.zeros((4, N_BINS))
+
+    def row(self, key: Hashable) -> int:
+        r = self.index.get(key)
+        if r is None:
+            r = self.index[key] = len(self.index)
+            if r >= self.counts.shape[0]:
+                self.counts = np.concatenate((self.counts, np.zeros_like(self.counts)))
+                self.sums = np.concatenate((self.sums, np.zeros_like(self.sums)))
+        return r
+
+    def conditional(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per key and bin ``j``: (number of lifetimes >= edge j, their mean)."""
+        k = len(self.index)
+        c = np.cumsum(self.counts[:k, ::-1], axis=1)[:, ::-1]
+        s = np.cumsum(self.sums[:k, ::-1], axis=1)[:, ::-1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = np.where(c > 0, s / np.maximum(c, 1e-300), 0.0)
+        return c, m
+
+
+class LifetimeModel:
+    """The keyed, age-conditioned lifetime distribution (module docstring).
+
+    :param shrink: pseudo-count ``k`` of the shrinkage toward the more general level.
+    :param prior_s: the prior's remaining life at age 0, before any pod has ended.
+    """
+
+    def __init__(self, shrink: float = 3.0, prior_s: float = 600.0) -> None:
+        self.shrink, self.prior_s = float(shrink), float(prior_s)
+        self.levels = [_Level() for _ in range(N_LEVELS)]
+        self.kid: dict[Hashable, int] = {}  # most specific key -> row of the table
+        self._kid_rows: list[list[int]] = []  # per kid: its row at each level
+        self.observed = 0
+        self._fresh_at = -1  # self.observed when the table was last computed
+        self._table = np.zeros((0, N_BINS))
+        self.mean_life = self.prior_s  # of an arriving pod, all pods pooled (updated with the table)
+        self._kid_n: dict[int, int] = {}  # ends observed per key
+        self._kid_stale_at: dict[int, int] = {}  # a key's count at which the table is stale for it
+        # Lindy's prior per bin: E[L | L >= edge] = 2 edge, at least prior_s.
+        self._prior = np.maximum(2.0 * _EDGES[:-1], self.prior_s)
+
+    def key_id(self, meta) -> int:
+        keys = level_keys(meta)
+        k = self.kid.get(keys[0])
+        if k is None:
+            k = self.kid[keys[0]] = len(self.kid)
+            self._kid_rows.append([lv.row(key) for lv, key in zip(self.levels, keys)])
+            self._fresh_at = -1
+        return k
+
+    def observe(self, kid: int, life_s: float) -> None:
+        """A pod of key ``kid`` ended after ``life_s`` seconds."""
+        b = _bin_of(life_s)
+        for lv, r in zip(self.levels, self._kid_rows[kid]):
+            lv.counts[r, b] += 1.0
+            lv.sums[r, b] += life_s
+        self.observed += 1
+        self._kid_n[kid] = n = self._kid_n.get(kid, 0) + 1
+        if n >= self._kid_stale_at.get(kid, 1):
+            self._fresh_at = -1  # this key's own evidence grew by a quarter: its row is stale
+
+    def table(self) -> np.ndarray:
+        """``(keys, N_BINS)``: the predicted mean lifetime of a pod of each key that has reached each bin's lower
+        edge. Recomputed when 5 % more pods (at least one) have ended since the last time, or a quarter more of
+        one key's (so a new key's first few ends count at once)."""
+        stale = self.observed - max(self._fresh_at, 0) >= max(1, self.observed // 20)
+        if self._fresh_at >= 0 and not stale and self._table.shape[0] == len(self.kid):
+            return self._table
+        rows = np.asarray(self._kid_rows, dtype=np.int64).reshape(len(self.kid), N_LEVELS)
+        est = np.broadcast_to(self._prior, (len(self.kid), N_BINS))
+        k = self.shrink
+        for li in range(N_LEVELS - 1, -1, -1):  # from all pods to the pod's own key
+            c, m = self.levels[li].conditional()
+            if c.shape[0] == 0:
+                continue
+            cr, mr = c[rows[:, li]], m[rows[:, li]]
+            est = (cr * mr + k * est) / (cr + k)
+        self._table = np.ascontiguousarray(est)
+        self._fresh_at = self.observed
+        self._kid_stale_at = {kid: n + max(1, n // 4) for kid, n in self._kid_n.items()}
+        c, m = self.levels[N_LEVELS - 1].conditional()  # all pods pooled, at age 0
+        n = float(c[0, 0]) if c.shape[0] else 0.0
+        self.mean_life = (n * (float(m[0, 0]) if n else 0.0) + k * self.prior_s) / (n + k)
+        return self._table
+
+    def remaining(self, kid: int, age: float) -> float:
+        """Predicted remaining life of a pod of key ``kid`` at age ``age`` seconds."""
+        return max(float(self.table()[kid, _bin_of(age)]) - age, max(1.0, 0.05 * age))
+
+
+class _Rate:
+    """An exponentially weighted event rate (per second) with time constant ``tau``."""
+
+    __slots__ = ("tau", "value", "t")
+
+    def __init__(self, tau: float) -> None:
+        self.tau, self.value, self.t = tau, 0.0, 0.0
+
+    def add(self, t: float, weight: float) -> None:
+        if t > self.t:
+            self.value *= math.exp(-(t - self.t) / self.tau)
+            self.t = t
+        self.value += weight / self.tau
+
+    def at(self, t: float) -> float:
+        return self.value * math.exp(-max(t - self.t, 0.0) / self.tau)
+
+
+class PodPredictor:
+    """Running pods, the lifetime model and the arrival rates of one run (module docstring).
+
+    :param horizon_s: how far ahead the predicted load looks.
+    :param shrink, prior_s: the :class:`LifetimeModel`'s.
+    """
+
+    SHORT_S, LONG_S = 300.0, 3600.0
+
+    def __init__(self, horizon_s: float = 600.0, shrink: float = 3.0, prior_s: float = 600.0) -> None:
+        self.horizon_s = float(horizon_s)
+        self._shrink, self._prior_s = shrink, prior_s
+        self.names: list[str] | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything: a new run learns from nothing."""
+        self.model = LifetimeModel(self._shrink, self._prior_s)
+        self._pos: dict[Hashable, int] = {}
+        self._keys: list[Hashable] = []
+        cap = 64
+        self._node = np.zeros(cap, dtype=np.int64)
+        self._t0 = np.zeros(cap)
+        self._kid = np.zeros(cap, dtype=np.int64)
+        self._cpu = np.zeros(cap)
+        self._learn = np.zeros(cap, dtype=bool)  # its start was seen: its lifetime may be learned from
+        self.m = 0
+        self._rate_s, self._rate_l = _Rate(self.SHORT_S), _Rate(self.LONG_S)
+        self._cpu_rate_l = _Rate(self.LONG_S)
+        self._meta_kid: dict[object, int] = {}
+
+    # ---- node identity (a live cluster's node set changes) ---------------------------------------------------
+    def set_nodes(self, names: Sequence[str]) -> None:
+        """The backend's node order changed: re-index the running pods by node name (a pod on a node that is
+        gone is forgotten)."""
+        new = {n: i for i, n in enumerate(names)}
+        if self.names is not None and list(names) != self.names and self.m:
+            old = self.names
+            for k in range(self.m - 1, -1, -1):
+                j = new.get(old[int(self._node[k])]) if int(self._node[k]) < len(old) else None
+                if j is None:
+                    self._remove(self._keys[k])
+                else:
+                    self._node[k] = j
+        self.names = list(names)
+
+    # ---- observations -------------------------------------------------------------------------------------
+    def kid_of(self, meta) -> int:
+        """Key id of ``meta`` (PodMeta objects are frozen and hashable; the twin shares equal ones)."""
+        try:
+            k = self._meta_kid.get(meta)
+        except TypeError:
+            k = None
+        if k is None:
+            k = self.model.key_id(meta)
+            try:
+                self._meta_kid[meta] = k
+            except TypeError:
+                pass
+        return k
+
+    def bound(self, t: float, key: Hashable, node: int, meta, cpu_m: float, learn: bool = True) -> None:
+        """Pod ``key`` was bound to ``node`` at ``t`` (its life starts: waiting for a waking node counts).
+        ``learn=False`` for a pod first seen already running (its start is unknown, so its life is not)."""
+        if key in self._pos:
+            self._remove(key)
+        k = self.m
+        if k == self._node.size:
+            for name in ("_node", "_t0", "_kid", "_cpu", "_learn"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate((a, np.zeros_like(a))))
+        self._pos[key] = k
+        self._keys.append(key)
+        self._node[k], self._t0[k], self._kid[k], self._cpu[k] = node, t, self.kid_of(meta), cpu_m
+        self._learn[k] = learn
+        self.m = k + 1
+        if learn:
+            self._rate_s.add(t, 1.0)
+            self._rate_l.add(t, 1.0)
+            self._cpu_rate_l.add(t, cpu_m)
+
+    def ended(self, t: float, key: Hashable, completed: bool = True) -> None:
+        """Pod ``key`` left its node at ``t``: finished (``completed``, its lifetime is learned), or evicted or
+        cut off (censored: nothing is learned)."""
+        k = self._pos.get(key)
+        if k is None:
+            return
+        if completed and self._learn[k]:
+            self.model.observe(int(self._kid[k]), max(t - float(self._t0[k]), 0.0))
+        self._remove(key)
+
+    def _remove(self, key: Hashable) -> None:
+        k = self._pos.pop(key)
+        last = self.m - 1
+        if k != last:  # swap-remove keeps the running pods in [0, m)
+            lk = self._keys[last]
+            self._keys[k] = lk
+            self._pos[lk] = k
+            for a in (self._node, self._t0, self._kid, self._cpu, self._learn):
+                a[k] = a[last]
+        self._keys.pop()
+        self.m = last
+
+    # ---- predictions --------------------------------------------------------------------------------------
+    def pod_remaining(self, meta, age: float = 0.0) -> float:
+        """Predicted remaining life of a pod with metadata ``meta`` at ``age`` seconds (0: arriving)."""
+        return self.model.remaining(self.kid_of(meta), age)
+
+    def mean_life(self) -> float:
+        """The predicted life of an arriving pod of no particular key (all pods pooled)."""
+        if self.model.kid:
+            self.model.table()
+        return self.model.mean_life
+
+    def nodes(self, now: float, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per node: (predicted seconds until it holds no pod, 0 when empty; share of its pods' requested CPU
+        predicted to be still there in ``horizon_s``, 1 when empty)."""
+        m = self.m
+        empty_in = np.zeros(n_nodes)
+        if m == 0:
+            return empty_in, np.ones(n_nodes)
+        node = self._node[:m]
+        age = np.maximum(now - self._t0[:m], 0.0)
+        table = self.model.table()
+        rem = np.maximum(table[self._kid[:m], _bins_of(age)] - age, np.maximum(1.0, 0.05 * age))
+        np.maximum.at(empty_in, node, rem)
+        cpu = self._cpu[:m]
+        total = np.bincount(node, weights=cpu, minlength=n_nodes)
+        stay = np.bincount(node, weights=cpu * (rem > self.horizon_s), minlength=n_nodes)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(total > 0, stay / np.maximum(total, 1e-300), 1.0)
+        return empty_in, share
+
+    def arrivals(self, now: float, total_cpu_m: float) -> tuple[float, float]:
+        """(offered load: requested CPU arriving per second x the mean predicted life / cluster CPU, squashed
+        x / (1 + x); trend: log of the 5-minute over the 1-hour placement rate, clipped to [-1, 1])."""
+        life = self.mean_life()
+        load = self._cpu_rate_l.at(now) * life / max(total_cpu_m, 1.0)
+        s, lo = self._rate_s.at(now), self._rate_l.at(now)
+        trend = 0.0 if s + lo <= 0 else max(-1.0, min(1.0, math.log((s + 1e-4) / (lo + 1e-4)) / 2.0))
+        return load / (1.0 + load), trend
+
+    @property
+    def running(self) -> int:
+        return self.m
+
+
+class KubePodFeed:
+    """The predictor's feed on a cluster: a ``KubeCache`` pod listener (``cache.add_pod_listener(feed)``).
+
+    The cache calls listeners with its lock held, so :meth:`__call__` only appends to a queue; the policy drains
+    it (:meth:`drain`) when it decides, translating the monotonic clock into the ClusterState's ``now``. A pod
+    starts when it is first seen on a node (one first seen already on a node, e.g. at start-up, is followed for
+    its node but its lifetime is not learned: its start is unknown) and ends when it is deleted or terminal
+    (Succeeded: completed; Failed or deleted while running: also completed, as kube-scheduler's cache sees it).
+    """
+
+    MAX_QUEUE = 1_000_000
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._q: deque = deque(maxlen=self.MAX_QUEUE)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen_pending: set[str] = set()
+
+    def __call__(self, old, new) -> None:
+        t = self._clock()
+        with self._lock:
+            if new is not None and new.node_name and new.active and not new.deleting:
+                if old is None or not old.node_name or old.node_name != new.node_name:
+                    learn = new.uid in self._seen_pending
+                    self._seen_pending.discard(new.uid)
+                    self._q.append(("bound", t, new.uid, new.node_name, new.meta, float(new.request.nz_cpu), learn))
+            elif new is not None and not new.node_name and new.active:
+                self._seen_pending.add(new.uid)
+            elif old is not None and old.node_name:
+                self._seen_pending.discard(old.uid)
+                self._q.append(("ended", t, old.uid))
+            elif old is not None:
+                self._seen_pending.discard(old.uid)
+
+    def drain(self, predictor: PodPredictor, now: float) -> int:
+        """Apply the queued events to ``predictor``; ``now`` is the state's clock at this instant."""
+        with self._lock:
+            events = list(self._q)
+            self._q.clear()
+        if not events:
+            return 0
+        offset = self._clock() - now
+        index = {n: i for i, n in enumerate(predictor.names or ())}
+        for ev in events:
+            if ev[0] == "bound":
+                _, t, uid, node, meta, cpu, learn = ev
+                i = index.get(node)
+                if i is not None:
+                    predictor.bound(t - offset, uid, i, meta, cpu, learn=learn)
+            else:
+                predictor.ended(ev[1] - offset, ev[2], completed=True)
+        return len(events)
+
+
+__all__ = ["KubePodFeed", "LifetimeModel", "PodPredictor", "level_keys"]
