@@ -21,6 +21,8 @@ relies on, made as faithful as we could:
 - ``PATCH nodes/{name}``, ``pods/{name}`` and ``events/{name}`` with a JSON merge patch (``null`` deletes a field; a
   ``metadata.resourceVersion`` in the patch is a precondition: 409 when stale), as ``kubectl cordon`` and the
   node power controller write nodes.
+- discovery (``/api``, ``/apis``, ``/api/v1`` and the two groups' resource lists), so the real ``kubectl`` can
+  get, annotate and cordon nodes (the kube_node role's power-address task is tested that way).
 - policy/v1 PodDisruptionBudgets (list, get, create; ``status`` computed on read from the pods the selector
   matches: bound, not terminating pods count as healthy) and the ``pods/{name}/eviction`` subresource:
   ``201`` and the pod deleted when every PDB covering it allows a disruption, ``429 TooManyRequests`` when one
@@ -55,6 +57,31 @@ from urllib.parse import parse_qs, urlsplit
 
 LEASE_PREFIX = "/apis/coordination.k8s.io/v1"
 POLICY_PREFIX = "/apis/policy/v1"
+
+
+def _resources(group_version: str, rows: list[tuple[str, str, bool, list[str]]]) -> dict:
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+            "resources": [{"name": n, "singularName": "", "namespaced": ns, "kind": k, "verbs": v}
+                          for n, k, ns, v in rows]}
+
+
+_RW = ["create", "delete", "get", "list", "patch", "update", "watch"]
+#: Discovery documents (what ``kubectl`` reads before any request) for the resources the emulator serves.
+DISCOVERY = {
+    "/api": {"kind": "APIVersions", "versions": ["v1"],
+             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": g, "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
+         "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"}}
+        for g in ("coordination.k8s.io", "policy")]},
+    "/api/v1": _resources("v1", [("nodes", "Node", False, _RW), ("pods", "Pod", True, _RW),
+                                 ("pods/binding", "Binding", True, ["create"]),
+                                 ("pods/eviction", "Eviction", True, ["create"]),
+                                 ("pods/status", "Pod", True, ["get", "patch"]), ("events", "Event", True, _RW)]),
+    LEASE_PREFIX: _resources("coordination.k8s.io/v1", [("leases", "Lease", True, _RW)]),
+    POLICY_PREFIX: _resources("policy/v1", [("poddisruptionbudgets", "PodDisruptionBudget", True,
+                                             ["create", "get", "list", "watch"])]),
+}
 
 
 def now_rfc3339(micro: bool = False) -> str:
@@ -830,6 +857,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if url.path == "/version":
                 self._send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-joulesched-emulator"})
+                return
+            if method == "GET" and url.path.rstrip("/") in DISCOVERY:  # kubectl's discovery
+                self._send_json(200, DISCOVERY[url.path.rstrip("/")])
                 return
             if url.path == "/emulator/stats":  # not Kubernetes: lets a bench in another process check the store
                 self._send_json(200, emu.stats())
