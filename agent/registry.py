@@ -142,6 +142,9 @@ BASELINES: list[str] = [e.name for e in BUILTIN if e.family != "learned"]
 HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in HEURISTIC_FAMILIES)
 UPSTREAM_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in UPSTREAM_FAMILIES)
 SLEEP_AWARE_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "sleep-aware")
+#: Option variants that the headroom table found strongest (docs/PERFORMANCE.md): every comparison that claims
+#: "the best heuristic" (the demo, the sim pipeline, ``joulesched test``, the DQN benchmark) runs them too.
+HEURISTIC_VARIANTS: tuple[str, ...] = ("awake-first:fit=efficient",)
 
 
 def family_of(spec: str) -> str:

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from joulesched.agent.checkpoint import load_checkpoint  # noqa: E402
 from joulesched.agent.randomize import random_scenario  # noqa: E402
-from joulesched.agent.registry import HEURISTICS, make_policy  # noqa: E402
+from joulesched.agent.registry import HEURISTIC_VARIANTS, HEURISTICS, make_policy  # noqa: E402
 from joulesched.agent.runner import run_policy  # noqa: E402
 from joulesched.cluster.scenario import Scenario, Sleep, load_scenario  # noqa: E402
 from joulesched.cluster.twin import Twin  # noqa: E402
@@ -59,9 +59,8 @@ RANDOM_STREAM = 424242
 RANDOM_MAX_NODES = 200
 #: A heuristic "keeps the SLO" within default-k8s's violation rate plus this (the goal's 0.5 pp).
 SLO_SLACK = 0.005
-#: Every heuristic the models are judged against (joulesched test's set: the registry's plus
-#: awake-first:fit=efficient, the strongest sleep-aware packer of the headroom table).
-ALL_HEURISTICS = tuple(dict.fromkeys((*HEURISTICS, *SLEEP_AWARE)))
+#: Every heuristic the models are judged against: the registry's and its strongest variants.
+ALL_HEURISTICS = tuple(dict.fromkeys((*HEURISTICS, *HEURISTIC_VARIANTS)))
 
 
 def _cases(seeds: int, n_random: int) -> list[tuple[str, Scenario, int, int]]:
@@ -112,11 +111,7 @@ def run_case(group: str, sc: Scenario, seed: int, offset: int, models: dict[str,
         opt = optimum_entry(sc, offset, time_limit=optimum_time_limit)
         case["optimum"] = {k: opt.get(k) for k in ("status", "optimum_joules", "bound_joules", "lp_bound_joules",
                                                    "fluid_joules", "gap", "wall_s")}
-        if opt.get("optimum_joules"):
-            target = opt["optimum_joules"]
-        else:
-            bounds = [b for b in (opt.get("bound_joules"), opt.get("lp_bound_joules"), opt.get("fluid_joules")) if b]
-            target = max(bounds) if bounds else None
+        target = _target(case)
         e_ref = rows[best_h]["energy_joules"]
     d = rows["default-k8s"]
     for name in models:
@@ -134,6 +129,15 @@ def run_case(group: str, sc: Scenario, seed: int, offset: int, models: dict[str,
             out["ratio_vs_optimum_or_bound"] = m["energy_joules"] / target
         case["models"][name] = out
     return case
+
+
+def _target(case: dict) -> float | None:
+    """The optimum's energy, or where the MIP proved none, the best bound."""
+    opt = case.get("optimum") or {}
+    if opt.get("optimum_joules"):
+        return opt["optimum_joules"]
+    bounds = [b for b in (opt.get("bound_joules"), opt.get("lp_bound_joules"), opt.get("fluid_joules")) if b]
+    return max(bounds) if bounds else None
 
 
 def _gmean(xs: list[float]) -> float:
@@ -161,13 +165,22 @@ def summarise(cases: list[dict], models: list[str]) -> dict:
                 g["met"] = bool(g["ratio_worst"] <= 0.95 and g["slo_excess_pp_worst"] <= 0.5
                                 and g["pending_ok"] == len(cs))
             elif group == "always-on":
-                g["goal"] = "energy <= 1.01 x best heuristic"
-                g["met"] = bool(g["ratio_worst"] <= 1.01)
+                g["goal"] = "energy <= 1.01 x best heuristic, SLO <= default + 0.5 pp"
+                g["met"] = bool(g["ratio_worst"] <= 1.01 and g["slo_excess_pp_worst"] <= 0.5)
             else:
-                gaps = [c["gap_closed"] for c in cs if "gap_closed" in c]
-                g["gap_closed_mean"] = float(np.mean(gaps)) if gaps else None
-                g["goal"] = "close >= 50 % of the best heuristic's gap to the optimum (or bound)"
-                g["met"] = bool(gaps and np.mean(gaps) >= 0.5)
+                # The share of the gap closed over the whole group (sums of joules): per case it explodes where
+                # the heuristic is within a fraction of a per cent of the optimum.
+                e_ref = e_m = e_t = 0.0
+                for c in cases:
+                    t = _target(c) if c["group"] == group else None
+                    if t is None:
+                        continue
+                    e_ref += c["rows"][c["reference"]]["energy_joules"]
+                    e_m += c["rows"][name]["energy_joules"]
+                    e_t += t
+                g["gap_closed"] = (e_ref - e_m) / (e_ref - e_t) if e_ref - e_t > 1e-9 * e_ref else None
+                g["goal"] = "close >= 50 % of the best heuristic's gap to the optimum (or best bound), summed"
+                g["met"] = bool(g["gap_closed"] is not None and g["gap_closed"] >= 0.5)
             s[group] = g
         out[name] = s
     return out
@@ -179,7 +192,7 @@ def _table(summary: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, groups in summary.items():
         for group, g in groups.items():
-            gap = g.get("gap_closed_mean")
+            gap = g.get("gap_closed")
             lines.append(f"| {name} | {group} | {g['cases']} | {g['ratio_gmean']:.3f} ({g['ratio_best']:.3f}, "
                          f"{g['ratio_worst']:.3f}) | {g['ratio_slo_ok_gmean']:.3f} | "
                          f"{g['ratio_vs_default_gmean']:.3f} | "

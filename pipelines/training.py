@@ -32,7 +32,14 @@ import torch
 from joulesched.agent.checkpoint import load_agent, load_checkpoint, save_checkpoint
 from joulesched.agent.config import DQNConfig, RewardConfig, TrainConfig
 from joulesched.agent.dqn import DQN
-from joulesched.agent.registry import BASELINES, HEURISTIC_FAMILIES, SLEEP_AWARE_HEURISTICS, family_of, make_policy
+from joulesched.agent.registry import (
+    BASELINES,
+    HEURISTIC_FAMILIES,
+    HEURISTIC_VARIANTS,
+    SLEEP_AWARE_HEURISTICS,
+    family_of,
+    make_policy,
+)
 from joulesched.agent.runner import run_policy
 from joulesched.agent.train import SerialExecutor, Validator
 from joulesched.agent.train import train as train_loop
@@ -43,6 +50,7 @@ from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_savefig, check_output_file
 from joulesched.pipelines.progress import progress_bar
 from joulesched.pipelines.stats import mean_ci
+from joulesched.pipelines.suite import REPO_ROOT
 
 
 class TrainError(UsageError):
@@ -51,7 +59,7 @@ class TrainError(UsageError):
 
 EXECUTORS = ("local", "ray")
 #: The sleep-aware heuristics "the best sleep-aware heuristic" is taken over (the headroom table's set).
-SLEEP_AWARE = tuple(SLEEP_AWARE_HEURISTICS) + ("awake-first:fit=efficient",)
+SLEEP_AWARE = tuple(SLEEP_AWARE_HEURISTICS) + HEURISTIC_VARIANTS
 
 
 class PoolExecutor:
@@ -151,6 +159,16 @@ class TrainSummary:
     resumed: bool
 
 
+def _shown_path(p) -> str:
+    """A scenario's path as the model's record keeps it: relative to the repository when inside it (so a
+    shipped model's record does not name the machine it was trained on)."""
+    p = Path(p)
+    try:
+        return str(p.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)
+
+
 def _curve_paths(model: Path) -> tuple[Path, Path]:
     stem = model.with_suffix("")
     return Path(f"{stem}.curve.csv"), Path(f"{stem}.curve.png")
@@ -215,7 +233,7 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
     wall = time.perf_counter() - t0
     total_steps = int(prev_training.get("steps", 0)) + log.steps
     training = {
-        "scenarios": [str(s.source) if s.source else s.name for s in loaded],
+        "scenarios": [_shown_path(s.source) if s.source else s.name for s in loaded],
         "scenario_names": [s.name for s in loaded], "seed": seed,
         # The curves the twin trained on: a calibrated scenario exists only in memory, so this is its record.
         "node_curves": {s.name: {g.name_prefix: list(g.curve) for g in s.nodes} for s in loaded},
@@ -295,7 +313,16 @@ def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
             if r["eval_score"]:
                 val.append((int(r["step"]), float(r["eval_score"])))
         elif r["episode_return"]:
-            by_sc.setdefault(r["scenario"], []).append((int(r["step"]), float(r["episode_return"])))
+            # One legend entry per scenario (load factors and every randomised cluster's own label folded in),
+            # one for the teacher's demonstrations: the legend stays readable.
+            name = r["scenario"]
+            if name.startswith("demo "):
+                name = "demonstrations (teacher)"
+            elif name.startswith("random-"):
+                name = "randomised clusters"
+            else:
+                name = name.split(" x")[0]
+            by_sc.setdefault(name, []).append((int(r["step"]), float(r["episode_return"])))
     for name, pts in by_sc.items():
         x, y = zip(*pts)
         ax1.plot(x, y, ".-", label=name, alpha=0.8)

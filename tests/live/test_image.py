@@ -61,7 +61,7 @@ def test_the_scheduler_image_builds_runs_non_root_and_binds_a_pod(dockerd, tmp_p
         Path(kc).chmod(0o644)
         run = _docker(env, "run", "-d", "--name", "js-sched", "--read-only", "--tmpfs", "/tmp", "--network", "host",
                       "-v", f"{kc}:/etc/joulesched/kubeconfig:ro", IMAGE, "serve", "--kubeconfig",
-                      "/etc/joulesched/kubeconfig", "--policy", "dqn=/opt/joulesched/models/small.pt",
+                      "/etc/joulesched/kubeconfig", "--policy", "dqn=/opt/joulesched/models/v2.pt",
                       "--no-leader-elect", "--listen", "127.0.0.1:0")
         try:
             emu.add_pod("p1", scheduler_name="joulesched", cpu="500m", memory="256Mi")
