@@ -191,7 +191,7 @@ class DQNPolicy:
         node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
         logw, pos = None, idx
         if len(state) >= DEDUPE_MIN:
-            reps, cnt = feat.groups(state)
+            reps, cnt = feat.groups(state, mask)
             if reps.size < node_t.shape[1]:
                 idx = feat.candidates(state, idx)
                 node_t = node_t[:, reps]

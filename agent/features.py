@@ -302,15 +302,18 @@ class FeatureBuilderV2(FeatureBuilder):
         self.wake_col = float(state.wake_s / (state.wake_s + 60.0))
         self.wpc = state.peak_watts / np.maximum(state.alloc_cpu, 1) * 1000.0  # the sleep-aware policies' key
 
-    def groups(self, st: ClusterState) -> tuple[np.ndarray, np.ndarray]:
-        """(representative rows, multiplicities): empty nodes of one class and power state have identical rows
-        (the predictor has nothing on them either), so the attention may read one of them with its count."""
+    def groups(self, st: ClusterState, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(representative rows, multiplicities): empty nodes of one class, power state and feasibility have
+        identical rows (the predictor has nothing on them either; the heuristics' picks tie among them), so the
+        attention may read one of them with its count. Each group's representative is its lowest index, so the
+        feasible ones are exactly :meth:`candidates`' choice (an empty node the filter rejected, e.g. cordoned or
+        outside a sampled subset, is never another one's stand-in)."""
         empty = st.pods == 0
         ne = int(np.count_nonzero(empty))
         if ne < 2:
             return self.rows, np.ones(self.n)
         e_idx = np.flatnonzero(empty)
-        key = self.node_class[e_idx] * 3 + st.power_state[e_idx]
+        key = (self.node_class[e_idx] * 3 + st.power_state[e_idx]) * 2 + mask[e_idx]
         _, first, counts = np.unique(key, return_index=True, return_counts=True)
         if first.size == ne:
             return self.rows, np.ones(self.n)

@@ -101,6 +101,31 @@ def test_deduplicated_choice_equals_full_scoring_on_a_big_cluster():
     assert checked == 200
 
 
+def test_deduplicated_choice_is_exact_when_the_filter_rejects_some_empty_nodes():
+    """Live, the mask is not the twin's: a sampled subset of nodes (percentageOfNodesToScore), cordoned or
+    tainted nodes. An empty node the filter rejected must never stand in for an identical feasible one."""
+    sc = load_scenario(ROOT / "scenarios" / "large.yaml")
+    twin = Twin(sc, build_workload(sc, 4))
+    pol = DQNPolicy(net=_net(True, seed=6), config=DQNConfig(), threads=1)
+    pol.attach(twin)
+    twin.begin()
+    pol.reset(twin.state, np.random.default_rng(0))
+    rng = np.random.default_rng(2)
+    checked = 0
+    while (d := twin.next_decision()) is not None and checked < 150:
+        mask = d.mask & (rng.random(d.mask.size) < 0.3)  # a 30 % sample, as kube-scheduler's adaptive one
+        feas = np.flatnonzero(d.mask)
+        if not mask.any():
+            mask[feas[-1]] = True
+        full = np.flatnonzero(mask)[np.argmax(pol.scores(d.state, d.pod, mask, d.meta)[mask])]
+        got = pol.choose(d.state, d.pod, mask, meta=d.meta)
+        assert mask[got] and got == full
+        twin.bind(d, int(got))
+        checked += 1
+    pol.detach(twin)
+    assert checked == 150
+
+
 def test_the_same_weights_run_on_3_and_5000_nodes():
     net = _net(True)
     for n in (3, 5000):
