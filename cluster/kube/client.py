@@ -25,6 +25,16 @@ class KubeConfigError(UsageError):
     """No usable cluster configuration."""
 
 
+def check_tls(cfg: k8s.Configuration) -> None:
+    """Refuse a configuration that switches certificate verification off for an HTTPS apiserver (a kubeconfig's
+    ``insecure-skip-tls-verify: true``): joulesched binds pods with these credentials and never talks TLS
+    unverified. Plain HTTP (the loopback API emulator) has nothing to verify."""
+    if cfg.host.startswith("https://") and not cfg.verify_ssl:
+        raise KubeConfigError(f"the kubeconfig turns TLS verification off for {cfg.host} (insecure-skip-tls-verify); "
+                              "joulesched refuses unverified TLS: give the cluster's CA (certificate-authority or "
+                              "certificate-authority-data) instead")
+
+
 def _tune(cfg: k8s.Configuration) -> None:
     # Watches hold connections; binds, events and the lease share the rest. The default pool (5 per CPU) is
     # too small on a 2-CPU pod and urllib3 would then discard keep-alive connections.
@@ -51,6 +61,7 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
             except Exception as e:
                 raise KubeConfigError(f"not running in a cluster and no usable kubeconfig ({e}); "
                                       "pass --kubeconfig") from None
+    check_tls(cfg)
     _tune(cfg)
     return k8s.ApiClient(cfg)
 
@@ -59,6 +70,7 @@ def api_client_for(url: str) -> k8s.ApiClient:
     """A client for a plain-HTTP loopback server such as the emulator (tests, benches)."""
     cfg = k8s.Configuration()
     cfg.host = url
+    check_tls(cfg)
     _tune(cfg)
     return k8s.ApiClient(cfg)
 
@@ -139,16 +151,12 @@ class _Conn:
 
 
 def ssl_context(cfg: k8s.Configuration) -> ssl.SSLContext:
-    """The TLS settings urllib3 would apply for this configuration: CA file or data, client certificate, and
-    verification exactly as the kubeconfig says (``insecure-skip-tls-verify`` is the only way to turn it off)."""
+    """The TLS settings urllib3 would apply for this configuration: CA file or data and client certificate,
+    the certificate always verified (:func:`check_tls` refuses configurations that would not)."""
+    check_tls(cfg)
     ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None, cadata=cfg.ca_cert_data or None)
     if cfg.cert_file:
         ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
-    if not cfg.verify_ssl:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    elif cfg.assert_hostname is False:
-        ctx.check_hostname = False
     return ctx
 
 

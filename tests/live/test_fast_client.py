@@ -171,3 +171,27 @@ def test_tls_is_verified_as_the_kubeconfig_says(tmp_path):
         srv.shutdown()
         srv.server_close()
     assert len(seen) == 1
+
+
+def test_a_kubeconfig_that_skips_tls_verification_is_refused(tmp_path):
+    """``insecure-skip-tls-verify: true`` is refused where the kubeconfig is loaded (exit 2 with the fix) and by
+    the fast client itself; plain HTTP (the emulator) is unaffected."""
+    from joulesched.cluster.kube.client import KubeConfigError, load_api_client
+
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    with pytest.raises(KubeConfigError, match="insecure-skip-tls-verify"):
+        load_api_client(str(kc))
+    cfg = k8s.Configuration()
+    cfg.host = "https://127.0.0.1:6443"
+    cfg.verify_ssl = False
+    with pytest.raises(KubeConfigError):
+        FastClient(k8s.ApiClient(cfg))
+    plain = k8s.Configuration()
+    plain.host = "http://127.0.0.1:1"
+    plain.verify_ssl = False
+    FastClient(k8s.ApiClient(plain)).close()
