@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -32,15 +30,10 @@ from joulesched.agent.registry import make_policy  # noqa: E402
 from joulesched.cluster.kube.cache import KubeCache  # noqa: E402
 from joulesched.cluster.kube.client import api_client_for  # noqa: E402
 from joulesched.live.scheduler import Scheduler, ServeConfig  # noqa: E402
+from tests.support.procs import emulator_process  # noqa: E402
 
 FAULTS = ["500:bind:0.02", "lost-response:bind:0.01", "409:bind:0.01", "slow:bind:0.01", "500:get:pods:0.05",
           "500:create:events:0.02", "500:patch-status:pods:0.02", "cut:watch:pods:0.5", "500:update:leases:0.02"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stats(url: str) -> dict:
@@ -49,31 +42,26 @@ def _stats(url: str) -> dict:
 
 
 def run(policy: str, nodes: int, pods: int, faults: list[str], timeout_s: float, workers: int) -> dict:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tests.support.kube_emulator", "--port", str(port), "--nodes", str(nodes),
-           "--pods", str(pods), "--node-cpu", "16", "--node-memory", "64Gi", "--pod-cpu", "250m",
-           "--pod-memory", "256Mi", "--quiet"] + [a for f in faults for a in ("--fault", f)]
-    emu = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    sched = None
-    try:
-        line = emu.stdout.readline()
-        if "emulator on" not in line:
-            raise RuntimeError(f"emulator did not start: {line}")
+    args = ["--nodes", str(nodes), "--pods", str(pods), "--node-cpu", "16", "--node-memory", "64Gi", "--pod-cpu",
+            "250m", "--pod-memory", "256Mi", "--quiet"] + [a for f in faults for a in ("--fault", f)]
+    with emulator_process(*args) as (url, _):
         cfg = ServeConfig(leader_elect=True, lease_namespace="default", bind_workers=workers,
                           backoff_initial_s=0.05, backoff_max_s=0.5, latency_reservoir=max(pods, 1))
         sched = Scheduler(KubeCache(api_client_for(url)), make_policy(policy), cfg)
         t0 = time.monotonic()
         sched.start()
-        deadline = t0 + timeout_s
-        while time.monotonic() < deadline:
+        try:
+            deadline = t0 + timeout_s
+            while time.monotonic() < deadline:
+                st = _stats(url)
+                if st["pending"] == 0:
+                    break
+                time.sleep(0.2)
+            wall = time.monotonic() - t0
             st = _stats(url)
-            if st["pending"] == 0:
-                break
-            time.sleep(0.2)
-        wall = time.monotonic() - t0
-        st = _stats(url)
-        lat = sched.latency.values() * 1000  # a uniform sample of every successful attempt
+            lat = sched.latency.values() * 1000  # a uniform sample of every successful attempt
+        finally:
+            sched.stop()
         span = (st["last_binding"] - st["first_binding"]) if st["bindings"] > 1 else float("nan")
         return {"policy": policy, "nodes": nodes, "pods": pods, "faults": bool(faults), "bound": st["bound"],
                 "pending": st["pending"], "bound_twice": st["pods_bound_twice"], "conflicts": st["conflicts"],
@@ -81,14 +69,6 @@ def run(policy: str, nodes: int, pods: int, faults: list[str], timeout_s: float,
                 "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
                 "pods_per_s": st["bindings"] / span if span == span and span > 0 else None, "wall_s": wall,
                 "fault_counts": st["faults"]}
-    finally:
-        if sched is not None:
-            sched.stop()
-        emu.terminate()
-        try:
-            emu.wait(15)
-        except subprocess.TimeoutExpired:
-            emu.kill()
 
 
 def _num(v: float | None, digits: int) -> str:

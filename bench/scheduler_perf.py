@@ -35,7 +35,6 @@ import itertools
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +44,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from tests.support.procs import emulator_process, free_port  # noqa: E402
 
 #: templates/pod-default.yaml
 POD_TEMPLATE = {"apiVersion": "v1", "kind": "Pod", "metadata": {},
@@ -56,12 +57,6 @@ POD_TEMPLATE = {"apiVersion": "v1", "kind": "Pod", "metadata": {},
 #: ``@sample=P``: serve's sample_pct for a policy that does not sample itself (0 = kube's adaptive percentage)
 DEFAULT_POLICIES = ["default-k8s", "most-allocated", "awake-first", "dqn=models/v2.pt@sample=0"]
 INIT_PODS = {10000: 1000, 50000: 5000}  # upstream's initPods for each measurePods
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> dict:
@@ -226,73 +221,63 @@ def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window:
     from joulesched.cluster.kube.cache import KubeCache
     from joulesched.cluster.kube.client import api_client_for
 
-    port = _free_port()
-    emu = subprocess.Popen([sys.executable, "-m", "tests.support.kube_emulator", "--port", str(port), "--nodes",
-                            str(nodes), "--node-cpu", "4", "--node-memory", "32Gi", "--quiet"],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    port = free_port()
     sched = None
     creator = None
-    try:
-        line = emu.stdout.readline()
-        if "emulator on" not in line:
-            raise RuntimeError(f"emulator did not start: {line}")
-        cache = KubeCache(api_client_for(url))
-        if policy in ("noop", "noop+events"):
-            sched = NoopBinder(cache, window, events=policy == "noop+events").start()
-        else:
-            from joulesched.agent.registry import make_policy
-            from joulesched.live.scheduler import Scheduler, ServeConfig
+    with emulator_process("--nodes", str(nodes), "--node-cpu", "4", "--node-memory", "32Gi", "--quiet",
+                          port=port) as (url, emu):
+        try:
+            cache = KubeCache(api_client_for(url))
+            if policy in ("noop", "noop+events"):
+                sched = NoopBinder(cache, window, events=policy == "noop+events").start()
+            else:
+                from joulesched.agent.registry import make_policy
+                from joulesched.live.scheduler import Scheduler, ServeConfig
 
-            spec, _, opt = policy.partition("@sample=")
-            cfg = ServeConfig(leader_elect=leader_elect, lease_namespace="default", bind_workers=window,
-                              latency_reservoir=200_000, sample_pct=int(opt) if opt else None)
-            sched = Scheduler(cache, make_policy(spec), cfg).start()
-        if not cache.wait_synced(60):
-            raise RuntimeError("the cache never synced")
-        if init_pods:
-            c, _ = _start_creator(port, "init", init_pods, 0)
-            init_times: list[float] = []
-            if not _wait_bound(url, "init", init_pods, timeout, init_times):
-                raise RuntimeError(f"{policy}: init pods not all bound within {timeout} s")
-            c.wait(30)
-        if hasattr(sched, "latency"):
-            sched.latency.clear()
-        cpu0 = {"emulator": _cpu_s(emu.pid), "scheduler": time.process_time()}
-        creator, t_start = _start_creator(port, "measure", pods, rate)
-        times: list[float] = []
-        ok = _wait_bound(url, "measure", pods, timeout, times)
-        wall = time.monotonic() - t_start
-        cpu = {"emulator": _cpu_s(emu.pid) - cpu0["emulator"], "scheduler": time.process_time() - cpu0["scheduler"]}
-        try:
-            cpu["creator"] = _cpu_s(creator.pid)
-        except OSError:
-            cpu["creator"] = float("nan")
-        tp = scheduling_throughput(times, t_start)
-        out = {"policy": policy, "nodes": nodes, "init_pods": init_pods, "pods": pods, "rate": rate, "window": window,
-               "bound": len(times), "complete": ok, "wall_s": wall,
-               "span_pods_per_s": (len(times) - 1) / (max(times) - min(times)) if len(times) > 1 else None,
-               "throughput": tp, "cpu_s": cpu,
-               "cpu_share": {k: v / wall for k, v in cpu.items()}}
-        if hasattr(sched, "latency"):
-            lat = sched.latency
-            out["attempt_ms"] = {"p50": lat.percentile(50) * 1e3, "p99": lat.percentile(99) * 1e3,
-                                 "samples": lat.count}
-            out["events_dropped"] = sched.metrics.events_dropped._value.get()
-        st = _get(url + "/emulator/stats")
-        out["bound_twice"] = st["pods_bound_twice"]
-        return out
-    finally:
-        if creator is not None:
-            creator.kill()
-            creator.wait()
-        if sched is not None:
-            sched.stop()
-        emu.terminate()
-        try:
-            emu.wait(15)
-        except subprocess.TimeoutExpired:
-            emu.kill()
+                spec, _, opt = policy.partition("@sample=")
+                cfg = ServeConfig(leader_elect=leader_elect, lease_namespace="default", bind_workers=window,
+                                  latency_reservoir=200_000, sample_pct=int(opt) if opt else None)
+                sched = Scheduler(cache, make_policy(spec), cfg).start()
+            if not cache.wait_synced(60):
+                raise RuntimeError("the cache never synced")
+            if init_pods:
+                c, _ = _start_creator(port, "init", init_pods, 0)
+                init_times: list[float] = []
+                if not _wait_bound(url, "init", init_pods, timeout, init_times):
+                    raise RuntimeError(f"{policy}: init pods not all bound within {timeout} s")
+                c.wait(30)
+            if hasattr(sched, "latency"):
+                sched.latency.clear()
+            cpu0 = {"emulator": _cpu_s(emu.pid), "scheduler": time.process_time()}
+            creator, t_start = _start_creator(port, "measure", pods, rate)
+            times: list[float] = []
+            ok = _wait_bound(url, "measure", pods, timeout, times)
+            wall = time.monotonic() - t_start
+            cpu = {"emulator": _cpu_s(emu.pid) - cpu0["emulator"], "scheduler": time.process_time() - cpu0["scheduler"]}
+            try:
+                cpu["creator"] = _cpu_s(creator.pid)
+            except OSError:
+                cpu["creator"] = float("nan")
+            tp = scheduling_throughput(times, t_start)
+            out = {"policy": policy, "nodes": nodes, "init_pods": init_pods, "pods": pods, "rate": rate,
+                   "window": window, "bound": len(times), "complete": ok, "wall_s": wall,
+                   "span_pods_per_s": (len(times) - 1) / (max(times) - min(times)) if len(times) > 1 else None,
+                   "throughput": tp, "cpu_s": cpu,
+                   "cpu_share": {k: v / wall for k, v in cpu.items()}}
+            if hasattr(sched, "latency"):
+                lat = sched.latency
+                out["attempt_ms"] = {"p50": lat.percentile(50) * 1e3, "p99": lat.percentile(99) * 1e3,
+                                     "samples": lat.count}
+                out["events_dropped"] = sched.metrics.events_dropped._value.get()
+            st = _get(url + "/emulator/stats")
+            out["bound_twice"] = st["pods_bound_twice"]
+            return out
+        finally:
+            if creator is not None:
+                creator.kill()
+                creator.wait()
+            if sched is not None:
+                sched.stop()
 
 
 def _row(r: dict) -> str:

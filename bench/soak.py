@@ -17,7 +17,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,16 +29,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support.procs import emulator_process, free_port  # noqa: E402
+
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {},
        "spec": {"schedulerName": "joulesched",
                 "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10.1",
                                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proc_sample(pid: int) -> dict:
@@ -102,67 +97,59 @@ def soak(duration: float, warmup: float, rate: float = 300, live: int = 2000, no
          serve_cmd: list[str] | None = None) -> dict:
     """Run the soak; returns the samples and the verdict (see the module docstring). ``serve_cmd``: the
     command that runs ``joulesched`` (default: the venv's entry point), followed by ``serve`` and its options."""
-    port, status_port = _free_port(), _free_port()
+    port, status_port = free_port(), free_port()
     tmp = tempfile.mkdtemp(prefix="joulesched-soak-")
     kubeconfig = os.path.join(tmp, "kubeconfig")
-    emu = subprocess.Popen([sys.executable, "-m", "tests.support.kube_emulator", "--port", str(port), "--nodes",
-                            str(nodes), "--node-cpu", "16", "--node-memory", "64Gi", "--quiet", "--event-ttl",
-                            str(event_ttl), "--kubeconfig", kubeconfig],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     serve = churn = None
     try:
-        line = emu.stdout.readline()
-        if "emulator on" not in line:
-            raise RuntimeError(f"emulator did not start: {line}")
-        exe = Path(sys.executable).with_name("joulesched")
-        cmd = serve_cmd or ([str(exe)] if exe.exists() else [sys.executable, "-m", "joulesched.pipelines.cli"])
-        serve = subprocess.Popen(cmd + ["serve", "--kubeconfig", kubeconfig, "--policy", policy,
-                                        "--lease-namespace", "default", "--listen", f"127.0.0.1:{status_port}",
-                                        "--log-level", "warning"],
-                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while True:
+        with emulator_process("--nodes", str(nodes), "--node-cpu", "16", "--node-memory", "64Gi", "--quiet",
+                              "--event-ttl", str(event_ttl), "--kubeconfig", kubeconfig, port=port):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{status_port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if serve.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"serve did not become ready: {serve.stderr.read() if serve.poll() else ''}")
-            time.sleep(0.2)
-        churn = Churn(port, rate, live).start()
-        t0 = time.monotonic()
-        samples = []
-        while (t := time.monotonic() - t0) < duration:
-            s = proc_sample(serve.pid)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/emulator/bindings?since=999999999",
-                                        timeout=10) as r:
-                s["bindings"] = json.loads(r.read())["count"]
-            s["t"] = t
-            samples.append(s)
-            if progress and len(samples) % 30 == 0:
-                print(f"  {t:5.0f} s  rss {s['rss'] / 2**20:6.1f} MiB  threads {s['threads']}  fds {s['fds']}  "
-                      f"bound {s['bindings']}", flush=True)
-            time.sleep(max(0.0, interval - (time.monotonic() - t0 - t)))
-        if serve.poll() is not None:
-            raise RuntimeError(f"serve exited during the soak: {serve.stderr.read()}")
-        return verdict(samples, warmup)
+                exe = Path(sys.executable).with_name("joulesched")
+                cmd = serve_cmd or ([str(exe)] if exe.exists() else [sys.executable, "-m", "joulesched.pipelines.cli"])
+                serve = subprocess.Popen(cmd + ["serve", "--kubeconfig", kubeconfig, "--policy", policy,
+                                                "--lease-namespace", "default", "--listen", f"127.0.0.1:{status_port}",
+                                                "--log-level", "warning"],
+                                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{status_port}/readyz", timeout=2) as r:
+                            if r.status == 200:
+                                break
+                    except OSError:
+                        pass
+                    if serve.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"serve did not become ready: {serve.stderr.read() if serve.poll() else ''}")
+                    time.sleep(0.2)
+                churn = Churn(port, rate, live).start()
+                t0 = time.monotonic()
+                samples = []
+                while (t := time.monotonic() - t0) < duration:
+                    s = proc_sample(serve.pid)
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/emulator/bindings?since=999999999",
+                                                timeout=10) as r:
+                        s["bindings"] = json.loads(r.read())["count"]
+                    s["t"] = t
+                    samples.append(s)
+                    if progress and len(samples) % 30 == 0:
+                        print(f"  {t:5.0f} s  rss {s['rss'] / 2**20:6.1f} MiB  threads {s['threads']}  fds {s['fds']}  "
+                              f"bound {s['bindings']}", flush=True)
+                    time.sleep(max(0.0, interval - (time.monotonic() - t0 - t)))
+                if serve.poll() is not None:
+                    raise RuntimeError(f"serve exited during the soak: {serve.stderr.read()}")
+                return verdict(samples, warmup)
+            finally:
+                if churn is not None:
+                    churn.stop()
+                if serve is not None:
+                    serve.terminate()
+                    try:
+                        serve.wait(20)
+                    except subprocess.TimeoutExpired:
+                        serve.kill()
+                        serve.wait()
     finally:
-        if churn is not None:
-            churn.stop()
-        if serve is not None:
-            serve.terminate()
-            try:
-                serve.wait(20)
-            except subprocess.TimeoutExpired:
-                serve.kill()
-                serve.wait()
-        emu.terminate()
-        try:
-            emu.wait(15)
-        except subprocess.TimeoutExpired:
-            emu.kill()
         for f in os.listdir(tmp):
             os.unlink(os.path.join(tmp, f))
         os.rmdir(tmp)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import queue
 import re
 import shlex
-import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
+
+from tests.support.procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,17 +23,11 @@ def _quickstart() -> list[list[str]]:
     return [shlex.split(line) for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_readme_quickstart_binds_pods_on_the_emulator(tmp_path):
     emulator, serve = _quickstart()
     assert emulator[0] == ".venv/bin/python" and serve[:2] == [".venv/bin/joulesched", "serve"]
     kc = str(tmp_path / "kubeconfig")
-    emulator = [kc if a == "/tmp/joulesched-kubeconfig" else a for a in emulator] + ["--port", str(_free_port())]
+    emulator = [kc if a == "/tmp/joulesched-kubeconfig" else a for a in emulator] + ["--port", str(free_port())]
     serve = [kc if a == "/tmp/joulesched-kubeconfig" else a for a in serve] + ["--listen", "127.0.0.1:0"]
     pods = int(emulator[emulator.index("--pods") + 1])
     emu = subprocess.Popen(emulator, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

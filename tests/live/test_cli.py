@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from joulesched.core.net import parse_listen
 from joulesched.pipelines.cli.live import extender, serve
 from tests.live.conftest import wait_until
+from tests.support.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,20 +59,12 @@ def test_parse_listen():
     assert parse_listen("[::1]:80") == ("::1", 80)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_command_binds_and_stops_on_sigterm(emu, tmp_path):
     kc = emu.kubeconfig(str(tmp_path / "kubeconfig"))
     emu.add_node("n1", cpu="2")
     for i in range(3):
         emu.add_pod(f"p{i}", cpu="100m")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "joulesched.pipelines.cli", "serve", "--scheduler-name", "joulesched",
                              "--policy", "most-allocated", "--kubeconfig", kc, "--listen", f"127.0.0.1:{port}",
                              "--lease-namespace", "default"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -94,7 +87,7 @@ def test_serve_command_binds_and_stops_on_sigterm(emu, tmp_path):
 def test_extender_command_serves_and_stops(emu, tmp_path):
     kc = emu.kubeconfig(str(tmp_path / "kubeconfig"))
     emu.add_node("n1")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "joulesched.pipelines.cli", "extender", "--listen",
                              f"127.0.0.1:{port}", "--policy", "peaks", "--kubeconfig", kc], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -44,6 +45,24 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def emulator_process(*args: str, port: int | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The API emulator (tests/support/kube_emulator.py) in a process of its own, for benchmarks (its CPU is
+    not the measured process's), with the command-line options ``args`` on ``port`` (default: a free one).
+    Yields ``(url, process)`` once it listens; stopped on exit."""
+    port = port or free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.kube_emulator", "--port", str(port), *args],
+                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        if "emulator on" not in line:
+            raise RuntimeError(f"emulator did not start: {line}")
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        stop_process(proc, timeout=15)
 
 
 def umount_under(path: Path) -> None:

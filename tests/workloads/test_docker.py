@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.procs import private_dockerd
+from tests.support.procs import free_port, private_dockerd
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "joulesched" / "docker"
@@ -54,12 +53,6 @@ def dockerd():
         pytest.skip(f"dockerd did not start here: {str(exc)[-500:]}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cpu_blocker_image_builds_and_runs(dockerd):
     env = dockerd
     subprocess.run(["docker", "import", str(BASE_TAR), "joulesched-test-base:bookworm"], env=env, check=True,
@@ -67,7 +60,7 @@ def test_cpu_blocker_image_builds_and_runs(dockerd):
     build = subprocess.run([str(ROOT / "workloads" / "build.sh"), "--base", "joulesched-test-base:bookworm",
                             "--prefix", "joulesched-test", "cpu"], env=env, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
-    port = _free_port()
+    port = free_port()
     # Host network on loopback: the engine has no bridge, and nothing leaves the machine.
     run = subprocess.run(["docker", "run", "-d", "--name", "jt-cpu", "--network", "host", "--read-only", "--tmpfs", "/tmp",
                           "joulesched-test/cpu:latest", "cpu", "--listen", f"127.0.0.1:{port}"],
