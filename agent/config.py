@@ -135,8 +135,9 @@ class DQNConfig:
     slo_slack: float = 0.005
     """Validation tolerates default-k8s's SLO violation rate plus this (0.5 percentage points)."""
     validation_reference: str = "sleep-aware"
-    """What validation divides energy by: sleep-aware (the best of awake-first, awake-first:fit=efficient and
-    pabfd per case) or upstream (the better of most-allocated and energy-greedy, the schema-1 recipe)."""
+    """What validation divides energy by: sleep-aware (the better of the registry's sleep-aware heuristics,
+    awake-first and pabfd, per case; the benchmarks also count awake-first:fit=efficient) or upstream (the better
+    of most-allocated and energy-greedy, the schema-1 recipe)."""
     validation_pending_weight: float = 0.2
     """Validation adds this times the mean pending time's excess over the reference's + 10 %, relative to it."""
 
