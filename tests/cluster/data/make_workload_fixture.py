@@ -1,9 +1,18 @@
-"""Regenerate ``workload_fixture.json``: digests of the workload arrays of every shipped scenario (and a few
-variants that reach the generator's other branches) for several seeds.
+"""Regenerate ``workload_fixture.json``: a portable fingerprint of the workload arrays of every shipped scenario
+(and a few variants that reach the generator's other branches) for several seeds.
 
-The fixture was written by this script from the code *before* the pod model (issue 14) was added, so that
-``tests/cluster/test_workload_model.py::test_shipped_workloads_are_unchanged`` proves that scenarios which
-loaded then give bit-identical workloads now. Rerun it only when a change to the workloads is intended:
+Integer arrays are fingerprinted exactly (SHA-256 of their bytes). Float arrays are not: numpy's vectorised
+``exp``/``log`` (SVML on AVX-512, libm elsewhere) and so the distributions drawn through them differ in the last
+bits between CPU feature levels, and a digest written on one machine fails on another (issue 30). A float array is
+kept as its length, first and last values, minimum, maximum and four projections ``fsum(a * r_k)`` on fixed
+uniform weights ``r_k`` (PCG64 draws, identical on every platform), all compared with ``RTOL``. A permutation, a
+shifted distribution or any one value moved by more than about 1e-8 of the array's mean changes a projection by
+far more than ``RTOL``; a last-bit difference changes none of them by more than 1e-15.
+
+History: the digests were first written from the code *before* the pod model (issue 14). This format was
+written from the code of issue 30 on an AVX2 machine after checking that every integer array matched those
+digests bit for bit and every float array's first values agreed to 2.1e-16 (the rest of each float digest
+differed only by the SIMD paths). Rerun this script only when a change to the workloads is intended:
 
     .venv/bin/python tests/cluster/data/make_workload_fixture.py
 """
@@ -12,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -21,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(__file__).with_name("workload_fixture.json")
 ARRAYS = ("submit_s", "duration_s", "cpu_req", "mem_req", "usage_m")
 SEEDS = (None, 0, 1, 12345)
+#: Relative tolerance for float fingerprints: far above last-bit noise (~1e-16), far below any real change.
+RTOL = 1e-12
 #: The standard suite as it was before the pod model: the scenarios whose workloads must not change. Scenarios
 #: added since (services, traces of the public formats) have no digest from before to match.
 PRE_POD_MODEL = ("heterogeneous-sleep.yaml", "heterogeneous.yaml", "homogeneous.yaml", "large.yaml", "tiny.yaml",
@@ -36,14 +48,56 @@ VARIANTS = {
 }
 
 
-def digest(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+def fingerprint(a: np.ndarray) -> dict:
+    """Exact for integers; for floats, statistics that survive last-bit differences (see the module doc)."""
+    a = np.ascontiguousarray(a)
+    out: dict = {"dtype": str(a.dtype), "n": int(a.size), "head": a[:3].tolist()}
+    if a.dtype.kind in "iub":
+        out["sha256"] = hashlib.sha256(a.tobytes()).hexdigest()
+        return out
+    x = a.astype(np.float64)
+    weights = np.random.Generator(np.random.PCG64(2026)).random((4, x.size))
+    out.update(tail=x[-3:].tolist(),
+               min=float(x.min()) if x.size else 0.0, max=float(x.max()) if x.size else 0.0,
+               # math.fsum is exactly rounded: the sum itself adds no platform-dependent error.
+               projections=[math.fsum((x * w).tolist()) for w in weights])
+    return out
+
+
+def mismatches(want: dict, got: dict, label: str = "") -> list[str]:
+    """What differs between two fingerprints (empty when they agree), each with the values side by side."""
+    if want.get("dtype") != got.get("dtype") or want.get("n") != got.get("n"):
+        return [f"{label}: dtype/length {want.get('dtype')}[{want.get('n')}] != {got.get('dtype')}[{got.get('n')}]"]
+    if "sha256" in want:
+        if want["sha256"] != got.get("sha256"):
+            return [f"{label}: integer values differ (first {want['head']} then, {got['head']} now)"]
+        return []
+    bad = []
+    for key in ("head", "tail", "min", "max", "projections"):
+        w, g = np.atleast_1d(want[key]), np.atleast_1d(got[key])
+        if w.shape != g.shape or not np.allclose(g, w, rtol=RTOL, atol=0.0):
+            bad.append(f"{label}: {key} {w.tolist()[:3]} then, {g.tolist()[:3]} now (rtol {RTOL})")
+    return bad
 
 
 def entry(wl) -> dict:
-    return {"pods": len(wl), "dropped": int(wl.dropped),
-            **{k: {"dtype": str(getattr(wl, k).dtype), "sha256": digest(getattr(wl, k)),
-                   "head": getattr(wl, k)[:3].tolist()} for k in ARRAYS}}
+    return {"pods": len(wl), "dropped": int(wl.dropped), **{k: fingerprint(getattr(wl, k)) for k in ARRAYS}}
+
+
+def compare(want: dict, got: dict) -> list[str]:
+    """Every difference between two fixtures, keyed ``scenario@seed: array: ...``."""
+    out = []
+    for key in want:
+        if key not in got:
+            out.append(f"{key}: missing")
+            continue
+        w, g = want[key], got[key]
+        for scalar in ("pods", "dropped"):
+            if w[scalar] != g[scalar]:
+                out.append(f"{key}: {scalar} {w[scalar]} then, {g[scalar]} now")
+        for k in ARRAYS:
+            out += mismatches(w[k], g[k], f"{key}: {k}")
+    return out
 
 
 def build() -> dict:
