@@ -33,6 +33,9 @@ class ActuatorOptions:
     :param redfish_ca: CA bundle for BMC certificates. :param force_off: allow a hard power-off when a graceful
         one does not finish in ``graceful_timeout_s``. :param ssh_key, known_hosts, ssh_user, suspend_command:
         the Wake-on-LAN actuator's SSH side. :param aws_region, aws_endpoint: EC2.
+    :param allow_redfish_http: accept ``redfish+http://`` (the BMC login travels unencrypted); off by default.
+    :param connect_timeout_s, request_timeout_s: bounds of each request to a BMC (the action's deadline may
+        cut them shorter).
     """
 
     libvirt_uri: str = "qemu:///system"
@@ -47,6 +50,9 @@ class ActuatorOptions:
     suspend_command: str = "systemctl suspend"
     aws_region: str | None = None
     aws_endpoint: str | None = None
+    allow_redfish_http: bool = False
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 15.0
 
 
 def _build(name: str, o: ActuatorOptions):
@@ -58,11 +64,12 @@ def _build(name: str, o: ActuatorOptions):
                             "pip install 'joulesched[node-power]'") from None
     kw = {"none": {}, "libvirt": dict(uri=o.libvirt_uri),
           "redfish": dict(credentials=o.credentials, ca_bundle=o.redfish_ca, force_off=o.force_off,
-                          graceful_timeout_s=o.graceful_timeout_s, poll_s=o.poll_s),
+                          graceful_timeout_s=o.graceful_timeout_s, poll_s=o.poll_s, allow_http=o.allow_redfish_http,
+                          connect_timeout_s=o.connect_timeout_s, request_timeout_s=o.request_timeout_s),
           "ipmi": dict(credentials=o.credentials, force_off=o.force_off, graceful_timeout_s=o.graceful_timeout_s,
                        poll_s=o.poll_s),
           "wol": dict(key_file=o.ssh_key, known_hosts=o.known_hosts, user=o.ssh_user,
-                      suspend_command=o.suspend_command),
+                      suspend_command=o.suspend_command, timeout_s=o.request_timeout_s),
           "aws": dict(region=o.aws_region, endpoint_url=o.aws_endpoint, poll_s=o.poll_s)}[name]
     return klass(**kw)
 
@@ -103,8 +110,8 @@ class OneActuator:
 
     def _check(self, target: Target) -> None:
         if self.name != "none" and target.address.actuator != self.name:
-            raise AddressError(f"{target.node}: power address {target.address.raw!r} is not for the {self.name} "
-                               "actuator")
+            raise AddressError(f"{target.node}: its power address is a {target.address.scheme} address, not one "
+                               f"for the {self.name} actuator")
 
     def sleep(self, target: Target) -> None:
         self._check(target)

@@ -14,6 +14,9 @@ and ``state`` (``on``, ``off``, ``transitioning`` or ``unknown``).
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
@@ -29,7 +32,20 @@ class ActuatorError(JouleschedError):
 
 
 class AddressError(UsageError):
-    """A power address that cannot be used (unknown scheme, missing part)."""
+    """A power address that cannot be used (unknown scheme, missing part). Its message never carries the
+    address's user-info (a password typed into an address must not reach a log or an Event)."""
+
+
+class ActionAborted(ActuatorError):
+    """The action was stopped before its next request: its deadline passed, or this replica lost the Lease."""
+
+
+def redact(text: str) -> str:
+    """``text`` with the user-info of a URL (``user:password@``) replaced by ``<redacted>@``."""
+    u = urlsplit(text or "")
+    if u.username is None and u.password is None:
+        return text
+    return text.replace(u.netloc, "<redacted>@" + u.netloc.rsplit("@", 1)[-1], 1)
 
 
 @dataclass(frozen=True)
@@ -54,12 +70,17 @@ def parse_address(text: str) -> PowerAddress:
     text = (text or "").strip()
     if text == "none":
         return PowerAddress("none", raw=text)
-    u = urlsplit(text)
+    try:
+        u = urlsplit(text)
+    except ValueError as e:
+        raise AddressError(f"power address {redact(text)!r}: {e}") from None
+    shown = redact(text)
     if u.scheme not in SCHEMES:
-        raise AddressError(f"power address {text!r}: unknown scheme {u.scheme!r}; known: {', '.join(SCHEMES)}")
-    if u.username or u.password:
-        raise AddressError(f"power address {text!r}: credentials do not belong in an address (they would show "
+        raise AddressError(f"power address {shown!r}: unknown scheme {u.scheme!r}; known: {', '.join(SCHEMES)}")
+    if u.username is not None or u.password is not None:
+        raise AddressError(f"power address {shown!r}: credentials do not belong in an address (they would show "
                            "in `kubectl get node -o yaml`); put them in the credentials file")
+    text = shown
     addr = PowerAddress(u.scheme, u.netloc, u.path.lstrip("/"), dict(parse_qsl(u.query)), text)
     need_host = addr.actuator in ("redfish", "ipmi", "wol", "aws")
     if need_host and not addr.host:
@@ -71,12 +92,37 @@ def parse_address(text: str) -> PowerAddress:
     return addr
 
 
+def _no_check() -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Target:
-    """One machine: the node's name and its power address."""
+    """One machine: the node's name and its power address, and the action's context: ``deadline`` (monotonic
+    seconds) bounds the whole action, ``check`` raises :class:`ActionAborted` when the action must stop (the
+    controller lost its Lease). Actuators call :meth:`checkpoint` before every request to the machine and in
+    every wait, and cap each request's timeout with :meth:`budget`."""
 
     node: str
     address: PowerAddress
+    source: str = "map"  # "map" (the operator's) or "annotation" (allowed by the operator's policy)
+    deadline: float = field(default=math.inf, compare=False)
+    check: Callable[[], None] = field(default=_no_check, compare=False, repr=False)
+
+    def checkpoint(self) -> None:
+        """Raise :class:`ActionAborted` if the action must not send another request."""
+        self.check()
+        if time.monotonic() >= self.deadline:
+            raise ActionAborted(f"{self.node}: deadline passed")
+
+    def budget(self, cap: float) -> float:
+        """Seconds the next request may take: ``cap``, or what is left of the deadline (at least 0.1 s)."""
+        return max(0.1, min(cap, self.deadline - time.monotonic()))
+
+    def pause(self, seconds: float) -> None:
+        """Wait between polls, never past the deadline; then :meth:`checkpoint`."""
+        time.sleep(max(0.0, min(seconds, self.deadline - time.monotonic())))
+        self.checkpoint()
 
 
 class Actuator(Protocol):

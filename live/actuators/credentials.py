@@ -3,13 +3,20 @@ mode 0600 outside a cluster. Never from the command line (it would show in ``ps`
 
 The file is YAML (or JSON)::
 
-    default: {username: admin, password: ...}          # any host not listed below
+    nodes:                                               # by node name: the first place looked
+      worker-7: {username: root, password: ...}
     hosts:
       10.0.0.5:623: {username: ipmiuser, password: ...}  # by HOST[:PORT] of the power address
       bmc-7.example: {username: root, password: ...}
+    default: {username: admin, password: ...}           # only for addresses from the operator's address map
 
-A directory (a Secret mounted with one key per file) holds ``username`` and ``password`` files instead,
-used as the default.
+``default`` is never handed to an address that came from a node's annotation: such an address gets a login
+only where the operator named its node or its host. A directory (a Secret mounted with one key per file)
+holds ``username`` and ``password`` files instead, used as that default.
+
+Permissions: a plain file must not be readable by group or others (chmod 600). A key of a mounted Secret (a
+symlink into the volume's own ``..data`` directory, mode from ``defaultMode``) may be group-readable (the
+pod's ``fsGroup``) but never world-readable; a symlink that leaves its directory is not trusted.
 """
 
 from __future__ import annotations
@@ -40,19 +47,30 @@ class Login:
 
 
 class Credentials:
-    """Logins by host. ``Credentials.load(path)``; ``for_host("10.0.0.5:623")``."""
+    """Logins by node and by host. ``Credentials.load(path)``; ``login(target)``."""
 
-    def __init__(self, default: Login | None = None, hosts: dict[str, Login] | None = None) -> None:
-        self.default, self.hosts = default, dict(hosts or {})
+    def __init__(self, default: Login | None = None, hosts: dict[str, Login] | None = None,
+                 nodes: dict[str, Login] | None = None) -> None:
+        self.default, self.hosts, self.nodes = default, dict(hosts or {}), dict(nodes or {})
 
     def __repr__(self) -> str:
-        return f"Credentials(hosts={sorted(self.hosts)}, default={'set' if self.default else 'none'})"
+        return (f"Credentials(nodes={sorted(self.nodes)}, hosts={sorted(self.hosts)}, "
+                f"default={'set' if self.default else 'none'})")
 
-    def for_host(self, host: str) -> Login | None:
+    def for_host(self, host: str, *, node: str = "", use_default: bool = True) -> Login | None:
+        """The login for ``node`` or ``host`` (HOST[:PORT], then the bare HOST); ``default`` only when
+        ``use_default``."""
+        if node and node in self.nodes:
+            return self.nodes[node]
         if host in self.hosts:
             return self.hosts[host]
         bare = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        return self.hosts.get(bare, self.default)
+        return self.hosts.get(bare, self.default if use_default else None)
+
+    def login(self, target) -> Login | None:
+        """The login for a :class:`~joulesched.live.actuators.base.Target`: by node, by host, and the default
+        only for an address from the operator's map."""
+        return self.for_host(target.address.host, node=target.node, use_default=target.source != "annotation")
 
     @classmethod
     def load(cls, path: str | Path | None) -> "Credentials":
@@ -61,20 +79,21 @@ class Credentials:
         p = Path(path)
         if p.is_dir():
             try:
+                _check_mode(p / "username")
                 user = (p / "username").read_text().strip()
-                pw = (p / "password").read_text().strip() if (p / "password").exists() else ""
+                pw = ""
+                if (p / "password").exists():
+                    _check_mode(p / "password")
+                    pw = (p / "password").read_text().strip()
             except OSError as e:
                 raise CredentialsError(f"credentials directory {p}: {e.strerror}: needs a 'username' file "
                                        "(and 'password')") from None
             return cls(Login(user, pw))
         try:
-            st = p.stat()
+            _check_mode(p)
             text = p.read_text(encoding="utf-8")
         except OSError as e:
             raise CredentialsError(f"credentials file {p}: {e.strerror}") from None
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO) and not _secret_volume(p):
-            raise CredentialsError(f"credentials file {p} is readable by other users (mode "
-                                   f"{stat.S_IMODE(st.st_mode):o}); chmod 600 it")
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError:
@@ -90,16 +109,31 @@ class Credentials:
                 raise CredentialsError(f"credentials file {p}: {where}.password must be a string")
             return Login(v["username"], pw)
 
-        unknown = set(data) - {"default", "hosts"}
+        unknown = set(data) - {"default", "hosts", "nodes"}
         if unknown:
-            raise CredentialsError(f"credentials file {p}: unknown key {sorted(unknown)[0]!r} (default, hosts)")
-        hosts = data.get("hosts") or {}
-        if not isinstance(hosts, dict):
-            raise CredentialsError(f"credentials file {p}: 'hosts' must be a mapping of host to login")
-        return cls(login(data["default"], "default") if "default" in data else None,
-                   {str(h): login(v, f"hosts.{h}") for h, v in hosts.items()})
+            raise CredentialsError(f"credentials file {p}: unknown key {sorted(unknown)[0]!r} (nodes, hosts, "
+                                   "default)")
+        sections = {}
+        for key, what in (("hosts", "host"), ("nodes", "node name")):
+            sec = data.get(key) or {}
+            if not isinstance(sec, dict):
+                raise CredentialsError(f"credentials file {p}: '{key}' must be a mapping of {what} to login")
+            sections[key] = {str(h): login(v, f"{key}.{h}") for h, v in sec.items()}
+        return cls(login(data["default"], "default") if "default" in data else None, **sections)
 
 
 def _secret_volume(p: Path) -> bool:
-    """Kubernetes mounts Secret keys as symlinks into a ..data directory, mode set by defaultMode: trust it."""
-    return os.path.islink(p) and "..data" in os.readlink(p)
+    """A key of a mounted Secret: a symlink whose real file lies inside the same directory's ``..data`` (the
+    kubelet's atomic writer), not merely a link whose text contains "..data"."""
+    if not os.path.islink(p):
+        return False
+    data = os.path.realpath(p.parent / "..data")
+    return os.path.realpath(p).startswith(data + os.sep) and os.path.islink(p.parent / "..data")
+
+
+def _check_mode(p: Path) -> None:
+    """Refuse a credentials file others can read (group too, unless it is a Secret volume's key)."""
+    mode = stat.S_IMODE(os.stat(p).st_mode)
+    bad = stat.S_IRWXO | (0 if _secret_volume(p) else stat.S_IRWXG)
+    if mode & bad:
+        raise CredentialsError(f"credentials file {p} is readable by other users (mode {mode:o}); chmod 600 it")

@@ -1,15 +1,17 @@
 """IPMI 2.0 (lanplus) with ``pyghmi``: sleep = chassis soft off (``shutdown``), then hard ``off`` after
 ``graceful_timeout_s`` when allowed; wake = ``on``. Address ``ipmi://HOST[:PORT]`` (623 by default); the login
-comes from the credentials file, by HOST[:PORT].
+comes from the credentials file, by node or HOST[:PORT].
 
 One session per BMC is kept and reused (pyghmi keeps sessions per BMC in the process, and a second
 ``Command`` to a BMC while the first is open does not log in again cleanly); a call that fails on it drops it
-and is tried once more on a fresh one."""
+and is tried once more on a fresh one. At most ``max_sessions`` are kept (least recently used dropped), and
+every request and poll is preceded by the action's checkpoint (deadline, Lease)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 
 from pyghmi import exceptions as ipmi_exc
 from pyghmi.ipmi import command
@@ -22,18 +24,20 @@ class IpmiActuator:
     name = "ipmi"
 
     def __init__(self, credentials: Credentials | None = None, *, force_off: bool = True,
-                 graceful_timeout_s: float = 120.0, poll_s: float = 1.0) -> None:
+                 graceful_timeout_s: float = 120.0, poll_s: float = 1.0, max_sessions: int = 64) -> None:
         self.credentials = credentials or Credentials()
         self.force_off, self.graceful_timeout_s, self.poll_s = force_off, graceful_timeout_s, poll_s
-        self._sessions: dict[str, command.Command] = {}
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, command.Command] = OrderedDict()
         self._lock = threading.Lock()
 
     def _cmd(self, target: Target, fresh: bool = False) -> command.Command:
         host = target.address.host
         bmc, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
-        login = self.credentials.for_host(host)
+        login = self.credentials.login(target)
         if login is None:
             raise ActuatorError(f"{target.node}: no IPMI login for {host} in the credentials file")
+        target.checkpoint()
         with self._lock:
             if fresh:
                 self._sessions.pop(host, None)
@@ -42,7 +46,10 @@ class IpmiActuator:
                     self._sessions[host] = command.Command(bmc=bmc, userid=login.username, password=login.password,
                                                            port=int(port or 623))
                 except (ipmi_exc.IpmiException, OSError) as e:
-                    raise ActuatorError(f"{target.node}: IPMI {host}: {e}") from None
+                    raise ActuatorError(f"{target.node}: IPMI {host}: {type(e).__name__}") from None
+                while len(self._sessions) > self.max_sessions:
+                    self._sessions.popitem(last=False)
+            self._sessions.move_to_end(host)
             return self._sessions[host]
 
     def _power(self, c: command.Command) -> str:
@@ -62,29 +69,35 @@ class IpmiActuator:
             c = self._session(target)
             if self._power(c) == "off":
                 return
+            target.checkpoint()
             c.set_power("shutdown")
             deadline = time.monotonic() + self.graceful_timeout_s
-            while self._power(c) != "off":
+            while True:
+                target.checkpoint()
+                if self._power(c) == "off":
+                    break
                 if time.monotonic() >= deadline:
                     if not self.force_off:
                         raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after a soft "
                                             "off (hard off is not allowed)")
-                    c.set_power("off", wait=30)
+                    target.checkpoint()  # never a hard off once another replica leads
+                    c.set_power("off", wait=int(target.budget(30)))
                     break
-                time.sleep(self.poll_s)
+                target.pause(self.poll_s)
         except ipmi_exc.IpmiException as e:
-            raise ActuatorError(f"{target.node}: IPMI power off: {e}") from None
+            raise ActuatorError(f"{target.node}: IPMI power off: {type(e).__name__}") from None
 
     def wake(self, target: Target) -> None:
         try:
             c = self._session(target)
             if self._power(c) != "on":
+                target.checkpoint()
                 c.set_power("on")
         except ipmi_exc.IpmiException as e:
-            raise ActuatorError(f"{target.node}: IPMI power on: {e}") from None
+            raise ActuatorError(f"{target.node}: IPMI power on: {type(e).__name__}") from None
 
     def state(self, target: Target) -> str:
         try:
             return {"on": ON, "off": OFF}.get(self._power(self._session(target)), UNKNOWN)
         except ipmi_exc.IpmiException as e:
-            raise ActuatorError(f"{target.node}: IPMI power status: {e}") from None
+            raise ActuatorError(f"{target.node}: IPMI power status: {type(e).__name__}") from None

@@ -27,6 +27,7 @@ class LibvirtActuator:
         libvirt.registerErrorHandler(lambda *_: None, None)  # errors are raised, not also printed to stderr
 
     def _domain(self, target: Target):
+        target.checkpoint()
         with self._lock:
             try:
                 if self._conn is None or not self._conn.isAlive():

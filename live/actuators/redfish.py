@@ -3,7 +3,13 @@ system is still on after ``graceful_timeout_s`` (when allowed); wake = ``On``.
 
 Address ``redfish://HOST[:PORT]/redfish/v1/Systems/ID`` (HTTPS, certificates verified against the system
 store or ``ca_bundle``) or ``redfish+http://...`` for a BMC on a management network without TLS. The login
-comes from the credentials file, by HOST[:PORT]."""
+comes from the credentials file, by node or HOST[:PORT].
+
+Bounded: every request has a connect timeout of ``connect_timeout_s`` and a read timeout of at most
+``request_timeout_s`` (less when the action's deadline is nearer), sushy retries a failed connection once
+(not its default three times, 2 s apart, and ten times on a 5xx), and every request and every poll is
+preceded by the action's checkpoint (its deadline, the controller's Lease). A BMC that never answers costs
+one action one deadline."""
 
 from __future__ import annotations
 
@@ -20,48 +26,61 @@ class RedfishActuator:
 
     def __init__(self, credentials: Credentials | None = None, *, ca_bundle: str | None = None,
                  force_off: bool = True, graceful_timeout_s: float = 120.0, poll_s: float = 1.0,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, connect_timeout_s: float = 5.0, request_timeout_s: float = 15.0,
+                 allow_http: bool = False) -> None:
+        self.allow_http = allow_http
         self.credentials = credentials or Credentials()
         self.verify: bool | str = ca_bundle or True  # never False: a BMC's certificate is always checked
         self.force_off, self.graceful_timeout_s, self.poll_s, self.timeout_s = (force_off, graceful_timeout_s,
                                                                                 poll_s, timeout_s)
+        self.connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
 
     def _system(self, target: Target):
         a = target.address
         proto = "http" if a.scheme == "redfish+http" else "https"
-        login = self.credentials.for_host(a.host)
+        if proto == "http" and not self.allow_http:
+            raise ActuatorError(f"{target.node}: redfish+http would send the BMC login unencrypted "
+                                "(--allow-redfish-http allows it)")
+        login = self.credentials.login(target)
+        target.checkpoint()
+        read = target.budget(self.request_timeout_s)
         try:
             root = sushy.Sushy(f"{proto}://{a.host}/redfish/v1", username=login.username if login else None,
-                               password=login.password if login else None, verify=self.verify)
+                               password=login.password if login else None, verify=self.verify,
+                               server_side_retries=1, server_side_retries_delay=1, read_timeout=read,
+                               connect_timeout=min(self.connect_timeout_s, read))
             return root.get_system("/" + a.path)
         except sushy.exceptions.SushyError as e:
             raise ActuatorError(f"{target.node}: Redfish {proto}://{a.host}/{a.path}: {_why(e)}") from None
         except Exception as e:  # connection refused, TLS failure
-            raise ActuatorError(f"{target.node}: Redfish {proto}://{a.host}: {type(e).__name__}: {e}") from None
+            raise ActuatorError(f"{target.node}: Redfish {proto}://{a.host}: {type(e).__name__}") from None
 
-    def _wait(self, system, want: sushy.PowerState, timeout: float) -> bool:
+    def _wait(self, target: Target, system, want: sushy.PowerState, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
+            target.checkpoint()
             system.refresh(force=True)
             if system.power_state == want:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(self.poll_s)
+            target.pause(self.poll_s)
 
     def sleep(self, target: Target) -> None:
         system = self._system(target)
         try:
             if system.power_state == sushy.PowerState.OFF:
                 return
+            target.checkpoint()
             system.reset_system(sushy.ResetType.GRACEFUL_SHUTDOWN)
-            if self._wait(system, sushy.PowerState.OFF, self.graceful_timeout_s):
+            if self._wait(target, system, sushy.PowerState.OFF, self.graceful_timeout_s):
                 return
             if not self.force_off:
                 raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after GracefulShutdown "
                                     "(ForceOff is not allowed)")
+            target.checkpoint()  # a new leader may have woken the node meanwhile: never ForceOff for it
             system.reset_system(sushy.ResetType.FORCE_OFF)
-            if not self._wait(system, sushy.PowerState.OFF, self.timeout_s):
+            if not self._wait(target, system, sushy.PowerState.OFF, self.timeout_s):
                 raise ActuatorError(f"{target.node}: still on {self.timeout_s:g} s after ForceOff")
         except sushy.exceptions.SushyError as e:
             raise ActuatorError(f"{target.node}: Redfish power off: {_why(e)}") from None
@@ -71,6 +90,7 @@ class RedfishActuator:
         try:
             if system.power_state in (sushy.PowerState.ON, sushy.PowerState.POWERING_ON):
                 return
+            target.checkpoint()
             system.reset_system(sushy.ResetType.ON)
         except sushy.exceptions.SushyError as e:
             raise ActuatorError(f"{target.node}: Redfish power on: {_why(e)}") from None
@@ -83,4 +103,7 @@ class RedfishActuator:
 
 
 def _why(e: Exception) -> str:
-    return str(getattr(e, "detail", None) or e).splitlines()[0][:300]
+    """The error's kind and HTTP status only: the BMC's own text is remote content (it may echo what it was
+    sent, or carry markup) and goes to DEBUG logs, never to an Event."""
+    code = getattr(e, "status_code", None)
+    return f"{type(e).__name__}" + (f" (HTTP {code})" if code else "")

@@ -45,15 +45,18 @@ class WolActuator:
 
     def sleep(self, target: Target) -> None:
         self.mac(target)  # a node we could not wake again must not be put to sleep
+        target.checkpoint()
+        budget = target.budget(self.timeout_s)
         try:
-            with remote.connect(self._spec(target), self.known_hosts, allow_agent=False,
-                                timeout=self.timeout_s) as conn:
-                remote.run(conn, self.suspend_argv, timeout=self.timeout_s)
+            with remote.connect(self._spec(target), self.known_hosts, allow_agent=False, timeout=budget) as conn:
+                target.checkpoint()
+                remote.run(conn, self.suspend_argv, timeout=target.budget(self.timeout_s))
         except remote.RemoteError as e:
             raise ActuatorError(f"{target.node}: suspend over SSH: {e}") from None
 
     def wake(self, target: Target) -> None:
         p = target.address.params
+        target.checkpoint()
         try:
             wakeonlan.wake(self.mac(target), host=p.get("broadcast", "255.255.255.255"), port=int(p.get("port", 9)))
         except (OSError, ValueError) as e:

@@ -33,7 +33,7 @@ def test_one_actuator_refuses_a_node_addressed_for_another():
     a = make_actuator("libvirt", ActuatorOptions(libvirt_uri="test:///default")) if _has("libvirt") else None
     if a is None:
         pytest.skip("libvirt-python is not installed")
-    with pytest.raises(AddressError, match="not for the libvirt actuator"):
+    with pytest.raises(AddressError, match="not one for the libvirt actuator"):
         a.sleep(target("n", "ipmi://10.0.0.1"))
 
 
@@ -76,7 +76,7 @@ def test_redfish_against_sushy_emulator(tmp_path):
     with redfish_emulator(tmp_path, systems) as (host, user, password):
         addr = f"redfish+http://{host}/redfish/v1/Systems/{systems[0]['uuid']}"
         good = make_actuator("redfish", ActuatorOptions(credentials=Credentials(Login(user, password)), poll_s=0.5,
-                                                        graceful_timeout_s=20))
+                                                        graceful_timeout_s=20, allow_redfish_http=True))
         t = target("node-1", addr)
         assert good.state(t) == ON
         good.sleep(t)  # GracefulShutdown; the fake driver applies it after 1-11 s
@@ -88,10 +88,15 @@ def test_redfish_against_sushy_emulator(tmp_path):
         while good.state(t) != ON and time.monotonic() < deadline:
             time.sleep(0.5)
         assert good.state(t) == ON
-        bad = make_actuator("redfish", ActuatorOptions(credentials=Credentials(Login(user, "wrong"))))
+        bad = make_actuator("redfish", ActuatorOptions(credentials=Credentials(Login(user, "wrong")),
+                                                       allow_redfish_http=True))
         with pytest.raises(ActuatorError) as e:
             bad.sleep(t)
         assert "wrong" not in str(e.value) and password not in str(e.value)
+        assert "HTTP 401" in str(e.value)  # the kind and the code; never the BMC's own text
+        plain = make_actuator("redfish", ActuatorOptions(credentials=Credentials(Login(user, password))))
+        with pytest.raises(ActuatorError, match="allow-redfish-http"):
+            plain.state(t)  # plain HTTP is refused before any connection unless the operator allows it
 
 
 # ---- IPMI -------------------------------------------------------------------------------------------------

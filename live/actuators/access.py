@@ -1,0 +1,203 @@
+"""Who decides where power is switched: the operator.
+
+The address map (``--addresses``, a ConfigMap the operator's inventory writes) is authoritative: its entry for
+a node is used as given. A node's own annotation ``joulesched.io/power`` (which its kubelet can write:
+NodeRestriction does not cover annotations) is used only where the operator's policy allows every endpoint it
+names; by default nothing is allowed, so an annotated target nobody listed is never contacted (no TCP
+connection, no UDP packet).
+
+Per scheme (``--allow-annotated SCHEME=PATTERN``, repeatable):
+
+========== ====================================================================================================
+redfish    BMC hosts: ``HOST``, ``HOST:PORT`` or a CIDR (``10.0.9.0/24``)
+ipmi       BMC hosts, as for redfish
+wol        the SSH host that runs the suspend *and* the broadcast address of the packet (default 255.255.255.255)
+aws        instance ids, or ``*``; and always the node's immutable ``spec.providerID`` must name the same instance
+libvirt    domain names, or ``*``; and always the domain must be the node's own name
+========== ====================================================================================================
+
+Whatever the source: ``redfish+http`` (a BMC login over plain HTTP) only with ``allow_redfish_http``; an
+``aws://`` address must match ``spec.providerID`` where the node has one; and one machine belongs to one node:
+an annotation naming a machine the map gives another node, or one that two nodes claim, is refused.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from joulesched.core.errors import UsageError
+from joulesched.live.actuators.base import AddressError, PowerAddress, parse_address
+
+ALLOW_SCHEMES = ("redfish", "ipmi", "wol", "aws", "libvirt")
+DEFAULT_BROADCAST = "255.255.255.255"
+
+
+class AccessError(UsageError):
+    """A bad ``--allow-annotated`` pattern or a map entry the policy refuses."""
+
+
+def _split_host(hostport: str) -> tuple[str, str]:
+    """``"10.0.0.5:623"`` -> ("10.0.0.5", "623"); ``"[fe80::1]:623"`` -> ("fe80::1", "623"); a bare IPv6 or
+    a host without a port -> (host, "")."""
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        return host, rest.lstrip(":")
+    if hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+        return host, port
+    return hostport, ""
+
+
+def host_matches(hostport: str, pattern: str) -> bool:
+    """``hostport`` (HOST[:PORT]) against one allow-list entry: a CIDR, an IP or name (any port), or an exact
+    HOST:PORT. Names compare case-insensitively; no name is resolved (DNS is not the operator's word)."""
+    host, port = _split_host(hostport)
+    phost, pport = _split_host(pattern)
+    if "/" in pattern:
+        try:
+            return ipaddress.ip_address(host) in ipaddress.ip_network(pattern, strict=False)
+        except ValueError:
+            return False
+    if pport and pport != port:
+        return False
+    try:
+        return ipaddress.ip_address(host) == ipaddress.ip_address(phost)
+    except ValueError:
+        return host.lower() == phost.lower()
+
+
+def endpoints(addr: PowerAddress, node: str) -> list[str]:
+    """Every network endpoint (HOST[:PORT]) an actuator would contact for ``addr``."""
+    if addr.actuator in ("redfish", "ipmi"):
+        return [addr.host]
+    if addr.actuator == "wol":
+        return [addr.params.get("ssh") or node, addr.params.get("broadcast") or DEFAULT_BROADCAST]
+    return []
+
+
+def instance_of(provider_id: str) -> str:
+    """The EC2 instance id in ``aws:///us-east-1a/i-0abc...`` ("" for any other provider)."""
+    return provider_id.rsplit("/", 1)[-1] if provider_id.startswith("aws://") else ""
+
+
+def machine_key(addr: PowerAddress) -> tuple[str, str]:
+    """What identifies the machine an address switches (two nodes must never share one)."""
+    if addr.actuator == "wol":
+        return "wol", addr.host.lower().replace("-", ":")
+    if addr.actuator == "libvirt":
+        return "libvirt", addr.path
+    if addr.actuator == "aws":
+        return "aws", addr.host
+    if addr.actuator in ("redfish", "ipmi"):
+        return addr.actuator, f"{addr.host.lower()}/{addr.path}"
+    return addr.scheme, addr.raw
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A node's power address and where it came from (``map`` or ``annotation``); ``address`` None with
+    ``refused`` saying why when the node has none that may be used."""
+
+    address: PowerAddress | None
+    source: str = ""
+    refused: str = ""
+
+
+@dataclass
+class AddressPolicy:
+    """The operator's rules for power addresses (see the module docstring)."""
+
+    allow: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    allow_redfish_http: bool = False
+
+    @classmethod
+    def from_options(cls, patterns: Iterable[str] = (), allow_redfish_http: bool = False) -> "AddressPolicy":
+        """From ``SCHEME=PATTERN`` strings; a malformed one raises :class:`AccessError` naming it."""
+        allow: dict[str, list[str]] = {}
+        for text in patterns:
+            scheme, sep, pat = str(text).partition("=")
+            scheme, pat = scheme.strip(), pat.strip()
+            if not sep or scheme not in ALLOW_SCHEMES or not pat:
+                raise AccessError(f"--allow-annotated {text!r}: expected SCHEME=PATTERN with SCHEME one of "
+                                  f"{', '.join(ALLOW_SCHEMES)}")
+            if "/" in pat and scheme in ("redfish", "ipmi", "wol"):
+                try:
+                    ipaddress.ip_network(pat, strict=False)
+                except ValueError:
+                    raise AccessError(f"--allow-annotated {text!r}: {pat!r} is not a CIDR") from None
+            allow.setdefault(scheme, []).append(pat)
+        return cls({k: tuple(v) for k, v in allow.items()}, allow_redfish_http)
+
+    def check_map_entry(self, node: str, addr: PowerAddress) -> None:
+        """What no map entry may do either (raises :class:`AccessError`)."""
+        if addr.scheme == "redfish+http" and not self.allow_redfish_http:
+            raise AccessError(f"node {node}: redfish+http sends the BMC login unencrypted; use redfish:// "
+                              "(HTTPS) or pass --allow-redfish-http")
+
+    def _annotation_refusal(self, node: str, addr: PowerAddress, provider_id: str) -> str:
+        pats = self.allow.get(addr.actuator, ())
+        if addr.scheme == "none":
+            return ""
+        if addr.scheme == "redfish+http" and not self.allow_redfish_http:
+            return "redfish+http is not allowed (--allow-redfish-http)"
+        if addr.actuator == "aws":
+            if instance_of(provider_id) != addr.host:
+                return "its instance is not the one in the node's spec.providerID"
+            return "" if "*" in pats or addr.host in pats else "the instance is not in the aws allow-list"
+        if addr.actuator == "libvirt":
+            if addr.path != node:
+                return "a libvirt domain must be the node's own name (or come from the address map)"
+            return "" if "*" in pats or addr.path in pats else "the domain is not in the libvirt allow-list"
+        for ep in endpoints(addr, node):
+            if not any(host_matches(ep, p) for p in pats):
+                return f"{ep} is not in the {addr.actuator} allow-list"
+        return ""
+
+    def resolve_all(self, nodes: Mapping[str, tuple[str, str]], addresses: Mapping[str, str]) -> dict[str, Resolved]:
+        """``nodes``: name -> (annotation text, spec.providerID); ``addresses``: the map. The map wins; an
+        annotation is used only when allowed and when no other node claims its machine."""
+        out: dict[str, Resolved] = {}
+        claims: dict[tuple[str, str], list[str]] = {}
+        mapped: dict[tuple[str, str], str] = {}
+        parsed: dict[str, PowerAddress] = {}
+        for name, text in addresses.items():
+            try:
+                a = parse_address(text)
+            except AddressError as e:
+                out[name] = Resolved(None, "map", str(e))
+                continue
+            mapped[machine_key(a)] = name
+            parsed[name] = a
+        for name, (text, provider_id) in nodes.items():
+            if name in parsed:
+                a = parsed[name]
+                if a.actuator == "aws" and provider_id and instance_of(provider_id) != a.host:
+                    out[name] = Resolved(None, "map", "its instance is not the one in the node's spec.providerID")
+                elif a.scheme == "redfish+http" and not self.allow_redfish_http:
+                    out[name] = Resolved(None, "map", "redfish+http is not allowed (--allow-redfish-http)")
+                else:
+                    out[name] = Resolved(a, "map")
+                continue
+            if name in out or not text:
+                continue
+            try:
+                a = parse_address(text)
+            except AddressError as e:
+                out[name] = Resolved(None, "annotation", str(e))
+                continue
+            why = self._annotation_refusal(name, a, provider_id)
+            key = machine_key(a)
+            if not why and mapped.get(key, name) != name:
+                why = f"the address map gives that machine to node {mapped[key]}"
+            if why:
+                out[name] = Resolved(None, "annotation", why)
+                continue
+            claims.setdefault(key, []).append(name)
+            out[name] = Resolved(a, "annotation")
+        for key, names in claims.items():
+            if len(names) > 1:
+                for n in names:
+                    out[n] = Resolved(None, "annotation", f"nodes {', '.join(sorted(names))} claim the same machine")
+        return out

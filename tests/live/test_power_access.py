@@ -1,0 +1,139 @@
+"""The operator decides where power is switched (live/actuators/access.py), credentials are keyed by node or
+host with no default for annotated addresses, credential files and Secret mounts are permission-checked, and
+no error carries an address's password."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from joulesched.live.actuators.access import AccessError, AddressPolicy, host_matches
+from joulesched.live.actuators.base import AddressError, Target, parse_address
+from joulesched.live.actuators.credentials import Credentials, CredentialsError, Login
+
+
+def resolve(policy, nodes, addresses=None):
+    return policy.resolve_all(nodes, addresses or {})
+
+
+def test_nothing_annotated_is_allowed_by_default():
+    nodes = {"a": ("redfish://10.0.9.7/redfish/v1/Systems/1", ""), "b": ("ipmi://10.0.9.8", ""),
+             "c": ("wol://52:54:00:12:34:56?ssh=10.0.2.3", ""), "d": ("aws://i-0abc", "aws:///us-east-1a/i-0abc"),
+             "e": ("libvirt:///e", "")}
+    out = resolve(AddressPolicy(), nodes)
+    assert all(r.address is None and r.source == "annotation" and r.refused for r in out.values())
+    assert "allow-list" in out["a"].refused and "allow-list" in out["d"].refused
+
+
+def test_allow_lists_per_scheme():
+    pol = AddressPolicy.from_options(["redfish=10.0.9.0/24", "ipmi=bmc-8.example:623", "wol=10.0.2.3",
+                                      "wol=10.0.2.255", "aws=*", "libvirt=*"])
+    nodes = {"a": ("redfish://10.0.9.7/redfish/v1/Systems/1", ""),
+             "a2": ("redfish://10.0.8.7/redfish/v1/Systems/1", ""),  # outside the CIDR
+             "b": ("ipmi://BMC-8.example:623", ""), "b2": ("ipmi://bmc-8.example:624", ""),  # wrong port
+             "c": ("wol://52:54:00:12:34:56?ssh=10.0.2.3&broadcast=10.0.2.255", ""),
+             "c2": ("wol://52:54:00:12:34:57?ssh=10.0.2.3", ""),  # default broadcast not listed
+             "d": ("aws://i-0abc", "aws:///us-east-1a/i-0abc"), "d2": ("aws://i-0def", "aws:///us-east-1a/i-0abc"),
+             "d3": ("aws://i-0aaa", ""),  # no providerID: an annotation cannot be checked against it
+             "e": ("libvirt:///e", ""), "e2": ("libvirt:///control-plane", "")}
+    out = resolve(pol, nodes)
+    assert {n for n, r in out.items() if r.address is not None} == {"a", "b", "c", "d", "e"}
+    assert "10.0.2.255" not in out["c2"].refused and "255.255.255.255" in out["c2"].refused
+    assert "providerID" in out["d2"].refused and "own name" in out["e2"].refused
+
+
+def test_the_map_wins_and_owns_its_machines():
+    pol = AddressPolicy.from_options(["ipmi=10.0.9.0/24"])
+    out = resolve(pol, {"a": ("ipmi://10.0.9.8", ""), "b": ("ipmi://10.0.9.9", ""), "c": ("ipmi://10.0.9.5", ""),
+                        "d": ("ipmi://10.0.9.5", "")},
+                  {"a": "ipmi://10.0.9.7", "x": "ipmi://10.0.9.9"})
+    assert out["a"].address.host == "10.0.9.7" and out["a"].source == "map"
+    assert out["b"].address is None and "gives that machine to node x" in out["b"].refused  # another node's BMC
+    assert out["c"].address is None and "claim the same machine" in out["c"].refused
+    aws = resolve(AddressPolicy(), {"m": ("", "aws:///z/i-1"), "n": ("", "")}, {"m": "aws://i-2", "n": "aws://i-3"})
+    assert aws["m"].address is None and "providerID" in aws["m"].refused and aws["n"].address.host == "i-3"
+
+
+def test_redfish_http_only_with_the_flag():
+    nodes = {"a": ("", "")}
+    amap = {"a": "redfish+http://10.0.9.7/redfish/v1/Systems/1"}
+    assert resolve(AddressPolicy(), nodes, amap)["a"].address is None
+    assert resolve(AddressPolicy(allow_redfish_http=True), nodes, amap)["a"].address is not None
+    with pytest.raises(AccessError, match="--allow-redfish-http"):
+        AddressPolicy().check_map_entry("a", parse_address(amap["a"]))
+
+
+@pytest.mark.parametrize("bad", ["redfish", "gopher=10.0.0.1", "ipmi=", "ipmi=10.0.0.0/33"])
+def test_bad_patterns_are_named(bad):
+    with pytest.raises(AccessError, match="--allow-annotated"):
+        AddressPolicy.from_options([bad])
+
+
+def test_host_matching():
+    assert host_matches("10.0.0.5:623", "10.0.0.0/24") and not host_matches("bmc:623", "10.0.0.0/24")
+    assert host_matches("[fe80::1]:623", "fe80::1") and host_matches("Bmc.Example", "bmc.example")
+    assert not host_matches("10.0.0.5:623", "10.0.0.5:624") and host_matches("10.0.0.5:623", "10.0.0.5")
+
+
+def test_addresses_never_echo_a_password():
+    with pytest.raises(AddressError) as e:
+        parse_address("redfish://admin:hunter2-secret@bmc/redfish/v1/Systems/1")
+    assert "hunter2-secret" not in str(e.value) and "<redacted>@bmc" in str(e.value)
+    with pytest.raises(AddressError) as e:
+        parse_address("gopher://u:hunter2-secret@bmc/")
+    assert "hunter2-secret" not in str(e.value)
+
+
+def test_logins_by_node_then_host_and_no_default_for_annotations(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("nodes: {w7: {username: n, password: p1}}\n"
+                 "hosts: {'10.0.0.5:623': {username: h, password: p2}}\n"
+                 "default: {username: d, password: p3}\n")
+    f.chmod(0o600)
+    c = Credentials.load(f)
+    t = lambda node, host, src: Target(node, parse_address(f"ipmi://{host}"), source=src)  # noqa: E731
+    assert c.login(t("w7", "10.0.0.9", "annotation")).username == "n"
+    assert c.login(t("w1", "10.0.0.5:623", "annotation")).username == "h"
+    assert c.login(t("w1", "10.0.0.6", "annotation")) is None  # nobody listed it: no silent default
+    assert c.login(t("w1", "10.0.0.6", "map")).username == "d"
+
+
+def _secret_mount(root, mode):
+    """A Secret volume as the kubelet's atomic writer makes it: ..data -> ..TIMESTAMP/, keys -> ..data/KEY."""
+    ts = root / "..2026_12_01_20_00_00.1"
+    ts.mkdir(parents=True)
+    for k, v in (("username", "root"), ("password", "pw")):
+        (ts / k).write_text(v)
+        (ts / k).chmod(mode)
+    os.symlink(ts.name, root / "..data")
+    for k in ("username", "password"):
+        os.symlink(f"..data/{k}", root / k)
+    return root
+
+
+def test_credential_directories_and_secret_mounts_are_permission_checked(tmp_path):
+    ok = _secret_mount(tmp_path / "ok", 0o440)  # defaultMode 0440 with fsGroup: group-readable is fine
+    assert Credentials.load(ok).default.password == "pw"
+    world = _secret_mount(tmp_path / "world", 0o444)
+    with pytest.raises(CredentialsError, match="readable by other users"):
+        Credentials.load(world)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "username").write_text("root")
+    (plain / "username").chmod(0o640)
+    with pytest.raises(CredentialsError, match="readable by other users"):
+        Credentials.load(plain)  # not a Secret mount: group-readable is refused
+    # A symlink whose text contains "..data" but which leaves its directory is not a Secret mount.
+    outside = tmp_path / "elsewhere" / "..data"
+    outside.mkdir(parents=True)
+    (outside / "creds.yaml").write_text("default: {username: a, password: b}\n")
+    (outside / "creds.yaml").chmod(0o644)
+    link = tmp_path / "creds.yaml"
+    os.symlink(outside / "creds.yaml", link)
+    with pytest.raises(CredentialsError, match="readable by other users"):
+        Credentials.load(link)
+
+
+def test_login_repr_hides_the_password():
+    assert "pw" not in repr(Login("u", "pw")) and "pw" not in repr(Credentials(Login("u", "pw")))
