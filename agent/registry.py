@@ -4,9 +4,12 @@ The table is lazy: a row names its factory as ``module:attr`` and nothing is imp
 (the DQN pulls in torch, which most runs never need). Each row carries the policy's metadata, its ``family``,
 and the benchmark's policy sets are derived from it:
 
-* :data:`BASELINES`: every built-in policy that is not learned, in table order (the default benchmark set);
-* :data:`HEURISTICS`: the packing, load-, power- and sleep-aware ones, "the best heuristic" every learned
-  policy is compared with (reference.md section 7, "Fair baselines");
+* :data:`BASELINES`: every built-in policy that is not learned, in table order;
+* :data:`HEURISTICS`: the packing, load-, power- and sleep-aware ones, and with :data:`HEURISTIC_VARIANTS` (their
+  strongest option variants) :data:`BEST_HEURISTIC_CANDIDATES`, "the best heuristic" every learned policy is
+  compared with (reference.md section 7, "Fair baselines");
+* :data:`DEFAULT_POLICIES`: every baseline and every variant, what ``benchmark``, ``sweep``, ``test``, the sim and
+  kube pipelines and ``make demo`` run when no policy is named;
 * :data:`UPSTREAM_HEURISTICS`: those a kube-scheduler user can deploy today (scheduler-plugins included).
 
 A plugin is one module and one entry point in its own package::
@@ -23,6 +26,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -60,18 +65,15 @@ class PolicyEntry:
             raise PolicyError(f"policy {self.name!r}: cannot load {self.target} ({e})") from None
 
     def options(self) -> dict[str, Any]:
-        """The options the factory accepts, with their defaults (``path`` is the model file of NAME=PATH)."""
-        out = {}
-        for p in _params(self.factory()):
-            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.name in ("path", "net"):
-                continue
-            out[p.name] = None if p.default is p.empty else p.default
-        return out
+        """The options a spec can give the factory, with their defaults (``path`` is the model file of NAME=PATH)."""
+        return {p.name: None if p.default is p.empty else p.default for p in _spec_params(self.factory())}
 
     def description(self) -> str:
-        """The factory's docstring, unwrapped: what ``policies --long`` prints."""
-        doc = inspect.getdoc(self.factory()) or self.summary
-        return " ".join(doc.split())
+        """The factory's docstring as plain text: what ``policies --long`` prints. Sphinx markup is dropped, and
+        of its ``:param:`` fields only those a spec can set are kept (``path`` as the MODEL of NAME=MODEL)."""
+        factory = self.factory()
+        return plain_doc(inspect.getdoc(factory) or self.summary,
+                         {*(p.name for p in _spec_params(factory)), *(("path",) if self.takes_path else ())})
 
 
 def _builtin(name: str, target: str, family: str, summary: str, *, takes_path: bool = False) -> PolicyEntry:
@@ -110,6 +112,38 @@ def _params(factory: Callable[..., Any]) -> list[inspect.Parameter]:
         return []
 
 
+def _spec_params(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The keyword parameters a spec (``NAME:key=value``) can set: spec values arrive as text, so a parameter
+    typed without ``str`` (the DQN's in-memory ``net`` and ``config``) is for code, not for the command line."""
+    def takes_text(p: inspect.Parameter) -> bool:
+        ann = p.annotation
+        if ann is p.empty:
+            return True
+        if isinstance(ann, str):
+            return "str" in re.split(r"[^\w]+", ann)
+        return ann is str or str in typing.get_args(ann)
+
+    return [p for p in _params(factory) if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+            and p.name not in ("self", "path") and takes_text(p)]
+
+
+_PARAM = re.compile(r"^:param ([\w, ]+):\s*", re.M)
+
+
+def plain_doc(doc: str, keep: set[str]) -> str:
+    """``doc`` unwrapped into one paragraph of plain text: roles (:class:`a.b.C`) become their last name,
+    ``literals`` lose their backquotes, and ``:param NAMES:`` fields survive only for names in ``keep``
+    (as ``name: text``; ``path`` as ``MODEL: text``)."""
+    parts = _PARAM.split(doc)
+    body, fields = parts[0], list(zip(parts[1::2], parts[2::2]))
+    kept = [(names, text) for names, text in fields if {n.strip() for n in names.split(",")} <= keep]
+    text = " ".join([body.strip(), *(f"{'MODEL' if n.strip() == 'path' else n.strip()}: {t.strip()}"
+                                     for n, t in kept)])
+    text = re.sub(r":\w+:`~?(?:[^`]*\.)?([^`.]+)`", r"\1", text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return " ".join(text.split())
+
+
 def _plugins() -> dict[str, PolicyEntry]:
     """Entry points of the ``joulesched.policies`` group; a plugin never shadows a built-in name."""
     builtin = {e.name for e in BUILTIN}
@@ -143,8 +177,13 @@ HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in HEURI
 UPSTREAM_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in UPSTREAM_FAMILIES)
 SLEEP_AWARE_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "sleep-aware")
 #: Option variants that the headroom table found strongest (docs/PERFORMANCE.md): every comparison that claims
-#: "the best heuristic" (the demo, the sim pipeline, ``joulesched test``, the DQN benchmark) runs them too.
+#: "the best heuristic" runs them too, so they are in :data:`DEFAULT_POLICIES`.
 HEURISTIC_VARIANTS: tuple[str, ...] = ("awake-first:fit=efficient",)
+#: The policies "the best heuristic" is the best of: every built-in heuristic and every variant.
+BEST_HEURISTIC_CANDIDATES: tuple[str, ...] = tuple(dict.fromkeys((*HEURISTICS, *HEURISTIC_VARIANTS)))
+#: The one default policy set: every baseline, then every variant. ``benchmark``, ``sweep`` (a grid without
+#: ``policies``), ``test``, the sim and kube pipelines and ``make demo`` (which adds the DQN) run it.
+DEFAULT_POLICIES: tuple[str, ...] = tuple(dict.fromkeys((*BASELINES, *HEURISTIC_VARIANTS)))
 
 
 def family_of(spec: str) -> str:
@@ -154,10 +193,9 @@ def family_of(spec: str) -> str:
 
 
 def _check_options(e: PolicyEntry, factory: Callable[..., Any], opts: dict[str, str]) -> None:
-    params = _params(factory)
-    if any(p.kind == p.VAR_KEYWORD for p in params):
+    if any(p.kind == p.VAR_KEYWORD for p in _params(factory)):
         return
-    known = [p.name for p in params if p.kind != p.VAR_POSITIONAL and p.name not in ("path", "net", "self")]
+    known = [p.name for p in _spec_params(factory)]
     unknown = [k for k in opts if k not in known]
     if unknown:
         have = ", ".join(known) if known else "none"

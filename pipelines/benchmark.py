@@ -225,15 +225,18 @@ def summarize(doc: dict) -> dict:
                 row["energy_vs_default_ci95"] = t_halfwidth(ratios)
             rows[pol] = row
         heur = [h for h in rows if family_of(h) in HEURISTIC_FAMILIES]
-        if heur:
-            # Best heuristic per seed (the one with least energy on that workload), then the ratio averaged.
-            best = [min(e["policies"][h]["energy_joules"] for h in heur) for e in entries]
-            for pol in doc["policies"]:
-                r = [e["policies"][pol]["energy_joules"] / b for e, b in zip(entries, best)]
-                rows[pol]["energy_vs_best_heuristic"] = float(np.mean(r))
-                rows[pol]["energy_vs_best_heuristic_ci95"] = t_halfwidth(r)
         out[name] = {"seeds": len(entries), "lower_bound_joules": float(np.mean([e["lower_bound_joules"] for e in entries])),
                      "policies": rows}
+        if heur:
+            # Best heuristic per seed (the one with least energy on that workload), then the ratio averaged.
+            best = [min(heur, key=lambda h, e=e: e["policies"][h]["energy_joules"]) for e in entries]
+            for pol in doc["policies"]:
+                r = [e["policies"][pol]["energy_joules"] / e["policies"][b]["energy_joules"]
+                     for e, b in zip(entries, best)]
+                rows[pol]["energy_vs_best_heuristic"] = float(np.mean(r))
+                rows[pol]["energy_vs_best_heuristic_ci95"] = t_halfwidth(r)
+            # What ×best heur divides by: the heuristic best on each seed, most often first.
+            out[name]["best_heuristics"] = sorted(set(best), key=lambda h: (-best.count(h), best.index(h)))
         if all("optimum" in e for e in entries):
             out[name]["optimum"] = _optimum_summary([e["optimum"] for e in entries])
     return out

@@ -366,7 +366,7 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
-             policies: Sequence[str] = ("default-k8s", "energy-greedy"), pods: int = 4,
+             policies: Sequence[str] | None = None, pods: int = 4,
              apps: Sequence[str] = ("testapp",), load_seconds: int = 30, users: int = 4,
              driver: Literal["locust", "jmeter"] = "locust", namespace: str = "default",
              scenario_name: str = "kube", bind_timeout_s: float = 120.0, delete_timeout_s: float = 180.0,
@@ -375,7 +375,8 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
              start_scheduler: bool = True, kube_context: str | None = None, force: bool = False,
              on_plan: Callable[[list[str]], None] | None = None, rate_window_s: float = 60.0,
              sleep: dict | None = None, sample_awake_s: float = 2.0) -> dict:
-    """Measure every policy in turn on the cluster of ``kubeconfig``; write results.json and report.html.
+    """Measure every policy in turn (default: the registry's default set) on the cluster of ``kubeconfig``;
+    write results.json and report.html.
 
     Each policy's measurement is a resumable stage (``pipelines/stages.py``) whose output is
     ``DIR/runs/<policy>.json``: a re-run skips policies already measured with the same parameters (and model
@@ -392,7 +393,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     from kubernetes import client as k8s
     from prometheus_api_client import PrometheusConnect
 
-    from joulesched.agent.registry import make_policy
+    from joulesched.agent.registry import DEFAULT_POLICIES, make_policy
     from joulesched.cluster.kube.client import load_api_client
     from joulesched.workloads.load.results import check_url
     from joulesched.workloads.manifests import APPS
@@ -412,6 +413,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
         raise KubePipelineError(str(e)) from None
     if pods < 1 or load_seconds < 1 or users < 1:
         raise KubePipelineError("--pods, --load-seconds and users must be at least 1")
+    policies = DEFAULT_POLICIES if policies is None else policies
     if not policies or len(set(policies)) != len(policies):
         raise KubePipelineError("give each --policy once, at least one")
     for p in policies:

@@ -3,7 +3,7 @@
 A grid file (paths relative to it)::
 
     scenarios: [../scenarios/tiny.yaml, ../scenarios/heterogeneous-sleep.yaml]
-    policies: [default-k8s, most-allocated, "dqn=../models/small.pt"]
+    policies: [default-k8s, most-allocated, "dqn=../models/small.pt"]   # omitted: the default set
     seeds: 3
     hyperparameters:              # each combination becomes one more policy spec
       target-load-packing: {x: [20, 40, 60]}
@@ -33,7 +33,7 @@ class Grid(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scenarios: list[str] = Field(min_length=1)
-    policies: list[str] = Field(default_factory=list)
+    policies: list[str] | None = None  # None: the registry's default set (every baseline and variant)
     seeds: int = Field(1, ge=1, le=1000)
     hyperparameters: dict[str, dict[str, list[str | int | float]]] = Field(default_factory=dict)
 
@@ -50,7 +50,8 @@ class Grid(BaseModel):
 
 
 def expand_policies(grid: Grid, base: Path) -> list[str]:
-    """The grid's policy specs: the listed ones, then one spec per hyperparameter combination."""
+    """The grid's policy specs: the listed ones (the default set when ``policies`` is absent), then one spec per
+    hyperparameter combination."""
 
     def resolve(spec: str) -> str:
         name, sep, path = spec.partition("=")
@@ -58,7 +59,9 @@ def expand_policies(grid: Grid, base: Path) -> list[str]:
             return f"{name}={(base / path).resolve()}"
         return spec
 
-    specs = [resolve(p) for p in grid.policies]
+    from joulesched.agent.registry import DEFAULT_POLICIES
+
+    specs = [resolve(p) for p in (DEFAULT_POLICIES if grid.policies is None else grid.policies)]
     for pol, params in grid.hyperparameters.items():
         keys = list(params)
         for combo in itertools.product(*(params[k] for k in keys)):

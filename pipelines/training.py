@@ -33,10 +33,9 @@ from joulesched.agent.checkpoint import load_agent, load_checkpoint, save_checkp
 from joulesched.agent.config import DQNConfig, RewardConfig, TrainConfig
 from joulesched.agent.dqn import DQN
 from joulesched.agent.registry import (
-    BASELINES,
+    BEST_HEURISTIC_CANDIDATES,
+    DEFAULT_POLICIES,
     HEURISTIC_FAMILIES,
-    HEURISTIC_VARIANTS,
-    SLEEP_AWARE_HEURISTICS,
     family_of,
     make_policy,
 )
@@ -59,7 +58,7 @@ class TrainError(UsageError):
 
 EXECUTORS = ("local", "ray")
 #: The sleep-aware heuristics "the best sleep-aware heuristic" is taken over (the headroom table's set).
-SLEEP_AWARE = tuple(SLEEP_AWARE_HEURISTICS) + HEURISTIC_VARIANTS
+SLEEP_AWARE = tuple(h for h in BEST_HEURISTIC_CANDIDATES if family_of(h) == "sleep-aware")
 
 
 class PoolExecutor:
@@ -343,10 +342,10 @@ def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
 
 
 # ---- evaluation -----------------------------------------------------------------------------------------------
-def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baselines: Sequence[str] = tuple(BASELINES),
+def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baselines: Sequence[str] = DEFAULT_POLICIES,
              lower: bool = True, optimum: bool = True, optimum_time_limit: float = 20.0) -> dict:
-    """Greedy runs of the model beside ``baselines`` (and awake-first:fit=efficient) on ``seeds`` workloads of each
-    scenario.
+    """Greedy runs of the model beside ``baselines`` (the default set: every baseline and variant) and every
+    sleep-aware heuristic on ``seeds`` workloads of each scenario.
 
     Returns ``{"model", "training", "scenarios": [{"name", "nodes", "seed", "rows": {policy: metrics},
     "ratio_vs_default", "ratio_vs_best_heuristic", "best_heuristic", "ratio_vs_best_sleep_aware",

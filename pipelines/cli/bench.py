@@ -26,7 +26,8 @@ app = typer.Typer()
 ScenarioOpt = Annotated[Optional[list[Path]], typer.Option(
     "--scenario", "-s", help="Scenario YAML (repeatable). Default: the standard suite in scenarios/.")]
 PolicyOpt = Annotated[Optional[list[str]], typer.Option(
-    "--policy", "-p", help="Policy NAME, NAME:key=value,... or dqn=MODEL (repeatable). Default: every baseline.")]
+    "--policy", "-p", help="Policy NAME, NAME:key=value,... or dqn=MODEL (repeatable). Default: the default set, every "
+    "baseline and variant (policies --long).")]
 
 
 @app.command()
@@ -46,12 +47,12 @@ def benchmark(
     """Run every policy on the same workloads, side by side, and compare with the offline lower bound."""
     from functools import partial
 
-    from joulesched.agent.registry import BASELINES
+    from joulesched.agent.registry import DEFAULT_POLICIES
     from joulesched.pipelines.benchmark import run_benchmark
     from joulesched.pipelines.report import write_report
 
     scenarios = scenario or standard_suite()
-    policies = policy or list(BASELINES)
+    policies = policy or list(DEFAULT_POLICIES)
     run = partial(run_benchmark, optimum=optimum, optimum_time_limit=optimum_time_limit) if optimum else run_benchmark
     with errors(), interrupted(out_dir):
         doc = _run_with_progress(run, scenarios, policies, seeds, out_dir, jobs, not as_json)
@@ -73,13 +74,21 @@ def print_summary(doc: dict, as_json: bool, out_dir: Path, report: bool = True) 
     if as_json:
         print(json.dumps({"out": str(out_dir), "summary": doc["summary"]}, indent=2))
         return
+    def ratio(r: dict, key: str) -> str:
+        return f"{r[key]:.3f}" if r.get(key) is not None else "—"  # no default-k8s / no heuristic in the set
+
     for name, s in doc["summary"].items():
-        t = Table(title=f"{name} (lower bound {s['lower_bound_joules'] / 3.6e6:.2f} kWh)", title_justify="left")
+        best = s.get("best_heuristics") or []
+        divides = (f"×best heur = / {best[0]}" + (f" (per seed: {', '.join(best)})" if len(best) > 1 else "")
+                   if best else "×best heur: no heuristic among the policies")
+        t = Table(title=f"{name} (lower bound {s['lower_bound_joules'] / 3.6e6:.2f} kWh; {escape(divides)})",
+                  title_justify="left")
         for col in ("policy", "kWh", "×default", "×best heur", "×bound", "SLO viol", "pend s", "unplaced", "p99 µs"):
             t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
         for p, r in sorted(s["policies"].items(), key=lambda kv: kv[1]["energy_joules"]):
-            t.add_row(p, f"{r['energy_joules'] / 3.6e6:.2f}", f"{r.get('energy_vs_default', float('nan')):.3f}",
-                      f"{r.get('energy_vs_best_heuristic', float('nan')):.3f}", f"{r['energy_vs_lower_bound']:.3f}", f"{100 * r['slo_violation_rate']:.2f}%",
+            t.add_row(escape(p), f"{r['energy_joules'] / 3.6e6:.2f}",
+                      ratio(r, "energy_vs_default"), ratio(r, "energy_vs_best_heuristic"),
+                      ratio(r, "energy_vs_lower_bound"), f"{100 * r['slo_violation_rate']:.2f}%",
                       f"{r['mean_pending_s']:.1f}", f"{r['unschedulable_pods']:g}", f"{r['decision_us_p99']:.0f}")
         out.print(t)
         if s.get("optimum"):
@@ -87,6 +96,10 @@ def print_summary(doc: dict, as_json: bool, out_dir: Path, report: bool = True) 
             kwh = lambda j: "—" if j is None else f"{j / 3.6e6:.2f} kWh"  # noqa: E731
             out.print(f"  optimum {kwh(o['optimum_joules'])} ({', '.join(o['status'])}), its bound "
                       f"{kwh(o['optimum_bound_joules'])}, LP bound {kwh(o['lp_bound_joules'])}")
+    if "wall_s" in doc:
+        n = len(doc["policies"])
+        out.print(f"{n} polic{'y' if n == 1 else 'ies'} × {len(doc['summary'])} scenario(s) × {doc['seeds']} "
+                  f"seed(s) ran in {doc['wall_s']:.1f} s")
     out.print(f"results: {out_dir / 'results.json'}" + (f"   report: {out_dir / 'report.html'}" if report else ""))
 
 
@@ -209,8 +222,12 @@ def policies(
                                        "with their defaults.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the same as JSON.")] = False,
 ) -> None:
-    """List the policy names --policy accepts (``NAME``, ``NAME:key=value,...``, ``dqn=MODEL``)."""
-    from joulesched.agent.registry import entries
+    """List the policy names --policy accepts (``NAME``, ``NAME:key=value,...``, ``dqn=MODEL``).
+
+    With --long: which are in the default set (what benchmark, sweep, test and the pipelines run without
+    --policy) and which are candidates for "the best heuristic" that ×best heur divides by."""
+    from joulesched.agent.policy import parse_spec
+    from joulesched.agent.registry import BEST_HEURISTIC_CANDIDATES, DEFAULT_POLICIES, entries
 
     table = entries()
     if not (long or as_json):
@@ -219,18 +236,36 @@ def policies(
         return
     with errors():
         rows = [{"name": e.name, "family": e.family, "summary": e.summary, "description": e.description(),
-                 "options": e.options(), "takes_model_file": e.takes_path} for e in table.values()]
+                 "options": e.options(), "takes_model_file": e.takes_path,
+                 "in_default_set": e.name in DEFAULT_POLICIES,
+                 "best_heuristic_candidate": e.name in BEST_HEURISTIC_CANDIDATES,
+                 # Option variants of this policy that are themselves in the sets (awake-first:fit=efficient).
+                 "variants": [{"spec": v, "in_default_set": v in DEFAULT_POLICIES,
+                               "best_heuristic_candidate": v in BEST_HEURISTIC_CANDIDATES}
+                              for v in dict.fromkeys((*DEFAULT_POLICIES, *BEST_HEURISTIC_CANDIDATES))
+                              if v != e.name and parse_spec(v)[0] == e.name]}
+                for e in table.values()]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    t = Table(show_lines=True)
-    for col in ("policy", "family", "description", "options (defaults)"):
-        t.add_column(col, overflow="fold")
+
+    def sets(r: dict) -> str:
+        return ", ".join(k for k, on in (("default", r["in_default_set"]),
+                                         ("best heur", r["best_heuristic_candidate"])) if on) or "-"
+
+    t = Table(show_lines=True, caption="in: default = run when no --policy is given; best heur = a candidate for "
+                                       "the best heuristic (×best heur)", caption_justify="left")
+    t.add_column("policy", overflow="fold", ratio=2)
+    t.add_column("family", overflow="fold", ratio=1)
+    t.add_column("in", overflow="fold", ratio=2)
+    t.add_column("description", overflow="fold", ratio=5)
+    t.add_column("options (defaults)", overflow="fold", ratio=2)
     for r in rows:
         opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
         if r["takes_model_file"]:
             opts = f"{r['name']}=MODEL; " + opts
-        t.add_row(r["name"], r["family"], r["description"], opts)
+        in_sets = sets(r) + "".join(f"\n{v['spec']}: {sets(v)}" for v in r["variants"])
+        t.add_row(r["name"], r["family"], in_sets, r["description"], opts)
     out.print(t)
 
 

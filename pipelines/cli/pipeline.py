@@ -85,8 +85,8 @@ def pipeline(
     pods: Annotated[int, typer.Option(min=1, help="kube: pods created per policy.")] = 4,
     policy: Annotated[Optional[list[str]], typer.Option(
         "--policy", "-p", help="kube: policy to measure (repeatable). default-k8s runs under kube-scheduler, "
-        "any other under `joulesched serve --policy P`. Default: default-k8s, energy-greedy and the DQN when "
-        "--model or a training budget is given.")] = None,
+        "any other under `joulesched serve --policy P`. Default: the default set (`joulesched policies --long`), "
+        "and the DQN when --model or a training budget is given.")] = None,
     load_driver: Annotated[str, typer.Option(help="kube: locust or jmeter.")] = "locust",
     start_scheduler: Annotated[bool, typer.Option(
         help="kube: run `joulesched serve --policy P` here for each policy (else one already runs in the cluster).")] = True,
@@ -206,7 +206,9 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
             if hosts:
                 node_profile = _host_stages(out_dir, hosts, known_hosts, calibrate, calibrate_step_seconds, force,
                                             show)
-            policies = list(policy or ("default-k8s", "energy-greedy"))
+            from joulesched.agent.registry import DEFAULT_POLICIES
+
+            policies = list(policy or DEFAULT_POLICIES)
             if model is not None or minutes is not None or steps is not None:
                 model_path = _train_for_cluster(out_dir, model, minutes, steps, scenario, train_scenario,
                                                 node_profile, force, show)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from joulesched.agent.policy import PolicyError
-from joulesched.agent.registry import (BASELINES, BUILTIN, HEURISTICS, SLEEP_AWARE_HEURISTICS, UPSTREAM_HEURISTICS,
-                                       entries, entry, make_policy, policy_names)
+from joulesched.agent.registry import (BASELINES, BEST_HEURISTIC_CANDIDATES, BUILTIN, DEFAULT_POLICIES,
+                                       HEURISTIC_FAMILIES, HEURISTIC_VARIANTS, HEURISTICS, SLEEP_AWARE_HEURISTICS,
+                                       UPSTREAM_HEURISTICS, entries, entry, family_of, make_policy, policy_names)
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.backend import Decision
 from joulesched.cluster.state import ClusterState, PodRequest
@@ -46,6 +47,26 @@ def test_policy_sets_come_from_the_table_metadata():
     assert set(HEURISTICS) == set(UPSTREAM_HEURISTICS) | set(SLEEP_AWARE_HEURISTICS)
     assert {"most-allocated", "peaks", "energy-greedy"} <= set(UPSTREAM_HEURISTICS)
     assert not {"default-k8s", "round-robin", "random"} & set(HEURISTICS)
+
+
+def test_the_default_set_holds_every_baseline_and_every_registered_heuristic_variant():
+    assert HEURISTIC_VARIANTS, "no registered variant: the test would prove nothing"
+    assert set(HEURISTIC_VARIANTS) <= set(DEFAULT_POLICIES)
+    assert set(HEURISTIC_VARIANTS) <= set(BEST_HEURISTIC_CANDIDATES)
+    assert list(DEFAULT_POLICIES[:len(BASELINES)]) == BASELINES and len(set(DEFAULT_POLICIES)) == len(DEFAULT_POLICIES)
+    assert set(BEST_HEURISTIC_CANDIDATES) == set(HEURISTICS) | set(HEURISTIC_VARIANTS)
+    for v in HEURISTIC_VARIANTS:  # a variant is a heuristic spec that builds, not a new name
+        assert family_of(v) in HEURISTIC_FAMILIES and make_policy(v).name == v
+
+
+def test_descriptions_are_plain_text_with_only_spec_options():
+    d = entry("dqn").description()
+    assert ":class:" not in d and ":param" not in d and "``" not in d, d
+    assert "QNetwork" in d and "MODEL: a checkpoint" in d and "threads:" in d
+    assert "net, config" not in d and entry("dqn").options() == {"threads": 1}  # code-only parameters
+    assert "fit=efficient orders" in entry("awake-first").description()
+    with pytest.raises(PolicyError, match="unknown option 'config'"):
+        make_policy("dqn:config=x")
 
 
 def test_building_a_baseline_imports_no_torch():

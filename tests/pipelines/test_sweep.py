@@ -38,6 +38,16 @@ def test_grid_expands_hyperparameters(grid):
     assert policies == ["default-k8s", "most-allocated", "target-load-packing:x=20", "target-load-packing:x=60"]
 
 
+def test_a_grid_without_policies_runs_the_default_set(tmp_path):
+    from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_VARIANTS
+
+    p = tmp_path / "grid.yaml"
+    p.write_text("scenarios: [x.yaml]\nhyperparameters:\n  target-load-packing: {x: [20]}\n")
+    _, policies, _ = load_grid(p)
+    assert policies == [*DEFAULT_POLICIES, "target-load-packing:x=20"]
+    assert set(HEURISTIC_VARIANTS) <= set(policies)
+
+
 def test_local_sweep_aggregates_seeds_with_confidence_intervals(grid, tmp_path):
     summ = sweep(grid, tmp_path / "out", "--jobs", "2")
     row = summ["heterogeneous-sleep"]["policies"]["target-load-packing:x=20"]
@@ -65,7 +75,7 @@ def test_ray_executor_matches_local(grid, tmp_path):
     ("scenarios: []\n", "scenarios: List should have at least 1 item"),
     ("scenarios: [x.yaml]\nseeds: 0\n", "seeds"),
     ("scenarios: [x.yaml]\nhyperparameters: {peaks: {}}\n", "give at least one parameter"),
-    ("scenarios: [x.yaml]\n", "names no policy"),
+    ("scenarios: [x.yaml]\npolicies: []\n", "names no policy"),
     ("scenarios: [x.yaml]\npolicy: [a]\n", "policy: Extra inputs"),
     ("[unclosed", "cannot read grid"),
 ])
