@@ -228,12 +228,19 @@ class NodePowerController:
     :param actuator: anything with ``sleep``/``wake``/``state`` (:mod:`joulesched.live.actuators`).
     :param leader: share another component's elector (``serve --node-power`` shares the scheduler's Lease);
         None = its own Lease when ``cfg.leader_elect``.
+    :param delegated: ``(name, node object) -> bool``: nodes whose sleep and wake someone else decides (the
+        cluster-autoscaler provider's node groups, :mod:`joulesched.live.autoscaler`). The controller's own passes
+        never sleep, wake or drain them; :meth:`request_wake` and :meth:`request_sleep` act on them with every
+        safety rule of the controller's own actions.
     """
 
     def __init__(self, api_client: k8s.ApiClient, actuator: Any, cfg: NodePowerConfig | None = None, *,
                  curves: CurveResolver | None = None, registry: CollectorRegistry | None = None,
-                 leader: LeaderElector | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 leader: LeaderElector | None = None, clock: Callable[[], float] = time.monotonic,
+                 delegated: Callable[[str, dict], bool] | None = None) -> None:
         self.cfg = cfg or NodePowerConfig()
+        self.delegated = delegated
+        self._delegated: set[str] = set()
         self.api, self.actuator, self.clock = api_client, actuator, clock
         self.core_api = k8s.CoreV1Api(api_client)
         self.policy_api = k8s.PolicyV1Api(api_client)
@@ -396,6 +403,8 @@ class NodePowerController:
                           sleep_watts=[self.cfg.sleep_watts] * len(names), can_sleep=True)
         states = [self.state_of(nodes[n]) for n in names]
         protected = np.zeros(len(names), dtype=bool)
+        delegated = {n for n in names if self.delegated is not None and self.delegated(n, nodes[n])}
+        self._delegated = delegated
         for k, (n, info, s) in enumerate(zip(names, infos, states)):
             obj = nodes[n]
             ann = (obj.get("metadata") or {}).get("annotations") or {}
@@ -406,7 +415,7 @@ class NodePowerController:
                 st.power_state[k] = WAKING  # awake but not a place for pods (or for our decisions)
             if (any(lbl in info.labels for lbl in CONTROL_PLANE_LABELS)
                     or str(ann.get(NEVER_SLEEP_ANNOTATION, "")).lower() not in ("", "false")
-                    or (info.unschedulable and not ours) or self.address_of(n, obj) is None):
+                    or (info.unschedulable and not ours) or self.address_of(n, obj) is None or n in delegated):
                 protected[k] = True
         self.core.protected = protected
         workload = np.zeros(len(names), dtype=np.int64)
@@ -496,7 +505,8 @@ class NodePowerController:
                 info, usable = info.awake_view(), True
             elif st.power_state[j] == ASLEEP:  # gate it as it will be once awake: without our taint and cordon
                 info = info.awake_view()
-                usable = self._recs[names[j]].retry_at <= now and names[j] not in busy
+                usable = (self._recs[names[j]].retry_at <= now and names[j] not in busy
+                          and names[j] not in self._delegated)
             else:
                 usable = st.power_state[j] == ON
             if not usable:
@@ -578,6 +588,43 @@ class NodePowerController:
         log.info("consolidating %s: %d pods to move, predicted saving %.0f J against %.0f J to restart them",
                  name, len(pods), plan.saving_j, plan.cost_j)
         self._start(name, "drain", lambda n: self._do_drain(n, pods))
+
+    # ---- what an external decider calls (the autoscaler provider) ----
+    def nodes_snapshot(self) -> dict[str, dict]:
+        """The informer's Node objects by name (a shallow copy: read, never modify)."""
+        with self._lock:
+            return dict(self._nodes)
+
+    def action_of(self, name: str) -> str | None:
+        """The action in flight on ``name`` (``wake``, ``sleep``, ``drain``...), or None."""
+        with self._lock:
+            return self._busy.get(name)
+
+    def request_wake(self, name: str) -> bool:
+        """Wake ``name`` as the controller's own wakes do (actuator, wait Ready, untaint, uncordon). False when
+        it is not asleep, has an action in flight or is backing off after a failure."""
+        with self._lock:
+            obj = self._nodes.get(name)
+        rec = self._recs.setdefault(name, _NodeRec())
+        if obj is None or self.state_of(obj) != ASLEEP_STATE or name in self._busy or rec.retry_at > self.clock():
+            return False
+        self._start(name, "wake", self._do_wake)
+        return True
+
+    def request_sleep(self, name: str) -> bool:
+        """Put ``name`` to sleep as the controller's own sleeps do (cordon, taint, settle, a fresh check that no
+        workload pod is left, actuator); the checks refuse it as they would refuse their own. False when it is
+        not awake, has an action in flight, or has no power address."""
+        with self._lock:
+            obj = self._nodes.get(name)
+        if obj is None or self.state_of(obj) != AWAKE or name in self._busy or self.address_of(name, obj) is None:
+            return False
+        meta = obj.get("metadata") or {}
+        if (any(lbl in (meta.get("labels") or {}) for lbl in CONTROL_PLANE_LABELS)
+                or str((meta.get("annotations") or {}).get(NEVER_SLEEP_ANNOTATION, "")).lower() not in ("", "false")):
+            return False  # protected whoever asks
+        self._start(name, "sleep", self._do_sleep)
+        return True
 
     # ---- actions (in the worker pool; at most one per node) ----
     def _start(self, name: str, action: str, fn: Callable[[str], None]) -> None:
