@@ -22,7 +22,20 @@ def progress_bar(enabled: bool = True, *, percent: bool = False) -> Progress:
     cols = [TextColumn("[bold]{task.description}"), BarColumn()]
     cols += [TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn()] if percent else [MofNCompleteColumn()]
     cols += [TimeElapsedColumn(), TextColumn("{task.fields[item]}")]
-    return Progress(*cols, console=err, disable=not enabled, transient=False)
+    return _Progress(*cols, console=err, disable=not enabled, transient=False)
+
+
+class _Progress(Progress):
+    """A Progress that leaves nothing behind when the block fails: the error line is all a bad input shows
+    (not a ``0/? 0:00:00`` bar above it). On success the last state stays, as a log of what ran."""
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None or self.disable:
+            return super().__exit__(exc_type, exc, tb)
+        for task in list(self.task_ids):
+            self.remove_task(task)
+        self.live.transient = True  # a terminal erases the bar; a file or pipe gets nothing, not even a newline
+        self.live.stop()
 
 
 class StageDisplay:

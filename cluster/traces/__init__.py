@@ -55,7 +55,7 @@ def import_trace(fmt: str, paths: Sequence[str | Path], options: ImportOptions |
         if not p.is_file():
             raise TraceFormatError(f"{p}: no such file")
     res = mod.import_files(files, options or ImportOptions(), progress)
-    res.summary = {"format": fmt, "pods": len(res.workload), **res.summary}
+    res.summary = {"format": fmt, "pods": len(res.workload), **res.summary, "span": res.span}
     return res
 
 

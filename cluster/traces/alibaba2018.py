@@ -170,4 +170,4 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
     mach = {k: (c, m) for k, (_, c, m) in machines.items()}
     return ImportResult(wl, node_groups(mach, "ali2018", options),
                         {"machines": len(machines), "tasks": len(tasks), "containers": len(conts),
-                         "trace_end_s": trace_end, **sink.counts})
+                         "trace_end_s": trace_end, **sink.counts}, span=sink.span())

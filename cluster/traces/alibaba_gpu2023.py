@@ -74,16 +74,17 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             if phase == "Pending" or (phase == "" and scheduled is None and "scheduled_time" in r):
                 sink.count("pods never scheduled in the trace (Pending, skipped)")
                 continue
-            if r.get("num_gpu") and number(p, line, "num_gpu", r["num_gpu"], minimum=0) > 0:
-                gpu_pods += 1
+            gpu = bool(r.get("num_gpu")) and number(p, line, "num_gpu", r["num_gpu"], minimum=0) > 0
             qos = (r.get("qos") or "").strip()
             if phase == "Running":  # still running when the trace was cut: a service until its deletion
-                sink.add(submit=created, end=deleted if deleted > created else None, kind=SERVICE, cpu_req=cpu,
-                         mem_req=mem, slo=qos)
+                kept = sink.add(submit=created, end=deleted if deleted > created else None, kind=SERVICE,
+                                cpu_req=cpu, mem_req=mem, slo=qos)
             else:
                 start = created if scheduled is None else max(scheduled, created)
-                sink.add(submit=created, start=start, end=max(deleted, start), kind=JOB, cpu_req=cpu, mem_req=mem,
-                         slo=qos)
+                kept = sink.add(submit=created, start=start, end=max(deleted, start), kind=JOB, cpu_req=cpu,
+                                mem_req=mem, slo=qos)
+            gpu_pods += gpu and kept  # of the pods kept (in the window), as every other count
     wl = sink.workload(", ".join(str(p) for p in paths))
     return ImportResult(wl, node_groups(machines, "openb", options),
-                        {"machines": len(machines), "gpu pods (GPUs not modelled)": gpu_pods, **sink.counts})
+                        {"machines": len(machines), "gpu pods (GPUs not modelled)": gpu_pods, **sink.counts},
+                        span=sink.span())

@@ -151,4 +151,5 @@ def _read(con: sqlite3.Connection, path: Path, options: ImportOptions, progress:
                "cpu_m": int(cpu_unit), "memory_mib": int(mem_unit), "max_pods": options.max_pods_per_node,
                "power_watts": options.power_profile}]
     return ImportResult(wl, groups, {"machine type": machine, "vm types on it": len(types), "vm rows": total,
-                                     "peak machines by the summed fractions": groups[0]["count"], **sink.counts})
+                                     "peak machines by the summed fractions": groups[0]["count"], **sink.counts},
+                        span=sink.span())

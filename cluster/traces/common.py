@@ -52,6 +52,7 @@ class ImportResult:
     workload: Workload
     node_groups: list[dict]
     summary: dict = field(default_factory=dict)
+    span: dict | None = None  # PodSink.span(): when the trace's pods come and go, and a suggested window
 
 
 # ---- reading ----------------------------------------------------------------------------------------------
@@ -290,6 +291,10 @@ class UsageSeries:
 
 
 # ---- pods -------------------------------------------------------------------------------------------------
+SPAN_BIN_S = 3600.0  # the span's resolution: submissions are counted per trace hour
+SPAN_QUANTILE = 0.01  # the suggested window starts where this share of the submissions has come
+
+
 class PodSink:
     """Pods in trace time, converted to the twin's pod model and cut to the window.
 
@@ -305,6 +310,10 @@ class PodSink:
         self.counts: dict[str, int] = {}
         w = options.window
         self.w0, self.w1 = (0.0, math.inf) if w is None else (float(w[0]), float(w[1]))
+        # Submissions per trace hour and the last end, over every pod offered (inside the window or not): the
+        # trace's time span and a suggested window, in memory bounded by the span's hours, not the pods.
+        self._hours: dict[int, int] = {}
+        self._first, self._last, self._last_end = math.inf, -math.inf, -math.inf
 
     def count(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
@@ -317,6 +326,11 @@ class PodSink:
         """Add one pod; returns whether it was kept. ``series`` is its usage in absolute trace seconds."""
         w0, w1 = self.w0, self.w1
         start = submit if start is None else max(start, submit)
+        hour = int(submit // SPAN_BIN_S)
+        self._hours[hour] = self._hours.get(hour, 0) + 1
+        self._first, self._last = min(self._first, submit), max(self._last, submit)
+        if end is not None or trace_end is not None:
+            self._last_end = max(self._last_end, end if end is not None else trace_end)
         if kind == JOB and end is None:
             if trace_end is None:
                 self.count("jobs without an end or a trace end (skipped)")
@@ -378,6 +392,31 @@ class PodSink:
                       slo=slo, profile=profile)
         self.count("services" if kind == SERVICE else "jobs")
         return True
+
+    def span(self) -> dict | None:
+        """When the trace's pods are submitted and end, in trace seconds, and a window that holds its activity:
+        from where the first 1 % of submissions is reached (an idle prefix with a few stragglers, as OpenB's 115
+        days, would otherwise dilute every ratio), rounded down to the day (the hour on a trace of a week or
+        less), to the last end, rounded up to the hour."""
+        if not self._hours:
+            return None
+        hours = sorted(self._hours)
+        total = sum(self._hours.values())
+        seen, start_h = 0, hours[0]
+        for h in hours:
+            seen += self._hours[h]
+            if seen >= SPAN_QUANTILE * total:
+                start_h = h
+                break
+        last_end = None if self._last_end == -math.inf else self._last_end
+        end = math.ceil(max(self._last, last_end or 0.0) / SPAN_BIN_S + 1e-9) * SPAN_BIN_S
+        # Rounded down to a whole day on a trace of more than a week (what a person would pick), else an hour.
+        unit = 86400.0 if self._last - self._first > 7 * 86400 else SPAN_BIN_S
+        start = math.floor(start_h * SPAN_BIN_S / unit) * unit
+        before = sum(n for h, n in self._hours.items() if h * SPAN_BIN_S < start)
+        return {"first_submit_s": self._first, "last_submit_s": self._last, "last_end_s": last_end,
+                "suggested_window": f"{start:.0f}:{end:.0f}", "suggested_duration_s": end - start,
+                "submitted_before_suggested_window": before, "pods_read": total}
 
     def workload(self, what: str) -> Workload:
         if not len(self.pods):

@@ -170,4 +170,5 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
     wl = sink.workload(", ".join(str(p) for p in paths))
     mach = {k: (c, m) for k, (_, c, m) in machines.items()}
     return ImportResult(wl, node_groups(mach, "borg", options),
-                        {"machines": len(machines), "instances": len(inst), "trace_end_s": trace_end, **sink.counts})
+                        {"machines": len(machines), "instances": len(inst), "trace_end_s": trace_end, **sink.counts},
+                        span=sink.span())

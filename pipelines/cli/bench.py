@@ -400,16 +400,38 @@ def trace_import(
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
         return
-    t = Table(title=f"{out_file}: {len(res.workload)} pods from {fmt_name}", title_justify="left")
+    t = Table(title=f"{out_file}: {len(res.workload)} pods from {fmt_name}" + (f" (window {window})" if window else ""),
+              title_justify="left")
     t.add_column("what", no_wrap=True)
     t.add_column("value", justify="right")
     for k, v in res.summary.items():
-        if k not in ("format",):
+        if k not in ("format", "span"):
             t.add_row(escape(str(k)), escape(str(v)))
+    span = res.summary.get("span")
+    if span:
+        t.add_row("submissions in the file (trace days)",
+                  f"{_day(span['first_submit_s'])} – {_day(span['last_submit_s'])}")
+        if span["last_end_s"] is not None:
+            t.add_row("last end in the file (trace day)", _day(span["last_end_s"]))
     out.print(t)
     if machines is not None:
         out.print(f"{machines}: {len(res.node_groups)} node group(s), "
                   f"{sum(g['count'] for g in res.node_groups)} nodes", soft_wrap=True)
+    if span:
+        out.print(_window_hint(span), soft_wrap=True)
+
+
+def _day(seconds: float) -> str:
+    return f"{seconds / 86400:.1f}"
+
+
+def _window_hint(span: dict) -> str:
+    """Where the trace's activity is, and the window and duration_s that simulate it (cluster/traces PodSink.span)."""
+    start, end = (float(x) for x in span["suggested_window"].split(":"))
+    where = (f"activity: trace days {_day(start)}–{_day(end)} ({span['submitted_before_suggested_window']} of "
+             f"{span['pods_read']} pods submitted before)")
+    return (f"{where}; to simulate it: trace import --window {span['suggested_window']} ... and in the scenario "
+            f"duration_s: {span['suggested_duration_s']:.0f}")
 
 
 def _parse_window(text: str | None) -> tuple[float, float] | None:
@@ -427,6 +449,9 @@ def _parse_window(text: str | None) -> tuple[float, float] | None:
         raise UsageError(f"--window {text!r}: expected START:END in trace seconds, e.g. 0:86400") from None
     if not sep or not math.isfinite(lo) or hi <= lo or math.isnan(hi):
         raise UsageError(f"--window {text!r}: expected START:END with END > START, e.g. 0:86400")
+    if lo < 0:  # a pod created before 0 is alive when a window from 0 opens, so nothing needs a negative start
+        raise UsageError(f"--window {text!r}: START must be at least 0 (trace seconds; the import's summary shows "
+                         "the span of the trace and a window for it)")
     return lo, hi
 
 

@@ -472,3 +472,56 @@ def test_trace_stays_the_export_command_beside_import(tmp_path):
         assert r.exit_code == 2 and needle in " ".join(r.output.split()), r.output
     r = runner.invoke(app, ["trace", "import", "--help"])
     assert r.exit_code == 0 and "azure-packing-2020" in " ".join(r.output.split())
+
+
+# ---- the summary (issue 33) ---------------------------------------------------------------------------------
+def test_summary_counts_follow_the_window_and_show_the_span(tmp_path):
+    files = [write(tmp_path, "openb_pod_list_default.csv", OPENB_PODS),
+             write(tmp_path, "openb_node_list_all_node.csv", OPENB_NODES)]
+    wl, _, summary = imported(tmp_path, "alibaba-gpu-2023", files, "--window", "9000000:9500000")
+    # Kept: the service alive across the window and the job submitted in it; both have GPUs.
+    assert len(wl) == 2 and summary["gpu pods (GPUs not modelled)"] == 2
+    assert summary["pods submitted after the window (dropped)"] == 1
+    span = summary["span"]  # of the whole file, whatever the window: it is what a window is chosen from
+    assert span["first_submit_s"] == 0 and span["last_submit_s"] == 9965463 and span["last_end_s"] == 12902960
+    # 1 % of 4 submissions is reached by the first (t=0): the window starts there and ends at the last end.
+    assert span["suggested_window"] == "0:12906000" and span["submitted_before_suggested_window"] == 0
+    r = run("-f", "alibaba-gpu-2023", "-o", tmp_path / "h.csv", "--window", "9000000:9500000", *files)
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0 and "(window 9000000:9500000)" in text
+    assert "submissions in the file (trace days) │ 0.0 – 115.3" in text
+    assert "trace import --window 0:12906000" in text and "duration_s: 12906000" in text
+
+
+def test_the_suggested_window_skips_an_idle_prefix():
+    from joulesched.cluster.traces.common import ImportOptions, PodSink
+
+    sink = PodSink(ImportOptions())
+    day = 86400.0
+    sink.add(submit=3 * day, start=3 * day, end=3 * day + 60, kind=JOB, cpu_req=100, mem_req=64)  # a straggler
+    for k in range(200):  # the activity: days 30.5 to 31.9
+        t = 30.5 * day + k * 600
+        sink.add(submit=t, start=t, end=t + 3600, kind=JOB, cpu_req=100, mem_req=64)
+    span = sink.span()
+    last_end = 30.5 * day + 199 * 600 + 3600
+    assert span["last_end_s"] == last_end  # from day 30 (the 1 % mark, to the day) to the last end, to the hour:
+    assert span["suggested_window"] == f"{30 * day:.0f}:{math.ceil(last_end / 3600) * 3600:.0f}"
+    assert span["submitted_before_suggested_window"] == 1 and span["pods_read"] == 201
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-2023").is_dir(),
+                    reason="the real OpenB trace (../shared/data/alibaba-gpu-2023) is not on this machine")
+def test_the_real_openb_trace_suggests_its_active_days(tmp_path):
+    d = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-2023"
+    files = [d / "openb_pod_list_default.csv", d / "openb_node_list_all_node.csv"]
+    _, _, summary = imported(tmp_path, "alibaba-gpu-2023", files, "--window", "0:86400")
+    assert summary["pods"] == 1 and summary["gpu pods (GPUs not modelled)"] <= 1  # not the file's 6,203
+    span = summary["span"]
+    start, end = (float(x) for x in span["suggested_window"].split(":"))
+    assert start == 115 * 86400 and span["submitted_before_suggested_window"] == 27 and end > 149 * 86400
+
+
+def test_a_negative_window_start_exits_2(tmp_path):
+    files = [write(tmp_path, "openb_pod_list_default.csv", OPENB_PODS)]
+    r = run("-f", "alibaba-gpu-2023", "-o", tmp_path / "x.csv", "--window", "-100:50", *files)
+    assert r.exit_code == 2 and "START must be at least 0" in r.output and not (tmp_path / "x.csv").exists()
