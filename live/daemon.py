@@ -41,6 +41,8 @@ class CacheOptions:
     :param context: the kubeconfig context (None: its current one).
     :param prometheus: URL of the Prometheus with node CPU and watts; empty = request-based usage only.
     :param cpu_query, power_query, node_label: the PromQL of the feed and the label naming the node.
+    :param energy_source: where watts come from: ``joulesched`` (``power_query``) or a preset of
+        :mod:`joulesched.power.energy_sources` (``kepler``), which replaces ``power_query``.
     :param power_profiles: YAML file of named power curves (a ConfigMap in a cluster).
     :param metrics_interval: seconds between Prometheus queries.
     """
@@ -53,6 +55,24 @@ class CacheOptions:
     node_label: str = "node"
     power_profiles: Optional[str] = None
     metrics_interval: float = 15.0
+    energy_source: str = "joulesched"
+
+
+#: The rate window of a preset's watts in the feed (as the default CPU query's 2m: several scrapes).
+FEED_RATE_WINDOW_S = 120.0
+
+
+def feed_power_query(opts: CacheOptions) -> str:
+    """The feed's watts query: ``power_query``, or the energy source preset's (never both)."""
+    from joulesched.power.energy_sources import energy_source
+
+    source = energy_source(opts.energy_source)
+    if opts.energy_source == "joulesched":
+        return opts.power_query
+    if opts.power_query != DEFAULT_POWER_QUERY:
+        raise DaemonInputError(f"--power-query and --energy-source {opts.energy_source} both say where watts come "
+                               "from; give one of them")
+    return source.watts(FEED_RATE_WINDOW_S, opts.node_label)
 
 
 def check_url(url: str, option: str = "--prometheus") -> str:
@@ -67,8 +87,9 @@ def build_cache(opts: CacheOptions) -> KubeCache:
     from joulesched.cluster.kube.metrics_feed import FeedConfig
     from joulesched.cluster.kube.objects import CurveResolver, load_profiles
 
-    feed = FeedConfig(url=check_url(opts.prometheus or ""), cpu_query=opts.cpu_query, power_query=opts.power_query,
-                      node_label=opts.node_label, interval_s=opts.metrics_interval)
+    feed = FeedConfig(url=check_url(opts.prometheus or ""), cpu_query=opts.cpu_query,
+                      power_query=feed_power_query(opts), node_label=opts.node_label,
+                      interval_s=opts.metrics_interval)
     curves = CurveResolver(load_profiles(opts.power_profiles) if opts.power_profiles else None)
     api = load_api_client(opts.kubeconfig, opts.context)
     return KubeCache(api, curves=curves, feed=feed)

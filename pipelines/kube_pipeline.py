@@ -39,7 +39,8 @@ from joulesched.core.fsio import atomic_write_text, check_output_dir
 from joulesched.pipelines.benchmark import RESULTS_VERSION, write_outputs
 from joulesched.pipelines.report import write_report
 from joulesched.pipelines.stages import Stage, StageRunner
-from joulesched.power.prometheus import ENERGY_METRIC, PrometheusMeter
+from joulesched.power.energy_sources import SOURCES, EnergySource
+from joulesched.power.prometheus import ENERGY_METRIC, PrometheusMeter, as_source
 
 DEFAULT_SCHEDULER = "default-scheduler"
 JOULESCHED_SCHEDULER = "joulesched"
@@ -133,7 +134,8 @@ def _log_to(log_path: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: Path,
-                  start_timeout_s: float = 30.0, context: str | None = None) -> Iterator[None]:
+                  start_timeout_s: float = 30.0, context: str | None = None,
+                  energy_source: str = "joulesched") -> Iterator[None]:
     """Run our scheduler with ``policy``, in this process, for the duration of one policy's run (kube-scheduler
     binds the default-k8s pods; every other policy is ours, so it must be the one binding
     ``schedulerName: joulesched``). Returns once it is ready (caches synced); its log goes to ``log_path``."""
@@ -144,7 +146,8 @@ def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: P
 
     daemon = SchedulerDaemon(policy=policy, scheduler_name=JOULESCHED_SCHEDULER, listen="127.0.0.1:0",
                              leader_elect=False,
-                             cache=CacheOptions(kubeconfig=kubeconfig, context=context, prometheus=prometheus_url))
+                             cache=CacheOptions(kubeconfig=kubeconfig, context=context, prometheus=prometheus_url,
+                                                energy_source=energy_source))
     with _log_to(log_path), daemon:
         daemon.wait_ready(start_timeout_s)
         yield
@@ -241,7 +244,8 @@ class AwakeSampler:
 
 def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], namespace: str, run_id: str,
                target: str, load_seconds: int, users: int, driver: str, workdir: Path, bind_timeout_s: float,
-               delete_timeout_s: float, energy_selector: str, scrape_wait_s: float, image: str | None,
+               delete_timeout_s: float, energy_selector: str | EnergySource, scrape_wait_s: float,
+               image: str | None,
                on_event: Callable[[str, str], None], rate_window_s: float = 60.0,
                sample_awake_s: float | None = None) -> dict:
     """One policy's measured run; returns its metrics (the benchmark schema plus kube-only fields)."""
@@ -370,7 +374,8 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
              apps: Sequence[str] = ("testapp",), load_seconds: int = 30, users: int = 4,
              driver: Literal["locust", "jmeter"] = "locust", namespace: str = "default",
              scenario_name: str = "kube", bind_timeout_s: float = 120.0, delete_timeout_s: float = 180.0,
-             energy_selector: str = ENERGY_METRIC, scrape_wait_s: float = 120.0, image: str | None = None,
+             energy_selector: str | EnergySource = ENERGY_METRIC, scrape_wait_s: float = 120.0,
+             image: str | None = None,
              command: str = "", on_event: Callable[[str, str], None] | None = None,
              start_scheduler: bool = True, kube_context: str | None = None, force: bool = False,
              on_plan: Callable[[list[str]], None] | None = None, rate_window_s: float = 60.0,
@@ -389,6 +394,10 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
 
     ``sleep`` (options of :data:`SLEEP_DEFAULTS`; ``{}`` for the defaults) runs the node power controller for
     every policy and records ``awake_nodes`` (sampled every ``sample_awake_s``) in each run.
+
+    ``energy_selector`` is a PromQL selector of joule counters, or an energy source preset
+    (:data:`joulesched.power.energy_sources.SOURCES`, such as Kepler's); the scheduler's power feed uses the same
+    preset.
     """
     from kubernetes import client as k8s
     from prometheus_api_client import PrometheusConnect
@@ -428,14 +437,16 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     core = k8s.CoreV1Api(api)
     prom = PrometheusConnect(url=prometheus_url.rstrip("/"), disable_ssl=False)
     # Preflight, before any pod exists: Prometheus answers and holds the exporter's counters.
+    source = as_source(energy_selector)
+    preset = next((n for n, s in SOURCES.items() if s is source), "joulesched")
     try:
-        have = prom.custom_query(f"count({energy_selector})")
+        have = prom.custom_query(f"count({source.fresh})")
     except Exception as e:  # requests' connection errors, PrometheusApiClientException
         api.close()
         raise KubePipelineError(f"cannot query Prometheus at {prometheus_url}: {e}") from None
     if not have:
         api.close()
-        raise KubePipelineError(f"Prometheus at {prometheus_url} has no {energy_selector} series; "
+        raise KubePipelineError(f"Prometheus at {prometheus_url} has no {source.fresh} series; "
                                 "is the power exporter running and scraped?")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -447,7 +458,8 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     # What a measurement depends on: the same cluster, load and selection re-measured is a cache hit.
     common = {"cluster": api.configuration.host, "namespace": namespace, "prometheus": prometheus_url,
               "target": target, "pods": pods, "apps": list(apps), "load_seconds": load_seconds, "users": users,
-              "driver": driver, "energy_selector": energy_selector, "image": image,
+              "driver": driver, "energy_selector": energy_selector if isinstance(energy_selector, str) else source.name,
+              "image": image,
               "start_scheduler": start_scheduler, "rate_window_s": rate_window_s,
               **({"sleep": sleep, "sample_awake_s": sample_awake_s} if sleep is not None else {})}
     try:
@@ -456,7 +468,8 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
             def measure(pol: str = pol) -> None:
                 t0 = time.perf_counter()
                 log = out / "logs" / f"serve-{policy_key(pol)}.log"
-                sched = (our_scheduler(pol, kubeconfig, prometheus_url, log, context=kube_context)
+                sched = (our_scheduler(pol, kubeconfig, prometheus_url, log, context=kube_context,
+                                       energy_source=preset)
                          if start_scheduler else contextlib.nullcontext())
                 power = node_power_controller(sleep, kubeconfig, out / "logs" / f"node-power-{policy_key(pol)}.log",
                                               context=kube_context)

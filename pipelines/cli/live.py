@@ -26,6 +26,9 @@ PrometheusOpt = Annotated[Optional[str], typer.Option(
 CpuQueryOpt = Annotated[str, typer.Option("--cpu-query", help="PromQL: CPU busy fraction 0..1 per node.")]
 PowerQueryOpt = Annotated[str, typer.Option("--power-query", help="PromQL: watts per node.")]
 NodeLabelOpt = Annotated[str, typer.Option("--node-label", help="Series label holding the node name.")]
+EnergySourceOpt = Annotated[str, typer.Option(
+    "--energy-source", help="Where node watts come from: joulesched (--power-query) or kepler (Kepler 0.11's "
+                            "package+DRAM, GPU and platform metrics; docs/power.md).")]
 ProfilesOpt = Annotated[Optional[str], typer.Option(
     "--power-profiles", help="YAML file of power curves (name: [11 watts]); mount a ConfigMap here in a cluster.")]
 IntervalOpt = Annotated[float, typer.Option("--metrics-interval", min=1.0, help="Seconds between Prometheus queries.")]
@@ -48,6 +51,13 @@ AddressesOpt = Annotated[Optional[str], typer.Option(
     "--addresses", help="YAML map of node name to power address, for nodes without the joulesched.io/power "
                         "annotation (mount a ConfigMap here).")]
 LibvirtUriOpt = Annotated[str, typer.Option("--libvirt-uri", help="libvirt connection of the libvirt actuator.")]
+AllowAnnotatedOpt = Annotated[Optional[list[str]], typer.Option(
+    "--allow-annotated", help="SCHEME=PATTERN (repeatable): let a node's own joulesched.io/power annotation name "
+    "this target: redfish/ipmi/wol=HOST, HOST:PORT or CIDR (wol: the SSH host and the broadcast address), "
+    "aws=INSTANCE-ID or * (must also match spec.providerID), libvirt=DOMAIN or * (must be the node's name). "
+    "Default: none; the --addresses map is always used.")]
+AllowRedfishHttpOpt = Annotated[bool, typer.Option("--allow-redfish-http", help="Accept redfish+http:// addresses "
+                                                   "(the BMC login travels unencrypted).")]
 
 
 def serve(
@@ -68,13 +78,15 @@ def serve(
     cpu_query: CpuQueryOpt = DEFAULT_CPU_QUERY,
     power_query: PowerQueryOpt = DEFAULT_POWER_QUERY,
     node_label: NodeLabelOpt = "node",
+    energy_source: EnergySourceOpt = "joulesched",
     power_profiles: ProfilesOpt = None,
     metrics_interval: IntervalOpt = 15.0,
     seed: SeedOpt = 0,
     log_level: LogOpt = "info",
     node_power: Annotated[bool, typer.Option("--node-power/--no-node-power", help="Also run the node power "
-                                             "controller (sharing this scheduler's Lease): idle nodes sleep, "
-                                             "pending pods wake them.")] = False,
+                                             "controller (on this scheduler's cache and Lease identity, under the "
+                                             "joulesched-node-power Lease a node-power Deployment also uses): idle "
+                                             "nodes sleep, pending pods wake them.")] = False,
     actuator: ActuatorOpt = "none",
     sleep_after: SleepAfterOpt = 300.0,
     min_awake: MinAwakeOpt = 1,
@@ -83,17 +95,20 @@ def serve(
     credentials: CredentialsOpt = None,
     addresses: AddressesOpt = None,
     libvirt_uri: LibvirtUriOpt = "qemu:///system",
+    allow_annotated: AllowAnnotatedOpt = None,
+    allow_redfish_http: AllowRedfishHttpOpt = False,
 ) -> None:
     """Run POLICY as a secondary scheduler: bind pending pods whose schedulerName matches, until SIGTERM."""
     power = dict(actuator=actuator, sleep_after=sleep_after, min_awake=min_awake, spare_cpu=spare_cpu,
                  consolidate=consolidate, credentials=credentials, addresses=addresses,
-                 libvirt_uri=libvirt_uri) if node_power else None
+                 libvirt_uri=libvirt_uri, allow_annotated=allow_annotated or [],
+                 allow_redfish_http=allow_redfish_http) if node_power else None
     run_serve(scheduler_name=scheduler_name, policy=policy, listen=listen, leader_elect=leader_elect,
               lease_namespace=lease_namespace, bind_workers=bind_workers, sample_pct=sample_pct, seed=seed,
               log_level=log_level,
               cache=dict(kubeconfig=kubeconfig, context=context, prometheus=prometheus or "", cpu_query=cpu_query,
                          power_query=power_query, node_label=node_label, power_profiles=power_profiles,
-                         metrics_interval=metrics_interval), node_power=power)
+                         metrics_interval=metrics_interval, energy_source=energy_source), node_power=power)
 
 
 def _node_power_daemon(*, actuator: str, sleep_after: float, min_awake: int, spare_cpu: int, consolidate: bool,
@@ -116,11 +131,10 @@ def run_serve(*, log_level: str = "info", stop: threading.Event | None = None, c
     with errors():
         daemon = SchedulerDaemon(cache=CacheOptions(**cache), **options)
         power = None
-        if node_power is not None:
-            power = _node_power_daemon(**node_power, api_client=daemon.cache.api, leader=daemon.scheduler.leader,
+        if node_power is not None:  # the scheduler's cache and Lease identity; the node power Lease
+            power = _node_power_daemon(**node_power, cache=daemon.cache, identity=daemon.cfg.identity,
                                        leader_elect=daemon.cfg.leader_elect, scheduler_name=daemon.cfg.scheduler_name,
-                                       lease_namespace=daemon.cfg.lease_namespace, power_profiles=cache.get(
-                                           "power_profiles"), status=False)
+                                       lease_namespace=daemon.cfg.lease_namespace, status=False)
     configure_logging(log_level)
     with daemon:
         if power is None:
@@ -178,6 +192,8 @@ def node_power(
                                                  "host to sleep.")] = "systemctl suspend",
     aws_region: Annotated[Optional[str], typer.Option("--aws-region", help="EC2 region (default: boto3's).")] = None,
     aws_endpoint: Annotated[Optional[str], typer.Option("--aws-endpoint", help="EC2 endpoint URL.")] = None,
+    allow_annotated: AllowAnnotatedOpt = None,
+    allow_redfish_http: AllowRedfishHttpOpt = False,
     log_level: LogOpt = "info",
 ) -> None:
     """Put idle nodes to sleep, wake them for pending pods, optionally consolidate, until SIGTERM."""
@@ -190,6 +206,7 @@ def node_power(
                    wake_timeout_s=wake_timeout, resync_s=resync, sleep_watts=sleep_watts,
                    scheduler_name=scheduler_name, credentials=credentials, addresses=addresses,
                    power_profiles=power_profiles, libvirt_uri=libvirt_uri,
+                   allow_annotated=allow_annotated or [], allow_redfish_http=allow_redfish_http,
                    actuator_options=dict(redfish_ca=redfish_ca, force_off=force_off, ssh_key=ssh_key,
                                          known_hosts=known_hosts, ssh_user=ssh_user, suspend_command=suspend_command,
                                          aws_region=aws_region, aws_endpoint=aws_endpoint))
@@ -215,6 +232,7 @@ def extender(
     cpu_query: CpuQueryOpt = DEFAULT_CPU_QUERY,
     power_query: PowerQueryOpt = DEFAULT_POWER_QUERY,
     node_label: NodeLabelOpt = "node",
+    energy_source: EnergySourceOpt = "joulesched",
     power_profiles: ProfilesOpt = None,
     metrics_interval: IntervalOpt = 15.0,
     seed: SeedOpt = 0,
@@ -224,7 +242,8 @@ def extender(
     run_extender(listen=listen, policy=policy, seed=seed, log_level=log_level,
                  cache=dict(kubeconfig=kubeconfig, context=context, prometheus=prometheus or "",
                             cpu_query=cpu_query, power_query=power_query, node_label=node_label,
-                            power_profiles=power_profiles, metrics_interval=metrics_interval))
+                            power_profiles=power_profiles, metrics_interval=metrics_interval,
+                            energy_source=energy_source))
 
 
 def run_extender(*, log_level: str = "info", stop: threading.Event | None = None, cache: dict, **options) -> None:

@@ -92,6 +92,9 @@ def pipeline(
         help="kube: run `joulesched serve --policy P` here for each policy (else one already runs in the cluster).")] = True,
     energy_selector: Annotated[Optional[str], typer.Option(
         help="kube: PromQL series summed for node energy (default: RAPL packages + DRAM, or the model's platform).")] = None,
+    energy_source: Annotated[str, typer.Option(
+        help="kube: where node energy comes from: joulesched (the power exporter, --energy-selector) or kepler "
+             "(Kepler 0.11's package+DRAM, GPU and platform metrics; docs/power.md).")] = "joulesched",
     sleep: Annotated[bool, typer.Option(
         "--sleep", help="kube: run the node power controller beside the scheduler for every policy (idle nodes "
         "sleep, pending pods wake them); the report shows the nodes awake over time.")] = False,
@@ -141,7 +144,8 @@ def pipeline(
                     kubeconfig = default if default.is_file() else None
             _pipeline_kube(out_dir, kubeconfig=kubeconfig, context=context, prometheus=prometheus, target=target,
                            load_seconds=load_seconds, pods=pods, policy=policy, load_driver=load_driver,
-                           start_scheduler=start_scheduler, energy_selector=energy_selector, force=force,
+                           start_scheduler=start_scheduler, energy_selector=energy_selector,
+                           energy_source=energy_source, force=force,
                            model=model, minutes=minutes, steps=steps, scenario=scenario,
                            train_scenario=train_scenario, hosts=host_list, known_hosts=known_hosts,
                            calibrate=calibrate, calibrate_step_seconds=calibrate_step_seconds,
@@ -186,13 +190,19 @@ def _pipeline_sim(out_dir: Path, *, scenario, model, train_scenario, minutes, st
 
 def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Optional[str], prometheus: Optional[str],
                    target: Optional[str], load_seconds: int, pods: int, policy: Optional[list[str]],
-                   load_driver: str, start_scheduler: bool, energy_selector: Optional[str], force: bool,
+                   load_driver: str, start_scheduler: bool, energy_selector: Optional[str], energy_source: str,
+                   force: bool,
                    model: Optional[Path], minutes: Optional[float], steps: Optional[int],
                    scenario: Optional[list[Path]], train_scenario: Optional[list[Path]], hosts, known_hosts,
                    calibrate: bool, calibrate_step_seconds: float, collect_logs: bool, stack: Optional[str],
                    sleep: Optional[dict] = None) -> None:
     from joulesched.pipelines.kube_pipeline import run_kube
+    from joulesched.power.energy_sources import energy_source as source_named
 
+    if energy_selector and energy_source != "joulesched":
+        _fail(f"--energy-selector and --energy-source {energy_source} both say where energy comes from; give one")
+    with errors():
+        source = source_named(energy_source)
     missing = [o for o, v in (("--kubeconfig", kubeconfig), ("--prometheus", prometheus), ("--target", target)) if not v]
     if missing:
         via = f" (stack {stack} does not export them)" if stack else ""
@@ -218,7 +228,8 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
             doc = run_kube(out_dir, kubeconfig=str(kubeconfig), prometheus_url=prometheus or "", target=target or "",
                            policies=policies, pods=pods, load_seconds=load_seconds, driver=load_driver,  # type: ignore[arg-type]
                            command=command, start_scheduler=start_scheduler, kube_context=context, force=force,
-                           **({"energy_selector": energy_selector} if energy_selector else {}),
+                           **({"energy_selector": energy_selector or source}
+                              if energy_selector or energy_source != "joulesched" else {}),
                            **({"sleep": sleep} if sleep is not None else {}),
                            on_event=show.event, on_plan=show.plan)
             if hosts and collect_logs:

@@ -1,0 +1,101 @@
+"""Where node energy comes from in Prometheus: the joulesched exporter's counters, or a Kepler preset.
+
+An :class:`EnergySource` is the one definition of a source's PromQL: the joules a whole cluster used over a
+window (the kube pipeline's meter), each node's watts (``serve``'s power feed, the report's plots), and the
+series whose scrapes say the window's end is in. ``--energy-source NAME`` picks one (:func:`energy_source`).
+
+**Kepler 0.11** (``kepler``). Node metrics carry the constant label ``node_name``; the ones read are
+
+- ``kepler_node_cpu_joules_total{zone, path}``: RAPL zones ``package``, ``core``, ``uncore``, ``dram``,
+  ``psys``. Only ``package`` and ``dram`` are summed: ``core`` and ``uncore`` are parts of a package, ``psys``
+  (the platform's SoC domain) contains the packages and DRAM, so adding any of them counts joules twice. Several
+  series of one zone (sockets, told apart by ``path``) are disjoint and are summed.
+- ``kepler_node_gpu_joules_total{gpu, gpu_uuid}``: each GPU's board energy, summed over GPUs.
+- ``kepler_platform_watts{bmc_id, chassis_id, power_control_id}`` (a gauge read from the BMC over Redfish):
+  one series per PowerControl entry, and a BMC may list the whole server *and* its CPU or memory subsystems.
+  Per chassis the largest entry is taken (the server's total bounds each of its subsystems), then chassis are
+  summed.
+
+Per node, the platform reading wins where there is one: it measures the whole machine (CPUs, DRAM, GPUs,
+fans, power-supply losses), which contains the CPU and GPU counters, so it is never added to them. Elsewhere
+a node's energy is package + DRAM + GPU (or whichever of the two it has). The platform gauge's energy over
+a window is its mean over the window times the window's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from joulesched.core.errors import UsageError
+
+#: Whole-node energy without double counting: RAPL packages and DRAM (core/uncore sit inside a package, psys
+#: contains everything), or the model meter's platform zone. Hosts with psys only: pass another selector.
+ENERGY_METRIC = 'joulesched_node_joules_total{zone=~"package-.*|dram-.*|platform.*"}'
+
+KEPLER_NODE_LABEL = "node_name"
+KEPLER_CPU = 'kepler_node_cpu_joules_total{zone=~"package.*|dram.*"}'
+KEPLER_GPU = "kepler_node_gpu_joules_total"
+KEPLER_PLATFORM = "kepler_platform_watts"
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+@dataclass(frozen=True)
+class EnergySource:
+    """PromQL for one source, over a range ``w`` (``"60000ms"``): ``node_joules(w)`` the joules of each series
+    (summed for the cluster), ``node_watts(w)`` one series of watts per node, labelled ``node_label``; ``fresh``
+    the series whose newest timestamp shows what has been scraped."""
+
+    name: str
+    node_label: str
+    fresh: str
+    node_joules: Callable[[str], str]
+    node_watts: Callable[[str], str]
+
+    def joules(self, window_s: float) -> str:
+        """The cluster's joules over the ``window_s`` seconds before the evaluation time."""
+        return f"sum({self.node_joules(_ms(window_s))})"
+
+    def watts(self, rate_window_s: float, label: str | None = None) -> str:
+        """Each node's watts (``rate_window_s`` must span two scrapes), with the node's name in ``label``
+        (default: the source's own node label)."""
+        q = self.node_watts(_ms(rate_window_s))
+        if label and label != self.node_label:
+            q = f'label_replace({q}, "{label}", "$1", "{self.node_label}", "(.+)")'
+        return q
+
+
+def selector_source(selector: str) -> EnergySource:
+    """A source of cumulative joule counters (``*_joules_total``) matched by ``selector``: energy is
+    ``sum(increase(SELECTOR[W]))``, watts ``sum by (node, instance) (rate(SELECTOR[W]))``."""
+    return EnergySource(f"selector:{selector}", "node", selector, lambda w: f"increase({selector}[{w}])",
+                        lambda w: f"sum by (node, instance) (rate({selector}[{w}]))")
+
+
+def _kepler(fn: str, w: str) -> str:
+    """Kepler's per-node energy (``fn`` = increase) or power (``fn`` = rate) over ``w`` (module docstring)."""
+    by = f"sum by ({KEPLER_NODE_LABEL})"
+    cpu = f"{by} ({fn}({KEPLER_CPU}[{w}]))"
+    gpu = f"{by} ({fn}({KEPLER_GPU}[{w}]))"
+    platform = f"{by} (max by ({KEPLER_NODE_LABEL}, chassis_id) (avg_over_time({KEPLER_PLATFORM}[{w}])))"
+    if fn == "increase":  # watts averaged over the window, times its length in seconds
+        platform = f"({platform} * {int(w.removesuffix('ms')) / 1000:g})"
+    return f"({platform} or ({cpu} + {gpu}) or {cpu} or {gpu})"
+
+
+KEPLER = EnergySource("kepler", KEPLER_NODE_LABEL,
+                      f'{{__name__=~"kepler_node_cpu_joules_total|{KEPLER_GPU}|{KEPLER_PLATFORM}"}}',
+                      lambda w: _kepler("increase", w), lambda w: _kepler("rate", w))
+JOULESCHED = selector_source(ENERGY_METRIC)
+SOURCES = {"joulesched": JOULESCHED, "kepler": KEPLER}
+
+
+def energy_source(name: str) -> EnergySource:
+    """The source called ``name`` (:data:`SOURCES`); a bad name raises :class:`UsageError`."""
+    try:
+        return SOURCES[name]
+    except KeyError:
+        raise UsageError(f"--energy-source {name!r}: expected one of {', '.join(SOURCES)}") from None
