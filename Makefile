@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # cloud-init tools (schema checks, NoCloud seeds), QEMU and libvirtd (the real guest), the headers
 # libvirt-python builds against, and an OpenSSH server (the pipeline's fabric steps against a real sshd).
 APT_PACKAGES ?= prometheus jmeter jmeter-http docker.io debootstrap cloud-init cloud-image-utils qemu-utils \
-	qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu pkg-config libvirt-dev openssh-server
+	qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu pkg-config libvirt-dev openssh-server chromium
 DEMO_OUT ?= out/demo
 PYTEST_ARGS ?=
 

@@ -132,6 +132,14 @@ class RunResult:
     completed_services: int = 0
     service_intervals: int = 0
     service_slo_violations: int = 0
+    # Every pod is placed (bound to a node: placed_pods) or unplaced (unschedulable_pods), for one of three
+    # reasons: it fits no node even empty; it is still pending when the run ends; or its stop came before it
+    # ran (while it queued, or while the node it was bound to woke up). Unplaced pods are not SLO judgements.
+    # ``placements`` counts binds instead: a pod bound twice (evicted, or stopped while its node woke) counts twice.
+    placed_pods: int = 0
+    unplaced_fits_no_node: int = 0
+    unplaced_pending_at_end: int = 0
+    unplaced_stopped_before_running: int = 0
 
     @property
     def completed_jobs(self) -> int:
@@ -321,7 +329,7 @@ class Twin:
         self._vfin = [0.0] * p  # a running job's departure in its node's virtual clock
         self._epoch = [0] * p  # starts of the pod so far: tells stale registrations apart
         self._chg: dict[float, list[tuple[int, int]]] = {}  # time -> services (pod, epoch) whose demand changes
-        self._expired = 0  # services whose stop came before they were ever placed
+        self._expired = 0  # services whose stop came before they ran (queued, or bound to a node still waking)
         for t, q in self._stops:
             self._push(t, _STOP, q, 0)
         # SLO per interval: per service, bad and alive seconds of the current interval, and the snapshot
@@ -973,6 +981,10 @@ class Twin:
             end_s=self._end_s,
             placements=self.placements,
             unschedulable_pods=self.unschedulable + len(self._pending) + (self._expired if self._pm else 0),
+            placed_pods=len(placed),
+            unplaced_fits_no_node=self.unschedulable,
+            unplaced_pending_at_end=len(self._pending),
+            unplaced_stopped_before_running=self._expired if self._pm else 0,
             completed_pods=len(done),
             slo_violations=viol,
             mean_pending_s=float(np.mean(pending)) if pending else 0.0,

@@ -1,9 +1,21 @@
-"""The HTML report: a ratio table per scenario and the plots people would rather look at than read."""
+"""The HTML report: the verdict first, then plots people would rather look at than read, then the tables.
+
+Every figure of a report draws a policy in one colour (:func:`policy_colors`: default-k8s and the DQN always the
+same two, a qualitative palette for the rest) and every artist that stands for a policy carries the policy's
+name as its matplotlib ``gid``, so tests read the colours back from the figures. Many scenarios become small
+multiples (one panel per scenario, shared axes) rather than one crowded chart.
+"""
 
 from __future__ import annotations
 
+import colorsys
+import itertools
 import json
+import math
+import re
+import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib
@@ -12,12 +24,29 @@ matplotlib.use("Agg")  # headless: reports are written on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from jinja2 import Environment, select_autoescape  # noqa: E402
+from markupsafe import Markup, escape  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
+from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_FAMILIES, family_of  # noqa: E402
 from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
 from joulesched.pipelines.benchmark import load_results  # noqa: E402
+from joulesched.pipelines.stats import t_halfwidth  # noqa: E402
 
-_PALETTE = ["#1b6ca8", "#d1495b", "#edae49", "#00798c", "#66a182", "#8d6a9f", "#7f7f7f", "#30343f", "#e07a5f",
-            "#3d405b"]
+#: "Equal service" as the project's goals state it (docs/dqn.md, docs/PERFORMANCE.md): at most default-k8s's SLO
+#: violation rate plus half a percentage point.
+SLO_SLACK = 0.005
+#: default-k8s, the reference every ratio divides by: a neutral dark grey.
+DEFAULT_K8S_COLOR = "#4d4d4d"
+#: The (first) learned policy, the one a reader looks for: red, which no other policy gets.
+LEARNED_COLOR = "#d62728"
+# matplotlib's tab10 without its red and grey, then four darker tab20b/c hues, then tab20's light tints: the
+# first twelve policies of a report (the demo's count) are at least 25 CIE76 units apart, all eighteen at least 17.
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#393b79",
+            "#e7ba52", "#637939", "#7b4173", "#aec7e8", "#ffbb78", "#98df8a", "#f7b6d2", "#9edae5", "#c49c94")
+#: The default policies' own palette slots, in the registry's order.
+_FIXED_SLOTS = tuple(p for p in DEFAULT_POLICIES if p != "default-k8s")
+_DPI = 110
 
 
 def fmt_energy(joules: float) -> str:
@@ -29,223 +58,426 @@ def fmt_energy(joules: float) -> str:
     return f"{joules:.0f} J"
 
 
-def _color(policies: list[str], p: str) -> str:
-    return _PALETTE[policies.index(p) % len(_PALETTE)]
+def policy_colors(policies: list[str]) -> dict[str, str]:
+    """One colour per policy, for every figure and table of a report.
+
+    default-k8s is always :data:`DEFAULT_K8S_COLOR` and the first learned policy :data:`LEARNED_COLOR`; each
+    other default policy has its own palette slot (so most-allocated looks the same in every report), and the
+    remaining policies take the lowest free slots. Past the palette (more than 20 policies) hues are spread by
+    the golden ratio at two lightnesses, so every policy still has a colour of its own, if closer to others.
+    """
+    colors: dict[str, str] = {}
+    if "default-k8s" in policies:
+        colors["default-k8s"] = DEFAULT_K8S_COLOR
+    learned = [p for p in policies if family_of(p) == "learned"]
+    if learned:
+        colors[learned[0]] = LEARNED_COLOR
+    slots = {p: _FIXED_SLOTS.index(p) for p in policies if p in _FIXED_SLOTS and p not in colors}
+    free = (k for k in itertools.count() if k not in slots.values())
+    slots.update({p: next(free) for p in policies if p not in colors and p not in slots})
+    for p, k in slots.items():
+        if k < len(_PALETTE):
+            colors[p] = _PALETTE[k]
+        else:
+            j = k - len(_PALETTE)
+            r, g, b = colorsys.hls_to_rgb((0.13 + 0.618034 * j) % 1.0, 0.42 if j % 2 else 0.62, 0.7)
+            colors[p] = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+    return {p: colors[p] for p in policies}
 
 
-def _plot_energy_ratio(doc: dict, path: Path) -> None:
-    summ, policies = doc["summary"], doc["policies"]
-    names = list(summ)
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(names) + 3.5), 4.2))
-    width = 0.8 / len(policies)
-    ref = "default-k8s" if "default-k8s" in policies else policies[0]
-    for k, p in enumerate(policies):
-        vals = [summ[n]["policies"][p]["energy_joules"] / summ[n]["policies"][ref]["energy_joules"] for n in names]
-        ax.bar(np.arange(len(names)) + (k - (len(policies) - 1) / 2) * width, vals, width, label=p,
-               color=_color(policies, p))
-    # A measured run (the kube path) has no lower bound: lower_bound_joules is null there.
-    lb = [(k, summ[n]["lower_bound_joules"] / summ[n]["policies"][ref]["energy_joules"]) for k, n in enumerate(names)
-          if summ[n].get("lower_bound_joules")]
-    if lb:
-        ax.scatter([k for k, _ in lb], [v for _, v in lb], marker="_", s=900, color="black", zorder=5,
-                   label="lower bound")
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xticks(np.arange(len(names)), names)
-    ax.set_ylabel(f"energy / {ref}")
-    ax.set_title("Energy relative to " + ref + " (lower is better)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.set_ylim(0, max(1.15, ax.get_ylim()[1]))
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=110)
+def short_label(policy: str, width: int = 32) -> str:
+    """A policy name that fits a legend or an axis: a ``dqn=PATH`` spec keeps its start and its file name."""
+    return policy if len(policy) <= width else f"{policy[:10]}…{policy[-(width - 11):]}"
+
+
+def _reference(policies: list[str]) -> str:
+    return "default-k8s" if "default-k8s" in policies else policies[0]
+
+
+def _grid(n: int, max_cols: int = 4) -> tuple[int, int]:
+    cols = min(n, max_cols)
+    return math.ceil(n / cols), cols
+
+
+def _save(fig: Figure, path: Path) -> None:
+    atomic_savefig(fig, path, dpi=_DPI)
     plt.close(fig)
 
 
-def _plot_energy_vs_service(doc: dict, path: Path) -> None:
-    """Energy against mean pending time (and against SLO violations when any policy has some): the cost in
-    service quality of each policy's saving. Pending time keeps the plot readable when no pod misses its SLO."""
+def _wrap(text: str, width: int = 26) -> str:
+    """A scenario name on lines of at most about ``width`` characters, broken after hyphens where it can be."""
+    return "\n".join(line.replace("- ", "-") for line in textwrap.wrap(text.replace("-", "- "), width))
+
+
+def _entries(doc: dict, name: str) -> list[dict]:
+    """The per-seed entries of one scenario, in seed order."""
+    return [e for e in doc["scenarios"] if e["name"] == name]
+
+
+def _slo_budget(rows: dict) -> float:
+    """The SLO violation rate a policy may reach and still count as equal service: default-k8s's plus
+    :data:`SLO_SLACK` (without default-k8s in the run, the lowest rate of the run plus it)."""
+    ref = rows["default-k8s"] if "default-k8s" in rows else min(rows.values(), key=lambda r: r["slo_violation_rate"] or 0)
+    return (ref["slo_violation_rate"] or 0.0) + SLO_SLACK
+
+
+def _ratios_to_reference(doc: dict, name: str) -> dict[str, float]:
+    """Energy / the reference per policy, per seed then averaged (the tables' ``vs default-k8s``)."""
+    ref = _reference(doc["policies"])
+    entries = _entries(doc, name)
+    return {p: float(np.mean([e["policies"][p]["energy_joules"] / e["policies"][ref]["energy_joules"]
+                              for e in entries])) for p in doc["policies"]}
+
+
+def _bound_ratios(doc: dict, name: str) -> dict[str, float]:
+    """The fluid lower bound and, where it was solved, the optimum, as energy / the reference (seed means)."""
+    ref = _reference(doc["policies"])
+    entries = _entries(doc, name)
+    base = [e["policies"][ref]["energy_joules"] for e in entries]
+    out = {}
+    lb = [e.get("lower_bound_joules") for e in entries]
+    if all(v for v in lb):  # a measured run (the kube path) has no lower bound: null there
+        out["fluid lower bound"] = float(np.mean([v / b for v, b in zip(lb, base)]))
+    opt = [(e.get("optimum") or {}).get("optimum_joules") for e in entries]
+    if all(v for v in opt):
+        out["optimum (MIP)"] = float(np.mean([v / b for v, b in zip(opt, base)]))
+    return out
+
+
+_BOUND_STYLE = {"fluid lower bound": {"color": "black", "lw": 1.4, "ls": "-"},
+                "optimum (MIP)": {"color": "black", "lw": 1.2, "ls": ":"}}
+
+
+def _panels(n: int, panel_w: float, panel_h: float, extra_w: float, extra_h: float):
+    """Small multiples: one panel per scenario on a grid of at most four columns, shared axes, constrained
+    layout (which keeps titles, tick labels and outside legends from overlapping)."""
+    rows, cols = _grid(n)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_w * cols + extra_w, panel_h * rows + extra_h), sharex=True,
+                             sharey=True, squeeze=False, layout="constrained")
+    # Room between panels for half a tick label on each side: the last x label of one panel and the first of
+    # the next would otherwise touch.
+    fig.get_layout_engine().set(wspace=0.08)
+    for k in range(n, rows * cols):  # the last row's empty slots: their neighbours above show the x ticks
+        axes.flat[k].set_visible(False)
+        axes.flat[k - cols].xaxis.set_tick_params(labelbottom=True)
+    return fig, axes
+
+
+def fig_energy_ratio(doc: dict, colors: dict[str, str]) -> Figure:
+    """Energy / default-k8s per policy, one panel per scenario (horizontal bars, so policy names never collide),
+    with the lower bound and the optimum where it was solved."""
     summ, policies = doc["summary"], doc["policies"]
-    ref = "default-k8s" if "default-k8s" in policies else policies[0]
-    slo = any((r["slo_violation_rate"] or 0) > 0 for s in summ.values() for r in s["policies"].values())
-    panels = [("mean_pending_s", "mean pending time per pod (s)", 1.0)]
-    if slo:
-        panels.append(("slo_violation_rate", "pods violating their SLO (%)", 100.0))
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels) + 2, 4.2), squeeze=False, sharey=True)
-    markers = "osD^v<>p*h"
-    for ax, (key, label, scale) in zip(axes[0], panels):
-        for j, n in enumerate(summ):
-            for p in policies:
-                r = summ[n]["policies"][p]
-                ax.scatter(scale * (r[key] or 0.0), r["energy_joules"] / summ[n]["policies"][ref]["energy_joules"],
-                           color=_color(policies, p), marker=markers[j % len(markers)], s=40,
-                           label=p if j == 0 and ax is axes[0][-1] else None)
-            if ax is axes[0][-1]:
-                ax.scatter([], [], color="black", marker=markers[j % len(markers)], label=n)
+    ref = _reference(policies)
+    names = list(summ)
+    fig, axes = _panels(len(names), 2.6, 0.17 * len(policies) + 0.85, 2.3, 0.9)
+    y = np.arange(len(policies))
+    shown: dict[str, dict] = {}
+    for ax, n in zip(axes.flat, names):
+        vals = _ratios_to_reference(doc, n)
+        bars = ax.barh(y, [vals[p] for p in policies], height=0.75, color=[colors[p] for p in policies])
+        for bar, p in zip(bars, policies):
+            bar.set_gid(p)
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        for label, v in _bound_ratios(doc, n).items():
+            ax.axvline(v, **_BOUND_STYLE[label])
+            shown[label] = _BOUND_STYLE[label]
+        ax.set_title(_wrap(n), fontsize=9)
+        ax.grid(axis="x", lw=0.4, alpha=0.5)
+        ax.tick_params(labelsize=8)
+    axes[0, 0].set_yticks(y, [short_label(p) for p in policies])
+    axes[0, 0].invert_yaxis()  # the first policy on top, as in the tables
+    axes[0, 0].set_xlim(left=0)
+    handles = [Line2D([], [], color="grey", lw=0.8, ls="--", label=f"{ref} = 1")]
+    handles += [Line2D([], [], label=k, **v) for k, v in shown.items()]
+    # Intervals stay in the tables: with two seeds a 95 % Student-t whisker is wider than the differences.
+    fig.supxlabel(f"energy / {ref}, mean over seeds (lower is better)", fontsize=9)
+    fig.legend(handles=handles, loc="outside upper center", ncols=len(handles), frameon=False, fontsize=8)
+    return fig
+
+
+def fig_energy_vs(doc: dict, colors: dict[str, str], key: str, label: str, scale: float) -> Figure:
+    """Energy / default-k8s against a service metric, one panel per scenario on shared axes; a cross marks a
+    policy over the scenario's SLO budget (:func:`_slo_budget`)."""
+    summ, policies = doc["summary"], doc["policies"]
+    ref = _reference(policies)
+    names = list(summ)
+    fig, axes = _panels(len(names), 2.7, 2.3, 2.6, 0.8)
+    for ax, n in zip(axes.flat, names):
+        rows = summ[n]["policies"]
+        vals = _ratios_to_reference(doc, n)
+        budget = _slo_budget(rows)
+        for p in policies:
+            ok = (rows[p]["slo_violation_rate"] or 0.0) <= budget + 1e-12
+            ax.scatter(scale * (rows[p][key] or 0.0), vals[p], s=34 if ok else 46, marker="o" if ok else "X",
+                       color=colors[p], edgecolors="white", linewidths=0.5, zorder=3, gid=p)
         # Pending times span orders of magnitude (0.1 s for a spreader, minutes for a packer that waits for
         # wake-ups): a symmetric log axis keeps zero and both ends visible.
         ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_xlabel(label)
-    axes[0][0].set_ylabel(f"energy / {ref}")
-    fig.suptitle("Energy against service quality (bottom left is best)")
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_title(_wrap(n), fontsize=9)
+        ax.grid(lw=0.4, alpha=0.5)
+        ax.tick_params(labelsize=8)
+    handles = [Line2D([], [], ls="", marker="o", color=colors[p], label=short_label(p)) for p in policies]
+    handles += [Line2D([], [], ls="", marker="o", color="#999999", label="within the SLO budget"),
+                Line2D([], [], ls="", marker="X", color="#999999", label="over it")]
+    # Zero and at least one decade on every panel: a run whose pods all waited under a second would otherwise
+    # get symlog ticks such as 6.69e-3.
+    xmax = max(scale * (summ[n]["policies"][p][key] or 0.0) for n in names for p in policies)
+    axes[0, 0].set_xlim(-0.2, max(10.0, 2 * xmax))
+    fig.supxlabel(f"{label}; bottom left is best", fontsize=9)
+    fig.supylabel(f"energy / {ref}", fontsize=9)
+    fig.legend(handles=handles, loc="outside right upper", frameon=False, fontsize=8)
+    return fig
 
 
-def _plot_power(doc: dict, tl: dict, i: int, name: str, path: Path, seed: int) -> bool:
-    policies = doc["policies"]
-    key = f"{i}/bin_s"
-    if key not in tl:
-        return False
-    bin_s = float(tl[key][0])
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
-    for p in policies:
+def fig_power(doc: dict, tl: dict, i: int, name: str, seed: int, colors: dict[str, str]) -> Figure | None:
+    """Cluster power and nodes awake over time, per policy, on the scenario's first seed."""
+    if f"{i}/bin_s" not in tl:
+        return None
+    bin_s = float(tl[f"{i}/bin_s"][0])
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]},
+                                  layout="constrained")
+    for p in doc["policies"]:
         w = tl.get(f"{i}/{p}/watts")
         if w is None:
             continue
         t = np.arange(w.size) * bin_s / 3600
-        ax.plot(t, w / 1000, lw=1.1, label=p, color=_color(policies, p))
-        ax2.plot(t, tl[f"{i}/{p}/awake"], lw=1.0, color=_color(policies, p))
+        ax.plot(t, w / 1000, lw=1.1, label=short_label(p), color=colors[p], gid=p)
+        ax2.plot(t, tl[f"{i}/{p}/awake"], lw=1.0, color=colors[p], gid=p)
     ax.set_ylabel("cluster power (kW)")
-    ax.set_title(f"{name}: power over time (workload seed {seed})")
-    ax.legend(fontsize=7, ncol=3)
+    ax.set_title(f"{name}: power over time (workload seed {seed})", fontsize=10)
     ax2.set_ylabel("nodes awake")
     ax2.set_xlabel("time (h)")
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
-    return True
+    fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+    return fig
 
 
-def _plot_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, path: Path, seed: int) -> bool:
+def _spaced(centers: list[float], min_gap: float) -> list[int]:
+    """Indices of the labels to show so that no two are closer than ``min_gap`` (the rest are dropped)."""
+    keep: list[int] = []
+    for k, c in enumerate(centers):
+        if not keep or c - centers[keep[-1]] >= min_gap:
+            keep.append(k)
+    return keep
+
+
+def fig_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, seed: int) -> Figure | None:
+    """Per-node CPU utilisation over time for default-k8s and the least-energy policy."""
     policies = doc["policies"]
     summ = doc["summary"][name]["policies"]
     best = min(policies, key=lambda p: summ[p]["energy_joules"])
     show = [p for p in dict.fromkeys(["default-k8s", best]) if f"{i}/{p}/util" in tl]
     if not show or f"{i}/bin_s" not in tl:
-        return False
+        return None
     bin_s = float(tl[f"{i}/bin_s"][0])
-    fig, axes = plt.subplots(1, len(show), figsize=(5.2 * len(show), 4.2), squeeze=False)
+    height = 4.2
+    fig, axes = plt.subplots(1, len(show), figsize=(5.2 * len(show) + 1.2, height), squeeze=False,
+                             layout="constrained")
     groups = nodes.get(str(i), {}).get("node_groups", [])
     for ax, p in zip(axes[0], show):
         u = tl[f"{i}/{p}/util"].astype(np.float32)
         im = ax.imshow(u.T, aspect="auto", origin="lower", vmin=0, vmax=1, cmap="viridis", interpolation="nearest",
                        extent=(0, u.shape[0] * bin_s / 3600, 0, u.shape[1]))
-        ax.set_title(f"{p}", fontsize=10)
+        ax.set_title(short_label(p), fontsize=10)
         ax.set_xlabel("time (h)")
-        # Label node groups instead of node numbers, and mark their boundaries, so heterogeneity is visible.
+        # Label node groups instead of node numbers, and mark their boundaries, so heterogeneity is visible;
+        # a label that would touch the one below it (a group of few nodes) is left out.
         starts = [k for k in range(len(groups)) if k == 0 or groups[k] != groups[k - 1]]
         ends = starts[1:] + [len(groups)]
         for k in starts[1:]:
             ax.axhline(k, color="white", lw=0.6)
         if groups:
-            ax.set_yticks([(a + b) / 2 for a, b in zip(starts, ends)], [groups[a] for a in starts], fontsize=7)
+            centers = [(a + b) / 2 for a, b in zip(starts, ends)]
+            keep = _spaced(centers, len(groups) * 11 / (72 * (height - 1.0)))  # 11 pt per label, axes ~3.2 in
+            ax.set_yticks([centers[k] for k in keep], [groups[starts[k]] for k in keep], fontsize=7)
         else:
             ax.set_ylabel("node")
     fig.colorbar(im, ax=axes[0].tolist(), label="CPU utilisation")
-    fig.suptitle(f"{name}: per-node utilisation (workload seed {seed})")
-    atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
-    return True
+    fig.suptitle(f"{name}: per-node utilisation (workload seed {seed})", fontsize=10)
+    return fig
 
 
-def _plot_placement(entry: dict, policies: list[str], i: int, name: str, path: Path) -> bool:
+def fig_placement(entry: dict, policies: list[str], name: str) -> Figure | None:
     """Measured runs: pods per node for each policy (where each scheduler put the workload)."""
     used = {p: entry["policies"][p].get("nodes_used") or {} for p in policies}
     nodes = sorted({n for u in used.values() for n in u})
     if not nodes:
-        return False
+        return None
     m = np.array([[used[p].get(n, 0) for n in nodes] for p in policies], dtype=float)
-    # constrained layout makes room for long policy names (dqn=PATH) where tight_layout gives up
     fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(nodes) + 3), 0.5 * len(policies) + 1.8), layout="constrained")
     im = ax.imshow(m, aspect="auto", cmap="Blues", vmin=0)
     ax.set_xticks(range(len(nodes)), nodes, rotation=45, ha="right", fontsize=7)
-    # A dqn=PATH spec can be a long absolute path: keep its start and end so the axes still fit.
-    ax.set_yticks(range(len(policies)), [p if len(p) <= 40 else f"{p[:14]}…{p[-25:]}" for p in policies],
-                  fontsize=8)
+    ax.set_yticks(range(len(policies)), [short_label(p, 40) for p in policies], fontsize=8)
     for (r, c), v in np.ndenumerate(m):
         ax.text(c, r, f"{v:g}", ha="center", va="center", fontsize=7, color="black" if v < m.max() / 2 else "white")
     fig.colorbar(im, ax=ax, label="pods")
-    ax.set_title(f"{name}: placements per node")
-    atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
-    return True
+    ax.set_title(f"{name}: placements per node", fontsize=10)
+    return fig
 
 
-def _plot_node_power(entry: dict, policies: list[str], name: str, path: Path) -> bool:
-    """Measured runs: each node's power over each policy's window, from Prometheus."""
+def fig_node_power(entry: dict, policies: list[str], name: str) -> Figure | None:
+    """Measured runs: each node's power over each policy's window, from Prometheus (colours are nodes here)."""
     shown = [p for p in policies if entry["policies"][p].get("node_power")]
     if not shown:
-        return False
-    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 2.4 * len(shown) + 0.6), squeeze=False, sharey=True)
+        return None
+    fig, axes = plt.subplots(len(shown), 1, figsize=(10, 2.4 * len(shown) + 0.6), squeeze=False, sharey=True,
+                             layout="constrained")
     for ax, p in zip(axes[:, 0], shown):
         for node, series in sorted(entry["policies"][p]["node_power"].items()):
             t, w = zip(*series) if series else ((), ())
             ax.plot(t, w, lw=1.1, label=node)
-        ax.set_title(p, fontsize=9)
+        ax.set_title(short_label(p, 60), fontsize=9)
         ax.set_ylabel("W")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7, ncol=4)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     axes[-1, 0].set_xlabel("seconds since the policy's pods were created")
-    fig.suptitle(f"{name}: power per node (measured)")
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
-    return True
+    fig.suptitle(f"{name}: power per node (measured)", fontsize=10)
+    return fig
 
 
-def _plot_awake_nodes(entry: dict, policies: list[str], name: str, path: Path) -> bool:
+def fig_awake_nodes(entry: dict, policies: list[str], name: str, colors: dict[str, str]) -> Figure | None:
     """Measured runs with the node power controller (``pipeline --env kube --sleep``): nodes awake over each
     policy's window, as read from the cluster."""
     shown = [p for p in policies if entry["policies"][p].get("awake_nodes")]
     if not shown:
-        return False
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+        return None
+    fig, ax = plt.subplots(figsize=(10, 3.2), layout="constrained")
     for p in shown:
         t, n = zip(*entry["policies"][p]["awake_nodes"])
-        ax.step(t, n, where="post", lw=1.4, label=p, color=_color(policies, p))
+        ax.step(t, n, where="post", lw=1.4, label=short_label(p), color=colors[p], gid=p)
     ax.set_xlabel("seconds since the policy's pods were created")
     ax.set_ylabel("nodes awake")
     ax.set_ylim(bottom=0)
     ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=8)
-    ax.set_title(f"{name}: nodes awake (measured on the cluster)")
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
-    return True
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(f"{name}: nodes awake (measured on the cluster)", fontsize=10)
+    return fig
+
+
+def figures(doc: dict, tl: dict, nodes: dict) -> Iterator[tuple[str, str | None, Figure]]:
+    """Every figure of the report as ``(file name, scenario or None for the summary plots, figure)``, one at a
+    time (the caller saves and closes each before the next is drawn)."""
+    colors = policy_colors(doc["policies"])
+    yield "energy_ratio.png", None, fig_energy_ratio(doc, colors)
+    yield "energy_vs_service.png", None, fig_energy_vs(doc, colors, "mean_pending_s", "mean pending time per pod (s)",
+                                                       1.0)
+    if any((r["slo_violation_rate"] or 0) > 0 for s in doc["summary"].values() for r in s["policies"].values()):
+        yield "energy_vs_slo.png", None, fig_energy_vs(doc, colors, "slo_violation_rate",
+                                                       "pods violating their SLO (%)", 100.0)
+    first_index: dict[str, int] = {}
+    for e in doc["scenarios"]:
+        first_index.setdefault(e["name"], len(first_index))
+    for name in doc["summary"]:
+        i = first_index[name]
+        entry = _entries(doc, name)[0]  # timelines are recorded on the scenario's first workload seed
+        seed = entry.get("seed", 0)
+        made = [(f"power_{i}.png", fig_power(doc, tl, i, name, seed, colors)),
+                (f"util_{i}.png", fig_util(doc, tl, nodes, i, name, seed))]
+        if doc.get("env") == "kube":
+            made += [(f"node_power_{i}.png", fig_node_power(entry, doc["policies"], name)),
+                     (f"awake_{i}.png", fig_awake_nodes(entry, doc["policies"], name, colors)),
+                     (f"placement_{i}.png", fig_placement(entry, doc["policies"], name))]
+        for fname, fig in made:
+            if fig is not None:
+                yield fname, name, fig
+
+
+def _mean_ci(values: list[float]) -> dict:
+    return {"mean": float(np.mean(values)), "ci95": t_halfwidth(values), "n": len(values)}
+
+
+def _target_joules(e: dict) -> tuple[float | None, str]:
+    """The seed's optimum where the MIP ran and found one, else its best proven bound (the MIP's own, the LP's or
+    the fluid one, whichever is highest), with what it is."""
+    o = e.get("optimum")
+    if o and o.get("optimum_joules") is not None:
+        return o["optimum_joules"], "optimum" if o.get("status") == "optimal" else "optimum*"
+    bounds = [v for v in ((o or {}).get("bound_joules"), (o or {}).get("lp_bound_joules"), e.get("lower_bound_joules"))
+              if v is not None]
+    return (max(bounds), "bound" if o else "fluid bound") if bounds else (None, "")
+
+
+def verdict(doc: dict) -> list[dict]:
+    """Per scenario, what a reader came for: the least-energy policy within the SLO budget (:func:`_slo_budget`),
+    each learned policy's energy ÷ the best heuristic (per seed, with its 95 % interval and n), and the optimum or
+    best bound ÷ the best heuristic. The best heuristic is the least-energy one on each seed, whatever its SLO
+    (as in the tables and docs/dqn.md)."""
+    pols = doc["policies"]
+    heur = [p for p in pols if family_of(p) in HEURISTIC_FAMILIES]
+    learned = [p for p in pols if family_of(p) == "learned"]
+    out = []
+    for name, s in doc["summary"].items():
+        rows, entries = s["policies"], _entries(doc, name)
+        budget = _slo_budget(rows)
+        within = [p for p in pols if (rows[p]["slo_violation_rate"] or 0.0) <= budget + 1e-12]
+        best = min(within, key=lambda p: rows[p]["energy_joules"])
+        v = {"name": name, "n": len(entries), "budget": budget, "best": best,
+             "best_vs_ref": _ratios_to_reference(doc, name)[best], "best_slo": rows[best]["slo_violation_rate"] or 0.0,
+             "learned": {}, "best_heuristic": None, "target": None, "target_kind": ""}
+        if heur:
+            top = [min(heur, key=lambda h, e=e: e["policies"][h]["energy_joules"]) for e in entries]
+            best_j = [e["policies"][h]["energy_joules"] for e, h in zip(entries, top)]
+            v["best_heuristic"] = max(dict.fromkeys(top), key=top.count)  # the one best on most seeds
+            for p in learned:
+                v["learned"][p] = _mean_ci([e["policies"][p]["energy_joules"] / b for e, b in zip(entries, best_j)])
+            targets = [_target_joules(e) for e in entries]
+            if all(t is not None for t, _ in targets):
+                v["target"] = _mean_ci([t / b for (t, _), b in zip(targets, best_j)])
+                kinds = {k for _, k in targets}
+                v["target_kind"] = kinds.pop() if len(kinds) == 1 else "optimum or bound"
+        out.append(v)
+    return out
 
 
 _TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>joulesched report</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;color:#222;padding:0 1em}
-table{border-collapse:collapse;margin:0.6em 0 1.6em;font-size:0.9em}
-th,td{border-bottom:1px solid #ddd;padding:4px 10px;text-align:right}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1280px;margin:2em auto;color:#222;padding:0 1em}
+table{border-collapse:collapse;margin:0.6em 0 1.6em;font-size:0.88em}
+th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right;vertical-align:top}
+th{font-weight:600;background:#fafafa}
 th:first-child,td:first-child{text-align:left}
+td{white-space:nowrap}
+td.pol,th.pol{text-align:left;white-space:normal;overflow-wrap:break-word;max-width:22em}
+td.wrap{white-space:normal;overflow-wrap:break-word;max-width:16em}
 tr.best td{font-weight:600;background:#eef6ee}
+.sw{display:inline-block;width:0.8em;height:0.8em;border-radius:2px;margin-right:0.4em;vertical-align:-0.05em}
 .meta{color:#666;font-size:0.85em}
-img{max-width:100%;border:1px solid #eee;margin:0.4em 0}
-code{background:#f4f4f4;padding:1px 4px}
+.note{font-size:0.88em;color:#444;max-width:60em}
+img{display:block;max-width:100%;height:auto;border:1px solid #eee;margin:0.4em 0 1.2em}
+code{background:#f4f4f4;padding:1px 4px;overflow-wrap:anywhere}
 </style></head><body>
 <h1>joulesched benchmark</h1>
 <p class="meta">{{ header }}<br>{{ n_scen }} scenario(s) &times; {{ seeds }} seed(s) &times; {{ policies|length }} policies,
 run in {{ "%.1f"|format(wall_s) }} s. Generated {{ when }}.{% if command %}<br>Command: <code>{{ command }}</code>{% endif %}</p>
-<p>Energy ratios are per seed, then averaged; the &plusmn; is the half-width of a 95% Student-t interval over the n
-seeds shown (none with one seed). The lower bound is the clairvoyant fluid relaxation of
-<code>docs/lower-bound.md</code>: no policy can use less.</p>
-<h2>Energy relative to default-k8s</h2>
-<img src="plots/energy_ratio.png" alt="energy ratio per policy and scenario">
-<img src="plots/energy_vs_service.png" alt="energy against mean pending time and SLO violations">
+<h2>Verdict</h2>
+<table id="verdict"><tr><th>scenario</th><th>n</th><th class="pol">least energy within the SLO budget</th>
+<th>its energy / {{ ref }}</th><th>its SLO violations (budget)</th><th class="pol">best heuristic</th>
+{% for p in learned %}<th><span class="sw" style="background:{{ colors[p] }}"></span>{{ p|breakable }} &divide; best heuristic</th>{% endfor %}
+<th>optimum or bound &divide; best heuristic</th></tr>
+{% for v in verdict %}<tr data-scenario="{{ v.name }}" data-best="{{ v.best }}"><td>{{ v.name }}</td><td>{{ v.n }}</td>
+<td class="pol"><span class="sw" style="background:{{ colors[v.best] }}"></span>{{ v.best|breakable }}</td><td>{{ "%.3f"|format(v.best_vs_ref) }}</td>
+<td>{{ "%.2f"|format(100 * v.best_slo) }}% (&le; {{ "%.2f"|format(100 * v.budget) }}%)</td>
+<td class="pol">{% if v.best_heuristic %}<span class="sw" style="background:{{ colors[v.best_heuristic] }}"></span>{{ v.best_heuristic|breakable }}{% else %}—{% endif %}</td>
+{% for p in learned %}<td>{{ fmt_ci(v.learned.get(p)) }}</td>{% endfor %}
+<td>{% if v.target %}{{ fmt_ci(v.target) }} ({{ v.target_kind }}){% else %}—{% endif %}</td></tr>
+{% endfor %}</table>
+<p class="note">The SLO budget is {{ ref }}'s violation rate plus 0.5 percentage points (equal service, as the
+project's goals define it). Ratios are per seed, then averaged; &plusmn; is the half-width of a 95% Student-t
+interval over the n seeds (none with one seed). The best heuristic is the least-energy heuristic on each seed,
+whatever its SLO (named: the one best on most seeds). The optimum is the MIP of <code>docs/optimum.md</code>
+(<code>--optimum</code>; * = not proven optimal in its time limit); a bound is the largest proven lower bound (the
+MIP's, the LP's or the clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>): no policy can use less.</p>
+<h2>Energy relative to {{ ref }}</h2>
+{% for img in summary_images %}<img src="plots/{{ img.file }}" alt="{{ img.alt }}">{% endfor %}
 {% if headroom %}<h2>Headroom</h2>
-<p>Energy / default-k8s, per seed then averaged. The optimum is the MIP of <code>docs/optimum.md</code> where it
-was run (<code>--optimum</code>; * = not proven optimal in its time limit); the best bound is the largest proven
-lower bound (the MIP's, the LP's or the fluid one). The last column is the share of the best heuristic's distance
-to the optimum (or, where none was solved, to the best bound: then a lower estimate) that the learned policy
-closes.</p>
+<p class="note">Energy / default-k8s, per seed then averaged. The best bound is the largest proven lower bound (the
+MIP's, the LP's or the fluid one). The last column is the share of the best heuristic's distance to the optimum
+(or, where none was solved, to the best bound: then a lower estimate) that the learned policy closes.</p>
 <table><tr><th>scenario</th><th>default-k8s</th><th>best upstream heuristic</th><th>best sleep-aware heuristic</th>
 <th>learned</th><th>optimum</th><th>best bound</th><th>LP bound</th><th>fluid bound</th><th>gap closed by learned</th></tr>
-{% for h in headroom %}<tr><td>{{ h.name }}</td><td>1.000</td><td>{{ h.up }}</td><td>{{ h.sa }}</td><td>{{ h.learned }}</td>
+{% for h in headroom %}<tr><td>{{ h.name }}</td><td>1.000</td><td class="wrap">{{ h.up|breakable }}</td><td class="wrap">{{ h.sa|breakable }}</td><td class="wrap">{{ h.learned|breakable }}</td>
 <td>{{ h.opt }}</td><td>{{ h.bound }}</td><td>{{ h.lp }}</td><td>{{ h.fluid }}</td><td>{{ h.share }}</td></tr>
 {% endfor %}</table>{% endif %}
 {% if training_curve %}<h2>Training curve</h2>
@@ -253,9 +485,9 @@ closes.</p>
 {% for s in scenarios %}
 <h2>{{ s.name }}</h2>
 <p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods, n = {{ s.n }} seed(s) (workload seeds {{ s.seeds }}); {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.</p>
-<table><tr><th>policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
+<table><tr><th class="pol">policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
 <th>mean throttling</th><th>mean pending (s)</th><th>never placed</th><th>decision p99 (&micro;s)</th></tr>
-{% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td>{{ r.policy }}</td><td>{{ r.energy }}</td>
+{% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td class="pol"><span class="sw" style="background:{{ colors[r.policy] }}"></span>{{ r.policy|breakable }}</td><td>{{ r.energy }}</td>
 <td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) if r.vs_lb is not none else "—" }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
 <td>{{ "%.2f"|format(r.thr) ~ "%" if r.thr is not none else "n/a" }}</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
 <td>{{ "%.0f"|format(r.p99) if r.p99 is not none else "n/a" }}</td></tr>
@@ -264,6 +496,23 @@ closes.</p>
 {% endfor %}
 </body></html>
 """
+
+_SUMMARY_ALT = {"energy_ratio.png": "energy relative to the reference, one panel per scenario",
+                "energy_vs_service.png": "energy against mean pending time, one panel per scenario",
+                "energy_vs_slo.png": "energy against SLO violations, one panel per scenario"}
+
+
+def _fmt_ci(c: dict | None) -> str:
+    """``0.712 ± 0.031 (n = 3)``, or the mean and n alone without an interval."""
+    if c is None:
+        return "—"
+    return f"{c['mean']:.3f}" + (f" ± {c['ci95']:.3f}" if c["ci95"] is not None else "") + f" (n = {c['n']})"
+
+
+def _breakable(text: str) -> Markup:
+    """``text`` escaped, with line-break opportunities after ``/``, ``=`` and ``:``, so that a ``dqn=/long/path``
+    spec wraps inside its table cell instead of widening the page."""
+    return Markup(re.sub(r"([/=:])", r"\1<wbr>", str(escape(text))))
 
 
 def _ratio(row: dict, key: str) -> str:
@@ -295,6 +544,25 @@ def _headroom_rows(doc: dict) -> list[dict]:
     return rows
 
 
+def _scenario_tables(doc: dict) -> list[dict]:
+    scen = []
+    for name, s in doc["summary"].items():
+        entries = _entries(doc, name)
+        best = min(s["policies"], key=lambda p: s["policies"][p]["energy_joules"])
+        rows = []
+        for p, r in s["policies"].items():
+            rows.append({"policy": p, "energy": fmt_energy(r["energy_joules"]),
+                         "vs_default": _ratio(r, "energy_vs_default"), "vs_heur": _ratio(r, "energy_vs_best_heuristic"),
+                         "vs_lb": r.get("energy_vs_lower_bound"), "slo": 100 * r["slo_violation_rate"],
+                         "thr": None if r["mean_throttling"] is None else 100 * r["mean_throttling"],
+                         "pending": r["mean_pending_s"], "uns": r["unschedulable_pods"], "p99": r["decision_us_p99"],
+                         "best": p == best})
+        scen.append({"name": name, "nodes": entries[0]["nodes"], "pods": entries[0]["pods"], "n": s["seeds"],
+                     "seeds": ", ".join(str(e.get("seed")) for e in entries), "rows": rows, "images": [],
+                     "lb": fmt_energy(s["lower_bound_joules"]) if s.get("lower_bound_joules") else None})
+    return scen
+
+
 def write_report(out: Path, header: str = "Measured on the embedded twin (simulated cluster).") -> Path:
     """Render ``out/report.html`` and ``out/plots/*.png`` from ``out/results.json`` and its timelines."""
     out = Path(out)
@@ -305,45 +573,22 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
     nodes = json.loads(nodes_path.read_text()) if nodes_path.exists() else {}
     plots = out / "plots"
     plots.mkdir(exist_ok=True)
-    _plot_energy_ratio(doc, plots / "energy_ratio.png")
-    _plot_energy_vs_service(doc, plots / "energy_vs_service.png")
-    first_index = {}
-    for e in doc["scenarios"]:
-        first_index.setdefault(e["name"], len(first_index))
-    scen = []
-    for name, s in doc["summary"].items():
-        i = first_index[name]
-        entry = next(e for e in doc["scenarios"] if e["name"] == name)
-        seeds = [e.get("seed") for e in doc["scenarios"] if e["name"] == name]
-        images = []
-        # Timelines are recorded on the scenario's first workload seed (the entry listed first).
-        if _plot_power(doc, tl, i, name, plots / f"power_{i}.png", entry.get("seed", 0)):
-            images.append(f"power_{i}.png")
-        if _plot_util(doc, tl, nodes, i, name, plots / f"util_{i}.png", entry.get("seed", 0)):
-            images.append(f"util_{i}.png")
-        if doc.get("env") == "kube":
-            if _plot_node_power(entry, doc["policies"], name, plots / f"node_power_{i}.png"):
-                images.append(f"node_power_{i}.png")
-            if _plot_awake_nodes(entry, doc["policies"], name, plots / f"awake_{i}.png"):
-                images.append(f"awake_{i}.png")
-            if _plot_placement(entry, doc["policies"], i, name, plots / f"placement_{i}.png"):
-                images.append(f"placement_{i}.png")
-        best = min(s["policies"], key=lambda p: s["policies"][p]["energy_joules"])
-        rows = []
-        for p, r in s["policies"].items():
-            vs = _ratio(r, "energy_vs_default")
-            vh = _ratio(r, "energy_vs_best_heuristic")
-            rows.append({"policy": p, "energy": fmt_energy(r["energy_joules"]), "vs_default": vs, "vs_heur": vh,
-                         "vs_lb": r.get("energy_vs_lower_bound"), "slo": 100 * r["slo_violation_rate"],
-                         "thr": None if r["mean_throttling"] is None else 100 * r["mean_throttling"],
-                         "pending": r["mean_pending_s"],
-                         "uns": r["unschedulable_pods"], "p99": r["decision_us_p99"], "best": p == best})
-        scen.append({"name": name, "nodes": entry["nodes"], "pods": entry["pods"], "n": s["seeds"],
-                     "seeds": ", ".join(str(x) for x in seeds),
-                     "lb": fmt_energy(s["lower_bound_joules"]) if s.get("lower_bound_joules") else None, "rows": rows, "images": images})
+    scen = _scenario_tables(doc)
+    by_name = {s["name"]: s for s in scen}
+    summary_images = []
+    for fname, name, fig in figures(doc, tl, nodes):
+        _save(fig, plots / fname)
+        if name is None:
+            summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
+        else:
+            by_name[name]["images"].append(fname)
+    pols = doc["policies"]
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    page = env.from_string(_TEMPLATE).render(headroom=_headroom_rows(doc),
-        header=header, n_scen=len(scen), seeds=doc["seeds"], policies=doc["policies"], wall_s=doc.get("wall_s", 0.0),
+    env.filters["breakable"] = _breakable
+    page = env.from_string(_TEMPLATE).render(
+        header=header, n_scen=len(scen), seeds=doc["seeds"], policies=pols, wall_s=doc.get("wall_s", 0.0),
         when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.get("command", ""), scenarios=scen,
+        verdict=verdict(doc), learned=[p for p in pols if family_of(p) == "learned"], ref=_reference(pols),
+        colors=policy_colors(pols), fmt_ci=_fmt_ci, summary_images=summary_images, headroom=_headroom_rows(doc),
         training_curve=(plots / "training_curve.png").is_file())
     return atomic_write_text(out / "report.html", page)

@@ -1,0 +1,291 @@
+"""The report reads at a glance (issue 32): one colour per policy in every figure, labels that never touch,
+legends outside the data, the verdict table first, and a page that renders in a real browser.
+
+The figures and the page come from a real benchmark (every default policy and the shipped DQN on two small
+scenarios, two seeds); the layout checks also run on the same results spread over the standard suite's
+thirteen scenario names, the demo's size.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import matplotlib.colors as mcolors
+import matplotlib.image as mimage
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+from matplotlib.text import Text
+
+from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_FAMILIES, family_of
+from joulesched.pipelines import report
+from joulesched.pipelines.benchmark import load_results, run_benchmark, summarize
+from joulesched.pipelines.suite import REPO_ROOT, SCENARIOS_DIR, standard_suite
+
+DQN = f"dqn={REPO_ROOT / 'models' / 'v2.pt'}"
+POLICIES = [*DEFAULT_POLICIES, DQN]
+ARTEFACTS = REPO_ROOT / "out" / "test-artefacts"  # out/ is gitignored
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    run_benchmark([SCENARIOS_DIR / "tiny.yaml", SCENARIOS_DIR / "small" / "sleep-mixed.yaml"], POLICIES, 2, out)
+    report.write_report(out)
+    return out
+
+
+def _inputs(out: Path) -> tuple[dict, dict, dict]:
+    return (load_results(out / "results.json"), dict(np.load(out / "timelines.npz")),
+            json.loads((out / "nodes.json").read_text()))
+
+
+def _suite_sized(doc: dict) -> dict:
+    """The run's per-seed results under each of the standard suite's scenario names (13, some long), so the
+    layout is checked at the demo's size without running the whole suite."""
+    names = [p.stem for p in standard_suite()]
+    big = {**doc, "scenarios": []}
+    for k, name in enumerate(names):
+        src = doc["scenarios"][2 * (k % 2): 2 * (k % 2) + 2]  # both seeds of one of the two real scenarios
+        big["scenarios"] += [{**copy.deepcopy(e), "name": name} for e in src]
+    big["summary"] = summarize(big)
+    return big
+
+
+def _policy_colours(fig) -> dict[str, set[str]]:
+    """What each artist standing for a policy (its gid) is painted in: bars, scatter points, lines."""
+    seen: dict[str, set[str]] = {}
+    for a in fig.findobj(lambda a: a.get_gid() is not None):
+        if isinstance(a, Rectangle):
+            c = [a.get_facecolor()]
+        elif isinstance(a, PathCollection):
+            c = list(a.get_facecolors())
+        elif isinstance(a, Line2D):
+            c = [a.get_color()]
+        else:
+            continue
+        seen.setdefault(a.get_gid(), set()).update(mcolors.to_hex(x) for x in c)
+    return seen
+
+
+def _lab(colour: str) -> np.ndarray:
+    """CIE L*a*b* (D65) of an sRGB colour, to measure how far apart two colours look."""
+    rgb = np.array(mcolors.to_rgb(colour))
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ lin
+    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def _min_delta_e(colours) -> float:
+    return min(float(np.linalg.norm(_lab(a) - _lab(b))) for a, b in itertools.combinations(colours, 2))
+
+
+def test_each_policy_has_one_distinct_colour_in_every_figure(run):
+    doc, tl, nodes = _inputs(run)
+    per_policy: dict[str, set[str]] = {}
+    figs_with = {}
+    for fname, _, fig in report.figures(doc, tl, nodes):
+        colours = _policy_colours(fig)
+        figs_with[fname] = set(colours)
+        for p, c in colours.items():
+            per_policy.setdefault(p, set()).update(c)
+        plt.close(fig)
+    # The summary plots and each scenario's power plot draw every policy.
+    for fname in ("energy_ratio.png", "energy_vs_service.png", "power_0.png", "power_1.png"):
+        assert figs_with[fname] == set(POLICIES), fname
+    assert all(len(c) == 1 for c in per_policy.values()), {p: c for p, c in per_policy.items() if len(c) > 1}
+    colour = {p: next(iter(c)) for p, c in per_policy.items()}
+    assert len(set(colour.values())) == len(POLICIES) == 12
+    # Distinct to the eye, not merely different hex codes: at least 15 CIE76 units apart (2.3 is a just
+    # noticeable difference).
+    assert _min_delta_e(colour.values()) >= 15
+    assert colour["default-k8s"] == report.DEFAULT_K8S_COLOR and colour[DQN] == report.LEARNED_COLOR
+    # The tables' swatches are the figures' colours.
+    html = (run / "report.html").read_text()
+    for p in POLICIES:
+        assert f'background:{colour[p]}"></span>{report._breakable(p)}' in html, p
+
+
+def test_default_k8s_the_dqn_and_every_default_policy_keep_their_colours_in_any_report():
+    others = [p for p in DEFAULT_POLICIES if p != "default-k8s"]
+    for policies in (["default-k8s", "dqn=a.pt"], [*reversed(others), "dqn=b.pt", "default-k8s"],
+                     ["dqn=c.pt", "most-allocated", "default-k8s", "dqn=d.pt"]):
+        colours = report.policy_colors(policies)
+        assert colours["default-k8s"] == report.DEFAULT_K8S_COLOR
+        assert colours[next(p for p in policies if p.startswith("dqn="))] == report.LEARNED_COLOR
+        assert len(set(colours.values())) == len(policies)
+    # Every default policy keeps its colour from one report to the next, whatever else runs beside it.
+    a = report.policy_colors(list(DEFAULT_POLICIES))
+    b = report.policy_colors(["my-plugin", "pabfd", "dqn=e.pt", "awake-first:fit=efficient", "most-allocated"])
+    assert all(b[p] == a[p] for p in ("pabfd", "awake-first:fit=efficient", "most-allocated"))
+    assert b["my-plugin"] not in {a[p] for p in ("pabfd", "awake-first:fit=efficient", "most-allocated")}
+    # Past the palette (30 policies) every policy still gets a colour of its own.
+    many = ["default-k8s", *(f"target-load-packing:x={x}" for x in range(29))]
+    assert len(set(report.policy_colors(many).values())) == 30
+
+
+def _texts(fig) -> list[tuple[str, object]]:
+    renderer = fig.canvas.get_renderer()
+    out = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible()):
+            out.append((t.get_text(), t.get_window_extent(renderer)))
+    return out
+
+
+def _overlaps(a, b) -> bool:
+    # Strict overlap: boxes that merely touch at an edge of a pixel still count as apart.
+    return a.x0 < b.x1 - 0.5 and b.x0 < a.x1 - 0.5 and a.y0 < b.y1 - 0.5 and b.y0 < a.y1 - 0.5
+
+
+def _one_scenario(doc: dict) -> dict:
+    """The run's first scenario alone (a measured run's shape: one narrow figure)."""
+    one = {**doc, "scenarios": [e for e in doc["scenarios"] if e["name"] == doc["scenarios"][0]["name"]]}
+    one["summary"] = summarize(one)
+    return one
+
+
+@pytest.mark.parametrize("fname", ["energy_ratio.png", "energy_vs_service.png"])
+@pytest.mark.parametrize("shape,panels", [(_suite_sized, 13), (_one_scenario, 1)])
+def test_summary_plots_have_no_touching_labels_and_legends_outside_the_data(run, fname, shape, panels):
+    doc, tl, nodes = _inputs(run)
+    doc = shape(doc)
+    fig = next(f for name, _, f in report.figures(doc, tl, nodes) if name == fname)
+    fig.canvas.draw()
+    texts = _texts(fig)
+    names = {e["name"] for e in doc["scenarios"]}
+    assert names <= {t.replace("\n", "") for t, _ in texts}  # every scenario named (long names wrap at hyphens)
+    assert sum(1 for ax in fig.axes if ax.get_visible() and ax.get_title()) == panels
+    clashes = [(ta, tb) for (ta, a), (tb, b) in itertools.combinations(texts, 2) if _overlaps(a, b)]
+    assert not clashes, clashes[:5]
+    renderer = fig.canvas.get_renderer()
+    data = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()]
+    for leg in fig.legends:
+        box = leg.get_window_extent(renderer)
+        assert not any(_overlaps(box, ax) for ax in data)
+    plt.close(fig)
+
+
+class _Page(HTMLParser):
+    """The order of tables and images on the page, and the verdict table's rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.order: list[str] = []
+        self.verdict: dict[str, str] = {}
+        self.cells: dict[str, list[str]] = {}
+        self._row: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag in ("table", "img"):
+            self.order.append(a.get("id") or tag)
+        if tag == "tr" and "data-scenario" in a:
+            self.verdict[a["data-scenario"]] = a["data-best"]
+            self._row = a["data-scenario"]
+            self.cells[self._row] = []
+        if tag == "td" and self._row:
+            self.cells[self._row].append("")
+
+    def handle_endtag(self, tag):
+        if tag in ("tr", "table"):
+            self._row = None
+
+    def handle_data(self, data):
+        if self._row and self.cells[self._row]:
+            self.cells[self._row][-1] += data
+
+
+def test_the_verdict_table_comes_first_and_names_the_least_energy_policy_within_the_slo_budget(run):
+    doc = load_results(run / "results.json")
+    page = _Page()
+    page.feed((run / "report.html").read_text())
+    assert page.order[0] == "verdict"  # before every plot and every other table
+    assert set(page.verdict) == {"tiny", "small-sleep-mixed"}
+    for name, s in doc["summary"].items():
+        rows = s["policies"]
+        budget = rows["default-k8s"]["slo_violation_rate"] + 0.005
+        within = {p: r["energy_joules"] for p, r in rows.items() if r["slo_violation_rate"] <= budget}
+        assert page.verdict[name] == min(within, key=within.get)
+        # The DQN against the best heuristic, per seed, with its interval and n (the summary's figures).
+        r = rows[DQN]
+        want = f"{r['energy_vs_best_heuristic']:.3f} ± {r['energy_vs_best_heuristic_ci95']:.3f} (n = 2)"
+        cells = [c.strip() for c in page.cells[name]]
+        assert want in cells
+        # And the fluid bound against the best heuristic (no --optimum in this run), per seed.
+        entries = [e for e in doc["scenarios"] if e["name"] == name]
+        heur = [p for p in POLICIES if family_of(p) in HEURISTIC_FAMILIES]
+        ratio = np.mean([e["lower_bound_joules"] / min(e["policies"][h]["energy_joules"] for h in heur)
+                         for e in entries])
+        assert any(c.startswith(f"{ratio:.3f} ± ") and c.endswith("(fluid bound)") for c in cells)
+
+
+def test_the_verdict_takes_the_optimum_where_solved_else_the_best_proven_bound():
+    e = {"lower_bound_joules": 80.0}
+    assert report._target_joules(e) == (80.0, "fluid bound")
+    e["optimum"] = {"optimum_joules": 95.0, "status": "optimal", "bound_joules": 95.0, "lp_bound_joules": 90.0}
+    assert report._target_joules(e) == (95.0, "optimum")
+    e["optimum"]["status"] = "time_limit"
+    assert report._target_joules(e) == (95.0, "optimum*")
+    e["optimum"] = {"optimum_joules": None, "status": "too_large", "bound_joules": None, "lp_bound_joules": 88.0}
+    assert report._target_joules(e) == (88.0, "bound")
+    assert report._target_joules({"lower_bound_joules": None}) == (None, "")
+
+
+_PROBE = """<script>
+window.addEventListener('load', () => {
+  const d = document.documentElement;
+  const images = [...document.images].map(i => ({src: i.getAttribute('src'), loaded: i.complete && i.naturalWidth > 0}));
+  const wide = [...document.body.querySelectorAll('*')]
+    .filter(e => e.getBoundingClientRect().right > d.clientWidth + 0.5).map(e => e.tagName + (e.id ? '#' + e.id : '') + ':' + (e.textContent || '').slice(0, 30)).slice(0, 10);
+  const pre = document.createElement('pre');
+  pre.id = 'probe';
+  pre.textContent = JSON.stringify({scrollWidth: d.scrollWidth, clientWidth: d.clientWidth,
+                                    scrollHeight: d.scrollHeight, images, wide});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
+    # --no-sandbox: Chromium's sandbox needs user namespaces, which containers and root shells lack; it opens
+    # one local file of ours.
+    return subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           f"--user-data-dir={profile}", "--virtual-time-budget=10000", *args],
+                          capture_output=True, text=True, timeout=120, check=True)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="needs Debian's chromium (in the Makefile's APT_PACKAGES; `make test` installs it as root)")
+@pytest.mark.parametrize("width", [1280, 1024])
+def test_the_report_renders_in_headless_chromium_with_every_image_and_no_horizontal_overflow(run, tmp_path, width):
+    probe = run / f"probe-{width}.html"  # beside report.html, so its relative image paths resolve
+    probe.write_text((run / "report.html").read_text().replace("</body>", _PROBE + "</body>"))
+    dom = _chromium(f"--window-size={width},900", "--dump-dom", probe.as_uri(), profile=tmp_path / "p1").stdout
+    m = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert m, dom[-2000:]
+    got = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert len(got["images"]) == len(list((run / "plots").glob("*.png"))) >= 6
+    assert all(i["loaded"] for i in got["images"]), [i for i in got["images"] if not i["loaded"]]
+    assert not got["wide"], got["wide"]  # the elements that stick out, if any
+    assert got["scrollWidth"] <= got["clientWidth"], got
+    # The whole page as an artefact, to look at (out/test-artefacts/, gitignored).
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTEFACTS / f"report-chromium-{width}.png"
+    height = min(got["scrollHeight"], 16000)
+    _chromium(f"--window-size={width},{height}", f"--screenshot={shot}", (run / "report.html").as_uri(),
+              profile=tmp_path / "p2")
+    img = mimage.imread(shot)
+    assert img.shape[:2] == (height, width) and float(img[..., :3].std()) > 0.05  # not a blank page
