@@ -33,7 +33,11 @@ RESULTS_VERSION = 1
 class BenchmarkInputError(UsageError):
     """Inconsistent benchmark arguments or an unreadable results file."""
 METRICS = ("energy_joules", "slo_violation_rate", "unschedulable_pods", "mean_pending_s", "placements",
-           "decision_us_p99", "mean_throttling", "end_s", "completed_pods")
+           "decision_us_p99", "mean_throttling", "end_s", "completed_pods", "placed_pods", "unplaced_fits_no_node",
+           "unplaced_pending_at_end", "unplaced_stopped_before_running")
+#: Why a pod was never placed (their sum is unschedulable_pods; placed_pods + unschedulable_pods = pods).
+UNPLACED_REASONS = {"unplaced_fits_no_node": "fit no node", "unplaced_pending_at_end": "pending at the end",
+                    "unplaced_stopped_before_running": "stopped before they ran"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ def _bound(sc: Scenario, seed_offset: int) -> dict:
     twin = Twin(sc, wl)
     lb = lower_bound(twin.state, wl, sc.duration_s, twin.placeable)
     return {"name": sc.name, "seed": seed, "nodes": sc.node_count, "pods": len(wl), "trace_rows_dropped": wl.dropped,
+            "duration_s": sc.duration_s,
             "lower_bound_joules": lb.joules, "lower_bound_end_s": lb.end_s,
             "node_names": twin.state.names, "node_groups": [sc.nodes[g].name_prefix for g in twin.state.group],
             "group_curves": {g.name_prefix: list(g.curve) for g in sc.nodes}}
@@ -216,6 +221,9 @@ def summarize(doc: dict) -> dict:
                 "mean_throttling": float(np.mean([v["mean_throttling"] for v in vals])),
                 "mean_pending_s": float(np.mean([v["mean_pending_s"] for v in vals])),
                 "unschedulable_pods": float(np.mean([v["unschedulable_pods"] for v in vals])),
+                # Older results files (and measured runs) have no breakdown: then it is absent, not zero.
+                **{k: float(np.mean([v[k] for v in vals])) for k in ("placed_pods", *UNPLACED_REASONS)
+                   if all(k in v for v in vals)},
                 # Median across seeds: one seed's p99 can catch a burst of noise from other processes.
                 "decision_us_p99": float(np.median([v["decision_us_p99"] for v in vals])),
             }
@@ -226,7 +234,8 @@ def summarize(doc: dict) -> dict:
             rows[pol] = row
         heur = [h for h in rows if family_of(h) in HEURISTIC_FAMILIES]
         out[name] = {"seeds": len(entries), "lower_bound_joules": float(np.mean([e["lower_bound_joules"] for e in entries])),
-                     "policies": rows}
+                     "pods": float(np.mean([e["pods"] for e in entries])), "policies": rows,
+                     "warnings": dropped_warnings(entries)}
         if heur:
             # Best heuristic per seed (the one with least energy on that workload), then the ratio averaged.
             best = [min(heur, key=lambda h, e=e: e["policies"][h]["energy_joules"]) for e in entries]
@@ -240,6 +249,14 @@ def summarize(doc: dict) -> dict:
         if all("optimum" in e for e in entries):
             out[name]["optimum"] = _optimum_summary([e["optimum"] for e in entries])
     return out
+
+
+def dropped_warnings(entries: list[dict]) -> list[str]:
+    """What the twin left out of a scenario's workload, in words (the count is ``trace_rows_dropped``)."""
+    from joulesched.pipelines.validate import dropped_warning
+
+    return [dropped_warning(e["trace_rows_dropped"], e["pods"], e.get("duration_s"))
+            for e in entries[:1] if e.get("trace_rows_dropped")]  # a trace's rows are the same for every seed
 
 
 def _optimum_summary(opts: list[dict]) -> dict:

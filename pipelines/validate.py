@@ -3,6 +3,7 @@
 Errors (a malformed file, field or trace) raise :class:`~joulesched.cluster.scenario.ScenarioError` as loading
 does. Warnings are facts that hold for every policy, so none of them depends on which scheduler runs:
 
+* trace rows submitted at or after ``duration_s`` are dropped: they are never simulated;
 * pods whose requests exceed every node's allocatable can never be placed;
 * when the pods present at once (each running from its arrival for its duration) request more CPU or memory
   than the whole cluster has, pods must wait whatever the scheduler does.
@@ -30,13 +31,23 @@ def _peak_concurrent(wl: Workload, req: np.ndarray) -> tuple[float, float]:
     return float(level[k]), float(t[order][k])
 
 
+def dropped_warning(dropped: int, kept: int, duration_s: float | None) -> str:
+    """The words for trace rows the workload leaves out (validate and benchmark say the same)."""
+    at = "duration_s" if duration_s is None else f"duration_s={duration_s:g} s"
+    return (f"{dropped} trace row(s) dropped: submitted at or after {at}, so never "
+            f"simulated ({kept} pod(s) kept); raise duration_s, or import the trace with the window its summary "
+            "suggests (docs/twin.md)")
+
+
 def check_scenario(path: str | Path) -> dict:
-    """Load ``path`` (raising on errors) and return ``{file, name, nodes, pods, warnings}``."""
+    """Load ``path`` (raising on errors) and return ``{file, name, nodes, pods, trace_rows_dropped, warnings}``."""
     sc = load_scenario(path)
     wl = build_workload(sc)
     cpu = np.array([g.cpu_m for g in sc.nodes for _ in range(g.count)], dtype=np.int64)
     mem = np.array([g.memory_mib for g in sc.nodes for _ in range(g.count)], dtype=np.int64)
     warnings = []
+    if wl.dropped:
+        warnings.append(dropped_warning(wl.dropped, len(wl), sc.duration_s))
     fits = np.zeros(len(wl), dtype=bool)
     for c, m in {(int(g.cpu_m), int(g.memory_mib)) for g in sc.nodes}:
         fits |= (np.maximum(wl.cpu_req, 0) <= c) & (np.maximum(wl.mem_req, 0) <= m)
@@ -52,4 +63,5 @@ def check_scenario(path: str | Path) -> dict:
             warnings.append(f"at t={at:.0f} s the pods present request {peak:.0f}{unit} {what}, "
                             f"{100 * peak / cap:.0f} % of the cluster's {int(cap)}{unit}: every policy leaves pods "
                             "pending there")
-    return {"file": str(path), "name": sc.name, "nodes": sc.node_count, "pods": len(wl), "warnings": warnings}
+    return {"file": str(path), "name": sc.name, "nodes": sc.node_count, "pods": len(wl),
+            "trace_rows_dropped": wl.dropped, "warnings": warnings}

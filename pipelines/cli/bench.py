@@ -91,6 +91,9 @@ def print_summary(doc: dict, as_json: bool, out_dir: Path, report: bool = True) 
                       ratio(r, "energy_vs_lower_bound"), f"{100 * r['slo_violation_rate']:.2f}%",
                       f"{r['mean_pending_s']:.1f}", f"{r['unschedulable_pods']:g}", f"{r['decision_us_p99']:.0f}")
         out.print(t)
+        _print_unplaced(s)
+        for w in s.get("warnings", []):
+            err.print(f"[yellow]warning:[/yellow] {escape(name)}: {escape(w)}", soft_wrap=True)
         if s.get("optimum"):
             o = s["optimum"]
             kwh = lambda j: "—" if j is None else f"{j / 3.6e6:.2f} kWh"  # noqa: E731
@@ -101,6 +104,20 @@ def print_summary(doc: dict, as_json: bool, out_dir: Path, report: bool = True) 
         out.print(f"{n} polic{'y' if n == 1 else 'ies'} × {len(doc['summary'])} scenario(s) × {doc['seeds']} "
                   f"seed(s) ran in {doc['wall_s']:.1f} s")
     out.print(f"results: {out_dir / 'results.json'}" + (f"   report: {out_dir / 'report.html'}" if report else ""))
+
+
+def _print_unplaced(s: dict) -> None:
+    """Why each policy's unplaced pods were never placed (placed + unplaced = pods; docs/twin.md, "Counts")."""
+    from joulesched.pipelines.benchmark import UNPLACED_REASONS
+
+    lines = []
+    for p, r in s["policies"].items():
+        if r["unschedulable_pods"] and all(k in r for k in UNPLACED_REASONS):
+            why = ", ".join(f"{r[k]:g} {what}" for k, what in UNPLACED_REASONS.items() if r[k])
+            lines.append(f"{escape(p)} {r['unschedulable_pods']:g} ({why})")
+    if lines:
+        out.print(f"  unplaced = pods that never got a node to run on; placed + unplaced = {s['pods']:g} pods; "
+                  f"not counted as SLO violations: {'; '.join(lines)}", soft_wrap=True)
 
 
 @app.command()
@@ -284,7 +301,8 @@ def validate(
         print(json.dumps(found, indent=2))
         return
     for f in found:
-        out.print(f"{f['file']}: ok ({f['nodes']} nodes, {f['pods']} pods)", soft_wrap=True)
+        dropped = f"; {f['trace_rows_dropped']} trace rows dropped" if f["trace_rows_dropped"] else ""
+        out.print(f"{f['file']}: ok ({f['nodes']} nodes, {f['pods']} pods{dropped})", soft_wrap=True)
         for w in f["warnings"]:
             err.print(f"[yellow]warning:[/yellow] {f['file']}: {escape(w)}", soft_wrap=True)
 

@@ -18,3 +18,76 @@ def test_a_failing_command_draws_no_progress_bar(tmp_path):
     r = runner.invoke(app, ["benchmark", "-s", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "scenario file not found" in r.output
     assert "0/?" not in r.output and "benchmark" not in r.output.split("error:")[0], r.output
+
+
+# ---- item 1: rows dropped are named --------------------------------------------------------------------------
+def _short_openb_sample(tmp_path: Path, duration_s: int) -> Path:
+    """The OpenB sample scenario cut to ``duration_s``: the sample's pods arrive over six hours."""
+    sc = tmp_path / "short.yaml"
+    sc.write_text(f"name: short\nseed: 1\nduration_s: {duration_s}\n"
+                  "idle_policy: {mode: sleep, sleep_after_s: 300, sleep_watts: 8, wake_s: 60}\n"
+                  f"nodes:\n  - {{include: {ROOT}/scenarios/traces/alibaba-gpu-2023.nodes.yaml}}\n"
+                  f"workload:\n  trace: {ROOT}/scenarios/traces/alibaba-gpu-2023.pods.csv\n")
+    return sc
+
+
+def _sample_rows() -> list[float]:
+    lines = (ROOT / "scenarios/traces/alibaba-gpu-2023.pods.csv").read_text().splitlines()[1:]
+    return [float(x.split(",")[0]) for x in lines if x.strip()]
+
+
+def test_validate_and_benchmark_name_the_rows_they_drop(tmp_path):
+    submits = _sample_rows()
+    cut = 3600
+    dropped = sum(t >= cut for t in submits)
+    assert 0 < dropped < len(submits)
+    sc = _short_openb_sample(tmp_path, cut)
+    r = runner.invoke(app, ["validate", str(sc)])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0 and f"{dropped} trace rows dropped" in text
+    assert f"warning: {sc}: {dropped} trace row(s) dropped: submitted at or after duration_s=3600 s" in text
+    found = json.loads(runner.invoke(app, ["validate", str(sc), "--json"]).stdout)[0]
+    assert found["trace_rows_dropped"] == dropped and found["pods"] == len(submits) - dropped
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["benchmark", "-s", str(sc), "-p", "default-k8s", "--out", str(out), "--no-report"])
+    assert r.exit_code == 0, r.output
+    assert f"warning: short: {dropped} trace row(s) dropped" in " ".join(r.output.split())
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["scenarios"][0]["trace_rows_dropped"] == dropped
+    assert doc["summary"]["short"]["warnings"][0].startswith(f"{dropped} trace row(s) dropped")
+    # Nothing dropped, nothing said.
+    (tmp_path / "full").mkdir()
+    full = _short_openb_sample(tmp_path / "full", 86400)
+    r = runner.invoke(app, ["validate", str(full)])
+    assert r.exit_code == 0 and "dropped" not in r.output
+
+
+# ---- item 2: unplaced adds up --------------------------------------------------------------------------------
+TRACE = """submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m,kind
+0,600,9000,256,250,job
+100,30,500,256,250,service
+300,3000,4000,256,2000,job
+400,100,1000,256,250,service
+3500,100,4000,256,2000,job
+"""
+
+
+def test_placed_plus_unplaced_is_the_pods_with_each_reason(tmp_path):
+    """One 4-core node, asleep after 60 idle seconds, 120 s to wake: the 9-core job fits no node; the service
+    at t=100 is bound to the sleeping node and stops before it is up; the one at t=400 queues behind the job
+    that fills the node and stops there; the two jobs run. 2 placed + 3 unplaced = 5 pods."""
+    (tmp_path / "pods.csv").write_text(TRACE)
+    sc = tmp_path / "s.yaml"
+    sc.write_text("name: counts\nseed: 1\nduration_s: 3600\n"
+                  "idle_policy: {mode: sleep, sleep_after_s: 60, sleep_watts: 5, wake_s: 120}\n"
+                  "nodes:\n  - {name_prefix: n, count: 1, cpu_m: 4000, memory_mib: 8192, power_watts: hp-ml110-g4}\n"
+                  "workload:\n  trace: pods.csv\n")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["benchmark", "-s", str(sc), "-p", "default-k8s", "--out", str(out), "--no-report"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "results.json").read_text())["scenarios"][0]["policies"]["default-k8s"]
+    assert (m["placed_pods"], m["unschedulable_pods"]) == (2, 3), m
+    assert (m["unplaced_fits_no_node"], m["unplaced_pending_at_end"], m["unplaced_stopped_before_running"]) == (1, 0, 2)
+    assert m["placements"] == 3 and m["slo_violation_rate"] == 0.0  # a bind without a run; unplaced are no SLO
+    text = " ".join(r.output.split())
+    assert "placed + unplaced = 5 pods" in text and "default-k8s 3 (1 fit no node, 2 stopped before they ran)" in text
