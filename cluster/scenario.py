@@ -15,6 +15,15 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from joulesched.cluster.filters import (
+    NodeSelectorTerm,
+    NodeTraits,
+    PodConstraints,
+    Requirement,
+    Taint,
+    Toleration,
+    pod_constraints,
+)
 from joulesched.cluster.nodepower import PowerPolicy
 from joulesched.core.errors import UsageError
 from joulesched.power.curves import SPECPOWER, validate_curve
@@ -79,6 +88,121 @@ IdlePolicy = Annotated[Union[AlwaysOn, Sleep], Field(discriminator="mode")]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
+# Kubernetes' syntax for label keys (an optional DNS-subdomain prefix and a name of at most 63 characters) and
+# values (at most 63, alphanumeric at both ends): a scenario's labels are ones a real node could carry.
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _label_key(k: str) -> str:
+    prefix, _, name = k.rpartition("/")
+    if not _LABEL_NAME.match(name) or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))):
+        raise ValueError(f"{k!r} is not a Kubernetes label key ([prefix/]name, name at most 63 characters of "
+                         "a-z, A-Z, 0-9, '-', '_', '.')")
+    return k
+
+
+def _label_value(v: str) -> str:
+    if not _LABEL_VALUE.match(v):
+        raise ValueError(f"{v!r} is not a Kubernetes label value (at most 63 characters of a-z, A-Z, 0-9, '-', "
+                         "'_', '.', alphanumeric at both ends)")
+    return v
+
+
+def _labels(v: dict[str, str]) -> dict[str, str]:
+    for k, x in v.items():
+        _label_key(k)
+        _label_value(x)
+    return v
+
+
+class TaintSpec(_Strict):
+    """A node taint, as in a Node's ``spec.taints``."""
+
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+    _key = field_validator("key")(classmethod(lambda cls, v: _label_key(v)))
+    _value = field_validator("value")(classmethod(lambda cls, v: _label_value(v)))
+
+    def taint(self) -> Taint:
+        return Taint(self.key, self.value, self.effect)
+
+
+class TolerationSpec(_Strict):
+    """A pod toleration, as in a Pod's ``spec.tolerations`` (an empty key with ``Exists`` tolerates every taint)."""
+
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> "TolerationSpec":
+        if self.key:
+            _label_key(self.key)
+        elif self.operator != "Exists":
+            raise ValueError("a toleration with an empty key must use operator: Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator: Exists takes no value")
+        _label_value(self.value)
+        return self
+
+    def toleration(self) -> Toleration:
+        return Toleration(self.key, self.operator, self.value, self.effect)
+
+
+class RequirementSpec(_Strict):
+    """A node selector requirement of a required node affinity term (kube's matchExpressions entry)."""
+
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RequirementSpec":
+        _label_key(self.key)
+        op, vals = self.operator, self.values
+        if op in ("In", "NotIn") and not vals:
+            raise ValueError(f"operator {op} needs at least one value")
+        if op in ("Exists", "DoesNotExist") and vals:
+            raise ValueError(f"operator {op} takes no values")
+        if op in ("Gt", "Lt") and (len(vals) != 1 or not re.fullmatch(r"[-+]?[0-9]+", vals[0])):
+            raise ValueError(f"operator {op} needs exactly one integer value")
+        for v in vals:
+            _label_value(v)
+        return self
+
+
+class TermSpec(_Strict):
+    """One nodeSelectorTerm: its requirements are ANDed (the terms of a pod are ORed)."""
+
+    match_expressions: list[RequirementSpec] = Field(min_length=1)
+
+    def term(self) -> NodeSelectorTerm:
+        return NodeSelectorTerm(tuple(Requirement(r.key, r.operator, tuple(r.values)) for r in self.match_expressions))
+
+
+class PodPlacement(_Strict):
+    """Where a generator's pods may go, as kube-scheduler reads a Pod: ``node_selector`` (labels a node must
+    carry), ``tolerations`` (of node taints) and ``required_node_affinity`` (requiredDuringScheduling
+    IgnoredDuringExecution's nodeSelectorTerms, ORed). Defaults: none, the pods of before."""
+
+    node_selector: dict[str, str] | None = None
+    tolerations: list[TolerationSpec] | None = None
+    required_node_affinity: list[TermSpec] | None = Field(None, min_length=1)
+
+    _selector = field_validator("node_selector")(classmethod(lambda cls, v: v if v is None else _labels(v)))
+
+    def constraints(self) -> PodConstraints | None:
+        """The filter chain's view (:mod:`joulesched.cluster.filters`); ``None`` when the pods ask nothing."""
+        terms = self.required_node_affinity
+        return pod_constraints(self.node_selector, [t.toleration() for t in self.tolerations or ()],
+                               None if terms is None else [t.term() for t in terms])
+
+
 class NodeGroup(_Strict):
     """``count`` identical nodes. ``power_watts`` is 11 floats (0..100 % CPU) or a SPECpower profile name."""
 
@@ -89,6 +213,16 @@ class NodeGroup(_Strict):
     max_pods: int = Field(110, ge=1)
     power_watts: Union[list[float], str]
     never_sleep: bool = False  # like the joulesched.io/never-sleep annotation (or a control-plane node)
+    # What kube-scheduler's node filters read (cluster/filters.py); defaults: none, the nodes of before.
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[TaintSpec] = Field(default_factory=list)
+    unschedulable: bool = False  # cordoned
+
+    _labels_ok = field_validator("labels")(classmethod(lambda cls, v: _labels(v)))
+
+    @property
+    def traits(self) -> NodeTraits:
+        return NodeTraits.of(self.labels, [t.taint() for t in self.taints], unschedulable=self.unschedulable)
 
     @field_validator("name_prefix")
     @classmethod
@@ -111,7 +245,7 @@ class NodeGroup(_Strict):
         return SPECPOWER[self.power_watts] if isinstance(self.power_watts, str) else tuple(self.power_watts)
 
 
-class Synthetic(_Strict):
+class Synthetic(PodPlacement):
     """A generated workload calibrated to the trace statistics in reference.md section 6.
 
     Pods arrive until ``pods`` have arrived or ``duration_s`` has passed. Arrivals come in bursts of mean size
@@ -222,7 +356,7 @@ class Autoscale(_Strict):
     scale_down_delay_s: float = Field(300.0, ge=0, allow_inf_nan=False)
 
 
-class Services(_Strict):
+class Services(PodPlacement):
     """``count`` long-running services (Deployments) of ``replicas`` pods each, created at ``start_s`` (spread
     uniformly over ``spread_s``). They have no planned end: a service runs until the scenario ends, unless its
     autoscaler removes replicas. ``usage`` is the per-replica demand at ``replicas`` replicas; with

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from joulesched.cluster.filters import DEFAULT_CHAIN, FilterChain, NodeTraits, PodConstraints
 from joulesched.power.curves import interp_many, validate_curve
 
 # Node power states.
@@ -25,6 +26,8 @@ DEFAULT_MEMORY_REQUEST_MIB = 200
 @dataclass(frozen=True, slots=True)
 class PodRequest:
     """A pod's requests as the scheduler sees them. ``None`` = no request; ``0`` = an explicit zero.
+    ``constraints``: its nodeSelector, tolerations and required node affinity (``None``: it asks nothing), which
+    the filter chain (:mod:`joulesched.cluster.filters`) reads.
 
     The derived views are computed once: the filter's (absent = 0) and kube-scheduler's scoring defaults
     (absent = 100m / 200 MiB). They are plain attributes because the twin reads them on every placement.
@@ -32,6 +35,7 @@ class PodRequest:
 
     cpu_m: int | None = None
     memory_mib: int | None = None
+    constraints: PodConstraints | None = None
     filter_cpu: int = field(init=False, repr=False, compare=False)
     filter_mem: int = field(init=False, repr=False, compare=False)
     nz_cpu: int = field(init=False, repr=False, compare=False)
@@ -70,12 +74,16 @@ class ClusterState:
         Absolute time of the node's next pod departure (inf when none is known).
     now : float
         Current time, seconds.
+
+    ``traits`` (labels, taints, cordon, Ready, asleep per node; default: none) and ``chain`` (the filter
+    profile) make :meth:`feasible`, composed once here (:mod:`joulesched.cluster.filters`).
     """
 
     def __init__(self, names: Sequence[str], cpu_m: Sequence[int], memory_mib: Sequence[int],
                  max_pods: Sequence[int], curves: Sequence[Sequence[float]], *, sleep_watts: Sequence[float] | None = None,
                  group: Sequence[int] | None = None, group_names: Sequence[str] | None = None,
-                 wake_s: float = 0.0, can_sleep: bool = False) -> None:
+                 wake_s: float = 0.0, can_sleep: bool = False, traits: Sequence[NodeTraits] | None = None,
+                 chain: FilterChain = DEFAULT_CHAIN) -> None:
         n = len(names)
         if n == 0:
             raise ValueError("a cluster needs at least one node")
@@ -114,22 +122,19 @@ class ClusterState:
         self.power_state = np.zeros(n, dtype=np.int8)
         self.next_departure_at = np.full(n, np.inf)
         self.now = 0.0
+        self.chain = chain
+        self.filter_table = chain.table(self.names, traits)
+        self.feasible = chain.bind(self, self.filter_table)  # shadows the method below: one call per decision
 
     def __len__(self) -> int:
         return len(self.names)
 
     # ---- what policies call -------------------------------------------------------------------------------
-    def feasible(self, pod: PodRequest) -> np.ndarray:
-        """kube-scheduler's NodeResourcesFit filter plus the pod-count limit, on real requests."""
-        c, m = pod.filter_cpu, pod.filter_mem
-        if not (c or m):
-            return self.free_pods > 0
-        ok = self.free_cpu >= c if c else self.free_mem >= m
-        if c and m:
-            ok &= self.free_mem >= m
-        if self.full_nodes:  # the pod-slot comparison only matters once some node is full
-            ok &= self.free_pods > 0
-        return ok
+    def feasible(self, pod: PodRequest) -> np.ndarray:  # replaced per instance by the chain's composed function
+        """Nodes that pass every filter of the chain for ``pod`` (:meth:`FilterChain.bind
+        <joulesched.cluster.filters.FilterChain.bind>`): NodeUnschedulable, TaintToleration, NodeAffinity,
+        PowerState and NodeResourcesFit with the pod count."""
+        return self.chain.bind(self, self.filter_table)(pod)
 
     def utilization(self) -> np.ndarray:
         """CPU utilisation u = min(1, usage / allocatable) per node."""
@@ -142,14 +147,7 @@ class ClusterState:
 
     def filter_reasons(self, i: int, pod: PodRequest) -> list[str]:
         """kube-style reasons node ``i`` fails the filter (empty when it fits)."""
-        reasons = []
-        if pod.cpu_m and self.free_cpu[i] < pod.cpu_m:
-            reasons.append("Insufficient cpu")
-        if pod.memory_mib and self.free_mem[i] < pod.memory_mib:
-            reasons.append("Insufficient memory")
-        if self.free_pods[i] <= 0:
-            reasons.append("Too many pods")
-        return reasons
+        return self.chain.reasons(self, self.filter_table, i, pod)
 
     def unschedulable_message(self, pod: PodRequest) -> str:
         """The FailedScheduling message, e.g. ``0/5 nodes are available: 3 Insufficient cpu.``"""

@@ -56,8 +56,10 @@ _NOT_PLACED, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
 
 def cluster_from_scenario(scenario: Scenario) -> ClusterState:
     """Build the ClusterState of ``scenario``'s node groups (names ``prefix-0``, ``prefix-1``, ...)."""
-    names, cpu, mem, pods, curves, group = [], [], [], [], [], []
+    names, cpu, mem, pods, curves, group, traits = [], [], [], [], [], [], []
     for gi, g in enumerate(scenario.nodes):
+        t = g.traits
+        traits += [t] * g.count
         for k in range(g.count):
             names.append(f"{g.name_prefix}-{k}")
             cpu.append(g.cpu_m)
@@ -70,7 +72,8 @@ def cluster_from_scenario(scenario: Scenario) -> ClusterState:
     sleep_w = [scenario.idle_policy.sleep_watts] * len(names) if sleeping else idle
     return ClusterState(names, cpu, mem, pods, curves, sleep_watts=sleep_w, group=group,
                         group_names=[g.name_prefix for g in scenario.nodes],
-                        wake_s=scenario.idle_policy.wake_s if sleeping else 0.0, can_sleep=sleeping)
+                        wake_s=scenario.idle_policy.wake_s if sleeping else 0.0, can_sleep=sleeping,
+                        traits=None if all(t.plain for t in traits) else traits)
 
 
 class PodObserver(Protocol):
@@ -207,8 +210,10 @@ class Twin:
         self._submit = wl.submit_s.tolist()
         self._dur = wl.duration_s.tolist()
         self._usage = wl.usage_m.tolist()
-        cpu, mem = wl.cpu_req.tolist(), wl.mem_req.tolist()
-        self._req = [PodRequest(None if c < 0 else c, None if m < 0 else m) for c, m in zip(cpu, mem)]
+        cpu, mem, where = wl.cpu_req.tolist(), wl.mem_req.tolist(), wl.placement.tolist()
+        table = wl.placement_table
+        self._req = [PodRequest(None if c < 0 else c, None if m < 0 else m, table[k])
+                     for c, m, k in zip(cpu, mem, where)]
         self.placeable = self._placeable_mask(cluster_from_scenario(scenario), wl)
         ip = scenario.idle_policy
         self.power_policy = ip.power_policy() if isinstance(ip, Sleep) else None
@@ -345,13 +350,8 @@ class Twin:
 
     @staticmethod
     def _placeable_mask(st: ClusterState, wl: Workload) -> np.ndarray:
-        """Pods whose requests fit at least one empty node; the others can never be placed."""
-        cpu = np.maximum(wl.cpu_req, 0)
-        mem = np.maximum(wl.mem_req, 0)
-        ok = np.zeros(len(wl), dtype=bool)
-        for c, m in set(zip(st.alloc_cpu.tolist(), st.alloc_mem.tolist())):
-            ok |= (cpu <= c) & (mem <= m)
-        return ok & (st.alloc_pods.max() > 0)
+        """Pods that pass the filter chain on at least one empty node; the others can never be placed."""
+        return st.chain.placeable(st, st.filter_table, wl.cpu_req, wl.mem_req, wl.placement, wl.placement_table)
 
     def observe_pods(self, observer: PodObserver | None) -> None:
         """Tell ``observer`` of every bind and every end as it happens (None: stop). It sees what a cluster
@@ -682,13 +682,7 @@ class Twin:
     def _retry_pending(self, i: int) -> None:
         """Queue for a new decision every pending pod that now fits node ``i`` (FIFO order kept)."""
         st = self.state
-        fc, fm, fp = int(st.free_cpu[i]), int(st.free_mem[i]), int(st.free_pods[i])
-        if fp <= 0:
-            return
-        keep, retry = [], []
-        for p in self._pending:
-            r = self._req[p]
-            (retry if r.filter_cpu <= fc and r.filter_mem <= fm else keep).append(p)
+        keep, retry = st.chain.retry(st, st.filter_table, i, self._pending, self._req)
         if retry:
             self._pending = keep
             self._ready.extend(retry)

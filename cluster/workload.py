@@ -34,14 +34,15 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 
-from joulesched.cluster.scenario import Scenario, ScenarioError, Services, Synthetic
+from joulesched.cluster.filters import PodConstraints
+from joulesched.cluster.scenario import PodPlacement, Scenario, ScenarioError, Services, Synthetic
 from joulesched.core.fsio import atomic_path
 
 TRACE_COLUMNS = ("submit_s", "duration_s", "cpu_request_m", "memory_request_mib", "cpu_usage_m")
@@ -112,7 +113,8 @@ def _codes(n: int, dtype=np.int32) -> np.ndarray:
 
 
 _META_TABLES = (("owner", "owner_names", ("",)), ("app", "app_names", ("",)),
-                ("namespace", "namespace_names", (DEFAULT_NAMESPACE,)), ("slo", "slo_names", ("",)))
+                ("namespace", "namespace_names", (DEFAULT_NAMESPACE,)), ("slo", "slo_names", ("",)),
+                ("placement", "placement_table", (None,)))
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,10 @@ class Workload:
     namespace_names: tuple[str, ...] = field(default=(DEFAULT_NAMESPACE,), kw_only=True)
     slo: np.ndarray | None = field(default=None, kw_only=True)
     slo_names: tuple[str, ...] = field(default=("",), kw_only=True)
+    # Scheduling constraints (nodeSelector, tolerations, required node affinity): codes into placement_table,
+    # 0 = none (cluster/filters.py).
+    placement: np.ndarray | None = field(default=None, kw_only=True)
+    placement_table: tuple[PodConstraints | None, ...] = field(default=(None,), kw_only=True)
     profile: np.ndarray | None = field(default=None, kw_only=True)  # int32 into the profile table, -1 = constant
     prof_ptr: np.ndarray | None = field(default=None, kw_only=True)  # int64, profiles + 1 offsets
     prof_t: np.ndarray | None = field(default=None, kw_only=True)  # float64 breakpoints (see module docstring)
@@ -327,8 +333,9 @@ class Workload:
 
 
 _POD_COLUMNS = ("submit_s", "duration_s", "cpu_req", "mem_req", "usage_m", "kind", "cpu_lim", "mem_lim",
-                "priority", "owner", "app", "namespace", "slo", "profile")
-_TABLES = ("owner_names", "app_names", "namespace_names", "slo_names", "prof_ptr", "prof_t", "prof_m")
+                "priority", "owner", "app", "namespace", "slo", "profile", "placement")
+_TABLES = ("owner_names", "app_names", "namespace_names", "slo_names", "placement_table", "prof_ptr", "prof_t",
+           "prof_m")
 
 
 def merge_workloads(parts: Sequence[Workload]) -> Workload:
@@ -716,7 +723,14 @@ def _synthesize(spec: Synthetic, horizon: float, rng: np.random.Generator,
     # Metadata draws nothing from the stream, so the pods above are the same with or without it.
     return Workload(submit, dur, cpu, mem, usage, **_generator_meta(n, spec.owner_kind, spec.app, spec.namespace,
                                                                       spec.priority, spec.slo_class),
-                    cpu_lim=_limits(cpu, spec.cpu_limit_factor), mem_lim=_limits(mem, spec.memory_limit_factor))
+                    cpu_lim=_limits(cpu, spec.cpu_limit_factor), mem_lim=_limits(mem, spec.memory_limit_factor),
+                    **_placement(n, spec))
+
+
+def _placement(n: int, spec: PodPlacement) -> dict:
+    """One generator's scheduling constraints, the same for all its ``n`` pods (none: the default columns)."""
+    k = spec.constraints()
+    return {} if k is None else {"placement": np.ones(n, dtype=np.int32), "placement_table": (None, k)}
 
 
 def _limits(req: np.ndarray, factor: float | None) -> np.ndarray:
@@ -814,7 +828,9 @@ def generate_services(spec: Services, horizon: float, rng: np.random.Generator) 
                 mean = float(np.dot(per_pod[life], ends[life] - starts[life]) / (e0 - s0))
                 pods.add(s0, math.inf if k1 == last else e0 - s0, spec.cpu_m, spec.memory_mib, mean, app=app,
                          profile=prof, **meta)
-    return pods.build()
+    wl = pods.build()
+    where = _placement(len(wl), spec)
+    return replace(wl, **where) if where else wl
 
 
 #: kube-controller-manager's --horizontal-pod-autoscaler-tolerance: no scaling while |ratio - 1| <= 0.1.

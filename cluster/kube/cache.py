@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from joulesched.cluster.kube.informer import Informer
 from joulesched.cluster.kube.metrics_feed import FeedConfig, PrometheusFeed
-from joulesched.cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, node_gate_reason, parse_node, parse_pod
+from joulesched.cluster.filters import FilterChain
+from joulesched.cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, parse_node, parse_pod
 from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
 
 log = logging.getLogger("joulesched.kube")
@@ -69,11 +70,7 @@ class KubeCache:
         self._listeners: list[PodListener] = []
         self._state: ClusterState | None = None
         self._index: dict[str, int] = {}
-        self._gated: np.ndarray = np.zeros(0, dtype=np.int64)
-        self._gate_views: dict[int, NodeInfo] = {}
-        #: Sleeping nodes pass the filters as they will be once awake (the scheduler then waits for them);
-        #: False: they are gated by their taint, cordon and Ready condition like any other node.
-        self.sleep_aware = False
+        self._sleep_aware = False
         self._dirty = True
         self.epoch = 0
         self._cpu_frac: dict[str, float] = {}
@@ -286,14 +283,12 @@ class KubeCache:
             return
         infos = [self.nodes[n] for n in names]
         st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
-                          [i.max_pods for i in infos], [i.curve for i in infos])
+                          [i.max_pods for i in infos], [i.curve for i in infos], traits=[i.traits for i in infos],
+                          chain=FilterChain(wake_sleeping=self._sleep_aware))
         self._index = {n: k for k, n in enumerate(names)}
         for node, req in self._accounted.values():
             if node in self._index:
                 st.bind(self._index[node], req)
-        self._gated = np.array([k for k, i in enumerate(infos) if i.unschedulable or i.taints or not i.ready],
-                               dtype=np.int64)
-        self._gate_views = {k: i.awake_view() for k, i in enumerate(infos) if i.asleep}
         for k, i in enumerate(infos):
             if i.asleep:
                 st.power_state[k] = WAKING if i.waking else ASLEEP
@@ -304,22 +299,28 @@ class KubeCache:
         assert self._state is not None
         return self.nodes[self._state.names[i]]
 
+    @property
+    def sleep_aware(self) -> bool:
+        """Sleeping nodes pass the filters as they will be once awake (the scheduler then waits for them);
+        False (the default): they are gated by their taint, cordon and Ready condition like any other node.
+        The filter chain's PowerState profile: changing it rebuilds the state."""
+        return self._sleep_aware
+
+    @sleep_aware.setter
+    def sleep_aware(self, value: bool) -> None:
+        with self.lock:
+            if bool(value) != self._sleep_aware:
+                self._sleep_aware = bool(value)
+                self._dirty = True
+
     def feasible(self, pod: PodInfo) -> np.ndarray:
-        """Nodes that pass kube-scheduler's filters for ``pod``: NodeUnschedulable, TaintToleration,
-        NodeAffinity (nodeSelector) and NodeResourcesFit (cpu, memory, pod count)."""
+        """Nodes that pass the filter chain for ``pod`` (:mod:`joulesched.cluster.filters`): NodeUnschedulable,
+        TaintToleration, NodeAffinity (nodeSelector and required node affinity), PowerState and
+        NodeResourcesFit (cpu, memory, pod count)."""
         st = self.state()
         if st is None:
             return np.zeros(0, dtype=bool)
-        mask = st.feasible(pod.request)
-        views = self._gate_views if self.sleep_aware else {}
-        for k in self._gated:
-            if mask[k] and node_gate_reason(views.get(k) or self.nodes[st.names[k]], pod):
-                mask[k] = False
-        if pod.node_selector:
-            for k in np.flatnonzero(mask):
-                if node_gate_reason(views.get(k) or self.nodes[st.names[k]], pod):
-                    mask[k] = False
-        return mask
+        return st.feasible(pod.request)
 
     def node_awake(self, name: str) -> bool:
         """The node is Ready and not asleep or waking: a binding to it may go out."""
@@ -330,8 +331,7 @@ class KubeCache:
         """Why node ``i`` fails ``pod`` (kube's wording); empty when it fits."""
         st = self.state()
         assert st is not None
-        gate = node_gate_reason(self.nodes[st.names[i]], pod)
-        return [gate] if gate else st.filter_reasons(i, pod.request)
+        return st.filter_reasons(i, pod.request)
 
     def unschedulable_message(self, pod: PodInfo) -> str:
         st = self.state()

@@ -18,6 +18,16 @@ from decimal import Decimal
 
 from kubernetes.utils import parse_quantity
 
+from joulesched.cluster.filters import (
+    NodeSelectorTerm,
+    NodeTraits,
+    PodConstraints,
+    Requirement,
+    Taint,
+    Toleration,
+    node_reason,
+    pod_constraints,
+)
 from joulesched.cluster.state import PodRequest
 from joulesched.cluster.workload import QOS_CLASSES, SERVICE_OWNERS, PodMeta
 from joulesched.core.errors import UsageError
@@ -96,13 +106,6 @@ def pod_request(pod: dict) -> PodRequest:
     return PodRequest(cpu_m=out["cpu"], memory_mib=out["memory"])
 
 
-@dataclass(frozen=True, slots=True)
-class Taint:
-    key: str
-    value: str
-    effect: str
-
-
 @dataclass(frozen=True)
 class NodeInfo:
     """A node as the scheduler sees it. Allocatable in millicores, MiB and pod slots; ``curve`` in watts."""
@@ -119,6 +122,12 @@ class NodeInfo:
     ready: bool = True  # the Ready condition is True (or the node reports none)
     asleep: bool = False  # the node power controller put it to sleep (its taint ``joulesched.io/asleep``)
     waking: bool = False  # ... and is waking it (annotation ``joulesched.io/power-state: waking``)
+
+    @functools.cached_property
+    def traits(self) -> NodeTraits:
+        """What the filter chain reads of this node (:mod:`joulesched.cluster.filters`)."""
+        return NodeTraits.of(self.labels, self.taints, unschedulable=self.unschedulable, ready=self.ready,
+                             asleep=self.asleep)
 
     def awake_view(self) -> "NodeInfo":
         """The node as it will be once awake: without the controller's taint and cordon, Ready."""
@@ -161,6 +170,9 @@ def parse_pod(pod: dict) -> PodInfo:
         req = pod_request(pod)
     except ObjectError:
         req = PodRequest(None, None)  # a malformed request cannot come from a real apiserver; count it as none
+    where = parse_constraints(spec)
+    if where is not None:
+        req = PodRequest(req.cpu_m, req.memory_mib, where)
     try:
         rv = int(meta.get("resourceVersion") or 0)
     except ValueError:
@@ -425,40 +437,27 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
                     waking=asleep and annotations.get(POWER_STATE_ANNOTATION) == "waking")
 
 
-def tolerates(tolerations: tuple, taint: Taint) -> bool:
-    """kube's ``Toleration.ToleratesTaint``."""
-    for tol in tolerations:
-        t = dict(tol)
-        if t.get("effect") and t["effect"] != taint.effect:
-            continue
-        op = t.get("operator") or "Equal"
-        key = t.get("key") or ""
-        if key and key != taint.key:
-            continue
-        if not key and op != "Exists":
-            continue
-        if op == "Exists" or (t.get("value") or "") == taint.value:
-            return True
-    return False
+def _requirements(items: object) -> tuple[Requirement, ...]:
+    return tuple(Requirement(str(r.get("key") or ""), str(r.get("operator") or ""),
+                             tuple(str(v) for v in r.get("values") or ()))
+                 for r in items or () if isinstance(r, dict)) if isinstance(items, list) else ()
 
 
-NOT_READY_TAINT = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
+def parse_constraints(spec: dict) -> PodConstraints | None:
+    """A Pod spec's nodeSelector, tolerations and required node affinity as the filter chain reads them."""
+    tols = [Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"), str(t.get("value") or ""),
+                       str(t.get("effect") or "")) for t in spec.get("tolerations") or [] if isinstance(t, dict)]
+    req = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+           .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = None
+    if isinstance(req, dict):
+        terms = [NodeSelectorTerm(_requirements(t.get("matchExpressions")), _requirements(t.get("matchFields")))
+                 for t in req.get("nodeSelectorTerms") or [] if isinstance(t, dict)]
+    return pod_constraints(spec.get("nodeSelector") or {}, tols, terms)
 
 
 def node_gate_reason(node: NodeInfo, pod: PodInfo) -> str:
-    """The first non-resource filter the node fails, in kube-scheduler's plugin order, as kube words it;
-    "" when it passes. NodeUnschedulable, TaintToleration (NoSchedule/NoExecute), NodeAffinity (nodeSelector)."""
-    if node.unschedulable and not tolerates(pod.tolerations, Taint("node.kubernetes.io/unschedulable", "",
-                                                                   "NoSchedule")):
-        return "node(s) were unschedulable"
-    for taint in node.taints:
-        if taint.effect in ("NoSchedule", "NoExecute") and not tolerates(pod.tolerations, taint):
-            return f"node(s) had untolerated taint {{{taint.key}: {taint.value}}}"
-    # The node lifecycle controller taints a NotReady node node.kubernetes.io/not-ready; checked here too, so
-    # that nothing is placed on a node that is off or booting even before that taint appears.
-    if not node.ready and not tolerates(pod.tolerations, NOT_READY_TAINT):
-        return f"node(s) had untolerated taint {{{NOT_READY_TAINT.key}: }}"
-    for k, v in pod.node_selector.items():
-        if node.labels.get(k) != v:
-            return "node(s) didn't match Pod's node affinity/selector"
-    return ""
+    """The first node filter of the chain (:mod:`joulesched.cluster.filters`: NodeUnschedulable,
+    TaintToleration with the not-ready taint, NodeAffinity with nodeSelector and required node affinity) that
+    ``node`` fails for ``pod``, in kube's words; "" when it passes. Resources are not looked at."""
+    return node_reason(node.traits, pod.request.constraints, node.name)

@@ -1,0 +1,474 @@
+"""The filter chain: which nodes a pod may go to. One implementation for the twin, :class:`ClusterState`, the
+live cache and the node power controller's "would this pod fit if that node woke" question.
+
+Modelled on kube-scheduler's Filter extension point: small named filters, run in kube's plugin order, the
+first failing one giving the node's reason in kube's words.
+
+* Node filters look only at what a node *is* (its :class:`NodeTraits`: labels, taints, cordon, Ready, asleep)
+  and what a pod *asks* (its :class:`PodConstraints`: nodeSelector, tolerations, required node affinity):
+  ``NodeUnschedulable``, ``TaintToleration``, ``NodeAffinity``. They are judged once per distinct node traits
+  (nodes are encoded as integer ids of their distinct traits, :class:`NodeTable`) and cached per distinct pod
+  constraints, so a pod's cost is a dict lookup and one ``&``; a pod without constraints on nodes that admit
+  it costs nothing at all.
+* ``PowerState`` decides how a sleeping node is judged: under a profile that wakes nodes (the twin; the live
+  scheduler with node power) as it will be once awake, without the node power controller's taint and cordon;
+  otherwise as it is, gated by them.
+* Resource filters look at the free capacity a :class:`ClusterState` keeps: ``NodeResourcesFit`` (cpu, memory
+  and the pod count, kube's ``Insufficient cpu`` / ``Insufficient memory`` / ``Too many pods``). A new resource
+  (GPUs) is one more object with the same three methods in :data:`RESOURCE_FILTERS`.
+
+:class:`FilterChain` composes them once per profile; :meth:`FilterChain.bind` gives a state its ``feasible``
+function. Policies only ever choose among the nodes of that mask, so a filter a policy does not know about
+still applies.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+
+#: The node power controller's taint on a sleeping node (joulesched.cluster.kube.objects re-exports it).
+ASLEEP_TAINT = "joulesched.io/asleep"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+#: Taint effects the filter honours (PreferNoSchedule only lowers a score in kube).
+GATING_EFFECTS = ("NoSchedule", "NoExecute")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+# kube-scheduler's words (pkg/scheduler/framework/plugins/*): the FailedScheduling message counts these.
+REASON_UNSCHEDULABLE = "node(s) were unschedulable"
+REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+REASON_CPU, REASON_MEMORY, REASON_PODS = "Insufficient cpu", "Insufficient memory", "Too many pods"
+
+
+def untolerated_taint_reason(taint: "Taint") -> str:
+    return f"node(s) had untolerated taint {{{taint.key}: {taint.value}}}"
+
+
+# ---- what nodes are and what pods ask ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """kube's Toleration. An empty ``key`` with ``Exists`` tolerates every taint; an empty ``effect`` every effect."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        """kube's ``Toleration.ToleratesTaint``."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if not self.key and self.operator != "Exists":
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+_INT = re.compile(r"^[-+]?[0-9]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """A node selector requirement: ``key`` ``operator`` ``values`` (kube's NodeSelectorRequirement)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        op, v = self.operator, labels.get(self.key)
+        if op == "In":
+            return v is not None and v in self.values
+        if op == "NotIn":
+            return v is None or v not in self.values
+        if op == "Exists":
+            return v is not None
+        if op == "DoesNotExist":
+            return v is None
+        # Gt / Lt: both sides integers (kube: a label that is not one does not match).
+        if v is None or len(self.values) != 1 or not _INT.match(v) or not _INT.match(self.values[0]):
+            return False
+        return int(v) > int(self.values[0]) if op == "Gt" else int(v) < int(self.values[0])
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """Requirements ANDed; an empty term matches no node (kube). ``match_fields`` read ``metadata.name``."""
+
+    match_expressions: tuple[Requirement, ...] = ()
+    match_fields: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str], fields: Mapping[str, str]) -> bool:
+        if not self.match_expressions and not self.match_fields:
+            return False
+        return all(r.matches(labels) for r in self.match_expressions) and \
+            all(r.matches(fields) for r in self.match_fields)
+
+
+@dataclass(frozen=True, slots=True)
+class PodConstraints:
+    """What a pod asks of a node beyond resources. ``required_terms`` is
+    requiredDuringSchedulingIgnoredDuringExecution's nodeSelectorTerms (ORed); ``None``: no required affinity.
+    Build it with :func:`pod_constraints`, which returns ``None`` for a pod that asks nothing."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    required_terms: tuple[NodeSelectorTerm, ...] | None = None
+    uses_fields: bool = field(default=False, init=False, compare=False, repr=False)
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uses_fields", any(t.match_fields for t in self.required_terms or ()))
+        # Hashed once: the chain looks a pod's constraints up in its verdict cache on every decision.
+        object.__setattr__(self, "_hash", hash((self.node_selector, self.tolerations, self.required_terms)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+def pod_constraints(node_selector: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+                    tolerations: Iterable[Toleration] = (),
+                    required_terms: Iterable[NodeSelectorTerm] | None = None) -> PodConstraints | None:
+    """The pod's constraints, canonical (sorted selector, tuples); ``None`` when it asks nothing."""
+    items = node_selector.items() if isinstance(node_selector, Mapping) else (node_selector or ())
+    sel = tuple(sorted((str(k), str(v)) for k, v in items))
+    tol = tuple(tolerations)
+    terms = None if required_terms is None else tuple(required_terms)
+    if not sel and not tol and terms is None:
+        return None
+    return PodConstraints(sel, tol, terms)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTraits:
+    """What the node filters read of a node. ``asleep``: the node power controller put it to sleep (its
+    taint ``joulesched.io/asleep`` and its cordon are the controller's, see :meth:`awake`)."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+    asleep: bool = False
+
+    @classmethod
+    def of(cls, labels: Mapping[str, str] | None = None, taints: Iterable[Taint] = (), *,
+           unschedulable: bool = False, ready: bool = True, asleep: bool = False) -> "NodeTraits":
+        return cls(tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items())), tuple(taints),
+                   bool(unschedulable), bool(ready), bool(asleep))
+
+    def awake(self) -> "NodeTraits":
+        """The node as it will be once awake: without the controller's taint and cordon, Ready."""
+        return replace(self, unschedulable=False, ready=True, asleep=False,
+                       taints=tuple(t for t in self.taints if t.key != ASLEEP_TAINT))
+
+    @property
+    def plain(self) -> bool:
+        """Admits a pod without constraints and matches no selector: what every twin node was before labels."""
+        return self == _PLAIN
+
+
+_PLAIN = NodeTraits()
+
+
+# ---- the node filters, in kube-scheduler's plugin order ---------------------------------------------------
+NodeFilter = Callable[[NodeTraits, "PodConstraints | None", Mapping[str, str]], str]
+
+
+def node_unschedulable(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[str, str]) -> str:
+    """NodeUnschedulable: a cordoned node takes only pods tolerating ``node.kubernetes.io/unschedulable``."""
+    if node.unschedulable and not any(t.tolerates(_UNSCHEDULABLE) for t in (pod.tolerations if pod else ())):
+        return REASON_UNSCHEDULABLE
+    return ""
+
+
+_UNSCHEDULABLE = Taint(UNSCHEDULABLE_TAINT, "", "NoSchedule")
+_NOT_READY = Taint(NOT_READY_TAINT, "", "NoSchedule")
+
+
+def taint_toleration(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[str, str]) -> str:
+    """TaintToleration: every NoSchedule/NoExecute taint tolerated. A NotReady node counts as tainted
+    ``node.kubernetes.io/not-ready`` (the node lifecycle controller's taint) even before the taint appears, so
+    that nothing lands on a node that is off or booting."""
+    tols = pod.tolerations if pod else ()
+    taints = node.taints if node.ready else (*node.taints, _NOT_READY)
+    for taint in taints:
+        if taint.effect in GATING_EFFECTS and not any(t.tolerates(taint) for t in tols):
+            return untolerated_taint_reason(taint)
+    return ""
+
+
+def node_affinity(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[str, str]) -> str:
+    """NodeAffinity: the nodeSelector's labels all present, and one required nodeSelectorTerm matched."""
+    if pod is None:
+        return ""
+    labels = dict(node.labels)
+    if any(labels.get(k) != v for k, v in pod.node_selector):
+        return REASON_AFFINITY
+    if pod.required_terms is not None and not any(t.matches(labels, fields) for t in pod.required_terms):
+        return REASON_AFFINITY
+    return ""
+
+
+NODE_FILTERS: tuple[tuple[str, NodeFilter], ...] = (
+    ("NodeUnschedulable", node_unschedulable),
+    ("TaintToleration", taint_toleration),
+    ("NodeAffinity", node_affinity),
+)
+
+
+def node_reason(node: NodeTraits, pod: PodConstraints | None, name: str = "",
+                filters: Sequence[tuple[str, NodeFilter]] = NODE_FILTERS) -> str:
+    """The first node filter ``node`` fails for ``pod``, in kube's words; "" when it passes them all."""
+    fields = {"metadata.name": name}
+    for _, f in filters:
+        r = f(node, pod, fields)
+        if r:
+            return r
+    return ""
+
+
+def power_state_view(node: NodeTraits, wake_sleeping: bool) -> NodeTraits:
+    """PowerState: what the node filters judge of a sleeping node. Waking it is part of binding to it when the
+    profile wakes nodes: then it is judged awake; otherwise the controller's taint and cordon gate it."""
+    return node.awake() if wake_sleeping and node.asleep else node
+
+
+# ---- resource filters ---------------------------------------------------------------------------------------
+class ClusterState(Protocol):
+    """What the filters read of :class:`joulesched.cluster.state.ClusterState` (which imports this module)."""
+
+    names: list[str]
+    alloc_cpu: np.ndarray
+    alloc_mem: np.ndarray
+    alloc_pods: np.ndarray
+    free_cpu: np.ndarray
+    free_mem: np.ndarray
+    free_pods: np.ndarray
+    full_nodes: int
+
+    def __len__(self) -> int: ...
+
+
+class PodRequest(Protocol):
+    """What the filters read of :class:`joulesched.cluster.state.PodRequest`: requests (absent = 0), constraints."""
+
+    filter_cpu: int
+    filter_mem: int
+    constraints: PodConstraints | None
+
+
+class ResourceFilter(Protocol):
+    """A filter over a ClusterState's free capacity: a mask over nodes, one node's reasons, and (for pods
+    that fit no node even when the cluster is empty) the fit against empty nodes, vectorised over pods."""
+
+    name: str
+
+    def mask(self, st: ClusterState, pod: PodRequest) -> np.ndarray: ...
+
+    def reasons(self, st: ClusterState, i: int, pod: PodRequest) -> list[str]: ...
+
+    def fits_empty(self, st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray: ...
+
+    def fits_node(self, st: ClusterState, i: int, pod: PodRequest) -> bool: ...
+
+
+class NodeResourcesFit:
+    """kube's NodeResourcesFit on real requests (absent = 0), and the pod-count limit."""
+
+    name = "NodeResourcesFit"
+
+    @staticmethod
+    def mask(st: ClusterState, pod: PodRequest) -> np.ndarray:
+        return fits_free(st.free_cpu, st.free_mem, st.free_pods, pod, st.full_nodes)
+
+    @staticmethod
+    def reasons(st: ClusterState, i: int, pod: PodRequest) -> list[str]:
+        out = []
+        if pod.filter_cpu and st.free_cpu[i] < pod.filter_cpu:
+            out.append(REASON_CPU)
+        if pod.filter_mem and st.free_mem[i] < pod.filter_mem:
+            out.append(REASON_MEMORY)
+        if st.free_pods[i] <= 0:
+            out.append(REASON_PODS)
+        return out
+
+    @staticmethod
+    def fits_node(st: ClusterState, i: int, pod: PodRequest) -> bool:
+        return st.free_pods[i] > 0 and pod.filter_cpu <= st.free_cpu[i] and pod.filter_mem <= st.free_mem[i]
+
+    @staticmethod
+    def fits_empty(st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+        """Per pod (requests ``cpu``, ``mem``, -1 = none): fits one of the empty ``nodes`` (a bool mask)."""
+        cpu, mem = np.maximum(cpu, 0), np.maximum(mem, 0)
+        ok = np.zeros(len(cpu), dtype=bool)
+        if not nodes.any():
+            return ok
+        for c, m in set(zip(st.alloc_cpu[nodes].tolist(), st.alloc_mem[nodes].tolist())):
+            ok |= (cpu <= c) & (mem <= m)
+        return ok & (st.alloc_pods[nodes].max() > 0)
+
+
+def fits_free(free_cpu: np.ndarray, free_mem: np.ndarray, free_pods: np.ndarray, pod: PodRequest,
+              any_full: bool | int = True) -> np.ndarray:
+    """NodeResourcesFit over explicit free capacity (a state's, or the copies a what-if plan decrements):
+    three comparisons, fewer when a request is absent or no node is full (``any_full`` False)."""
+    c, m = pod.filter_cpu, pod.filter_mem
+    if not (c or m):
+        return free_pods > 0
+    ok = free_cpu >= c if c else free_mem >= m
+    if c and m:
+        ok &= free_mem >= m
+    if any_full:  # the pod-slot comparison only matters once some node is full
+        ok &= free_pods > 0
+    return ok
+
+
+RESOURCE_FILTERS: tuple[ResourceFilter, ...] = (NodeResourcesFit(),)
+
+
+# ---- composition --------------------------------------------------------------------------------------------
+class NodeTable:
+    """A node set's traits as integer ids of their distinct values, and the node filters' verdicts cached per
+    distinct pod constraints (a mask over nodes, or ``None`` when every node passes)."""
+
+    MAX_CACHED = 4096  # distinct constraints remembered (a live cache sees new pods forever)
+
+    def __init__(self, names: Sequence[str], traits: Sequence[NodeTraits] | None, *, wake_sleeping: bool = True,
+                 filters: Sequence[tuple[str, NodeFilter]] = NODE_FILTERS) -> None:
+        n = len(names)
+        judged = [_PLAIN] * n if traits is None else [power_state_view(t, wake_sleeping) for t in traits]
+        if len(judged) != n:
+            raise ValueError(f"{len(judged)} node traits for {n} nodes")
+        ids: dict[NodeTraits, int] = {}
+        self.ids = np.array([ids.setdefault(t, len(ids)) for t in judged], dtype=np.int64)
+        self.classes = list(ids)
+        self.names = list(names)
+        self.filters = tuple(filters)
+        self.plain = self.classes == [_PLAIN] or not n
+        self._cache: dict[PodConstraints | None, np.ndarray | None] = {}
+        self.open = self.mask(None)  # the verdict for a pod that asks nothing
+
+    def mask(self, pod: PodConstraints | None) -> np.ndarray | None:
+        try:
+            return self._cache[pod]
+        except KeyError:
+            pass
+        if pod is not None and pod.uses_fields:  # matchFields read the node's name: judged node by node
+            ok = np.array([not node_reason(self.classes[c], pod, nm, self.filters)
+                           for c, nm in zip(self.ids.tolist(), self.names)], dtype=bool)
+        else:
+            per = np.array([not node_reason(t, pod, "", self.filters) for t in self.classes], dtype=bool)
+            ok = per[self.ids]
+        out = None if ok.all() else ok
+        if len(self._cache) >= self.MAX_CACHED:
+            self._cache.clear()
+        self._cache[pod] = out
+        return out
+
+    def verdict(self, pod: PodConstraints | None) -> np.ndarray | None:
+        """:meth:`mask`, with the pod that asks nothing answered without a lookup."""
+        return self.open if pod is None else self.mask(pod)
+
+    def reason(self, i: int, pod: PodConstraints | None) -> str:
+        return node_reason(self.classes[int(self.ids[i])], pod, self.names[i], self.filters)
+
+
+@dataclass(frozen=True)
+class FilterChain:
+    """The filters of one profile, composed once. ``wake_sleeping``: sleeping nodes are judged as they will be
+    once awake (PowerState). ``resources`` and ``node_filters`` default to every filter joulesched has."""
+
+    wake_sleeping: bool = True
+    resources: tuple[ResourceFilter, ...] = RESOURCE_FILTERS
+    node_filters: tuple[tuple[str, NodeFilter], ...] = NODE_FILTERS
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.node_filters] + ["PowerState"] + [r.name for r in self.resources]
+
+    def table(self, names: Sequence[str], traits: Sequence[NodeTraits] | None) -> NodeTable:
+        return NodeTable(names, traits, wake_sleeping=self.wake_sleeping, filters=self.node_filters)
+
+    def bind(self, st: ClusterState, table: NodeTable) -> Callable[[PodRequest], np.ndarray]:
+        """``feasible(pod) -> mask`` over ``st``'s nodes: the resource filters on its free capacity, then the
+        node filters' cached verdict for the pod's constraints (skipped when every node passes)."""
+        first, *rest = self.resources
+
+        if not rest and isinstance(first, NodeResourcesFit):
+            # The common chain, flattened: today's three comparisons, then one lookup when anything can fail.
+            def feasible(pod: PodRequest) -> np.ndarray:
+                ok = fits_free(st.free_cpu, st.free_mem, st.free_pods, pod, st.full_nodes)
+                k = pod.constraints
+                s = table.open if k is None else table.mask(k)
+                if s is not None:
+                    ok &= s
+                return ok
+            return feasible
+
+        def feasible_all(pod: PodRequest) -> np.ndarray:
+            ok = np.logical_and.reduce([r.mask(st, pod) for r in self.resources])
+            s = table.verdict(pod.constraints)
+            return ok if s is None else ok & s
+        return feasible_all
+
+    def reasons(self, st: ClusterState, table: NodeTable, i: int, pod: PodRequest) -> list[str]:
+        """Why node ``i`` fails ``pod``, kube's words: the first node filter that fails, else every resource
+        that is short; empty when it fits."""
+        r = table.reason(i, pod.constraints)
+        if r:
+            return [r]
+        return [x for f in self.resources for x in f.reasons(st, i, pod)]
+
+    def placeable(self, st: ClusterState, table: NodeTable, cpu: np.ndarray, mem: np.ndarray,
+                  constraints: np.ndarray, table_of: Sequence[PodConstraints | None]) -> np.ndarray:
+        """Per pod: fits at least one node of ``st`` when that node is empty. ``constraints`` are codes into
+        ``table_of`` (the pods' distinct constraints, code 0 = none)."""
+        ok = np.zeros(len(cpu), dtype=bool)
+        everyone = np.ones(len(st), dtype=bool)
+        for code in np.unique(constraints).tolist():
+            sel = constraints == code
+            s = table.mask(table_of[code])
+            nodes = everyone if s is None else s
+            fit = np.ones(int(sel.sum()), dtype=bool)
+            for r in self.resources:
+                fit &= r.fits_empty(st, nodes, cpu[sel], mem[sel])
+            ok[sel] = fit
+        return ok
+
+    def retry(self, st: ClusterState, table: NodeTable, i: int, pending: list[int],
+              reqs: Sequence[PodRequest]) -> tuple[list[int], list[int]]:
+        """Split ``pending`` (indices into ``reqs``) into those that still fit nowhere new and those that now
+        pass every filter on node ``i`` (order kept): what a departure from ``i`` may unblock."""
+        if st.free_pods[i] <= 0:
+            return pending, []
+        keep, retry = [], []
+        res = self.resources
+        for p in pending:
+            r = reqs[p]
+            ok = all(f.fits_node(st, i, r) for f in res) and self.admits(table, i, r)
+            (retry if ok else keep).append(p)
+        return keep, retry
+
+    def admits(self, table: NodeTable, i: int, pod: PodRequest) -> bool:
+        """Node ``i`` passes the node filters for ``pod`` (resources aside): a table lookup."""
+        s = table.verdict(pod.constraints)
+        return s is None or bool(s[i])
+
+
+#: The default profile: every filter, sleeping nodes judged awake (the twin; the live scheduler with node power).
+DEFAULT_CHAIN = FilterChain()
