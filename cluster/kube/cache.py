@@ -68,6 +68,7 @@ class KubeCache:
         self._accounted: dict[str, tuple[str, PodRequest]] = {}
         self._tombstones: dict[str, int] = {}  # uid -> resourceVersion of its deletion, seen by a resync
         self._listeners: list[PodListener] = []
+        self._change_listeners: list[Callable[[], None]] = []
         self._state: ClusterState | None = None
         self._index: dict[str, int] = {}
         self._sleep_aware = False
@@ -93,6 +94,26 @@ class KubeCache:
     def add_pod_listener(self, fn: PodListener) -> None:
         with self.lock:
             self._listeners.append(fn)
+
+    def add_change_listener(self, fn: Callable[[], None]) -> None:
+        """``fn()`` after any node or pod change (a subscriber such as the node power controller). Called
+        with :attr:`lock` held: it must only take note (set a flag, notify a condition)."""
+        with self.lock:
+            self._change_listeners.append(fn)
+
+    def _changed(self) -> None:
+        for fn in self._change_listeners:
+            fn()
+
+    def observe_node(self, obj: dict) -> None:
+        """A Node object this process just wrote: applied now if newer than the cache's (the watch will say
+        the same a moment later; acting on it at once spares a subscriber a stale pass)."""
+        info = parse_node(obj, self.curves)
+        with self.lock:
+            cur = self.nodes.get(info.name)
+            if cur is not None and info.rv and cur.rv and info.rv < cur.rv:
+                return
+            self._store_node(info)
 
     def start(self) -> "KubeCache":
         self.node_informer.start()
@@ -128,9 +149,16 @@ class KubeCache:
                 info = parse_node(obj, self.curves)
                 fresh[info.name] = info
             if fresh != self.nodes:
-                self.nodes = fresh
                 self._dirty = True
+            self.nodes = fresh  # (also when equal: heartbeats and resourceVersions are not compared)
             self._nodes_gauge.set(len(self.nodes))
+            self._changed()
+
+    def _store_node(self, info: NodeInfo) -> None:
+        if self.nodes.get(info.name) != info:  # heartbeats that change nothing we use cost no rebuild
+            self._dirty = True
+        self.nodes[info.name] = info
+        self._changed()
 
     def _node_event(self, etype: str, obj: dict) -> None:
         with self.lock:
@@ -138,11 +166,12 @@ class KubeCache:
             if etype == "DELETED":
                 if self.nodes.pop(name, None) is not None:
                     self._dirty = True
+                self._changed()
             else:
                 info = parse_node(obj, self.curves)
-                if self.nodes.get(name) != info:  # heartbeats that change nothing we use cost nothing
-                    self.nodes[name] = info
-                    self._dirty = True
+                cur = self.nodes.get(name)
+                if cur is None or not (info.rv and cur.rv and info.rv < cur.rv):  # our own writes may be newer
+                    self._store_node(info)
             self._nodes_gauge.set(len(self.nodes))
 
     # ---- pod cache ----
@@ -224,6 +253,7 @@ class KubeCache:
             return
         for fn in self._listeners:
             fn(old, info)
+        self._changed()
 
     def _reaccount(self, uid: str) -> None:
         pod = self.pods.get(uid)

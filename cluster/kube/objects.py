@@ -28,6 +28,7 @@ from joulesched.cluster.filters import (
     node_reason,
     pod_constraints,
 )
+from joulesched.cluster import nodepower as pw  # the node power controller's annotations and labels
 from joulesched.cluster.state import PodRequest
 from joulesched.cluster.workload import QOS_CLASSES, SERVICE_OWNERS, PodMeta
 from joulesched.core.errors import UsageError
@@ -122,6 +123,19 @@ class NodeInfo:
     ready: bool = True  # the Ready condition is True (or the node reports none)
     asleep: bool = False  # the node power controller put it to sleep (its taint ``joulesched.io/asleep``)
     waking: bool = False  # ... and is waking it (annotation ``joulesched.io/power-state: waking``)
+    # What the node power controller reads (parsed here once, for the scheduler and the controller alike).
+    power_state: str = "awake"  # joulesched.io/power-state (an unknown value reads as awake)
+    power_since: str = ""  # joulesched.io/power-state-since (RFC 3339)
+    power_owner: str = ""  # joulesched.io/power-owner: the replica that set an intermediate state
+    power_address: str = ""  # joulesched.io/power, as the node claims it (the operator's policy decides)
+    never_sleep: bool = False  # joulesched.io/never-sleep, any value but "false"
+    control_plane: bool = False  # a control-plane role label
+    provider_id: str = ""  # spec.providerID (immutable once set)
+    wake_failed: bool = False  # joulesched.io/wake-failed
+    cordoned_by_us: bool = False  # joulesched.io/cordoned: the cordon is the controller's own
+    # Changes on every kubelet heartbeat: not compared, so a heartbeat alone does not rebuild the cache's state.
+    heartbeat: str = field(default="", compare=False)  # the Ready condition's heartbeat and transition times
+    rv: int = field(default=0, compare=False)
 
     @functools.cached_property
     def traits(self) -> NodeTraits:
@@ -153,6 +167,11 @@ class PodInfo:
     meta: PodMeta = field(default_factory=PodMeta)  # the pod model's metadata, as the twin has it (pod_meta)
     labels: dict = field(default_factory=dict)
     owner_name: str = ""  # the workload's name (a ReplicaSet's Deployment, see pod_meta)
+    nominated_node: str = ""  # status.nominatedNodeName
+    daemon: bool = False  # a DaemonSet or mirror (static) pod: keeps no node awake, is never evicted
+    safe_to_evict: str = ""  # the cluster-autoscaler / joulesched safe-to-evict annotation, lower-cased
+    local_storage: bool = False  # an emptyDir or hostPath volume
+    claims: tuple[str, ...] = ()  # names of its PersistentVolumeClaims (their PVs may pin it to nodes)
 
     @property
     def key(self) -> str:
@@ -184,7 +203,24 @@ def parse_pod(pod: dict) -> PodInfo:
                    node_selector=dict(spec.get("nodeSelector") or {}),
                    tolerations=tuple(tuple(sorted((k, str(v)) for k, v in t.items())) for t in
                                      spec.get("tolerations") or []),
-                   meta=pod_meta(pod), labels=dict(meta.get("labels") or {}), owner_name=pod_owner(pod)[1])
+                   meta=pod_meta(pod), labels=dict(meta.get("labels") or {}), owner_name=pod_owner(pod)[1],
+                   **_pod_power_fields(meta, spec, status))
+
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def _pod_power_fields(meta: dict, spec: dict, status: dict) -> dict:
+    """What the node power controller needs of a pod (whether it keeps its node awake, may be evicted)."""
+    ann = meta.get("annotations") or {}
+    volumes = spec.get("volumes") or []
+    return dict(nominated_node=status.get("nominatedNodeName") or "",
+                daemon=any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
+                or MIRROR_ANNOTATION in ann,
+                safe_to_evict=next((str(ann[k]).lower() for k in pw.SAFE_TO_EVICT_ANNOTATIONS if k in ann), ""),
+                local_storage=any("emptyDir" in v or "hostPath" in v for v in volumes),
+                claims=tuple(str((v.get("persistentVolumeClaim") or {}).get("claimName") or "") for v in volumes
+                             if v.get("persistentVolumeClaim")))
 
 
 # ---- the pod model's metadata (the same PodMeta the twin's workloads give a policy) -------------------------
@@ -427,14 +463,31 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
         cpu, mem, pods = 0, 0, 0  # unusable allocatable: the node takes no pods
     taints = tuple(Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
                    for t in spec.get("taints") or [])
-    ready = next((c.get("status") == "True" for c in status.get("conditions") or [] if c.get("type") == "Ready"),
-                 True)
+    cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    ready = cond is None or cond.get("status") == "True"  # a node reporting no conditions counts as ready
     # A node whose wake failed is gated like any tainted node, so pods waiting for it choose another.
     asleep = any(t.key == ASLEEP_TAINT for t in taints) and WAKE_FAILED_ANNOTATION not in annotations
+    state = annotations.get(POWER_STATE_ANNOTATION) or "awake"
+    try:
+        rv = int(meta.get("resourceVersion") or 0)
+    except ValueError:
+        rv = 0
     return NodeInfo(name=name, cpu_m=max(cpu, 0), memory_mib=max(mem, 0), max_pods=max(pods, 0), curve=curve,
                     curve_source=source, labels=dict(labels), taints=taints,
                     unschedulable=bool(spec.get("unschedulable")), ready=ready, asleep=asleep,
-                    waking=asleep and annotations.get(POWER_STATE_ANNOTATION) == "waking")
+                    waking=asleep and state == "waking",
+                    power_state=state if state in pw.POWER_STATES else "awake",
+                    power_since=str(annotations.get(pw.POWER_SINCE_ANNOTATION) or ""),
+                    power_owner=str(annotations.get(pw.POWER_OWNER_ANNOTATION) or ""),
+                    power_address=str(annotations.get(pw.POWER_ADDRESS_ANNOTATION) or "").strip(),
+                    never_sleep=str(annotations.get(pw.NEVER_SLEEP_ANNOTATION, "")).lower() not in ("", "false"),
+                    control_plane=any(k in labels for k in pw.CONTROL_PLANE_LABELS),
+                    provider_id=str(spec.get("providerID") or ""),
+                    wake_failed=WAKE_FAILED_ANNOTATION in annotations,
+                    cordoned_by_us=pw.CORDONED_ANNOTATION in annotations,
+                    heartbeat="" if cond is None else f"{cond.get('lastHeartbeatTime', '')}|"
+                                                      f"{cond.get('lastTransitionTime', '')}|{cond.get('status')}",
+                    rv=rv)
 
 
 def _requirements(items: object) -> tuple[Requirement, ...]:

@@ -21,6 +21,8 @@ ACTUATORS = {
     "ipmi": "joulesched.live.actuators.ipmi:IpmiActuator",
     "wol": "joulesched.live.actuators.wol:WolActuator",
     "aws": "joulesched.live.actuators.aws:AwsActuator",
+    "metal3": "joulesched.live.actuators.metal3:Metal3Actuator",
+    "rufio": "joulesched.live.actuators.rufio:RufioActuator",
 }
 NAMES = ("auto", *ACTUATORS)
 
@@ -36,6 +38,8 @@ class ActuatorOptions:
     :param allow_redfish_http: accept ``redfish+http://`` (the BMC login travels unencrypted); off by default.
     :param connect_timeout_s, request_timeout_s: bounds of each request to a BMC (the action's deadline may
         cut them shorter).
+    :param kube_api, kubeconfig, kube_context: the Kubernetes API of the metal3 and rufio actuators (an
+        ``ApiClient``; else one made from the kubeconfig, else the in-cluster service account).
     """
 
     libvirt_uri: str = "qemu:///system"
@@ -53,6 +57,9 @@ class ActuatorOptions:
     allow_redfish_http: bool = False
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 15.0
+    kube_api: object = None
+    kubeconfig: str | None = None
+    kube_context: str | None = None
 
 
 def _build(name: str, o: ActuatorOptions):
@@ -70,7 +77,12 @@ def _build(name: str, o: ActuatorOptions):
                        poll_s=o.poll_s),
           "wol": dict(key_file=o.ssh_key, known_hosts=o.known_hosts, user=o.ssh_user,
                       suspend_command=o.suspend_command, timeout_s=o.request_timeout_s),
-          "aws": dict(region=o.aws_region, endpoint_url=o.aws_endpoint, poll_s=o.poll_s)}[name]
+          "aws": dict(region=o.aws_region, endpoint_url=o.aws_endpoint, poll_s=o.poll_s),
+          "metal3": dict(api_client=o.kube_api, kubeconfig=o.kubeconfig, context=o.kube_context, poll_s=o.poll_s,
+                         request_timeout_s=o.request_timeout_s),
+          "rufio": dict(api_client=o.kube_api, kubeconfig=o.kubeconfig, context=o.kube_context,
+                        force_off=o.force_off, graceful_timeout_s=o.graceful_timeout_s, poll_s=o.poll_s,
+                        request_timeout_s=o.request_timeout_s)}[name]
     return klass(**kw)
 
 

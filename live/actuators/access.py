@@ -14,6 +14,8 @@ ipmi       BMC hosts, as for redfish
 wol        the SSH host that runs the suspend *and* the broadcast address of the packet (default 255.255.255.255)
 aws        instance ids, or ``*``; and always the node's immutable ``spec.providerID`` must name the same instance
 libvirt    domain names, or ``*``; and always the domain must be the node's own name
+metal3     namespaces of BareMetalHosts, or ``*``; and always the host must carry the node's own name
+rufio      namespaces of Rufio Machines, or ``*``; and always the Machine must carry the node's own name
 ========== ====================================================================================================
 
 Whatever the source: ``redfish+http`` (a BMC login over plain HTTP) only with ``allow_redfish_http``; an
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from joulesched.core.errors import UsageError
 from joulesched.live.actuators.base import AddressError, PowerAddress, parse_address
 
-ALLOW_SCHEMES = ("redfish", "ipmi", "wol", "aws", "libvirt")
+ALLOW_SCHEMES = ("redfish", "ipmi", "wol", "aws", "libvirt", "metal3", "rufio")
 DEFAULT_BROADCAST = "255.255.255.255"
 
 
@@ -90,7 +92,7 @@ def machine_key(addr: PowerAddress) -> tuple[str, str]:
         return "libvirt", addr.path
     if addr.actuator == "aws":
         return "aws", addr.host
-    if addr.actuator in ("redfish", "ipmi"):
+    if addr.actuator in ("redfish", "ipmi", "metal3", "rufio"):
         return addr.actuator, f"{addr.host.lower()}/{addr.path}"
     return addr.scheme, addr.raw
 
@@ -150,6 +152,10 @@ class AddressPolicy:
             if addr.path != node:
                 return "a libvirt domain must be the node's own name (or come from the address map)"
             return "" if "*" in pats or addr.path in pats else "the domain is not in the libvirt allow-list"
+        if addr.actuator in ("metal3", "rufio"):  # an object of the BMC's owner, in a namespace
+            if addr.path != node:
+                return f"a {addr.actuator} object must carry the node's own name (or come from the address map)"
+            return "" if "*" in pats or addr.host in pats else f"the namespace is not in the {addr.actuator} allow-list"
         for ep in endpoints(addr, node):
             if not any(host_matches(ep, p) for p in pats):
                 return f"{ep} is not in the {addr.actuator} allow-list"

@@ -3,7 +3,8 @@
 A node's power address comes from its annotation ``joulesched.io/power`` (or the controller's address map,
 a ConfigMap mounted as a file): ``libvirt:///DOMAIN``, ``redfish://HOST[:PORT]/redfish/v1/Systems/ID``
 (``redfish+http://`` for a plain-HTTP BMC), ``ipmi://HOST[:PORT]``, ``wol://MAC?ssh=HOST[:PORT]``,
-``aws://INSTANCE-ID[?region=R]``, or ``none``. Credentials never travel in the address: they come from a
+``aws://INSTANCE-ID[?region=R]``, ``metal3://NAMESPACE/BAREMETALHOST`` and ``rufio://NAMESPACE/MACHINE`` (the
+BMC's owner switches it, :mod:`joulesched.live.actuators.delegate`), or ``none``. Credentials never travel in the address: they come from a
 file (a mounted Secret, :mod:`joulesched.live.actuators.credentials`).
 
 An actuator has three methods, each given a :class:`Target` (the node and its parsed address):
@@ -24,7 +25,9 @@ from urllib.parse import parse_qsl, urlsplit
 from joulesched.core.errors import JouleschedError, UsageError
 
 ON, OFF, TRANSITIONING, UNKNOWN = "on", "off", "transitioning", "unknown"
-SCHEMES = ("libvirt", "redfish", "redfish+http", "ipmi", "wol", "aws", "none")
+SCHEMES = ("libvirt", "redfish", "redfish+http", "ipmi", "wol", "aws", "metal3", "rufio", "none")
+#: Schemes whose address is a Kubernetes object, SCHEME://NAMESPACE/NAME.
+OBJECT_SCHEMES = ("metal3", "rufio")
 
 
 class ActuatorError(JouleschedError):
@@ -87,6 +90,8 @@ def parse_address(text: str) -> PowerAddress:
         raise AddressError(f"power address {text!r}: needs a host ({addr.scheme}://HOST...)")
     if addr.scheme == "libvirt" and not addr.path:
         raise AddressError(f"power address {text!r}: needs a domain name (libvirt:///DOMAIN)")
+    if addr.scheme in OBJECT_SCHEMES and not (addr.host and addr.path and "/" not in addr.path):
+        raise AddressError(f"power address {text!r}: needs the object ({addr.scheme}://NAMESPACE/NAME)")
     if addr.actuator == "redfish" and not addr.path.startswith("redfish/v1/Systems/"):
         raise AddressError(f"power address {text!r}: needs the system path (redfish://HOST/redfish/v1/Systems/ID)")
     return addr

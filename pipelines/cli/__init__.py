@@ -40,6 +40,9 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        # click's plain help (every Typer of the CLI says so): it wraps the text and never cuts an option's name,
+        # where rich's option table truncates long names (--max-evictions-…) at 80 columns.
+        rich_markup_mode=None,
     )
     app.callback()(_root)
     app.registered_commands.extend(bench.app.registered_commands)

@@ -239,7 +239,7 @@ def policies(
                                        "with their defaults.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the same as JSON.")] = False,
 ) -> None:
-    """List the policy names --policy accepts (``NAME``, ``NAME:key=value,...``, ``dqn=MODEL``).
+    """List the policy names --policy accepts (NAME, NAME:key=value,..., dqn=MODEL).
 
     With --long: which are in the default set (what benchmark, sweep, test and the pipelines run without
     --policy) and which are candidates for "the best heuristic" that ×best heur divides by."""
@@ -307,7 +307,7 @@ def validate(
             err.print(f"[yellow]warning:[/yellow] {f['file']}: {escape(w)}", soft_wrap=True)
 
 
-trace_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+trace_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 app.add_typer(trace_app, name="trace")
 
 
@@ -361,8 +361,9 @@ TraceFormat = _trace_formats()
 def trace_import(
     files: Annotated[list[Path], typer.Argument(help="The trace's files, named after their tables (.gz is read as "
                                                      "it streams).")],
-    fmt: Annotated[TraceFormat, typer.Option("--format", "-f", help="The trace's format (docs/twin.md has each "
-                                                                    "schema and its unit conversions).")],
+    fmt: Annotated[TraceFormat, typer.Option(
+        "--format", "-f", metavar="FORMAT", help=f"The trace's format: {', '.join(t.value for t in TraceFormat)} "
+                                                 "(docs/twin.md has each schema and its unit conversions).")],
     out_file: Annotated[Path, typer.Option("--out", "-o", help="Pods CSV to write (the twin's trace format).")],
     machines: Annotated[Optional[Path], typer.Option(
         "--machines", "-m", help="Also write the machine table as scenario node groups: a YAML file a scenario "

@@ -25,8 +25,9 @@ REPO = REPO_ROOT
 
 
 app = typer.Typer(help="Environments with Pulumi, libvirt guests, and bare-metal hosts with Ansible.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-kvm_app = typer.Typer(help="libvirt guests from the kvm stack config, without Pulumi.", no_args_is_help=True)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+kvm_app = typer.Typer(help="libvirt guests from the kvm stack config, without Pulumi.", no_args_is_help=True,
+                      rich_markup_mode=None)
 app.add_typer(kvm_app, name="kvm")
 
 

@@ -37,7 +37,8 @@ LogOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning o
 # The node power controller's options, shared by `node-power` and `serve --node-power`.
 ActuatorOpt = Annotated[str, typer.Option(
     "--actuator", help="How nodes are powered: none (cordon only), auto (by each node's joulesched.io/power "
-                       "address), libvirt, redfish, ipmi, wol, aws.")]
+                       "address), libvirt, redfish, ipmi, wol, aws, metal3 (BareMetalHost spec.online), rufio "
+                       "(Tinkerbell Machine power Jobs).")]
 SleepAfterOpt = Annotated[float, typer.Option("--sleep-after", min=0.0, help="Seconds a node must be empty "
                                               "(DaemonSet and mirror pods do not count) before it sleeps.")]
 MinAwakeOpt = Annotated[int, typer.Option("--min-awake", min=0, help="Nodes that always stay awake.")]
@@ -118,8 +119,12 @@ def _node_power_daemon(*, actuator: str, sleep_after: float, min_awake: int, spa
 
     policy = PowerPolicy(sleep_after_s=sleep_after, min_awake=min_awake, spare_cpu_m=spare_cpu,
                          consolidate=consolidate, **kw.pop("consolidation", {}))
+    # The metal3 and rufio actuators write custom objects: on serve's connection, else the same kubeconfig.
+    kube = ({"kube_api": kw["cache"].api} if kw.get("cache") is not None
+            else {"kubeconfig": kw.get("kubeconfig"), "kube_context": kw.get("context")})
     return NodePowerDaemon(actuator=actuator, policy=policy, credentials=credentials, addresses=addresses,
-                           actuator_options={"libvirt_uri": libvirt_uri, **kw.pop("actuator_options", {})}, **kw)
+                           actuator_options={"libvirt_uri": libvirt_uri, **kube, **kw.pop("actuator_options", {})},
+                           **kw)
 
 
 def run_serve(*, log_level: str = "info", stop: threading.Event | None = None, cache: dict,

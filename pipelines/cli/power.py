@@ -18,7 +18,7 @@ import typer
 from joulesched.pipelines.cli.common import err, errors, out
 from joulesched.pipelines.cli.common import fail as _fail
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
 
 class MeterKind(str, Enum):

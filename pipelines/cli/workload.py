@@ -17,8 +17,10 @@ from joulesched.pipelines.cli.common import fail as _fail
 from joulesched.workloads.load.jmeter import DEFAULT_PLAN as JMETER_PLAN
 from joulesched.workloads.manifests import APPS as MANIFEST_APPS
 
-workload_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-load_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+workload_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                           rich_markup_mode=None)
+load_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                       rich_markup_mode=None)
 
 
 class App(str, Enum):
@@ -211,7 +213,8 @@ def blocker(
 
 @workload_app.command()
 def manifest(
-    app: Annotated[ManifestApp, typer.Argument(help="Which app to render Deployment + Service for.")],
+    app: Annotated[ManifestApp, typer.Argument(
+        metavar="APP", help=f"Which app to render Deployment + Service for: {', '.join(a.value for a in ManifestApp)}.")],
     scheduler_name: Annotated[str, typer.Option(help="spec.schedulerName of the pods.")] = "default-scheduler",
     image: Annotated[Optional[str], typer.Option(help="Container image (default joulesched/<app>:latest).")] = None,
     namespace: Annotated[str, typer.Option(help="Namespace of both objects.")] = "default",

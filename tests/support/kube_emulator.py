@@ -23,6 +23,11 @@ relies on, made as faithful as we could:
   node power controller write nodes.
 - discovery (``/api``, ``/apis``, ``/api/v1`` and the two groups' resource lists), so the real ``kubectl`` can
   get, annotate and cordon nodes (the kube_node role's power-address task is tested that way).
+- generic objects (:data:`GENERIC`): what manifests hold (Namespaces, ServiceAccounts, ConfigMaps, Secrets,
+  Services, Deployments, DaemonSets, RBAC, NetworkPolicies), so ``kubectl apply`` of the rendered kustomize
+  overlays lands, and the custom resources of bare-metal power owners (Metal3 ``BareMetalHost``, Tinkerbell
+  Rufio ``Machine``, ``Job``, ``Task``): create, get, list, watch, merge PATCH (of the object and of
+  ``status``), PUT and DELETE, with no controller behind them (a test plays the operator).
 - policy/v1 PodDisruptionBudgets (list, get, create; ``status`` computed on read from the pods the selector
   matches: bound, not terminating pods count as healthy) and the ``pods/{name}/eviction`` subresource:
   ``201`` and the pod deleted when every PDB covering it allows a disruption, ``429 TooManyRequests`` when one
@@ -66,6 +71,28 @@ def _resources(group_version: str, rows: list[tuple[str, str, bool, list[str]]])
 
 
 _RW = ["create", "delete", "get", "list", "patch", "update", "watch"]
+#: Stored and served with no semantics of their own: group/version -> [(plural, kind, namespaced)]. A grouped
+#: resource is stored as ``PLURAL.GROUP`` (``jobs.bmc.tinkerbell.org``), a core one as ``PLURAL``.
+GENERIC = {
+    "v1": [("namespaces", "Namespace", False), ("serviceaccounts", "ServiceAccount", True),
+           ("configmaps", "ConfigMap", True), ("secrets", "Secret", True), ("services", "Service", True)],
+    "apps/v1": [("deployments", "Deployment", True), ("daemonsets", "DaemonSet", True)],
+    "rbac.authorization.k8s.io/v1": [("clusterroles", "ClusterRole", False),
+                                     ("clusterrolebindings", "ClusterRoleBinding", False),
+                                     ("roles", "Role", True), ("rolebindings", "RoleBinding", True)],
+    "networking.k8s.io/v1": [("networkpolicies", "NetworkPolicy", True)],
+    "metal3.io/v1alpha1": [("baremetalhosts", "BareMetalHost", True)],
+    "bmc.tinkerbell.org/v1alpha1": [("machines", "Machine", True), ("jobs", "Job", True), ("tasks", "Task", True)],
+}
+
+
+def generic_key(group_version: str, plural: str) -> str:
+    """The store's name of a :data:`GENERIC` resource."""
+    return f"{plural}.{group_version.split('/')[0]}" if "/" in group_version else plural
+
+
+#: store name -> (group/version, kind, namespaced)
+GENERIC_RESOURCES = {generic_key(gv, p): (gv, k, ns) for gv, rows in GENERIC.items() for p, k, ns in rows}
 #: Discovery documents (what ``kubectl`` reads before any request) for the resources the emulator serves.
 DISCOVERY = {
     "/api": {"kind": "APIVersions", "versions": ["v1"],
@@ -73,14 +100,19 @@ DISCOVERY = {
     "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
         {"name": g, "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
          "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"}}
-        for g in ("coordination.k8s.io", "policy")]},
+        for g in ("coordination.k8s.io", "policy")] + [
+        {"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+         "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]}} for gv in GENERIC if "/" in gv]},
     "/api/v1": _resources("v1", [("nodes", "Node", False, _RW), ("pods", "Pod", True, _RW),
                                  ("pods/binding", "Binding", True, ["create"]),
                                  ("pods/eviction", "Eviction", True, ["create"]),
-                                 ("pods/status", "Pod", True, ["get", "patch"]), ("events", "Event", True, _RW)]),
+                                 ("pods/status", "Pod", True, ["get", "patch"]), ("events", "Event", True, _RW)]
+                         + [(p, k, ns, _RW) for p, k, ns in GENERIC["v1"]]),
     LEASE_PREFIX: _resources("coordination.k8s.io/v1", [("leases", "Lease", True, _RW)]),
     POLICY_PREFIX: _resources("policy/v1", [("poddisruptionbudgets", "PodDisruptionBudget", True,
                                              ["create", "get", "list", "watch"])]),
+    **{f"/apis/{gv}": _resources(gv, [(p, k, ns, _RW) for p, k, ns in rows]) for gv, rows in GENERIC.items()
+       if "/" in gv},
 }
 
 
@@ -290,7 +322,8 @@ class KubeEmulator:
         self._lock = threading.Condition(self._mutex)
         self._rv = 1
         self._store: dict[str, dict[tuple[str, str], dict]] = {"nodes": {}, "pods": {}, "events": {}, "leases": {},
-                                                             "poddisruptionbudgets": {}}
+                                                             "poddisruptionbudgets": {},
+                                                             **{r: {} for r in GENERIC_RESOURCES}}
         # One condition per resource on the store's lock: a write wakes only the watches of its resource (a
         # binding does not wake the node watches; an Event, usually none).
         self._watch_cv = {r: threading.Condition(self._mutex) for r in self._store}
@@ -304,6 +337,9 @@ class KubeEmulator:
         self.deleted_nodes: dict[str, float] = {}
         self.evictions: list[tuple[str, str, int, float]] = []  # (namespace, pod, HTTP code, monotonic time)
         self.node_patches: list[tuple[str, dict, float]] = []  # (node, patch, monotonic time) of every node PATCH
+        #: HTTP requests by operation (``list:nodes``, ``watch:pods``, ``get:leases``, ``bind``...), counted as they
+        #: arrive: what a test asks of a client's traffic (how many lists and watches it opens, say).
+        self.requests: Counter[str] = Counter()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -475,6 +511,24 @@ class KubeEmulator:
 
     def add_pod(self, name: str, namespace: str = "default", **kw: Any) -> dict:
         return self._create("pods", make_pod(name, namespace, **kw))
+
+    def add_object(self, resource: str, obj: dict, namespace: str = "") -> dict:
+        """Create an object of any stored resource (``baremetalhosts.metal3.io``, ``configmaps``...) as its
+        controller or kubectl would."""
+        return self._create(resource, _copy(obj), namespace)
+
+    def renew_node_lease(self, name: str) -> None:
+        """What a live kubelet does every 10 s: renew its Lease ``kube-node-lease/<name>`` (created on first use)."""
+        with self._lock:
+            key = ("kube-node-lease", name)
+            lease = _copy(self._store["leases"].get(key))
+            spec = {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now_rfc3339(micro=True)}
+            if lease is None:
+                self._create("leases", {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                        "metadata": {"name": name}, "spec": spec}, "kube-node-lease")
+            else:
+                lease["spec"] = spec
+                self._commit("leases", key, lease)
 
     def set_node_ready(self, name: str, ready: bool) -> None:
         """What the node's kubelet (or its absence) reports: Ready True, or Unknown once it stops posting."""
@@ -692,6 +746,9 @@ class KubeEmulator:
             items = [o for (ns, _), o in self._store[resource].items()
                      if (not namespace or ns == namespace) and matches(o, sel)]
             rv = str(self._rv)
+        if resource in GENERIC_RESOURCES:
+            gv, kind, _ = GENERIC_RESOURCES[resource]
+            return {"kind": f"{kind}List", "apiVersion": gv, "metadata": {"resourceVersion": rv}, "items": items}
         kind = {"nodes": "NodeList", "pods": "PodList", "events": "EventList", "leases": "LeaseList",
                 "poddisruptionbudgets": "PodDisruptionBudgetList"}[resource]
         if resource == "poddisruptionbudgets":
@@ -830,7 +887,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str) -> tuple[str, str, str, str, str]:
         """(op verb, resource, namespace, name, subresource) for a path."""
         parts = [p for p in path.split("/") if p]
-        if path.startswith(LEASE_PREFIX + "/") or path.startswith(POLICY_PREFIX + "/"):
+        group_version = "/".join(parts[1:3]) if parts[:1] == ["apis"] else "v1"
+        generic = {generic_key(group_version, p) for p, _, _ in GENERIC.get(group_version, ())}
+        if parts[:1] == ["apis"] and generic:
+            rest = parts[3:]
+            resource_group = True
+        elif path.startswith(LEASE_PREFIX + "/") or path.startswith(POLICY_PREFIX + "/"):
             rest = parts[3:]
             resource_group = True
         elif parts[:2] == ["api", "v1"]:
@@ -844,6 +906,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest:
             raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         resource, name, sub = rest[0], rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else ""
+        if generic_key(group_version, resource) in generic:
+            resource = generic_key(group_version, resource)
+            if GENERIC_RESOURCES[resource][2] != bool(ns) and not (method == "GET" and not name):
+                raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+            return method, resource, ns, name, sub
         allowed = ({"leases"} if path.startswith(LEASE_PREFIX) else {"poddisruptionbudgets"}) if resource_group \
             else {"nodes", "pods", "events"}
         if resource not in allowed:
@@ -884,6 +951,8 @@ class _Handler(BaseHTTPRequestHandler):
                 op = f"{verb}-{sub}:{resource}"
             else:
                 op = f"{verb}:{resource}"
+            with emu._mutex:
+                emu.requests[op] += 1
             body = self._body() if method in ("POST", "PUT", "PATCH") else {}
             f = emu.faults.take(op, ("slow",))
             if f is not None:
@@ -922,7 +991,8 @@ class _Handler(BaseHTTPRequestHandler):
             return emu.bind(ns, name, body, fault), 201
         if method == "POST" and sub == "eviction" and resource == "pods":
             return emu.evict(ns, name, body), 201
-        if method == "PATCH" and name and not sub and resource in ("nodes", "pods", "events"):
+        if method == "PATCH" and name and not sub and (resource in ("nodes", "pods", "events")
+                                                       or resource in GENERIC_RESOURCES):
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             if ctype != "application/merge-patch+json":
                 raise _ApiError(415, "UnsupportedMediaType", f"the emulator supports merge patches of {resource}, "
