@@ -91,3 +91,32 @@ def test_placed_plus_unplaced_is_the_pods_with_each_reason(tmp_path):
     assert m["placements"] == 3 and m["slo_violation_rate"] == 0.0  # a bind without a run; unplaced are no SLO
     text = " ".join(r.output.split())
     assert "placed + unplaced = 5 pods" in text and "default-k8s 3 (1 fit no node, 2 stopped before they ran)" in text
+
+
+# ---- item 7: help fits 80 columns ------------------------------------------------------------------------------
+def _commands(cmd, path=()):
+    yield path, cmd
+    if hasattr(cmd, "list_commands"):  # a group (typer's own copy of click's)
+        ctx = cmd.context_class(cmd)
+        for name in cmd.list_commands(ctx):
+            yield from _commands(cmd.get_command(ctx, name), (*path, name))
+
+
+def test_every_commands_help_shows_full_option_names_at_80_columns():
+    import typer
+
+    root = typer.main.get_command(app)
+    seen = 0
+    for path, cmd in _commands(root):
+        r = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+        assert r.exit_code == 0, (path, r.output)
+        assert "…" not in r.output, (path, r.output)
+        long_lines = [line for line in r.output.splitlines() if len(line) > 80]
+        assert not long_lines, (path, long_lines)
+        tokens = set(re.findall(r"--?[\w-]+", r.output))
+        for p in cmd.params:
+            for opt in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())):
+                if opt.startswith("-"):
+                    assert opt in tokens, (path, opt)
+                    seen += 1
+    assert seen > 200  # every command was rendered, not just the root
