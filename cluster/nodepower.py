@@ -43,6 +43,12 @@ POWER_ADDRESS_ANNOTATION = "joulesched.io/power"
 #: Node annotation written by the controller: ``awake``, ``sleeping``, ``asleep``, ``waking`` and the time.
 POWER_STATE_ANNOTATION = "joulesched.io/power-state"
 POWER_SINCE_ANNOTATION = "joulesched.io/power-state-since"
+#: Node annotation on an intermediate state (sleeping, waking, draining): the replica (Lease identity) acting.
+POWER_OWNER_ANNOTATION = "joulesched.io/power-owner"
+#: Node annotation: the cordon is the controller's own (only such a cordon is ever lifted by it).
+CORDONED_ANNOTATION = "joulesched.io/cordoned"
+#: The controller's states, in joulesched.io/power-state.
+POWER_STATES = ("awake", "sleeping", "asleep", "waking", "draining")
 #: The taint a sleeping node carries (with the cordon), so that the state is visible and tolerable.
 ASLEEP_TAINT = "joulesched.io/asleep"
 #: Labels that mark a control-plane node (never put to sleep).
@@ -124,10 +130,13 @@ HELD_SPARE = "spare_cpu"
 @dataclass
 class NodePowerCore:
     """The decisions, for one cluster of ``n`` nodes. ``protected[i]``: node ``i`` never sleeps and is never
-    consolidated. Keeps only the eviction history (for the budget)."""
+    consolidated. ``counted[i]``: node ``i`` counts toward ``min_awake`` and ``spare_cpu_m`` while awake (the
+    live controller: Ready, schedulable workers only; empty = every node, as in the twin). Keeps only the
+    eviction history (for the budget)."""
 
     policy: PowerPolicy
     protected: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    counted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     evictions: deque = field(default_factory=deque)  # times of past evictions
 
     # ---- sleep -------------------------------------------------------------------------------------------
@@ -144,12 +153,20 @@ class NodePowerCore:
             return "busy"
         p = self.policy
         if p.min_awake or p.spare_cpu_m:  # the common case (neither set) costs nothing
-            awake = st.power_state != ASLEEP
-            if int(awake.sum()) - 1 < p.min_awake:
+            awake = self._awake(st)
+            mine = bool(awake[i])
+            if int(awake.sum()) - mine < p.min_awake:
                 return HELD_MIN_AWAKE
-            if p.spare_cpu_m and int(st.free_cpu[awake].sum()) - int(st.free_cpu[i]) < p.spare_cpu_m:
+            if p.spare_cpu_m and int(st.free_cpu[awake].sum()) - mine * int(st.free_cpu[i]) < p.spare_cpu_m:
                 return HELD_SPARE
         return ""
+
+    def _awake(self, st: ClusterState) -> np.ndarray:
+        """The nodes that count as awake: not asleep and, where the caller says which count, counted."""
+        awake = st.power_state != ASLEEP
+        if len(self.counted) == len(awake):
+            awake &= self.counted
+        return awake
 
     # ---- wake --------------------------------------------------------------------------------------------
     @staticmethod
@@ -222,12 +239,13 @@ class NodePowerCore:
         on = st.power_state == ON
         eff = self.efficiency(st)
         slope = (st.peak_watts - st.idle_watts) / np.maximum(st.alloc_cpu, 1)  # marginal W per millicore
-        awake_n = int((st.power_state != ASLEEP).sum())
+        awake_mask = self._awake(st)
+        awake_n = int(awake_mask.sum())
         cands = [i for i, ps in pods.items() if ps and on[i] and not (len(self.protected) and self.protected[i])
                  and len(ps) <= budget and not any(m.blocker for m in ps)]
         cands.sort(key=lambda i: (st.req_cpu[i] / max(int(st.alloc_cpu[i]), 1), -st.idle_watts[i], i))
         for i in cands:
-            if awake_n - 1 < p.min_awake:
+            if awake_n - int(awake_mask[i]) < p.min_awake:
                 return None
             free_c = st.free_cpu.astype(np.int64).copy()
             free_m = st.free_mem.astype(np.int64).copy()
@@ -260,7 +278,7 @@ class NodePowerCore:
                     * m.lost_s
             else:
                 if p.spare_cpu_m:
-                    awake = st.power_state != ASLEEP
+                    awake = self._awake(st)
                     awake[i] = False
                     if int(free_c[awake].sum()) < p.spare_cpu_m:
                         continue

@@ -1,33 +1,40 @@
 """`joulesched node-power`: the node power controller. It puts idle nodes to sleep, wakes them for pending pods,
 and optionally consolidates, deciding with the same core the twin runs (:mod:`joulesched.cluster.nodepower`).
 
-Each reconcile (on informer events, and every ``resync_s``), as leader only:
+It reads the cluster from the process's one informer-backed cache (:class:`~joulesched.cluster.kube.cache.
+KubeCache`: inside ``serve --node-power`` the scheduler's own, so nodes and pods are listed and watched once)
+and subscribes to its changes. Each reconcile (on a change, and every ``resync_s``), as leader only:
 
-1. **wake**: pods pending that fit no awake node (or that our scheduler nominated for a sleeping node,
-   ``status.nominatedNodeName``) wake the node the core chooses. Waking = the actuator's ``wake``, then wait
-   for the node to turn ``Ready``, then remove the taint ``joulesched.io/asleep:NoSchedule`` and uncordon.
-   A failed wake (actuator error, or not Ready within ``wake_timeout_s``) is reported and the node is left
-   out for a backoff, so the next reconcile tries the next candidate.
-2. **sleep**: a node with no workload pod (DaemonSet and mirror pods do not count) for ``sleep_after_s``, not
-   protected (control plane, ``joulesched.io/never-sleep``, cordoned by someone else, no power address), that
-   the core lets go (``min_awake``, ``spare_cpu_m``) is cordoned and tainted, annotated
-   ``joulesched.io/power-state: sleeping``, checked empty once more with a fresh read, and handed to the
-   actuator; then annotated ``asleep``. Any failure uncordons and untaints it, records a Warning Event, and
-   retries after a doubling backoff.
-3. **consolidate** (optional, every ``consolidate_interval_s``): the core picks an awake node whose pods all
-   fit elsewhere and none is protected (a PDB with no disruption left, local storage, ``safe-to-evict:
-   "false"``, no controller, a kube-system pod without a PDB); it is cordoned (``draining``) and its pods are
-   evicted through the Eviction API. A 429 (a PDB) stops the drain and uncordons the node. An emptied node
-   sleeps at once.
+1. **recover**: a node left ``sleeping``, ``waking`` or ``draining`` with no action of this replica in flight
+   (its owner crashed, stopped or lost the Lease) is resumed or rolled back, once the previous owner's last
+   request has certainly ended (``takeover_grace_s`` after this replica became leader).
+2. **wake**: pods pending that fit no awake node (or that our scheduler nominated for a sleeping node) wake the
+   node the core chooses. Waking = the actuator's ``wake``, then wait for a *fresh* heartbeat (a node Lease
+   renewal or a Ready change seen after the wake began, with Ready True, and the actuator reporting the machine
+   on where it can say), then untaint and uncordon. A failed wake leaves the node asleep and annotated
+   ``joulesched.io/wake-failed`` and backs off, so the next reconcile tries the next candidate.
+3. **sleep**: a node with no workload pod for ``sleep_after_s``, not protected (control plane, never-sleep,
+   cordoned by someone else, no usable power address), that the core lets go (``min_awake`` and ``spare_cpu_m``
+   count Ready, schedulable workers only) is cordoned and tainted (``sleeping``), checked empty once more with a
+   fresh read, and handed to the actuator; then ``asleep``. A failed sleep keeps the cordon and taint unless
+   the actuator's ``state()`` confirms the machine is on.
+4. **consolidate** (optional): the core picks an awake node whose pods all fit elsewhere *by their own
+   constraints* (the cache's filters: selectors, affinity, taints and tolerations, plus their volumes' node
+   affinity) and none is protected; it is cordoned (``draining``) and its pods evicted. Job pods are evicted
+   only when marked ``safe-to-evict: "true"``.
 
-State lives on the nodes (annotations ``joulesched.io/power-state`` and ``-since``, the taint, the cordon),
-so a new leader picks up where the last one stopped. Every write is preceded by a leadership check; with
-leader election two replicas never both act. ``dry_run`` logs each action it would take and writes nothing
-(no Lease either).
+Leadership bounds every action: it is checked before each API write, before each actuator request and in every
+wait (:meth:`Target.checkpoint <joulesched.live.actuators.base.Target.checkpoint>`); a lost Lease aborts the
+action and leaves the node's state, with its owner, for the next leader. Every actuator call has a deadline;
+wakes and sleeps run on separate bounded pools, so dead BMCs cannot hold up every wake. The Lease is
+``joulesched-node-power`` for ``node-power`` and ``serve --node-power`` alike, so the two never both act.
+
+State lives on the nodes (``joulesched.io/power-state``, ``-since``, ``-owner``, the cordon marker
+``joulesched.io/cordoned``, the taint), so a new leader picks up where the last one stopped. ``dry_run`` logs
+each action it would take and writes nothing (no Lease either).
 
 ``/metrics``: nodes by power state, wake latency (histogram), sleep and wake failures, evictions, estimated
-joules saved (the idle-minus-sleep draw of each sleeping node, integrated). ``/healthz``: the loop is turning;
-``/readyz``: the informers have synced.
+joules saved. ``/healthz``: the loop is turning; ``/readyz``: the cache has synced.
 """
 
 from __future__ import annotations
@@ -48,40 +55,48 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from joulesched.cluster.kube.cache import ACTIVE_PODS_SELECTOR
-from joulesched.cluster.kube.informer import Informer
+from joulesched.cluster.kube.cache import ACTIVE_PODS_SELECTOR, KubeCache
 from joulesched.cluster.kube.objects import (
     WAKE_FAILED_ANNOTATION,
     CurveResolver,
     NodeInfo,
     PodInfo,
     node_gate_reason,
-    parse_node,
-    parse_pod,
 )
 from joulesched.cluster.nodepower import (
     ASLEEP_TAINT,
-    CONTROL_PLANE_LABELS,
-    NEVER_SLEEP_ANNOTATION,
+    CORDONED_ANNOTATION,
     POWER_ADDRESS_ANNOTATION,
+    POWER_OWNER_ANNOTATION,
     POWER_SINCE_ANNOTATION,
     POWER_STATE_ANNOTATION,
-    SAFE_TO_EVICT_ANNOTATIONS,
+    POWER_STATES,
     MovablePod,
     NodePowerCore,
     PowerPolicy,
 )
 from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState
-from joulesched.live.actuators.base import OFF, UNKNOWN, AddressError, PowerAddress, Target, parse_address
+from joulesched.live.actuators.access import AccessError, AddressPolicy, Resolved
+from joulesched.live.actuators.base import (
+    OFF,
+    UNKNOWN,
+    ActionAborted,
+    AddressError,
+    Target,
+    parse_address,
+)
+from joulesched.live.actuators.base import ON as POWER_ON
 from joulesched.live.httpd import BackgroundHTTPServer, reply
 from joulesched.live.leader import LeaderElector, default_identity
 
 log = logging.getLogger("joulesched.nodepower")
 
-AWAKE, SLEEPING, ASLEEP_STATE, WAKING_STATE, DRAINING = "awake", "sleeping", "asleep", "waking", "draining"
-POWER_STATES = (AWAKE, SLEEPING, ASLEEP_STATE, WAKING_STATE, DRAINING)
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+AWAKE, SLEEPING, ASLEEP_STATE, WAKING_STATE, DRAINING = POWER_STATES
+INTERMEDIATE = (SLEEPING, WAKING_STATE, DRAINING)
 WAKE_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600)
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+#: The Lease of the node power controller, whichever process runs it (node-power, or serve --node-power).
+NODE_POWER_LEASE = "joulesched-node-power"
 
 
 @dataclass
@@ -90,37 +105,47 @@ class NodePowerConfig:
 
     :param policy: the decision core's parameters (sleep_after_s, min_awake, spare_cpu_m, consolidation).
     :param dry_run: log every action, write nothing. :param resync_s: reconcile at least this often.
-    :param wake_timeout_s: a woken node must be Ready within this. :param drain_timeout_s: a drained node must
-        empty within this, else it is uncordoned.
+    :param wake_timeout_s: a woken node must send a fresh heartbeat within this (the wake's deadline).
+    :param sleep_timeout_s: the deadline of one sleep (every actuator request and poll of it).
+    :param drain_timeout_s: a drained node must empty within this, else it is uncordoned.
     :param retry_initial_s, retry_max_s: backoff after a failed sleep or wake of a node (doubling).
     :param sleep_watts: estimated draw of a sleeping node (for the joules-saved estimate).
-    :param addresses: node name -> power address, for nodes without the annotation (a ConfigMap).
+    :param addresses: node name -> power address: the operator's map (a ConfigMap), authoritative.
+    :param access: which annotated addresses may be used (by default none).
     :param settle_s: after cordoning and tainting a node, wait this long (more than the schedulers' informer
         latency) before the last check that it is empty, so a binding decided before the taint was seen lands first.
     :param scheduler_name: our scheduler's pods wake the node it nominates (it chose a sleeping node); only
-        when none is nominated within ``nominate_grace_s`` are they treated like any other pending pod, which
-        wakes the most efficient sleeping node that fits.
+        when none is nominated within ``nominate_grace_s`` are they treated like any other pending pod.
+    :param takeover_grace_s: a new leader resumes another replica's intermediate state only this long after it
+        became leader: longer than one actuator request (connect plus read timeout), so the old leader's last
+        request has ended (it sends no other: it checks the Lease before each).
+    :param wake_workers, sleep_workers: the bounded pools of wakes and of sleeps (drains and recoveries too).
     """
 
     policy: PowerPolicy = field(default_factory=PowerPolicy)
     dry_run: bool = False
     resync_s: float = 5.0
     wake_timeout_s: float = 600.0
+    sleep_timeout_s: float = 300.0
     drain_timeout_s: float = 300.0
     retry_initial_s: float = 10.0
     retry_max_s: float = 600.0
     sleep_watts: float = 10.0
     addresses: dict[str, str] = field(default_factory=dict)
+    access: AddressPolicy = field(default_factory=AddressPolicy)
     leader_elect: bool = True
     lease_namespace: str = "joulesched"
-    lease_name: str = "joulesched-node-power"
+    lease_name: str = NODE_POWER_LEASE
     lease_duration_s: float = 15.0
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
     identity: str = field(default_factory=default_identity)
     request_timeout_s: float = 10.0
-    workers: int = 4
+    takeover_grace_s: float = 25.0
+    wake_workers: int = 4
+    sleep_workers: int = 4
     settle_s: float = 2.0
+    poll_s: float = 0.5
     scheduler_name: str = "joulesched"
     nominate_grace_s: float = 10.0
     component: str = "joulesched-node-power"
@@ -149,15 +174,9 @@ class NodePowerMetrics:
                                     "Estimated joules saved: idle minus sleep draw, integrated over sleeping nodes.",
                                     registry=registry)
         self.leader = Gauge("joulesched_node_power_leader", "1 while this replica acts.", registry=registry)
-
-
-@dataclass
-class _Pod:
-    info: PodInfo
-    daemon: bool  # DaemonSet or mirror pod: does not keep a node awake, is never evicted
-    blocker: str  # why it may not be evicted ("" = it may)
-    labels: dict
-    nominated: str
+        self.recovered = Counter("joulesched_node_power_recovered", "Intermediate states left by another replica "
+                                 "(or an aborted action) that were resumed or rolled back.", ["state"],
+                                 registry=registry)
 
 
 @dataclass
@@ -172,36 +191,17 @@ def _now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _rv(obj: dict | None) -> int:
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
-
-
-def node_ready(obj: dict) -> bool:
-    """The node's Ready condition is True (a node reporting no conditions counts as ready)."""
-    conds = (obj.get("status") or {}).get("conditions") or []
-    for c in conds:
-        if c.get("type") == "Ready":
-            return c.get("status") == "True"
-    return True
-
-
-def parse_controller_pod(obj: dict) -> _Pod:
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    ann = meta.get("annotations") or {}
-    owners = meta.get("ownerReferences") or []
-    daemon = any(o.get("kind") == "DaemonSet" for o in owners) or MIRROR_ANNOTATION in ann
-    blocker = ""
-    if any(str(ann.get(k, "")).lower() == "false" for k in SAFE_TO_EVICT_ANNOTATIONS):
-        blocker = "safe-to-evict: false"
-    elif any("emptyDir" in v or "hostPath" in v for v in spec.get("volumes") or []):
-        blocker = "local storage"
-    elif not owners:
-        blocker = "no controller"
-    return _Pod(parse_pod(obj), daemon, blocker, dict(meta.get("labels") or {}),
-                (obj.get("status") or {}).get("nominatedNodeName") or "")
+def eviction_blocker(p: PodInfo) -> str:
+    """Why consolidation may not evict ``p`` ("" = it may)."""
+    if p.safe_to_evict == "false":
+        return "safe-to-evict: false"
+    if p.local_storage and p.safe_to_evict != "true":
+        return "local storage"
+    if not p.meta.owner_kind:
+        return "no controller"
+    if p.meta.kind == "job" and p.safe_to_evict != "true":
+        return "a Job's pod (not marked safe-to-evict: \"true\")"  # its progress would be lost
+    return ""
 
 
 def _selector_matches(sel: dict, labels: dict) -> bool:
@@ -222,63 +222,94 @@ def _selector_matches(sel: dict, labels: dict) -> bool:
     return True
 
 
-class NodePowerController:
-    """The controller over an API client (see the module docstring).
+def _node_selector_term_matches(term: dict, labels: dict, name: str) -> bool:
+    """One NodeSelectorTerm (matchExpressions and matchFields metadata.name) against a node."""
+    for e in term.get("matchExpressions") or []:
+        k, op, vals = e.get("key"), e.get("operator"), e.get("values") or []
+        v = labels.get(k)
+        if (op == "In" and v not in vals) or (op == "NotIn" and v in vals) or (op == "Exists" and k not in labels) \
+                or (op == "DoesNotExist" and k in labels):
+            return False
+        if op in ("Gt", "Lt"):
+            try:
+                if not (int(v) > int(vals[0]) if op == "Gt" else int(v) < int(vals[0])):
+                    return False
+            except (TypeError, ValueError, IndexError):
+                return False
+    for f in term.get("matchFields") or []:
+        if f.get("key") == "metadata.name":
+            inside = name in (f.get("values") or [])
+            if (f.get("operator") == "In") != inside:
+                return False
+    return True
 
+
+class LostLeadership(ActionAborted):
+    """This replica no longer holds the Lease (or has held it again since the action began): stop at once."""
+
+
+class NodePowerController:
+    """The controller over a :class:`KubeCache` (see the module docstring).
+
+    :param source: the process's cache (shared: not started or stopped here), or an API client (a cache of
+        its own is made, started and stopped with the controller).
     :param actuator: anything with ``sleep``/``wake``/``state`` (:mod:`joulesched.live.actuators`).
-    :param leader: share another component's elector (``serve --node-power`` shares the scheduler's Lease);
-        None = its own Lease when ``cfg.leader_elect``.
-    :param delegated: ``(name, node object) -> bool``: nodes whose sleep and wake someone else decides (the
-        cluster-autoscaler provider's node groups, :mod:`joulesched.live.autoscaler`). The controller's own passes
-        never sleep, wake or drain them; :meth:`request_wake` and :meth:`request_sleep` act on them with every
-        safety rule of the controller's own actions.
+    :param leader: an elector to use instead of making one (None = its own on ``cfg.lease_name`` when
+        ``cfg.leader_elect``).
+
+    :attr:`delegated` (``NodeInfo -> bool``, None = none) names the nodes whose sleep and wake someone else
+    decides: the cluster-autoscaler provider's node groups (:mod:`joulesched.live.autoscaler`). The controller's
+    own passes never sleep, wake or drain them (its recovery of a stranded state still applies);
+    :meth:`request_wake` and :meth:`request_sleep` act on them with every rule of the controller's own actions.
     """
 
-    def __init__(self, api_client: k8s.ApiClient, actuator: Any, cfg: NodePowerConfig | None = None, *,
+    def __init__(self, source: KubeCache | k8s.ApiClient, actuator: Any, cfg: NodePowerConfig | None = None, *,
                  curves: CurveResolver | None = None, registry: CollectorRegistry | None = None,
-                 leader: LeaderElector | None = None, clock: Callable[[], float] = time.monotonic,
-                 delegated: Callable[[str, dict], bool] | None = None) -> None:
+                 leader: LeaderElector | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg or NodePowerConfig()
-        self.delegated = delegated
-        self._delegated: set[str] = set()
-        self.api, self.actuator, self.clock = api_client, actuator, clock
-        self.core_api = k8s.CoreV1Api(api_client)
-        self.policy_api = k8s.PolicyV1Api(api_client)
-        self.curves = curves or CurveResolver()
+        self._own_cache = not isinstance(source, KubeCache)
+        self.cache = KubeCache(source, curves=curves) if self._own_cache else source
+        self.api, self.actuator, self.clock = self.cache.api, actuator, clock
+        self.core_api = k8s.CoreV1Api(self.api)
+        self.policy_api = k8s.PolicyV1Api(self.api)
+        self.coord_api = k8s.CoordinationV1Api(self.api)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = NodePowerMetrics(self.registry)
         self.core = NodePowerCore(self.cfg.policy)
-        self._lock = threading.Condition(threading.RLock())
-        self._nodes: dict[str, dict] = {}
-        self._pods: dict[str, _Pod] = {}
+        self.delegated: Callable[[NodeInfo], bool] | None = None
+        self._delegated: set[str] = set()
+        self._lock = threading.RLock()
         self._recs: dict[str, _NodeRec] = {}
         self._busy: dict[str, str] = {}  # nodes with an action in flight -> the action
         self._stop = threading.Event()
-        self._kick = False
+        self._kick = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pool = ThreadPoolExecutor(max_workers=self.cfg.workers, thread_name_prefix="node-power")
+        self._wake_pool = ThreadPoolExecutor(max_workers=self.cfg.wake_workers, thread_name_prefix="node-wake")
+        self._sleep_pool = ThreadPoolExecutor(max_workers=self.cfg.sleep_workers, thread_name_prefix="node-sleep")
         self._alive = clock()
         self._last_account = clock()
         self._next_consolidation = clock() + self.cfg.policy.consolidate_interval_s
         self._announced: set[tuple[str, str]] = set()
         self._first_seen: dict[str, float] = {}
+        self._resolved: dict[str, Resolved] = {}
+        self._resolve_inputs: tuple | None = None
+        self._pv_cache: dict[tuple[str, str], list | None] = {}  # per reconcile: claims -> PV node terms
+        self._leading_since: float | None = None
         #: (monotonic time, action, node) of every action taken, or announced in dry-run (tests read it).
         self.actions: list[tuple[float, str, str]] = []
         self._own_leader = leader is None and self.cfg.leader_elect and not self.cfg.dry_run
         self.leader = leader
         if self._own_leader:
-            self.leader = LeaderElector(api_client, self.cfg.lease_namespace, self.cfg.lease_name,
+            self.leader = LeaderElector(self.api, self.cfg.lease_namespace, self.cfg.lease_name,
                                         identity=self.cfg.identity, lease_duration_s=self.cfg.lease_duration_s,
                                         renew_deadline_s=self.cfg.renew_deadline_s,
                                         retry_period_s=self.cfg.retry_period_s, clock=clock)
-        self.node_informer = Informer("nodes", self.core_api.list_node, self._replace_nodes, self._node_event)
-        self.pod_informer = Informer("pods", self.core_api.list_pod_for_all_namespaces, self._replace_pods,
-                                     self._pod_event, field_selector=ACTIVE_PODS_SELECTOR)
+        self.cache.add_change_listener(self._kick.set)
 
     # ---- lifecycle ----
     def start(self) -> "NodePowerController":
-        self.node_informer.start()
-        self.pod_informer.start()
+        if self._own_cache:
+            self.cache.start()
         if self._own_leader:
             self.leader.start()
         self._thread = threading.Thread(target=self._loop, name="node-power", daemon=True)
@@ -286,20 +317,22 @@ class NodePowerController:
         return self
 
     def stop(self) -> None:
+        """Stop: actions in flight abort at their next checkpoint and leave their state (and owner) for the
+        next leader; then the Lease is released so a standby takes over at once."""
         self._stop.set()
-        with self._lock:
-            self._lock.notify_all()
+        self._kick.set()
         if self._thread is not None:
             self._thread.join(10)
-        self._pool.shutdown(wait=True)
+        self._wake_pool.shutdown(wait=True)
+        self._sleep_pool.shutdown(wait=True)
         if self._own_leader:
             self.leader.stop(release=True)
-        self.pod_informer.stop()
-        self.node_informer.stop()
+        if self._own_cache:
+            self.cache.stop()
 
     @property
     def synced(self) -> bool:
-        return self.node_informer.synced.is_set() and self.pod_informer.synced.is_set()
+        return self.cache.synced
 
     def healthy(self) -> bool:
         return not self._stop.is_set() and self.clock() - self._alive < max(30.0, 3 * self.cfg.resync_s)
@@ -309,58 +342,34 @@ class NodePowerController:
             return True
         return self.leader is None or self.leader.is_leader()
 
+    def _term(self) -> int:
+        return self.leader.transitions if self.leader is not None else 0
+
     def _may_write(self, stopping_ok: bool = False) -> bool:
         return not self.cfg.dry_run and self.is_leader() and (stopping_ok or not self._stop.is_set())
 
-    # ---- informer callbacks (only update the stores and kick the loop) ----
-    def _replace_nodes(self, items: list[dict]) -> None:
-        with self._lock:
-            self._nodes = {(o.get("metadata") or {}).get("name", ""): o for o in items}
-            self._kick_locked()
-
-    def _node_event(self, etype: str, obj: dict) -> None:
-        name = (obj.get("metadata") or {}).get("name", "")
-        with self._lock:
-            if etype == "DELETED":
-                self._nodes.pop(name, None)
-            elif _rv(obj) >= _rv(self._nodes.get(name)):  # our own writes may already be newer than the watch
-                self._nodes[name] = obj
-            self._kick_locked()
-
-    def _replace_pods(self, items: list[dict]) -> None:
-        with self._lock:
-            self._pods = {}
-            for o in items:
-                p = parse_controller_pod(o)
-                if p.info.uid:
-                    self._pods[p.info.uid] = p
-            self._kick_locked()
-
-    def _pod_event(self, etype: str, obj: dict) -> None:
-        p = parse_controller_pod(obj)
-        if not p.info.uid:
-            return
-        with self._lock:
-            if etype == "DELETED" or not p.info.active:
-                self._pods.pop(p.info.uid, None)
-            else:
-                self._pods[p.info.uid] = p
-            self._kick_locked()
-
-    def _kick_locked(self) -> None:
-        self._kick = True
-        self._lock.notify_all()
+    def _guard(self, term: int) -> Callable[[], None]:
+        """The check an action's every request is preceded by: still leader, in the term it began in, and not
+        stopping."""
+        def check() -> None:
+            if self._stop.is_set():
+                raise LostLeadership("the controller is stopping")
+            if not self.is_leader() or self._term() != term:
+                raise LostLeadership("this replica lost the Lease")
+        return check
 
     # ---- the loop ----
     def _loop(self) -> None:
         while not self._stop.is_set():
-            with self._lock:
-                if not self._kick:
-                    self._lock.wait(self.cfg.resync_s)
-                self._kick = False
+            self._kick.wait(self.cfg.resync_s)
+            self._kick.clear()
             self._alive = self.clock()
             leading = self.is_leader()
             self.metrics.leader.set(1 if leading else 0)
+            if not leading:
+                self._leading_since = None
+            elif self._leading_since is None:
+                self._leading_since = self.clock()
             if self._stop.is_set() or not self.synced or not leading:
                 continue
             try:
@@ -370,131 +379,203 @@ class NodePowerController:
             time.sleep(0.01)  # coalesce bursts of events
 
     # ---- the view the core decides on ----
-    def state_of(self, obj: dict) -> str:
-        s = ((obj.get("metadata") or {}).get("annotations") or {}).get(POWER_STATE_ANNOTATION, AWAKE)
-        return s if s in POWER_STATES else AWAKE
+    def _snapshot(self) -> tuple[dict[str, NodeInfo], list[PodInfo]]:
+        with self.cache.lock:
+            return dict(self.cache.nodes), list(self.cache.pods.values())
 
-    def address_of(self, name: str, obj: dict) -> PowerAddress | None:
-        text = ((obj.get("metadata") or {}).get("annotations") or {}).get(POWER_ADDRESS_ANNOTATION) or \
-            self.cfg.addresses.get(name)
-        if not text:
-            return PowerAddress("none", raw="none") if getattr(self.actuator, "name", "") == "none" else None
-        try:
-            return parse_address(text)
-        except AddressError as e:
-            self._announce_once("bad-address", name, f"{name}: {e}")
-            return None
+    def _resolve(self, nodes: dict[str, NodeInfo]) -> dict[str, Resolved]:
+        """Each node's usable power address (the operator's map, or an annotation its policy allows); refusals
+        are logged once per node and reason."""
+        inputs = {n: (i.power_address, i.provider_id) for n, i in nodes.items()}
+        key = (inputs, dict(self.cfg.addresses))
+        if key != self._resolve_inputs:
+            self._resolve_inputs = key
+            self._resolved = self.cfg.access.resolve_all(inputs, self.cfg.addresses)
+            for n, r in self._resolved.items():
+                if r.refused:
+                    self._announce_once(f"refused:{r.refused}", n, f"node {n}: its power address from the "
+                                        f"{r.source} is not used: {r.refused}")
+        return self._resolved
+
+    def address_of(self, name: str) -> Resolved:
+        if getattr(self.actuator, "name", "") == "none":
+            return Resolved(parse_address("none"), "map")  # cordon only: nothing is ever contacted
+        return self._resolved.get(name) or Resolved(None)
 
     def _announce_once(self, what: str, node: str, msg: str) -> None:
         if (what, node) not in self._announced:
+            if len(self._announced) > 100_000:  # bounded: a churning cluster must not grow it for ever
+                self._announced.clear()
             self._announced.add((what, node))
             log.warning("%s", msg)
 
-    def _view(self) -> tuple[ClusterState, list[str], list[NodeInfo], list[str], np.ndarray, list[_Pod], dict]:
-        """(state, names, infos, power states, workload pods per node, pending pods, pods by node index)."""
-        with self._lock:
-            nodes = dict(self._nodes)
-            pods = list(self._pods.values())
+    def _view(self):
+        """(state, names, infos, workload pods per node, pending pods, pods by node index, counted)."""
+        nodes, pods = self._snapshot()
+        self._resolve(nodes)
         names = sorted(nodes)
-        infos = [parse_node(nodes[n], self.curves) for n in names]
+        infos = [nodes[n] for n in names]
         index = {n: k for k, n in enumerate(names)}
         st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
                           [i.max_pods for i in infos], [i.curve for i in infos],
                           sleep_watts=[self.cfg.sleep_watts] * len(names), can_sleep=True)
-        states = [self.state_of(nodes[n]) for n in names]
         protected = np.zeros(len(names), dtype=bool)
-        delegated = {n for n in names if self.delegated is not None and self.delegated(n, nodes[n])}
-        self._delegated = delegated
-        for k, (n, info, s) in enumerate(zip(names, infos, states)):
-            obj = nodes[n]
-            ann = (obj.get("metadata") or {}).get("annotations") or {}
-            ours = any(t.key == ASLEEP_TAINT for t in info.taints) or s != AWAKE
+        counted = np.zeros(len(names), dtype=bool)  # Ready, schedulable workers: what min_awake counts
+        self._delegated = {i.name for i in infos if self.delegated is not None and self.delegated(i)}
+        for k, info in enumerate(infos):
+            s = info.power_state
+            foreign_cordon = info.unschedulable and not info.cordoned_by_us
             if s in (SLEEPING, ASLEEP_STATE):
                 st.power_state[k] = ASLEEP
-            elif s in (WAKING_STATE, DRAINING) or not node_ready(obj) or (info.unschedulable and not ours):
+            elif s in (WAKING_STATE, DRAINING) or not info.ready or foreign_cordon:
                 st.power_state[k] = WAKING  # awake but not a place for pods (or for our decisions)
-            if (any(lbl in info.labels for lbl in CONTROL_PLANE_LABELS)
-                    or str(ann.get(NEVER_SLEEP_ANNOTATION, "")).lower() not in ("", "false")
-                    or (info.unschedulable and not ours) or self.address_of(n, obj) is None or n in delegated):
+            if (info.control_plane or info.never_sleep or foreign_cordon or info.name in self._delegated
+                    or self.address_of(info.name).address is None):
                 protected[k] = True
+            counted[k] = (s == AWAKE and info.ready and not info.unschedulable and not info.control_plane
+                          and not any(t.key == ASLEEP_TAINT for t in info.taints))
         self.core.protected = protected
+        self.core.counted = counted
         workload = np.zeros(len(names), dtype=np.int64)
-        pending: list[_Pod] = []
-        by_node: dict[int, list[_Pod]] = {}
+        pending: list[PodInfo] = []
+        by_node: dict[int, list[PodInfo]] = {}
         for p in pods:
-            if p.info.node_name:
-                k = index.get(p.info.node_name)
+            if p.node_name:
+                k = index.get(p.node_name)
                 if k is None:
                     continue
-                st.bind(k, p.info.request)
+                st.bind(k, p.request)
                 if not p.daemon:
                     workload[k] += 1
                     by_node.setdefault(k, []).append(p)
-            elif not p.info.deleting:
+            elif not p.deleting:
                 pending.append(p)
-        pending.sort(key=lambda p: (p.info.rv, p.info.uid))
-        return st, names, infos, states, workload, pending, by_node
+        pending.sort(key=lambda p: (p.rv, p.uid))
+        return st, names, infos, workload, pending, by_node
 
     # ---- reconcile ----
     def reconcile(self) -> None:
-        """One pass: account, wake, sleep, consolidate (see the module docstring)."""
+        """One pass: account, recover, wake, sleep, consolidate (see the module docstring)."""
         now = self.clock()
-        st, names, infos, states, workload, pending, by_node = self._view()
-        self._account(st, states, now)
+        st, names, infos, workload, pending, by_node = self._view()
+        states = [i.power_state for i in infos]
+        self._account(st, infos, now)
         with self._lock:
             busy = dict(self._busy)
-        for n in names:
-            self._recs.setdefault(n, _NodeRec())
-        self._adopt_addresses(names)
+            for n in names:
+                self._recs.setdefault(n, _NodeRec())
+            for n in [n for n in self._recs if n not in set(names)]:  # deleted nodes: bounded
+                del self._recs[n]
+        self._adopt_addresses(infos)
+        self._recover(names, infos, workload, busy, now)
         wanted = self._wake_pass(st, names, infos, pending, busy, now)
         self._sleep_pass(st, names, states, workload, busy, now, wanted)
         if self.cfg.policy.consolidate and now >= self._next_consolidation:
             self._next_consolidation = now + self.cfg.policy.consolidate_interval_s
-            self._consolidate(st, names, states, by_node, busy, now)
+            self._consolidate(st, names, infos, by_node, busy, now)
         counts = {s: 0 for s in POWER_STATES}
         for s in states:
             counts[s] += 1
         for s, c in counts.items():
             self.metrics.nodes.labels(s).set(c)
 
-    def _adopt_addresses(self, names: list[str]) -> None:
-        """Write the address map's entry onto a node that has no ``joulesched.io/power`` annotation, so that
-        ``kubectl get node`` shows where its power is switched (once per node)."""
+    def _adopt_addresses(self, infos: list[NodeInfo]) -> None:
+        """Write the address map's entry onto a node that does not show it, so that ``kubectl get node``
+        shows where its power is switched (once per node; the map stays what is used)."""
         if not self.cfg.addresses or not self._may_write():
             return
-        for name in names:
-            addr = self.cfg.addresses.get(name)
-            if not addr or ("adopt", name) in self._announced:
+        for info in infos:
+            addr = self.cfg.addresses.get(info.name)
+            if not addr or info.power_address == addr or ("adopt", info.name) in self._announced:
                 continue
-            with self._lock:
-                ann = ((self._nodes.get(name) or {}).get("metadata") or {}).get("annotations") or {}
-            if POWER_ADDRESS_ANNOTATION in ann:
-                continue
-            self._announced.add(("adopt", name))
+            self._announced.add(("adopt", info.name))
             try:
-                self.core_api.patch_node(name, {"metadata": {"annotations": {POWER_ADDRESS_ANNOTATION: addr}}},
+                self.core_api.patch_node(info.name, {"metadata": {"annotations": {POWER_ADDRESS_ANNOTATION: addr}}},
                                          _content_type="application/merge-patch+json", _preload_content=False,
                                          _request_timeout=self.cfg.request_timeout_s)
             except Exception as e:
-                log.info("could not annotate node %s with its power address: %s", name, type(e).__name__)
+                log.info("could not annotate node %s with its power address: %s", info.name, type(e).__name__)
 
-    def _account(self, st: ClusterState, states: list[str], now: float) -> None:
+    def _account(self, st: ClusterState, infos: list[NodeInfo], now: float) -> None:
         dt = now - self._last_account
         self._last_account = now
-        asleep = np.array([s == ASLEEP_STATE for s in states], dtype=bool)
+        # A node whose wake failed may be on (a timed-out wake): it saves nothing we can claim.
+        asleep = np.array([i.power_state == ASLEEP_STATE and not i.wake_failed for i in infos], dtype=bool)
         if dt > 0 and asleep.any():
             self.metrics.joules_saved.inc(float(np.maximum(st.idle_watts[asleep] - self.cfg.sleep_watts, 0).sum()) * dt)
 
+    def _recover(self, names, infos, workload, busy, now) -> None:
+        """Resume or roll back intermediate states no action of ours is working on."""
+        if self._leading_since is None:
+            return
+        for k, info in enumerate(infos):
+            name = names[k]
+            if info.power_state not in INTERMEDIATE or name in busy:
+                continue
+            if info.power_state == DRAINING and info.power_owner == self.cfg.identity:
+                continue  # our own drain: the sleep pass follows it (sleep once empty, undrain on timeout)
+            if info.power_owner and now - self._leading_since < self.cfg.takeover_grace_s:
+                continue  # another replica's request may still be on the wire
+            if self._recs[name].retry_at > now:
+                continue
+            self.metrics.recovered.labels(info.power_state).inc()
+            log.info("node %s was left %s by %s: %s", name, info.power_state, info.power_owner or "a failed action",
+                     "rolling back" if info.power_state == DRAINING else "resuming")
+            if info.power_state == WAKING_STATE:
+                self._start(name, "wake", self._do_wake)
+            elif info.power_state == SLEEPING:
+                self._start(name, "sleep", lambda n: self._do_sleep(n, resume=True))
+            else:
+                self._start(name, "undrain", self._do_undrain)
+
+    def _fits(self, info: NodeInfo, pod: PodInfo) -> bool:
+        """Would ``pod`` pass the filters on ``info`` (the cache's filter chain: resources aside, which the
+        core counts), and its volumes' node affinity."""
+        return not node_gate_reason(info, pod) and self._volumes_allow(info, pod)
+
+    def _volumes_allow(self, info: NodeInfo, pod: PodInfo) -> bool:
+        """PV node affinity (kube-scheduler's VolumeBinding filter for bound claims), which the cache's filters
+        do not cover: every bound claim's volume must accept the node. Claims are read when asked (a pod with
+        claims waiting for a sleeping node is rare) and cached per reconcile."""
+        for claim in pod.claims:
+            terms = self._pv_terms(pod.namespace, claim)
+            if terms is None:
+                continue
+            if terms and not any(_node_selector_term_matches(t, info.labels, info.name) for t in terms):
+                return False
+        return True
+
+    def _pv_terms(self, namespace: str, claim: str) -> list | None:
+        key = (namespace, claim)
+        cache = self._pv_cache
+        if key in cache:
+            return cache[key]
+        terms = None
+        try:
+            pvc = json.loads(self.core_api.read_namespaced_persistent_volume_claim(
+                claim, namespace, _preload_content=False, _request_timeout=self.cfg.request_timeout_s).data)
+            vol = (pvc.get("spec") or {}).get("volumeName")
+            if vol:
+                pv = json.loads(self.core_api.read_persistent_volume(
+                    vol, _preload_content=False, _request_timeout=self.cfg.request_timeout_s).data)
+                req = (((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {})
+                terms = list(req.get("nodeSelectorTerms") or [])
+        except Exception as e:  # unreadable: no constraint known (the scheduler still applies it)
+            log.debug("volume of claim %s/%s: %s", namespace, claim, type(e).__name__)
+        cache[key] = terms
+        return terms
+
     def _wake_pass(self, st, names, infos, pending, busy, now) -> np.ndarray:
         """Wake nodes for pending pods; returns the awake nodes some pending pod fits (they must not sleep)."""
+        self._pv_cache: dict[tuple[str, str], list | None] = {}
         seen = self._first_seen
-        live = {p.info.uid for p in pending}
+        live = {p.uid for p in pending}
         for uid in [u for u in seen if u not in live]:
             del seen[uid]
         grace = self.cfg.nominate_grace_s
         # Our scheduler's pods: the node it nominates, or, if it says nothing within the grace, the core's choice.
-        pending = [p for p in pending if p.nominated or p.info.scheduler_name != self.cfg.scheduler_name
-                   or now - seen.setdefault(p.info.uid, now) >= grace]
+        pending = [p for p in pending if p.nominated_node or p.scheduler_name != self.cfg.scheduler_name
+                   or now - seen.setdefault(p.uid, now) >= grace]
         if not pending:
             return np.zeros(len(names), dtype=bool)
         n = len(names)
@@ -512,21 +593,21 @@ class NodePowerController:
             if not usable:
                 continue
             for k, p in enumerate(pending):
-                fits[k, j] = not node_gate_reason(info, p.info)
+                fits[k, j] = self._fits(info, p)
         index = {nm: k for k, nm in enumerate(names)}
         nominated: list[int] = []
         rest: list[int] = []  # pods whose wake is not already taken care of
         for k, p in enumerate(pending):
-            j = index.get(p.nominated, -1)
+            j = index.get(p.nominated_node, -1)
             if j >= 0 and st.power_state[j] == ASLEEP and fits[k, j]:
                 nominated.append(j)  # the scheduler's choice
             elif j >= 0 and (st.power_state[j] != ASLEEP or names[j] in busy):
                 pass  # its node is waking (or awake): nothing to do for it
             else:
                 rest.append(k)
-        for j in self.core.choose_wake(st, [pending[k].info.request for k in rest], nominated, fits[rest]):
+        for j in self.core.choose_wake(st, [pending[k].request for k in rest], nominated, fits[rest]):
             name = names[j]
-            if name in busy:
+            if name in busy or infos[j].power_state not in (SLEEPING, ASLEEP_STATE):
                 continue
             self._start(name, "wake", self._do_wake)
         return fits.any(axis=0) & (st.power_state == ON)
@@ -555,78 +636,87 @@ class NodePowerController:
             if verdict:
                 continue
             st.power_state[i] = ASLEEP  # later verdicts in this pass count it as asleep
+            self.core.counted[i] = False
             self._start(name, "sleep", self._do_sleep)
 
-    def _consolidate(self, st, names, states, by_node, busy, now) -> None:
+    def _consolidate(self, st, names, infos, by_node, busy, now) -> None:
         try:
             pdbs = json.loads(self.policy_api.list_pod_disruption_budget_for_all_namespaces(
                 _preload_content=False, _request_timeout=self.cfg.request_timeout_s).data).get("items") or []
         except Exception as e:
             log.info("consolidation skipped: cannot list PodDisruptionBudgets (%s)", type(e).__name__)
             return
+        self._pv_cache = {}
         movable: dict[int, list[MovablePod]] = {}
+        fits: dict[object, np.ndarray] = {}
         for i, pods in by_node.items():
-            if st.power_state[i] != ON or names[i] in busy or states[i] != AWAKE:
+            if st.power_state[i] != ON or names[i] in busy or infos[i].power_state != AWAKE:
                 continue
             ms = []
             for p in pods:
-                blocker = p.blocker
-                covering = [b for b in pdbs if (b.get("metadata") or {}).get("namespace") == p.info.namespace
+                blocker = eviction_blocker(p)
+                covering = [b for b in pdbs if (b.get("metadata") or {}).get("namespace") == p.namespace
                             and _selector_matches((b.get("spec") or {}).get("selector") or {}, p.labels)]
                 if not blocker and any(int((b.get("status") or {}).get("disruptionsAllowed") or 0) <= 0
                                        for b in covering):
                     blocker = "pdb"
-                if not blocker and p.info.namespace == "kube-system" and not covering:
+                if not blocker and p.namespace == "kube-system" and not covering:
                     blocker = "kube-system pod without a PDB"
-                ms.append(MovablePod(p.info.uid, p.info.request, float(p.info.request.filter_cpu), 0.0, blocker))
+                ms.append(MovablePod(p.uid, p.request, float(p.request.filter_cpu), 0.0, blocker))
+                if not blocker:  # where it may go: by its own selectors, affinity, tolerations and volumes
+                    fits[p.uid] = np.array([j != i and self._fits(infos[j], p) for j in range(len(infos))])
             movable[i] = ms
-        plan = self.core.plan(st, now, movable)
+        plan = self.core.plan(st, now, movable, fits)
         if plan is None:
             return
         name = names[plan.node]
-        pods = [(p.info.namespace, p.info.name, p.info.uid) for p in by_node[plan.node]]
+        pods = [(p.namespace, p.name, p.uid) for p in by_node[plan.node]]
         log.info("consolidating %s: %d pods to move, predicted saving %.0f J against %.0f J to restart them",
                  name, len(pods), plan.saving_j, plan.cost_j)
         self._start(name, "drain", lambda n: self._do_drain(n, pods))
 
     # ---- what an external decider calls (the autoscaler provider) ----
-    def nodes_snapshot(self) -> dict[str, dict]:
-        """The informer's Node objects by name (a shallow copy: read, never modify)."""
-        with self._lock:
-            return dict(self._nodes)
+    def node_infos(self) -> dict[str, NodeInfo]:
+        """The cache's nodes by name (immutable NodeInfo)."""
+        return self._snapshot()[0]
 
     def action_of(self, name: str) -> str | None:
         """The action in flight on ``name`` (``wake``, ``sleep``, ``drain``...), or None."""
         with self._lock:
             return self._busy.get(name)
 
+    def workload_pods_on(self, name: str) -> list[str] | None:
+        """A fresh read of the workload pods on ``name`` (DaemonSet and mirror pods left out); None if it failed."""
+        return self._workload_pods_on(name)
+
     def request_wake(self, name: str) -> bool:
-        """Wake ``name`` as the controller's own wakes do (actuator, wait Ready, untaint, uncordon). False when
-        it is not asleep, has an action in flight or is backing off after a failure."""
+        """Wake ``name`` as the controller's own wakes do. False when it is not asleep, has an action in flight
+        or is backing off after a failure."""
+        info = self.node_infos().get(name)
         with self._lock:
-            obj = self._nodes.get(name)
-        rec = self._recs.setdefault(name, _NodeRec())
-        if obj is None or self.state_of(obj) != ASLEEP_STATE or name in self._busy or rec.retry_at > self.clock():
+            rec = self._recs.setdefault(name, _NodeRec())
+            busy = name in self._busy
+        if info is None or info.power_state != ASLEEP_STATE or busy or rec.retry_at > self.clock():
             return False
         self._start(name, "wake", self._do_wake)
         return True
 
     def request_sleep(self, name: str) -> bool:
         """Put ``name`` to sleep as the controller's own sleeps do (cordon, taint, settle, a fresh check that no
-        workload pod is left, actuator); the checks refuse it as they would refuse their own. False when it is
-        not awake, has an action in flight, or has no power address."""
+        workload pod is left, the actuator with its deadline). False when it is not awake, is protected (control
+        plane, never-sleep), has an action in flight, or has no usable power address."""
+        nodes = self.node_infos()
+        self._resolve(nodes)  # the addresses as of now (a reconcile may not have run since the cache changed)
+        info = nodes.get(name)
         with self._lock:
-            obj = self._nodes.get(name)
-        if obj is None or self.state_of(obj) != AWAKE or name in self._busy or self.address_of(name, obj) is None:
+            busy = name in self._busy
+        if (info is None or info.power_state != AWAKE or busy or info.control_plane or info.never_sleep
+                or self.address_of(name).address is None):
             return False
-        meta = obj.get("metadata") or {}
-        if (any(lbl in (meta.get("labels") or {}) for lbl in CONTROL_PLANE_LABELS)
-                or str((meta.get("annotations") or {}).get(NEVER_SLEEP_ANNOTATION, "")).lower() not in ("", "false")):
-            return False  # protected whoever asks
         self._start(name, "sleep", self._do_sleep)
         return True
 
-    # ---- actions (in the worker pool; at most one per node) ----
+    # ---- actions (wakes and sleeps on their own bounded pools; at most one per node) ----
     def _start(self, name: str, action: str, fn: Callable[[str], None]) -> None:
         if self.cfg.dry_run:
             if (action, name) not in self._announced:
@@ -636,87 +726,169 @@ class NodePowerController:
                 log.info("dry-run: would %s node %s", action, name)
             return
         with self._lock:
-            if name in self._busy:
+            if name in self._busy or self._stop.is_set():
                 return
             self._busy[name] = action
         self.actions.append((self.clock(), action, name))
+        if len(self.actions) > 10_000:
+            del self.actions[:5_000]
         self.metrics.actions.labels(action).inc()
 
         def run() -> None:
             try:
                 fn(name)
+            except LostLeadership as e:
+                log.info("%s of node %s stopped: %s; its state is left for the next leader", action, name, e)
             except Exception:
                 log.exception("%s of node %s failed", action, name)
             finally:
                 with self._lock:
                     self._busy.pop(name, None)
-                    self._kick_locked()
+                self._kick.set()
 
-        self._pool.submit(run)
+        pool = self._wake_pool if action == "wake" else self._sleep_pool
+        try:
+            pool.submit(run)
+        except RuntimeError:  # the pool is shut down: stopping
+            with self._lock:
+                self._busy.pop(name, None)
 
-    def _target(self, name: str) -> Target | None:
-        with self._lock:
-            obj = self._nodes.get(name)
-        if obj is None:
+    def _target(self, name: str, deadline_s: float, term: int) -> Target | None:
+        r = self.address_of(name)
+        if r.address is None:
             return None
-        addr = self.address_of(name, obj)
-        return Target(name, addr) if addr is not None else None
+        return Target(name, r.address, source=r.source, deadline=self.clock() + deadline_s, check=self._guard(term))
 
     def _backoff(self, name: str) -> float:
-        rec = self._recs.setdefault(name, _NodeRec())
+        with self._lock:
+            rec = self._recs.setdefault(name, _NodeRec())
         rec.failures += 1
         delay = min(self.cfg.retry_initial_s * 2 ** (rec.failures - 1), self.cfg.retry_max_s)
         rec.retry_at = self.clock() + delay
         return delay
 
-    def _do_sleep(self, name: str) -> None:
-        target = self._target(name)
+    def _power(self, target: Target) -> str:
+        """The actuator's ``state()``, UNKNOWN when it cannot say (an error); a lost Lease propagates."""
+        try:
+            return self.actuator.state(target)
+        except LostLeadership:
+            raise
+        except Exception as e:
+            log.debug("state of %s: %s", target.node, e)
+            return UNKNOWN
+
+    def _node(self, name: str) -> NodeInfo | None:
+        with self.cache.lock:
+            return self.cache.nodes.get(name)
+
+    def _do_sleep(self, name: str, resume: bool = False) -> None:
+        term = self._term()
+        target = self._target(name, self.cfg.sleep_timeout_s, term)
         if target is None or not self._may_write():
             return
-        if not self._patch_node(name, state=SLEEPING, cordon=True, taint=True):
-            return
-        self._event(name, "Normal", "NodeSleeping", f"Node {name} is idle: cordoned and tainted, going to sleep")
-        if self._stop.wait(self.cfg.settle_s):  # stopping: leave the node as it was, not half asleep
-            self._patch_node(name, state=AWAKE, cordon=False, taint=False, stopping_ok=True)
-            return
+        if not resume:
+            if not self._patch_node(name, state=SLEEPING, owner=True, cordon=True, taint=True):
+                return
+            self._event(name, "Normal", "NodeSleeping", f"Node {name} is idle: cordoned and tainted, going to sleep")
+            if self._stop.wait(self.cfg.settle_s):  # stopping before anything was switched: undo now
+                self._patch_node(name, state=AWAKE, cordon=False, taint=False, stopping_ok=True)
+                return
+        else:  # another replica's (or an aborted) sleep: ours now, still cordoned and tainted
+            if not self._patch_node(name, state=SLEEPING, owner=True, cordon=True, taint=True):
+                return
+            power, info = self._power(target), self._node(name)
+            if power == OFF or (power == UNKNOWN and target.address.actuator == "wol" and info is not None
+                                and not info.ready):
+                self._recs[name].failures = 0  # it went down after all
+                self._patch_node(name, state=ASLEEP_STATE)
+                self._event(name, "Normal", "NodeAsleep", f"Node {name} is asleep ({self.actuator.name})")
+                return
+        target.check()
         left = self._workload_pods_on(name)
         if left is None or left:
-            why = "could not check its pods" if left is None else f"{left[0]} landed on it"
+            why = "its pods could not be listed" if left is None else "a pod landed on it"
             self._patch_node(name, state=AWAKE, cordon=False, taint=False)
             self._event(name, "Normal", "NodeSleepAborted", f"Not sleeping node {name}: {why}")
             return
         try:
+            target.checkpoint()
             self.actuator.sleep(target)
+            if target.address.actuator == "wol":
+                self._confirm_off(target)
+        except LostLeadership:
+            raise
         except Exception as e:
-            delay = self._backoff(name)
-            self.metrics.failures.labels("sleep").inc()
-            self._patch_node(name, state=AWAKE, cordon=False, taint=False)
-            self._event(name, "Warning", "NodeSleepFailed",
-                        f"{self.actuator.name} could not put {name} to sleep: {e}; uncordoned, retrying in {delay:g} s")
-            log.warning("sleep of %s failed: %s (retry in %g s)", name, e, delay)
+            self._sleep_failed(name, target, e)
             return
         self._recs[name].failures = 0
         self._patch_node(name, state=ASLEEP_STATE)
         self._event(name, "Normal", "NodeAsleep", f"Node {name} is asleep ({self.actuator.name})")
         log.info("node %s asleep", name)
 
+    def _confirm_off(self, target: Target) -> None:
+        """Where the actuator cannot report power (WoL), a sleep counts once the node stops being Ready."""
+        while True:
+            info = self._node(target.node)
+            if info is None or not info.ready:
+                return
+            target.pause(self.cfg.poll_s)
+
+    def _sleep_failed(self, name: str, target: Target, e: Exception) -> None:
+        """Uncordon only when the actuator confirms the machine is on; otherwise keep the cordon and taint
+        (``sleeping``, no owner) for a later retry, since pods must not land on a machine going down."""
+        delay = self._backoff(name)
+        self.metrics.failures.labels("sleep").inc()
+        log.warning("sleep of %s failed: %s (retry in %g s)", name, e, delay)
+        log.debug("sleep of %s failed", name, exc_info=True)
+        untouched = isinstance(e, AddressError)  # refused before anything was sent
+        if untouched or self._power(Target(name, target.address, source=target.source, check=target.check,
+                                           deadline=self.clock() + self.cfg.request_timeout_s)) == POWER_ON:
+            self._patch_node(name, state=AWAKE, cordon=False, taint=False)
+            self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
+                        f"sleep; it reports the machine on: uncordoned, retrying in {delay:g} s")
+        else:
+            self._patch_node(name, state=SLEEPING, owner=False)
+            self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
+                        f"sleep and cannot confirm it is on: kept cordoned and tainted, retrying in {delay:g} s")
+
+    def _heartbeat(self, name: str) -> tuple[str, str]:
+        """What changes when the node's kubelet is alive: its Ready condition's times, and its node Lease's
+        renew time (read directly: kubelets renew it every 10 s, while the Node status may stay unchanged)."""
+        info = self._node(name)
+        renew = ""
+        try:
+            lease = json.loads(self.coord_api.read_namespaced_lease(
+                name, NODE_LEASE_NAMESPACE, _preload_content=False,
+                _request_timeout=self.cfg.request_timeout_s).data)
+            renew = str((lease.get("spec") or {}).get("renewTime") or "")
+        except Exception:
+            renew = ""
+        return (info.heartbeat if info is not None else ""), renew
+
     def _do_wake(self, name: str) -> None:
-        target = self._target(name)
+        term = self._term()
+        target = self._target(name, self.cfg.wake_timeout_s, term)
         if target is None or not self._may_write():
             return
         t0 = self.clock()
-        self._patch_node(name, state=WAKING_STATE)
+        before = self._heartbeat(name)
+        if not self._patch_node(name, state=WAKING_STATE, owner=True):
+            return
         self._event(name, "Normal", "NodeWaking", f"Pods are waiting: waking node {name}")
         try:
+            target.checkpoint()
             self.actuator.wake(target)
-            self._wait_ready(name, target, t0 + self.cfg.wake_timeout_s)
+            self._wait_awake(name, target, before)
+        except LostLeadership:
+            raise  # the state stays waking, with its owner: the next leader resumes it
         except Exception as e:
             delay = self._backoff(name)
             self.metrics.failures.labels("wake").inc()
             self._patch_node(name, state=ASLEEP_STATE, wake_failed=True)  # schedulers stop waiting for it
-            self._event(name, "Warning", "NodeWakeFailed", f"{self.actuator.name} could not wake {name}: {e}; "
+            self._event(name, "Warning", "NodeWakeFailed", f"{self.actuator.name} could not wake node {name}; "
                         f"trying another node, retrying this one in {delay:g} s")
             log.warning("wake of %s failed: %s", name, e)
+            log.debug("wake of %s failed", name, exc_info=True)
             return
         if not self._patch_node(name, state=AWAKE, cordon=False, taint=False, wake_failed=False):
             return
@@ -726,37 +898,37 @@ class NodePowerController:
         self._event(name, "Normal", "NodeAwake", f"Node {name} is Ready: untainted and uncordoned")
         log.info("node %s awake after %.1f s", name, self.clock() - t0)
 
-    def _wait_ready(self, name: str, target: Target, deadline: float) -> None:
+    def _wait_awake(self, name: str, target: Target, before: tuple[str, str]) -> None:
+        """Until the node is Ready with a heartbeat newer than the wake (not the stale Ready of a node that has
+        just gone down) and the actuator, where it can say, reports it on. (``none`` switched nothing off: its
+        Ready is never stale.)"""
+        fresh = target.address.scheme == "none"
         while True:
-            with self._lock:
-                obj = self._nodes.get(name)
-                ready = obj is not None and node_ready(obj)
-            if ready:
-                try:
-                    st = self.actuator.state(target)
-                except Exception:
-                    st = UNKNOWN
-                if st != OFF:
+            target.checkpoint()
+            info = self._node(name)
+            if info is not None and info.ready:
+                if not fresh:
+                    now = self._heartbeat(name)
+                    fresh = (now[0] != before[0]) or (bool(now[1]) and now[1] != before[1])
+                if fresh and self._power(target) in (POWER_ON, UNKNOWN):
                     return
-            if self._stop.is_set():
-                raise TimeoutError("the controller is stopping")
-            if self.clock() >= deadline:
-                raise TimeoutError(f"not Ready within {self.cfg.wake_timeout_s:g} s")
-            with self._lock:
-                self._lock.wait(min(0.5, max(0.01, deadline - self.clock())))
+            if self.clock() >= target.deadline:
+                raise TimeoutError(f"no fresh heartbeat within {self.cfg.wake_timeout_s:g} s")
+            target.pause(self.cfg.poll_s)
 
     def _do_drain(self, name: str, pods: list[tuple[str, str, str]]) -> None:
+        term = self._term()
+        check = self._guard(term)
         if not self._may_write():
             return
         self._recs[name].drain_started = self.clock()
-        if not self._patch_node(name, state=DRAINING, cordon=True):
+        if not self._patch_node(name, state=DRAINING, owner=True, cordon=True):
             return
         self._event(name, "Normal", "NodeConsolidating", f"Evicting {len(pods)} pods: they fit on other nodes "
                     f"and node {name} can then sleep")
         evicted = 0
         for ns, pod, uid in pods:
-            if not self._may_write():
-                break
+            check()
             body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": ns},
                     "deleteOptions": {"preconditions": {"uid": uid}}}
             try:
@@ -786,11 +958,13 @@ class NodePowerController:
         if self._may_write() and self._patch_node(name, state=AWAKE, cordon=False):
             self.metrics.failures.labels("drain").inc()
             self._event(name, "Warning", "NodeConsolidationAborted",
-                        f"Node {name} did not empty within {self.cfg.drain_timeout_s:g} s; uncordoned")
+                        f"Node {name} did not empty (or its drain was abandoned); uncordoned")
 
     # ---- API writes ----
     def _workload_pods_on(self, name: str) -> list[str] | None:
         """A fresh (not cached) list of the workload pods on ``name``; None when the read fails."""
+        from joulesched.cluster.kube.objects import parse_pod
+
         try:
             resp = self.core_api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={name},{ACTIVE_PODS_SELECTOR}", _preload_content=False,
@@ -798,12 +972,14 @@ class NodePowerController:
             items = json.loads(resp.data).get("items") or []
         except Exception:
             return None
-        return [f"{p.info.namespace}/{p.info.name}" for p in map(parse_controller_pod, items) if not p.daemon]
+        return [p.key for p in map(parse_pod, items) if not p.daemon]
 
-    def _patch_node(self, name: str, *, state: str, cordon: bool | None = None, taint: bool | None = None,
-                    wake_failed: bool | None = None, stopping_ok: bool = False) -> bool:
-        """Set the power-state annotation (and the cordon and our taint) with the node's resourceVersion as a
-        precondition; re-read and retry on a conflict. False when it could not be written."""
+    def _patch_node(self, name: str, *, state: str, owner: bool | None = None, cordon: bool | None = None,
+                    taint: bool | None = None, wake_failed: bool | None = None, stopping_ok: bool = False) -> bool:
+        """Set the power-state annotation (its time, its owner on an intermediate state; and the cordon and our
+        taint) with the node's resourceVersion as a precondition; re-read and retry on a conflict. Our cordon is
+        marked (``joulesched.io/cordoned``) and only a marked cordon is ever lifted. False when it could not be
+        written."""
         for _ in range(5):
             if not self._may_write(stopping_ok):
                 return False
@@ -818,16 +994,25 @@ class NodePowerController:
             except Exception:
                 time.sleep(0.1)
                 continue
-            patch: dict[str, Any] = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"],
-                                                  "annotations": {POWER_STATE_ANNOTATION: state,
-                                                                  POWER_SINCE_ANNOTATION: _now_rfc3339()}}}
+            meta = obj.get("metadata") or {}
+            ann_now = meta.get("annotations") or {}
+            node_spec = obj.get("spec") or {}
+            ann: dict[str, Any] = {POWER_STATE_ANNOTATION: state, POWER_SINCE_ANNOTATION: _now_rfc3339()}
+            if owner is not None or state in (AWAKE, ASLEEP_STATE):
+                ann[POWER_OWNER_ANNOTATION] = self.cfg.identity if owner else None
+            patch: dict[str, Any] = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": ann}}
             if wake_failed is not None:
-                patch["metadata"]["annotations"][WAKE_FAILED_ANNOTATION] = _now_rfc3339() if wake_failed else None
+                ann[WAKE_FAILED_ANNOTATION] = _now_rfc3339() if wake_failed else None
             spec: dict[str, Any] = {}
-            if cordon is not None:
-                spec["unschedulable"] = True if cordon else None
+            ours = CORDONED_ANNOTATION in ann_now
+            if cordon is True and (ours or not node_spec.get("unschedulable")):
+                spec["unschedulable"] = True
+                ann[CORDONED_ANNOTATION] = "true"
+            elif cordon is False and ours:  # never lift a cordon someone else set
+                spec["unschedulable"] = None
+                ann[CORDONED_ANNOTATION] = None
             if taint is not None:
-                taints = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("key") != ASLEEP_TAINT]
+                taints = [t for t in node_spec.get("taints") or [] if t.get("key") != ASLEEP_TAINT]
                 if taint:
                     taints.append({"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule",
                                    "timeAdded": _now_rfc3339()})
@@ -837,10 +1022,7 @@ class NodePowerController:
             try:
                 resp = self.core_api.patch_node(name, patch, _content_type="application/merge-patch+json",
                                                 _preload_content=False, _request_timeout=self.cfg.request_timeout_s)
-                new = json.loads(resp.data)
-                with self._lock:  # the informer will say the same; acting on it now avoids a stale next pass
-                    if name in self._nodes and _rv(new) >= _rv(self._nodes[name]):
-                        self._nodes[name] = new
+                self.cache.observe_node(json.loads(resp.data))
                 return True
             except ApiException as e:
                 if e.status == 404:
@@ -852,15 +1034,15 @@ class NodePowerController:
         return False
 
     def _event(self, node: str, etype: str, reason: str, message: str) -> None:
+        """An Event on the node. Messages are ours alone (no remote error text: details go to the log)."""
         if not self._may_write():
             return
-        with self._lock:
-            uid = ((self._nodes.get(node) or {}).get("metadata") or {}).get("uid", "")
         now = _now_rfc3339()
         ns = self.cfg.event_namespace
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"name": f"{node}.{time.time_ns():x}", "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+                # A Node's Events carry its name as uid, as the kubelet's do.
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
                 "reason": reason, "message": message, "type": etype,
                 "source": {"component": self.cfg.component}, "reportingComponent": self.cfg.component,
                 "reportingInstance": self.cfg.identity, "action": reason,
@@ -897,9 +1079,10 @@ class NodePowerStatusServer(BackgroundHTTPServer):
 
 
 # ---- the daemon: options checked, then started and stopped together -----------------------------------------
-def load_addresses(path: str | None) -> dict[str, str]:
+def load_addresses(path: str | None, access: AddressPolicy | None = None) -> dict[str, str]:
     """A node -> power address map (YAML/JSON mapping; a ConfigMap mounted as a file). Every address is
-    parsed, so a bad one is named before anything starts."""
+    parsed (and checked against what no map entry may do, e.g. redfish+http without its flag), so a bad one
+    is named before anything starts."""
     if not path:
         return {}
     import yaml
@@ -918,8 +1101,10 @@ def load_addresses(path: str | None) -> dict[str, str]:
     out = {}
     for node, text in data.items():
         try:
-            parse_address(str(text))
-        except AddressError as e:
+            addr = parse_address(str(text))
+            if access is not None:
+                access.check_map_entry(str(node), addr)
+        except (AddressError, AccessError) as e:
             raise DaemonInputError(f"--addresses {path}: node {node}: {e}") from None
         out[str(node)] = str(text)
     return out
@@ -928,8 +1113,11 @@ def load_addresses(path: str | None) -> dict[str, str]:
 class NodePowerDaemon:
     """``joulesched node-power`` (and ``serve --node-power``): the controller plus /metrics, /healthz, /readyz.
 
-    Every option is checked in the constructor; ``with`` starts it and stops it. ``leader`` shares another
-    component's Lease (the scheduler's, inside ``serve``); ``api_client`` reuses its connection settings.
+    Every option is checked in the constructor; ``with`` starts it and stops it. ``cache`` is the process's
+    informer cache (the scheduler's, inside ``serve``: then nodes and pods are listed and watched once, and it is
+    started and stopped by its owner); ``identity`` the process's one Lease identity. The Lease is
+    :data:`NODE_POWER_LEASE` either way, so ``serve --node-power`` and a ``node-power`` Deployment never both
+    act. ``allow_annotated`` (``SCHEME=PATTERN``) and ``allow_redfish_http`` are the operator's address policy.
     """
 
     def __init__(self, *, actuator: str = "none", policy: PowerPolicy | None = None, dry_run: bool = False,
@@ -937,8 +1125,9 @@ class NodePowerDaemon:
                  kubeconfig: str | None = None, context: str | None = None, credentials: str | None = None,
                  addresses: str | None = None, power_profiles: str | None = None, sleep_watts: float = 10.0,
                  resync_s: float = 5.0, wake_timeout_s: float = 600.0, scheduler_name: str = "joulesched",
-                 actuator_options: dict | None = None, leader: LeaderElector | None = None,
-                 api_client: k8s.ApiClient | None = None, status: bool = True) -> None:
+                 actuator_options: dict | None = None, cache: KubeCache | None = None,
+                 identity: str | None = None, allow_annotated: list[str] | tuple[str, ...] = (),
+                 allow_redfish_http: bool = False, status: bool = True) -> None:
         from joulesched.cluster.kube.client import load_api_client
         from joulesched.cluster.kube.objects import load_profiles
         from joulesched.core.net import parse_listen
@@ -950,16 +1139,24 @@ class NodePowerDaemon:
             raise DaemonInputError(f"--actuator {actuator!r}: known: {', '.join(NAMES)}")
         if status:
             parse_listen(listen)
-        opts = ActuatorOptions(credentials=Credentials.load(credentials), **(actuator_options or {}))
+        try:
+            access = AddressPolicy.from_options(allow_annotated, allow_redfish_http)
+        except AccessError as e:
+            raise DaemonInputError(str(e)) from None
+        opts = ActuatorOptions(credentials=Credentials.load(credentials), allow_redfish_http=allow_redfish_http,
+                               **(actuator_options or {}))
         self.actuator = make_actuator(actuator, opts)
         self.cfg = NodePowerConfig(policy=policy or PowerPolicy(), dry_run=dry_run, resync_s=resync_s,
                                    wake_timeout_s=wake_timeout_s, sleep_watts=sleep_watts,
-                                   addresses=load_addresses(addresses), leader_elect=leader_elect,
-                                   lease_namespace=lease_namespace or default_namespace(),
-                                   scheduler_name=scheduler_name)
-        curves = CurveResolver(load_profiles(power_profiles) if power_profiles else None)
-        api = api_client or load_api_client(kubeconfig, context)
-        self.controller = NodePowerController(api, self.actuator, self.cfg, curves=curves, leader=leader)
+                                   addresses=load_addresses(addresses, access), access=access,
+                                   leader_elect=leader_elect, lease_namespace=lease_namespace or default_namespace(),
+                                   scheduler_name=scheduler_name, **({"identity": identity} if identity else {}))
+        if cache is None:
+            curves = CurveResolver(load_profiles(power_profiles) if power_profiles else None)
+            source: KubeCache | k8s.ApiClient = load_api_client(kubeconfig, context)
+        else:
+            curves, source = None, cache
+        self.controller = NodePowerController(source, self.actuator, self.cfg, curves=curves)
         self.status = _listen(listen, NodePowerStatusServer, self.controller) if status else None
 
     @property

@@ -30,7 +30,7 @@ from tests.live.conftest import wait_until
 from tests.support.machines import Kubelets, Machines
 
 CTL_FAST = dict(resync_s=0.05, settle_s=0.1, retry_initial_s=0.3, retry_max_s=1.0, wake_timeout_s=5.0,
-                drain_timeout_s=5.0,
+                sleep_timeout_s=5.0, drain_timeout_s=5.0, poll_s=0.02, takeover_grace_s=0.3,
                 lease_duration_s=0.6, renew_deadline_s=0.4, retry_period_s=0.05, lease_namespace="default")
 
 
@@ -49,13 +49,14 @@ def kubelets(emu, machines):
 
 
 @pytest.fixture
-def make_controller(emu):
+def make_controller(emu, machines):
     made: list[NodePowerController] = []
 
     def make(policy: PowerPolicy | None = None, *, actuator: str = "libvirt", start: bool = True,
              **kw) -> NodePowerController:
+        # The machines' addresses are the operator's map (the same dict: machines added later are in it too).
         cfg = NodePowerConfig(policy=policy or PowerPolicy(sleep_after_s=0.3),
-                              **{**CTL_FAST, "leader_elect": False, **kw})
+                              **{**CTL_FAST, "leader_elect": False, "addresses": machines.addresses, **kw})
         act = make_actuator(actuator, ActuatorOptions(libvirt_uri="test:///default"))
         c = NodePowerController(api_client_for(emu.url), act, cfg)
         made.append(c)
@@ -67,10 +68,10 @@ def make_controller(emu):
 
 
 def add_nodes(emu, machines, names, cpu="4", memory="8Gi", annotations=None, labels=None):
+    """Nodes backed by machines whose addresses are in the operator's map (``machines.addresses``)."""
     for n in names:
-        addr = machines.add(n)
-        emu.add_node(n, cpu=cpu, memory=memory, annotations={POWER_ADDRESS_ANNOTATION: addr, **(annotations or {})},
-                     labels=labels)
+        machines.add(n)
+        emu.add_node(n, cpu=cpu, memory=memory, annotations=annotations, labels=labels)
 
 
 def pstate(emu, node) -> str:
@@ -170,14 +171,31 @@ def test_control_plane_and_never_sleep_nodes_are_never_touched_and_min_awake_hol
     add_nodes(emu, machines, ["cp"], labels={"node-role.kubernetes.io/control-plane": ""})
     add_nodes(emu, machines, ["keep"], annotations={NEVER_SLEEP_ANNOTATION: "true"})
     add_nodes(emu, machines, ["w0", "w1", "w2", "w3"])
-    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=4))  # cp and keep count: 2 workers stay on
-    wait_until(lambda: sum(asleep(emu, machines, n) for n in ("w0", "w1", "w2", "w3")) == 2, 10)
+    # Ready schedulable workers count: keep (a worker that never sleeps) and w0..w3, not the control plane.
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=4))
+    wait_until(lambda: sum(asleep(emu, machines, n) for n in ("w0", "w1", "w2", "w3")) == 1, 10)
     time.sleep(1.0)  # well past sleep_after_s: nothing more happens
-    assert sum(asleep(emu, machines, n) for n in ("w0", "w1", "w2", "w3")) == 2
-    touched = {n for n, _, _ in emu.node_patches}
-    assert "cp" not in touched and "keep" not in touched
+    assert sum(asleep(emu, machines, n) for n in ("w0", "w1", "w2", "w3")) == 1
+    touched = {n for n, _, _ in emu.node_patches if n in ("cp", "keep")}
+    assert touched <= {"cp", "keep"} and not [p for n, p, _ in emu.node_patches if n in ("cp", "keep")
+                                              and POWER_STATE_ANNOTATION in (p.get("metadata") or {}).get(
+                                                  "annotations", {})]
     assert machines.running("cp") and machines.running("keep")
+    assert len([a for a in ctl.actions if a[1] == "sleep"]) == 1
+
+
+def test_min_awake_1_with_a_control_plane_and_three_empty_workers_leaves_one_worker_awake(emu, machines, kubelets,
+                                                                                         make_controller):
+    add_nodes(emu, machines, ["cp"], labels={"node-role.kubernetes.io/control-plane": ""})
+    add_nodes(emu, machines, ["w0", "w1", "w2"])
+    emu.add_node("other-cordoned", cpu="4")  # cordoned by an admin: not schedulable, does not count either
+    emu.patch("nodes", "", "other-cordoned", {"spec": {"unschedulable": True}})
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=1))
+    wait_until(lambda: sum(asleep(emu, machines, n) for n in ("w0", "w1", "w2")) == 2, 10, "two workers asleep")
+    time.sleep(1.0)
+    assert sum(awake(emu, machines, n) for n in ("w0", "w1", "w2")) == 1  # the control plane is not the one
     assert len([a for a in ctl.actions if a[1] == "sleep"]) == 2
+    assert emu.get("nodes", "other-cordoned")["spec"]["unschedulable"] is True
 
 
 def test_dry_run_announces_every_action_and_changes_nothing(emu, machines, make_controller):  # no kubelets: no writes
@@ -211,20 +229,41 @@ def test_two_replicas_never_both_act(emu, machines, kubelets, make_controller, m
     assert second.actions and all(t >= first.leader.terms[-1][1] for t, _, _ in second.actions)
 
 
-def test_actuator_failures_are_reported_uncordoned_and_retried(emu, machines, kubelets, make_controller):
-    # The address names a domain that does not exist (yet); the node itself is up (its kubelet is not told).
-    emu.add_node("ghost", annotations={POWER_ADDRESS_ANNOTATION: f"libvirt:///ghost-{machines.tag}"})
-    ctl = make_controller(PowerPolicy(sleep_after_s=0.1))
+def test_a_failed_sleep_whose_power_is_unknown_stays_cordoned_and_is_retried(emu, machines, kubelets,
+                                                                            make_controller, caplog):
+    # The map names a domain that does not exist (yet): sleep fails and state() cannot say the machine is on.
+    emu.add_node("ghost")
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.1),
+                          addresses={**machines.addresses, "ghost": f"libvirt:///ghost-{machines.tag}"})
+    caplog.set_level("WARNING", logger="joulesched.nodepower")
     wait_until(lambda: events(emu, "NodeSleepFailed"), 5, "a NodeSleepFailed event")
     ev = events(emu, "NodeSleepFailed")[0]
-    assert ev["type"] == "Warning" and "not found" in ev["message"].lower()
-    wait_until(lambda: pstate(emu, "ghost") == "awake", 5)
+    assert ev["type"] == "Warning" and "kept cordoned and tainted" in ev["message"]
+    assert "ghost-" not in ev["message"]  # generic text: the actuator's detail is in the log
+    assert "not found" in caplog.text.lower()
     node = emu.get("nodes", "ghost")
-    assert not node["spec"].get("unschedulable") and not node["spec"].get("taints")  # uncordoned and untainted
+    assert node["spec"].get("unschedulable") is True and any(t["key"] == ASLEEP_TAINT for t in node["spec"]["taints"])
+    assert pstate(emu, "ghost") == "sleeping"  # no action in flight: resumed after the backoff
     assert ctl.registry.get_sample_value("joulesched_node_power_failures_total", {"op": "sleep"}) >= 1
-    machines.add("ghost")  # the machine turns up: the next retry (after the backoff) succeeds
+    ctl.cfg.addresses["ghost"] = machines.add("ghost")  # the machine turns up: the next retry succeeds
     wait_until(lambda: asleep(emu, machines, "ghost"), 10, "ghost asleep after a retry")
-    assert len(events(emu, "NodeSleepFailed")) >= 1
+
+
+def test_a_failed_sleep_of_a_machine_reported_on_is_uncordoned(emu, machines, kubelets, make_controller):
+    add_nodes(emu, machines, ["a"])
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.1), start=False)
+    real = ctl.actuator.sleep
+
+    def refuse(target):  # the BMC refuses the power-off; the machine stays on and says so
+        raise RuntimeError("refused")
+
+    ctl.actuator.sleep = refuse
+    ctl.start()
+    wait_until(lambda: events(emu, "NodeSleepFailed"), 5, "a NodeSleepFailed event")
+    assert "reports the machine on: uncordoned" in events(emu, "NodeSleepFailed")[0]["message"]
+    wait_until(lambda: awake(emu, machines, "a"), 5, "a uncordoned and untainted")
+    ctl.actuator.sleep = real
+    wait_until(lambda: asleep(emu, machines, "a"), 10, "a asleep after a retry")
 
 
 def test_a_failed_wake_tries_the_next_node(emu, machines, kubelets, make_controller, make_scheduler):

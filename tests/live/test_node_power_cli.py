@@ -66,6 +66,10 @@ def test_credentials_file_and_secret_directory(tmp_path):
     d.mkdir()
     (d / "username").write_text("root\n")
     (d / "password").write_text("pw3\n")
+    with pytest.raises(CredentialsError, match="readable by other users"):  # a directory is checked too
+        Credentials.load(d)
+    for k in ("username", "password"):
+        (d / k).chmod(0o600)
     assert Credentials.load(d).for_host("x").password == "pw3"
     f.write_text("default: [1, 2]\n")
     with pytest.raises(CredentialsError, match="needs a 'username'"):
@@ -111,7 +115,9 @@ def test_serve_with_node_power_sleeps_idle_nodes_and_wakes_one_for_a_pod(emu, tm
         assert _state(emu, node) == "awake" and not emu.get("nodes", node)["spec"].get("unschedulable")
         assert emu.get("pods", "p", "default")["status"]["nominatedNodeName"] == node
         leases = emu.list("leases")
-        assert [lease["metadata"]["name"] for lease in leases] == ["joulesched"]  # one Lease, the scheduler's
+        # The scheduler's Lease and the node power Lease (the one a node-power Deployment uses), one identity.
+        assert sorted(lease["metadata"]["name"] for lease in leases) == ["joulesched", "joulesched-node-power"]
+        assert len({lease["spec"]["holderIdentity"] for lease in leases}) == 1
     finally:
         stop.set()
         t.join(20)

@@ -16,7 +16,6 @@ import pytest
 
 from joulesched.agent.registry import make_policy
 from joulesched.agent.runner import run_policy
-from joulesched.cluster.nodepower import POWER_ADDRESS_ANNOTATION
 from joulesched.cluster.twin import Twin
 from tests.helpers import scenario, workload
 from tests.live.conftest import wait_until
@@ -57,14 +56,15 @@ def test_twin_and_live_controller_make_the_same_sleep_and_wake_sequence(emu, mak
     ctl = None
     try:
         for prefix, cpu in NODES:
-            addr = machines.add(f"{prefix}-0")
-            emu.add_node(f"{prefix}-0", cpu=f"{cpu}m", memory="8Gi", annotations={POWER_ADDRESS_ANNOTATION: addr})
+            machines.add(f"{prefix}-0")  # its address goes to the operator's map
+            emu.add_node(f"{prefix}-0", cpu=f"{cpu}m", memory="8Gi")
         kubelets.start()
         make_scheduler("most-allocated", node_wait_poll_s=0.02)
         ctl = NodePowerController(api_client_for(emu.url),
                                   make_actuator("libvirt", ActuatorOptions(libvirt_uri="test:///default")),
                                   NodePowerConfig(policy=PowerPolicy(sleep_after_s=SLEEP_AFTER),
-                                                  **{**CTL_FAST, "leader_elect": False, "settle_s": 0.05}))
+                                                  **{**CTL_FAST, "leader_elect": False, "settle_s": 0.05,
+                                                     "addresses": machines.addresses}))
         ctl.start()
         wait_until(lambda: ctl.synced, 5)
         t0 = time.monotonic()

@@ -37,6 +37,8 @@ class Machines:
         self.conn = libvirt_test_conn()
         self.tag = uuid.uuid4().hex[:6]
         self.domains: dict[str, str] = {}
+        #: node -> power address: the operator's address map for these machines (the controller's --addresses).
+        self.addresses: dict[str, str] = {}
 
     def domain(self, node: str) -> str:
         return self.domains.setdefault(node, f"{node}-{self.tag}")
@@ -46,7 +48,8 @@ class Machines:
         dom = self.conn.defineXML(DOMAIN_XML.format(name=name))
         if running:
             dom.create()
-        return f"libvirt:///{name}"
+        self.addresses[node] = f"libvirt:///{name}"
+        return self.addresses[node]
 
     def lookup(self, node: str):
         return self.conn.lookupByName(self.domains[node])
@@ -76,10 +79,14 @@ class Machines:
 
 
 class Kubelets:
-    """Emulated kubelets: node Ready follows its machine (see the module docstring)."""
+    """Emulated kubelets: node Ready follows its machine (see the module docstring), and a running, booted
+    node renews its Lease in ``kube-node-lease`` every ``lease_s``, as a kubelet does (the heartbeat the node
+    power controller waits for after a wake)."""
 
-    def __init__(self, emu: KubeEmulator, machines: Machines, boot_s: float = 0.05, period_s: float = 0.02) -> None:
-        self.emu, self.machines, self.boot_s, self.period_s = emu, machines, boot_s, period_s
+    def __init__(self, emu: KubeEmulator, machines: Machines, boot_s: float = 0.05, period_s: float = 0.02,
+                 lease_s: float = 0.2) -> None:
+        self.emu, self.machines, self.boot_s, self.period_s, self.lease_s = emu, machines, boot_s, period_s, lease_s
+        self._renewed: dict[str, float] = {}
         self._on_since: dict[str, float] = {}
         self._ready: dict[str, bool] = {}
         self._stop = threading.Event()
@@ -114,4 +121,7 @@ class Kubelets:
                     self.emu.set_node_ready(node, ready)
                     self._ready[node] = ready
                     self.log.append((now, node, ready))
+                if ready and now - self._renewed.get(node, -1e9) >= self.lease_s:
+                    self.emu.renew_node_lease(node)
+                    self._renewed[node] = now
             self._stop.wait(self.period_s)
