@@ -38,7 +38,7 @@ import numpy as np
 from joulesched.agent.lower_bound import _lower_hull, lower_bound
 from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.twin import RunResult, Twin
-from joulesched.cluster.workload import build_workload
+from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
 
 TOL = 1e-6  # seconds: event times closer than this are the same instant (the twin's departures come first)
@@ -77,6 +77,7 @@ class Instance:
     never_placed: int  # pods that fit no empty node: the twin never places them either
     never_sleep: np.ndarray | None = None  # nodes that stay awake (a group's never_sleep)
     scenario: Scenario | None = None  # where it came from, for warm starts and replays
+    workload: Workload | None = field(default=None, repr=False, compare=False)  # its workload, built once
     seed_offset: int = 0
 
     @property
@@ -93,8 +94,9 @@ class Instance:
         return bool(np.all(self.u <= self.c))
 
 
-def instance(scenario: Scenario, seed_offset: int = 0) -> Instance:
-    """The instance of run ``seed_offset`` of ``scenario`` (workload seed ``scenario.seed + seed_offset``)."""
+def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None = None) -> Instance:
+    """The instance of run ``seed_offset`` of ``scenario`` (workload seed ``scenario.seed + seed_offset``;
+    ``workload``: that workload, already built)."""
     ip = scenario.idle_policy
     if isinstance(ip, Sleep):
         extra = [f"{k}={getattr(ip, k)!r}" for k, off in (("min_awake", 0), ("spare_cpu_m", 0), ("consolidation", None))
@@ -103,7 +105,7 @@ def instance(scenario: Scenario, seed_offset: int = 0) -> Instance:
             raise OptimumError(f"{scenario.name}: the optimum models the plain sleep rule (an empty node sleeps after "
                                f"sleep_after_s); this scenario sets idle_policy {', '.join(extra)}")
     seed = scenario.seed + seed_offset
-    wl = build_workload(scenario, seed)
+    wl = build_workload(scenario, seed) if workload is None else workload
     if wl.has_pod_model:
         raise PodModelUnsupported(f"{scenario.name}: the optimum models jobs with constant usage; this workload "
                                   "has services or usage profiles (the fluid lower bound still applies)")
@@ -125,7 +127,8 @@ def instance(scenario: Scenario, seed_offset: int = 0) -> Instance:
         horizon=float(scenario.duration_s), pod=keep, a=wl.submit_s[keep].astype(np.float64),
         d=wl.duration_s[keep].astype(np.float64), c=np.maximum(wl.cpu_req[keep], 0).astype(np.float64),
         m=np.maximum(wl.mem_req[keep], 0).astype(np.float64), u=wl.usage_m[keep].astype(np.float64),
-        never_placed=int(len(wl) - keep.size), never_sleep=never, scenario=scenario, seed_offset=seed_offset)
+        never_placed=int(len(wl) - keep.size), never_sleep=never, scenario=scenario, seed_offset=seed_offset,
+        workload=wl)
 
 
 @dataclass
@@ -637,7 +640,7 @@ def twin_schedule(inst: Instance, spec: str) -> Schedule | None:
     sc = inst.scenario
     if sc is None:
         raise ValueError("the instance has no scenario to run")
-    wl = build_workload(sc, inst.seed)
+    wl = build_workload(sc, inst.seed) if inst.workload is None else inst.workload
     twin = Twin(sc, wl)
     pol = make_policy(spec)
     rng = np.random.default_rng(inst.seed)
@@ -863,7 +866,8 @@ def _range_max_rows(M: _Model, x: list[int], ranges: list[tuple[int, int, int]])
             M.row([col, table[lev][k]], [1.0, -1.0], 0.0, math.inf)
 
 
-def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max_bins: int = 1500) -> LPBound:
+def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max_bins: int = 1500,
+             fluid_joules: float | None = None) -> LPBound:
     """A time-indexed LP over node kinds that bounds the energy of every run of the twin from below.
 
     Per interval between arrivals and per kind of node it keeps the served CPU, the nodes serving, holding pods
@@ -875,12 +879,13 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
 
     With more than ``max_bins`` distinct arrival times the grid is thinned to about that many points (every
     statement still holds on the coarser grid, but causality is checked at fewer instants, so the LP may then
-    fall below the fluid bound: the larger of the two is returned, ``coarse`` says so).
+    fall below the fluid bound: the larger of the two is returned, ``coarse`` says so). ``fluid_joules``: the
+    fluid bound of the same pods and cluster when the caller has it (the benchmark's lower bound).
     """
     import highspy
 
     t0 = time.perf_counter()
-    fl = fluid(inst)
+    fl = fluid(inst) if fluid_joules is None else fluid_joules
     P = inst.pods
     a, d = inst.a, inst.d
     u = inst.u / 1000.0
@@ -1029,8 +1034,6 @@ def _cluster_g(inst: Instance) -> tuple[float, np.ndarray, np.ndarray]:
 
 def fluid(inst: Instance) -> float:
     """The fluid lower bound (agent/lower_bound.py) of the instance's cluster and pods."""
-    from joulesched.cluster.workload import Workload
-
     wl = Workload(inst.a, inst.d, inst.c.astype(np.int64), inst.m.astype(np.int64), inst.u)
     return lower_bound(_state(inst), wl, inst.horizon).joules
 
@@ -1048,12 +1051,13 @@ class ReplayError(RuntimeError):
     """The twin would not follow the schedule: the model and the twin disagree."""
 
 
-def replay(scenario: Scenario, seed_offset: int, assignment: dict[int, int]) -> RunResult:
+def replay(scenario: Scenario, seed_offset: int, assignment: dict[int, int],
+           workload: Workload | None = None) -> RunResult:
     """Run the twin on the instance, binding each pod to the node of ``assignment`` (workload pod index ->
     node). Raises :class:`ReplayError` if the twin asks about a pod at another time than its arrival, or the
     assigned node is not feasible then: the schedule would not be the one the model priced."""
     seed = scenario.seed + seed_offset
-    wl = build_workload(scenario, seed)
+    wl = build_workload(scenario, seed) if workload is None else workload
     twin = Twin(scenario, wl)
     twin.begin()
     while (dcs := twin.next_decision()) is not None:
@@ -1087,20 +1091,22 @@ def check_time_limit(time_limit: float) -> float:
 
 
 def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float = 60.0,
-                  max_nodes: int = MIP_MAX_NODES, max_pods: int = MIP_MAX_PODS, replay_check: bool = True) -> dict:
+                  max_nodes: int = MIP_MAX_NODES, max_pods: int = MIP_MAX_PODS, replay_check: bool = True,
+                  workload: Workload | None = None, fluid_joules: float | None = None) -> dict:
     """Everything known about the optimum of one (scenario, seed): the fluid and LP bounds for every run, and
     on a small enough instance the MIP's best schedule, its bound and gap, and that schedule replayed in the
-    twin (``replay_joules``, ``replay_rel_error``: the model checked against the twin)."""
+    twin (``replay_joules``, ``replay_rel_error``: the model checked against the twin). ``workload`` and
+    ``fluid_joules`` (its fluid lower bound): what the caller already built and computed, not done again."""
     time_limit = check_time_limit(time_limit)
     try:
-        inst = instance(scenario, seed_offset)
+        inst = instance(scenario, seed_offset, workload)
     except PodModelUnsupported as e:
         # In a benchmark over a whole suite this scenario simply has no optimum row (shown as n/a).
         return {"name": scenario.name, "seed": scenario.seed + seed_offset, "nodes": scenario.node_count,
                 "pods": None, "overload_free": None, "status": "unsupported",
                 "fluid_joules": None, "lp_bound_joules": None, "optimum_joules": None, "bound_joules": None,
                 "gap": None, "wall_s": None, "replay_joules": None, "replay_rel_error": None, "message": str(e)}
-    lp = lp_bound(inst, time_limit=max(10.0, time_limit))
+    lp = lp_bound(inst, time_limit=max(10.0, time_limit), fluid_joules=fluid_joules)
     out = {"name": scenario.name, "seed": inst.seed, "nodes": inst.nodes, "pods": inst.pods,
            "overload_free": inst.overload_free, "fluid_joules": lp.fluid_joules,
            "lp_bound_joules": lp.joules if math.isfinite(lp.joules) else None, "lp_wall_s": lp.wall_s,
@@ -1114,7 +1120,7 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
     out.update(status=res.status, optimum_joules=res.energy_joules, bound_joules=res.bound_joules, gap=res.gap,
                wall_s=res.wall_s, message=res.message, variables=res.variables, binaries=res.binaries)
     if replay_check and res.assignment:
-        rr = replay(scenario, seed_offset, res.assignment)
+        rr = replay(scenario, seed_offset, res.assignment, workload)
         out["replay_joules"] = rr.energy_joules
         out["replay_rel_error"] = abs(rr.energy_joules - res.energy_joules) / rr.energy_joules
     return out

@@ -7,7 +7,9 @@ specs, model files) are validated before anything is written.
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from joulesched.agent.registry import HEURISTIC_FAMILIES, family_of, make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.twin import Twin
-from joulesched.cluster.workload import build_workload
+from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
 from joulesched.pipelines.pool import process_pool
@@ -49,13 +51,53 @@ class Task:
     record: bool
 
 
-def _run_task(task: Task) -> tuple[Task, dict, dict | None]:
-    """Worker: one policy on one (scenario, seed). Returns metrics and, if recorded, its timeline."""
+#: What every task of a benchmark shares, built once in the parent: the workload of each (scenario index, seed
+#: offset), read-only, and each policy built once from its spec (a task runs a copy). A worker gets them once
+#: (:func:`_share`, the pool's initializer; Ray: the object store), never per task.
+_WORKLOADS: dict[tuple[int, int], Workload] = {}
+_POLICIES: dict[str, object] = {}
+
+
+def _picklable(policies: dict[str, object]) -> dict[str, object]:
+    """The policies a worker process can be sent (a plugin's may not pickle: its tasks build it from the spec)."""
+    out = {}
+    for k, p in policies.items():
+        try:
+            pickle.dumps(p)
+        except Exception:  # noqa: BLE001 - any reason a policy does not pickle means: rebuild it there
+            continue
+        out[k] = p
+    return out
+
+
+def _share(workloads: dict[tuple[int, int], Workload], policies: dict[str, object]) -> None:
+    _WORKLOADS.clear()
+    _WORKLOADS.update({k: _read_only(wl) for k, wl in workloads.items()})
+    _POLICIES.clear()
+    _POLICIES.update(policies)
+
+
+def _read_only(wl: Workload) -> Workload:
+    """``wl`` with its arrays read-only: one workload serves every policy, so none may change it."""
+    for v in vars(wl).values():
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    return wl
+
+
+def _run_task(task: Task, wl: Workload | None = None, policy: object | None = None) -> tuple[Task, dict, dict | None]:
+    """Worker: one policy on one (scenario, seed). Returns metrics and, if recorded, its timeline. The workload
+    and the policy come from what the benchmark shares (built here only for a task run on its own)."""
     sc = task.scenario
     seed = sc.seed + task.seed_offset
-    wl = build_workload(sc, seed)
+    if wl is None:
+        wl = _WORKLOADS.get((task.scenario_index, task.seed_offset))
+        if wl is None:
+            wl = build_workload(sc, seed)
+    proto = policy if policy is not None else _POLICIES.get(task.policy)
+    pol = copy.deepcopy(proto) if proto is not None else make_policy(task.policy)
     twin = Twin(sc, wl, record=task.record)
-    res = run_policy(twin, make_policy(task.policy), seed)
+    res = run_policy(twin, pol, seed)
     metrics = {k: getattr(res, k) for k in METRICS}
     metrics = {k: (float(v) if isinstance(v, (float, np.floating)) else int(v)) for k, v in metrics.items()}
     tl = None
@@ -66,9 +108,8 @@ def _run_task(task: Task) -> tuple[Task, dict, dict | None]:
     return task, metrics, tl
 
 
-def _bound(sc: Scenario, seed_offset: int) -> dict:
+def _bound(sc: Scenario, seed_offset: int, wl: Workload) -> dict:
     seed = sc.seed + seed_offset
-    wl = build_workload(sc, seed)
     twin = Twin(sc, wl)
     lb = lower_bound(twin.state, wl, sc.duration_s, twin.placeable)
     return {"name": sc.name, "seed": seed, "nodes": sc.node_count, "pods": len(wl), "trace_rows_dropped": wl.dropped,
@@ -80,18 +121,22 @@ def _bound(sc: Scenario, seed_offset: int) -> dict:
 
 def validate_inputs(scenarios: Sequence[Path | Scenario], policies: Sequence[str]) -> list[Scenario]:
     """Load every scenario (and its trace) and build every policy once, so errors surface before any work."""
+    return _validated(scenarios, policies)[0]
+
+
+def _validated(scenarios: Sequence[Path | Scenario],
+               policies: Sequence[str]) -> tuple[list[Scenario], list[Workload], dict[str, object]]:
+    """:func:`validate_inputs`, keeping what it built: each scenario's first workload and each policy."""
     loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]
-    for sc in loaded:
-        build_workload(sc)  # a bad trace fails here, not in a worker
+    first = [build_workload(sc) for sc in loaded]  # a bad trace fails here, not in a worker
     names = [s.name for s in loaded]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise BenchmarkInputError(f"two scenarios share the name {sorted(dup)[0]!r}; names key the results")
-    for p in policies:
-        make_policy(p)
+    built = {p: make_policy(p) for p in policies}
     if len(set(policies)) != len(policies):
         raise BenchmarkInputError("a policy is listed twice")
-    return loaded
+    return loaded, first, built
 
 
 def _ray_map(tasks: list[Task], address: str | None):
@@ -106,7 +151,10 @@ def _ray_map(tasks: list[Task], address: str | None):
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         remote = ray.remote(num_cpus=1)(_run_task)
-        pending = [remote.remote(t) for t in tasks]
+        # Each workload and policy goes into the object store once; a task gets a read-only view of it.
+        wls = {k: ray.put(wl) for k, wl in _WORKLOADS.items()}
+        pols = {k: ray.put(p) for k, p in _picklable(_POLICIES).items()}
+        pending = [remote.remote(t, wls[(t.scenario_index, t.seed_offset)], pols.get(t.policy)) for t in tasks]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             yield ray.get(done[0])
@@ -133,7 +181,11 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
     if executor not in ("local", "ray"):
         raise BenchmarkInputError(f"unknown executor {executor!r}; use local or ray")
     out = check_output_dir(out, "--out")
-    loaded = validate_inputs(scenarios, policies)
+    loaded, first, built = _validated(scenarios, policies)
+    # Each (scenario, seed)'s workload is built once, here, and shared by the bound, the optimum and every policy.
+    workloads = {(i, s): first[i] if s == 0 else build_workload(sc, sc.seed + s)
+                 for i, sc in enumerate(loaded) for s in range(seeds)}
+    _share(workloads, built)
     paths = [str(sc.source) if sc.source else sc.name for sc in loaded]
     tasks = [Task(sc, i, s, pol, record=(s == 0)) for i, sc in enumerate(loaded) for s in range(seeds)
              for pol in policies]
@@ -157,23 +209,26 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
 
     for i, sc in enumerate(loaded):
         for s in range(seeds):
-            bounds[(i, s)] = _bound(sc, s)
+            bounds[(i, s)] = _bound(sc, s, workloads[(i, s)])
             if on_progress:
                 on_progress(f"{_label(sc)} seed {s} lower bound")
             if optimum:
-                bounds[(i, s)]["optimum"] = optimum_entry(sc, s, time_limit=optimum_time_limit)
+                bounds[(i, s)]["optimum"] = optimum_entry(sc, s, time_limit=optimum_time_limit,
+                                                          workload=workloads[(i, s)],
+                                                          fluid_joules=bounds[(i, s)]["lower_bound_joules"])
                 if on_progress:
                     on_progress(f"{_label(sc)} seed {s} optimum")
     if executor == "ray":
         for task, metrics, tl in _ray_map(tasks, ray_address):
             collect(task, metrics, tl)
     elif jobs > 1:
-        with process_pool(jobs) as pool:  # in task order, so results.json is the same for any --jobs
+        with process_pool(jobs, _share, (workloads, _picklable(built))) as pool:  # in task order: the same for any --jobs
             for task, metrics, tl in pool.imap(_run_task, tasks):
                 collect(task, metrics, tl)
     else:
         for task in tasks:
             collect(*_run_task(task))
+    _share({}, {})  # what the tasks shared is not kept past the run
     doc = {
         "version": RESULTS_VERSION,
         "command": command,

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import get_context
 from multiprocessing.pool import Pool
 
 
-def _worker_init() -> None:
+def _worker_init(initializer: Callable[..., object] | None = None, initargs: tuple = ()) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 @contextlib.contextmanager
@@ -53,10 +55,11 @@ def _quiet_start() -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def process_pool(jobs: int) -> Iterator[Pool]:
-    """A pool of ``jobs`` spawned workers; on any exception (Ctrl-C included) every worker is terminated."""
+def process_pool(jobs: int, initializer: Callable[..., object] | None = None, initargs: tuple = ()) -> Iterator[Pool]:
+    """A pool of ``jobs`` spawned workers; on any exception (Ctrl-C included) every worker is terminated.
+    ``initializer(*initargs)`` runs once in each worker (what every task shares: sent once, not per task)."""
     with _quiet_start() as held:
-        pool = get_context("spawn").Pool(jobs, initializer=_worker_init)
+        pool = get_context("spawn").Pool(jobs, initializer=_worker_init, initargs=(initializer, initargs))
     try:
         if held:
             raise KeyboardInterrupt
