@@ -5,7 +5,7 @@ Credentials come from boto3's own chain (an IAM role for the service account, or
 shared credentials file from a Secret), never from the address or the command line. ``endpoint_url`` points
 it elsewhere (moto's server in the tests, a VPC endpoint).
 
-Bounded: 5 s connect and 15 s read timeouts, two attempts per request, at most ``max_clients`` regional
+Bounded: connect and read timeouts (5 s and 15 s by default), two attempts per request, at most ``max_clients`` regional
 clients kept; an error's text is reduced to its code (the full message, with ARNs, goes to DEBUG)."""
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ class AwsActuator:
     name = "aws"
 
     def __init__(self, *, region: str | None = None, endpoint_url: str | None = None, timeout_s: float = 600.0,
-                 poll_s: float = 5.0, max_clients: int = 16) -> None:
+                 poll_s: float = 5.0, max_clients: int = 16, connect_timeout_s: float = 5.0,
+                 request_timeout_s: float = 15.0) -> None:
         self.region, self.endpoint_url, self.timeout_s, self.poll_s = region, endpoint_url, timeout_s, poll_s
         self.max_clients = max_clients
         self._clients: OrderedDict[str | None, object] = OrderedDict()
         self._lock = threading.Lock()
-        self._config = Config(connect_timeout=5, read_timeout=15, retries={"max_attempts": 2, "mode": "standard"})
+        self._config = Config(connect_timeout=connect_timeout_s, read_timeout=request_timeout_s,
+                              retries={"max_attempts": 2, "mode": "standard"})
 
     def _ec2(self, target: Target):
         region = target.address.params.get("region") or self.region

@@ -154,9 +154,11 @@ def make_node(name: str, cpu: str = "4", memory: str = "8Gi", pods: str = "110",
 def make_pod(name: str, namespace: str = "default", *, cpu: str | None = None, memory: str | None = None,
              scheduler_name: str = "joulesched", node_name: str = "", containers: int = 1,
              labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-             owner: str = "", volumes: list[dict] | None = None) -> dict:
+             owner: str = "", volumes: list[dict] | None = None, node_selector: dict[str, str] | None = None,
+             affinity: dict | None = None, tolerations: list[dict] | None = None) -> dict:
     """A pending v1 Pod; ``cpu``/``memory`` are per-container requests (None = no request). ``owner`` is the
-    kind of its controller (``ReplicaSet``, ``DaemonSet``, ...; "" = none)."""
+    kind of its controller (``ReplicaSet``, ``DaemonSet``, ``Job``, ...; "" = none); ``node_selector``,
+    ``affinity`` and ``tolerations`` go to its spec as given."""
     requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
     spec: dict[str, Any] = {
         "schedulerName": scheduler_name,
@@ -166,6 +168,9 @@ def make_pod(name: str, namespace: str = "default", *, cpu: str | None = None, m
         spec["nodeName"] = node_name
     if volumes:
         spec["volumes"] = list(volumes)
+    for key, v in (("nodeSelector", node_selector), ("affinity", affinity), ("tolerations", tolerations)):
+        if v:
+            spec[key] = _copy(v)
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if labels:
         meta["labels"] = dict(labels)
