@@ -27,7 +27,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned to the CPU wheel; installing it first keeps pip from choosing a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,load,sweep,infra,infra-aws,node-power]'
+	$(BIN)/pip install --quiet -e '.[test,load,sweep,infra,infra-aws,node-power,autoscaler]'
 	touch $@
 
 # libvirt-python compiles against libvirt-dev, so it comes after the apt step; without it the libvirt tests skip.

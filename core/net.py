@@ -19,3 +19,15 @@ def parse_listen(listen: str, option: str = "--listen") -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UsageError(f"{option} {listen!r}: port must be a number from 0 to 65535")
     return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or an address in 127.0.0.0/8 or ``::1``: a listener there is reachable from this host only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

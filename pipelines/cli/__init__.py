@@ -32,7 +32,7 @@ def _root(
 
 def build_app() -> typer.Typer:
     """The root app with every command and sub-app registered."""
-    from joulesched.pipelines.cli import bench, infra, live, pipeline, power, train, workload
+    from joulesched.pipelines.cli import autoscaler, bench, infra, live, pipeline, power, train, workload
 
     app = typer.Typer(
         name="joulesched",
@@ -53,6 +53,7 @@ def build_app() -> typer.Typer:
     app.command("serve")(live.serve)
     app.command("extender")(live.extender)
     app.command("node-power")(live.node_power)
+    app.command("autoscaler-provider")(autoscaler.autoscaler_provider)
     app.add_typer(power.app, name="power", help="RAPL meters, attribution, the Prometheus exporter, calibration.")
     app.add_typer(workload.workload_app, name="workload", help="Resource-blocker apps and the test app.")
     app.add_typer(workload.load_app, name="load", help="Drive load with JMeter or Locust and read results back.")

@@ -7,8 +7,11 @@ checked before anything starts; a bad one prints one red line and exits 2.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from typing import Annotated, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -217,14 +220,22 @@ def node_power(
                                          aws_region=aws_region, aws_endpoint=aws_endpoint))
 
 
+#: A command built on ``node-power`` (``autoscaler-provider``) sets this to ``daemon -> context manager``: it is
+#: entered with the daemon, inside the same error handling, and runs beside the controller until the signal.
+NODE_POWER_AROUND: contextvars.ContextVar[Callable[[Any], Any] | None] = contextvars.ContextVar(
+    "node_power_around", default=None)
+
+
 def run_node_power(*, log_level: str = "info", stop: threading.Event | None = None, **options) -> None:
     """The body of ``node-power`` (``stop`` ends it without a signal, for tests)."""
     from joulesched.live.daemon import configure_logging, wait_for_signal
 
+    around = NODE_POWER_AROUND.get()
     with errors():
         daemon = _node_power_daemon(**options)
+        extra = around(daemon) if around is not None else contextlib.nullcontext()
     configure_logging(log_level)
-    with daemon:
+    with daemon, extra:
         wait_for_signal(stop)
 
 

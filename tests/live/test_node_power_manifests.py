@@ -3,27 +3,20 @@ the rules the controller uses), its own Lease only, a hardened non-root pod, and
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 import typer
-import yaml
 
 from joulesched.pipelines.cli.live import node_power
+from tests.support.manifests import manifest_docs, only, validate_strict
 
-DOCS = [d for d in yaml.safe_load_all((Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
-                                       / "node-power.yaml").read_text()) if d]
+DOCS = manifest_docs("node-power.yaml")
 
 
 def _one(kind):
-    (d,) = [d for d in DOCS if d["kind"] == kind]
-    return d
+    return only(DOCS, kind)
 
 
 def test_schema_valid():
-    kv = pytest.importorskip("kubernetes_validate")
-    for doc in DOCS:
-        kv.validate(doc, "1.30.0", strict=True)
+    validate_strict(DOCS)
 
 
 def test_cluster_role_is_exactly_what_the_controller_uses():
