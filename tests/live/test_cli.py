@@ -38,6 +38,9 @@ def app() -> typer.Typer:
     (["serve", "--scheduler-name", " "], "--scheduler-name must not be empty"),
     (["extender", "--listen", "1.2.3.4:99999"], "port must be a number from 0 to 65535"),
     (["extender", "--policy", "dqn=/missing.pt"], "missing.pt"),
+    (["serve", "--energy-source", "scaphandre"], "--energy-source 'scaphandre': expected one of joulesched, kepler"),
+    (["serve", "--energy-source", "kepler", "--power-query", "my_watts"], "give one of them"),
+    (["extender", "--energy-source", "kepler", "--power-query", "my_watts"], "give one of them"),
 ])
 def test_bad_input_exits_2_with_one_line(app, args, needle):
     r = CliRunner().invoke(app, args)
