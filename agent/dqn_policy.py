@@ -157,7 +157,8 @@ class DQNPolicy:
             order = np.argsort(-np.abs(contrib[k]))[:top]
             feats.append([{"name": names[j], "value": float(x.detach()[k, j]), "contribution": float(contrib[k, j])}
                           for j in order])
-        return NodeScores(idx, {"Q": (1, q[idx]), "Advantage": (1, a)}, a, feats)
+        # The total is the advantage (Q = V + A ranks the nodes alike); Q is shown beside it, weight 0.
+        return NodeScores(idx, {"Advantage": (1, a), "Q": (0, q[idx])}, a, feats)
 
     def _adv_with_fixed_summaries(self, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         net = self.net

@@ -30,7 +30,10 @@ class NodeScores:
     """What a policy thinks of the candidate nodes ``idx`` (indices into the ClusterState).
 
     ``plugins`` maps a score's name to ``(weight, per-candidate values)``; ``total`` is what the policy
-    maximises (higher is better), aligned with ``idx``. ``features`` optionally names the inputs behind each
+    maximises (higher is better), aligned with ``idx``. ``rule`` says how the plugins make the total: ``sum``,
+    total = sum of weight x value (a weight of 0: shown, not part of it); ``lexicographic``, candidates compared
+    plugin by plugin in the listed order, lower first where the weight is negative and higher first where it is
+    positive, and total = -rank (0 for the best). ``features`` optionally names the inputs behind each
     candidate's score (a learned policy's top features), as ``[{"name", "value", "contribution"}, ...]`` per
     candidate.
     """
@@ -39,6 +42,8 @@ class NodeScores:
     plugins: dict[str, tuple[float, np.ndarray]]
     total: np.ndarray
     features: list[list[dict]] | None = None
+    rule: str = "sum"
+    note: str = ""  # how to read the plugins, where the rule alone does not say (explain prints it)
 
 
 class Scorer(Protocol):

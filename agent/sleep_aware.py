@@ -93,9 +93,14 @@ class _SleepAware:
 
     def node_scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores:
         keys, shown = self._keys(st, pod, idx)
-        total = -_rank(keys).astype(np.float64)  # higher is better: 0 for the best candidates
-        plugins = {k: (0.0 if k == "WattsPerCore" else -1.0, np.asarray(v, dtype=np.float64)) for k, v in shown.items()}
-        return NodeScores(idx, plugins, total)
+        total = -_rank(keys)  # higher is better: 0 for the best candidates (integers: no "-0")
+        # The keys in _keys' order, each lower first, and the sleeping nodes' last tie-break, larger first.
+        plugins = {k: (-1.0, np.asarray(v, dtype=np.float64)) for k, v in shown.items()}
+        plugins["AllocatableCpu"] = (1.0, st.alloc_cpu[idx].astype(np.float64))
+        inner = [k for k in shown if k not in ("Tier", "WattsPerCore")]
+        note = (f"Tier first (0 awake, 1 asleep, 2 awake past the headroom); then awake nodes by {', '.join(inner)} "
+                "and sleeping ones by WattsPerCore, then AllocatableCpu")
+        return NodeScores(idx, plugins, total, rule="lexicographic", note=note)
 
     def choose(self, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
         idx = np.flatnonzero(mask)

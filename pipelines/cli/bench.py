@@ -188,7 +188,15 @@ def report_cmd(
 
 @app.command()
 def explain(
-    snapshot: Annotated[Path, typer.Option(help="Snapshot JSON: nodes (allocatable, pods, usage, power curve) and a pod.")],
+    snapshot: Annotated[Optional[Path], typer.Option(
+        help="Snapshot JSON: nodes (allocatable, pods, usage, power curve or profile, power state) and a pod; "
+             "docs/pipelines.md has the format, scenarios/snapshots/example.json is one.")] = None,
+    scenario: Annotated[Optional[Path], typer.Option(
+        "--scenario", "-s", help="Instead of a snapshot: run the policy on this scenario in the twin and explain "
+                                 "its first decision at or after --at.")] = None,
+    at: Annotated[float, typer.Option(min=0.0, help="With --scenario: seconds from the scenario's start.")] = 0.0,
+    save_snapshot: Annotated[Optional[Path], typer.Option(
+        help="With --scenario: also write that decision as a snapshot file (for --snapshot).")] = None,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Policy spec.")] = "default-k8s",
     seed: Annotated[int, typer.Option(min=0, help="Seed for tie-breaking.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -196,25 +204,44 @@ def explain(
     """Show each node's feasibility, per-plugin scores, total and the chosen node for one pod (for a DQN: each
     node's Q-value, advantage and the features that moved it most)."""
     from joulesched.agent.registry import make_policy
+    from joulesched.core.fsio import atomic_write_text, check_output_file
     from joulesched.pipelines.explain import explain as do_explain
-    from joulesched.pipelines.explain import load_snapshot
+    from joulesched.pipelines.explain import load_snapshot, scenario_decision, snapshot_of
 
+    if (snapshot is None) == (scenario is None):
+        fail("give --snapshot FILE or --scenario FILE (one of them)")
+    if scenario is None and (save_snapshot is not None or at):
+        fail("--at and --save-snapshot go with --scenario")
     with errors():
+        if save_snapshot is not None:
+            check_output_file(save_snapshot, "--save-snapshot")
         pol = make_policy(policy)
-        st, pod = load_snapshot(snapshot)
-        res = do_explain(pol, st, pod, seed)
+        meta = None
+        if scenario is not None:
+            d = scenario_decision(scenario, pol, at)
+            st, pod, meta = d.state, d.pod, d.meta
+            if save_snapshot is not None:
+                atomic_write_text(save_snapshot, json.dumps(snapshot_of(st, pod), indent=1) + "\n")
+        else:
+            st, pod = load_snapshot(snapshot)
+        res = do_explain(pol, st, pod, seed, meta=meta)
     if as_json:
         print(json.dumps(res, indent=2))
         return
-    plugins = sorted({k for n in res["nodes"] for k in n.get("scores", {})})
-    t = Table(title=f"{res['policy']}: pod cpu={res['pod']['cpu_m']}m memory={res['pod']['memory_mib']}Mi",
+    plugins = list(dict.fromkeys(k for n in res["nodes"] for k in n.get("scores", {})))  # the scorer's order
+    lexicographic = res.get("rule") == "lexicographic"
+    when = f" at t={res['now_s']:g} s" if scenario is not None else ""
+    t = Table(title=f"{res['policy']}: pod cpu={res['pod']['cpu_m']}m memory={res['pod']['memory_mib']}Mi{when}",
               title_justify="left")
     t.add_column("node")
     t.add_column("feasible")
-    for pl in plugins:
+    for k, pl in enumerate(plugins, 1):
         w = next((n["weights"][pl] for n in res["nodes"] if "weights" in n), 1)
-        t.add_column(f"{pl} (w={w})", justify="right")
-    t.add_column("total", justify="right")
+        if lexicographic:
+            t.add_column(f"{pl} (#{k}, {'high' if w > 0 else 'low'} first)", justify="right")
+        else:
+            t.add_column(f"{pl} ({f'w={w:g}' if w else 'not in total'})", justify="right")
+    t.add_column("rank" if lexicographic else "total = Σ w × score", justify="right")
     features = any("features" in n for n in res["nodes"])
     if features:
         t.add_column("top features (value: contribution)")
@@ -223,6 +250,8 @@ def explain(
         cells = [f"{n['scores'][pl]:.4g}" if isinstance(n["scores"][pl], float) else str(n["scores"][pl])
                  for pl in plugins] if "scores" in n else [""] * len(plugins)
         total = n.get("total", "")
+        if lexicographic and total != "":
+            total = -total  # rank: 0 for the best
         name = f"[bold green]{n['name']} ←[/]" if n["name"] == res["chosen"] else n["name"]
         row = [name, mark, *cells, f"{total:.4g}" if isinstance(total, float) else str(total)]
         if features:
@@ -230,7 +259,12 @@ def explain(
                                  for f in n.get("features", [])))
         t.add_row(*row)
     out.print(t)
+    if lexicographic:
+        out.print("rank: nodes compared column by column, left to right (0 = best). " + res.get("note", ""),
+                  soft_wrap=True)
     out.print(f"chosen: {res['chosen']}" + (f" ({res['message']})" if "message" in res else ""))
+    if save_snapshot is not None:
+        out.print(f"snapshot: {save_snapshot}")
 
 
 @app.command()
