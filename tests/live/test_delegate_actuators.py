@@ -1,7 +1,8 @@
 """The metal3 and rufio actuators on the API emulator, which serves BareMetalHost (metal3.io/v1alpha1) and
 Rufio's Machine and Job (bmc.tinkerbell.org/v1alpha1). A thread in each test plays the owner of the BMCs:
 the Bare Metal Operator (status.poweredOn follows spec.online) or Rufio (a Job's power action changes the
-Machine's status.powerState and sets the Job's Completed or Failed condition)."""
+Machine's status.powerState and sets the Job's Completed or Failed condition). Last, each drives the node
+power controller end to end: an idle node sleeps through its owner's object, a pending pod wakes it."""
 
 from __future__ import annotations
 
@@ -209,3 +210,56 @@ def test_an_annotation_names_only_its_own_object_in_an_allowed_namespace():
     assert nothing["worker-1"].address is None  # by default no annotation is used
     mapped = AddressPolicy.from_options([]).resolve_all({"w": ("", "")}, {"w": "rufio://tink/machine-17"})
     assert mapped["w"].address.path == "machine-17"  # the operator's map may name any object
+
+
+# ---- through the node power controller ----
+OWNERS = {  # actuator -> (address, add the object, the owner's step, is the machine on?, did we ask for on?)
+    "metal3": ("metal3://metal3/worker-1", lambda emu: _add_host(emu), bare_metal_operator,
+               lambda emu: emu.get(BMH, "worker-1", "metal3")["status"]["poweredOn"],
+               lambda emu: emu.get(BMH, "worker-1", "metal3")["spec"]["online"]),
+    "rufio": ("rufio://tink/worker-1", lambda emu: _add_machine(emu, "worker-1"), rufio,
+              lambda emu: emu.get(MACHINES, "worker-1", "tink")["status"]["powerState"] == "on",
+              lambda emu: [j["spec"]["tasks"][0]["powerAction"] for _, j in emu.changes(JOBS) if j][-1] == "on"),
+}
+
+
+@pytest.mark.parametrize("actuator", sorted(OWNERS))
+def test_the_controller_sleeps_and_wakes_through_the_owner(emu, owners, actuator):
+    """An idle node sleeps through its owner's object and a pending pod wakes it; the owner's thread also plays
+    the node's kubelet (Ready and its Lease follow the machine's power)."""
+    from joulesched.cluster.nodepower import ASLEEP_TAINT, POWER_STATE_ANNOTATION, PowerPolicy
+    from joulesched.live.nodepower import NodePowerConfig, NodePowerController
+    from tests.live.test_node_power import CTL_FAST
+
+    address, add, owner, powered, asked_on = OWNERS[actuator]
+    emu.add_node("worker-1")
+    add(emu)
+    operate = owner(emu)
+
+    def operator_and_kubelet():
+        operate()
+        on = powered(emu)
+        ready = [c for c in emu.get("nodes", "worker-1")["status"]["conditions"] if c["type"] == "Ready"]
+        if (ready[0]["status"] == "True") != on:
+            emu.set_node_ready("worker-1", on)
+        if on:
+            emu.renew_node_lease("worker-1")
+
+    owners.append(Owner(operator_and_kubelet))
+    cfg = NodePowerConfig(policy=PowerPolicy(sleep_after_s=0.3, min_awake=0),
+                          **{**CTL_FAST, "leader_elect": False, "addresses": {"worker-1": address}})
+    ctl = NodePowerController(api_client_for(emu.url), _actuator(emu, actuator), cfg).start()
+    try:
+        def state():
+            return (emu.get("nodes", "worker-1")["metadata"].get("annotations") or {}).get(POWER_STATE_ANNOTATION)
+
+        wait_until(lambda: state() == "asleep", 15, "worker-1 asleep")
+        assert not powered(emu)
+        emu.add_pod("needs-a-node", cpu="1", scheduler_name="default-scheduler")
+        wait_until(lambda: state() == "awake", 15, "worker-1 woken for the pending pod")
+        assert powered(emu) and asked_on(emu)
+        node = emu.get("nodes", "worker-1")
+        assert not node["spec"].get("unschedulable")
+        assert not any(t["key"] == ASLEEP_TAINT for t in node["spec"].get("taints") or [])
+    finally:
+        ctl.stop()
