@@ -99,7 +99,8 @@ def pipeline(
         "--sleep", help="kube: run the node power controller beside the scheduler for every policy (idle nodes "
         "sleep, pending pods wake them); the report shows the nodes awake over time.")] = False,
     sleep_actuator: Annotated[str, typer.Option(
-        help="kube, with --sleep: the controller's actuator (none, auto, libvirt, redfish, ipmi, wol, aws).")] = "none",
+        help="kube, with --sleep: the controller's actuator (none, auto, libvirt, redfish, ipmi, wol, aws, "
+             "metal3, rufio).")] = "none",
     sleep_after: Annotated[float, typer.Option(
         min=0.0, help="kube, with --sleep: seconds a node must be empty before it sleeps.")] = 60.0,
 ) -> None:
