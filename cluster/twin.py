@@ -42,7 +42,7 @@ from typing import Protocol
 import numpy as np
 
 from joulesched.cluster.backend import Decision
-from joulesched.cluster.nodepower import HELD_MIN_AWAKE, HELD_SPARE, MovablePod, NodePowerCore
+from joulesched.cluster.nodepower import HELD_MIN_AWAKE, HELD_SPARE, TWIN_EPOCH_S, MovablePod, NodePowerCore
 from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState, PodRequest
 from joulesched.cluster.workload import Workload
@@ -597,7 +597,12 @@ class Twin:
             # A service loses no work when evicted; it would empty the node by itself at its stop time.
             pods[i] += [MovablePod(p, self._req[p], self._usage[p], 0.0, "",
                                    self._svc_end(p) - self.now) for p in self._svcs[i]]
-        plan = self.power.plan(st, self.now, pods)
+        # Where each constrained pod may go at all (the chain's node filters): a plan never counts on a node its
+        # pod could not restart on. Pods that ask nothing of a node need no entry.
+        table = st.filter_table
+        fits = {m.key: v for ms in pods.values() for m in ms
+                if (v := table.verdict(self._req[m.key].constraints)) is not None}
+        plan = self.power.plan(st, self.now, pods, fits or None, wall_s=TWIN_EPOCH_S + self.now)
         if plan is not None:
             self.power.record_evictions(self.now, len(plan.moves))
             self._evict(plan.node)

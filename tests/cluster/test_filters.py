@@ -389,3 +389,34 @@ def test_cli_exits_2_on_a_bad_taint(tmp_path):
     r = subprocess.run([sys.executable, "-m", "joulesched.pipelines.cli", "validate", str(path)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "nodes.0.taints.0.effect" in r.stderr
+
+
+def test_a_resource_filter_is_one_more_object():
+    """A new resource (GPUs, later) is one more entry in the chain's resources: feasible, reasons and the
+    pods never placed all follow it, and the default chain is untouched."""
+    from joulesched.cluster.filters import FilterChain, NodeResourcesFit
+
+    class EvenSlots:  # a stand-in resource: a node takes pods only while its free pod slots are even
+        name = "EvenSlots"
+
+        def mask(self, st, pod):
+            return st.free_pods % 2 == 0
+
+        def reasons(self, st, i, pod):
+            return [] if st.free_pods[i] % 2 == 0 else ["Insufficient even-slots"]
+
+        def fits_empty(self, st, nodes, cpu, mem):
+            return np.full(len(cpu), bool((st.alloc_pods[nodes] % 2 == 0).any()))
+
+        def fits_node(self, st, i, pod):
+            return st.free_pods[i] % 2 == 0
+
+    chain = FilterChain(resources=(NodeResourcesFit(), EvenSlots()))
+    cs = ClusterState(["a", "b"], [1000, 1000], [1024, 1024], [2, 3], [LINEAR_100_200] * 2, chain=chain)
+    pod = PodRequest(100, 100)
+    assert cs.feasible(pod).tolist() == [True, False]
+    assert cs.filter_reasons(1, pod) == ["Insufficient even-slots"] and cs.filter_reasons(0, pod) == []
+    cs.bind(0, pod)
+    assert cs.feasible(pod).tolist() == [False, False]
+    assert chain.names[-2:] == ["NodeResourcesFit", "EvenSlots"]
+    assert ClusterState(["a"], [1000], [1024], [3], [LINEAR_100_200]).feasible(pod).tolist() == [True]
