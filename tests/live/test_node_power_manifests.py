@@ -1,5 +1,7 @@
 """deploy/kubernetes/node-power.yaml: schema-valid (kubernetes-validate, offline), least privilege (exactly
-the rules the controller uses), its own Lease only, a hardened non-root pod, and arguments the CLI accepts."""
+the rules the controller uses), its own Lease only, a hardened non-root pod, arguments the CLI accepts, a
+ValidatingAdmissionPolicy (its CEL evaluated with cel-python) that stops kubelets from writing the power
+annotations, and egress limited to DNS, the apiserver and the BMC network."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from tests.support.manifests import manifest_docs, only, validate_strict
 DOCS = manifest_docs("node-power.yaml")
 
 
-def _one(kind):
-    return only(DOCS, kind)
+def _one(kind, namespace=None):
+    return only(DOCS, kind, namespace)
 
 
 def test_schema_valid():
@@ -27,13 +29,16 @@ def test_cluster_role_is_exactly_what_the_controller_uses():
         (("",), ("pods/eviction",)): ["create"],
         (("policy",), ("poddisruptionbudgets",)): ["get", "list", "watch"],
         (("",), ("events",)): ["create"],
+        (("",), ("persistentvolumeclaims", "persistentvolumes")): ["get"],
     }
     crb = _one("ClusterRoleBinding")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "joulesched-node-power", "namespace": "joulesched"}]
 
 
-def test_lease_access_is_its_own_lease():
-    role = _one("Role")
+def test_lease_access_is_its_own_lease_and_node_heartbeats_are_only_read():
+    beats = _one("Role", "kube-node-lease")
+    assert beats["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}]
+    role = _one("Role", "joulesched")
     named = [r for r in role["rules"] if "resourceNames" in r]
     assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                       "resourceNames": ["joulesched-node-power"], "verbs": ["get", "update"]}]
@@ -61,3 +66,55 @@ def test_arguments_are_options_of_the_command():
     known = {o for p in typer.main.get_command(app).params for o in p.opts}
     for a in c["args"][1:]:
         assert a.split("=")[0] in known, a
+
+
+def _admission(request: dict, obj: dict, old: dict | None):
+    """The policy's verdict on one request: None (not matched), True (admitted), False (denied)."""
+    import celpy
+
+    spec = _one("ValidatingAdmissionPolicy")["spec"]
+    env = celpy.Environment()
+
+    def ev(expr, variables):
+        act = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj),
+               "oldObject": celpy.json_to_cel(old),
+               "variables": celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})}
+        return env.program(env.compile(expr)).evaluate(act)
+
+    if not all(ev(m["expression"], {}) for m in spec["matchConditions"]):
+        return None
+    variables: dict = {}
+    for v in spec["variables"]:
+        variables[v["name"]] = ev(v["expression"], variables)
+    return all(bool(ev(v["expression"], variables)) for v in spec["validations"])
+
+
+KUBELET = {"operation": "UPDATE", "userInfo": {"username": "system:node:n1",
+                                               "groups": ["system:nodes", "system:authenticated"]}}
+
+
+def test_kubelets_cannot_write_the_power_annotations():
+    old = {"metadata": {"name": "n1", "annotations": {"joulesched.io/power": "ipmi://10.0.9.8",
+                                                      "node.alpha.kubernetes.io/ttl": "0"}}}
+    same = {"metadata": {"name": "n1", "annotations": {**old["metadata"]["annotations"], "other": "x"}}}
+    assert _admission(KUBELET, same, old) is True  # its other annotations are its own business
+    for key in ("joulesched.io/power", "joulesched.io/power-state", "joulesched.io/cordoned"):
+        bad = {"metadata": {"name": "n1", "annotations": {**old["metadata"]["annotations"], key: "ipmi://10.0.9.9"}}}
+        assert _admission(KUBELET, bad, old) is False, key
+    gone = {"metadata": {"name": "n1", "annotations": {}}}
+    assert _admission(KUBELET, gone, old) is False  # removing it is a change too
+    create = {"metadata": {"name": "n1", "annotations": {"joulesched.io/power": "aws://i-1"}}}
+    assert _admission({**KUBELET, "operation": "CREATE"}, create, None) is False  # nor at registration
+    assert _admission({**KUBELET, "operation": "CREATE"}, {"metadata": {"name": "n1"}}, None) is True
+    admin = {"operation": "UPDATE", "userInfo": {"username": "admin", "groups": ["system:masters"]}}
+    assert _admission(admin, create, old) is None  # the operator (and the controller) are not matched
+    binding = _one("ValidatingAdmissionPolicyBinding")["spec"]
+    assert binding == {"policyName": "joulesched-node-power-annotations", "validationActions": ["Deny"]}
+
+
+def test_egress_is_limited_to_dns_the_apiserver_and_the_bmc_network():
+    (pol,) = [d for d in DOCS if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]]
+    rules = pol["spec"]["egress"]
+    ports = {(p["port"], p["protocol"]) for r in rules for p in r["ports"]}
+    assert ports == {(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP"), (623, "UDP"), (22, "TCP"), (9, "UDP")}
+    assert all("to" in r and r["to"] for r in rules)  # no rule open to everywhere
