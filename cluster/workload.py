@@ -466,8 +466,12 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
         header = [h.strip() for h in header]
         missing = [c for c in TRACE_COLUMNS if c not in header]
         if missing:
+            # A public trace's own file is the commonest cause: say how to convert it.
+            looks = (" (it looks like an Alibaba GPU 2023 / OpenB pod list: -f alibaba-gpu-2023)"
+                     if {"cpu_milli", "creation_time"} <= set(header) else "")
             raise ScenarioError(f"{path}: line 1: missing column(s) {', '.join(missing)}; header must include "
-                                f"{','.join(TRACE_COLUMNS)}")
+                                f"{','.join(TRACE_COLUMNS)}. A public trace's files convert to this format with "
+                                f"`joulesched trace import`{looks}; docs/twin.md, Trace formats")
         idx = {c: header.index(c) for c in TRACE_COLUMNS + OPTIONAL_COLUMNS if c in header}
         extra = [c for c in OPTIONAL_COLUMNS if c in idx]
         try:

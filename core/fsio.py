@@ -9,6 +9,7 @@ destination. On any error the temporary file is removed and the destination is u
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -92,7 +93,11 @@ def _check_creatable(folder: Path, option: str) -> None:
     try:
         fd, probe = tempfile.mkstemp(dir=base, prefix=".joulesched-probe-")
     except OSError as e:
-        raise UsageError(f"{option}: cannot write in {base} ({e.strerror or e})") from None
+        # The kernel's words can mislead: /proc answers "No such file or directory" for a folder that exists.
+        why = {errno.ENOENT: "it takes no new files (a virtual file system such as /proc or /sys)",
+               errno.EROFS: "it is on a read-only file system", errno.EACCES: "permission denied",
+               errno.EPERM: "permission denied", errno.ENOSPC: "no space left"}.get(e.errno, e.strerror or str(e))
+        raise UsageError(f"{option}: cannot create files in {base}: {why}; choose a writable folder") from None
     os.close(fd)
     os.unlink(probe)
 

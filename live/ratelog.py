@@ -1,5 +1,5 @@
-"""WARNING lines that cannot flood a log: the first of each kind is written at once, then at most one every
-``interval_s`` per kind, saying how many were held back in between."""
+"""Log lines that cannot flood a log (WARNING by default): the first of each kind is written at once, then at
+most one every ``interval_s`` per kind, saying how many were held back in between."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ class RateLimitedLog:
     held-back line is counted, and the next one written says ``(N similar suppressed)``. Keys are few (an
     operation and a status code), so the table stays small; it is cleared when it passes ``max_keys``."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float = 30.0, max_keys: int = 256) -> None:
-        self.logger, self.interval_s, self.max_keys = logger, interval_s, max_keys
+    def __init__(self, logger: logging.Logger, interval_s: float = 30.0, max_keys: int = 256,
+                 level: int = logging.WARNING) -> None:
+        self.logger, self.interval_s, self.max_keys, self.level = logger, interval_s, max_keys, level
         self._last: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
 
@@ -32,5 +33,5 @@ class RateLimitedLog:
         if held:
             msg += " (%d similar suppressed in the last %.0f s)"
             args = (*args, held, self.interval_s)
-        self.logger.warning(msg, *args)
+        self.logger.log(self.level, msg, *args)
         return True

@@ -515,6 +515,9 @@ class Scheduler:
         self.metrics = SchedulerMetrics(self.registry)
         self.http = FastClient(cache.api)  # bindings, re-reads, Events: the hot path, pooled keep-alive
         self._warn = RateLimitedLog(log)
+        # One INFO line per binding, at most one every 10 s (then saying how many were bound in between): the
+        # operator sees the scheduler working without a line per pod at a thousand pods a second.
+        self._bound_log = RateLimitedLog(log, interval_s=10.0, level=logging.INFO)
         self._cv = threading.Condition()
         self._entries: dict[str, _Entry] = {}
         self._heap: list[tuple[float, int, str]] = []
@@ -902,6 +905,7 @@ class Scheduler:
             self.latency.add(dt)
             with self._cv:
                 self.bound_count += 1
+            self._bound_log.warn("bound", "bound %s/%s to %s", e.namespace, e.name, node)
             self.recorder.scheduled(e.namespace, e.name, e.uid, node)
             self._done(e)
             return

@@ -15,7 +15,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from joulesched.agent.policy import Policy
-from joulesched.cluster.state import ASLEEP, DEFAULT_CPU_REQUEST_M, DEFAULT_MEMORY_REQUEST_MIB, ON, WAKING, ClusterState, PodRequest
+from joulesched.cluster.state import (ASLEEP, DEFAULT_CPU_REQUEST_M, DEFAULT_MEMORY_REQUEST_MIB, ON, WAKING, ClusterState,
+                                      PodRequest)
 from joulesched.core.errors import UsageError
 from joulesched.power.curves import SPECPOWER, validate_curve
 

@@ -181,3 +181,38 @@ def test_watch_faults_do_not_lose_pods(emu, make_scheduler):
     wait_until(lambda: len(emu.bindings) == 10 and s.pending() == 0, what="all bound")
     assert s.cache.pod_informer.relists >= 2 and s.cache.pod_informer.resumes >= 2
     assert [k for k, _ in emu.faults.log] == ["cut", "cut", "gone"]
+
+
+def test_bindings_are_logged_at_info_rate_limited(emu, make_scheduler, caplog):
+    """Issue 33: serve says what it binds, one INFO line at once and then at most one per 10 s with the count
+    held back, so a thousand pods a second do not become a thousand lines."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="joulesched.serve")
+    for i in range(2):
+        emu.add_node(f"n{i}", cpu="8", memory="16Gi")
+    for i in range(20):
+        emu.add_pod(f"p{i}", cpu="100m", memory="64Mi")
+    make_scheduler()
+    wait_until(lambda: len(emu.bindings) == 20, what="20 bindings")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("bound ")]
+    assert lines and all(r.levelno == logging.INFO for r in caplog.records if r.getMessage().startswith("bound "))
+    assert len(lines) == 1, lines  # the other 19 fell within 10 s of the first
+    name, node = lines[0].split()[1], lines[0].split()[3]
+    assert name.startswith("default/p") and _bound(emu)[name.split("/")[1]] == node
+
+
+def test_the_held_back_bindings_are_counted_in_the_next_line(caplog):
+    import logging
+    import time
+
+    from joulesched.live.ratelog import RateLimitedLog
+
+    caplog.set_level(logging.INFO, logger="test.bound")
+    rl = RateLimitedLog(logging.getLogger("test.bound"), interval_s=0.2, level=logging.INFO)
+    written = [rl.warn("bound", "bound %s to %s", f"p{i}", "n0") for i in range(5)]
+    time.sleep(0.25)
+    assert rl.warn("bound", "bound %s to %s", "p5", "n0") and written == [True, False, False, False, False]
+    msgs = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert msgs == [(logging.INFO, "bound p0 to n0"),
+                    (logging.INFO, "bound p5 to n0 (4 similar suppressed in the last 0 s)")]

@@ -55,8 +55,9 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path):
     for args, needle in [
         (["train", "-s", TINY, "--steps", "100000", "--model", str(a_file / "m.pt")], "is not a directory"),
         (["benchmark", "-s", TINY, "--out", str(a_file)], "exists and is not a directory"),
-        (["trace", "-s", TINY, "-o", "/proc/x.csv"], "cannot write in /proc"),
-        (["benchmark", "-s", TINY, "--out", "/proc/out"], "cannot write in /proc"),
+        (["trace", "-s", TINY, "-o", "/proc/x.csv"], "cannot create files in /proc: it takes no new files"),
+        (["benchmark", "-s", TINY, "--out", "/proc/out"],
+         "cannot create files in /proc: it takes no new files (a virtual file system"),
     ]:
         _one_line_exit_2(runner.invoke(app, args), needle)
     assert a_file.read_text() == "x"

@@ -138,7 +138,8 @@ def test_the_documented_example_snapshot_loads_with_profile_names_and_power_stat
     from joulesched.power.curves import SPECPOWER
 
     st, pod = load_snapshot(EXAMPLE)
-    assert st.curves[0].tolist() == list(SPECPOWER["hp-ml110-g4"]) and st.power_state.tolist() == [ON, ASLEEP, ON, WAKING]
+    assert st.curves[0].tolist() == list(SPECPOWER["hp-ml110-g4"])
+    assert st.power_state.tolist() == [ON, ASLEEP, ON, WAKING]
     assert st.nz_cpu[0] == 2000 + 1500 + 100 and st.pods[0] == 3 and st.now == 3600 and st.sleep_watts[1] == 8
     assert "nodes[].power_state" in (ROOT / "docs" / "pipelines.md").read_text()
     res = _explain("--snapshot", EXAMPLE, "-p", "awake-first")
@@ -204,3 +205,22 @@ def test_explain_totals_follow_the_weights_shown():
     text = runner.invoke(app, ["explain", "--snapshot", str(EXAMPLE), "-p", f"dqn={model}"]).output
     if model.exists():
         assert "Q (not in total)" in text and "Advantage (w=1)" in text
+
+
+# ---- item 9: the small ones ------------------------------------------------------------------------------------
+def test_a_raw_openb_csv_as_a_trace_names_trace_import(tmp_path):
+    sc = tmp_path / "raw.yaml"
+    sc.write_text("name: raw\nseed: 1\nduration_s: 86400\n"
+                  "nodes:\n  - {name_prefix: n, count: 2, cpu_m: 8000, memory_mib: 32768, power_watts: hp-ml110-g4}\n"
+                  f"workload:\n  trace: {ROOT}/scenarios/traces/alibaba-gpu-2023/openb_pod_list_default.csv\n")
+    r = runner.invoke(app, ["validate", str(sc)])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "missing column(s) submit_s" in text
+    assert "`joulesched trace import`" in text and "-f alibaba-gpu-2023" in text
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="no /proc on this system")
+def test_an_output_under_proc_says_why_it_cannot_be_written(tmp_path):
+    r = runner.invoke(app, ["benchmark", "-s", str(ROOT / "scenarios/tiny.yaml"), "--out", "/proc/joulesched-out"])
+    assert r.exit_code == 2 and "No such file or directory" not in r.output
+    assert "cannot create files in /proc: it takes no new files (a virtual file system" in " ".join(r.output.split())
