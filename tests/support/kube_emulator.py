@@ -24,7 +24,7 @@ relies on, made as faithful as we could:
 - discovery (``/api``, ``/apis``, ``/api/v1`` and the two groups' resource lists), so the real ``kubectl`` can
   get, annotate and cordon nodes (the kube_node role's power-address task is tested that way).
 - generic objects (:data:`GENERIC`): what manifests hold (Namespaces, ServiceAccounts, ConfigMaps, Secrets,
-  Services, Deployments, DaemonSets, RBAC, NetworkPolicies), so ``kubectl apply`` of the rendered kustomize
+  Services, Deployments, DaemonSets, RBAC, NetworkPolicies, ValidatingAdmissionPolicies), so ``kubectl apply`` of the rendered kustomize
   overlays lands, and the custom resources of bare-metal power owners (Metal3 ``BareMetalHost``, Tinkerbell
   Rufio ``Machine``, ``Job``, ``Task``): create, get, list, watch, merge PATCH (of the object and of
   ``status``), PUT and DELETE, with no controller behind them (a test plays the operator).
@@ -81,6 +81,9 @@ GENERIC = {
                                      ("clusterrolebindings", "ClusterRoleBinding", False),
                                      ("roles", "Role", True), ("rolebindings", "RoleBinding", True)],
     "networking.k8s.io/v1": [("networkpolicies", "NetworkPolicy", True)],
+    "admissionregistration.k8s.io/v1": [("validatingadmissionpolicies", "ValidatingAdmissionPolicy", False),
+                                        ("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+                                         False)],
     "metal3.io/v1alpha1": [("baremetalhosts", "BareMetalHost", True)],
     "bmc.tinkerbell.org/v1alpha1": [("machines", "Machine", True), ("jobs", "Job", True), ("tasks", "Task", True)],
 }
