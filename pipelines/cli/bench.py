@@ -471,20 +471,22 @@ def trace_import(
         out.print(f"{machines}: {len(res.node_groups)} node group(s), "
                   f"{sum(g['count'] for g in res.node_groups)} nodes", soft_wrap=True)
     if span:
-        out.print(_window_hint(span), soft_wrap=True)
+        out.print(_window_hint(span, win), soft_wrap=True)
 
 
 def _day(seconds: float) -> str:
     return f"{seconds / 86400:.1f}"
 
 
-def _window_hint(span: dict) -> str:
+def _window_hint(span: dict, window: tuple[float, float] | None = None) -> str:
     """Where the trace's activity is, and the window and duration_s that simulate it (cluster/traces PodSink.span)."""
     start, end = (float(x) for x in span["suggested_window"].split(":"))
     where = (f"activity: trace days {_day(start)}–{_day(end)} ({span['submitted_before_suggested_window']} of "
              f"{span['pods_read']} pods submitted before)")
-    return (f"{where}; to simulate it: trace import --window {span['suggested_window']} ... and in the scenario "
-            f"duration_s: {span['suggested_duration_s']:.0f}")
+    duration = f"duration_s: {span['suggested_duration_s']:.0f}"
+    if window is not None and window[0] <= start and window[1] >= end:  # the window's start is the twin's 0
+        return f"{where}; this window holds it: in the scenario duration_s: {end - window[0]:.0f}"
+    return f"{where}; to simulate it: trace import --window {span['suggested_window']} ... and in the scenario {duration}"
 
 
 def _parse_window(text: str | None) -> tuple[float, float] | None:

@@ -525,3 +525,11 @@ def test_a_negative_window_start_exits_2(tmp_path):
     files = [write(tmp_path, "openb_pod_list_default.csv", OPENB_PODS)]
     r = run("-f", "alibaba-gpu-2023", "-o", tmp_path / "x.csv", "--window", "-100:50", *files)
     assert r.exit_code == 2 and "START must be at least 0" in r.output and not (tmp_path / "x.csv").exists()
+
+
+def test_the_hint_says_when_the_window_already_holds_the_activity(tmp_path):
+    files = [write(tmp_path, "openb_pod_list_default.csv", OPENB_PODS)]
+    r = run("-f", "alibaba-gpu-2023", "-o", tmp_path / "w.csv", "--window", "0:13000000", *files)
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0 and "this window holds it: in the scenario duration_s: 12906000" in text
+    assert "to simulate it" not in text
