@@ -1080,18 +1080,33 @@ class NodePowerStatusServer(BackgroundHTTPServer):
 
 # ---- the daemon: options checked, then started and stopped together -----------------------------------------
 def load_addresses(path: str | None, access: AddressPolicy | None = None) -> dict[str, str]:
-    """A node -> power address map (YAML/JSON mapping; a ConfigMap mounted as a file). Every address is
-    parsed (and checked against what no map entry may do, e.g. redfish+http without its flag), so a bad one
-    is named before anything starts."""
+    """The operator's node -> power address map: a YAML/JSON mapping file, or a directory (a ConfigMap mounted
+    with one key per node, as the kube_node role writes it: file name = node, content = address; a ``.yaml``
+    file in it is read as a mapping). Every address is parsed (and checked against what no map entry may do,
+    e.g. redfish+http without its flag), so a bad one is named before anything starts."""
     if not path:
         return {}
+    import os
+
     import yaml
 
     from joulesched.live.daemon import DaemonInputError
 
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+        if os.path.isdir(path):
+            data = {}
+            for entry in sorted(os.listdir(path)):
+                full = os.path.join(path, entry)
+                if entry.startswith("..") or not os.path.isfile(full):
+                    continue  # the kubelet's ..data links of a mounted ConfigMap
+                with open(full, encoding="utf-8") as f:
+                    if entry.endswith((".yaml", ".yml")):
+                        data.update(yaml.safe_load(f) or {})
+                    else:
+                        data[entry] = f.read().strip()
+        else:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
     except OSError as e:
         raise DaemonInputError(f"--addresses {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
