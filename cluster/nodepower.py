@@ -22,18 +22,29 @@ Rules (docs/node-power.md):
   power on their new nodes) over ``horizon_s``, or only until the node would have emptied by itself where its
   pods' remaining run times are known; the cost is each pod's share of its new node's power over
   ``restart_s``, plus, for the progress it loses, a node kept awake while it is redone. Then the node sleeps.
+  Karpenter's knobs ride on it: **disruption budgets** (at most ``nodes`` disrupted at once, a count or a
+  percentage of the nodes rounded up, optionally only in a cron ``schedule`` window of ``duration_s``; the
+  most restrictive active budget wins) and a **Balanced** acceptance rule: a move is approved only if its
+  savings fraction (watts saved over the cluster's draw) over its disruption fraction (pods evicted over the
+  pods running) is at least ``balanced_k``.
 
 The core is pure: no clock, no I/O. Callers pass ``now`` (twin seconds, or the controller's monotonic clock).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 import numpy as np
 
+# ASLEEP_TAINT: the taint a sleeping node carries (with the cordon), so that the state is visible and
+# tolerable; defined with the filter chain, which gates on it.
+from joulesched.cluster.filters import ASLEEP_TAINT, fits_free  # noqa: F401 (ASLEEP_TAINT is re-exported)
 from joulesched.cluster.state import ASLEEP, ON, ClusterState, PodRequest
 
 #: Node annotation: the node must never be put to sleep (any value but "false").
@@ -49,12 +60,76 @@ POWER_OWNER_ANNOTATION = "joulesched.io/power-owner"
 CORDONED_ANNOTATION = "joulesched.io/cordoned"
 #: The controller's states, in joulesched.io/power-state.
 POWER_STATES = ("awake", "sleeping", "asleep", "waking", "draining")
-#: The taint a sleeping node carries (with the cordon), so that the state is visible and tolerable.
-ASLEEP_TAINT = "joulesched.io/asleep"
 #: Labels that mark a control-plane node (never put to sleep).
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 #: Pod annotations that forbid evicting it (cluster-autoscaler's and ours).
 SAFE_TO_EVICT_ANNOTATIONS = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "joulesched.io/safe-to-evict")
+
+
+
+
+_BUDGET_NODES = re.compile(r"^(\d+)(%?)$")
+
+
+@dataclass(frozen=True)
+class DisruptionBudget:
+    """At most ``nodes`` nodes disrupted (being emptied by consolidation) at once: ``"3"`` or ``"10%"`` of the
+    nodes, rounded up (Karpenter's NodePool ``disruption.budgets``). With ``schedule`` (cron, UTC) the budget
+    applies only from each of its ticks for ``duration_s``; without, always. ``nodes: "0"`` in a window stops
+    consolidation there (e.g. business hours)."""
+
+    nodes: str = "10%"
+    schedule: str | None = None
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not _BUDGET_NODES.match(str(self.nodes)):
+            raise ValueError(f"budget nodes {self.nodes!r}: a count (3) or a percentage (10%)")
+        if str(self.nodes).endswith("%") and int(str(self.nodes)[:-1]) > 100:
+            raise ValueError(f"budget nodes {self.nodes!r}: a percentage is at most 100%")
+        if (self.schedule is None) != (self.duration_s is None):
+            raise ValueError("a budget's schedule and duration_s go together")
+        if self.schedule is not None:
+            from croniter import croniter
+
+            if not croniter.is_valid(self.schedule):
+                raise ValueError(f"budget schedule {self.schedule!r} is not a cron expression")
+            if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
+                raise ValueError(f"budget duration_s must be > 0, got {self.duration_s!r}")
+
+    def allowed(self, total_nodes: int) -> int:
+        n, pct = _BUDGET_NODES.match(str(self.nodes)).groups()
+        return math.ceil(total_nodes * int(n) / 100) if pct else int(n)
+
+    def active(self, wall_s: float) -> bool:
+        """Whether the budget applies at ``wall_s`` (seconds since the epoch, UTC)."""
+        if self.schedule is None:
+            return True
+        from croniter import croniter
+
+        t = datetime.fromtimestamp(wall_s, timezone.utc)
+        prev = croniter(self.schedule, t + timedelta(seconds=1)).get_prev(datetime)  # the last tick at or before t
+        return (t - prev).total_seconds() < self.duration_s
+
+
+#: The twin's clock on the wall: its time 0 is Monday 2024-01-01 00:00 UTC, so scheduled budgets (cron, UTC) fall
+#: on the days and hours a scenario's diurnal load has.
+TWIN_EPOCH_S = 1_704_067_200.0
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+
+
+def parse_budget(text: str) -> DisruptionBudget:
+    """``NODES`` or ``NODES;CRON;DURATION`` (``10%``, ``0;0 9 * * 1-5;8h``), as the command line takes it."""
+    parts = [x.strip() for x in str(text).split(";")]
+    if len(parts) == 1:
+        return DisruptionBudget(parts[0])
+    if len(parts) != 3:
+        raise ValueError(f"disruption budget {text!r}: NODES or NODES;CRON;DURATION (e.g. '0;0 9 * * 1-5;8h')")
+    m = _DURATION.match(parts[2])
+    if not m:
+        raise ValueError(f"disruption budget {text!r}: duration {parts[2]!r} is not like 30m, 8h or 3600")
+    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    return DisruptionBudget(parts[0], parts[1], float(m.group(1)) * scale)
 
 
 @dataclass(frozen=True)
@@ -70,6 +145,9 @@ class PowerPolicy:
     :param max_evictions_per_hour: the eviction budget, over any sliding hour.
     :param restart_s: what restarting one evicted pod costs, in seconds at its demand.
     :param horizon_s: how long a consolidation's saving is counted for.
+    :param budgets: disruption budgets (:class:`DisruptionBudget`); none = no limit beyond one node per round.
+    :param balanced_k: approve a move only if savings fraction / disruption fraction >= this (0 = off;
+        Karpenter's Balanced policy uses 0.5).
     """
 
     sleep_after_s: float = 300.0
@@ -81,8 +159,12 @@ class PowerPolicy:
     max_evictions_per_hour: int = 60
     restart_s: float = 30.0
     horizon_s: float = 3600.0
+    budgets: tuple[DisruptionBudget, ...] = ()
+    balanced_k: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (self.balanced_k >= 0 and math.isfinite(self.balanced_k)):
+            raise ValueError(f"balanced_k must be a finite number >= 0, got {self.balanced_k!r}")
         for name in ("sleep_after_s", "recheck_s", "consolidate_interval_s", "restart_s", "horizon_s"):
             v = getattr(self, name)
             if not (v >= 0 and np.isfinite(v)):
@@ -195,7 +277,7 @@ class NodePowerCore:
         order = np.argsort(self.efficiency(st), kind="stable")
         for k, req in enumerate(pending):
             c, m = req.filter_cpu, req.filter_mem
-            ok = (free_c >= c) & (free_m >= m) & (free_p > 0)
+            ok = fits_free(free_c, free_m, free_p, req)  # the chain's NodeResourcesFit on what-if room
             if fits is not None:
                 ok &= fits[k]
             hit = np.flatnonzero(ok & usable)
@@ -214,6 +296,14 @@ class NodePowerCore:
         return chosen
 
     # ---- consolidation -----------------------------------------------------------------------------------
+    def _balanced(self, saving_w: float, cluster_w: float, moved: int, running: int) -> bool:
+        """Karpenter's Balanced rule: savings fraction over disruption fraction at least ``balanced_k``."""
+        if moved == 0:
+            return True  # an empty node disrupts nothing
+        if saving_w <= 0 or cluster_w <= 0 or running <= 0:
+            return False
+        return (saving_w / cluster_w) / (moved / running) >= self.policy.balanced_k
+
     def eviction_budget(self, now: float) -> int:
         """Evictions still allowed in the hour ending at ``now``."""
         ev = self.evictions
@@ -224,18 +314,35 @@ class NodePowerCore:
     def record_evictions(self, now: float, count: int) -> None:
         self.evictions.extend([now] * count)
 
+    def disruptions_allowed(self, total_nodes: int, wall_s: float) -> int | None:
+        """Nodes that may be disrupted at once at ``wall_s`` by the most restrictive active budget (None: no
+        budget applies)."""
+        active = [b.allowed(total_nodes) for b in self.policy.budgets if b.active(wall_s)]
+        return min(active) if active else None
+
     def plan(self, st: ClusterState, now: float, pods: dict[int, Sequence[MovablePod]],
-             fits: dict[object, np.ndarray] | None = None) -> Plan | None:
+             fits: dict[object, np.ndarray] | None = None, *, wall_s: float | None = None,
+             disrupting: int = 0) -> Plan | None:
         """The best node to empty now, or None. ``pods`` maps each awake node to its workload pods (a node
         missing from it is not considered). One node per call, as Karpenter's single-node consolidation does;
         the caller evicts, records the evictions, and sleeps the node once it is empty.
 
         Candidates are tried least requested CPU first; the first that passes every check wins. A pod goes to
-        the most efficient other awake node with room (``fits[key]`` optionally restricts where it may go)."""
+        the most efficient other awake node with room (``fits[key]`` optionally restricts where it may go).
+
+        ``wall_s`` (seconds since the epoch, UTC; default ``now``) places scheduled budgets; ``disrupting`` is
+        how many nodes are being emptied already (the live controller's draining nodes)."""
         p = self.policy
         budget = self.eviction_budget(now)
         if budget <= 0:
             return None
+        if p.budgets:
+            allowed = self.disruptions_allowed(len(st), now if wall_s is None else wall_s)
+            if allowed is not None and disrupting >= allowed:
+                return None
+        if p.balanced_k:
+            cluster_w = float(st.power()[st.power_state != ASLEEP].sum())
+            running = sum(len(ps) for ps in pods.values())
         on = st.power_state == ON
         eff = self.efficiency(st)
         slope = (st.peak_watts - st.idle_watts) / np.maximum(st.alloc_cpu, 1)  # marginal W per millicore
@@ -259,7 +366,7 @@ class NodePowerCore:
             until = min(p.horizon_s, max(m.remaining_s for m in pods[i]))  # it empties by itself after that
             for m in sorted(pods[i], key=lambda m: -m.request.filter_cpu):
                 c, mm = m.request.filter_cpu, m.request.filter_mem
-                ok = (free_c[targets] >= c) & (free_m[targets] >= mm) & (free_p[targets] > 0)
+                ok = fits_free(free_c[targets], free_m[targets], free_p[targets], m.request)
                 if fits is not None and m.key in fits:
                     ok &= fits[m.key][targets]
                 hit = np.flatnonzero(ok)
@@ -283,6 +390,8 @@ class NodePowerCore:
                     if int(free_c[awake].sum()) < p.spare_cpu_m:
                         continue
                 saving_j = saving_w * until
+                if p.balanced_k and not self._balanced(saving_w, cluster_w, len(moves), running):
+                    continue
                 if saving_j > cost_j:
                     return Plan(i, moves, saving_j, cost_j)
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,7 +24,7 @@ from joulesched.cluster.filters import (
     Toleration,
     pod_constraints,
 )
-from joulesched.cluster.nodepower import PowerPolicy
+from joulesched.cluster.nodepower import DisruptionBudget, PowerPolicy
 from joulesched.core.errors import UsageError
 from joulesched.power.curves import SPECPOWER, validate_curve
 
@@ -43,6 +43,23 @@ class AlwaysOn(_Strict):
     mode: Literal["always_on"] = "always_on"
 
 
+class Budget(_Strict):
+    """A disruption budget: ``nodes`` (``3`` or ``"10%"``), optionally in a cron ``schedule`` window of
+    ``duration_s`` (:class:`joulesched.cluster.nodepower.DisruptionBudget`)."""
+
+    nodes: Union[int, str] = "10%"
+    schedule: Optional[str] = None
+    duration_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _valid(self) -> "Budget":
+        self.core()  # the core's checks, named at load time
+        return self
+
+    def core(self) -> DisruptionBudget:
+        return DisruptionBudget(str(self.nodes), self.schedule, self.duration_s)
+
+
 class Consolidation(_Strict):
     """Evict the pods of an under-used awake node so that it can sleep (the decision core's rules,
     :mod:`joulesched.cluster.nodepower`). An evicted pod restarts after ``restart_s`` wherever the policy puts
@@ -54,6 +71,10 @@ class Consolidation(_Strict):
     restart_s: float = Field(30.0, ge=0, allow_inf_nan=False)
     horizon_s: float = Field(3600.0, ge=0, allow_inf_nan=False)
     checkpoint_fraction: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    #: Karpenter's disruption budgets (the twin's time 0 is Monday 2024-01-01 00:00 UTC for their schedules).
+    budgets: list[Budget] = Field(default_factory=list)
+    #: Karpenter's Balanced rule: savings fraction / disruption fraction >= balanced_k (0 = off).
+    balanced_k: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
 class Sleep(_Strict):
@@ -78,7 +99,8 @@ class Sleep(_Strict):
         c = self.consolidation
         extra = {} if c is None else dict(consolidate=True, consolidate_interval_s=c.interval_s,
                                           max_evictions_per_hour=c.max_evictions_per_hour, restart_s=c.restart_s,
-                                          horizon_s=c.horizon_s)
+                                          horizon_s=c.horizon_s, budgets=tuple(b.core() for b in c.budgets),
+                                          balanced_k=c.balanced_k)
         return PowerPolicy(sleep_after_s=self.sleep_after_s, min_awake=self.min_awake, spare_cpu_m=self.spare_cpu_m,
                            recheck_s=self.recheck_s, **extra)
 

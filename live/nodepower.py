@@ -666,7 +666,8 @@ class NodePowerController:
                 if not blocker:  # where it may go: by its own selectors, affinity, tolerations and volumes
                     fits[p.uid] = np.array([j != i and self._fits(infos[j], p) for j in range(len(infos))])
             movable[i] = ms
-        plan = self.core.plan(st, now, movable, fits)
+        draining = sum(1 for i in infos if i.power_state == DRAINING)  # nodes being disrupted now (budgets)
+        plan = self.core.plan(st, now, movable, fits, wall_s=time.time(), disrupting=draining)
         if plan is None:
             return
         name = names[plan.node]

@@ -118,11 +118,17 @@ def serve(
 
 def _node_power_daemon(*, actuator: str, sleep_after: float, min_awake: int, spare_cpu: int, consolidate: bool,
                        credentials, addresses, libvirt_uri: str, **kw):
-    from joulesched.cluster.nodepower import PowerPolicy
+    from joulesched.cluster.nodepower import PowerPolicy, parse_budget
+    from joulesched.core.errors import UsageError
     from joulesched.live.nodepower import NodePowerDaemon
 
-    policy = PowerPolicy(sleep_after_s=sleep_after, min_awake=min_awake, spare_cpu_m=spare_cpu,
-                         consolidate=consolidate, **kw.pop("consolidation", {}))
+    cons = dict(kw.pop("consolidation", {}))
+    try:
+        cons["budgets"] = tuple(parse_budget(b) for b in cons.get("budgets", ()))
+        policy = PowerPolicy(sleep_after_s=sleep_after, min_awake=min_awake, spare_cpu_m=spare_cpu,
+                             consolidate=consolidate, **cons)
+    except ValueError as e:
+        raise UsageError(f"--disruption-budget/--balanced: {e}") from None
     # The metal3 and rufio actuators write custom objects: on serve's connection, else the same kubeconfig.
     kube = ({"kube_api": kw["cache"].api} if kw.get("cache") is not None
             else {"kubeconfig": kw.get("kubeconfig"), "kube_context": kw.get("context")})
@@ -177,6 +183,13 @@ def node_power(
                                              "evicted pod, in seconds at its request.")] = 30.0,
     horizon_s: Annotated[float, typer.Option("--horizon-s", min=0.0, help="Seconds a consolidation's saving is "
                                              "counted for against that cost.")] = 3600.0,
+    disruption_budget: Annotated[Optional[list[str]], typer.Option(
+        "--disruption-budget", help="NODES or 'NODES;CRON;DURATION' (repeatable; Karpenter's budgets): at most "
+        "NODES (3 or 10%) nodes emptied at once, only in the cron window (UTC) if given, e.g. '0;0 9 * * "
+        "1-5;8h' stops consolidation in office hours.")] = None,
+    balanced: Annotated[float, typer.Option("--balanced", min=0.0, help="Consolidate only when the savings "
+                                            "fraction over the disruption fraction is at least this (Karpenter's "
+                                            "Balanced: 0.5; 0 = off).")] = 0.0,
     wake_timeout: Annotated[float, typer.Option("--wake-timeout", min=1.0, help="Seconds a woken node has to turn "
                                                 "Ready before the next node is tried.")] = 600.0,
     resync: Annotated[float, typer.Option("--resync", min=0.05, help="Seconds between reconciles "
@@ -211,7 +224,7 @@ def node_power(
                    min_awake=min_awake, spare_cpu=spare_cpu, consolidate=consolidate,
                    consolidation=dict(consolidate_interval_s=consolidate_interval,
                                       max_evictions_per_hour=max_evictions_per_hour, restart_s=restart_s,
-                                      horizon_s=horizon_s),
+                                      horizon_s=horizon_s, budgets=disruption_budget or [], balanced_k=balanced),
                    wake_timeout_s=wake_timeout, resync_s=resync, sleep_watts=sleep_watts,
                    scheduler_name=scheduler_name, credentials=credentials, addresses=addresses,
                    power_profiles=power_profiles, libvirt_uri=libvirt_uri,

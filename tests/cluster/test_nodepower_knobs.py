@@ -1,0 +1,115 @@
+"""Karpenter's consolidation knobs on the decision core (#29 item 4): disruption budgets (a count or a
+percentage rounded up, optionally in a cron window; the most restrictive active one wins) and the Balanced
+rule (savings fraction over disruption fraction at least k), in the core, in scenarios, in the twin and on the
+command line."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.nodepower import (
+    TWIN_EPOCH_S,
+    DisruptionBudget,
+    MovablePod,
+    NodePowerCore,
+    PowerPolicy,
+    parse_budget,
+)
+from joulesched.cluster.scenario import ScenarioError, load_scenario
+from joulesched.cluster.state import PodRequest
+from joulesched.cluster.twin import Twin
+from tests.cluster.test_nodepower import SLEEP, Spread, _cons_state, _spread
+from tests.helpers import scenario
+
+HOUR = 3600.0
+MONDAY_9 = TWIN_EPOCH_S + 9 * HOUR  # 2024-01-01 was a Monday
+
+
+def test_budgets_count_percentages_rounded_up_and_cron_windows():
+    assert DisruptionBudget("3").allowed(50) == 3
+    assert DisruptionBudget("10%").allowed(7) == 1 and DisruptionBudget("10%").allowed(21) == 3  # ceil
+    office = parse_budget("0;0 9 * * 1-5;8h")
+    assert office == DisruptionBudget("0", "0 9 * * 1-5", 8 * HOUR)
+    assert office.active(MONDAY_9) and office.active(MONDAY_9 + 8 * HOUR - 1)
+    assert not office.active(MONDAY_9 + 8 * HOUR) and not office.active(MONDAY_9 - 1)
+    assert not office.active(MONDAY_9 + 5 * 24 * HOUR)  # Saturday
+    core = NodePowerCore(PowerPolicy(consolidate=True, budgets=(DisruptionBudget("50%"), office)))
+    assert core.disruptions_allowed(4, MONDAY_9 + HOUR) == 0  # the most restrictive active budget
+    assert core.disruptions_allowed(4, MONDAY_9 - HOUR) == 2
+    assert NodePowerCore(PowerPolicy()).disruptions_allowed(4, MONDAY_9) is None
+    for bad, msg in (("x", "a count"), ("120%", "at most 100%"), ("1;not cron;1h", "not a cron"),
+                     ("1;0 9 * * *;soon", "duration"), ("1;0 9 * * *", "NODES or")):
+        with pytest.raises(ValueError, match=msg):
+            parse_budget(bad)
+
+
+def test_plan_stops_at_the_budget_and_in_the_window():
+    st = _cons_state()
+    pods = {0: [MovablePod("a", PodRequest(200, 10), 200.0)]}
+    one = NodePowerCore(PowerPolicy(consolidate=True, budgets=(DisruptionBudget("1"),)))
+    assert one.plan(st, 0.0, pods) is not None
+    assert one.plan(st, 0.0, pods, disrupting=1) is None  # one node is being emptied already
+    office = NodePowerCore(PowerPolicy(consolidate=True, budgets=(parse_budget("0;0 9 * * 1-5;8h"),)))
+    assert office.plan(st, 0.0, pods, wall_s=MONDAY_9 + HOUR) is None
+    assert office.plan(st, 0.0, pods, wall_s=MONDAY_9 + 9 * HOUR) is not None
+
+
+def test_balanced_approves_a_move_only_when_its_saving_outweighs_its_disruption():
+    # Three awake nodes idling at 100 W (requests, no usage); emptying n0 saves 100 - 5 W of the 300 W the
+    # cluster draws (0.317 of it) and disrupts 1 of the 2 running pods (0.5): a ratio of 0.633.
+    st = _cons_state()
+    pods = {0: [MovablePod("a", PodRequest(200, 10), 200.0)], 1: [MovablePod("b", PodRequest(500, 10), 500.0)]}
+    ratio = (95 / float(st.power().sum())) / (1 / 2)
+    assert ratio == pytest.approx(0.6333, abs=1e-4)
+    assert NodePowerCore(PowerPolicy(consolidate=True, balanced_k=0.63)).plan(st, 0.0, pods) is not None
+    assert NodePowerCore(PowerPolicy(consolidate=True, balanced_k=0.64)).plan(st, 0.0, pods) is None
+    with pytest.raises(ValueError, match="balanced_k"):
+        PowerPolicy(balanced_k=-1)
+
+
+def test_twin_honours_budgets_and_balanced_from_the_scenario():
+    def run(cons):
+        idle = {**SLEEP, "consolidation": {"interval_s": 100, "restart_s": 30, **cons}}
+        return run_policy(Twin(scenario([{}, {}], duration_s=100, idle=idle), _spread()), Spread(), 0)
+
+    assert run({}).evictions == 1
+    assert run({"budgets": [{"nodes": 0}]}).evictions == 0
+    # A window that covers the twin's first hour (Monday 00:00 UTC) blocks it; one on Tuesdays does not.
+    assert run({"budgets": [{"nodes": 0, "schedule": "0 0 * * 1", "duration_s": 3600}]}).evictions == 0
+    assert run({"budgets": [{"nodes": 0, "schedule": "0 0 * * 2", "duration_s": 3600}]}).evictions == 1
+    assert run({"balanced_k": 100}).evictions == 0
+
+
+@pytest.mark.parametrize("cons, field", [
+    ("{budgets: [{nodes: lots}]}", "a count"),
+    ("{budgets: [{nodes: 1, schedule: '0 9 * * *'}]}", "go together"),
+    ("{budgets: [{nodes: 1, schedule: 'never', duration_s: 60}]}", "not a cron"),
+    ("{balanced_k: -1}", "balanced_k"),
+])
+def test_scenario_rejects_bad_knobs(tmp_path, cons, field):
+    f = tmp_path / "s.yaml"
+    f.write_text(f"""name: s
+seed: 1
+duration_s: 100
+idle_policy: {{mode: sleep, consolidation: {cons}}}
+nodes: [{{name_prefix: a, count: 1, cpu_m: 1000, memory_mib: 1024, power_watts: hp-ml110-g4}}]
+workload: {{synthetic: {{pods: 5, mean_interarrival_s: 1}}}}
+""")
+    with pytest.raises(ScenarioError, match=field):
+        load_scenario(f)
+
+
+def test_node_power_command_refuses_bad_knobs_before_it_connects():
+    import typer
+
+    from joulesched.pipelines.cli.live import node_power
+
+    app = typer.Typer(add_completion=False)
+    app.command("node-power")(node_power)
+    app.command("other")(lambda: None)
+    for args, msg in ((["--disruption-budget", "1;0 9 * * *"], "NODES or"),
+                      (["--disruption-budget", "1;0 9 * * *;forever"], "duration"), (["--balanced", "-1"], "-1")):
+        r = CliRunner().invoke(app, ["node-power", "--kubeconfig", "/no/such/kubeconfig", *args])
+        assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
