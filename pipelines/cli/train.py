@@ -97,7 +97,7 @@ def test_cmd(
         "and the LP bound (docs/optimum.md): the ratios to them and the share of the gap closed.")] = True,
     optimum_time_limit: Annotated[float, typer.Option(help="Seconds for the MIP per scenario and seed.")] = 20.0,
 ) -> None:
-    """Evaluate a model greedily (epsilon = 0) beside every baseline; print the ratios to default-k8s, to the
+    """Evaluate a model greedily (epsilon = 0) beside the default set; print the ratios to default-k8s, to the
     best heuristic, to the best sleep-aware heuristic and to the optimum or bound."""
     from joulesched.pipelines.training import evaluate, format_table
 
