@@ -552,7 +552,8 @@ def demo(
         help="DQN model to benchmark. Default: the shipped model (trained here for 3 minutes if it is missing).",
         show_default=display(SHIPPED_MODEL))] = None,
 ) -> None:
-    """The main job on the embedded twin: the DQN and every baseline on the standard suite, then the report."""
+    """The main job on the embedded twin: the DQN and the default policy set on the standard suite, then the
+    report."""
     from joulesched.pipelines.progress import StageDisplay
     from joulesched.pipelines.sim_pipeline import run_sim
 
