@@ -72,7 +72,13 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             scheduled = number(p, line, "scheduled_time", sched_cell, minimum=0) if sched_cell else None
             phase = (r.get("pod_phase") or "").strip()
             if phase == "Pending" or (phase == "" and scheduled is None and "scheduled_time" in r):
-                sink.count("pods never scheduled in the trace (Pending, skipped)")
+                # Counted as the window counts every pod: one outside it is dropped by the window.
+                if created >= sink.w1:
+                    sink.count("pods submitted after the window (dropped)")
+                elif options.window is not None and deleted <= sink.w0:
+                    sink.count("pods gone before the window (dropped)")
+                else:
+                    sink.count("pods never scheduled in the trace (Pending, skipped)")
                 continue
             gpu = bool(r.get("num_gpu")) and number(p, line, "num_gpu", r["num_gpu"], minimum=0) > 0
             qos = (r.get("qos") or "").strip()

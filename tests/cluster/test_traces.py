@@ -481,7 +481,10 @@ def test_summary_counts_follow_the_window_and_show_the_span(tmp_path):
     wl, _, summary = imported(tmp_path, "alibaba-gpu-2023", files, "--window", "9000000:9500000")
     # Kept: the service alive across the window and the job submitted in it; both have GPUs.
     assert len(wl) == 2 and summary["gpu pods (GPUs not modelled)"] == 2
-    assert summary["pods submitted after the window (dropped)"] == 1
+    # The job and the Pending pod created after the window closes; the job before it opened ran and ended then.
+    assert summary["pods submitted after the window (dropped)"] == 2
+    assert summary["pods gone before the window (dropped)"] == 1
+    assert "pods never scheduled in the trace (Pending, skipped)" not in summary
     span = summary["span"]  # of the whole file, whatever the window: it is what a window is chosen from
     assert span["first_submit_s"] == 0 and span["last_submit_s"] == 9965463 and span["last_end_s"] == 12902960
     # 1 % of 4 submissions is reached by the first (t=0): the window starts there and ends at the last end.
@@ -516,6 +519,7 @@ def test_the_real_openb_trace_suggests_its_active_days(tmp_path):
     files = [d / "openb_pod_list_default.csv", d / "openb_node_list_all_node.csv"]
     _, _, summary = imported(tmp_path, "alibaba-gpu-2023", files, "--window", "0:86400")
     assert summary["pods"] == 1 and summary["gpu pods (GPUs not modelled)"] <= 1  # not the file's 6,203
+    assert summary.get("pods never scheduled in the trace (Pending, skipped)", 0) < 897  # nor its 897 Pending
     span = summary["span"]
     start, end = (float(x) for x in span["suggested_window"].split(":"))
     assert start == 115 * 86400 and span["submitted_before_suggested_window"] == 27 and end > 149 * 86400
