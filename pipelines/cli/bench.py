@@ -20,7 +20,7 @@ from joulesched.pipelines.cli.common import command_line, err, errors, fail, int
 from joulesched.pipelines.progress import progress_bar
 from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite
 
-app = typer.Typer()
+app = typer.Typer(rich_markup_mode=None)
 
 
 ScenarioOpt = Annotated[Optional[list[Path]], typer.Option(
