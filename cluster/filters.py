@@ -14,8 +14,9 @@ first failing one giving the node's reason in kube's words.
   scheduler with node power) as it will be once awake, without the node power controller's taint and cordon;
   otherwise as it is, gated by them.
 * Resource filters look at the free capacity a :class:`ClusterState` keeps: ``NodeResourcesFit`` (cpu, memory
-  and the pod count, kube's ``Insufficient cpu`` / ``Insufficient memory`` / ``Too many pods``). A new resource
-  (GPUs) is one more object with the same three methods in :data:`RESOURCE_FILTERS`.
+  and the pod count, kube's ``Insufficient cpu`` / ``Insufficient memory`` / ``Too many pods``) and ``GpuFit``
+  (whole GPUs, a shared GPU's milli-share on one GPU, the allowed GPU models; docs/twin.md, "GPUs"). A new
+  resource is one more object with the same methods in :data:`RESOURCE_FILTERS`.
 
 :class:`FilterChain` composes them once per profile; :meth:`FilterChain.bind` gives a state its ``feasible``
 function. Policies only ever choose among the nodes of that mask, so a filter a policy does not know about
@@ -45,6 +46,16 @@ SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 REASON_CPU, REASON_MEMORY, REASON_PODS = "Insufficient cpu", "Insufficient memory", "Too many pods"
+# Extended resources read as kube's NodeResourcesFit names them ("Insufficient <resource name>").
+GPU_RESOURCE = "nvidia.com/gpu"  # whole GPUs (the NVIDIA device plugin)
+GPU_SHARE_ANNOTATION = "alibabacloud.com/gpu-milli"  # a shared GPU's share, 1..1000 (the gpushare convention)
+GPU_MODEL_ANNOTATION = "alibabacloud.com/gpu-card-model"  # a pod's allowed models, "A|B" (the trace's gpu_spec)
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # a node's GPU model (GPU feature discovery sets it)
+REASON_GPU = f"Insufficient {GPU_RESOURCE}"
+REASON_GPU_SHARE = f"Insufficient {GPU_SHARE_ANNOTATION}"
+REASON_GPU_MODEL = "node(s) didn't match Pod's GPU model"
+#: One GPU's whole share, milli-GPU.
+GPU_MILLI = 1000
 
 
 def untolerated_taint_reason(taint: "Taint") -> str:
@@ -260,8 +271,13 @@ class ClusterState(Protocol):
     free_mem: np.ndarray
     free_pods: np.ndarray
     full_nodes: int
+    alloc_gpu: np.ndarray
+    gpu_whole_free: np.ndarray
+    gpu_max_free: np.ndarray
 
     def __len__(self) -> int: ...
+
+    def gpu_model_mask(self, models: frozenset[str]) -> np.ndarray: ...
 
 
 class PodRequest(Protocol):
@@ -270,6 +286,9 @@ class PodRequest(Protocol):
     filter_cpu: int
     filter_mem: int
     constraints: PodConstraints | None
+    gpu: int
+    gpu_milli: int
+    gpu_models: frozenset[str] | None
 
 
 class ResourceFilter(Protocol):
@@ -282,7 +301,8 @@ class ResourceFilter(Protocol):
 
     def reasons(self, st: ClusterState, i: int, pod: PodRequest) -> list[str]: ...
 
-    def fits_empty(self, st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray: ...
+    def fits_empty(self, st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
+                   gpu: "GpuDemand | None" = None) -> np.ndarray: ...
 
     def fits_node(self, st: ClusterState, i: int, pod: PodRequest) -> bool: ...
 
@@ -312,7 +332,8 @@ class NodeResourcesFit:
         return st.free_pods[i] > 0 and pod.filter_cpu <= st.free_cpu[i] and pod.filter_mem <= st.free_mem[i]
 
     @staticmethod
-    def fits_empty(st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    def fits_empty(st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
+                   gpu: "GpuDemand | None" = None) -> np.ndarray:
         """Per pod (requests ``cpu``, ``mem``, -1 = none): fits one of the empty ``nodes`` (a bool mask)."""
         cpu, mem = np.maximum(cpu, 0), np.maximum(mem, 0)
         ok = np.zeros(len(cpu), dtype=bool)
@@ -338,7 +359,75 @@ def fits_free(free_cpu: np.ndarray, free_mem: np.ndarray, free_pods: np.ndarray,
     return ok
 
 
-RESOURCE_FILTERS: tuple[ResourceFilter, ...] = (NodeResourcesFit(),)
+@dataclass(frozen=True)
+class GpuDemand:
+    """Pods' GPU requests, vectorised (what :meth:`FilterChain.placeable` hands the filters): ``count`` GPUs of
+    ``milli`` each (``count`` 0: none; ``milli`` < 1000 only with one GPU, a shared one), ``spec`` codes into
+    ``specs`` (the allowed models; code 0 = any)."""
+
+    count: np.ndarray
+    milli: np.ndarray
+    spec: np.ndarray
+    specs: tuple[frozenset[str] | None, ...] = (None,)
+
+
+class GpuFit:
+    """GPUs as kube's NodeResourcesFit reads extended resources, per GPU: a whole-GPU pod needs ``gpu`` GPUs
+    with nothing on them; a shared-GPU pod (one GPU, ``gpu_milli`` < 1000) needs one GPU with that much share
+    free (a share never straddles two GPUs); either needs the node's model among the pod's allowed ones.
+    A pod without GPUs passes every node (the chain never calls this for it, see :meth:`FilterChain.bind`)."""
+
+    name = "GpuFit"
+
+    @staticmethod
+    def mask(st: ClusterState, pod: PodRequest) -> np.ndarray:
+        if not pod.gpu:
+            return np.ones(len(st), dtype=bool)
+        if pod.gpu_milli >= GPU_MILLI:
+            ok = st.gpu_whole_free >= pod.gpu
+        else:
+            ok = st.gpu_max_free >= pod.gpu_milli
+        if pod.gpu_models is not None:
+            ok &= st.gpu_model_mask(pod.gpu_models)
+        return ok
+
+    @staticmethod
+    def reasons(st: ClusterState, i: int, pod: PodRequest) -> list[str]:
+        if not pod.gpu:
+            return []
+        if pod.gpu_models is not None and not st.gpu_model_mask(pod.gpu_models)[i]:
+            return [REASON_GPU_MODEL]
+        if pod.gpu_milli >= GPU_MILLI:
+            return [REASON_GPU] if st.gpu_whole_free[i] < pod.gpu else []
+        return [REASON_GPU_SHARE] if st.gpu_max_free[i] < pod.gpu_milli else []
+
+    @staticmethod
+    def fits_node(st: ClusterState, i: int, pod: PodRequest) -> bool:
+        if not pod.gpu:
+            return True
+        if pod.gpu_models is not None and not st.gpu_model_mask(pod.gpu_models)[i]:
+            return False
+        if pod.gpu_milli >= GPU_MILLI:
+            return bool(st.gpu_whole_free[i] >= pod.gpu)
+        return bool(st.gpu_max_free[i] >= pod.gpu_milli)
+
+    @staticmethod
+    def fits_empty(st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
+                   gpu: GpuDemand | None = None) -> np.ndarray:
+        """Per pod: its GPUs fit one of the empty ``nodes`` (every GPU free), model included."""
+        if gpu is None or not (gpu.count > 0).any():
+            return np.ones(len(cpu), dtype=bool)
+        ok = gpu.count <= 0
+        for code in np.unique(gpu.spec[~ok]).tolist():
+            models = gpu.specs[code]
+            where = nodes if models is None else nodes & st.gpu_model_mask(models)
+            most = int(st.alloc_gpu[where].max()) if where.any() else 0
+            sel = (gpu.spec == code) & ~ok
+            ok[sel] = gpu.count[sel] <= most
+        return ok
+
+
+RESOURCE_FILTERS: tuple[ResourceFilter, ...] = (NodeResourcesFit(), GpuFit())
 
 
 # ---- composition --------------------------------------------------------------------------------------------
@@ -408,11 +497,15 @@ class FilterChain:
         """``feasible(pod) -> mask`` over ``st``'s nodes: the resource filters on its free capacity, then the
         node filters' cached verdict for the pod's constraints (skipped when every node passes)."""
         first, *rest = self.resources
+        gpu_fit = rest[0] if len(rest) == 1 and isinstance(rest[0], GpuFit) else None
 
-        if not rest and isinstance(first, NodeResourcesFit):
-            # The common chain, flattened: today's three comparisons, then one lookup when anything can fail.
+        if (not rest or gpu_fit is not None) and isinstance(first, NodeResourcesFit):
+            # The common chain, flattened: today's three comparisons, the GPU filter only for a pod with GPUs,
+            # then one lookup when anything can fail.
             def feasible(pod: PodRequest) -> np.ndarray:
                 ok = fits_free(st.free_cpu, st.free_mem, st.free_pods, pod, st.full_nodes)
+                if pod.gpu and gpu_fit is not None:
+                    ok &= gpu_fit.mask(st, pod)
                 k = pod.constraints
                 s = table.open if k is None else table.mask(k)
                 if s is not None:
@@ -435,9 +528,10 @@ class FilterChain:
         return [x for f in self.resources for x in f.reasons(st, i, pod)]
 
     def placeable(self, st: ClusterState, table: NodeTable, cpu: np.ndarray, mem: np.ndarray,
-                  constraints: np.ndarray, table_of: Sequence[PodConstraints | None]) -> np.ndarray:
+                  constraints: np.ndarray, table_of: Sequence[PodConstraints | None],
+                  gpu: GpuDemand | None = None) -> np.ndarray:
         """Per pod: fits at least one node of ``st`` when that node is empty. ``constraints`` are codes into
-        ``table_of`` (the pods' distinct constraints, code 0 = none)."""
+        ``table_of`` (the pods' distinct constraints, code 0 = none); ``gpu`` the pods' GPU requests."""
         ok = np.zeros(len(cpu), dtype=bool)
         everyone = np.ones(len(st), dtype=bool)
         for code in np.unique(constraints).tolist():
@@ -445,8 +539,9 @@ class FilterChain:
             s = table.mask(table_of[code])
             nodes = everyone if s is None else s
             fit = np.ones(int(sel.sum()), dtype=bool)
+            g = None if gpu is None else GpuDemand(gpu.count[sel], gpu.milli[sel], gpu.spec[sel], gpu.specs)
             for r in self.resources:
-                fit &= r.fits_empty(st, nodes, cpu[sel], mem[sel])
+                fit &= r.fits_empty(st, nodes, cpu[sel], mem[sel], g)
             ok[sel] = fit
         return ok
 

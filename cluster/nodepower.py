@@ -45,7 +45,7 @@ import numpy as np
 # ASLEEP_TAINT: the taint a sleeping node carries (with the cordon), so that the state is visible and
 # tolerable; defined with the filter chain, which gates on it.
 from joulesched.cluster.filters import ASLEEP_TAINT, fits_free  # noqa: F401 (ASLEEP_TAINT is re-exported)
-from joulesched.cluster.state import ASLEEP, ON, ClusterState, PodRequest
+from joulesched.cluster.state import ASLEEP, ON, ClusterState, PodRequest, gpu_take
 
 #: Node annotation: the node must never be put to sleep (any value but "false").
 NEVER_SLEEP_ANNOTATION = "joulesched.io/never-sleep"
@@ -272,12 +272,16 @@ class NodePowerCore:
         free_c = st.free_cpu.astype(np.int64).copy()
         free_m = st.free_mem.astype(np.int64).copy()
         free_p = st.free_pods.astype(np.int64).copy()
+        free_g = st.gpu_free.copy() if st.has_gpus else None  # per-GPU what-if room (the chain's GpuFit)
+        everyone = np.arange(len(st))
         usable = ~asleep
         usable[chosen] = True
         order = np.argsort(self.efficiency(st), kind="stable")
         for k, req in enumerate(pending):
             c, m = req.filter_cpu, req.filter_mem
             ok = fits_free(free_c, free_m, free_p, req)  # the chain's NodeResourcesFit on what-if room
+            if req.gpu:
+                ok &= st.gpu_fits(free_g, everyone, req) if free_g is not None else False
             if fits is not None:
                 ok &= fits[k]
             hit = np.flatnonzero(ok & usable)
@@ -293,6 +297,8 @@ class NodePowerCore:
             free_c[j] -= c
             free_m[j] -= m
             free_p[j] -= 1
+            if req.gpu:
+                gpu_take(free_g[j], req)
         return chosen
 
     # ---- consolidation -----------------------------------------------------------------------------------
@@ -357,16 +363,21 @@ class NodePowerCore:
             free_c = st.free_cpu.astype(np.int64).copy()
             free_m = st.free_mem.astype(np.int64).copy()
             free_p = st.free_pods.astype(np.int64).copy()
+            free_g = st.gpu_free.copy() if st.has_gpus else None
             targets = np.flatnonzero(on)
             targets = targets[targets != i]
             targets = targets[np.argsort(eff[targets], kind="stable")]
             moves: list[tuple[object, int]] = []
-            saving_w = float(st.idle_watts[i] - st.sleep_watts[i])
+            # Asleep, the node's GPUs draw nothing either: their idle watts are saved too.
+            saving_w = float(st.idle_watts[i] - st.sleep_watts[i]) + (
+                float(st.gpu_curves[i, 0]) * int(st.alloc_gpu[i]) if st.has_gpus else 0.0)
             cost_j = 0.0
             until = min(p.horizon_s, max(m.remaining_s for m in pods[i]))  # it empties by itself after that
             for m in sorted(pods[i], key=lambda m: -m.request.filter_cpu):
                 c, mm = m.request.filter_cpu, m.request.filter_mem
                 ok = fits_free(free_c[targets], free_m[targets], free_p[targets], m.request)
+                if m.request.gpu:
+                    ok &= st.gpu_fits(free_g, targets, m.request) if free_g is not None else False
                 if fits is not None and m.key in fits:
                     ok &= fits[m.key][targets]
                 hit = np.flatnonzero(ok)
@@ -376,6 +387,8 @@ class NodePowerCore:
                 free_c[j] -= c
                 free_m[j] -= mm
                 free_p[j] -= 1
+                if m.request.gpu:
+                    gpu_take(free_g[j], m.request)
                 moves.append((m.key, j))
                 saving_w += m.usage_m * float(slope[i] - slope[j])
                 # Restarting costs the pod's share of its new node for restart_s; progress thrown away must be

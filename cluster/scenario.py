@@ -27,6 +27,7 @@ from joulesched.cluster.filters import (
 from joulesched.cluster.nodepower import DisruptionBudget, PowerPolicy
 from joulesched.core.errors import UsageError
 from joulesched.power.curves import SPECPOWER, validate_curve
+from joulesched.power.gpu import gpu_curve
 
 
 class ScenarioError(UsageError):
@@ -239,8 +240,32 @@ class NodeGroup(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[TaintSpec] = Field(default_factory=list)
     unschedulable: bool = False  # cordoned
+    # GPUs (docs/twin.md, "GPUs"): count, model (the nvidia.com/gpu.product label on a cluster), memory per GPU,
+    # and one GPU's watts ([idle, max] or 11 values at 0..100 %; default: the model's, power/gpu.py).
+    gpu_count: int = Field(0, ge=0, le=64)
+    gpu_model: str = Field("", max_length=63)
+    gpu_memory_mib: int = Field(0, ge=0)
+    gpu_power_watts: list[float] | None = None
 
     _labels_ok = field_validator("labels")(classmethod(lambda cls, v: _labels(v)))
+
+    @model_validator(mode="after")
+    def _gpus(self) -> "NodeGroup":
+        if self.gpu_count == 0 and (self.gpu_model or self.gpu_memory_mib or self.gpu_power_watts is not None):
+            what = "gpu_model" if self.gpu_model else "gpu_memory_mib" if self.gpu_memory_mib else "gpu_power_watts"
+            raise ValueError(f"{what} is given but gpu_count is 0: give the group's GPUs per node as gpu_count")
+        if self.gpu_model and "|" in self.gpu_model:
+            raise ValueError(f"gpu_model {self.gpu_model!r} names one model ('|' separates a pod's allowed ones)")
+        if self.gpu_model:
+            _label_value(self.gpu_model)
+        if self.gpu_count:
+            gpu_curve(self.gpu_model, self.gpu_power_watts)  # its errors, named at load time
+        return self
+
+    @property
+    def gpu_curve(self) -> tuple[float, ...]:
+        """One GPU's watts at 0..100 % (zeros without GPUs)."""
+        return gpu_curve(self.gpu_model, self.gpu_power_watts) if self.gpu_count else (0.0,) * 11
 
     @property
     def traits(self) -> NodeTraits:

@@ -42,6 +42,7 @@ from typing import Protocol
 import numpy as np
 
 from joulesched.cluster.backend import Decision
+from joulesched.cluster.filters import GpuDemand
 from joulesched.cluster.nodepower import HELD_MIN_AWAKE, HELD_SPARE, TWIN_EPOCH_S, MovablePod, NodePowerCore
 from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState, PodRequest
@@ -57,9 +58,13 @@ _NOT_PLACED, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
 def cluster_from_scenario(scenario: Scenario) -> ClusterState:
     """Build the ClusterState of ``scenario``'s node groups (names ``prefix-0``, ``prefix-1``, ...)."""
     names, cpu, mem, pods, curves, group, traits = [], [], [], [], [], [], []
+    gpus, models, gcurves = [], [], []
     for gi, g in enumerate(scenario.nodes):
         t = g.traits
         traits += [t] * g.count
+        gpus += [g.gpu_count] * g.count
+        models += [g.gpu_model] * g.count
+        gcurves += [g.gpu_curve] * g.count
         for k in range(g.count):
             names.append(f"{g.name_prefix}-{k}")
             cpu.append(g.cpu_m)
@@ -73,7 +78,8 @@ def cluster_from_scenario(scenario: Scenario) -> ClusterState:
     return ClusterState(names, cpu, mem, pods, curves, sleep_watts=sleep_w, group=group,
                         group_names=[g.name_prefix for g in scenario.nodes],
                         wake_s=scenario.idle_policy.wake_s if sleeping else 0.0, can_sleep=sleeping,
-                        traits=None if all(t.plain for t in traits) else traits)
+                        traits=None if all(t.plain for t in traits) else traits,
+                        **({} if not any(gpus) else dict(gpu_count=gpus, gpu_model=models, gpu_curves=gcurves)))
 
 
 class PodObserver(Protocol):
@@ -143,6 +149,15 @@ class RunResult:
     unplaced_fits_no_node: int = 0
     unplaced_pending_at_end: int = 0
     unplaced_stopped_before_running: int = 0
+    # GPU clusters: the GPUs' share of energy_joules, and per node (names as the state's) total and GPU joules.
+    gpu_energy_joules: float = 0.0
+    node_energy_joules: list[float] | None = None
+    node_gpu_joules: list[float] | None = None
+
+    @property
+    def cpu_energy_joules(self) -> float:
+        """Everything but the GPUs: the node's CPU-side curve (CPU, memory, board) and its sleep draw."""
+        return self.energy_joules - self.gpu_energy_joules
 
     @property
     def completed_jobs(self) -> int:
@@ -214,6 +229,12 @@ class Twin:
         table = wl.placement_table
         self._req = [PodRequest(None if c < 0 else c, None if m < 0 else m, table[k])
                      for c, m, k in zip(cpu, mem, where)]
+        if wl.has_gpus:  # only GPU pods get GPU fields: the requests of a workload without them are as before
+            specs = wl.gpu_spec_table
+            for p in np.flatnonzero(wl.gpu > 0).tolist():
+                r = self._req[p]
+                self._req[p] = PodRequest(r.cpu_m, r.memory_mib, r.constraints, gpu=int(wl.gpu[p]),
+                                          gpu_milli=int(wl.gpu_milli[p]), gpu_models=specs[int(wl.gpu_spec[p])])
         self.placeable = self._placeable_mask(cluster_from_scenario(scenario), wl)
         ip = scenario.idle_policy
         self.power_policy = ip.power_policy() if isinstance(ip, Sleep) else None
@@ -292,6 +313,9 @@ class Twin:
         self._sleep_ver = [0] * n
         self._pstate = [ON] * n
         self._pwr = [c[0] for c in self._curves]
+        self._gpu = st.has_gpus
+        if self._gpu:
+            self._setup_gpu_power(st, n)
         self._ptot = math.fsum(self._pwr)
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
@@ -328,6 +352,34 @@ class Twin:
         if self._pm:
             self._reset_pod_model(p)
 
+    def _setup_gpu_power(self, st: ClusterState, n: int) -> None:
+        """GPU nodes: power is CPU curve plus GPUs (state.gpu_power), kept apart per node so that results split
+        CPU and GPU joules per run and per node (node energy integrated whenever a node's power changes)."""
+        self._gidle = [float(st.gpu_curves[i, 0]) * int(st.alloc_gpu[i]) for i in range(n)]
+        self._gpwr = list(self._gidle)
+        self._pwr = [w + g for w, g in zip(self._pwr, self._gpwr)]
+        self._gtot = math.fsum(self._gpwr)
+        self._genergy = 0.0
+        self._node_t = [0.0] * n  # when node i's energies were last brought up to date
+        self._node_e = [0.0] * n  # joules per node (CPU and GPU)
+        self._node_g = [0.0] * n  # of which GPU
+        self._set_power = self._set_power_gpu
+
+    def _set_power_gpu(self, i: int, w: float, g: float | None = None) -> None:
+        """:meth:`_set_power` on a GPU cluster: ``w`` the node's CPU-side watts, ``g`` its GPUs' (default: as
+        the state's allocation says while on, idle while waking, 0 asleep)."""
+        if g is None:
+            ps = self._pstate[i]
+            g = self.state.gpu_power(i) if ps == ON else self._gidle[i] if ps == WAKING else 0.0
+        dt = self.now - self._node_t[i]
+        self._node_e[i] += self._pwr[i] * dt
+        self._node_g[i] += self._gpwr[i] * dt
+        self._node_t[i] = self.now
+        self._ptot += w + g - self._pwr[i]
+        self._pwr[i] = w + g
+        self._gtot += g - self._gpwr[i]
+        self._gpwr[i] = g
+
     def _reset_pod_model(self, p: int) -> None:
         self._usage = list(self._usage0)  # current demand per pod
         self._pk = [0] * p  # index of the profile step a running pod is in
@@ -351,7 +403,9 @@ class Twin:
     @staticmethod
     def _placeable_mask(st: ClusterState, wl: Workload) -> np.ndarray:
         """Pods that pass the filter chain on at least one empty node; the others can never be placed."""
-        return st.chain.placeable(st, st.filter_table, wl.cpu_req, wl.mem_req, wl.placement, wl.placement_table)
+        gpu = GpuDemand(wl.gpu, wl.gpu_milli, wl.gpu_spec, wl.gpu_spec_table) if wl.has_gpus else None
+        return st.chain.placeable(st, st.filter_table, wl.cpu_req, wl.mem_req, wl.placement, wl.placement_table,
+                                  gpu)
 
     def observe_pods(self, observer: PodObserver | None) -> None:
         """Tell ``observer`` of every bind and every end as it happens (None: stop). It sees what a cluster
@@ -448,7 +502,7 @@ class Twin:
         st = self.state
         if not (0 <= node < len(st.names)) or not self.mask[node]:
             raise ValueError(f"node {node} is not feasible for pod {p}")
-        st.bind(node, req)
+        st.bind(node, req, p)
         self.pod_node[p] = node
         if self._observer is not None:
             self._observer.bound(self.now, p, node, self._meta[p], req.nz_cpu)
@@ -479,6 +533,8 @@ class Twin:
         if self.record:
             self._record_until(t)
         self._energy += self._ptot * (t - self._t_energy)
+        if self._gpu:
+            self._genergy += self._gtot * (t - self._t_energy)
         self._t_energy = t
         self.now = t
         self.state.now = t
@@ -560,9 +616,9 @@ class Twin:
     def _set_pstate(self, i: int, ps: int) -> None:
         self._pstate[i] = ps
         self.state.power_state[i] = ps
-        if ps == ASLEEP:
+        if ps == ASLEEP:  # a sleeping node draws its sleep watts, GPUs included
             self._set_power(i, self.state.sleep_watts[i])
-        elif ps == WAKING:
+        elif ps == WAKING:  # a waking node's GPUs idle until its pods start
             self._set_power(i, self._curves[i][0])
 
     def _sleep_event(self, i: int, ver: int) -> None:
@@ -618,7 +674,7 @@ class Twin:
         svcs = self._svcs[i]
         for vf, p in [e for e in heap if e[1] >= 0] + [(math.inf, q) for q in svcs]:
             self._dem[i] -= self._usage[p]
-            st.unbind(i, self._req[p])
+            st.unbind(i, self._req[p], p)
             b, th, life = self._carry.get(p, (0.0, 0.0, 0.0))
             self._carry[p] = (b + self._bad[i] - self._bad0[p], th + self._thr[i] - self._thr0[p],
                               life + now - self.pod_start[p])
@@ -674,7 +730,7 @@ class Twin:
             self.pod_status[p] = _DONE
             self._bad0[p] = self._bad[i] - self._bad0[p]  # now: seconds below the SLO over its life
             self._thr0[p] = (self._thr[i] - self._thr0[p]) / life if life > 0 else 0.0  # now: mean throttling
-            st.unbind(i, self._req[p])
+            st.unbind(i, self._req[p], p)
             self._live -= 1
             if obs is not None:
                 obs.ended(self.now, p, True)
@@ -828,7 +884,7 @@ class Twin:
             self.pod_status[p] = _DONE
             self._bad0[p] = self._bad[i] - self._bad0[p]
             self._thr0[p] = (self._thr[i] - self._thr0[p]) / life if life > 0 else 0.0
-            st.unbind(i, self._req[p])
+            st.unbind(i, self._req[p], p)
             self._live -= 1
             if self._observer is not None:
                 self._observer.ended(self.now, p, True)
@@ -850,7 +906,7 @@ class Twin:
             self._svc_judge(p)
             del self._svcs[i][p]
             self._dem[i] -= self._usage[p]
-            self.state.unbind(i, self._req[p])
+            self.state.unbind(i, self._req[p], p)
             life = now - self.pod_start[p]
             self.pod_end[p] = now
             self.pod_status[p] = _DONE
@@ -869,7 +925,7 @@ class Twin:
         if s == _WAITING:  # bound to a node still waking up
             i = self.pod_node[p]
             self._waiting[i].remove(p)
-            self.state.unbind(i, self._req[p])
+            self.state.unbind(i, self._req[p], p)
             self._live -= 1
             if self._observer is not None:
                 self._observer.ended(now, p, self._submit[p] + self._dur[p] <= self.horizon)
@@ -975,6 +1031,11 @@ class Twin:
         first = self._first_start
         pending = [(first[p] if p in first else self.pod_start[p]) - self._submit[p] for p in placed]
         p99 = float(np.percentile(decision_ns, 99)) / 1000.0 if len(decision_ns) else 0.0
+        if self._gpu:
+            end = self._end_s
+            node_e = [e + w * (end - t) for e, w, t in zip(self._node_e, self._pwr, self._node_t)]
+            node_g = [e + w * (end - t) for e, w, t in zip(self._node_g, self._gpwr, self._node_t)]
+            svc = {**svc, "gpu_energy_joules": self._genergy, "node_energy_joules": node_e, "node_gpu_joules": node_g}
         return RunResult(
             energy_joules=self.meter.joules(0.0, self._end_s),
             end_s=self._end_s,

@@ -48,7 +48,9 @@ from joulesched.core.fsio import atomic_path
 TRACE_COLUMNS = ("submit_s", "duration_s", "cpu_request_m", "memory_request_mib", "cpu_usage_m")
 #: Optional columns of the twin's CSV (the pod model); a file without them loads as before.
 OPTIONAL_COLUMNS = ("kind", "cpu_limit_m", "memory_limit_mib", "priority", "owner_kind", "app", "namespace",
-                    "slo_class", "usage_profile")
+                    "slo_class", "usage_profile", "name", "gpu_count", "gpu_milli", "gpu_spec")
+#: A GPU's whole share, milli-GPU (a share below it is of one GPU: the gpushare convention of the OpenB trace).
+GPU_MILLI = 1000
 NO_REQUEST = -1
 NO_LIMIT = -1
 
@@ -114,7 +116,8 @@ def _codes(n: int, dtype=np.int32) -> np.ndarray:
 
 _META_TABLES = (("owner", "owner_names", ("",)), ("app", "app_names", ("",)),
                 ("namespace", "namespace_names", (DEFAULT_NAMESPACE,)), ("slo", "slo_names", ("",)),
-                ("placement", "placement_table", (None,)))
+                ("placement", "placement_table", (None,)), ("gpu_spec", "gpu_spec_table", (None,)),
+                ("pod_name", "pod_names", ("",)))
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,14 @@ class Workload:
     # 0 = none (cluster/filters.py).
     placement: np.ndarray | None = field(default=None, kw_only=True)
     placement_table: tuple[PodConstraints | None, ...] = field(default=(None,), kw_only=True)
+    # GPUs (docs/twin.md, "GPUs"): gpu GPUs of gpu_milli each (0: none; a share < 1000 is of one GPU), on a
+    # model in gpu_spec_table[gpu_spec] (None: any); pod_name: the trace's own name ("" when it has none).
+    gpu: np.ndarray | None = field(default=None, kw_only=True)  # int16
+    gpu_milli: np.ndarray | None = field(default=None, kw_only=True)  # int16, 1..1000
+    gpu_spec: np.ndarray | None = field(default=None, kw_only=True)
+    gpu_spec_table: tuple[frozenset[str] | None, ...] = field(default=(None,), kw_only=True)
+    pod_name: np.ndarray | None = field(default=None, kw_only=True)
+    pod_names: tuple[str, ...] = field(default=("",), kw_only=True)
     profile: np.ndarray | None = field(default=None, kw_only=True)  # int32 into the profile table, -1 = constant
     prof_ptr: np.ndarray | None = field(default=None, kw_only=True)  # int64, profiles + 1 offsets
     prof_t: np.ndarray | None = field(default=None, kw_only=True)  # float64 breakpoints (see module docstring)
@@ -158,7 +169,8 @@ class Workload:
         s = object.__setattr__
         for name, default, dtype in (("kind", JOB, np.int8), ("cpu_lim", NO_LIMIT, np.int64),
                                      ("mem_lim", NO_LIMIT, np.int64), ("priority", 0, np.int32),
-                                     ("profile", -1, np.int32)):
+                                     ("profile", -1, np.int32), ("gpu", 0, np.int16),
+                                     ("gpu_milli", GPU_MILLI, np.int16)):
             v = getattr(self, name)
             if v is None:
                 s(self, name, np.full(n, default, dtype=dtype))
@@ -187,6 +199,14 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.submit_s)
+
+    @cached_property
+    def has_gpus(self) -> bool:
+        return bool((self.gpu > 0).any())
+
+    def name_of(self, i: int) -> str:
+        """Pod ``i``'s trace name, or ``pod-<i>`` when the trace gave none."""
+        return self.pod_names[int(self.pod_name[i])] or f"pod-{i}"
 
     # ---- what the twin and the lower bound read -------------------------------------------------------------
     @property
@@ -333,9 +353,10 @@ class Workload:
 
 
 _POD_COLUMNS = ("submit_s", "duration_s", "cpu_req", "mem_req", "usage_m", "kind", "cpu_lim", "mem_lim",
-                "priority", "owner", "app", "namespace", "slo", "profile", "placement")
-_TABLES = ("owner_names", "app_names", "namespace_names", "slo_names", "placement_table", "prof_ptr", "prof_t",
-           "prof_m")
+                "priority", "owner", "app", "namespace", "slo", "profile", "placement", "gpu", "gpu_milli",
+                "gpu_spec", "pod_name")
+_TABLES = ("owner_names", "app_names", "namespace_names", "slo_names", "placement_table", "gpu_spec_table",
+           "pod_names", "prof_ptr", "prof_t", "prof_m")
 
 
 def merge_workloads(parts: Sequence[Workload]) -> Workload:
@@ -348,7 +369,7 @@ def merge_workloads(parts: Sequence[Workload]) -> Workload:
     ptr, pt, pm, nprof, nsteps = [np.zeros(1, dtype=np.int64)], [], [], 0, 0
     for wl in parts:
         for k in ("submit_s", "duration_s", "cpu_req", "mem_req", "usage_m", "kind", "cpu_lim", "mem_lim",
-                  "priority"):
+                  "priority", "gpu", "gpu_milli"):
             cols[k].append(getattr(wl, k))
         for name, table, default in _META_TABLES:
             idx = index.setdefault(table, {default[0]: 0})
@@ -381,7 +402,9 @@ class PodBuilder:
 
         self._f = {k: array("d") for k in ("submit_s", "duration_s", "usage_m")}
         self._i = {k: array("q") for k in ("cpu_req", "mem_req", "cpu_lim", "mem_lim")}
-        self._c = {k: array("i") for k in ("priority", "owner", "app", "namespace", "slo", "profile")}
+        self._c = {k: array("i") for k in ("priority", "owner", "app", "namespace", "slo", "profile", "gpu_spec",
+                                           "pod_name")}
+        self._g = {k: array("h") for k in ("gpu", "gpu_milli")}
         self._kind = array("b")
         self._names = {t: {d[0]: 0} for _, t, d in _META_TABLES}
         self._ptr, self._pt, self._pm = array("q", [0]), array("d"), array("d")
@@ -410,7 +433,8 @@ class PodBuilder:
     def add(self, submit_s: float, duration_s: float, cpu_req: int, mem_req: int, usage_m: float, *,
             kind: int = JOB, cpu_lim: int = NO_LIMIT, mem_lim: int = NO_LIMIT, priority: int = 0,
             owner: str = "", app: str = "", namespace: str = DEFAULT_NAMESPACE, slo: str = "",
-            profile: int = -1) -> None:
+            profile: int = -1, gpu: int = 0, gpu_milli: int = GPU_MILLI, gpu_spec: frozenset[str] | None = None,
+            name: str = "") -> None:
         f, i, c = self._f, self._i, self._c
         f["submit_s"].append(submit_s)
         f["duration_s"].append(duration_s)
@@ -425,6 +449,10 @@ class PodBuilder:
         c["namespace"].append(0 if namespace == DEFAULT_NAMESPACE else self.code("namespace_names", namespace))
         c["slo"].append(self.code("slo_names", slo) if slo else 0)
         c["profile"].append(profile)
+        c["gpu_spec"].append(0 if gpu_spec is None else self.code("gpu_spec_table", gpu_spec))
+        c["pod_name"].append(self.code("pod_names", name) if name else 0)
+        self._g["gpu"].append(gpu)
+        self._g["gpu_milli"].append(gpu_milli)
         self._kind.append(kind)
 
     def build(self) -> Workload:
@@ -433,6 +461,7 @@ class PodBuilder:
                                        for k, v in self._f.items()}
         cols |= {k: np.asarray(v, dtype=np.int64) for k, v in self._i.items()}
         cols |= {k: np.asarray(v, dtype=np.int32) for k, v in self._c.items()}
+        cols |= {k: np.asarray(v, dtype=np.int16) for k, v in self._g.items()}
         cols["kind"] = np.asarray(self._kind, dtype=np.int8)
         order = np.argsort(cols["submit_s"], kind="stable")
         return Workload(**{k: v[order] for k, v in cols.items()},
@@ -550,10 +579,40 @@ def _add_model_row(pods: PodBuilder, profiles: dict[str, int], path: Path, linen
         if profile < 0:
             t, m = parse_profile(prof_s, where("usage_profile"), job=kind == JOB)
             profile = profiles[prof_s] = pods.add_profile(t, m)
+    gpu, milli, spec = parse_gpu(cells.get("gpu_count", ""), cells.get("gpu_milli", ""), cells.get("gpu_spec", ""),
+                                 where)
     pods.add(submit, duration, int(cpu), int(mem), usage, kind=kind, cpu_lim=int(lim["cpu_limit_m"]),
              mem_lim=int(lim["memory_limit_mib"]), priority=prio, owner=cells.get("owner_kind", ""),
              app=cells.get("app", ""), namespace=cells.get("namespace", "") or DEFAULT_NAMESPACE,
-             slo=cells.get("slo_class", ""), profile=profile)
+             slo=cells.get("slo_class", ""), profile=profile, gpu=gpu, gpu_milli=milli, gpu_spec=spec,
+             name=cells.get("name", ""))
+
+
+def parse_gpu(count_s: str, milli_s: str, spec_s: str, where) -> tuple[int, int, frozenset[str] | None]:
+    """A pod's GPU cells: count (empty = 0), milli-GPU per GPU (empty = 1000; below 1000 a share of one GPU,
+    at most 1000), allowed models ``A|B`` (empty = any). ``where(column)`` names the cell in an error."""
+    try:
+        count = int(count_s) if count_s else 0
+    except ValueError:
+        raise ScenarioError(f"{where('gpu_count')}: {count_s!r} is not an integer") from None
+    if count < 0 or count > 64:
+        raise ScenarioError(f"{where('gpu_count')}: {count} is not a GPU count (0..64)")
+    try:
+        milli = int(milli_s) if milli_s else GPU_MILLI
+    except ValueError:
+        raise ScenarioError(f"{where('gpu_milli')}: {milli_s!r} is not an integer (milli-GPU)") from None
+    if count == 0:
+        if milli_s and milli not in (0, GPU_MILLI) or spec_s:
+            col = "gpu_spec" if spec_s else "gpu_milli"
+            raise ScenarioError(f"{where(col)}: the pod asks for no GPU (gpu_count 0) but gives a {col}")
+        return 0, GPU_MILLI, None
+    if not 1 <= milli <= GPU_MILLI:
+        raise ScenarioError(f"{where('gpu_milli')}: {milli} milli-GPU is outside 1..{GPU_MILLI} (a share of one "
+                            f"GPU; {GPU_MILLI} is the whole GPU)")
+    if count > 1 and milli != GPU_MILLI:
+        raise ScenarioError(f"{where('gpu_milli')}: a share of {milli} milli-GPU is of one GPU, not {count}")
+    models = frozenset(m.strip() for m in spec_s.split("|") if m.strip()) or None
+    return count, milli, models
 
 
 def parse_profile(text: str, where: str, *, job: bool) -> tuple[list[float], list[float]]:
@@ -594,7 +653,9 @@ def _model_columns(wl: Workload) -> list[str]:
     used = {"kind": (wl.kind != JOB).any(), "cpu_limit_m": (wl.cpu_lim >= 0).any(),
             "memory_limit_mib": (wl.mem_lim >= 0).any(), "priority": (wl.priority != 0).any(),
             "owner_kind": (wl.owner != 0).any(), "app": (wl.app != 0).any(), "namespace": (wl.namespace != 0).any(),
-            "slo_class": (wl.slo != 0).any(), "usage_profile": (wl.profile >= 0).any()}
+            "slo_class": (wl.slo != 0).any(), "usage_profile": (wl.profile >= 0).any(),
+            "name": (wl.pod_name != 0).any(), "gpu_count": wl.has_gpus, "gpu_milli": wl.has_gpus,
+            "gpu_spec": (wl.gpu_spec != 0).any()}
     return [c for c in OPTIONAL_COLUMNS if used[c]]
 
 
@@ -628,6 +689,15 @@ def _write_rows(wl: Workload, fh: TextIO) -> None:
                 row.append(wl.namespace_names[wl.namespace[i]])
             elif col == "slo_class":
                 row.append(wl.slo_names[wl.slo[i]])
+            elif col == "name":
+                row.append(wl.pod_names[wl.pod_name[i]])
+            elif col == "gpu_count":
+                row.append(int(wl.gpu[i]) or "")
+            elif col == "gpu_milli":
+                row.append(int(wl.gpu_milli[i]) if wl.gpu[i] else "")
+            elif col == "gpu_spec":
+                spec = wl.gpu_spec_table[wl.gpu_spec[i]]
+                row.append("" if spec is None else "|".join(sorted(spec)))
             else:
                 p = int(wl.profile[i])
                 if p < 0:
@@ -888,4 +958,25 @@ def build_workload(scenario: Scenario, seed: int | None = None, *, pod_model: bo
         if not parts:
             raise ScenarioError(f"{scenario.source or scenario.name}: the workload has no pod before duration_s")
         wl = merge_workloads(parts)
+    if wl.has_gpus:
+        check_gpu_models(scenario, wl)
     return wl
+
+
+def check_gpu_models(scenario: Scenario, wl: Workload) -> None:
+    """Every GPU pod has a node group with GPUs of a model it allows (ScenarioError naming the first pod that
+    has none: a typo in a model, or a trace imported for another cluster)."""
+    have = {g.gpu_model for g in scenario.nodes if g.gpu_count}
+    where = scenario.source or scenario.name
+    gpu_pods = np.flatnonzero(wl.gpu > 0)
+    if not have:
+        raise ScenarioError(f"{where}: pod {wl.name_of(int(gpu_pods[0]))} asks for GPUs but no node group has "
+                            "any (give the groups gpu_count and gpu_model)")
+    for code, spec in enumerate(wl.gpu_spec_table):
+        if spec is None or spec & have:
+            continue
+        pods = gpu_pods[wl.gpu_spec[gpu_pods] == code]
+        if len(pods):
+            raise ScenarioError(f"{where}: pod {wl.name_of(int(pods[0]))} allows GPU model(s) "
+                                f"{', '.join(sorted(spec))}, which no node group has (their models: "
+                                f"{', '.join(sorted(have)) or 'none'})")

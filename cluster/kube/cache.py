@@ -27,6 +27,7 @@ from joulesched.cluster.kube.metrics_feed import FeedConfig, PrometheusFeed
 from joulesched.cluster.filters import FilterChain
 from joulesched.cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, parse_node, parse_pod
 from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
+from joulesched.power.gpu import gpu_curve
 
 log = logging.getLogger("joulesched.kube")
 
@@ -266,11 +267,11 @@ class KubeCache:
         if have is not None:
             del self._accounted[uid]
             if st is not None and have[0] in self._index:
-                st.unbind(self._index[have[0]], have[1])
+                st.unbind(self._index[have[0]], have[1], uid, strict=False)
         if want is not None:
             self._accounted[uid] = want
             if st is not None and want[0] in self._index:
-                st.bind(self._index[want[0]], want[1])
+                st.bind(self._index[want[0]], want[1], uid, strict=False)
 
     # ---- what the scheduler calls (with self.lock held) ----
     def assume(self, uid: str, node: str) -> None:
@@ -314,11 +315,12 @@ class KubeCache:
         infos = [self.nodes[n] for n in names]
         st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
                           [i.max_pods for i in infos], [i.curve for i in infos], traits=[i.traits for i in infos],
-                          chain=FilterChain(wake_sleeping=self._sleep_aware))
+                          chain=FilterChain(wake_sleeping=self._sleep_aware),
+                          **_gpu_kwargs(infos))
         self._index = {n: k for k, n in enumerate(names)}
-        for node, req in self._accounted.values():
+        for uid, (node, req) in self._accounted.items():
             if node in self._index:
-                st.bind(self._index[node], req)
+                st.bind(self._index[node], req, uid, strict=False)
         for k, i in enumerate(infos):
             if i.asleep:
                 st.power_state[k] = WAKING if i.waking else ASLEEP
@@ -392,3 +394,11 @@ class KubeCache:
         self._m_base_req = st.req_cpu.astype(np.float64).copy()
         #: Measured watts per node (NaN where Prometheus has none), for policies and reports that want it.
         st.measured_watts = np.array([self._watts.get(n, np.nan) for n in st.names])
+
+
+def _gpu_kwargs(infos: list) -> dict:
+    """The nodes' GPUs for ClusterState (nothing when none has any: the state of before)."""
+    if not any(i.gpu_count for i in infos):
+        return {}
+    return dict(gpu_count=[i.gpu_count for i in infos], gpu_model=[i.gpu_model for i in infos],
+                gpu_curves=[gpu_curve(i.gpu_model) if i.gpu_count else (0.0,) * 11 for i in infos])

@@ -18,7 +18,12 @@ from decimal import Decimal
 
 from kubernetes.utils import parse_quantity
 
+from joulesched.cluster import nodepower as pw  # the node power controller's annotations and labels
 from joulesched.cluster.filters import (
+    GPU_MODEL_ANNOTATION,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    GPU_SHARE_ANNOTATION,
     NodeSelectorTerm,
     NodeTraits,
     PodConstraints,
@@ -28,7 +33,6 @@ from joulesched.cluster.filters import (
     node_reason,
     pod_constraints,
 )
-from joulesched.cluster import nodepower as pw  # the node power controller's annotations and labels
 from joulesched.cluster.state import PodRequest
 from joulesched.cluster.workload import QOS_CLASSES, SERVICE_OWNERS, PodMeta
 from joulesched.core.errors import UsageError
@@ -104,7 +108,43 @@ def pod_request(pod: dict) -> PodRequest:
         if over is not None:
             total += conv(over)
         out[res] = total
+    gpu, milli, models = pod_gpus(pod)
+    if gpu:
+        return PodRequest(cpu_m=out["cpu"], memory_mib=out["memory"], gpu=gpu, gpu_milli=milli, gpu_models=models)
     return PodRequest(cpu_m=out["cpu"], memory_mib=out["memory"])
+
+
+def pod_gpus(pod: dict) -> tuple[int, int, frozenset[str] | None]:
+    """The pod's GPUs (docs/twin.md, "GPUs on a cluster"): whole GPUs from its containers' ``nvidia.com/gpu``
+    (an extended resource's request is its limit when only the limit is set); a share of one GPU from the
+    annotation ``alibabacloud.com/gpu-milli`` (1..1000, the gpushare convention of the OpenB trace: a pod that
+    gives it without nvidia.com/gpu asks for one shared GPU); the allowed models from
+    ``alibabacloud.com/gpu-card-model`` (``A|B``, matched against nodes' ``nvidia.com/gpu.product``).
+    A malformed annotation raises :class:`ObjectError`."""
+    spec, ann = pod.get("spec") or {}, (pod.get("metadata") or {}).get("annotations") or {}
+    count = 0
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        q = (res.get("requests") or {}).get(GPU_RESOURCE, (res.get("limits") or {}).get(GPU_RESOURCE))
+        if q is not None:
+            try:
+                count += int(parse_quantity(q))
+            except ValueError:
+                raise ObjectError(f"{GPU_RESOURCE} {q!r} is not a quantity") from None
+    milli_s = ann.get(GPU_SHARE_ANNOTATION)
+    milli = 1000
+    if milli_s is not None:
+        try:
+            milli = int(str(milli_s))
+        except ValueError:
+            raise ObjectError(f"annotation {GPU_SHARE_ANNOTATION} {milli_s!r} is not an integer") from None
+        if not 1 <= milli <= 1000:
+            raise ObjectError(f"annotation {GPU_SHARE_ANNOTATION} {milli} is outside 1..1000")
+        count = max(count, 1)
+        if count > 1 and milli < 1000:
+            raise ObjectError(f"annotation {GPU_SHARE_ANNOTATION} {milli} is a share of one GPU, not {count}")
+    models = frozenset(m.strip() for m in str(ann.get(GPU_MODEL_ANNOTATION, "")).split("|") if m.strip()) or None
+    return count, milli, (models if count else None)
 
 
 @dataclass(frozen=True)
@@ -133,6 +173,8 @@ class NodeInfo:
     provider_id: str = ""  # spec.providerID (immutable once set)
     wake_failed: bool = False  # joulesched.io/wake-failed
     cordoned_by_us: bool = False  # joulesched.io/cordoned: the cordon is the controller's own
+    gpu_count: int = 0  # allocatable nvidia.com/gpu
+    gpu_model: str = ""  # label nvidia.com/gpu.product (GPU feature discovery)
     # Changes on every kubelet heartbeat: not compared, so a heartbeat alone does not rebuild the cache's state.
     heartbeat: str = field(default="", compare=False)  # the Ready condition's heartbeat and transition times
     rv: int = field(default=0, compare=False)
@@ -191,7 +233,8 @@ def parse_pod(pod: dict) -> PodInfo:
         req = PodRequest(None, None)  # a malformed request cannot come from a real apiserver; count it as none
     where = parse_constraints(spec)
     if where is not None:
-        req = PodRequest(req.cpu_m, req.memory_mib, where)
+        req = PodRequest(req.cpu_m, req.memory_mib, where, gpu=req.gpu, gpu_milli=req.gpu_milli,
+                         gpu_models=req.gpu_models)
     try:
         rv = int(meta.get("resourceVersion") or 0)
     except ValueError:
@@ -461,6 +504,10 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
         pods = int(parse_quantity(alloc.get("pods", 110)))
     except (ObjectError, ValueError):
         cpu, mem, pods = 0, 0, 0  # unusable allocatable: the node takes no pods
+    try:
+        gpus = max(0, int(parse_quantity(alloc.get(GPU_RESOURCE, 0))))
+    except ValueError:
+        gpus = 0
     taints = tuple(Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
                    for t in spec.get("taints") or [])
     cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
@@ -485,6 +532,7 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
                     provider_id=str(spec.get("providerID") or ""),
                     wake_failed=WAKE_FAILED_ANNOTATION in annotations,
                     cordoned_by_us=pw.CORDONED_ANNOTATION in annotations,
+                    gpu_count=gpus, gpu_model=str(labels.get(GPU_PRODUCT_LABEL, "")) if gpus else "",
                     heartbeat="" if cond is None else f"{cond.get('lastHeartbeatTime', '')}|"
                                                       f"{cond.get('lastTransitionTime', '')}|{cond.get('status')}",
                     rv=rv)

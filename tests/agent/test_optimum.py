@@ -129,6 +129,10 @@ def test_fluid_le_lp_le_optimum_le_every_policy_and_the_optimum_replays_exactly(
             return  # every schedule queues a pod (too many for the pod slots): no policy stays in the class
         assert res.status == "optimal", res
         assert lp.joules <= res.energy_joules * (1 + 1e-6)
+        # The bind-on-arrival bound: above the LP bound, below the MIP's optimum (a bind-on-arrival schedule).
+        boa = opt.lp_bound(inst, bind_on_arrival=True)
+        assert boa.status == "optimal"
+        assert lp.joules * (1 - 1e-6) <= boa.joules <= res.energy_joules * (1 + 1e-6)
         replayed = opt.replay(sc, 0, res.assignment)
         assert abs(replayed.energy_joules - res.energy_joules) <= 1e-3 * replayed.energy_joules
         for spec in BASELINES:
@@ -144,6 +148,12 @@ def test_the_lp_bound_scales_and_sits_between_the_fluid_bound_and_every_policy()
     energies = opt.policy_energies(sc, 0, ("awake-first", "energy-greedy", "most-allocated"))
     assert lp.status == "optimal"
     assert lp.fluid_joules <= lp.joules * (1 + 1e-6) <= min(energies.values())
+    # The bind-on-arrival bound at scale: tighter, and below every policy run that binds each pod on arrival.
+    boa = opt.lp_bound(inst, bind_on_arrival=True, fluid_joules=lp.fluid_joules, time_limit=120)
+    assert boa.joules >= lp.joules * 1.02
+    in_class = [s for s in (opt.twin_schedule(inst, p) for p in ("awake-first", "awake-first:fit=efficient", "pabfd",
+                                                                  "most-allocated")) if s is not None]
+    assert in_class and all(boa.joules <= s.twin_joules for s in in_class)
 
 
 def test_time_limits_and_unsupported_idle_policies_are_usage_errors(tmp_path):
@@ -184,6 +194,10 @@ def test_the_optimum_command_reports_bounds_replay_and_every_heuristic(tmp_path)
     assert [row["seed"] for row in rows] == [0, 1]
     for row in rows:
         assert row["status"] == "optimal" and row["replay_rel_error"] < 1e-9
+        # The certificate: optimal, the twin's energy for the schedule, the bound, the gap, solver and time.
+        assert row["certificate"] == "optimal" and row["schedule_joules"] == row["replay_joules"]
+        assert row["best_gap"] <= 1e-4 and row["solver"] == "highs" and row["time_s"] > 0
+        assert row["best_bound_joules"] <= row["schedule_joules"] * (1 + 1e-9)
         assert row["fluid_joules"] <= row["lp_bound_joules"] * (1 + 1e-6) <= row["optimum_joules"] * (1 + 1e-6)
         assert row["optimum_joules"] <= min(row["policies"].values()) * (1 + 1e-9)
         assert {"awake-first", "pabfd", "most-allocated"} <= set(row["policies"])
@@ -224,3 +238,24 @@ def test_a_workload_with_services_is_refused_by_the_optimum_and_skipped_by_the_b
     assert r.exit_code == 2 and "services or usage profiles" in r.output
     row = optimum_entry(load_scenario(path), 0, time_limit=5)
     assert row["status"] == "unsupported" and row["optimum_joules"] is None
+
+
+def test_the_certificate_is_feasible_or_bound_only_when_nothing_is_proven(tmp_path):
+    """A row whose gap is open is 'feasible'; one the twin meters differently from the MIP is never 'optimal';
+    one with no schedule (above the MIP's limits) is 'bound-only' with the LP bound, valid for every run."""
+    base = {"name": "x", "seed": 0, "status": "optimal", "optimum_joules": 100.0, "bound_joules": 100.0,
+            "gap": 0.0, "lp_bound_joules": 90.0, "fluid_joules": 80.0, "replay_joules": 100.0,
+            "replay_rel_error": 0.0, "wall_s": 1.0, "lp_wall_s": 0.5, "solver": "highs"}
+    assert opt._certify(dict(base), True)["certificate"] == "optimal"
+    open_gap = opt._certify({**base, "status": "time_limit", "bound_joules": 95.0, "gap": 0.05}, True)
+    assert open_gap["certificate"] == "feasible" and open_gap["best_gap"] == pytest.approx(0.05)
+    assert open_gap["bound_assumes"] == "bind-on-arrival" and open_gap["bound_every_run_joules"] == 90.0
+    off = opt._certify({**base, "replay_joules": 100.0 * (1 + 1e-6), "replay_rel_error": 1e-6}, True)
+    assert off["certificate"] == "feasible" and off["schedule_joules"] == pytest.approx(100.0 * (1 + 1e-6))
+    sc = load_scenario(SMALL / "sleep-mixed.yaml")
+    row = opt.optimum_entry(sc, 0, time_limit=5, max_nodes=2)
+    assert row["certificate"] == "bound-only" and row["schedule_joules"] is None
+    assert row["bound_every_run_joules"] == max(row["lp_bound_joules"], row["fluid_joules"])
+    # The bind-on-arrival bound is the best one here, and the row says which runs it holds for.
+    assert row["best_bound_joules"] == row["boa_bound_joules"] > row["bound_every_run_joules"]
+    assert row["bound_assumes"] == "bind-on-arrival"
