@@ -6,9 +6,12 @@ with headers, as the Kubernetes Scheduler Simulator reads it.
   A pod still ``Running`` when the trace ends is a service that ends at its ``deletion_time``; a
   ``Succeeded`` or ``Failed`` one is a job that ran from ``scheduled_time`` to ``deletion_time``; a
   ``Pending`` one never ran and is skipped. ``qos`` (LS, BE, Burstable, ...) is kept as the pod's service
-  class. The trace records no usage: ``--usage-fraction`` of the request. GPUs are not modelled by the twin;
-  they are counted in the summary.
-* ``openb_node_list_*.csv``: ``sn, cpu_milli, memory_mib, gpu, model``.
+  class. The trace records no usage: ``--usage-fraction`` of the request. GPUs are kept: ``num_gpu`` as
+  ``gpu_count``, ``gpu_milli`` (the share of one GPU when ``num_gpu`` is 1; 1000 otherwise), ``gpu_spec`` (the
+  allowed models, ``A|B``) and the pod's ``name``.
+* ``openb_node_list_*.csv``: ``sn, cpu_milli, memory_mib, gpu, model``: each machines group gets its GPU count
+  and model. A node with a model but no GPUs, a share above 1000 milli, or (with a node list) a pod whose
+  allowed models no node has is an error naming the line.
 
 The ``multigpu`` pod lists carry no times and cannot be imported.
 """
@@ -49,14 +52,23 @@ def _table(p: Path) -> str:
 
 def import_files(paths: list[Path], options: ImportOptions, progress: Progress | None = None) -> ImportResult:
     sink = PodSink(options)
-    machines: dict[str, tuple[int, int]] = {}
+    machines: dict[str, tuple[int, int, int, str]] = {}
     gpu_pods = 0
+    gpus_by_model: dict[str, int] = {}
     for p in paths:
         if _table(p) != "nodes":
             continue
         for line, r in csv_dicts(p, progress, NODE_COLUMNS, NODE_OPTIONAL):
+            gpus = int(number(p, line, "gpu", r.get("gpu") or "0", minimum=0))
+            model = (r.get("model") or "").strip()
+            if model and not gpus:
+                raise TraceFormatError(f"{p}: line {line}, column gpu: node {r['sn']} has GPU model {model!r} "
+                                       "but no GPU count")
             machines[r["sn"]] = (int(number(p, line, "cpu_milli", r["cpu_milli"], minimum=0)),
-                                 int(number(p, line, "memory_mib", r["memory_mib"], minimum=0)))
+                                 int(number(p, line, "memory_mib", r["memory_mib"], minimum=0)), gpus, model)
+            if gpus:
+                gpus_by_model[model] = gpus_by_model.get(model, 0) + gpus
+    models = {m[3] for m in machines.values() if m[2]}
     for p in paths:
         if _table(p) != "pods":
             continue
@@ -80,17 +92,46 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
                 else:
                     sink.count("pods never scheduled in the trace (Pending, skipped)")
                 continue
-            gpu = bool(r.get("num_gpu")) and number(p, line, "num_gpu", r["num_gpu"], minimum=0) > 0
+            count, milli, spec = _gpus(p, line, r, models if machines else None)
+            gpu = count > 0
             qos = (r.get("qos") or "").strip()
+            g = dict(gpu=count, gpu_milli=milli, gpu_spec=spec, name=(r.get("name") or "").strip())
             if phase == "Running":  # still running when the trace was cut: a service until its deletion
                 kept = sink.add(submit=created, end=deleted if deleted > created else None, kind=SERVICE,
-                                cpu_req=cpu, mem_req=mem, slo=qos)
+                                cpu_req=cpu, mem_req=mem, slo=qos, **g)
             else:
                 start = created if scheduled is None else max(scheduled, created)
                 kept = sink.add(submit=created, start=start, end=max(deleted, start), kind=JOB, cpu_req=cpu,
-                                mem_req=mem, slo=qos)
+                                mem_req=mem, slo=qos, **g)
             gpu_pods += gpu and kept  # of the pods kept (in the window), as every other count
     wl = sink.workload(", ".join(str(p) for p in paths))
     return ImportResult(wl, node_groups(machines, "openb", options),
-                        {"machines": len(machines), "gpu pods (GPUs not modelled)": gpu_pods, **sink.counts},
+                        {"machines": len(machines), "gpu pods": gpu_pods,
+                         **{f"GPUs {m or '(no model)'}": n for m, n in sorted(gpus_by_model.items())},
+                         **sink.counts},
                         span=sink.span())
+
+
+def _gpus(p: Path, line: int, r: dict, models: set[str] | None) -> tuple[int, int, frozenset[str] | None]:
+    """A pod row's GPUs: (count, milli-GPU per GPU, allowed models). ``num_gpu`` 1 with ``gpu_milli`` below
+    1000 is a share of one GPU (the gpushare convention); ``models``: the node list's models, to check
+    ``gpu_spec`` against (None without a node list)."""
+    count = int(number(p, line, "num_gpu", r.get("num_gpu") or "0", minimum=0))
+    milli_s = (r.get("gpu_milli") or "").strip()
+    milli = int(number(p, line, "gpu_milli", milli_s, minimum=0)) if milli_s else 1000
+    if milli > 1000:
+        raise TraceFormatError(f"{p}: line {line}, column gpu_milli: {milli} milli-GPU is more than one GPU "
+                               "(1000); a pod asks for several GPUs with num_gpu")
+    if not count:
+        return 0, 1000, None
+    if milli == 0:
+        milli = 1000  # a GPU pod with no share given takes its GPUs whole
+    if count > 1 and milli != 1000:
+        raise TraceFormatError(f"{p}: line {line}, column gpu_milli: a share of {milli} milli-GPU is of one GPU, "
+                               f"not {count} (num_gpu)")
+    spec = frozenset(m.strip() for m in (r.get("gpu_spec") or "").split("|") if m.strip()) or None
+    if spec is not None and models is not None and not spec & models:
+        raise TraceFormatError(f"{p}: line {line}, column gpu_spec: pod {r.get('name', '')} allows GPU model(s) "
+                               f"{', '.join(sorted(spec))}, which no node in the node list has (their models: "
+                               f"{', '.join(sorted(models)) or 'none'})")
+    return count, milli, spec

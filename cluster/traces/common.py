@@ -12,6 +12,7 @@ import csv
 import gzip
 import json
 import math
+import re
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -322,7 +323,8 @@ class PodSink:
             end: float | None = None, trace_end: float | None = None, cpu_lim: int = NO_LIMIT,
             mem_lim: int = NO_LIMIT, usage_m: float | None = None,
             series: tuple[np.ndarray, np.ndarray] | None = None, priority: int = 0, owner: str = "", app: str = "",
-            namespace: str = DEFAULT_NAMESPACE, slo: str = "", series_key: object = None) -> bool:
+            namespace: str = DEFAULT_NAMESPACE, slo: str = "", series_key: object = None, gpu: int = 0,
+            gpu_milli: int = 1000, gpu_spec: frozenset[str] | None = None, name: str = "") -> bool:
         """Add one pod; returns whether it was kept. ``series`` is its usage in absolute trace seconds."""
         w0, w1 = self.w0, self.w1
         start = submit if start is None else max(start, submit)
@@ -389,7 +391,7 @@ class PodSink:
             self.count("pods without usage in the trace (usage = request x --usage-fraction)")
         self.pods.add(sub, duration, int(cpu_req), int(mem_req), float(mean), kind=kind, cpu_lim=int(cpu_lim),
                       mem_lim=int(mem_lim), priority=int(priority), owner=owner, app=app, namespace=namespace,
-                      slo=slo, profile=profile)
+                      slo=slo, profile=profile, gpu=gpu, gpu_milli=gpu_milli, gpu_spec=gpu_spec, name=name)
         self.count("services" if kind == SERVICE else "jobs")
         return True
 
@@ -441,17 +443,22 @@ def _mean_over(x: np.ndarray, m: np.ndarray, lo: float, hi: float) -> float:
 
 
 # ---- machines ---------------------------------------------------------------------------------------------
-def node_groups(machines: dict[object, tuple[int, int]], prefix: str, options: ImportOptions) -> list[dict]:
-    """Scenario node groups from ``{machine: (cpu_m, memory_mib)}``: one group per distinct size, largest
-    first, each validated as a scenario node group."""
-    sizes: dict[tuple[int, int], int] = {}
-    for cpu, mem in machines.values():
-        if cpu > 0 and mem > 0:
-            sizes[(cpu, mem)] = sizes.get((cpu, mem), 0) + 1
+def node_groups(machines: dict[object, tuple], prefix: str, options: ImportOptions) -> list[dict]:
+    """Scenario node groups from ``{machine: (cpu_m, memory_mib)}`` or ``(cpu_m, memory_mib, gpus, model)``:
+    one group per distinct shape, largest first, each validated as a scenario node group."""
+    sizes: dict[tuple, int] = {}
+    for shape in machines.values():
+        shape = tuple(shape) + (0, "")[len(shape) - 2:]
+        if shape[0] > 0 and shape[1] > 0:
+            sizes[shape] = sizes.get(shape, 0) + 1
     groups = []
-    for k, ((cpu, mem), n) in enumerate(sorted(sizes.items(), key=lambda kv: (-kv[0][0], -kv[0][1]))):
-        g = {"name_prefix": f"{prefix}-{cpu // 1000}c-{k}", "count": n, "cpu_m": cpu, "memory_mib": mem,
+    for k, ((cpu, mem, gpus, model), n) in enumerate(sorted(sizes.items(), key=lambda kv: (-kv[0][0], -kv[0][1],
+                                                                                          -kv[0][2], kv[0][3]))):
+        tag = f"-{gpus}x{re.sub('[^a-z0-9]', '', model.lower()) or 'gpu'}" if gpus else ""
+        g = {"name_prefix": f"{prefix}-{cpu // 1000}c{tag}-{k}", "count": n, "cpu_m": cpu, "memory_mib": mem,
              "max_pods": options.max_pods_per_node, "power_watts": options.power_profile}
+        if gpus:
+            g |= {"gpu_count": gpus, **({"gpu_model": model} if model else {})}
         NodeGroup.model_validate(g)
         groups.append(g)
     return groups

@@ -146,7 +146,8 @@ def test_alibaba_gpu_2023_every_field(tmp_path):
              write(tmp_path, "openb_node_list_all_node.csv", OPENB_NODES)]
     wl, groups, summary = imported(tmp_path, "alibaba-gpu-2023", files)
     assert len(wl) == 4 and summary["pods never scheduled in the trace (Pending, skipped)"] == 1
-    assert summary["gpu pods (GPUs not modelled)"] == 3
+    assert summary["gpu pods"] == 3 and summary["GPUs V100M32"] == 8
+    assert sorted(zip(wl.gpu.tolist(), wl.gpu_milli.tolist())) == [(0, 1000), (1, 1000), (1, 1000), (8, 1000)]
     rows = {(float(wl.submit_s[i]), int(wl.cpu_req[i])): i for i in range(len(wl))}
     svc = rows[(0.0, 12000)]  # Running when the trace ends: a service until its deletion
     assert wl.kind[svc] == SERVICE and wl.service_end_s(svc) == 12902960.0 and wl.mem_req[svc] == 16384
@@ -155,7 +156,8 @@ def test_alibaba_gpu_2023_every_field(tmp_path):
     assert wl.kind[job] == JOB and wl.duration_s[job] == 10769854 - 9437500 and wl.mem_req[job] == 327680
     assert wl.slo_names[wl.slo[job]] == "Burstable" and wl.priority[job] == 0
     assert wl.duration_s[rows[(9965463.0, 3152)]] == 182.0
-    assert [(g["count"], g["cpu_m"], g["memory_mib"]) for g in groups] == [(1, 96000, 786432), (2, 32000, 262144)]
+    assert [(g["count"], g["cpu_m"], g["memory_mib"], g.get("gpu_count"), g.get("gpu_model")) for g in groups] == \
+        [(1, 96000, 786432, 8, "V100M32"), (2, 32000, 262144, None, None)]
 
 
 # ---- alibaba-2023 -----------------------------------------------------------------------------------------
@@ -480,7 +482,7 @@ def test_summary_counts_follow_the_window_and_show_the_span(tmp_path):
              write(tmp_path, "openb_node_list_all_node.csv", OPENB_NODES)]
     wl, _, summary = imported(tmp_path, "alibaba-gpu-2023", files, "--window", "9000000:9500000")
     # Kept: the service alive across the window and the job submitted in it; both have GPUs.
-    assert len(wl) == 2 and summary["gpu pods (GPUs not modelled)"] == 2
+    assert len(wl) == 2 and summary["gpu pods"] == 2
     # The job and the Pending pod created after the window closes; the job before it opened ran and ended then.
     assert summary["pods submitted after the window (dropped)"] == 2
     assert summary["pods gone before the window (dropped)"] == 1
@@ -518,7 +520,7 @@ def test_the_real_openb_trace_suggests_its_active_days(tmp_path):
     d = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-2023"
     files = [d / "openb_pod_list_default.csv", d / "openb_node_list_all_node.csv"]
     _, _, summary = imported(tmp_path, "alibaba-gpu-2023", files, "--window", "0:86400")
-    assert summary["pods"] == 1 and summary["gpu pods (GPUs not modelled)"] <= 1  # not the file's 6,203
+    assert summary["pods"] == 1 and summary["gpu pods"] <= 1  # not the file's 6,203
     assert summary.get("pods never scheduled in the trace (Pending, skipped)", 0) < 897  # nor its 897 Pending
     span = summary["span"]
     start, end = (float(x) for x in span["suggested_window"].split(":"))
