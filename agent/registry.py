@@ -5,11 +5,11 @@ The table is lazy: a row names its factory as ``module:attr`` and nothing is imp
 and the benchmark's policy sets are derived from it:
 
 * :data:`BASELINES`: every built-in policy that is not learned, in table order;
-* :data:`HEURISTICS`: the packing, load-, power- and sleep-aware ones, and with :data:`HEURISTIC_VARIANTS` (their
+* :data:`HEURISTICS`: the packing, load-, power-, sleep- and GPU-aware ones, and with :data:`HEURISTIC_VARIANTS` (their
   strongest option variants) :data:`BEST_HEURISTIC_CANDIDATES`, "the best heuristic" every learned policy is
   compared with (reference.md section 7, "Fair baselines");
-* :data:`DEFAULT_POLICIES`: every baseline and every variant, what ``benchmark``, ``sweep``, ``test``, the sim and
-  kube pipelines and ``make demo`` run when no policy is named;
+* :data:`DEFAULT_POLICIES`: every baseline but the GPU-aware ones (:data:`GPU_POLICIES`) and every variant, what
+  ``benchmark``, ``sweep``, ``test``, the sim and kube pipelines and ``make demo`` run when no policy is named;
 * :data:`UPSTREAM_HEURISTICS`: those a kube-scheduler user can deploy today (scheduler-plugins included).
 
 A plugin is one module and one entry point in its own package::
@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "joulesched.policies"
 
 #: Families, in the order the docs list them. "kube-default" is what every ratio is taken against.
-FAMILIES = ("kube-default", "packing", "load-aware", "power-aware", "sleep-aware", "reference", "learned",
-            "third-party")
-HEURISTIC_FAMILIES = frozenset({"packing", "load-aware", "power-aware", "sleep-aware"})
+FAMILIES = ("kube-default", "packing", "load-aware", "power-aware", "sleep-aware", "gpu-aware", "reference",
+            "learned", "third-party")
+HEURISTIC_FAMILIES = frozenset({"packing", "load-aware", "power-aware", "sleep-aware", "gpu-aware"})
 UPSTREAM_FAMILIES = frozenset({"packing", "load-aware", "power-aware"})
 
 
@@ -98,6 +98,18 @@ BUILTIN: tuple[PolicyEntry, ...] = (
              "best fit on requests among awake nodes; wakes the most efficient sleeping node only when none fits"),
     _builtin("pabfd", "sleep_aware:PABFD", "sleep-aware",
              "PABFD (Beloglazov & Buyya 2012): least power increase among awake nodes, the same waking rule"),
+    _builtin("gpu-random", "gpu_policies:GpuRandom", "gpu-aware",
+             "FGD paper's random fit, sleep-aware: a random awake node; wakes the most efficient only when none fits"),
+    _builtin("gpu-best-fit", "gpu_policies:GpuBestFit", "gpu-aware",
+             "FGD paper's best fit, sleep-aware: least CPU + GPU share left after placement"),
+    _builtin("gpu-dot-product", "gpu_policies:GpuDotProduct", "gpu-aware",
+             "FGD paper's dot product (Tetris), sleep-aware: least free-vector . request"),
+    _builtin("gpu-packing", "gpu_policies:GpuPacking", "gpu-aware",
+             "FGD paper's GPU packing, sleep-aware: partly used GPUs, then busy nodes, then idle ones"),
+    _builtin("gpu-clustering", "gpu_policies:GpuClustering", "gpu-aware",
+             "FGD paper's GPU clustering, sleep-aware: shared-GPU and whole-GPU pods on separate nodes"),
+    _builtin("fgd", "gpu_policies:FGD", "gpu-aware",
+             "FGD (Weng et al., ATC '23), sleep-aware: least growth of GPU fragmentation"),
     _builtin("round-robin", "baselines:RoundRobin", "reference", "the next feasible node, wrapping around"),
     _builtin("random", "baselines:Random", "reference", "a uniformly random feasible node"),
     _builtin("dqn", "dqn_policy:DQNPolicy", "learned",
@@ -183,7 +195,12 @@ HEURISTIC_VARIANTS: tuple[str, ...] = ("awake-first:fit=efficient",)
 BEST_HEURISTIC_CANDIDATES: tuple[str, ...] = tuple(dict.fromkeys((*HEURISTICS, *HEURISTIC_VARIANTS)))
 #: The one default policy set: every baseline, then every variant. ``benchmark``, ``sweep`` (a grid without
 #: ``policies``), ``test``, the sim and kube pipelines and ``make demo`` (which adds the DQN) run it.
-DEFAULT_POLICIES: tuple[str, ...] = tuple(dict.fromkeys((*BASELINES, *HEURISTIC_VARIANTS)))
+#: The GPU-aware heuristics (the FGD paper's baselines and FGD): best-heuristic candidates, run with
+#: ``--policy`` on GPU scenarios (scenarios/openb-*.yaml); not in the default set, whose CPU scenarios they
+#: would only repeat as CPU best fit.
+GPU_POLICIES: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "gpu-aware")
+DEFAULT_POLICIES: tuple[str, ...] = tuple(dict.fromkeys((*(b for b in BASELINES if b not in GPU_POLICIES),
+                                                          *HEURISTIC_VARIANTS)))
 
 
 def family_of(spec: str) -> str:

@@ -193,6 +193,8 @@ class ClusterState:
         self.gpu_curves = (np.zeros((n, 11)) if curves is None
                            else np.array([validate_curve(c) for c in curves], dtype=np.float64).reshape(n, 11))
         self._gpu_models: dict[frozenset[str], np.ndarray] = {}
+        self.gpu_share_pods = np.zeros(n, dtype=np.int64)  # pods holding a share of one GPU, per node
+        self.gpu_whole_pods = np.zeros(n, dtype=np.int64)  # pods holding whole GPUs, per node
         #: pod key -> (node, ((gpu index, milli), ...)): which GPUs a bound pod holds
         self.gpu_assign: dict[object, tuple[int, tuple[tuple[int, int], ...]]] = {}
 
@@ -226,6 +228,7 @@ class ClusterState:
         if took is None:
             raise ValueError(f"node {self.names[i]}'s GPUs do not fit {pod.gpu} x {pod.gpu_milli} milli-GPU")
         self.gpu_assign[key] = (i, took)
+        (self.gpu_share_pods if pod.gpu_milli < GPU_MILLI else self.gpu_whole_pods)[i] += 1
         self._gpu_refresh(i)
 
     def gpu_fits(self, free: np.ndarray, rows: np.ndarray, pod: PodRequest) -> np.ndarray:
@@ -249,6 +252,7 @@ class ClusterState:
         free = self.gpu_free[i]
         for g, m in took:
             free[g] += m
+        (self.gpu_share_pods if pod.gpu_milli < GPU_MILLI else self.gpu_whole_pods)[i] -= 1
         self._gpu_refresh(i)
 
     def _gpu_refresh(self, i: int) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from joulesched.agent.policy import PolicyError
-from joulesched.agent.registry import (BASELINES, BEST_HEURISTIC_CANDIDATES, BUILTIN, DEFAULT_POLICIES,
+from joulesched.agent.registry import (BASELINES, BEST_HEURISTIC_CANDIDATES, BUILTIN, DEFAULT_POLICIES, GPU_POLICIES,
                                        HEURISTIC_FAMILIES, HEURISTIC_VARIANTS, HEURISTICS, SLEEP_AWARE_HEURISTICS,
                                        UPSTREAM_HEURISTICS, entries, entry, family_of, make_policy, policy_names)
 from joulesched.agent.runner import run_policy
@@ -44,7 +44,8 @@ def test_policy_sets_come_from_the_table_metadata():
     assert BASELINES == [e.name for e in BUILTIN if e.family != "learned"]
     assert "dqn" not in BASELINES and BASELINES[0] == "default-k8s"
     assert set(UPSTREAM_HEURISTICS) <= set(HEURISTICS)
-    assert set(HEURISTICS) == set(UPSTREAM_HEURISTICS) | set(SLEEP_AWARE_HEURISTICS)
+    assert set(HEURISTICS) == set(UPSTREAM_HEURISTICS) | set(SLEEP_AWARE_HEURISTICS) | set(GPU_POLICIES)
+    assert {"fgd", "gpu-best-fit", "gpu-dot-product", "gpu-packing", "gpu-clustering", "gpu-random"} == set(GPU_POLICIES)
     assert {"most-allocated", "peaks", "energy-greedy"} <= set(UPSTREAM_HEURISTICS)
     assert not {"default-k8s", "round-robin", "random"} & set(HEURISTICS)
 
@@ -53,7 +54,8 @@ def test_the_default_set_holds_every_baseline_and_every_registered_heuristic_var
     assert HEURISTIC_VARIANTS, "no registered variant: the test would prove nothing"
     assert set(HEURISTIC_VARIANTS) <= set(DEFAULT_POLICIES)
     assert set(HEURISTIC_VARIANTS) <= set(BEST_HEURISTIC_CANDIDATES)
-    assert list(DEFAULT_POLICIES[:len(BASELINES)]) == BASELINES and len(set(DEFAULT_POLICIES)) == len(DEFAULT_POLICIES)
+    plain = [b for b in BASELINES if b not in GPU_POLICIES]  # the GPU heuristics run on GPU scenarios by name
+    assert list(DEFAULT_POLICIES[:len(plain)]) == plain and len(set(DEFAULT_POLICIES)) == len(DEFAULT_POLICIES)
     assert set(BEST_HEURISTIC_CANDIDATES) == set(HEURISTICS) | set(HEURISTIC_VARIANTS)
     for v in HEURISTIC_VARIANTS:  # a variant is a heuristic spec that builds, not a new name
         assert family_of(v) in HEURISTIC_FAMILIES and make_policy(v).name == v

@@ -156,7 +156,9 @@ class _Checked:
         return self.inner.choose(state, pod, mask)
 
 
-@pytest.mark.parametrize("policy", ["default-k8s", "most-allocated", "random", "awake-first", "round-robin"])
+@pytest.mark.parametrize("policy", ["default-k8s", "most-allocated", "random", "awake-first", "round-robin",
+                                    "gpu-random", "gpu-best-fit", "gpu-dot-product", "gpu-packing",
+                                    "gpu-clustering", "fgd"])
 def test_the_twin_never_breaks_a_gpu_count_share_or_model_constraint(tmp_path, policy):
     sc = load_scenario(_scenario(tmp_path, _random_gpu_pods(400, 7)))
     wl = build_workload(sc)
@@ -224,3 +226,21 @@ def test_live_objects_map_gpus():
               "spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}}
     r = parse_pod(shared).request
     assert (r.gpu, r.gpu_milli, r.gpu_models) == (1, 250, frozenset({"T4", "A10"}))
+
+
+def test_fgd_keeps_whole_gpus_whole_and_gpu_packing_fills_a_partly_used_gpu():
+    from joulesched.agent.gpu_policies import FGD, GpuPacking, shape_of
+
+    st = _state(counts=(4, 4), models=("T4", "T4"))
+    whole = PodRequest(1000, 100, gpu=2)
+    share = PodRequest(1000, 100, gpu=1, gpu_milli=500)
+    st.bind(0, PodRequest(1000, 100, gpu=1, gpu_milli=500), "x")  # node 0: one GPU half used
+    fgd = FGD()
+    fgd.reset(st, np.random.default_rng(0))
+    for _ in range(5):  # the workload FGD has seen: mostly 2-GPU pods
+        fgd.seen[shape_of(whole)] += 1
+    # A half-GPU pod: FGD puts it beside the other half (node 0), where it strands nothing for 2-GPU pods.
+    assert fgd.choose(st, share, st.feasible(share)) == 0
+    pk = GpuPacking()
+    pk.reset(st, np.random.default_rng(0))
+    assert pk.choose(st, share, st.feasible(share)) == 0
