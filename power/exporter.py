@@ -56,6 +56,11 @@ class SnapshotCollector(Collector):
                                   labels=["pod_uid", "container_id"])
         vm = CounterMetricFamily("joulesched_vm_joules", "Active energy attributed to a qemu VM.",
                                  labels=["vm_name"])
+        # Kepler's kepler_node_gpu_joules_total{gpu}, under our prefix (the GPU meter, NVML).
+        gpu = CounterMetricFamily("joulesched_node_gpu_joules", "Energy per GPU since the exporter started (NVML).",
+                                  labels=["gpu"])
+        gpu_w = GaugeMetricFamily("joulesched_node_gpu_watts", "Average power per GPU over the last interval.",
+                                  labels=["gpu"])
         if s is not None:
             for zone, z in sorted(s.zones.items()):
                 node.add_metric([zone, s.source], z.joules_total)
@@ -69,7 +74,10 @@ class SnapshotCollector(Collector):
                 pod.add_metric([ref.pod_uid, ref.container_id], e.joules_total)
             for name, e in s.vms.items():
                 vm.add_metric([name], e.joules_total)
-        return [node, active, idle, watts, ratio, proc, pod, vm]
+            for g, e in s.gpus.items():
+                gpu.add_metric([g], e.joules_total)
+                gpu_w.add_metric([g], e.watts)
+        return [node, active, idle, watts, ratio, proc, pod, vm, gpu, gpu_w]
 
 
 #: A scrape sends no body; a few Prometheus servers (and a probe or two) at once.

@@ -58,6 +58,8 @@ class Snapshot:
     processes: tuple[ProcessEnergy, ...] = ()  # top N by joules, largest first
     pods: Mapping[PodRef, WorkloadEnergy] = field(default_factory=_empty)
     vms: Mapping[str, WorkloadEnergy] = field(default_factory=_empty)
+    #: Per GPU (``gpu0``, ...): joules since the exporter started and watts over the last interval (GPU meter).
+    gpus: Mapping[str, WorkloadEnergy] = field(default_factory=_empty)
 
     @property
     def primary_watts(self) -> float:
@@ -80,6 +82,7 @@ class PowerMonitor:
     :param clock: monotonic seconds; injected so tests control elapsed time.
     :param top_n: how many processes a snapshot keeps (by cumulative joules); all are still attributed.
     :param stale_after_s: how long pod and VM counters survive their last process.
+    :param gpu_meter: the GPUs' energy source (:class:`joulesched.power.nvml.NvmlMeter`), or None.
     """
 
     meter: PowerMeter
@@ -88,6 +91,10 @@ class PowerMonitor:
     top_n: int = 20
     stale_after_s: float = 300.0
     read_fn: ReadFn = default_read
+    gpu_meter: PowerMeter | None = None
+    _gpu_prev: dict[str, float] | None = field(init=False, default=None)
+    _gpu_total: dict[str, float] = field(init=False, default_factory=dict)
+    _gpu_watts: dict[str, float] = field(init=False, default_factory=dict)
     _scanner: ProcScanner = field(init=False)
     _snapshot: Snapshot = field(init=False)
     _prev: tuple[float, dict[str, float], CpuTimes, dict[int, ProcStat]] | None = field(init=False, default=None)
@@ -107,8 +114,19 @@ class PowerMonitor:
         """The latest snapshot. Replaced whole on refresh, so a scrape never sees half an update."""
         return self._snapshot
 
+    def _refresh_gpus(self, dt: float) -> None:
+        """GPU joules since the first reading (never decreasing) and watts over the last interval."""
+        e = self.gpu_meter.read()
+        prev, self._gpu_prev = self._gpu_prev, e
+        for g, j in e.items():
+            d = 0.0 if prev is None else max(j - prev.get(g, j), 0.0)
+            self._gpu_total[g] = self._gpu_total.get(g, 0.0) + d
+            self._gpu_watts[g] = d / dt if dt > 0 else 0.0
+
     def refresh(self) -> Snapshot:
         now = self.clock()
+        if self.gpu_meter is not None:
+            self._refresh_gpus(now - self._prev[0] if self._prev is not None else 0.0)
         energy = self.meter.read()
         cpu = read_cpu_times(self.proc_root, self.read_fn)
         procs = self._scanner.scan()
@@ -191,4 +209,6 @@ class PowerMonitor:
             processes=tuple(ProcessEnergy(pid, procs[pid].comm, a.joules, w(a.last_delta)) for (pid, _), a in top),
             pods=MappingProxyType({k: WorkloadEnergy(a.joules, w(a.last_delta)) for k, a in self._pods.items()}),
             vms=MappingProxyType({k: WorkloadEnergy(a.joules, w(a.last_delta)) for k, a in self._vms.items()}),
+            gpus=MappingProxyType({g: WorkloadEnergy(j, self._gpu_watts.get(g, 0.0))
+                                   for g, j in sorted(self._gpu_total.items())}),
         )

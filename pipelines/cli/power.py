@@ -82,6 +82,24 @@ def _open(meter: MeterKind, powercap_root: Path, proc_root: Path, dev_root: Path
           "data, or --meter model for a smoke test")
 
 
+def _gpu_meter(mode: str):
+    """The NVML meter for --gpu: None when off, or (auto) when no GPU works here; on: required (exit 2)."""
+    if mode not in ("auto", "on", "off"):
+        _fail(f"--gpu {mode!r}: use auto, on or off")
+    if mode == "off":
+        return None
+    from joulesched.power.meter import MeterError
+    from joulesched.power.nvml import NvmlMeter
+
+    try:
+        return NvmlMeter()
+    except MeterError as e:
+        if mode == "on":
+            _fail(f"--gpu on: {e}")
+        logging.getLogger(__name__).info("no GPU energy: %s", e)
+        return None
+
+
 @app.command()
 def exporter(
     listen: Annotated[str, typer.Option(help="HOST:PORT to serve /metrics on. Loopback by default.")]
@@ -94,8 +112,11 @@ def exporter(
     top_n: Annotated[int, typer.Option(help="Processes exported, by energy.", min=0)] = 20,
     profile: ProfileOpt = None,
     curve: CurveOpt = None,
+    gpu: Annotated[str, typer.Option(help="GPU energy through NVML (joulesched_node_gpu_joules_total per GPU): "
+                                          "auto (when a GPU and its driver are there), on (required) or off.")]
+    = "auto",
 ) -> None:
-    """Serve joulesched_* power metrics to Prometheus."""
+    """Serve joulesched_* power metrics to Prometheus (GPUs too, through NVML, where there are any)."""
     from joulesched.core.net import parse_listen
     from joulesched.power.exporter import Exporter
     from joulesched.power.monitor import PowerMonitor
@@ -106,8 +127,8 @@ def exporter(
     except ValueError as e:
         _fail(str(e))
     m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve))
-    exp = Exporter(PowerMonitor(m, proc_root=str(proc_root), top_n=top_n), host=host, port=port,
-                   interval_s=interval)
+    exp = Exporter(PowerMonitor(m, proc_root=str(proc_root), top_n=top_n, gpu_meter=_gpu_meter(gpu)),
+                   host=host, port=port, interval_s=interval)
     try:
         exp.start()
     except OSError as e:

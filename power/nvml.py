@@ -1,0 +1,104 @@
+"""GPU energy through NVML (``nvidia-ml-py``, imported as ``pynvml``), behind the EnergyMeter seam.
+
+One zone per GPU, ``gpu<index>`` (its name and UUID in :attr:`NvmlMeter.devices`). The counter preferred is
+``nvmlDeviceGetTotalEnergyConsumption``: millijoules since the driver loaded, on Volta and later; the meter
+reports joules since it was opened. A GPU without it (``NVML_ERROR_NOT_SUPPORTED``: Pascal and older) is read
+through ``nvmlDeviceGetPowerUsage`` (milliwatts) and integrated by the trapezoid rule between readings, so
+its energy is as good as the reading rate. Every GPU is a primary zone: boards are disjoint.
+
+The NVML module is injected (``nvml=``), so that the logic is tested with recorded responses
+(tests/power/test_nvml.py) and a machine without a GPU fails with :class:`MeterUnavailable`, not an import error.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from joulesched.power.meter import Clock, Joules, LoggedMeter, MeterError, MeterUnavailable
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    name: str
+    uuid: str
+    counter: bool  # reads nvmlDeviceGetTotalEnergyConsumption (else integrates nvmlDeviceGetPowerUsage)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _load_nvml():
+    try:
+        import pynvml
+    except ImportError as e:  # pragma: no cover - a dependency of the package
+        raise MeterUnavailable(f"nvidia-ml-py is not installed ({e})") from None
+    return pynvml
+
+
+class NvmlMeter(LoggedMeter):
+    """Cumulative joules per GPU since the meter was opened (module docstring)."""
+
+    source = "nvml"
+
+    def __init__(self, *, nvml: Any = None, clock: Clock = time.monotonic) -> None:
+        self._nvml = nv = nvml if nvml is not None else _load_nvml()
+        self._clock = clock
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as e:
+            raise MeterUnavailable(f"NVML cannot start: {e} (no NVIDIA driver or GPU here)") from None
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as e:
+            raise MeterUnavailable(f"NVML lists no GPUs: {e}") from None
+        if count == 0:
+            raise MeterUnavailable("NVML sees no GPU")
+        self._handles, devices = [], []
+        for i in range(count):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            try:
+                nv.nvmlDeviceGetTotalEnergyConsumption(h)
+                counter = True
+            except nv.NVMLError as e:
+                if getattr(e, "value", None) != nv.NVML_ERROR_NOT_SUPPORTED:
+                    raise MeterError(f"gpu{i}: nvmlDeviceGetTotalEnergyConsumption: {e}") from None
+                counter = False
+            self._handles.append(h)
+            devices.append(GpuDevice(i, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)), counter))
+        self.devices = tuple(devices)
+        self.zones = self.primary_zones = tuple(f"gpu{d.index}" for d in devices)
+        self._mj0: dict[int, int] = {}  # counter GPUs: the first reading, mJ
+        self._last: dict[int, tuple[float, float, float]] = {}  # power GPUs: (t, watts, joules so far)
+        self.read()
+
+    def _energy(self, d: GpuDevice, now: float) -> float:
+        nv, h = self._nvml, self._handles[d.index]
+        try:
+            if d.counter:
+                mj = int(nv.nvmlDeviceGetTotalEnergyConsumption(h))
+                first = self._mj0.setdefault(d.index, mj)
+                if mj < first:
+                    raise MeterError(f"gpu{d.index}: the energy counter went back from {first} to {mj} mJ "
+                                     "(the driver reloaded?)")
+                return (mj - first) / 1000.0
+            w = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+        except nv.NVMLError as e:
+            raise MeterError(f"gpu{d.index}: NVML read failed: {e}") from None
+        last = self._last.get(d.index)
+        j = 0.0 if last is None else last[2] + (now - last[0]) * (w + last[1]) / 2.0
+        self._last[d.index] = (now, w, j)
+        return j
+
+    def read(self) -> dict[str, Joules]:
+        now = self._clock()
+        return self._logged({f"gpu{d.index}": self._energy(d, now) for d in self.devices})
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass

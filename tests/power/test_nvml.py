@@ -1,0 +1,157 @@
+"""The NVML GPU meter (power/nvml.py) and the exporter's GPU path.
+
+No GPU was lent to this project when the meter was written, so the responses below are not a recording: they
+are scripted to NVML's documented contract for one GPU of each kind, in NVML's own units and error objects
+(``pynvml.NVMLError`` with its codes):
+
+* a Volta-or-later GPU ("Tesla V100-SXM2-32GB"): ``nvmlDeviceGetTotalEnergyConsumption`` in mJ since the driver
+  loaded (a large starting value), ``nvmlDeviceGetPowerUsage`` in mW;
+* a Pascal GPU ("Tesla P100-PCIE-16GB"): the energy counter raises ``NVML_ERROR_NOT_SUPPORTED``, power only.
+
+``test_a_live_gpu`` reads a real device where one exists and is skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from joulesched.power.exporter import SnapshotCollector
+from joulesched.power.meter import MeterError, MeterUnavailable
+from joulesched.power.monitor import PowerMonitor
+from joulesched.power.nvml import NvmlMeter
+from joulesched.power.powercap import PowercapMeter
+
+
+class FakeNvml(SimpleNamespace):
+    """pynvml's calls the meter makes, answering from per-device response lists (one entry per call)."""
+
+    NVMLError = pynvml.NVMLError
+    NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+
+    def __init__(self, devices: list[dict], init_error: int | None = None) -> None:
+        super().__init__()
+        self.devices, self.init_error, self.shut = devices, init_error, False
+
+    def nvmlInit(self):
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetCount(self):
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return self.devices[i]
+
+    def nvmlDeviceGetName(self, h):
+        return h["name"]
+
+    def nvmlDeviceGetUUID(self, h):
+        return h["uuid"]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        if h.get("energy_mj") is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h["energy_mj"].pop(0)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return h["power_mw"].pop(0)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def _devices():
+    # V100: the probe at open, then one reading per read(); 43 W idle, then 250 W for 2 s.
+    v100 = {"name": "Tesla V100-SXM2-32GB", "uuid": "GPU-1b2c", "energy_mj": [912_345_678, 912_345_678,
+                                                                              912_388_678, 912_888_678]}
+    p100 = {"name": "Tesla P100-PCIE-16GB", "uuid": "GPU-9f8e", "energy_mj": None,
+            "power_mw": [31_000, 31_000, 151_000]}
+    return [v100, p100]
+
+
+def test_counter_and_power_only_gpus():
+    clock = Clock()
+    nv = FakeNvml(_devices())
+    m = NvmlMeter(nvml=nv, clock=clock)
+    assert [(d.name, d.counter) for d in m.devices] == [("Tesla V100-SXM2-32GB", True), ("Tesla P100-PCIE-16GB", False)]
+    assert m.zones == m.primary_zones == ("gpu0", "gpu1")
+    t0 = clock.t  # opening read the baseline
+    clock.t += 1.0
+    r = m.read()
+    assert r["gpu0"] == pytest.approx(43.0) and r["gpu1"] == pytest.approx(31.0)  # 43 J counted; 31 W x 1 s
+    clock.t += 2.0
+    r = m.read()
+    assert r["gpu0"] == pytest.approx(543.0)  # +500 J
+    assert r["gpu1"] == pytest.approx(31.0 + 2.0 * (31.0 + 151.0) / 2)  # trapezoid between readings
+    assert m.joules(t0, clock.t) == pytest.approx(543.0 + 31.0 + 182.0)
+    m.close()
+    assert nv.shut
+
+
+def test_no_gpu_and_a_counter_that_goes_back():
+    with pytest.raises(MeterUnavailable, match="NVML cannot start"):
+        NvmlMeter(nvml=FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    with pytest.raises(MeterUnavailable, match="sees no GPU"):
+        NvmlMeter(nvml=FakeNvml([]))
+    dev = {"name": "A10", "uuid": "GPU-a", "energy_mj": [5_000, 5_000, 10]}
+    m = NvmlMeter(nvml=FakeNvml([dev]), clock=Clock())
+    with pytest.raises(MeterError, match="went back"):
+        m.read()
+
+
+def test_the_exporter_exports_gpu_joules(powercap, proc, clock):
+    powercap.add("intel-rapl:0", "package-0")
+    gpus = NvmlMeter(nvml=FakeNvml(_devices()), clock=clock)
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock, gpu_meter=gpus)
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector(lambda: mon.snapshot))
+    mon.refresh()  # the GPUs' first reading: 43 J on gpu0 since the meter opened is before the exporter's start
+    clock.advance(2)
+    proc.tick(user=50, idle=50)
+    powercap.advance("intel-rapl:0", 4_000_000)
+    mon.refresh()
+    got = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            got.setdefault(s.name, {})[s.labels.get("gpu", "")] = (s.value, fam.type)
+    assert got["joulesched_node_gpu_joules_total"]["gpu0"] == (pytest.approx(500.0), "counter")
+    assert got["joulesched_node_gpu_watts"]["gpu0"] == (pytest.approx(250.0), "gauge")
+    assert got["joulesched_node_gpu_joules_total"]["gpu1"][0] == pytest.approx(2.0 * (31.0 + 151.0) / 2)
+    assert got["joulesched_node_joules_total"][""][0] == pytest.approx(4.0)  # the CPU side is untouched
+
+
+def _live_nvml() -> str:
+    try:
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return "" if n else "NVML sees no GPU"
+    except pynvml.NVMLError as e:
+        return f"no NVIDIA GPU or driver here ({e})"
+
+
+@pytest.mark.skipif(bool(_live_nvml()), reason=_live_nvml() or "a GPU is here")
+def test_a_live_gpu():
+    import time
+
+    m = NvmlMeter()
+    t0 = m.mark()
+    time.sleep(0.5)
+    t1 = m.mark()
+    j = m.joules(t0, t1)
+    # Any GPU draws something: between 1 W and 1.5 kW over half a second, per GPU.
+    assert 0.5 * len(m.devices) <= j <= 750.0 * len(m.devices)
+    m.close()
