@@ -153,6 +153,10 @@ class RunResult:
     gpu_energy_joules: float = 0.0
     node_energy_joules: list[float] | None = None
     node_gpu_joules: list[float] | None = None
+    # FGD's fragmentation measure in a replay: the cluster's unallocated GPU share (of its capacity) at each
+    # moment a GPU pod found no node, averaged (None: no GPU pod ever waited), and how many such moments.
+    gpu_unallocated_when_blocked: float | None = None
+    gpu_blocked: int = 0
 
     @property
     def cpu_energy_joules(self) -> float:
@@ -295,6 +299,8 @@ class Twin:
         self.pod_status = [_NOT_PLACED] * p
         self.pod_start = [math.nan] * p
         self.pod_end = [math.nan] * p
+        self.pod_bind = [math.nan] * p  # when it was (last) bound: its start, or earlier on a waking node
+        self._gpu_blocked: list[float] = []  # free GPU share of the cluster whenever a GPU pod found no node
         self._bad0 = [0.0] * p
         self._thr0 = [0.0] * p
         # Nodes.
@@ -492,6 +498,8 @@ class Twin:
                 d = self._decision
                 d.pod, d.mask, d.key = req, mask, p  # d.meta is looked up from d.key when read
                 return d
+            if req.gpu and st.has_gpus:  # FGD's measure: GPU share left unallocated while a GPU pod waits
+                self._gpu_blocked.append(float(np.clip(st.gpu_free, 0, None).sum()) / (1000.0 * st.alloc_gpu.sum()))
             insort(self._pending, p)
 
     def place(self, node: int) -> None:
@@ -504,6 +512,7 @@ class Twin:
             raise ValueError(f"node {node} is not feasible for pod {p}")
         st.bind(node, req, p)
         self.pod_node[p] = node
+        self.pod_bind[p] = self.now
         if self._observer is not None:
             self._observer.bound(self.now, p, node, self._meta[p], req.nz_cpu)
         self.placements += 1
@@ -1035,7 +1044,9 @@ class Twin:
             end = self._end_s
             node_e = [e + w * (end - t) for e, w, t in zip(self._node_e, self._pwr, self._node_t)]
             node_g = [e + w * (end - t) for e, w, t in zip(self._node_g, self._gpwr, self._node_t)]
-            svc = {**svc, "gpu_energy_joules": self._genergy, "node_energy_joules": node_e, "node_gpu_joules": node_g}
+            svc = {**svc, "gpu_energy_joules": self._genergy, "node_energy_joules": node_e, "node_gpu_joules": node_g,
+                   "gpu_blocked": len(self._gpu_blocked),
+                   "gpu_unallocated_when_blocked": float(np.mean(self._gpu_blocked)) if self._gpu_blocked else None}
         return RunResult(
             energy_joules=self.meter.joules(0.0, self._end_s),
             end_s=self._end_s,
