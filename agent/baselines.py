@@ -116,14 +116,32 @@ class DefaultK8s(ScoringPolicy):
     """kube-scheduler's default profile for a plain pod: NodeResourcesFit LeastAllocated (w=1, non-zero
     requests) plus NodeResourcesBalancedAllocation (w=1, real requests). The other default plugins add the
     same constant to every node for a pod without taints, affinity or spread constraints, so they are omitted.
+
+    ``gpu_weight=w`` (default 0, kube's default profile, which scores cpu and memory only) adds
+    ``nvidia.com/gpu`` to NodeResourcesFit's ``resources`` with weight w, as a profile that lists the extended
+    resource does: LeastAllocated over the node's GPUs, a node without GPUs skipped for that resource. A GPU
+    counts as requested once anything holds it (a shared GPU too: its device plugin advertises it as taken).
     """
 
     name = "default-k8s"
 
+    def __init__(self, pct: str | int = 0, gpu_weight: str | int = 0) -> None:
+        super().__init__(pct)
+        self.gpu_weight = _int_opt(self.name, "gpu_weight", str(gpu_weight), 0, 100)
+
     def plugin_scores(self, st, pod, idx):
         alloc, req = _fit_inputs(st, pod, idx)
-        return {"NodeResourcesFit": (1, ks.least_allocated(alloc, req)),
-                "NodeResourcesBalancedAllocation": (1, _balanced(st, pod, idx))}
+        if self.gpu_weight and st.has_gpus:
+            taken = st.alloc_gpu[idx] - st.gpu_whole_free[idx]
+            if pod.gpu_milli >= 1000:
+                extra = pod.gpu
+            else:  # a share opens a free GPU only where no partly used one fits it (the state's best fit)
+                free = st.gpu_free[idx]
+                extra = ~((free >= pod.gpu_milli) & (free < 1000)).any(axis=1)
+            fit = ks.least_allocated((*alloc, st.alloc_gpu[idx]), (*req, taken + extra), (1, 1, self.gpu_weight))
+        else:
+            fit = ks.least_allocated(alloc, req)
+        return {"NodeResourcesFit": (1, fit), "NodeResourcesBalancedAllocation": (1, _balanced(st, pod, idx))}
 
 
 class MostAllocated(ScoringPolicy):

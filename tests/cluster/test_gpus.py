@@ -244,3 +244,20 @@ def test_fgd_keeps_whole_gpus_whole_and_gpu_packing_fills_a_partly_used_gpu():
     pk = GpuPacking()
     pk.reset(st, np.random.default_rng(0))
     assert pk.choose(st, share, st.feasible(share)) == 0
+
+
+def test_default_k8s_scores_nvidia_gpu_only_when_its_profile_lists_it():
+    st = _state(counts=(4, 4), models=("T4", "T4"))
+    st.bind(0, PodRequest(1000, 100, gpu=3), "busy")  # node 0: 3 of 4 GPUs taken; CPU equal otherwise
+    st.bind(1, PodRequest(1000, 100), "cpu")
+    pod = PodRequest(1000, 100, gpu=1)
+    idx = np.array([0, 1])
+    plain = make_policy("default-k8s").plugin_scores(st, pod, idx)["NodeResourcesFit"][1]
+    assert plain[0] == plain[1]  # kube's default profile: cpu and memory only
+    gpu = make_policy("default-k8s:gpu_weight=1").plugin_scores(st, pod, idx)["NodeResourcesFit"][1]
+    # LeastAllocated over (cpu, memory, nvidia.com/gpu): node 1's GPUs are free, node 0 would be full.
+    assert gpu[1] > gpu[0]
+    # kube's formula: floor((s_cpu + s_mem + w s_gpu) / (2 + w)), s_r = (A - R) * 100 // A
+    s_cpu = (64000 - 2000) * 100 // 64000
+    s_mem = (262144 - 300) * 100 // 262144
+    assert gpu.tolist() == [(s_cpu + s_mem + 0) // 3, (s_cpu + s_mem + 75) // 3]
