@@ -27,9 +27,8 @@ from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
 from joulesched.pipelines.pool import process_pool
+from joulesched.pipelines.results import SCHEMA_VERSION, Results, dump, from_dict, load_results  # noqa: F401
 from joulesched.pipelines.stats import t_halfwidth
-
-RESULTS_VERSION = 1
 
 
 class BenchmarkInputError(UsageError):
@@ -49,6 +48,7 @@ class Task:
     seed_offset: int
     policy: str
     record: bool
+    placements: bool = False  # return one row per pod (benchmark --placements)
 
 
 #: What every task of a benchmark shares, built once in the parent: the workload of each (scenario index, seed
@@ -100,6 +100,17 @@ def _run_task(task: Task, wl: Workload | None = None, policy: object | None = No
     res = run_policy(twin, pol, seed)
     metrics = {k: getattr(res, k) for k in METRICS}
     metrics = {k: (float(v) if isinstance(v, (float, np.floating)) else int(v)) for k, v in metrics.items()}
+    if res.node_gpu_joules is not None:  # a GPU cluster: the energy split, per run and per node, and FGD's measure
+        names = twin.state.names
+        metrics |= {"gpu_joules": float(res.gpu_energy_joules), "cpu_joules": float(res.cpu_energy_joules),
+                    "node_joules": dict(zip(names, map(float, res.node_energy_joules))),
+                    "node_gpu_joules": dict(zip(names, map(float, res.node_gpu_joules))),
+                    "gpu_blocked": int(res.gpu_blocked),
+                    "gpu_unallocated_when_blocked": res.gpu_unallocated_when_blocked}
+    if task.placements:
+        from joulesched.pipelines.placements import placement_rows
+
+        metrics["_placement_rows"] = placement_rows(twin, sc.name, seed, task.policy)
     tl = None
     if res.timeline is not None:
         tl = {"bin_s": res.timeline.bin_s, "watts": res.timeline.watts().astype(np.float32),
@@ -167,12 +178,13 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
                   jobs: int = 1,
                   on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
                   command: str = "", executor: str = "local", ray_address: str | None = None,
-                  optimum: bool = False, optimum_time_limit: float = 60.0) -> dict:
+                  optimum: bool = False, optimum_time_limit: float = 60.0, placements: bool = False) -> Results:
     """Run the grid, write ``out/results.json`` and ``out/timelines.npz`` atomically, return the results.
 
     ``executor`` is ``local`` (``jobs`` processes) or ``ray`` (Ray tasks on ``ray_address`` or a local Ray).
     ``optimum`` adds, per scenario and seed, the LP bound and (on small instances) the MIP's optimum of
-    agent/optimum.py, ``optimum_time_limit`` seconds each, beside the fluid lower bound.
+    agent/optimum.py, ``optimum_time_limit`` seconds each, beside the fluid lower bound. ``placements`` also
+    writes ``out/placements.csv``, one row per pod per scenario, seed and policy (pipelines/placements.py).
     """
     if optimum:
         optimum_time_limit = check_time_limit(optimum_time_limit)
@@ -187,8 +199,9 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
                  for i, sc in enumerate(loaded) for s in range(seeds)}
     _share(workloads, built)
     paths = [str(sc.source) if sc.source else sc.name for sc in loaded]
-    tasks = [Task(sc, i, s, pol, record=(s == 0)) for i, sc in enumerate(loaded) for s in range(seeds)
-             for pol in policies]
+    tasks = [Task(sc, i, s, pol, record=(s == 0), placements=placements) for i, sc in enumerate(loaded)
+             for s in range(seeds) for pol in policies]
+    placed_rows: list[tuple] = []
     if on_start:
         on_start(len(tasks) + len(loaded) * seeds * (2 if optimum else 1))
     t0 = time.perf_counter()
@@ -197,13 +210,14 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
     timelines: dict[str, np.ndarray] = {}
 
     def collect(task: Task, metrics: dict, tl: dict | None) -> None:
+        placed_rows.extend(metrics.pop("_placement_rows", ()))
         results.setdefault((task.scenario_index, task.seed_offset), {})[task.policy] = metrics
-        if tl is not None:
-            key = f"{task.scenario_index}/{task.policy}"
+        if tl is not None:  # keyed by the scenario's name, its one key (pipelines/results.py)
+            key = f"{task.scenario.name}/{task.policy}"
             timelines[f"{key}/watts"] = tl["watts"]
             timelines[f"{key}/util"] = tl["util"]
             timelines[f"{key}/awake"] = tl["awake"]
-            timelines[f"{task.scenario_index}/bin_s"] = np.array([tl["bin_s"]])
+            timelines[f"{task.scenario.name}/bin_s"] = np.array([tl["bin_s"]])
         if on_progress:
             on_progress(f"{_label(task.scenario)} seed {task.seed_offset} {task.policy}")
 
@@ -230,7 +244,8 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
             collect(*_run_task(task))
     _share({}, {})  # what the tasks shared is not kept past the run
     doc = {
-        "version": RESULTS_VERSION,
+        "schema_version": SCHEMA_VERSION,
+        "env": "twin",
         "command": command,
         "created_unix": time.time(),
         "wall_s": time.perf_counter() - t0,
@@ -246,11 +261,16 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
     doc["summary"] = summarize(doc)
     # nodes.json: what the report draws per node, and the power curve each group ran with (a calibrated
     # scenario exists only in memory, so this is the record of what the twin used).
-    meta = {str(i): {"node_names": bounds[(i, 0)]["node_names"], "node_groups": bounds[(i, 0)]["node_groups"],
-                     "group_curves": bounds[(i, 0)]["group_curves"], "name": bounds[(i, 0)]["name"]}
-            for i in range(len(paths))}
-    write_outputs(out, doc, timelines, meta)
-    return doc
+    meta = {sc.name: {"node_names": bounds[(i, 0)]["node_names"], "node_groups": bounds[(i, 0)]["node_groups"],
+                      "group_curves": bounds[(i, 0)]["group_curves"], "name": sc.name}
+            for i, sc in enumerate(loaded)}
+    res = from_dict(doc)
+    write_outputs(out, res, timelines, meta)
+    if placements:
+        from joulesched.pipelines.placements import write_placements
+
+        write_placements(out / "placements.csv", placed_rows)
+    return res
 
 
 def _label(sc: Scenario) -> str:
@@ -286,6 +306,10 @@ def summarize(doc: dict) -> dict:
                 ratios = [v["energy_joules"] / e["policies"]["default-k8s"]["energy_joules"] for v, e in zip(vals, entries)]
                 row["energy_vs_default"] = float(np.mean(ratios))
                 row["energy_vs_default_ci95"] = t_halfwidth(ratios)
+            for k in ("gpu_joules", "cpu_joules", "gpu_unallocated_when_blocked"):  # GPU clusters only
+                got = [v[k] for v in vals if v.get(k) is not None]
+                if got:
+                    row[k] = float(np.mean(got))
             rows[pol] = row
         heur = [h for h in rows if family_of(h) in HEURISTIC_FAMILIES]
         out[name] = {"seeds": len(entries), "lower_bound_joules": float(np.mean([e["lower_bound_joules"] for e in entries])),
@@ -324,32 +348,29 @@ def _optimum_summary(opts: list[dict]) -> dict:
             "optimum_bound_joules": mean("bound_joules"), "status": [o["status"] for o in opts]}
 
 
-def headroom(doc: dict) -> dict[str, dict]:
+def headroom(res: Results) -> dict[str, dict]:
     """The headroom table per scenario (docs/PERFORMANCE.md): energy / default-k8s of the best upstream and the
     best sleep-aware heuristic, the learned policy, the optimum (or the best bound where it is not solved), and
     the share of the best heuristic's distance to it that the learned policy closes. Per seed, then averaged."""
     from joulesched.agent.registry import UPSTREAM_FAMILIES
 
     out: dict[str, dict] = {}
-    by_name: dict[str, list[dict]] = {}
-    for e in doc["scenarios"]:
-        by_name.setdefault(e["name"], []).append(e)
-    pols = doc["policies"]
+    pols = res.policies
     if "default-k8s" not in pols:
         return out
     up = [p for p in pols if family_of(p) in UPSTREAM_FAMILIES]
     sa = [p for p in pols if family_of(p) == "sleep-aware"]
     heur = [p for p in pols if family_of(p) in HEURISTIC_FAMILIES]
     learned = [p for p in pols if family_of(p) == "learned"]
-    for name, entries in by_name.items():
-        base = [e["policies"]["default-k8s"]["energy_joules"] for e in entries]
+    for name in res.summary:
+        entries = res.runs(name)
+        base = [e.policies["default-k8s"].energy_joules for e in entries]
 
         def best(names, entries=entries, base=base):
             if not names:
                 return None, None
-            per = [min(e["policies"][p]["energy_joules"] for p in names) / b for e, b in zip(entries, base)]
-            top = min(names, key=lambda p: np.mean([e["policies"][p]["energy_joules"] / b
-                                                    for e, b in zip(entries, base)]))
+            per = [min(e.policies[p].energy_joules for p in names) / b for e, b in zip(entries, base)]
+            top = min(names, key=lambda p: np.mean([e.policies[p].energy_joules / b for e, b in zip(entries, base)]))
             return float(np.mean(per)), top
 
         row: dict = {"seeds": len(entries)}
@@ -358,20 +379,20 @@ def headroom(doc: dict) -> dict[str, dict]:
         row["best_heuristic"], _ = best(heur)
         row["learned"], row["learned_policy"] = best(learned)
         # A measured run (the kube path) has no lower bound: lower_bound_joules is null there.
-        fluid = [e.get("lower_bound_joules") for e in entries]
+        fluid = [e.lower_bound_joules for e in entries]
         row["fluid_bound"] = (float(np.mean([v / b for v, b in zip(fluid, base)]))
                               if all(v is not None for v in fluid) else None)
-        opt = [e.get("optimum") for e in entries]
+        opt = [e.optimum for e in entries]
         if all(o is not None for o in opt):
-            lp = [o["lp_bound_joules"] for o in opt]
+            lp = [o.lp_bound_joules for o in opt]
             row["lp_bound"] = float(np.mean([v / b for v, b in zip(lp, base)])) if all(v is not None for v in lp) else None
-            solved = all(o["optimum_joules"] is not None for o in opt)
-            row["optimum"] = float(np.mean([o["optimum_joules"] / b for o, b in zip(opt, base)])) if solved else None
+            solved = all(o.optimum_joules is not None for o in opt)
+            row["optimum"] = float(np.mean([o.optimum_joules / b for o, b in zip(opt, base)])) if solved else None
             # The best proven bound per seed: the MIP's own where it ran, else the LP bound, never below fluid.
-            bnd = [max((v for v in (o.get("bound_joules"), o["lp_bound_joules"], e["lower_bound_joules"])
-                        if v is not None), default=0.0) for o, e in zip(opt, entries)]
+            bnd = [max((v for v in (o.bound_joules, o.lp_bound_joules, e.lower_bound_joules) if v is not None),
+                       default=0.0) for o, e in zip(opt, entries)]
             row["best_bound"] = float(np.mean([v / b for v, b in zip(bnd, base)]))
-            row["optimal"] = all(o["status"] == "optimal" for o in opt)
+            row["optimal"] = all(o.status == "optimal" for o in opt)
             if row["learned"] is not None and row["best_heuristic"] is not None:
                 target = row["optimum"] if row["optimum"] is not None else row["best_bound"]
                 gap = row["best_heuristic"] - target
@@ -380,7 +401,7 @@ def headroom(doc: dict) -> dict[str, dict]:
     return out
 
 
-def write_outputs(out: Path, doc: dict, timelines: dict[str, np.ndarray], meta: dict) -> None:
+def write_outputs(out: Path, res: Results, timelines: dict[str, np.ndarray], meta: dict) -> None:
     """Write timelines.npz, nodes.json and, last, results.json, each atomically (core/fsio.py): results.json
     is the set's commit record, so a reader that finds a new one finds the files it describes beside it."""
     out = Path(out)
@@ -388,17 +409,4 @@ def write_outputs(out: Path, doc: dict, timelines: dict[str, np.ndarray], meta: 
     with atomic_path(out / "timelines.npz") as tmp, open(tmp, "wb") as fh:
         np.savez_compressed(fh, **timelines)
     atomic_write_text(out / "nodes.json", json.dumps(meta) + "\n")
-    atomic_write_text(out / "results.json", json.dumps(doc, indent=2) + "\n")
-
-
-def load_results(path: Path) -> dict:
-    """Read a results.json written by :func:`run_benchmark`, checking its version."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise BenchmarkInputError(f"{path}: no results.json there; run `joulesched benchmark` first") from None
-    except json.JSONDecodeError as e:
-        raise BenchmarkInputError(f"{path}: not valid JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("version") != RESULTS_VERSION or "scenarios" not in doc:
-        raise BenchmarkInputError(f"{path}: not a joulesched results file (version {RESULTS_VERSION})")
-    return doc
+    atomic_write_text(out / "results.json", dump(res))

@@ -30,7 +30,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_FAMILIES, family_of  # noqa: E402
 from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
-from joulesched.pipelines.benchmark import load_results  # noqa: E402
+from joulesched.pipelines.results import PolicySummary, Results, ScenarioRun, load_results  # noqa: E402
 from joulesched.pipelines.stats import t_halfwidth  # noqa: E402
 
 #: "Equal service" as the project's goals state it (docs/dqn.md, docs/PERFORMANCE.md): at most default-k8s's SLO
@@ -109,36 +109,31 @@ def _wrap(text: str, width: int = 26) -> str:
     return "\n".join(line.replace("- ", "-") for line in textwrap.wrap(text.replace("-", "- "), width))
 
 
-def _entries(doc: dict, name: str) -> list[dict]:
-    """The per-seed entries of one scenario, in seed order."""
-    return [e for e in doc["scenarios"] if e["name"] == name]
-
-
-def _slo_budget(rows: dict) -> float:
+def _slo_budget(rows: dict[str, PolicySummary]) -> float:
     """The SLO violation rate a policy may reach and still count as equal service: default-k8s's plus
     :data:`SLO_SLACK` (without default-k8s in the run, the lowest rate of the run plus it)."""
-    ref = rows["default-k8s"] if "default-k8s" in rows else min(rows.values(), key=lambda r: r["slo_violation_rate"] or 0)
-    return (ref["slo_violation_rate"] or 0.0) + SLO_SLACK
+    ref = rows["default-k8s"] if "default-k8s" in rows else min(rows.values(), key=lambda r: r.slo_violation_rate)
+    return ref.slo_violation_rate + SLO_SLACK
 
 
-def _ratios_to_reference(doc: dict, name: str) -> dict[str, float]:
+def _ratios_to_reference(doc: Results, name: str) -> dict[str, float]:
     """Energy / the reference per policy, per seed then averaged (the tables' ``vs default-k8s``)."""
-    ref = _reference(doc["policies"])
-    entries = _entries(doc, name)
-    return {p: float(np.mean([e["policies"][p]["energy_joules"] / e["policies"][ref]["energy_joules"]
-                              for e in entries])) for p in doc["policies"]}
+    ref = _reference(doc.policies)
+    entries = doc.runs(name)
+    return {p: float(np.mean([e.policies[p].energy_joules / e.policies[ref].energy_joules for e in entries]))
+            for p in doc.policies}
 
 
-def _bound_ratios(doc: dict, name: str) -> dict[str, float]:
+def _bound_ratios(doc: Results, name: str) -> dict[str, float]:
     """The fluid lower bound and, where it was solved, the optimum, as energy / the reference (seed means)."""
-    ref = _reference(doc["policies"])
-    entries = _entries(doc, name)
-    base = [e["policies"][ref]["energy_joules"] for e in entries]
+    ref = _reference(doc.policies)
+    entries = doc.runs(name)
+    base = [e.policies[ref].energy_joules for e in entries]
     out = {}
-    lb = [e.get("lower_bound_joules") for e in entries]
+    lb = [e.lower_bound_joules for e in entries]
     if all(v for v in lb):  # a measured run (the kube path) has no lower bound: null there
         out["fluid lower bound"] = float(np.mean([v / b for v, b in zip(lb, base)]))
-    opt = [(e.get("optimum") or {}).get("optimum_joules") for e in entries]
+    opt = [e.optimum.optimum_joules if e.optimum else None for e in entries]
     if all(v for v in opt):
         out["optimum (MIP)"] = float(np.mean([v / b for v, b in zip(opt, base)]))
     return out
@@ -163,10 +158,10 @@ def _panels(n: int, panel_w: float, panel_h: float, extra_w: float, extra_h: flo
     return fig, axes
 
 
-def fig_energy_ratio(doc: dict, colors: dict[str, str]) -> Figure:
+def fig_energy_ratio(doc: Results, colors: dict[str, str]) -> Figure:
     """Energy / default-k8s per policy, one panel per scenario (horizontal bars, so policy names never collide),
     with the lower bound and the optimum where it was solved."""
-    summ, policies = doc["summary"], doc["policies"]
+    summ, policies = doc.summary, doc.policies
     ref = _reference(policies)
     names = list(summ)
     fig, axes = _panels(len(names), 2.6, 0.17 * len(policies) + 0.85, 2.3, 0.9)
@@ -195,20 +190,20 @@ def fig_energy_ratio(doc: dict, colors: dict[str, str]) -> Figure:
     return fig
 
 
-def fig_energy_vs(doc: dict, colors: dict[str, str], key: str, label: str, scale: float) -> Figure:
+def fig_energy_vs(doc: Results, colors: dict[str, str], key: str, label: str, scale: float) -> Figure:
     """Energy / default-k8s against a service metric, one panel per scenario on shared axes; a cross marks a
     policy over the scenario's SLO budget (:func:`_slo_budget`)."""
-    summ, policies = doc["summary"], doc["policies"]
+    summ, policies = doc.summary, doc.policies
     ref = _reference(policies)
     names = list(summ)
     fig, axes = _panels(len(names), 2.7, 2.3, 2.6, 0.8)
     for ax, n in zip(axes.flat, names):
-        rows = summ[n]["policies"]
+        rows = summ[n].policies
         vals = _ratios_to_reference(doc, n)
         budget = _slo_budget(rows)
         for p in policies:
-            ok = (rows[p]["slo_violation_rate"] or 0.0) <= budget + 1e-12
-            ax.scatter(scale * (rows[p][key] or 0.0), vals[p], s=34 if ok else 46, marker="o" if ok else "X",
+            ok = rows[p].slo_violation_rate <= budget + 1e-12
+            ax.scatter(scale * (getattr(rows[p], key) or 0.0), vals[p], s=34 if ok else 46, marker="o" if ok else "X",
                        color=colors[p], edgecolors="white", linewidths=0.5, zorder=3, gid=p)
         # Pending times span orders of magnitude (0.1 s for a spreader, minutes for a packer that waits for
         # wake-ups): a symmetric log axis keeps zero and both ends visible.
@@ -222,7 +217,7 @@ def fig_energy_vs(doc: dict, colors: dict[str, str], key: str, label: str, scale
                 Line2D([], [], ls="", marker="X", color="#999999", label="over it")]
     # Zero and at least one decade on every panel: a run whose pods all waited under a second would otherwise
     # get symlog ticks such as 6.69e-3.
-    xmax = max(scale * (summ[n]["policies"][p][key] or 0.0) for n in names for p in policies)
+    xmax = max(scale * (getattr(summ[n].policies[p], key) or 0.0) for n in names for p in policies)
     axes[0, 0].set_xlim(-0.2, max(10.0, 2 * xmax))
     fig.supxlabel(f"{label}; bottom left is best", fontsize=9)
     fig.supylabel(f"energy / {ref}", fontsize=9)
@@ -230,20 +225,20 @@ def fig_energy_vs(doc: dict, colors: dict[str, str], key: str, label: str, scale
     return fig
 
 
-def fig_power(doc: dict, tl: dict, i: int, name: str, seed: int, colors: dict[str, str]) -> Figure | None:
+def fig_power(doc: Results, tl: dict, key: str, name: str, seed: int, colors: dict[str, str]) -> Figure | None:
     """Cluster power and nodes awake over time, per policy, on the scenario's first seed."""
-    if f"{i}/bin_s" not in tl:
+    if f"{key}/bin_s" not in tl:
         return None
-    bin_s = float(tl[f"{i}/bin_s"][0])
+    bin_s = float(tl[f"{key}/bin_s"][0])
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]},
                                   layout="constrained")
-    for p in doc["policies"]:
-        w = tl.get(f"{i}/{p}/watts")
+    for p in doc.policies:
+        w = tl.get(f"{key}/{p}/watts")
         if w is None:
             continue
         t = np.arange(w.size) * bin_s / 3600
         ax.plot(t, w / 1000, lw=1.1, label=short_label(p), color=colors[p], gid=p)
-        ax2.plot(t, tl[f"{i}/{p}/awake"], lw=1.0, color=colors[p], gid=p)
+        ax2.plot(t, tl[f"{key}/{p}/awake"], lw=1.0, color=colors[p], gid=p)
     ax.set_ylabel("cluster power (kW)")
     ax.set_title(f"{name}: power over time (workload seed {seed})", fontsize=10)
     ax2.set_ylabel("nodes awake")
@@ -261,21 +256,21 @@ def _spaced(centers: list[float], min_gap: float) -> list[int]:
     return keep
 
 
-def fig_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, seed: int) -> Figure | None:
+def fig_util(doc: Results, tl: dict, nodes: dict, key: str, name: str, seed: int) -> Figure | None:
     """Per-node CPU utilisation over time for default-k8s and the least-energy policy."""
-    policies = doc["policies"]
-    summ = doc["summary"][name]["policies"]
-    best = min(policies, key=lambda p: summ[p]["energy_joules"])
-    show = [p for p in dict.fromkeys(["default-k8s", best]) if f"{i}/{p}/util" in tl]
-    if not show or f"{i}/bin_s" not in tl:
+    policies = doc.policies
+    summ = doc.summary[name].policies
+    best = min(policies, key=lambda p: summ[p].energy_joules)
+    show = [p for p in dict.fromkeys(["default-k8s", best]) if f"{key}/{p}/util" in tl]
+    if not show or f"{key}/bin_s" not in tl:
         return None
-    bin_s = float(tl[f"{i}/bin_s"][0])
+    bin_s = float(tl[f"{key}/bin_s"][0])
     height = 4.2
     fig, axes = plt.subplots(1, len(show), figsize=(5.2 * len(show) + 1.2, height), squeeze=False,
                              layout="constrained")
-    groups = nodes.get(str(i), {}).get("node_groups", [])
+    groups = nodes.get(key, {}).get("node_groups", [])
     for ax, p in zip(axes[0], show):
-        u = tl[f"{i}/{p}/util"].astype(np.float32)
+        u = tl[f"{key}/{p}/util"].astype(np.float32)
         im = ax.imshow(u.T, aspect="auto", origin="lower", vmin=0, vmax=1, cmap="viridis", interpolation="nearest",
                        extent=(0, u.shape[0] * bin_s / 3600, 0, u.shape[1]))
         ax.set_title(short_label(p), fontsize=10)
@@ -297,9 +292,9 @@ def fig_util(doc: dict, tl: dict, nodes: dict, i: int, name: str, seed: int) -> 
     return fig
 
 
-def fig_placement(entry: dict, policies: list[str], name: str) -> Figure | None:
+def fig_placement(entry: ScenarioRun, policies: list[str], name: str) -> Figure | None:
     """Measured runs: pods per node for each policy (where each scheduler put the workload)."""
-    used = {p: entry["policies"][p].get("nodes_used") or {} for p in policies}
+    used = {p: entry.policies[p].nodes_used or {} for p in policies}
     nodes = sorted({n for u in used.values() for n in u})
     if not nodes:
         return None
@@ -315,15 +310,15 @@ def fig_placement(entry: dict, policies: list[str], name: str) -> Figure | None:
     return fig
 
 
-def fig_node_power(entry: dict, policies: list[str], name: str) -> Figure | None:
+def fig_node_power(entry: ScenarioRun, policies: list[str], name: str) -> Figure | None:
     """Measured runs: each node's power over each policy's window, from Prometheus (colours are nodes here)."""
-    shown = [p for p in policies if entry["policies"][p].get("node_power")]
+    shown = [p for p in policies if entry.policies[p].node_power]
     if not shown:
         return None
     fig, axes = plt.subplots(len(shown), 1, figsize=(10, 2.4 * len(shown) + 0.6), squeeze=False, sharey=True,
                              layout="constrained")
     for ax, p in zip(axes[:, 0], shown):
-        for node, series in sorted(entry["policies"][p]["node_power"].items()):
+        for node, series in sorted(entry.policies[p].node_power.items()):
             t, w = zip(*series) if series else ((), ())
             ax.plot(t, w, lw=1.1, label=node)
         ax.set_title(short_label(p, 60), fontsize=9)
@@ -335,15 +330,15 @@ def fig_node_power(entry: dict, policies: list[str], name: str) -> Figure | None
     return fig
 
 
-def fig_awake_nodes(entry: dict, policies: list[str], name: str, colors: dict[str, str]) -> Figure | None:
+def fig_awake_nodes(entry: ScenarioRun, policies: list[str], name: str, colors: dict[str, str]) -> Figure | None:
     """Measured runs with the node power controller (``pipeline --env kube --sleep``): nodes awake over each
     policy's window, as read from the cluster."""
-    shown = [p for p in policies if entry["policies"][p].get("awake_nodes")]
+    shown = [p for p in policies if entry.policies[p].awake_nodes]
     if not shown:
         return None
     fig, ax = plt.subplots(figsize=(10, 3.2), layout="constrained")
     for p in shown:
-        t, n = zip(*entry["policies"][p]["awake_nodes"])
+        t, n = zip(*entry.policies[p].awake_nodes)
         ax.step(t, n, where="post", lw=1.4, label=short_label(p), color=colors[p], gid=p)
     ax.set_xlabel("seconds since the policy's pods were created")
     ax.set_ylabel("nodes awake")
@@ -354,29 +349,49 @@ def fig_awake_nodes(entry: dict, policies: list[str], name: str, colors: dict[st
     return fig
 
 
-def figures(doc: dict, tl: dict, nodes: dict) -> Iterator[tuple[str, str | None, Figure]]:
+def fig_gpu_energy(doc: Results, name: str, colors: dict[str, str]) -> Figure | None:
+    """A GPU cluster's energy per policy, split: the CPU side (CPUs, memory, board, sleep) and the GPUs, as
+    stacked bars (kWh, mean over seeds); None where the scenario has no GPUs."""
+    rows = doc.summary[name].policies
+    pols = [p for p in doc.policies if rows[p].gpu_joules is not None]
+    if not pols:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 0.28 * len(pols) + 1.3), layout="constrained")
+    y = np.arange(len(pols))
+    cpu = [rows[p].cpu_joules / 3.6e6 for p in pols]
+    gpu = [rows[p].gpu_joules / 3.6e6 for p in pols]
+    for bar, p in zip(ax.barh(y, cpu, height=0.75, color=[colors[p] for p in pols], alpha=0.45), pols):
+        bar.set_gid(f"{p}/cpu")
+    for bar, p in zip(ax.barh(y, gpu, left=cpu, height=0.75, color=[colors[p] for p in pols]), pols):
+        bar.set_gid(f"{p}/gpu")
+    ax.set_yticks(y, [short_label(p) for p in pols], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("kWh: CPU side (light) + GPUs (dark), mean over seeds", fontsize=9)
+    ax.set_title(_wrap(f"{name}: CPU vs GPU energy", 60), fontsize=9)
+    ax.grid(axis="x", lw=0.4, alpha=0.5)
+    return fig
+
+
+def figures(doc: Results, tl: dict, nodes: dict) -> Iterator[tuple[str, str | None, Figure]]:
     """Every figure of the report as ``(file name, scenario or None for the summary plots, figure)``, one at a
     time (the caller saves and closes each before the next is drawn)."""
-    colors = policy_colors(doc["policies"])
+    colors = policy_colors(doc.policies)
     yield "energy_ratio.png", None, fig_energy_ratio(doc, colors)
     yield "energy_vs_service.png", None, fig_energy_vs(doc, colors, "mean_pending_s", "mean pending time per pod (s)",
                                                        1.0)
-    if any((r["slo_violation_rate"] or 0) > 0 for s in doc["summary"].values() for r in s["policies"].values()):
+    if any(r.slo_violation_rate > 0 for s in doc.summary.values() for r in s.policies.values()):
         yield "energy_vs_slo.png", None, fig_energy_vs(doc, colors, "slo_violation_rate",
                                                        "pods violating their SLO (%)", 100.0)
-    first_index: dict[str, int] = {}
-    for e in doc["scenarios"]:
-        first_index.setdefault(e["name"], len(first_index))
-    for name in doc["summary"]:
-        i = first_index[name]
-        entry = _entries(doc, name)[0]  # timelines are recorded on the scenario's first workload seed
-        seed = entry.get("seed", 0)
-        made = [(f"power_{i}.png", fig_power(doc, tl, i, name, seed, colors)),
-                (f"util_{i}.png", fig_util(doc, tl, nodes, i, name, seed))]
-        if doc.get("env") == "kube":
-            made += [(f"node_power_{i}.png", fig_node_power(entry, doc["policies"], name)),
-                     (f"awake_{i}.png", fig_awake_nodes(entry, doc["policies"], name, colors)),
-                     (f"placement_{i}.png", fig_placement(entry, doc["policies"], name))]
+    for i, name in enumerate(doc.summary):  # i numbers the plot files only; the data's key is the name
+        entry = doc.runs(name)[0]  # timelines are recorded on the scenario's first workload seed
+        key = doc.timeline_key(name)
+        made = [(f"power_{i}.png", fig_power(doc, tl, key, name, entry.seed, colors)),
+                (f"util_{i}.png", fig_util(doc, tl, nodes, key, name, entry.seed)),
+                (f"gpu_energy_{i}.png", fig_gpu_energy(doc, name, colors))]
+        if doc.env == "kube":
+            made += [(f"node_power_{i}.png", fig_node_power(entry, doc.policies, name)),
+                     (f"awake_{i}.png", fig_awake_nodes(entry, doc.policies, name, colors)),
+                     (f"placement_{i}.png", fig_placement(entry, doc.policies, name))]
         for fname, fig in made:
             if fig is not None:
                 yield fname, name, fig
@@ -386,40 +401,39 @@ def _mean_ci(values: list[float]) -> dict:
     return {"mean": float(np.mean(values)), "ci95": t_halfwidth(values), "n": len(values)}
 
 
-def _target_joules(e: dict) -> tuple[float | None, str]:
+def _target_joules(e: ScenarioRun) -> tuple[float | None, str]:
     """The seed's optimum where the MIP ran and found one, else its best proven bound (the MIP's own, the LP's or
     the fluid one, whichever is highest), with what it is."""
-    o = e.get("optimum")
-    if o and o.get("optimum_joules") is not None:
-        return o["optimum_joules"], "optimum" if o.get("status") == "optimal" else "optimum*"
-    bounds = [v for v in ((o or {}).get("bound_joules"), (o or {}).get("lp_bound_joules"), e.get("lower_bound_joules"))
-              if v is not None]
+    o = e.optimum
+    if o and o.optimum_joules is not None:
+        return o.optimum_joules, "optimum" if o.status == "optimal" else "optimum*"
+    bounds = [v for v in ((o.bound_joules, o.lp_bound_joules) if o else ()) + (e.lower_bound_joules,) if v is not None]
     return (max(bounds), "bound" if o else "fluid bound") if bounds else (None, "")
 
 
-def verdict(doc: dict) -> list[dict]:
+def verdict(doc: Results) -> list[dict]:
     """Per scenario, what a reader came for: the least-energy policy within the SLO budget (:func:`_slo_budget`),
     each learned policy's energy ÷ the best heuristic (per seed, with its 95 % interval and n), and the optimum or
     best bound ÷ the best heuristic. The best heuristic is the least-energy one on each seed, whatever its SLO
     (as in the tables and docs/dqn.md)."""
-    pols = doc["policies"]
+    pols = doc.policies
     heur = [p for p in pols if family_of(p) in HEURISTIC_FAMILIES]
     learned = [p for p in pols if family_of(p) == "learned"]
     out = []
-    for name, s in doc["summary"].items():
-        rows, entries = s["policies"], _entries(doc, name)
+    for name, s in doc.summary.items():
+        rows, entries = s.policies, doc.runs(name)
         budget = _slo_budget(rows)
-        within = [p for p in pols if (rows[p]["slo_violation_rate"] or 0.0) <= budget + 1e-12]
-        best = min(within, key=lambda p: rows[p]["energy_joules"])
+        within = [p for p in pols if rows[p].slo_violation_rate <= budget + 1e-12]
+        best = min(within, key=lambda p: rows[p].energy_joules)
         v = {"name": name, "n": len(entries), "budget": budget, "best": best,
-             "best_vs_ref": _ratios_to_reference(doc, name)[best], "best_slo": rows[best]["slo_violation_rate"] or 0.0,
+             "best_vs_ref": _ratios_to_reference(doc, name)[best], "best_slo": rows[best].slo_violation_rate,
              "learned": {}, "best_heuristic": None, "target": None, "target_kind": ""}
         if heur:
-            top = [min(heur, key=lambda h, e=e: e["policies"][h]["energy_joules"]) for e in entries]
-            best_j = [e["policies"][h]["energy_joules"] for e, h in zip(entries, top)]
+            top = [min(heur, key=lambda h, e=e: e.policies[h].energy_joules) for e in entries]
+            best_j = [e.policies[h].energy_joules for e, h in zip(entries, top)]
             v["best_heuristic"] = max(dict.fromkeys(top), key=top.count)  # the one best on most seeds
             for p in learned:
-                v["learned"][p] = _mean_ci([e["policies"][p]["energy_joules"] / b for e, b in zip(entries, best_j)])
+                v["learned"][p] = _mean_ci([e.policies[p].energy_joules / b for e, b in zip(entries, best_j)])
             targets = [_target_joules(e) for e in entries]
             if all(t is not None for t, _ in targets):
                 v["target"] = _mean_ci([t / b for (t, _), b in zip(targets, best_j)])
@@ -515,15 +529,13 @@ def _breakable(text: str) -> Markup:
     return Markup(re.sub(r"([/=:])", r"\1<wbr>", str(escape(text))))
 
 
-def _ratio(row: dict, key: str) -> str:
+def _ratio(row: PolicySummary, key: str) -> str:
     """``0.712 ± 0.031`` (Student-t 95 % half-width), or the mean alone when there is no interval."""
-    if key not in row or row[key] is None:
-        return "—"
-    ci = row.get(f"{key}_ci95")
-    return f"{row[key]:.3f}" + (f" ± {ci:.3f}" if ci is not None else "")
+    v, ci = getattr(row, key), getattr(row, f"{key}_ci95")
+    return "—" if v is None else f"{v:.3f}" + (f" ± {ci:.3f}" if ci is not None else "")
 
 
-def _headroom_rows(doc: dict) -> list[dict]:
+def _headroom_rows(doc: Results) -> list[dict]:
     """The headroom table's cells (pipelines/benchmark.py:headroom), formatted."""
     from joulesched.pipelines.benchmark import headroom
 
@@ -544,22 +556,22 @@ def _headroom_rows(doc: dict) -> list[dict]:
     return rows
 
 
-def _scenario_tables(doc: dict) -> list[dict]:
+def _scenario_tables(doc: Results) -> list[dict]:
     scen = []
-    for name, s in doc["summary"].items():
-        entries = _entries(doc, name)
-        best = min(s["policies"], key=lambda p: s["policies"][p]["energy_joules"])
+    for name, s in doc.summary.items():
+        entries = doc.runs(name)
+        best = min(s.policies, key=lambda p: s.policies[p].energy_joules)
         rows = []
-        for p, r in s["policies"].items():
-            rows.append({"policy": p, "energy": fmt_energy(r["energy_joules"]),
+        for p, r in s.policies.items():
+            rows.append({"policy": p, "energy": fmt_energy(r.energy_joules),
                          "vs_default": _ratio(r, "energy_vs_default"), "vs_heur": _ratio(r, "energy_vs_best_heuristic"),
-                         "vs_lb": r.get("energy_vs_lower_bound"), "slo": 100 * r["slo_violation_rate"],
-                         "thr": None if r["mean_throttling"] is None else 100 * r["mean_throttling"],
-                         "pending": r["mean_pending_s"], "uns": r["unschedulable_pods"], "p99": r["decision_us_p99"],
+                         "vs_lb": r.energy_vs_lower_bound, "slo": 100 * r.slo_violation_rate,
+                         "thr": None if r.mean_throttling is None else 100 * r.mean_throttling,
+                         "pending": r.mean_pending_s, "uns": r.unschedulable_pods, "p99": r.decision_us_p99,
                          "best": p == best})
-        scen.append({"name": name, "nodes": entries[0]["nodes"], "pods": entries[0]["pods"], "n": s["seeds"],
-                     "seeds": ", ".join(str(e.get("seed")) for e in entries), "rows": rows, "images": [],
-                     "lb": fmt_energy(s["lower_bound_joules"]) if s.get("lower_bound_joules") else None})
+        scen.append({"name": name, "nodes": entries[0].nodes, "pods": entries[0].pods, "n": s.seeds,
+                     "seeds": ", ".join(str(e.seed) for e in entries), "rows": rows, "images": [],
+                     "lb": fmt_energy(s.lower_bound_joules) if s.lower_bound_joules else None})
     return scen
 
 
@@ -582,12 +594,12 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
             summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
         else:
             by_name[name]["images"].append(fname)
-    pols = doc["policies"]
+    pols = doc.policies
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["breakable"] = _breakable
     page = env.from_string(_TEMPLATE).render(
-        header=header, n_scen=len(scen), seeds=doc["seeds"], policies=pols, wall_s=doc.get("wall_s", 0.0),
-        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.get("command", ""), scenarios=scen,
+        header=header, n_scen=len(scen), seeds=doc.seeds, policies=pols, wall_s=doc.wall_s,
+        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.command, scenarios=scen,
         verdict=verdict(doc), learned=[p for p in pols if family_of(p) == "learned"], ref=_reference(pols),
         colors=policy_colors(pols), fmt_ci=_fmt_ci, summary_images=summary_images, headroom=_headroom_rows(doc),
         training_curve=(plots / "training_curve.png").is_file())

@@ -10,7 +10,7 @@ import json
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -19,6 +19,9 @@ from rich.table import Table
 from joulesched.pipelines.cli.common import command_line, err, errors, fail, interrupted, out
 from joulesched.pipelines.progress import progress_bar
 from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite
+
+if TYPE_CHECKING:
+    from joulesched.pipelines.results import Results, ScenarioSummary
 
 app = typer.Typer(rich_markup_mode=None)
 
@@ -43,6 +46,10 @@ def benchmark(
         "--optimum", help="Also the LP bound and, on small instances, the MIP optimum (docs/optimum.md).")] = False,
     optimum_time_limit: Annotated[float, typer.Option(
         help="Seconds for the MIP per scenario and seed, with --optimum.")] = 60.0,
+    placements: Annotated[bool, typer.Option(
+        "--placements", help="Also write placements.csv: per scenario, seed and policy, one row per pod (its trace "
+                             "name, node, the node's GPU count and model, bind and end time; empty node: never "
+                             "placed).")] = False,
 ) -> None:
     """Run every policy on the same workloads, side by side, and compare with the offline lower bound."""
     from functools import partial
@@ -53,7 +60,7 @@ def benchmark(
 
     scenarios = scenario or standard_suite()
     policies = policy or list(DEFAULT_POLICIES)
-    run = partial(run_benchmark, optimum=optimum, optimum_time_limit=optimum_time_limit) if optimum else run_benchmark
+    run = partial(run_benchmark, optimum=optimum, optimum_time_limit=optimum_time_limit, placements=placements)
     with errors(), interrupted(out_dir):
         doc = _run_with_progress(run, scenarios, policies, seeds, out_dir, jobs, not as_json)
         if report:
@@ -70,53 +77,54 @@ def _run_with_progress(fn, scenarios, policies, seeds, out_dir, jobs, show: bool
                   on_progress=lambda item: prog.update(task, advance=1, item=item))
 
 
-def print_summary(doc: dict, as_json: bool, out_dir: Path, report: bool = True) -> None:
+def print_summary(doc: Results, as_json: bool, out_dir: Path, report: bool = True) -> None:
     if as_json:
-        print(json.dumps({"out": str(out_dir), "summary": doc["summary"]}, indent=2))
+        print(json.dumps({"out": str(out_dir), "summary": doc.model_dump(exclude_unset=True)["summary"]}, indent=2))
         return
-    def ratio(r: dict, key: str) -> str:
-        return f"{r[key]:.3f}" if r.get(key) is not None else "—"  # no default-k8s / no heuristic in the set
+    def ratio(r, key: str) -> str:
+        v = getattr(r, key)
+        return f"{v:.3f}" if v is not None else "—"  # no default-k8s / no heuristic in the set
 
-    for name, s in doc["summary"].items():
-        best = s.get("best_heuristics") or []
+    for name, s in doc.summary.items():
+        best = s.best_heuristics or []
         divides = (f"×best heur = / {best[0]}" + (f" (per seed: {', '.join(best)})" if len(best) > 1 else "")
                    if best else "×best heur: no heuristic among the policies")
-        t = Table(title=f"{name} (lower bound {s['lower_bound_joules'] / 3.6e6:.2f} kWh; {escape(divides)})",
+        t = Table(title=f"{name} (lower bound {s.lower_bound_joules / 3.6e6:.2f} kWh; {escape(divides)})",
                   title_justify="left")
         for col in ("policy", "kWh", "×default", "×best heur", "×bound", "SLO viol", "pend s", "unplaced", "p99 µs"):
             t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
-        for p, r in sorted(s["policies"].items(), key=lambda kv: kv[1]["energy_joules"]):
-            t.add_row(escape(p), f"{r['energy_joules'] / 3.6e6:.2f}",
+        for p, r in sorted(s.policies.items(), key=lambda kv: kv[1].energy_joules):
+            t.add_row(escape(p), f"{r.energy_joules / 3.6e6:.2f}",
                       ratio(r, "energy_vs_default"), ratio(r, "energy_vs_best_heuristic"),
-                      ratio(r, "energy_vs_lower_bound"), f"{100 * r['slo_violation_rate']:.2f}%",
-                      f"{r['mean_pending_s']:.1f}", f"{r['unschedulable_pods']:g}", f"{r['decision_us_p99']:.0f}")
+                      ratio(r, "energy_vs_lower_bound"), f"{100 * r.slo_violation_rate:.2f}%",
+                      f"{r.mean_pending_s:.1f}", f"{r.unschedulable_pods:g}", f"{r.decision_us_p99:.0f}")
         out.print(t)
         _print_unplaced(s)
-        for w in s.get("warnings", []):
+        for w in s.warnings:
             err.print(f"[yellow]warning:[/yellow] {escape(name)}: {escape(w)}", soft_wrap=True)
-        if s.get("optimum"):
-            o = s["optimum"]
+        if s.optimum:
+            o = s.optimum
             kwh = lambda j: "—" if j is None else f"{j / 3.6e6:.2f} kWh"  # noqa: E731
-            out.print(f"  optimum {kwh(o['optimum_joules'])} ({', '.join(o['status'])}), its bound "
-                      f"{kwh(o['optimum_bound_joules'])}, LP bound {kwh(o['lp_bound_joules'])}")
-    if "wall_s" in doc:
-        n = len(doc["policies"])
-        out.print(f"{n} polic{'y' if n == 1 else 'ies'} × {len(doc['summary'])} scenario(s) × {doc['seeds']} "
-                  f"seed(s) ran in {doc['wall_s']:.1f} s")
+            out.print(f"  optimum {kwh(o.optimum_joules)} ({', '.join(o.status)}), its bound "
+                      f"{kwh(o.optimum_bound_joules)}, LP bound {kwh(o.lp_bound_joules)}")
+    n = len(doc.policies)
+    out.print(f"{n} polic{'y' if n == 1 else 'ies'} × {len(doc.summary)} scenario(s) × {doc.seeds} "
+              f"seed(s) ran in {doc.wall_s:.1f} s")
     out.print(f"results: {out_dir / 'results.json'}" + (f"   report: {out_dir / 'report.html'}" if report else ""))
 
 
-def _print_unplaced(s: dict) -> None:
+def _print_unplaced(s: ScenarioSummary) -> None:
     """Why each policy's unplaced pods were never placed (placed + unplaced = pods; docs/twin.md, "Counts")."""
     from joulesched.pipelines.benchmark import UNPLACED_REASONS
 
     lines = []
-    for p, r in s["policies"].items():
-        if r["unschedulable_pods"] and all(k in r for k in UNPLACED_REASONS):
-            why = ", ".join(f"{r[k]:g} {what}" for k, what in UNPLACED_REASONS.items() if r[k])
-            lines.append(f"{escape(p)} {r['unschedulable_pods']:g} ({why})")
+    for p, r in s.policies.items():
+        counts = {k: getattr(r, k) for k in UNPLACED_REASONS}
+        if r.unschedulable_pods and all(v is not None for v in counts.values()):
+            why = ", ".join(f"{v:g} {UNPLACED_REASONS[k]}" for k, v in counts.items() if v)
+            lines.append(f"{escape(p)} {r.unschedulable_pods:g} ({why})")
     if lines:
-        out.print(f"  unplaced = pods that never got a node to run on; placed + unplaced = {s['pods']:g} pods; "
+        out.print(f"  unplaced = pods that never got a node to run on; placed + unplaced = {s.pods:g} pods; "
                   f"not counted as SLO violations: {'; '.join(lines)}", soft_wrap=True)
 
 

@@ -1,0 +1,257 @@
+"""The results of a run, typed: what ``results.json`` holds, written by the twin benchmark and the kube pipeline,
+read by the report, the CLI and the tests through attributes.
+
+Its JSON Schema, generated from these models, ships as ``docs/results.schema.json`` (regenerate it with
+``python -m joulesched.pipelines.results``; a test checks it matches). A scenario has one key everywhere: its
+name (unique in a run), in ``scenarios[].name``, the ``summary``, ``nodes.json`` and the ``timelines.npz`` keys
+(``NAME/POLICY/watts``). Schema 1 files (``"version": 1``, written before the model, with per-scenario
+timelines keyed by position) still load; any other version is refused with its number.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from joulesched.core.errors import UsageError
+
+SCHEMA_VERSION = 2
+#: Versions :func:`load_results` reads (1: before the model; the same fields, ``version`` for ``schema_version``).
+READABLE_VERSIONS = (1, 2)
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "docs" / "results.schema.json"
+
+
+class ResultsError(UsageError):
+    """A results file that is missing, unreadable, of an unknown version or not of this schema."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PolicyRun(BaseModel):
+    """One policy on one (scenario, seed). A backend may record measurements of its own beside these (the kube
+    pipeline's are listed; others are allowed)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    energy_joules: float
+    slo_violation_rate: float
+    unschedulable_pods: int
+    mean_pending_s: float
+    placements: int
+    decision_us_p99: float | None = Field(description="null where not observable (measured runs)")
+    mean_throttling: float | None = Field(description="null where not observable (measured runs)")
+    end_s: float
+    completed_pods: int
+    # The twin's account of every pod (docs/twin.md, "Counts"); absent in schema 1 files and measured runs.
+    placed_pods: int | None = None
+    unplaced_fits_no_node: int | None = None
+    unplaced_pending_at_end: int | None = None
+    unplaced_stopped_before_running: int | None = None
+    # GPU clusters (the twin; docs/twin.md, "GPUs"): energy split into GPUs and the rest, per run and per node,
+    # and FGD's fragmentation measure (unallocated GPU share whenever a GPU pod found no node).
+    gpu_joules: float | None = None
+    cpu_joules: float | None = Field(None, description="energy_joules less gpu_joules: CPUs, memory, board, sleep")
+    node_joules: dict[str, float] | None = Field(None, description="per node: total joules (GPU clusters)")
+    node_gpu_joules: dict[str, float] | None = Field(None, description="per node: its GPUs' joules")
+    gpu_blocked: int | None = Field(None, description="times a GPU pod found no node")
+    gpu_unallocated_when_blocked: float | None = Field(
+        None, description="mean unallocated share of the cluster's GPUs at those times (null: never blocked)")
+    # Measured runs (pipeline --env kube).
+    scheduler_name: str | None = None
+    window_start_unix: float | None = None
+    window_end_unix: float | None = None
+    energy_query: str | None = None
+    latency_p50_ms: float | None = None
+    latency_p95_ms: float | None = None
+    latency_p99_ms: float | None = None
+    throughput_rps: float | None = None
+    requests: int | None = None
+    load_tool: str | None = None
+    nodes_used: dict[str, int] | None = Field(None, description="pods bound per node")
+    node_power: dict[str, list[tuple[float, float]]] | None = Field(
+        None, description="per node: (seconds since the pods were created, watts)")
+    awake_nodes: list[tuple[float, int]] | None = Field(
+        None, description="(seconds since the pods were created, nodes awake), with the node power controller")
+
+
+class OptimumRun(BaseModel):
+    """The clairvoyant optimum's record for one (scenario, seed) (``agent/optimum.py:optimum_entry``)."""
+
+    model_config = ConfigDict(extra="allow")  # solver statistics (variables, binaries) come and go
+
+    name: str
+    seed: int
+    nodes: int
+    pods: int | None
+    status: str
+    overload_free: bool | None = None
+    fluid_joules: float | None = None
+    lp_bound_joules: float | None
+    lp_wall_s: float | None = None
+    optimum_joules: float | None
+    bound_joules: float | None
+    gap: float | None = None
+    wall_s: float | None = None
+    replay_joules: float | None = None
+    replay_rel_error: float | None = None
+    message: str = ""
+
+
+class ScenarioRun(_Strict):
+    """Every policy on one scenario and workload seed."""
+
+    name: str = Field(description="the scenario's key, unique in a run")
+    seed: int = Field(description="the workload seed")
+    nodes: int
+    pods: int
+    trace_rows_dropped: int = 0
+    duration_s: float | None = None
+    lower_bound_joules: float | None = Field(description="the fluid lower bound; null for measured runs")
+    lower_bound_end_s: float | None = None
+    scenario_file: str | None = Field(None, description="where the scenario came from (provenance, not a key)")
+    optimum: OptimumRun | None = None
+    target: str | None = Field(None, description="measured runs: the load target")
+    apps: list[str] | None = Field(None, description="measured runs: the apps deployed")
+    policies: dict[str, PolicyRun]
+
+
+class PolicySummary(_Strict):
+    """One policy on one scenario: means over its seeds, and energy ratios (per seed, then averaged, with the
+    half-width of a 95 % Student-t interval; null with one seed)."""
+
+    energy_joules: float
+    energy_vs_lower_bound: float | None
+    slo_violation_rate: float
+    mean_throttling: float | None
+    mean_pending_s: float
+    unschedulable_pods: float
+    decision_us_p99: float | None = Field(description="median over seeds")
+    placed_pods: float | None = None
+    unplaced_fits_no_node: float | None = None
+    unplaced_pending_at_end: float | None = None
+    unplaced_stopped_before_running: float | None = None
+    gpu_joules: float | None = None
+    cpu_joules: float | None = None
+    gpu_unallocated_when_blocked: float | None = None
+    energy_vs_default: float | None = None
+    energy_vs_default_ci95: float | None = None
+    energy_vs_best_heuristic: float | None = None
+    energy_vs_best_heuristic_ci95: float | None = None
+    latency_p99_ms: float | None = None
+
+
+class OptimumSummary(_Strict):
+    lp_bound_joules: float | None
+    optimum_joules: float | None
+    optimum_bound_joules: float | None
+    status: list[str]
+
+
+class ScenarioSummary(_Strict):
+    seeds: int
+    lower_bound_joules: float | None
+    pods: float | None = None
+    policies: dict[str, PolicySummary]
+    warnings: list[str] = Field(default_factory=list)
+    best_heuristics: list[str] | None = Field(
+        None, description="what energy_vs_best_heuristic divides by: the heuristic best on each seed, most often first")
+    optimum: OptimumSummary | None = None
+
+
+class Results(_Strict):
+    """A run's results: every (scenario, seed) entry and the summary per scenario."""
+
+    model_config = ConfigDict(extra="forbid",
+                              json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"})
+
+    schema_version: Literal[2] = Field(description="2: this model")
+    env: Literal["twin", "kube"] = Field("twin", description="the embedded twin or a measured cluster")
+    command: str
+    created_unix: float
+    wall_s: float
+    policies: list[str]
+    seeds: int
+    scenarios: list[ScenarioRun]
+    summary: dict[str, ScenarioSummary]
+    _read_version: int = PrivateAttr(SCHEMA_VERSION)
+
+    @property
+    def read_version(self) -> int:
+        """The schema version of the file this came from (1: its timelines are keyed by scenario position)."""
+        return self._read_version
+
+    def runs(self, name: str) -> list[ScenarioRun]:
+        """The per-seed entries of one scenario, in seed order."""
+        return [e for e in self.scenarios if e.name == name]
+
+    def timeline_key(self, name: str) -> str:
+        """The prefix of a scenario's arrays in timelines.npz and its key in nodes.json: its name (schema 1: its
+        position among the scenarios)."""
+        if self._read_version >= 2:
+            return name
+        return str(list(dict.fromkeys(e.name for e in self.scenarios)).index(name))
+
+
+def dump(res: Results) -> str:
+    """results.json's text: the fields a writer set (a twin run has no kube fields, not a row of nulls), with
+    Python's float formatting, so energies read back bit for bit."""
+    return json.dumps(res.model_dump(exclude_unset=True), indent=2) + "\n"
+
+
+def json_schema() -> dict:
+    """The JSON Schema of results.json, as shipped in docs/results.schema.json."""
+    return Results.model_json_schema()
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def from_dict(doc: object, where: str = "results") -> Results:
+    """Validate a results document (schema 1 is upgraded); a clear :class:`ResultsError` otherwise."""
+    if not isinstance(doc, dict) or not ("schema_version" in doc or "version" in doc):
+        raise ResultsError(f"{where}: not a joulesched results file (no schema_version)")
+    version = doc.get("schema_version", doc.get("version"))
+    if version not in READABLE_VERSIONS:
+        raise ResultsError(f"{where}: results schema version {version!r} is not one this joulesched reads "
+                           f"({', '.join(map(str, READABLE_VERSIONS))}); re-run the benchmark to write version "
+                           f"{SCHEMA_VERSION}")
+    if version == 1:
+        doc = {("schema_version" if k == "version" else k): (SCHEMA_VERSION if k == "version" else v)
+               for k, v in doc.items()}
+    try:
+        res = Results.model_validate(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        raise ResultsError(f"{where}: not valid results (schema version {version}): {loc}: {first['msg']}"
+                           + (f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else "")) from None
+    res._read_version = version
+    return res
+
+
+def load_results(path: Path) -> Results:
+    """Read a results.json written by the benchmark or the kube pipeline (schema 1 or 2)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no results.json there; run `joulesched benchmark` first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path}: not valid JSON: {e}") from None
+    return from_dict(doc, str(path))
+
+
+def main() -> None:
+    """Regenerate docs/results.schema.json from the model."""
+    from joulesched.core.fsio import atomic_write_text
+
+    print(atomic_write_text(SCHEMA_PATH, schema_text()))
+
+
+if __name__ == "__main__":
+    main()
