@@ -24,18 +24,18 @@ def main() -> None:
     a = ap.parse_args()
     policies = list(BASELINES) + a.policy
     doc = run_benchmark(SUITE, policies, a.seeds, a.out, jobs=a.jobs)
-    summ = doc["summary"]
+    summ = doc.summary
     print(f"Energy / default-k8s (mean of {a.seeds} seeds; in brackets: energy / lower bound; SLO violations %)\n")
     print("| policy | " + " | ".join(summ) + " |")
     print("|---|" + "---|" * len(summ))
     for p in policies:
         cells = []
         for name in summ:
-            r = summ[name]["policies"][p]
-            cells.append(f"{r['energy_vs_default']:.3f} ({r['energy_vs_lower_bound']:.2f}; {100 * r['slo_violation_rate']:.1f}%)")
+            r = summ[name].policies[p]
+            cells.append(f"{r.energy_vs_default:.3f} ({r.energy_vs_lower_bound:.2f}; {100 * r.slo_violation_rate:.1f}%)")
         print(f"| {p} | " + " | ".join(cells) + " |")
     print("| *lower bound* | " + " | ".join(
-        f"{summ[n]['lower_bound_joules'] / summ[n]['policies']['default-k8s']['energy_joules']:.3f}" for n in summ) + " |")
+        f"{summ[n].lower_bound_joules / summ[n].policies['default-k8s'].energy_joules:.3f}" for n in summ) + " |")
 
 
 if __name__ == "__main__":

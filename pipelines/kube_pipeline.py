@@ -36,8 +36,9 @@ import numpy as np
 
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_write_text, check_output_dir
-from joulesched.pipelines.benchmark import RESULTS_VERSION, write_outputs
+from joulesched.pipelines.benchmark import write_outputs
 from joulesched.pipelines.report import write_report
+from joulesched.pipelines.results import SCHEMA_VERSION, Results, from_dict, load_results
 from joulesched.pipelines.stages import Stage, StageRunner
 from joulesched.power.energy_sources import SOURCES, EnergySource
 from joulesched.power.prometheus import ENERGY_METRIC, PrometheusMeter, as_source
@@ -379,7 +380,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
              command: str = "", on_event: Callable[[str, str], None] | None = None,
              start_scheduler: bool = True, kube_context: str | None = None, force: bool = False,
              on_plan: Callable[[list[str]], None] | None = None, rate_window_s: float = 60.0,
-             sleep: dict | None = None, sample_awake_s: float = 2.0) -> dict:
+             sleep: dict | None = None, sample_awake_s: float = 2.0) -> Results:
     """Measure every policy in turn (default: the registry's default set) on the cluster of ``kubeconfig``;
     write results.json and report.html.
 
@@ -492,7 +493,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     def report() -> None:
         measured = {pol: json.loads(run_files[pol].read_text()) for pol in policies}
         doc = {
-            "version": RESULTS_VERSION,
+            "schema_version": SCHEMA_VERSION,
             "command": command,
             "env": "kube",
             "created_unix": time.time(),
@@ -504,12 +505,10 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
                            "policies": {pol: m["metrics"] for pol, m in measured.items()}}],
         }
         doc["summary"] = summarize_kube(doc)
-        write_outputs(out, doc, {}, {})
+        write_outputs(out, from_dict(doc), {}, {})
         write_report(out, header=HEADER)
 
     runner.run(Stage("report", list(run_files.values()), {"command_policies": list(policies),
                                                          "scenario": scenario_name},
                      [out / "results.json", out / "report.html"], report))
-    from joulesched.pipelines.benchmark import load_results
-
     return load_results(out / "results.json")

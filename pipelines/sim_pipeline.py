@@ -17,6 +17,7 @@ from joulesched.agent.registry import DEFAULT_POLICIES
 from joulesched.cluster.scenario import Scenario, ScenarioError, load_scenario
 from joulesched.core.fsio import check_output_dir, check_output_file
 from joulesched.pipelines.benchmark import load_results, run_benchmark, validate_inputs
+from joulesched.pipelines.results import Results
 from joulesched.pipelines.report import write_report
 from joulesched.pipelines.stages import Stage, StageRunner
 from joulesched.power.calibrate import read_profile_curve
@@ -97,7 +98,7 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
             on_event: Callable[[str, str], None] | None = None,
             on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
             on_plan: Callable[[list[str]], None] | None = None,
-            on_train: Callable[[int, float, float], None] | None = None) -> dict:
+            on_train: Callable[[int, float, float], None] | None = None) -> Results:
     """Run the sim pipeline into ``out``; returns the benchmark results document.
 
     ``command`` is recorded in results.json as the command line that reproduces the run. ``on_plan`` gets the

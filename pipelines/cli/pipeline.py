@@ -248,14 +248,14 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
             raise
         what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
         _fail(f"kube pipeline failed: {what}", 1)
-    for name, s in doc["summary"].items():
+    for name, s in doc.summary.items():
         t = Table(title=f"{name} (measured on a real cluster)", title_justify="left")
         for col in ("policy", "joules", "×default", "errors", "p99 ms", "unplaced"):
             t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
-        for p, r in s["policies"].items():
-            t.add_row(p, f"{r['energy_joules']:.1f}", f"{r.get('energy_vs_default', float('nan')):.3f}",
-                      f"{100 * r['slo_violation_rate']:.2f}%", f"{r['latency_p99_ms']:.1f}",
-                      f"{r['unschedulable_pods']:g}")
+        for p, r in s.policies.items():
+            vs = r.energy_vs_default
+            t.add_row(p, f"{r.energy_joules:.1f}", "—" if vs is None else f"{vs:.3f}",
+                      f"{100 * r.slo_violation_rate:.2f}%", f"{r.latency_p99_ms:.1f}", f"{r.unschedulable_pods:g}")
         out.print(t)
     out.print(f"results: {out_dir / 'results.json'}   report: {out_dir / 'report.html'}")
 

@@ -204,7 +204,7 @@ def test_the_optimum_command_reports_bounds_replay_and_every_heuristic(tmp_path)
 
 
 def test_benchmark_optimum_row_and_the_headroom_table(tmp_path):
-    from joulesched.pipelines.benchmark import headroom
+    from joulesched.pipelines.benchmark import headroom, load_results
 
     out = tmp_path / "b"
     r = CliRunner().invoke(app, ["benchmark", "-s", "scenarios/small/trace-always-on.yaml", "-p", "default-k8s",
@@ -215,7 +215,7 @@ def test_benchmark_optimum_row_and_the_headroom_table(tmp_path):
     o = doc["scenarios"][0]["optimum"]
     assert o["lp_bound_joules"] >= doc["scenarios"][0]["lower_bound_joules"] * (1 - 1e-6)
     assert o["optimum_joules"] <= min(p["energy_joules"] for p in doc["scenarios"][0]["policies"].values()) * (1 + 1e-9)
-    row = headroom(doc)["small-trace-always-on"]
+    row = headroom(load_results(out / "results.json"))["small-trace-always-on"]
     assert row["best_upstream_policy"] == "most-allocated" and row["best_sleep_aware_policy"] == "awake-first"
     assert row["fluid_bound"] <= row["lp_bound"] * (1 + 1e-6) <= row["best_bound"] * (1 + 1e-6)
     assert row["best_bound"] <= min(row["best_upstream"], row["best_sleep_aware"]) + 1e-12

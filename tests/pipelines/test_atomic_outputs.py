@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 from joulesched.core.fsio import atomic_savefig  # noqa: E402
 from joulesched.pipelines import benchmark, kube_pipeline  # noqa: E402
 from joulesched.pipelines.stages import Stage, StageRunner  # noqa: E402
+from joulesched.pipelines.results import from_dict  # noqa: E402
 
 
 def _leftovers(d):
@@ -64,8 +65,14 @@ def test_overlapping_stage_records_never_collide(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+def _results(command: str):
+    """The smallest valid results (pipelines/results.py): no scenario run."""
+    return from_dict({"schema_version": 2, "command": command, "created_unix": 0.0, "wall_s": 0.0, "policies": [],
+                      "seeds": 1, "scenarios": [], "summary": {}})
+
+
 def test_a_failed_benchmark_write_keeps_the_previous_file_set(tmp_path, monkeypatch):
-    benchmark.write_outputs(tmp_path, {"version": 1, "run": "old"}, {"a": np.arange(3)}, {"n": 1})
+    benchmark.write_outputs(tmp_path, _results("old"), {"a": np.arange(3)}, {"n": 1})
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
     def fails(fh, **arrays):
@@ -74,7 +81,7 @@ def test_a_failed_benchmark_write_keeps_the_previous_file_set(tmp_path, monkeypa
 
     monkeypatch.setattr(benchmark.np, "savez_compressed", fails)
     with pytest.raises(OSError, match="disk full"):
-        benchmark.write_outputs(tmp_path, {"version": 1, "run": "new"}, {"a": np.arange(5)}, {"n": 2})
+        benchmark.write_outputs(tmp_path, _results("new"), {"a": np.arange(5)}, {"n": 2})
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # results.json still the old run
     assert _leftovers(tmp_path) == []
 
@@ -87,7 +94,7 @@ def test_results_json_is_written_last(tmp_path, monkeypatch):
     real = fsio.os.replace
     monkeypatch.setattr(fsio.os, "replace", lambda src, dst: (order.append(str(dst).rsplit("/", 1)[-1]),
                                                               real(src, dst)))
-    benchmark.write_outputs(tmp_path, {"version": 1}, {"a": np.arange(3)}, {"n": 1})
+    benchmark.write_outputs(tmp_path, _results(""), {"a": np.arange(3)}, {"n": 1})
     assert order[-1] == "results.json" and set(order) == {"results.json", "timelines.npz", "nodes.json"}
     assert np.load(tmp_path / "timelines.npz")["a"].tolist() == [0, 1, 2]
 

@@ -229,28 +229,28 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
     assert len(emu.bindings) == 6 and not emu.conflicts
 
     # Energy: read through PromQL, within 5 % of what was injected in each policy's window.
-    entry = doc["scenarios"][0]
-    assert entry["lower_bound_joules"] is None and entry["nodes"] == 3
+    entry = doc.scenarios[0]
+    assert entry.lower_bound_joules is None and entry.nodes == 3
     for pol in POLICIES:
-        r = entry["policies"][pol]
-        assert r["energy_query"].startswith("sum(increase(joulesched_node_joules_total{")
-        injected = inj.joules_between(r["window_start_unix"], r["window_end_unix"])
+        r = entry.policies[pol]
+        assert r.energy_query.startswith("sum(increase(joulesched_node_joules_total{")
+        injected = inj.joules_between(r.window_start_unix, r.window_end_unix)
         assert injected > 50, (pol, injected)
-        assert r["energy_joules"] == pytest.approx(injected, rel=0.05), (pol, r, injected)
-        assert r["unschedulable_pods"] == 0 and r["placements"] == 3
-        assert r["requests"] > 0 and r["slo_violation_rate"] == 0.0 and r["latency_p99_ms"] > 0
-        assert r["decision_us_p99"] is None and r["mean_throttling"] is None  # not observable: no fake zeros
+        assert r.energy_joules == pytest.approx(injected, rel=0.05), (pol, r, injected)
+        assert r.unschedulable_pods == 0 and r.placements == 3
+        assert r.requests > 0 and r.slo_violation_rate == 0.0 and r.latency_p99_ms > 0
+        assert r.decision_us_p99 is None and r.mean_throttling is None  # not observable: no fake zeros
         # Per-node power over the window, from a range query: the exporter's one target at the injected 50 W.
-        (series,) = r["node_power"].values()
+        (series,) = r.node_power.values()
         late = [w for t, w in series if t >= 3]
         assert late and all(abs(w - 50.0) < 5 for w in late), series
     # The two windows do not overlap: policies ran one after the other, torn down in between.
-    a, b = (entry["policies"][p] for p in POLICIES)
-    assert a["window_end_unix"] <= b["window_start_unix"]
+    a, b = (entry.policies[p] for p in POLICIES)
+    assert a.window_end_unix <= b.window_start_unix
 
     # Outputs.
     saved = json.loads((out / "results.json").read_text())
-    assert saved["version"] == 1 and saved["policies"] == list(POLICIES) and saved["env"] == "kube"
+    assert saved["schema_version"] == 2 and saved["policies"] == list(POLICIES) and saved["env"] == "kube"
     html = (out / "report.html").read_text()
     assert "Measured on a real cluster" in html and "energy-greedy" in html and "<td>n/a</td>" in html
     for png in ("energy_ratio.png", "placement_0.png", "node_power_0.png"):
@@ -366,10 +366,12 @@ def test_ctrl_c_leaves_dir_consistent_and_the_stack_run_resumes(emu, kubeconfig,
     r = CliRunner().invoke(app, ["pipeline", "--env", "kube", "--stack", "cluster", *common])
     assert r.exit_code == 0, r.output
     assert f"measure-{runs[0][:-len('.json')]}: skipped (inputs unchanged)" in r.output
-    doc = json.loads((out / "results.json").read_text())
-    entry = doc["scenarios"][0]["policies"]
-    assert entry["default-k8s"] == first["metrics"]
-    assert entry["energy-greedy"]["placements"] == 3 and entry["energy-greedy"]["energy_joules"] > 0
+    from joulesched.pipelines.results import load_results
+
+    doc = load_results(out / "results.json")  # through the typed model, as a reader would
+    entry = doc.scenarios[0].policies
+    assert entry["default-k8s"].model_dump(mode="json", exclude_unset=True) == first["metrics"]
+    assert entry["energy-greedy"].placements == 3 and entry["energy-greedy"].energy_joules > 0
     assert (out / "report.html").is_file()
     assert not list(Path(tempfile.gettempdir()).glob("joulesched-kubeconfig-*"))  # the stack's kubeconfig is gone
 

@@ -72,10 +72,10 @@ def test_kube_pipeline_with_sleep_reports_nodes_awake(emu, kubeconfig, scheduler
                    policies=("energy-greedy",), pods=2, load_seconds=5, users=2, driver="locust",
                    bind_timeout_s=20, delete_timeout_s=20, scrape_wait_s=20, rate_window_s=3,
                    sleep={"sleep_after_s": 1.0, "min_awake": 1}, sample_awake_s=0.5)
-    r = doc["scenarios"][0]["policies"]["energy-greedy"]
-    awake = [n for _, n in r["awake_nodes"]]
+    r = doc.scenarios[0].policies["energy-greedy"]
+    awake = [n for _, n in r.awake_nodes]
     assert awake[0] == 3 and min(awake) < 3  # nodes left idle by the packing went to sleep during the run
-    assert r["placements"] == 2 and r["unschedulable_pods"] == 0
+    assert r.placements == 2 and r.unschedulable_pods == 0
     assert (out / "plots" / "awake_0.png").stat().st_size > 0
     assert "awake_0.png" in (out / "report.html").read_text()
     assert (out / "logs").glob("node-power-*.log")

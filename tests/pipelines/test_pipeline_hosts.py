@@ -78,7 +78,8 @@ def test_calibrate_on_the_hosts_then_train_and_benchmark_on_their_curve(sshd, ho
     measured = [w for k, w in enumerate(fleet["power_watts"]) if k not in extrapolated]
     assert measured and all(abs(w - ConstantPackage.WATTS) < 15 for w in measured), (text, extrapolated)
     # The twin ran on the measured curve (scenarios are calibrated in memory; nodes.json records what ran).
-    curves = json.loads((out / "nodes.json").read_text())["0"]["group_curves"]
+    name = json.loads((out / "results.json").read_text())["scenarios"][0]["name"]  # a scenario's one key
+    curves = json.loads((out / "nodes.json").read_text())[name]["group_curves"]
     assert curves and all(c == fleet["power_watts"] for c in curves.values()), curves
     stages = {p.stem for p in (out / ".stages").iterdir()}
     assert {"calibrate-hosts", "train", "benchmark", "report"} <= stages

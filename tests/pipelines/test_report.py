@@ -30,6 +30,7 @@ from matplotlib.text import Text
 from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_FAMILIES, family_of
 from joulesched.pipelines import report
 from joulesched.pipelines.benchmark import load_results, run_benchmark, summarize
+from joulesched.pipelines.results import OptimumRun, Results, ScenarioRun, from_dict
 from joulesched.pipelines.suite import REPO_ROOT, SCENARIOS_DIR, standard_suite
 
 DQN = f"dqn={REPO_ROOT / 'models' / 'v2.pt'}"
@@ -45,21 +46,22 @@ def run(tmp_path_factory):
     return out
 
 
-def _inputs(out: Path) -> tuple[dict, dict, dict]:
+def _inputs(out: Path) -> tuple[Results, dict, dict]:
     return (load_results(out / "results.json"), dict(np.load(out / "timelines.npz")),
             json.loads((out / "nodes.json").read_text()))
 
 
-def _suite_sized(doc: dict) -> dict:
+def _suite_sized(res: Results) -> Results:
     """The run's per-seed results under each of the standard suite's scenario names (13, some long), so the
     layout is checked at the demo's size without running the whole suite."""
+    doc = res.model_dump(exclude_unset=True)
     names = [p.stem for p in standard_suite()]
     big = {**doc, "scenarios": []}
     for k, name in enumerate(names):
         src = doc["scenarios"][2 * (k % 2): 2 * (k % 2) + 2]  # both seeds of one of the two real scenarios
         big["scenarios"] += [{**copy.deepcopy(e), "name": name} for e in src]
     big["summary"] = summarize(big)
-    return big
+    return from_dict(big)
 
 
 def _policy_colours(fig) -> dict[str, set[str]]:
@@ -150,11 +152,12 @@ def _overlaps(a, b) -> bool:
     return a.x0 < b.x1 - 0.5 and b.x0 < a.x1 - 0.5 and a.y0 < b.y1 - 0.5 and b.y0 < a.y1 - 0.5
 
 
-def _one_scenario(doc: dict) -> dict:
+def _one_scenario(res: Results) -> Results:
     """The run's first scenario alone (a measured run's shape: one narrow figure)."""
+    doc = res.model_dump(exclude_unset=True)
     one = {**doc, "scenarios": [e for e in doc["scenarios"] if e["name"] == doc["scenarios"][0]["name"]]}
     one["summary"] = summarize(one)
-    return one
+    return from_dict(one)
 
 
 @pytest.mark.parametrize("fname", ["energy_ratio.png", "energy_vs_service.png"])
@@ -165,7 +168,7 @@ def test_summary_plots_have_no_touching_labels_and_legends_outside_the_data(run,
     fig = next(f for name, _, f in report.figures(doc, tl, nodes) if name == fname)
     fig.canvas.draw()
     texts = _texts(fig)
-    names = {e["name"] for e in doc["scenarios"]}
+    names = {e.name for e in doc.scenarios}
     assert names <= {t.replace("\n", "") for t, _ in texts}  # every scenario named (long names wrap at hyphens)
     assert sum(1 for ax in fig.axes if ax.get_visible() and ax.get_title()) == panels
     clashes = [(ta, tb) for (ta, a), (tb, b) in itertools.combinations(texts, 2) if _overlaps(a, b)]
@@ -214,34 +217,36 @@ def test_the_verdict_table_comes_first_and_names_the_least_energy_policy_within_
     page.feed((run / "report.html").read_text())
     assert page.order[0] == "verdict"  # before every plot and every other table
     assert set(page.verdict) == {"tiny", "small-sleep-mixed"}
-    for name, s in doc["summary"].items():
-        rows = s["policies"]
-        budget = rows["default-k8s"]["slo_violation_rate"] + 0.005
-        within = {p: r["energy_joules"] for p, r in rows.items() if r["slo_violation_rate"] <= budget}
+    for name, s in doc.summary.items():
+        rows = s.policies
+        budget = rows["default-k8s"].slo_violation_rate + 0.005
+        within = {p: r.energy_joules for p, r in rows.items() if r.slo_violation_rate <= budget}
         assert page.verdict[name] == min(within, key=within.get)
         # The DQN against the best heuristic, per seed, with its interval and n (the summary's figures).
         r = rows[DQN]
-        want = f"{r['energy_vs_best_heuristic']:.3f} ± {r['energy_vs_best_heuristic_ci95']:.3f} (n = 2)"
+        want = f"{r.energy_vs_best_heuristic:.3f} ± {r.energy_vs_best_heuristic_ci95:.3f} (n = 2)"
         cells = [c.strip() for c in page.cells[name]]
         assert want in cells
         # And the fluid bound against the best heuristic (no --optimum in this run), per seed.
-        entries = [e for e in doc["scenarios"] if e["name"] == name]
         heur = [p for p in POLICIES if family_of(p) in HEURISTIC_FAMILIES]
-        ratio = np.mean([e["lower_bound_joules"] / min(e["policies"][h]["energy_joules"] for h in heur)
-                         for e in entries])
+        ratio = np.mean([e.lower_bound_joules / min(e.policies[h].energy_joules for h in heur)
+                         for e in doc.runs(name)])
         assert any(c.startswith(f"{ratio:.3f} ± ") and c.endswith("(fluid bound)") for c in cells)
 
 
 def test_the_verdict_takes_the_optimum_where_solved_else_the_best_proven_bound():
-    e = {"lower_bound_joules": 80.0}
-    assert report._target_joules(e) == (80.0, "fluid bound")
-    e["optimum"] = {"optimum_joules": 95.0, "status": "optimal", "bound_joules": 95.0, "lp_bound_joules": 90.0}
-    assert report._target_joules(e) == (95.0, "optimum")
-    e["optimum"]["status"] = "time_limit"
-    assert report._target_joules(e) == (95.0, "optimum*")
-    e["optimum"] = {"optimum_joules": None, "status": "too_large", "bound_joules": None, "lp_bound_joules": 88.0}
-    assert report._target_joules(e) == (88.0, "bound")
-    assert report._target_joules({"lower_bound_joules": None}) == (None, "")
+    def run(lower_bound, **optimum):
+        opt = OptimumRun(name="s", seed=0, nodes=2, pods=3, **optimum) if optimum else None
+        return ScenarioRun(name="s", seed=0, nodes=2, pods=3, lower_bound_joules=lower_bound, optimum=opt,
+                           policies={})
+
+    assert report._target_joules(run(80.0)) == (80.0, "fluid bound")
+    solved = {"optimum_joules": 95.0, "bound_joules": 95.0, "lp_bound_joules": 90.0}
+    assert report._target_joules(run(80.0, status="optimal", **solved)) == (95.0, "optimum")
+    assert report._target_joules(run(80.0, status="time_limit", **solved)) == (95.0, "optimum*")
+    unsolved = {"optimum_joules": None, "bound_joules": None, "lp_bound_joules": 88.0}
+    assert report._target_joules(run(80.0, status="skipped", **unsolved)) == (88.0, "bound")
+    assert report._target_joules(run(None)) == (None, "")
 
 
 _PROBE = """<script>
