@@ -38,8 +38,12 @@ from joulesched.live.scheduler import ATTEMPT_BUCKETS
 log = logging.getLogger("joulesched.extender")
 
 MAX_EXTENDER_SCORE = 10
-#: kube-scheduler sends whole Node objects unless nodeCacheCapable: about 5 KB each, so 64 MiB is ~10,000 nodes.
-EXTENDER_LIMITS = Limits(timeout_s=10.0, max_connections=32, max_body=64 << 20)
+#: The extender is served ``nodeCacheCapable`` (deploy/kubernetes/scheduler-config.yaml): kube-scheduler sends
+#: node names, not Node objects (about 5 KB each), so a request is the Pod plus ~60 bytes a node: 4 MiB holds
+#: 50,000 names and a large Pod. 32 connections x 4 MiB bounds what requests can hold at once to 128 MiB. A
+#: scheduler configured without nodeCacheCapable still works up to ~800 nodes.
+EXTENDER_LIMITS = Limits(timeout_s=10.0, max_connections=32, max_body=4 << 20)
+VERBS = ("filter", "prioritize")
 
 
 class ExtenderError(UsageError):
@@ -211,10 +215,10 @@ class ExtenderServer(BackgroundHTTPServer):
 
             def do_POST(self) -> None:
                 verb = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
-                raw = self.read_body()  # Content-Length checked by the hardened base (400 / 413)
-                if verb not in ("filter", "prioritize"):
+                if verb not in VERBS:  # before reading: an unknown path costs no body (its connection is closed)
                     self._send(404, b'{"Error":"unknown verb; use /filter or /prioritize"}')
                     return
+                raw = self.read_body()  # Content-Length checked by the hardened base (400 / 413)
                 try:
                     args = json.loads(raw or b"null")
                 except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:

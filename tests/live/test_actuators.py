@@ -196,3 +196,14 @@ def test_aws_stop_and_start_on_moto_server(monkeypatch):
             assert a.state(t) in (ON, "transitioning")
         with pytest.raises(ActuatorError, match="i-0000000000000dead"):
             a.sleep(target("n", "aws://i-0000000000000dead"))
+
+
+# ---- bounded caches ---------------------------------------------------------------------------------------
+def test_aws_clients_are_bounded_by_region():
+    pytest.importorskip("boto3")
+    from joulesched.live.actuators.aws import AwsActuator
+
+    a = AwsActuator(endpoint_url="http://127.0.0.1:9", max_clients=2)  # clients are made, never used here
+    for region in ("us-east-1", "eu-west-1", "ap-south-1", "eu-west-1"):
+        a._ec2(target("n", f"aws://i-0abc?region={region}"))
+    assert list(a._clients) == ["ap-south-1", "eu-west-1"]

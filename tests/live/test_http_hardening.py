@@ -5,10 +5,13 @@ every answer is 2xx or 4xx within a deadline, the server stays up and its thread
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from prometheus_client import CollectorRegistry, Counter
 
@@ -20,6 +23,8 @@ from joulesched.live.extender import EXTENDER_LIMITS, Extender, ExtenderServer
 from joulesched.live.scheduler import StatusServer
 from tests.support.httpfuzz import NoAnswer, Req, open_idle, requests, send
 from tests.support.kube_emulator import KubeEmulator, make_pod
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                            HealthCheck.too_slow])
@@ -224,3 +229,24 @@ def test_servers_still_answer_after_the_fuzzing(extender, status, cluster):
     code, _ = _post(extender.port, "/prioritize", json.dumps({"Pod": make_pod("p", cpu="1"),
                                                                "NodeNames": ["n1", "n2"]}).encode())
     assert code == 200
+
+
+def test_a_declared_32_mib_body_is_413_at_once_and_the_cap_fits_node_names():
+    """Served nodeCacheCapable, the extender receives node names: its cap is sized to that (4 MiB holds the
+    names of 50,000 nodes), so a declared 32 MiB body is refused from its header alone."""
+    names = [f"node-{k:05d}.cluster.example.internal" for k in range(50_000)]
+    assert len(json.dumps({"Pod": {"metadata": {"name": "p" * 200}}, "NodeNames": names})) < EXTENDER_LIMITS.max_body
+    assert EXTENDER_LIMITS.max_body * EXTENDER_LIMITS.max_connections <= 256 << 20
+    cfg = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "scheduler-config.yaml").read_text())
+    assert cfg["extenders"][0]["nodeCacheCapable"] is True
+
+
+def test_the_verb_is_checked_before_the_body_is_read(extender):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", extender.port), timeout=5) as s:
+        # A 1 MiB body is announced and never sent: an unknown path is answered at once, without waiting for it.
+        t0 = time.monotonic()
+        s.sendall(b"POST /not-a-verb HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        head = s.recv(65536)
+        assert head.startswith(b"HTTP/1.1 404") and time.monotonic() - t0 < 0.9, head[:80]
