@@ -261,3 +261,26 @@ def test_default_k8s_scores_nvidia_gpu_only_when_its_profile_lists_it():
     s_cpu = (64000 - 2000) * 100 // 64000
     s_mem = (262144 - 300) * 100 // 262144
     assert gpu.tolist() == [(s_cpu + s_mem + 0) // 3, (s_cpu + s_mem + 75) // 3]
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda s, p: (s, p.replace("500,\n", "500,A100\n")), ["pod pod-0 allows GPU model(s) A100, which no node group has"]),
+    (lambda s, p: (s.replace("gpu_count: 2, ", ""), p), ["nodes.0: gpu_model is given but gpu_count is 0"]),
+    (lambda s, p: (s, p.replace(",1,500,", ",1,1500,")), ["line 2, column gpu_milli: 1500 milli-GPU is outside 1..1000"]),
+])
+def test_validate_exits_2_on_bad_gpu_input(tmp_path, edit, words):
+    from typer.testing import CliRunner
+
+    from joulesched.pipelines.cli import app
+
+    sc = ("name: v\nseed: 0\nduration_s: 100\nnodes:\n  - {name_prefix: g, count: 1, cpu_m: 8000, memory_mib: 8192, "
+          "power_watts: ibm-x3550-m3-x5675, gpu_count: 2, gpu_model: T4}\nworkload: {trace: p.csv}\n")
+    pods = "submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m,gpu_count,gpu_milli,gpu_spec\n0,10,1000,1024,500,1,500,\n"
+    sc, pods = edit(sc, pods)
+    (tmp_path / "s.yaml").write_text(sc)
+    (tmp_path / "p.csv").write_text(pods)
+    res = CliRunner().invoke(app, ["validate", str(tmp_path / "s.yaml")])
+    assert res.exit_code == 2
+    flat = " ".join(res.output.split())
+    for w in words:
+        assert w in flat, flat
