@@ -406,3 +406,47 @@ def test_an_address_from_the_map_is_written_onto_the_node_and_used(emu, machines
     make_controller(PowerPolicy(sleep_after_s=0.2), addresses={"m1": addr})
     wait_until(lambda: emu.get("nodes", "m1")["metadata"]["annotations"].get(POWER_ADDRESS_ANNOTATION) == addr, 5)
     wait_until(lambda: asleep(emu, machines, "m1"), 10, "m1 asleep through its mapped address")
+
+
+# ---- constraints are the filters', cordons are their owners' -----------------------------------------------
+def test_consolidation_moves_no_pod_to_a_node_its_own_constraints_exclude(emu, machines, kubelets, make_controller):
+    add_nodes(emu, machines, ["a", "b"], cpu="4")
+    emu.patch("nodes", "", "a", {"metadata": {"labels": {"zone": "x"}}})
+    # Pinned to zone x (only a), and not tolerating b's taint: no other node may take it, so a is never drained.
+    emu.add_pod("pinned", cpu="500m", owner="ReplicaSet", node_selector={"zone": "x"})
+    emu.bind("default", "pinned", {"target": {"name": "a"}}, None)
+    emu.add_pod("other", cpu="500m", owner="ReplicaSet")
+    emu.bind("default", "other", {"target": {"name": "b"}}, None)
+    emu.patch("nodes", "", "b", {"spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}})
+    make_controller(PowerPolicy(sleep_after_s=0.2, consolidate=True, consolidate_interval_s=0.2, restart_s=1))
+    time.sleep(2.0)  # ten consolidation rounds
+    assert not [e for e in emu.evictions if e[1] == "pinned"]
+    assert awake(emu, machines, "a")
+
+
+def test_job_pods_are_evicted_only_when_marked_safe_to_evict():
+    from joulesched.cluster.kube.objects import parse_pod
+    from joulesched.live.nodepower import eviction_blocker
+    from tests.support.kube_emulator import make_pod
+
+    job = make_pod("j", owner="Job")
+    assert "Job" in eviction_blocker(parse_pod(job))  # its progress would be lost
+    job["metadata"]["annotations"] = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}
+    assert eviction_blocker(parse_pod(job)) == ""
+    assert eviction_blocker(parse_pod(make_pod("r", owner="ReplicaSet"))) == ""
+    assert eviction_blocker(parse_pod(make_pod("bare"))) == "no controller"
+
+
+def test_our_uncordon_never_lifts_a_cordon_we_did_not_set(emu, machines, kubelets, make_controller):
+    add_nodes(emu, machines, ["a"])
+    machines.lookup("a").managedSave(0)
+    # Asleep and tainted by us, but cordoned by an admin (no joulesched.io/cordoned marker: not our cordon).
+    emu.patch("nodes", "", "a", {"metadata": {"annotations": {POWER_STATE_ANNOTATION: "asleep"}},
+                                 "spec": {"unschedulable": True, "taints": [
+                                     {"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule"}]}})
+    make_controller(PowerPolicy(sleep_after_s=60))
+    emu.add_pod("k", cpu="100m", scheduler_name="default-scheduler")  # fits only a, once awake
+    wait_until(lambda: pstate(emu, "a") == "awake" and machines.running("a"), 10, "a woken")
+    node = emu.get("nodes", "a")
+    assert node["spec"].get("unschedulable") is True  # the admin's cordon stays
+    assert not any(t["key"] == ASLEEP_TAINT for t in node["spec"].get("taints") or [])  # our taint is gone
