@@ -751,8 +751,9 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
     lp = lp or lp_bound(inst, time_limit=max(1.0, time_limit / 4))
     # The MIP's own LP relaxation by the interior point: 5x faster than the dual simplex HiGHS's branch-and-bound
     # starts with (2.8 s against 15 s on small-sleep-homogeneous), which on the sleeping instances does not even
-    # finish its root in a minute. Its value is a valid bound; 1e-6 relative covers the IPM's tolerance.
-    root = _relaxation(M, max(1.0, time_limit / 4))
+    # finish its root in a minute. Its value is a valid bound; 1e-6 relative covers the IPM's tolerance. Where
+    # nodes never sleep the root LP takes 0.3-4 s and HiGHS's own bound is above it: not worth the time there.
+    root = _relaxation(M, max(1.0, time_limit / 4)) if inst.can_sleep else math.nan
     warm = warm_specs() if warm is None else warm
     scheds = [s for s in (twin_schedule(inst, w) for w in warm) if s is not None] if inst.scenario else []
     scheds.sort(key=lambda s: s.twin_joules)
@@ -1080,8 +1081,22 @@ def _bind_on_arrival_rows(M: _Model, inst: Instance, groups: list[list[int]], he
     holding the pods present just before the interval's first arrival, and the mean holding count above them."""
     a, d = inst.a, inst.d
     arr = _unique_times(a)
+    caps = [(inst.cap[g[0]] / 1000.0, inst.mem[g[0]] / 1024.0, float(inst.slots[g[0]])) for g in groups]
     for k in range(len(grid) - 1):
         t, dt = grid[k], grid[k + 1] - grid[k]
+        # Pods present through the whole interval are held at every instant of it, by an integer number of nodes
+        # of each kind: the rounded (Chvatal-Gomory) covers sum ceil(alloc_g / q) n_g >= ceil(R / q) hold at every
+        # instant, so for the means too. q = each kind's allocatable, and 1 (the plain cover).
+        through = (a <= t + TOL) & (a + d >= grid[k + 1] - TOL)
+        if through.any():
+            for r, total in enumerate((float(c[through].sum()), float(mreq[through].sum()), float(through.sum()))):
+                if total <= 0:
+                    continue
+                per = [cp[r] for cp in caps]
+                for q in sorted({*per}):
+                    lhs = [math.ceil(v / q - 1e-9) for v in per]
+                    M.row([held_cols[gi][k] for gi in range(len(groups))], lhs, math.ceil(total / q - 1e-9), math.inf)
+                M.row([held_cols[gi][k] for gi in range(len(groups))], per, total, math.inf)
         nxt = arr[np.searchsorted(arr, t + TOL, side="left")] if arr.size and arr[-1] > t + TOL else grid[k + 1]
         ts = min(float(nxt), float(grid[k + 1]))  # no pod is bound in (t, ts): the holding set only shrinks
         if ts - t <= TOL or dt <= 0:
