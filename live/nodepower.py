@@ -464,7 +464,8 @@ class NodePowerController:
             busy = dict(self._busy)
             for n in names:
                 self._recs.setdefault(n, _NodeRec())
-            for n in [n for n in self._recs if n not in set(names)]:  # deleted nodes: bounded
+            present = set(names)
+            for n in [n for n in self._recs if n not in present and n not in self._busy]:  # deleted: bounded
                 del self._recs[n]
         self._adopt_addresses(infos)
         self._recover(names, infos, workload, busy, now)
