@@ -303,5 +303,6 @@ def test_serve_with_node_power_lists_and_watches_nodes_and_pods_as_often_as_serv
     with_power = _serve_requests(emu, tmp_path, dict(
         actuator="none", sleep_after=600, min_awake=0, spare_cpu=0, consolidate=False, credentials=None,
         addresses=None, libvirt_uri="qemu:///system"))
+    print(f"serve: {alone}; serve --node-power: {with_power}")  # the figures for the record
     assert alone["watch:nodes"] >= 1 and alone["watch:pods"] >= 1
     assert with_power == alone, f"serve: {alone}, serve --node-power: {with_power}"
