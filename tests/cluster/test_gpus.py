@@ -284,3 +284,22 @@ def test_validate_exits_2_on_bad_gpu_input(tmp_path, edit, words):
     flat = " ".join(res.output.split())
     for w in words:
         assert w in flat, flat
+
+
+def test_node_power_wakes_a_node_whose_gpus_fit():
+    from joulesched.cluster.nodepower import NodePowerCore, PowerPolicy
+    from joulesched.cluster.state import ASLEEP
+
+    # Node 2 (no GPUs) is the most efficient; node 1 has 4 V100s; node 0's 2 T4s hold a half-GPU pod each.
+    st = _state(counts=(2, 4, 0), models=("T4", "V100M16", ""))
+    st.peak_watts[:] = [300.0, 400.0, 100.0]
+    st.bind(0, PodRequest(1000, 100, gpu=1, gpu_milli=600), "a")
+    st.bind(0, PodRequest(1000, 100, gpu=1, gpu_milli=600), "b")
+    st.power_state[1:] = ASLEEP
+    core = NodePowerCore(PowerPolicy())
+    assert core.choose_wake(st, [PodRequest(1000, 100)]) == []  # node 0 is awake and has CPU room
+    # Two 500-milli pods: neither fits a T4 (400 free on each), so node 1 wakes once, for both.
+    half = PodRequest(1000, 100, gpu=1, gpu_milli=500)
+    assert core.choose_wake(st, [half, half]) == [1]
+    # Five whole GPUs fit no node: nothing is woken for them.
+    assert core.choose_wake(st, [PodRequest(1000, 100, gpu=5)]) == []
