@@ -553,9 +553,10 @@ class FilterChain:
             return pending, []
         keep, retry = [], []
         res = self.resources
+        plain = tuple(f for f in res if not isinstance(f, GpuFit))  # a pod without GPUs passes GpuFit anyway
         for p in pending:
             r = reqs[p]
-            ok = all(f.fits_node(st, i, r) for f in res) and self.admits(table, i, r)
+            ok = all(f.fits_node(st, i, r) for f in (res if r.gpu else plain)) and self.admits(table, i, r)
             (retry if ok else keep).append(p)
         return keep, retry
 
