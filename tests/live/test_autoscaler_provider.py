@@ -184,9 +184,15 @@ def test_delete_nodes_sleeps_them_and_increase_size_wakes_the_most_efficient(pro
     assert not emu.get("nodes", woken)["spec"].get("unschedulable")
     other = ({"w2", "w3"} - {woken}).pop()
     assert pstate(emu, other) == "asleep" and not machines.running(other)
-    states = {i.id: i.status.instanceState for i in stub.NodeGroupNodes(PB.NodeGroupNodesRequest(id="general")).instances}
-    assert states == {"joulesched://w1": PB.InstanceStatus.instanceRunning,
-                      f"joulesched://{woken}": PB.InstanceStatus.instanceRunning}
+    want = {"joulesched://w1": PB.InstanceStatus.instanceRunning,
+            f"joulesched://{woken}": PB.InstanceStatus.instanceRunning}
+
+    def states():
+        return {i.id: i.status.instanceState
+                for i in stub.NodeGroupNodes(PB.NodeGroupNodesRequest(id="general")).instances}
+
+    # Creating until the controller's wake action has returned and its cache has the awake node.
+    wait_until(lambda: states() == want, 10, f"both instances running (last {states()})")
     # The actuator's calls, as the machines saw them: the two sleeps, then the one wake.
     acts = [(a, n) for _, a, n in ctl.actions if n in ("w2", "w3")]
     assert sorted(acts[:2]) == [("sleep", "w2"), ("sleep", "w3")] and acts[2:] == [("wake", woken)]
