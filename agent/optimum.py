@@ -804,15 +804,26 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
                          assignment=assignment, starts=starts)
 
 
+def _ipm_or_simplex(h):
+    """Solve an LP by the interior point without crossover; where it stops short of optimal (HiGHS says
+    'Unknown' on some tiny degenerate LPs), by the simplex. Returns the model status."""
+    import highspy
+
+    h.setOptionValue("solver", "ipm")
+    h.setOptionValue("run_crossover", "off")
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        h.setOptionValue("solver", "simplex")
+        h.run()
+    return h.getModelStatus()
+
+
 def _relaxation(M: _Model, time_limit: float) -> float:
     """The model's LP relaxation value (interior point, no crossover) less 1e-6 relative, or NaN."""
     import highspy
 
     h = M.highs(integral=False, time_limit=time_limit, threads=None, gap=1e-6)
-    h.setOptionValue("solver", "ipm")
-    h.setOptionValue("run_crossover", "off")
-    h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+    if _ipm_or_simplex(h) != highspy.HighsModelStatus.kOptimal:
         return math.nan
     v = float(h.getInfo().objective_function_value)
     return v - 1e-6 * abs(v)
@@ -1060,10 +1071,7 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
         val = float(info.mip_dual_bound) if ok else math.nan
     else:
         h = M.highs(integral=False, time_limit=left, threads=None, gap=1e-6)
-        h.setOptionValue("solver", "ipm")
-        h.setOptionValue("run_crossover", "off")
-        h.run()
-        status = h.getModelStatus()
+        status = _ipm_or_simplex(h)
         ok = status == highspy.HighsModelStatus.kOptimal
         info = h.getInfo()
         # Without crossover the interior point's objective is the LP's optimum within its tolerance (1e-8 relative).
