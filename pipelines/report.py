@@ -500,12 +500,13 @@ MIP's, the LP's or the fluid one). The last column is the share of the best heur
 <h2>{{ s.name }}</h2>
 <p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods, n = {{ s.n }} seed(s) (workload seeds {{ s.seeds }}); {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.</p>
 <table><tr><th class="pol">policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
-<th>mean throttling</th><th>mean pending (s)</th><th>never placed</th><th>decision p99 (&micro;s)</th></tr>
+<th>mean throttling</th><th>mean pending (s)</th><th title="unplaced pods: placed + unplaced = pods">unplaced</th><th>decision p99 (&micro;s)</th></tr>
 {% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td class="pol"><span class="sw" style="background:{{ colors[r.policy] }}"></span>{{ r.policy|breakable }}</td><td>{{ r.energy }}</td>
 <td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) if r.vs_lb is not none else "—" }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
 <td>{{ "%.2f"|format(r.thr) ~ "%" if r.thr is not none else "n/a" }}</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
 <td>{{ "%.0f"|format(r.p99) if r.p99 is not none else "n/a" }}</td></tr>
 {% endfor %}</table>
+<p class="meta">Unplaced: pods never bound to a node (placed + unplaced = the {{ s.pods }} pods), mean over seeds: they fit no node, were still pending at the end, or were services whose stop came before they ran (docs/twin.md, "Counts"); they are not SLO violations.</p>
 {% for img in s.images %}<img src="plots/{{ img }}" alt="{{ img }}">{% endfor %}
 {% endfor %}
 </body></html>

@@ -118,6 +118,8 @@ def test_each_policy_has_one_distinct_colour_in_every_figure(run):
     html = (run / "report.html").read_text()
     for p in POLICIES:
         assert f'background:{colour[p]}"></span>{report._breakable(p)}' in html, p
+    # The unplaced column says what it counts, so that its numbers add up with the pods (#33).
+    assert html.count("placed + unplaced = the") == html.count('title="unplaced pods') >= 1
 
 
 def test_default_k8s_the_dqn_and_every_default_policy_keep_their_colours_in_any_report():
