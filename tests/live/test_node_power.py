@@ -450,3 +450,27 @@ def test_our_uncordon_never_lifts_a_cordon_we_did_not_set(emu, machines, kubelet
     node = emu.get("nodes", "a")
     assert node["spec"].get("unschedulable") is True  # the admin's cordon stays
     assert not any(t["key"] == ASLEEP_TAINT for t in node["spec"].get("taints") or [])  # our taint is gone
+
+
+def test_a_pod_whose_volume_is_pinned_to_a_node_wakes_that_node(emu, machines, kubelets, make_controller):
+    """kube-scheduler's VolumeBinding for a bound claim: a pod whose PV's node affinity names the small node
+    wakes the small one, not the more efficient big one it would otherwise get."""
+    add_nodes(emu, machines, ["small"], cpu="2")
+    add_nodes(emu, machines, ["big"], cpu="16")
+    emu.add_object("persistentvolumes", {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "local-small"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "local": {"path": "/data"},
+                 "claimRef": {"namespace": "default", "name": "data"},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "kubernetes.io/hostname", "operator": "In", "values": ["small"]}]}]}}}})
+    emu.add_object("persistentvolumeclaims", {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+                 "volumeName": "local-small"}}, "default")
+    make_controller(PowerPolicy(sleep_after_s=0.2))
+    wait_until(lambda: asleep(emu, machines, "small") and asleep(emu, machines, "big"), 10)
+    emu.add_pod("db", cpu="1", scheduler_name="default-scheduler",
+                volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}])
+    wait_until(lambda: awake(emu, machines, "small"), 10, "small woken for its volume")
+    time.sleep(0.5)
+    assert awake(emu, machines, "small") and asleep(emu, machines, "big")

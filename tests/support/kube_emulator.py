@@ -75,7 +75,9 @@ _RW = ["create", "delete", "get", "list", "patch", "update", "watch"]
 #: resource is stored as ``PLURAL.GROUP`` (``jobs.bmc.tinkerbell.org``), a core one as ``PLURAL``.
 GENERIC = {
     "v1": [("namespaces", "Namespace", False), ("serviceaccounts", "ServiceAccount", True),
-           ("configmaps", "ConfigMap", True), ("secrets", "Secret", True), ("services", "Service", True)],
+           ("configmaps", "ConfigMap", True), ("secrets", "Secret", True), ("services", "Service", True),
+           ("persistentvolumes", "PersistentVolume", False),
+           ("persistentvolumeclaims", "PersistentVolumeClaim", True)],
     "apps/v1": [("deployments", "Deployment", True), ("daemonsets", "DaemonSet", True)],
     "rbac.authorization.k8s.io/v1": [("clusterroles", "ClusterRole", False),
                                      ("clusterrolebindings", "ClusterRoleBinding", False),
