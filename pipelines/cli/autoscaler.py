@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from joulesched.pipelines.cli import live
+from joulesched.pipelines.cli.live import NODE_POWER_AROUND, node_power
 
 log = logging.getLogger("joulesched.autoscaler")
 
@@ -78,15 +78,15 @@ def autoscaler_provider(**options: Any) -> None:
     own = {k: options.pop(k) for k in _OWN}
     with errors():
         around = _provider(**own)
-    token = live.NODE_POWER_AROUND.set(around)
+    token = NODE_POWER_AROUND.set(around)
     try:
-        live.node_power(**options)
+        node_power(**options)
     finally:
-        live.NODE_POWER_AROUND.reset(token)
+        NODE_POWER_AROUND.reset(token)
 
 
 def _signature() -> inspect.Signature:
-    base = inspect.signature(live.node_power, eval_str=True)
+    base = inspect.signature(node_power, eval_str=True)
     params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann)
               for name, (ann, default) in _OWN.items()]
     rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in base.parameters.values()]
