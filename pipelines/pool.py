@@ -9,17 +9,21 @@ cannot interrupt the cleanup and leave orphans behind (the hang a plain ProcessP
 from __future__ import annotations
 
 import contextlib
+import os
+import pickle
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from multiprocessing import get_context
 from multiprocessing.pool import Pool
 
 
-def _worker_init(initializer: Callable[..., object] | None = None, initargs: tuple = ()) -> None:
+def _worker_init(initializer: Callable[..., object] | None = None, args_file: str = "") -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
-        initializer(*initargs)
+        with open(args_file, "rb") as f:
+            initializer(*pickle.load(f))
 
 
 @contextlib.contextmanager
@@ -58,8 +62,22 @@ def _quiet_start() -> Iterator[list[int]]:
 def process_pool(jobs: int, initializer: Callable[..., object] | None = None, initargs: tuple = ()) -> Iterator[Pool]:
     """A pool of ``jobs`` spawned workers; on any exception (Ctrl-C included) every worker is terminated.
     ``initializer(*initargs)`` runs once in each worker (what every task shares: sent once, not per task)."""
+    # What the workers share goes through a file, not the spawn pipe: a large payload in the pipe would keep the
+    # parent writing (Ctrl-C ignored, see _quiet_start) until each child had started Python and read it.
+    with tempfile.TemporaryDirectory(prefix="joulesched-pool-") as tmp:
+        args_file = ""
+        if initializer is not None:
+            args_file = os.path.join(tmp, "initargs.pickle")
+            with open(args_file, "wb") as f:
+                pickle.dump(initargs, f, protocol=pickle.HIGHEST_PROTOCOL)
+        with _pool(jobs, initializer, args_file) as pool:
+            yield pool
+
+
+@contextlib.contextmanager
+def _pool(jobs: int, initializer: Callable[..., object] | None, args_file: str) -> Iterator[Pool]:
     with _quiet_start() as held:
-        pool = get_context("spawn").Pool(jobs, initializer=_worker_init, initargs=(initializer, initargs))
+        pool = get_context("spawn").Pool(jobs, initializer=_worker_init, initargs=(initializer, args_file))
     try:
         if held:
             raise KeyboardInterrupt
