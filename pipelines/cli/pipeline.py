@@ -224,7 +224,7 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
                 model_path = _train_for_cluster(out_dir, model, minutes, steps, scenario, train_scenario,
                                                 node_profile, force, show)
                 spec = f"dqn={model_path}"
-                if policy is None:
+                if not any(p.startswith("dqn=") for p in policies):  # the model it trained is measured too
                     policies.append(spec)
             doc = run_kube(out_dir, kubeconfig=str(kubeconfig), prometheus_url=prometheus or "", target=target or "",
                            policies=policies, pods=pods, load_seconds=load_seconds, driver=load_driver,  # type: ignore[arg-type]

@@ -130,7 +130,7 @@ def test_kube_calibrates_the_hosts_trains_on_them_and_measures_the_dqn(sshd, hos
         "pipeline", "--env", "kube", "--kubeconfig", kubeconfig, "--prometheus", prometheus, "--target", testapp,
         "--pods", "2", "--load-seconds", "3", "--hosts", str(host), "--known-hosts", str(sshd.known_hosts),
         "--calibrate", "--calibrate-step-seconds", "0.4", "-s", "scenarios/tiny.yaml", "--steps", "120",
-        "--out", str(out)])
+        "-p", "default-k8s", "-p", "energy-greedy", "--out", str(out)])  # two baselines beside the DQN
     assert r.exit_code == 0, r.output
     fleet = yaml.safe_load((out / "node-profile.yaml").read_text())["power_watts"]
     trained_on = json.loads((out / "model.json").read_text())["training"]["node_curves"]["tiny"]
