@@ -221,6 +221,11 @@ def test_default_parameters_match_the_plain_rule_on_the_suite_scenario():
     ("{mode: sleep, consolidation: {interval_s: -1}}", "idle_policy.consolidation.interval_s"),
     ("{mode: sleep, consolidation: {checkpoint_fraction: 2}}", "idle_policy.consolidation.checkpoint_fraction"),
     ("{mode: sleep, consolidation: {restart: 3}}", "idle_policy.consolidation.restart"),
+    # Karpenter's knobs (tests/cluster/test_nodepower_knobs.py): named at load time.
+    ("{mode: sleep, consolidation: {budgets: [{nodes: lots}]}}", "a count"),
+    ("{mode: sleep, consolidation: {budgets: [{nodes: 1, schedule: '0 9 * * *'}]}}", "go together"),
+    ("{mode: sleep, consolidation: {budgets: [{nodes: 1, schedule: 'never', duration_s: 60}]}}", "not a cron"),
+    ("{mode: sleep, consolidation: {balanced_k: -1}}", "balanced_k"),
 ])
 def test_scenario_validates_the_power_parameters(tmp_path, idle, field):
     f = tmp_path / "s.yaml"
