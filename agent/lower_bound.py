@@ -13,6 +13,12 @@ docs/lower-bound.md states it and proves it. In short:
    convex G the cheapest such S on [0, T] is the lower convex hull of A's corners and (T, W) (a taut string),
    and we minimise over every T >= H' exactly, vertex by vertex.
 
+GPUs (issue 25): an awake node draws its GPUs' idle watts whatever its CPU does, so each node's curve and idle
+draw in G include them (asleep it draws its sleep watts, GPUs included); and a GPU job holds its GPUs while it
+runs, at least d_j seconds, on a node whose GPUs it fits, which adds at least its share times the least rise
+per unit of share of any such node's GPU curve (the curve's smallest chord slope from idle): a constant
+(:func:`gpu_dynamic_joules`) added to the bound. It ignores which GPUs must be awake, which only makes it lower.
+
 Services count for nothing beyond the floor: no work of theirs is conserved (a throttled service's demand is
 lost, not served later) and a run may leave one waiting, so no served amount of theirs holds for every run
 (docs/lower-bound.md has the counterexamples). It ignores memory, pod slots, wake-up time and the
@@ -60,15 +66,23 @@ def _lower_hull(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.array(hx), np.array(hy)
 
 
+def _gpu_idle(state: ClusterState) -> np.ndarray:
+    """Each node's GPUs' idle draw in all (0 without GPUs): what its GPUs draw while it is awake."""
+    return state.alloc_gpu * state.gpu_curves[:, 0] if state.has_gpus else np.zeros(len(state))
+
+
 def cluster_cost(state: ClusterState) -> tuple[float, np.ndarray, np.ndarray]:
-    """G as (b, breakpoints X, values G(X)), X from 0 to the cluster's total CPU."""
-    floors = np.minimum(state.sleep_watts, state.idle_watts) if state.can_sleep else state.idle_watts
+    """G as (b, breakpoints X, values G(X)), X from 0 to the cluster's total CPU; an awake node's draw includes
+    its GPUs' idle watts."""
+    gidle = _gpu_idle(state)
+    idle = state.idle_watts + gidle
+    floors = np.minimum(state.sleep_watts, idle) if state.can_sleep else idle
     widths, slopes = [], []
     for i in range(len(state)):
         cap = float(state.alloc_cpu[i])
         if cap <= 0:
             continue
-        w, s = node_envelope(state.curves[i], cap, float(floors[i]))
+        w, s = node_envelope(np.asarray(state.curves[i]) + gidle[i], cap, float(floors[i]))
         widths.append(w)
         slopes.append(s)
     b = float(floors.sum())
@@ -81,6 +95,35 @@ def cluster_cost(state: ClusterState) -> tuple[float, np.ndarray, np.ndarray]:
     x = np.concatenate(([0.0], np.cumsum(w)))
     g = np.concatenate(([b], b + np.cumsum(w * s)))
     return b, x, g
+
+
+def gpu_dynamic_joules(state: ClusterState, workload: Workload, keep: np.ndarray | None = None) -> float:
+    """The least GPU energy above idle that the GPU jobs ``keep`` (default: all jobs) use in any run: each holds
+    its GPUs at least ``d`` seconds while its node is on, on a node whose empty GPUs fit it (count and model),
+    drawing at least its share (count x milli / 1000) times that node's smallest chord slope of its GPU curve
+    from idle (watts per GPU of share)."""
+    if not (state.has_gpus and workload.has_gpus):
+        return 0.0
+    sel = (workload.kind == JOB) & (workload.gpu > 0)
+    if keep is not None:
+        sel &= np.asarray(keep, dtype=bool)
+    if not sel.any():
+        return 0.0
+    gc = state.gpu_curves
+    chord = ((gc[:, 1:] - gc[:, :1]) / (np.arange(1, 11) / 10.0)[None, :]).min(axis=1)  # W per GPU of share
+    whole = gc[:, 10] - gc[:, 0]  # a whole GPU sits at 100 % of its curve
+    total = 0.0
+    for j in np.flatnonzero(sel).tolist():
+        g, milli = int(workload.gpu[j]), int(workload.gpu_milli[j])
+        ok = state.alloc_gpu >= (g if milli >= 1000 else 1)
+        models = workload.gpu_spec_table[int(workload.gpu_spec[j])]
+        if models is not None:
+            ok &= state.gpu_model_mask(models)
+        if not ok.any():
+            continue  # fits no node: never placed
+        rate = g * whole if milli >= 1000 else (milli / 1000.0) * chord
+        total += float(rate[ok].min()) * float(workload.duration_s[j])
+    return total
 
 
 class _G:
@@ -153,8 +196,9 @@ def lower_bound(state: ClusterState, workload: Workload, horizon_s: float,
     # clairvoyant last completion.
     ends = workload.submit_s[keep] + workload.duration_s[keep]
     h_min = max(horizon_s, float(ends.max()) if ends.size else 0.0)
+    gdyn = gpu_dynamic_joules(state, workload, keep)
     if total <= 0:
-        return LowerBound(b * h_min, h_min, b, 0.0)
+        return LowerBound(b * h_min + gdyn, h_min, b, 0.0)
     # Barrier A(t): job work that could have been served by t, piecewise linear with breakpoints at arrivals,
     # profile breakpoints and clairvoyant completions.
     t_ev = np.concatenate((a, a + d, pt))
@@ -197,4 +241,4 @@ def lower_bound(state: ClusterState, workload: Workload, horizon_s: float,
         cost = float(prefix[k]) + G.perspective(tau, r)
         if cost < best:
             best, best_t = cost, tv + tau
-    return LowerBound(best, best_t, b, total)
+    return LowerBound(best + gdyn, best_t, b, total)

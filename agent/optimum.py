@@ -79,6 +79,65 @@ class Instance:
     scenario: Scenario | None = None  # where it came from, for warm starts and replays
     workload: Workload | None = field(default=None, repr=False, compare=False)  # its workload, built once
     seed_offset: int = 0
+    # GPUs (docs/optimum.md, "GPUs"): per node its GPU count, model ("" without) and one GPU's curve (watts at
+    # 0..100 % of its share, power/gpu.py); per pod its GPU count, milli-GPU per GPU (1000: whole GPUs) and the
+    # code of its allowed models in gspec_table (None: any). All zero / empty on a cluster without GPUs.
+    gpu: np.ndarray | None = None
+    gpu_model: tuple[str, ...] = ()
+    gpu_curves: np.ndarray | None = None
+    g: np.ndarray | None = None
+    gm: np.ndarray | None = None
+    gspec: np.ndarray | None = None
+    gspec_table: tuple = (None,)
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        n, p = len(self.cap), len(self.a)
+        if self.gpu is None:
+            s(self, "gpu", np.zeros(n, dtype=np.int64))
+        if not self.gpu_model:
+            s(self, "gpu_model", ("",) * n)
+        if self.gpu_curves is None:
+            s(self, "gpu_curves", np.zeros((n, 11)))
+        if self.g is None:
+            s(self, "g", np.zeros(p, dtype=np.int64))
+        if self.gm is None:
+            s(self, "gm", np.full(p, 1000, dtype=np.int64))
+        if self.gspec is None:
+            s(self, "gspec", np.zeros(p, dtype=np.int64))
+
+    @property
+    def has_gpus(self) -> bool:
+        return bool(self.gpu.any())
+
+    @property
+    def gpu_idle_w(self) -> np.ndarray:
+        """Each node's GPUs' idle draw in all (what an awake node's GPUs draw with nothing allocated)."""
+        return self.gpu * self.gpu_curves[:, 0]
+
+    @property
+    def node_curves(self) -> np.ndarray:
+        """Each node's awake draw at 0..100 % CPU with its GPUs idle: the CPU-side curve plus the GPUs' idle."""
+        return self.curves + self.gpu_idle_w[:, None]
+
+    def gpu_fits(self) -> np.ndarray:
+        """(P, N): the pod's GPUs fit the empty node (count and model, as GpuFit reads them); True without GPUs."""
+        ok = np.ones((self.pods, self.nodes), dtype=bool)
+        for p in np.flatnonzero(self.g > 0).tolist():
+            need = int(self.g[p]) if self.gm[p] >= 1000 else 1
+            row = self.gpu >= need
+            models = self.gspec_table[int(self.gspec[p])]
+            if models is not None:
+                row &= np.array([m in models for m in self.gpu_model], dtype=bool)
+            ok[p] = row
+        return ok
+
+    def gpu_watts(self) -> np.ndarray:
+        """(P, N): the GPU watts pod p adds on node i while it runs (its GPUs' rise above idle at its share);
+        exact for whole GPUs on any curve and for shares on a linear curve (:func:`instance` refuses the rest)."""
+        rise_full = self.gpu_curves[:, 10] - self.gpu_curves[:, 0]
+        share = self.g * self.gm / 1000.0
+        return share[:, None] * rise_full[None, :]
 
     @property
     def nodes(self) -> int:
@@ -117,8 +176,15 @@ def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None
     kinds = []
     for i in range(len(st)):
         key = (int(st.alloc_cpu[i]), int(st.alloc_mem[i]), int(st.alloc_pods[i]), tuple(st.curves[i].tolist()),
-               float(st.sleep_watts[i]), bool(never[i]))
+               float(st.sleep_watts[i]), bool(never[i]), int(st.alloc_gpu[i]), st.gpu_model[i],
+               tuple(st.gpu_curves[i].tolist()))
         kinds.append(kinds_map.setdefault(key, len(kinds_map)))
+    gk = {}
+    if st.has_gpus or wl.has_gpus:
+        gk = dict(gpu=st.alloc_gpu.astype(np.int64), gpu_model=tuple(st.gpu_model), gpu_curves=st.gpu_curves.copy(),
+                  g=wl.gpu[keep].astype(np.int64), gm=wl.gpu_milli[keep].astype(np.int64),
+                  gspec=wl.gpu_spec[keep].astype(np.int64), gspec_table=tuple(wl.gpu_spec_table))
+        _check_gpus(scenario.name, st, gk)
     return Instance(
         name=scenario.name, seed=seed, cap=st.alloc_cpu.astype(np.float64), mem=st.alloc_mem.astype(np.float64),
         slots=st.alloc_pods.astype(np.float64), curves=st.curves.copy(), sleep_w=st.sleep_watts.copy(),
@@ -128,7 +194,23 @@ def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None
         d=wl.duration_s[keep].astype(np.float64), c=np.maximum(wl.cpu_req[keep], 0).astype(np.float64),
         m=np.maximum(wl.mem_req[keep], 0).astype(np.float64), u=wl.usage_m[keep].astype(np.float64),
         never_placed=int(len(wl) - keep.size), never_sleep=never, scenario=scenario, seed_offset=seed_offset,
-        workload=wl)
+        workload=wl, **gk)
+
+
+def _check_gpus(name: str, st, gk: dict) -> None:
+    """Refuse (OptimumError) what the model cannot state exactly: a share of a GPU whose curve is not linear
+    (the node's GPU watts would then depend on how the shares are spread over its GPUs, which the twin decides
+    by best fit). Whole GPUs sit at 0 or 100 % of their curve, so any curve is exact for them."""
+    shared = (gk["g"] > 0) & (gk["gm"] < 1000)
+    if not shared.any():
+        return
+    curves = gk["gpu_curves"]
+    for i in np.flatnonzero(gk["gpu"] > 0).tolist():
+        line = curves[i, 0] + (curves[i, 10] - curves[i, 0]) * np.arange(11) / 10.0
+        if not np.allclose(curves[i], line, rtol=1e-12, atol=1e-9):
+            raise OptimumError(f"{name}: node {st.names[i]}'s GPU curve is not linear and pods share GPUs: the "
+                               "optimum models shared GPUs on linear GPU power curves only ([idle, max]); the "
+                               "fluid lower bound still applies")
 
 
 @dataclass
@@ -317,7 +399,7 @@ def _build(inst: Instance) -> _Built:
     a, d = inst.a, inst.d
     c, mreq, u = inst.c / 1000.0, inst.m / 1024.0, inst.u / 1000.0
     capN, memN = inst.cap / 1000.0, inst.mem / 1024.0
-    idle = inst.curves[:, 0]
+    idle = inst.node_curves[:, 0]  # awake with nothing running: the CPU side's idle and the GPUs' idle draw
     premium = idle - inst.sleep_w
     if sleep and (premium < 0).any():
         raise OptimumError("a node's sleep_watts exceeds its idle watts: the model assumes sleeping saves power")
@@ -331,7 +413,9 @@ def _build(inst: Instance) -> _Built:
 
     # Pods a unit can take: its requests fit an empty node and its demand fits the CPU (no overload).
     allowed = ((c[:, None] <= cap[None, :]) & (mreq[:, None] <= memN[rep][None, :])
-               & (inst.slots[rep][None, :] >= 1) & (u[:, None] <= cap[None, :] + 1e-12))
+               & (inst.slots[rep][None, :] >= 1) & (u[:, None] <= cap[None, :] + 1e-12)
+               & inst.gpu_fits()[:, rep])
+    gpu_w = inst.gpu_watts()[:, rep] if inst.has_gpus else None  # GPU watts above idle while the pod runs
     bad = np.flatnonzero(~allowed.any(axis=1))
     if bad.size:
         raise _Infeasible(f"pod {int(inst.pod[bad[0]])} demands {inst.u[bad[0]]:g}m, more than any node it fits: "
@@ -371,8 +455,11 @@ def _build(inst: Instance) -> _Built:
         for i in range(U):
             if not allowed[p, i]:
                 continue
+            # Its GPUs' rise above idle, charged for the d seconds it runs on the node (allocated GPUs of a
+            # waking node draw idle until it is up, and the pod starts then).
+            gcost = float(gpu_w[p, i] * d[p]) if gpu_w is not None else 0.0
             for k in range(len(modes[p])):
-                y[(p, i, k)] = col = M.var(0.0, 1.0, 0.0, integral)
+                y[(p, i, k)] = col = M.var(0.0, 1.0, gcost, integral)
                 cols.append(col)
         M.row(cols, [1.0] * len(cols), 1.0, 1.0)
 
@@ -539,6 +626,8 @@ def _build(inst: Instance) -> _Built:
                 cols, vals = held.at(j)
                 ac, av, const = awake_after(j) if sleep else ([], [], n)
                 M.row(cols + ac, vals + [-cap_r * v for v in av], -math.inf, cap_r * const)
+        if int(inst.gpu[node]) > 0:
+            _gpu_rows(M, inst, node, [p for p in Pi if inst.g[p] > 0], ymodes, modes, chk, jchk, jp, pods_at, d)
         # Dynamic power on the event grid: the demand U(g) of the pods running in each interval.
         running = _spans(G)
         maxu = np.zeros(G + 1)
@@ -622,6 +711,66 @@ def _build(inst: Instance) -> _Built:
                 M.row(rc, rv, 0.0, 0.0)
                 fprev = f
     return _Built(M, y, modes, inst, units)
+
+
+def _gpu_rows(M: _Model, inst: Instance, node: int, gP: list[int], ymodes, modes, chk, jchk, jp, pods_at,
+              d) -> None:
+    """The GPU filter's capacity on ``node`` (docs/optimum.md, "GPUs"), checked just after each arrival batch
+    (holdings only grow at arrivals; a pod holds its GPUs from its bind to its end).
+
+    With one GPU, or only whole-GPU pods able to land here, the aggregate is exact: the milli-GPUs held (a whole
+    GPU counts 1000) at most 1000 x the count. With shares on a node of several GPUs, each share is given one
+    GPU (``z[p, g]``, summing to the pod's ``y``): the shares on a GPU fit it, and the GPUs holding a share plus
+    the whole GPUs held fit the count. Every schedule the twin's filter admits satisfies these (its best-fit
+    assignment is one such ``z``); whether the twin's own best fit follows the MIP's node choice is what the
+    replay checks, and a schedule it does not follow is never called optimal."""
+    kg = int(inst.gpu[node])
+    if not gP:
+        return
+    gneed = inst.g * inst.gm / 1000.0  # GPUs' worth of share per pod
+    shared = [p for p in gP if inst.gm[p] < 1000]
+    J = len(chk)
+    ends = {(p, k): int(np.searchsorted(chk, modes[p][k][0] + d[p] - TOL)) for p in gP for k, _ in ymodes(p, node)}
+    checks = [j for j in sorted(pods_at) if any(inst.g[p] > 0 and p in gP for p in pods_at[j])]
+
+    def held(pods, j):
+        return [(p, k, col) for p in pods if int(jchk[jp[p]]) <= j for k, col in ymodes(p, node) if j < ends[(p, k)]]
+
+    if kg == 1 or not shared:
+        if gneed[gP].sum() <= kg + 1e-9:
+            return  # never binding
+        for j in checks:
+            h = held(gP, j)
+            if h:
+                M.row([col for _, _, col in h], [float(gneed[p]) for p, _, _ in h], -math.inf, float(kg))
+        return
+    whole = [p for p in gP if inst.gm[p] >= 1000]
+    z: dict[tuple[int, int, int], int] = {}
+    first = min(shared)  # the node's GPUs are interchangeable: the first share that may land here takes GPU 0
+    for p in shared:
+        for k, col in ymodes(p, node):
+            zs = [M.var(0.0, 1.0 if (p != first or g == 0) else 0.0, 0.0, True) for g in range(kg)]
+            for g, zc in enumerate(zs):
+                z[(p, k, g)] = zc
+            M.row(zs + [col], [1.0] * kg + [-1.0], 0.0, 0.0)
+    for j in checks:
+        hw = held(whole, j)
+        hs = held(shared, j)
+        ecols = []
+        for g in range(kg):
+            cols = [z[(p, k, g)] for p, k, _ in hs]
+            vals = [float(gneed[p]) for p, _, _ in hs]
+            if not cols:
+                continue
+            M.row(cols, vals, -math.inf, 1.0)
+            if hw:  # a GPU holding a share is not free for a whole-GPU pod
+                e = M.var(0.0, 1.0)
+                for zc in cols:
+                    M.row([zc, e], [1.0, -1.0], -math.inf, 0.0)
+                ecols.append(e)
+        if hw:
+            M.row([col for _, _, col in hw] + ecols, [float(inst.g[p]) for p, _, _ in hw] + [1.0] * len(ecols),
+                  -math.inf, float(kg))
 
 
 class _Infeasible(Exception):
@@ -976,7 +1125,7 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
         i0 = nodes[0]
         n = float(len(nodes))
         cap, alloc_c, alloc_m, slots = inst.cap[i0] / 1000.0, inst.cap[i0] / 1000.0, inst.mem[i0] / 1024.0, inst.slots[i0]
-        curve = inst.curves[i0]
+        curve = inst.node_curves[i0]  # awake: the GPUs draw their idle watts too
         idle, sw = float(curve[0]), float(inst.sleep_w[i0])
         can = sleep and not (inst.never_sleep is not None and bool(inst.never_sleep[i0]))
         premium = idle - sw if can else 0.0
@@ -1028,6 +1177,7 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
                     wake.append((av_cols[k], k + 1, hi))
             _range_max_rows(M, busy_cols, hold)
             _range_max_rows(M, serv_cols, wake)
+    M.offset += _gpu_dynamic(inst)  # every GPU job's GPUs above idle while it runs: the same in every run
     if bind_on_arrival:
         _bind_on_arrival_rows(M, inst, groups, held_cols, grid, c, mreq)
     # Causality per class: cumulative served work by each grid point at most what the class could have asked.
@@ -1090,6 +1240,11 @@ def _bind_on_arrival_rows(M: _Model, inst: Instance, groups: list[list[int]], he
     a, d = inst.a, inst.d
     arr = _unique_times(a)
     caps = [(inst.cap[g[0]] / 1000.0, inst.mem[g[0]] / 1024.0, float(inst.slots[g[0]])) for g in groups]
+    # GPUs: a bound GPU pod holds its share (a whole GPU counts 1) on a node with GPUs, so the held GPU-capable
+    # nodes' GPUs cover the shares present (a share never straddles GPUs, so ceil per pod is not needed here).
+    gneed = inst.g * inst.gm / 1000.0
+    gcaps = [float(inst.gpu[g[0]]) for g in groups]
+    use_gpu = bool(gneed.any())
     for k in range(len(grid) - 1):
         t, dt = grid[k], grid[k + 1] - grid[k]
         # Pods present through the whole interval are held at every instant of it, by an integer number of nodes
@@ -1105,6 +1260,8 @@ def _bind_on_arrival_rows(M: _Model, inst: Instance, groups: list[list[int]], he
                     lhs = [math.ceil(v / q - 1e-9) for v in per]
                     M.row([held_cols[gi][k] for gi in range(len(groups))], lhs, math.ceil(total / q - 1e-9), math.inf)
                 M.row([held_cols[gi][k] for gi in range(len(groups))], per, total, math.inf)
+            if use_gpu and gneed[through].sum() > 0:
+                M.row([held_cols[gi][k] for gi in range(len(groups))], gcaps, float(gneed[through].sum()), math.inf)
         nxt = arr[np.searchsorted(arr, t + TOL, side="left")] if arr.size and arr[-1] > t + TOL else grid[k + 1]
         ts = min(float(nxt), float(grid[k + 1]))  # no pod is bound in (t, ts): the holding set only shrinks
         if ts - t <= TOL or dt <= 0:
@@ -1114,7 +1271,8 @@ def _bind_on_arrival_rows(M: _Model, inst: Instance, groups: list[list[int]], he
             continue
         need = ((float(c[here].sum()), [inst.cap[g[0]] / 1000.0 for g in groups]),
                 (float(mreq[here].sum()), [inst.mem[g[0]] / 1024.0 for g in groups]),
-                (float(here.sum()), [float(inst.slots[g[0]]) for g in groups]))
+                (float(here.sum()), [float(inst.slots[g[0]]) for g in groups]),
+                (float(gneed[here].sum()) if use_gpu else 0.0, gcaps))
         n = [M.var(0.0, float(len(g)), 0.0, True) for g in groups]
         for total, per in need:
             if total > 0:
@@ -1132,18 +1290,33 @@ def _cluster_g(inst: Instance) -> tuple[float, np.ndarray, np.ndarray]:
     return b, x / 1000.0, g
 
 
+def _workload(inst: Instance) -> Workload:
+    """The instance's pods as a workload (what the fluid bound reads), GPUs included."""
+    gk = {} if not inst.g.any() else dict(gpu=inst.g.astype(np.int16), gpu_milli=inst.gm.astype(np.int16),
+                                           gpu_spec=inst.gspec.astype(np.int32), gpu_spec_table=inst.gspec_table)
+    return Workload(inst.a, inst.d, inst.c.astype(np.int64), inst.m.astype(np.int64), inst.u, **gk)
+
+
 def fluid(inst: Instance) -> float:
-    """The fluid lower bound (agent/lower_bound.py) of the instance's cluster and pods."""
-    wl = Workload(inst.a, inst.d, inst.c.astype(np.int64), inst.m.astype(np.int64), inst.u)
-    return lower_bound(_state(inst), wl, inst.horizon).joules
+    """The fluid lower bound (agent/lower_bound.py) of the instance's cluster and pods, GPU energy included."""
+    return lower_bound(_state(inst), _workload(inst), inst.horizon).joules
+
+
+def _gpu_dynamic(inst: Instance) -> float:
+    """The GPU energy above idle that every run spends (agent/lower_bound.py, :func:`gpu_dynamic_joules`)."""
+    from joulesched.agent.lower_bound import gpu_dynamic_joules
+
+    return gpu_dynamic_joules(_state(inst), _workload(inst)) if inst.has_gpus else 0.0
 
 
 def _state(inst: Instance):
     from joulesched.cluster.state import ClusterState
 
+    gk = {} if not inst.has_gpus else dict(gpu_count=inst.gpu.tolist(), gpu_model=list(inst.gpu_model),
+                                           gpu_curves=inst.gpu_curves)
     return ClusterState([f"n{i}" for i in range(inst.nodes)], inst.cap.astype(int), inst.mem.astype(int),
                         inst.slots.astype(int), inst.curves, sleep_watts=inst.sleep_w, can_sleep=inst.can_sleep,
-                        wake_s=inst.wake)
+                        wake_s=inst.wake, **gk)
 
 
 # ---- replay in the twin ------------------------------------------------------------------------------------
