@@ -12,8 +12,9 @@ A readable copy of the metadata is written next to the file as ``NAME.json``; it
 loader reads the header. Loading refuses, with :class:`agent.policy.PolicyError`: missing files, pickles and
 ``torch.save`` archives (detected by their magic bytes, before any parser sees them; they are never unpickled),
 files that are not valid safetensors, a missing or foreign header, a feature schema this code does not know,
-and tensors that do not fit the network. Schema 1 (``models/small.pt``) and schema 2 both load: the network,
-the features and the predictor follow the schema the file records.
+and tensors that do not fit the network. Schema 1 (``models/small.pt``), schema 2 and schema 3 (schema 2 plus
+GPU columns, agent/features_gpu.py) load: the network, the features and the predictor follow the schema the
+file records.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from joulesched.core.fsio import atomic_path, atomic_write_text
 FORMAT = "joulesched-dqn"
 FORMAT_VERSION = 1
 #: The feature schemas this code reads (agent/features.py).
-KNOWN_SCHEMAS = (1, 2)
+KNOWN_SCHEMAS = (1, 2, 3)
 META_KEY = "joulesched"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 

@@ -26,7 +26,9 @@ LIMITS = {"hidden": 4096, "batch_size": 65_536, "buffer_size": 10_000_000, "repl
           "n_step": 1_000, "inducing_points": 256, "attention_dim": 1024, "head_hidden": 4096,
           "randomize_max_nodes": 5_000, "episodes_per_round": 1_024, "pretrain_episodes": 10_000}
 #: What ``teacher: auto`` means, per kind of cluster (the best heuristics of the headroom table).
-AUTO_TEACHER = {"sleep": "awake-first:fit=efficient", "always_on": "pabfd"}
+AUTO_TEACHER = {"sleep": "awake-first:fit=efficient", "always_on": "pabfd",
+                # a cluster with GPUs (schema 3's training; the best GPU heuristic on openb-3days, docs/dqn.md)
+                "gpu": "gpu-packing"}
 
 
 class ConfigError(UsageError):
@@ -39,7 +41,8 @@ class DQNConfig:
 
     feature_schema: int = 2
     """Feature schema of a new model: 2 (predicted lifetimes and load, where the sleep-aware heuristics would put
-    the pod, the arrival rate; agent/features.py) or 1 (the original columns, models/small.pt)."""
+    the pod, the arrival rate; agent/features.py), 3 (schema 2 plus GPU columns: count, share, model, per-GPU
+    free share, GPU watts; agent/features_gpu.py) or 1 (the original columns, models/small.pt)."""
     hidden: int = 48
     """Width of the shared node scorer's two hidden layers."""
     attention: bool = True
@@ -168,8 +171,8 @@ class DQNConfig:
             raise ValueError("need 0 <= train_seed_range low < high, validation_seeds, and 0 <= slo_slack < 1")
         if any(lo <= s < hi for s in self.validation_seeds):
             raise ValueError("validation_seeds must lie outside train_seed_range")
-        if self.feature_schema not in (1, 2):
-            raise ValueError(f"feature_schema must be 1 or 2, got {self.feature_schema}")
+        if self.feature_schema not in (1, 2, 3):
+            raise ValueError(f"feature_schema must be 1, 2 or 3, got {self.feature_schema}")
         if self.validation_random < 0:
             raise ValueError("validation_random must be >= 0")
         for name in ("inducing_points", "attention_dim", "head_hidden", "episodes_per_round",

@@ -24,6 +24,7 @@ from joulesched.agent.checkpoint import feature_names, load_model
 from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import QNetwork
 from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2
+from joulesched.agent.features_gpu import FeatureBuilderV3
 from joulesched.agent.policy import NodeScores, PolicyError, Scorer
 from joulesched.agent.predictor import KubePodFeed, PodPredictor
 from joulesched.cluster.state import ClusterState, PodRequest
@@ -112,7 +113,8 @@ class DQNPolicy:
 
     def _builder(self, state: ClusterState) -> FeatureBuilder:
         if self.schema >= 2:
-            feat: FeatureBuilder = FeatureBuilderV2(state, prediction=self.predictor is not None)
+            builder = FeatureBuilderV3 if self.schema == 3 else FeatureBuilderV2
+            feat: FeatureBuilder = builder(state, prediction=self.predictor is not None)
             if self.predictor is not None:
                 self.predictor.set_nodes(state.names)
         else:

@@ -46,6 +46,7 @@ from gymnasium import spaces
 
 from joulesched.agent.config import RewardConfig
 from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2, n_features
+from joulesched.agent.features_gpu import FeatureBuilderV3
 from joulesched.agent.predictor import PodPredictor
 from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.state import WAKING
@@ -78,7 +79,7 @@ class SchedulingEnv(gym.Env):
         times the pods at ``f`` times the arrival rate (domain randomisation: heavier load exposes overload and
         SLO violations that the nominal scenarios rarely show). ``(1.0,)`` keeps scenarios as written.
 
-    :param schema: feature schema, 2 (default) or 1.
+    :param schema: feature schema, 2 (default), 3 (schema 2 plus GPU columns, agent/features_gpu.py) or 1.
     :param predictor: schema 2's lifetime predictor (reset at every episode; ``"default"``: one with the default
         settings); None: the predicted columns are 0.
 
@@ -96,8 +97,8 @@ class SchedulingEnv(gym.Env):
                  max_decisions: int | None = None, load_scales: Sequence[float] = (1.0,), schema: int = 2,
                  predictor: PodPredictor | None | str = "default") -> None:
         super().__init__()
-        if schema not in (1, 2):
-            raise ValueError(f"schema must be 1 or 2, got {schema}")
+        if schema not in (1, 2, 3):
+            raise ValueError(f"schema must be 1, 2 or 3, got {schema}")
         self.schema = schema
         if isinstance(predictor, str):
             if predictor != "default":
@@ -160,7 +161,8 @@ class SchedulingEnv(gym.Env):
         twin.reset()
         self.twin = twin
         if self.schema >= 2:
-            self._feat = FeatureBuilderV2(twin.state, prediction=self.predictor is not None)
+            builder = FeatureBuilderV3 if self.schema == 3 else FeatureBuilderV2
+            self._feat = builder(twin.state, prediction=self.predictor is not None)
             if self.predictor is not None:
                 self.predictor.reset()
                 self.predictor.set_nodes(twin.state.names)

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from joulesched.agent.features_gpu_columns import CONTEXT_FEATURES_GPU, NODE_FEATURES_GPU, POD_FEATURES_GPU
 from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
 
 #: Schema 1's version number (the original columns; :data:`LATEST_SCHEMA` is what new models use).
 SCHEMA_VERSION = 1
 LATEST_SCHEMA = 2
+#: Schema 3 (agent/features_gpu.py) adds GPU columns to schema 2's; it is opt-in (``--feature-schema 3``).
+GPU_SCHEMA = 3
 
 NODE_FEATURES = (
     "req_cpu_frac",  # sum of real CPU requests / allocatable
@@ -222,7 +225,10 @@ def life_squash(dt):
 
 
 def feature_names(schema: int) -> list[str]:
-    """Column names of a feature schema (1 or 2)."""
+    """Column names of a feature schema (1, 2 or 3)."""
+    if schema == GPU_SCHEMA:
+        return list(NODE_FEATURES_V2 + NODE_FEATURES_GPU + POD_FEATURES_V2 + CONTEXT_FEATURES_V2 + POD_FEATURES_GPU
+                    + CONTEXT_FEATURES_GPU)
     if schema == 1:
         return list(NODE_FEATURES + POD_FEATURES + CONTEXT_FEATURES)
     if schema == 2:
@@ -234,6 +240,9 @@ def n_features(schema: int) -> tuple[int, int]:
     """(columns of a row, of which pod + context columns) of a schema."""
     if schema == 1:
         return N_FEATURES, N_POD + N_CONTEXT
+    if schema == GPU_SCHEMA:
+        n_ctx = N_POD_V2 + N_CONTEXT_V2 + len(POD_FEATURES_GPU) + len(CONTEXT_FEATURES_GPU)
+        return N_NODE_V2 + len(NODE_FEATURES_GPU) + n_ctx, n_ctx
     return N_FEATURES_V2, N_POD_V2 + N_CONTEXT_V2
 
 

@@ -45,7 +45,10 @@ from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 
-WATTS_NOW = NODE_FEATURES.index("watts_now")  # the same column in both schemas
+WATTS_NOW = NODE_FEATURES.index("watts_now")  # the same column in every schema
+#: On a cluster with GPUs the validation reference is the best of these too (the FGD paper's heuristics that
+#: use the least energy on openb-3days, docs/dqn.md "Schema 3: GPUs").
+GPU_REFERENCES = ("gpu-packing", "gpu-best-fit", "fgd")
 
 
 @dataclass
@@ -75,7 +78,14 @@ def teacher_spec(cfg: DQNConfig, scenario: Scenario) -> str:
     cluster (:data:`~joulesched.agent.config.AUTO_TEACHER`)."""
     if cfg.teacher != "auto":
         return cfg.teacher
+    if has_gpus(scenario):
+        return AUTO_TEACHER["gpu"]
     return AUTO_TEACHER["sleep" if isinstance(scenario.idle_policy, Sleep) else "always_on"]
+
+
+def has_gpus(scenario: Scenario) -> bool:
+    """Some node group of ``scenario`` has GPUs (its teacher and validation references are GPU-aware)."""
+    return any(g.gpu_count for g in scenario.nodes)
 
 
 # ---- episodes and rollouts -------------------------------------------------------------------------------------
@@ -325,7 +335,7 @@ class Validator:
         for sc, s, label in plan:
             twin = _twin(sc, s)
             slo_ref = run_policy(twin, make_policy("default-k8s"), s).slo_violation_rate
-            runs = [run_policy(twin, make_policy(h), s) for h in refs]
+            runs = [run_policy(twin, make_policy(h), s) for h in refs + (GPU_REFERENCES if has_gpus(sc) else ())]
             best = min(runs, key=lambda r: r.energy_joules)
             self.cases.append(ValidationCase(sc, s, best.energy_joules, slo_ref, best.mean_pending_s, label))
         self.last: list[tuple[float, float, float]] = []

@@ -176,9 +176,9 @@ def test_schema_2_round_trip_and_unknown_schema_refused(tmp_path):
     pol = make_policy(f"dqn={path}")
     assert pol.uses_meta and pol.predictor is not None
     ckpt = load_checkpoint(path)
-    future = tmp_path / "schema3.pt"
-    save_file(ckpt.tensors, str(future), metadata={META_KEY: json.dumps(dict(ckpt.meta, feature_schema=3))})
-    with pytest.raises(PolicyError, match="feature schema 3, which this joulesched does not know"):
+    future = tmp_path / "schema4.pt"
+    save_file(ckpt.tensors, str(future), metadata={META_KEY: json.dumps(dict(ckpt.meta, feature_schema=4))})
+    with pytest.raises(PolicyError, match="feature schema 4, which this joulesched does not know"):
         load_checkpoint(future)
     r = CliRunner().invoke(app, ["test", "--model", str(future), "-s", str(TINY), "--no-optimum"])
     assert r.exit_code == 2 and "does not know" in r.output
