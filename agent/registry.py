@@ -98,6 +98,9 @@ BUILTIN: tuple[PolicyEntry, ...] = (
              "best fit on requests among awake nodes; wakes the most efficient sleeping node only when none fits"),
     _builtin("pabfd", "sleep_aware:PABFD", "sleep-aware",
              "PABFD (Beloglazov & Buyya 2012): least power increase among awake nodes, the same waking rule"),
+    _builtin("lifetime-aware", "lifetime_aware:LifetimeAware", "sleep-aware",
+             "NILAS/LAVA-style: least predicted awake time added (online lifetime predictor), then efficiency, "
+             "co-location by predicted end, best fit; awake-first's waking rule"),
     _builtin("gpu-random", "gpu_policies:GpuRandom", "gpu-aware",
              "FGD paper's random fit, sleep-aware: a random awake node; wakes the most efficient only when none fits"),
     _builtin("gpu-best-fit", "gpu_policies:GpuBestFit", "gpu-aware",

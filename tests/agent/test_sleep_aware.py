@@ -34,7 +34,7 @@ def pick(spec, st, pod, seed=0):
 
 
 def test_they_are_sleep_aware_heuristics_in_every_best_heuristic_ratio():
-    assert set(SLEEP_AWARE_HEURISTICS) == {"awake-first", "pabfd"}
+    assert set(SLEEP_AWARE_HEURISTICS) == {"awake-first", "pabfd", "lifetime-aware"}
     assert set(SLEEP_AWARE_HEURISTICS) <= set(HEURISTICS)
     assert family_of("awake-first:fit=efficient,headroom=0.8") == "sleep-aware"
 

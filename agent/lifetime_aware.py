@@ -1,0 +1,182 @@
+"""A lifetime-aware sleep-aware packer: the strongest heuristic that knows what the DQN knows.
+
+NILAS/LAVA-style (Barbalho et al., "LAVA: Lifetime-Aware VM Allocation with Learned Distributions and Adaptation
+to Mispredictions", MLSys 2025: NILAS scores hosts by how a VM's predicted exit time fits the host's), on the
+DQN's own online predictor (agent/predictor.py: learned only from the binds and ends the backend reports while
+the run goes, re-predicted as pods age), so a learned policy that only matches it has learned nothing that a
+rule on the same knowledge does not.
+
+The waking rule is awake-first's (agent/sleep_aware.py): never wake a node while an awake one (on or waking)
+can take the pod; when one must be woken, the fewest watts per core at full load, ties toward the larger node.
+Among awake nodes, lower is better, in this order:
+
+1. ``ExtendJ``: the awake time the pod would add to the node, priced at the node's idle draw:
+   ``max(0, life - empty_in) x idle watts``, on log-2 classes of a minute at the cluster's largest idle draw
+   (predictions are coarse; exact joules would let noise decide). ``life`` is the pod's predicted life, ``empty_in`` the node's
+   predicted time until it holds no pod (0 when empty). A long-lived pod goes to a node that will stay awake
+   anyway; an empty awake node (about to sleep) is the last awake choice for a long pod.
+2. ``WattsPerCoreAwake``: the efficient node first (what makes ``awake-first:fit=efficient`` the strongest
+   sleep-aware packer on heterogeneous clusters).
+3. ``FitClass``: best fit, coarsely: the free CPU share left after placement in ``fit_classes`` classes (8:
+   eighths of the node).
+4. ``SlackClass``: within a fit class, among nodes the pod does not outlive, the one predicted to empty soonest
+   after it (log-2 classes of ``empty_in - life``): pods that end together share nodes, and the nodes that stay
+   up longest keep their room for long-lived pods (co-location by predicted end).
+5. Exact best fit on CPU then memory requests (kube's non-zero requests), as awake-first.
+
+Co-location first (no fit class) lost 1.5-3 % to best fit on the suite; inside eighths it gains 0.3-2 %
+(docs/PERFORMANCE.md, "The lifetime-aware heuristic"). ``prediction=0`` drops the predictor (every life and
+emptying time is unknown, so keys 1 and 4 tie and the classes only coarsen the best fit): the policy is then
+exactly ``awake-first:fit=efficient``, the ablation that says what the prediction is worth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from joulesched.agent.policy import PolicyError
+from joulesched.agent.predictor import KubePodFeed, PodPredictor
+from joulesched.agent.sleep_aware import _SleepAware, watts_per_core
+from joulesched.cluster.state import ClusterState, PodRequest
+
+#: Width of the lowest log-2 class: within a minute of awake time (or slack) the keys tie.
+CLASS_S = 60.0
+
+
+def log2_class(x: np.ndarray, unit: np.ndarray | float) -> np.ndarray:
+    """0 for ``x <= unit``, else ``1 + floor(log2(x / unit))``: coarse classes that prediction noise rarely moves."""
+    r = np.asarray(x, dtype=np.float64) / np.maximum(unit, 1e-12)
+    with np.errstate(divide="ignore"):
+        return np.where(r <= 1.0, 0.0, 1.0 + np.floor(np.log2(np.maximum(r, 1.0))))
+
+
+class PredictorFeed:
+    """An online :class:`PodPredictor` fed by the run's backend: the twin's ``observe_pods`` or a live cache's pod
+    events (:class:`KubePodFeed`, subscribed once per cache: a cache cannot unsubscribe). A policy that reads
+    predictions holds one and calls :meth:`attach` / :meth:`detach` from its own (``run_policy`` calls those)."""
+
+    def __init__(self, predictor: PodPredictor | None) -> None:
+        self.predictor = predictor
+        self._feed: KubePodFeed | None = None
+        self._source: object | None = None
+
+    def attach(self, backend: object) -> None:
+        if self.predictor is None:
+            return
+        self.predictor.reset()
+        observe = getattr(backend, "observe_pods", None)
+        if observe is not None:
+            observe(self.predictor)
+            self._feed = None
+            return
+        cache = getattr(backend, "cache", None)
+        listen = getattr(cache, "add_pod_listener", None)
+        if listen is not None and self._source is not cache:
+            self._feed = KubePodFeed()
+            self._source = cache
+            listen(self._feed)
+
+    def detach(self, backend: object) -> None:
+        observe = getattr(backend, "observe_pods", None)
+        if observe is not None and self.predictor is not None:
+            observe(None)
+
+    def sync(self, state: ClusterState) -> PodPredictor | None:
+        """The predictor, up to date at ``state.now`` (a live feed's queued events applied)."""
+        if self._feed is not None and self.predictor is not None:
+            self._feed.drain(self.predictor, state.now)
+        return self.predictor
+
+
+def _flag(name: str, value: str | int | bool) -> bool:
+    v = str(value).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise PolicyError(f"policy 'lifetime-aware': option {name}={value!r} is not a flag; use 1 or 0")
+
+
+class LifetimeAware(_SleepAware):
+    """Lifetime-aware packer (NILAS/LAVA-style) on the DQN's online lifetime predictor, with awake-first's waking
+    rule: among awake nodes, least predicted awake time added (priced at idle watts), then watts per core, then
+    best fit in eighths, then the node emptying soonest after the pod, then exact best fit; wakes the most
+    efficient sleeping node only when none fits.
+
+    :param headroom: as awake-first's (0 < h <= 1, default 1).
+    :param prediction: 0 drops the predictor (then the policy is awake-first:fit=efficient, the ablation).
+    :param horizon_s: the predictor's load horizon (as the DQN's ``prediction_horizon_s``).
+    :param fit_classes: how coarse the best fit is before co-location by predicted end decides (1-1000).
+    """
+
+    name = "lifetime-aware"
+    #: choose() is handed the pod's metadata: the predictor keys lifetimes by app, QoS class and kind.
+    uses_meta = True
+
+    def __init__(self, headroom: str | float = "1", prediction: str = "1", horizon_s: str | float = "600",
+                 fit_classes: str | int = "8") -> None:
+        super().__init__(headroom)
+        try:
+            k = int(fit_classes)
+        except (TypeError, ValueError):
+            raise PolicyError(f"policy {self.name!r}: option fit_classes={fit_classes!r} is not an integer") from None
+        if not 1 <= k <= 1000:
+            raise PolicyError(f"policy {self.name!r}: option fit_classes must be in [1, 1000], got {k}")
+        self.fit_classes = k
+        try:
+            h = float(horizon_s)
+        except (TypeError, ValueError):
+            raise PolicyError(f"policy {self.name!r}: option horizon_s={horizon_s!r} is not a number") from None
+        if not h > 0:
+            raise PolicyError(f"policy {self.name!r}: option horizon_s must be > 0 seconds, got {h:g}")
+        self.feed = PredictorFeed(PodPredictor(h) if _flag("prediction", prediction) else None)
+        self._meta = None
+        self._names: list[str] | None = None
+
+    # ---- the predictor's feed (run_policy calls these) ------------------------------------------------------
+    def attach(self, backend: object) -> None:
+        self.feed.attach(backend)
+        self._names = None
+
+    def detach(self, backend: object) -> None:
+        self.feed.detach(backend)
+
+    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        super().reset(state, rng)
+        p = self.feed.predictor
+        if p is not None and self._names != state.names:
+            p.set_nodes(state.names)
+            self._names = list(state.names)
+
+    # ---- keys ---------------------------------------------------------------------------------------------
+    def _inner(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, np.ndarray]:
+        cpu = np.maximum(st.alloc_cpu[idx], 1).astype(np.float64)
+        mem = np.maximum(st.alloc_mem[idx], 1).astype(np.float64)
+        free_cpu = (st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu) / cpu
+        free_mem = (st.alloc_mem[idx] - st.nz_mem[idx] - pod.nz_mem) / mem
+        p = self.feed.sync(st)
+        if p is None:
+            extend = slack = np.zeros(idx.size)
+        else:
+            empty_in, _ = p.nodes(st.now, len(st))
+            e = empty_in[idx]
+            life = float(p.pod_remaining(self._meta, 0.0))
+            idle = st.idle_watts[idx].astype(np.float64)
+            # One unit for the whole cluster (a minute at the largest idle draw), so that an hour on a small node
+            # costs less than an hour on a big one.
+            extend = log2_class(np.maximum(life - e, 0.0) * idle, CLASS_S * float(st.idle_watts.max()))
+            # Slack only orders the nodes the pod does not outlive; an extended node's slack is 0 (the extension
+            # already ranks it).
+            slack = np.where(extend == 0.0, log2_class(np.maximum(e - life, 0.0), CLASS_S), 0.0)
+        wpc = watts_per_core(st, idx)
+        fit_class = np.floor(np.clip(free_cpu, 0.0, 1.0) * self.fit_classes)
+        return {"ExtendJ": extend, "WattsPerCoreAwake": wpc, "FitClass": fit_class, "SlackClass": slack, "FreeCpuShare": free_cpu,
+                "FreeMemShare": free_mem}
+
+    def node_scores(self, st, pod, idx, meta=None):
+        self._meta = meta
+        return super().node_scores(st, pod, idx)
+
+    def choose(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> int:
+        self._meta = meta
+        return super().choose(st, pod, mask)

@@ -1,0 +1,131 @@
+"""The lifetime-aware packer (agent/lifetime_aware.py): its keys worked out by hand on the online predictor, its
+ablation (no prediction is exactly awake-first:fit=efficient), honesty (no decision reads a duration the run has
+not seen), bad options, and its place in every best-heuristic comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from joulesched.agent.lifetime_aware import log2_class
+from joulesched.agent.policy import PolicyError
+from joulesched.agent.registry import BEST_HEURISTIC_CANDIDATES, DEFAULT_POLICIES, family_of, make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.scenario import load_scenario
+from joulesched.cluster.state import ClusterState, PodRequest
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import PodMeta, build_workload
+from tests.support.decisions import decisions
+
+ROOT = Path(__file__).resolve().parents[2]
+LINEAR = [100.0 + 10.0 * k for k in range(11)]
+LONG = PodMeta(kind="job", owner_kind="Job", app="train", qos_class="Burstable")
+SHORT = PodMeta(kind="job", owner_kind="Job", app="etl", qos_class="Burstable")
+NEW = PodMeta(kind="job", owner_kind="Job", app="report", qos_class="Burstable")
+
+
+def _cluster(n=3):
+    return ClusterState([f"n{i}" for i in range(n)], [8000] * n, [65536] * n, [110] * n, [LINEAR] * n,
+                        sleep_watts=[5.0] * n, can_sleep=True, wake_s=60)
+
+
+def _policy(st, lives):
+    """lifetime-aware with its predictor taught ``lives`` (meta -> finished lifetimes, seconds)."""
+    pol = make_policy("lifetime-aware")
+    pol.reset(st, np.random.default_rng(0))
+    pred = pol.feed.predictor
+    for meta, ls in lives.items():
+        for life in ls:
+            pred.model.observe(pred.kid_of(meta), life)
+    return pol, pred
+
+
+def _bind(st, pred, node, key, meta, cpu):
+    st.bind(node, PodRequest(cpu, 100))
+    pred.bound(st.now, key, node, meta, float(cpu))
+
+
+def test_a_long_pod_goes_where_it_adds_no_awake_time_not_to_the_tighter_fit():
+    st = _cluster()
+    pol, pred = _policy(st, {LONG: [36000.0] * 20, SHORT: [300.0] * 20, NEW: [7200.0] * 20})
+    _bind(st, pred, 0, "a", LONG, 2000)  # stays up ~10 h
+    _bind(st, pred, 1, "b", SHORT, 3000)  # empties in ~5 min; the tighter fit
+    pod = PodRequest(1000, 100)
+    mask = st.feasible(pod)
+    assert make_policy("awake-first:fit=efficient").choose(st, pod, mask) == 1
+    # A 2-hour pod on n1 would keep it awake ~2 h longer; on n0 it adds nothing.
+    assert pol.choose(st, pod, mask, meta=NEW) == 0
+
+
+def test_pods_that_end_together_share_a_node_within_a_fit_class():
+    st = _cluster()
+    pol, pred = _policy(st, {LONG: [36000.0] * 20, SHORT: [1200.0] * 20, NEW: [600.0] * 20})
+    _bind(st, pred, 0, "a", LONG, 2000)  # empties in ~10 h
+    _bind(st, pred, 1, "b", SHORT, 1800)  # empties in ~20 min
+    pod = PodRequest(500, 100)
+    mask = st.feasible(pod)
+    # Free CPU after placement: n0 5500/8000, n1 5700/8000, one fit class (of 8). Best fit says n0; the
+    # 10-minute pod outlives neither, and n1 empties soonest after it.
+    assert make_policy("awake-first:fit=efficient").choose(st, pod, mask) == 0
+    assert pol.choose(st, pod, mask, meta=NEW) == 1
+    scores = pol.node_scores(st, pod, np.flatnonzero(mask), meta=NEW)
+    assert scores.rule == "lexicographic" and list(scores.plugins)[:4] == [
+        "Tier", "ExtendJ", "WattsPerCoreAwake", "FitClass"]
+    assert int(scores.idx[np.argmax(scores.total)]) == 1
+
+
+def test_log2_classes():
+    assert log2_class(np.array([0.0, 60.0, 61.0, 119.0, 120.0, 240.0]), 60.0).tolist() == [0, 0, 1, 1, 2, 3]
+
+
+def test_without_prediction_it_is_exactly_awake_first_efficient():
+    sc = load_scenario(ROOT / "tests" / "support" / "scenarios" / "heldout-hetero-sleep-12.yaml")
+    wl = build_workload(sc, 3)
+    a, b, c = Twin(sc, wl), Twin(sc, wl), Twin(sc, wl)
+    run_policy(a, make_policy("awake-first:fit=efficient"), 3)
+    run_policy(b, make_policy("lifetime-aware:prediction=0"), 3)
+    run_policy(c, make_policy("lifetime-aware"), 3)
+    assert list(a.pod_node) == list(b.pod_node)
+    # The prediction moves decisions (else the policy would be a renamed packer).
+    assert list(c.pod_node) != list(a.pod_node)
+
+
+def test_decisions_never_depend_on_durations_not_yet_seen():
+    """As the DQN's test (tests/agent/test_predictor.py): shuffle future pods' durations and lengthen the running
+    ones; every placement decided before the cut stays the same."""
+    sc = load_scenario(ROOT / "scenarios" / "heterogeneous-sleep.yaml")
+    wl = build_workload(sc, 77)
+    twin = Twin(sc, wl)
+    base = decisions(twin, make_policy("lifetime-aware"), 77)
+    t_cut = float(wl.submit_s[500])
+    start, end = np.asarray(twin.pod_start), np.asarray(twin.pod_end)
+    running = (wl.submit_s < t_cut) & (start < t_cut) & (end > t_cut)
+    assert running.sum() > 10
+    dur = wl.duration_s.copy()
+    future = wl.submit_s >= t_cut
+    dur[future] = np.random.default_rng(0).permutation(dur[future])
+    dur[running] *= 3.0
+    again = decisions(Twin(sc, dataclasses.replace(wl, duration_s=dur)), make_policy("lifetime-aware"), 77,
+                      until=t_cut)
+    before = wl.submit_s < t_cut
+    assert [n for n, b in zip(again, before) if b] == [n for n, b in zip(base, before) if b]
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("lifetime-aware:prediction=maybe", "prediction='maybe' is not a flag"),
+    ("lifetime-aware:horizon_s=-5", "horizon_s must be > 0"),
+    ("lifetime-aware:fit_classes=0", "fit_classes must be in [1, 1000]"),
+    ("lifetime-aware:fit_classes=x", "fit_classes='x' is not an integer"),
+    ("lifetime-aware:headroom=2", "headroom=2 must be in (0, 1]"),
+])
+def test_bad_options_name_the_problem(spec, words):
+    with pytest.raises(PolicyError, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        make_policy(spec)
+
+
+def test_it_is_a_sleep_aware_heuristic_in_every_best_heuristic_comparison():
+    assert family_of("lifetime-aware") == "sleep-aware"
+    assert "lifetime-aware" in BEST_HEURISTIC_CANDIDATES and "lifetime-aware" in DEFAULT_POLICIES
