@@ -388,9 +388,10 @@ class _Built:
     modes: list  # per pod: list of (start, trigger check index or -1)
     inst: Instance
     units: list  # per unit: list of node indices
+    wake_order: bool = True  # the orbit rule among identical sleeping nodes is in the model
 
 
-def _build(inst: Instance) -> _Built:
+def _build(inst: Instance, *, wake_order: bool = True) -> _Built:
     """Assemble the MIP (docs/optimum.md): one unit per node, ``y[p, node, mode]`` binaries and the rest."""
     N, P = inst.nodes, inst.pods
     sleep = inst.can_sleep
@@ -710,7 +711,30 @@ def _build(inst: Instance) -> _Built:
                 rv = [1.0] + [-1.0] * len(cols1) + ([-1.0] if fprev is not None else [])
                 M.row(rc, rv, 0.0, 0.0)
                 fprev = f
-    return _Built(M, y, modes, inst, units)
+    if sleep and wake_order:
+        _wake_order_rows(M, inst, rep, aw_cols, wk_cols)
+    return _Built(M, y, modes, inst, units, wake_order)
+
+
+def _wake_order_rows(M: _Model, inst: Instance, rep: list[int], aw_cols: dict, wk_cols: dict) -> None:
+    """Orbit rule for identical nodes (docs/optimum.md, "Symmetry"): two identical nodes both asleep are in the
+    same state, so any schedule can swap their futures from then on; sorting them at every arrival by their next
+    use (and at time 0 by their first use, the first-use rows above) gives a schedule of the same energy in which
+    a node of a kind is woken only if the one before it in the kind is awake or woken at the same instant:
+    ``wk[i+1, j] <= aw[i, j] + wk[i, j]``."""
+    for i in range(len(rep) - 1):
+        i2 = i + 1
+        if inst.kinds[rep[i]] != inst.kinds[rep[i2]]:
+            continue
+        for (u, j), w2 in wk_cols.items():
+            if u != i2:
+                continue
+            a1 = aw_cols.get((i, j))
+            if a1 is None:
+                continue  # node i is awake for sure before j: nothing to order
+            w1 = wk_cols.get((i, j))
+            M.row([w2, a1] + ([w1] if w1 is not None else []), [1.0, -1.0] + ([-1.0] if w1 is not None else []),
+                  -math.inf, 0.0)
 
 
 def _gpu_rows(M: _Model, inst: Instance, node: int, gP: list[int], ymodes, modes, chk, jchk, jp, pods_at,
@@ -833,9 +857,12 @@ def _fix(b: _Built, sched: Schedule) -> tuple[list[int], list[float]] | None:
     for kind, used in first.items():
         same = [i for i in range(inst.nodes) if inst.kinds[i] == kind]
         relabel.update(zip(used + [i for i in same if i not in used], same))
+    lab = [relabel[sched.assignment[pod]] for pod in inst.pod.tolist()]
+    if inst.can_sleep and b.wake_order:
+        _wake_relabel(inst, lab, [sched.starts[pod] for pod in inst.pod.tolist()])
     ones = set()
     for p, pod in enumerate(inst.pod.tolist()):
-        i, st = unit_of[relabel[sched.assignment[pod]]], sched.starts[pod]
+        i, st = unit_of[lab[p]], sched.starts[pod]
         ks = [k for k, (s0, _) in enumerate(b.modes[p]) if abs(s0 - st) <= 1e-6 * max(1.0, abs(st))]
         ks = [k for k in ks if (p, i, k) in b.y]
         if not ks:
@@ -846,6 +873,38 @@ def _fix(b: _Built, sched: Schedule) -> tuple[list[int], list[float]] | None:
     cols = list(b.y.values())
     vals = [1.0 if key in ones else 0.0 for key in b.y]
     return cols, vals
+
+
+def _wake_relabel(inst: Instance, lab: list[int], starts: list[float]) -> None:
+    """Relabel identical nodes (``lab``: node per modelled pod, in place) as :func:`_wake_order_rows` wants: at
+    every arrival from ``sleep_after_s`` on, the futures of a kind's sleeping nodes go to them in order of next
+    use (its earliest pod, then the lowest pod index). The twin cannot tell the difference."""
+    a, d, Z = inst.a, inst.d, inst.sleep_after
+    never = inst.never_sleep if inst.never_sleep is not None else np.zeros(inst.nodes, dtype=bool)
+    kinds: dict[int, list[int]] = {}
+    for i, k in enumerate(inst.kinds.tolist()):
+        if not never[i]:
+            kinds.setdefault(k, []).append(i)
+    kinds = {k: v for k, v in kinds.items() if len(v) > 1}
+    if not kinds:
+        return
+    P = len(lab)
+    for t in _unique_times(a).tolist():
+        if t < Z - TOL:
+            continue
+        for same in kinds.values():
+            covered = {lab[q] for q in range(P) if a[q] < t - TOL and t < starts[q] + d[q] + Z - TOL}
+            asleep = [L for L in same if L not in covered]
+            if len(asleep) < 2:
+                continue
+            fut: dict[int, list[int]] = {L: [] for L in asleep}
+            for q in range(P):
+                if lab[q] in fut and a[q] >= t - TOL:
+                    fut[lab[q]].append(q)
+            order = sorted(asleep, key=lambda L: min(((a[q], q) for q in fut[L]), default=(math.inf, P)))
+            for new, old in zip(asleep, order):
+                for q in fut[old]:
+                    lab[q] = new
 
 
 def evaluate(inst: Instance, sched: Schedule, *, time_limit: float = 60.0) -> float | None:
@@ -879,19 +938,21 @@ def warm_specs() -> tuple[str, ...]:
 
 
 def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = None, gap: float = 1e-6,
-          warm: tuple[str, ...] | None = None, lp: LPBound | None = None, lns_share: float = 0.4) -> OptimumResult:
+          warm: tuple[str, ...] | None = None, lp: LPBound | None = None, lns_share: float = 0.4,
+          wake_order: bool = True) -> OptimumResult:
     """Solve the MIP for ``inst`` within ``time_limit`` seconds (model building included).
 
     The solver starts from the best schedule among the ``warm`` policies' twin runs that the model can state,
     and its bound is the best of its own, the LP bound and the fluid bound. When the MIP is not solved in
     ``1 - lns_share`` of the time, the rest improves its best schedule by re-solving it with the pods of one
     window of arrivals free and the others fixed (a large-neighbourhood search). ``status`` is ``optimal`` when
-    the gap is closed to ``gap`` (relative), ``time_limit`` when the time ran out first."""
+    the gap is closed to ``gap`` (relative), ``time_limit`` when the time ran out first. ``wake_order``: the
+    orbit rule among identical sleeping nodes (:func:`_wake_order_rows`; off only to measure or test it)."""
     time_limit = check_time_limit(time_limit)
     t0 = time.perf_counter()
     base = dict(name=inst.name, seed=inst.seed, nodes=inst.nodes, pods=inst.pods, overload_free=inst.overload_free)
     try:
-        b = _build(inst)
+        b = _build(inst, wake_order=wake_order)
     except _Infeasible as e:
         return OptimumResult(**base, status="infeasible", energy_joules=None, bound_joules=None, gap=None,
                              wall_s=time.perf_counter() - t0, variables=0, binaries=0, rows=0, message=str(e))
