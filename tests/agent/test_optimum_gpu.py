@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from joulesched.agent import optimum as opt
+from joulesched.agent.lower_bound import gpu_dynamic_joules, lower_bound
 from joulesched.agent.registry import BASELINES, GPU_POLICIES
 from joulesched.cluster.scenario import Scenario
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
 
 LINEAR = [100.0 + 10.0 * k for k in range(11)]
 SLEEP = {"mode": "sleep", "sleep_after_s": 30, "sleep_watts": 5, "wake_s": 20}
@@ -96,8 +99,13 @@ def test_the_gpu_power_counts_by_hand(tmp_path):
     expected = 140 * 600 + 65 * 100 + 130 * 50
     assert res.status == "optimal" and res.energy_joules == pytest.approx(expected, rel=1e-12)
     assert opt.replay(sc, 0, res.assignment).energy_joules == pytest.approx(expected, rel=1e-12)
-    # The fluid bound counts the GPUs' idle and their rise: here it is tight.
+    # The fluid bound counts the GPUs' idle and their rise: here it is tight, and the benchmark's call on the
+    # twin's own state and workload gives the same.
     assert opt.fluid(inst) == pytest.approx(expected, rel=1e-9)
+    twin = Twin(sc, build_workload(sc, sc.seed))
+    lb = lower_bound(twin.state, twin.workload, sc.duration_s, twin.placeable)
+    assert lb.joules == pytest.approx(expected, rel=1e-9)
+    assert gpu_dynamic_joules(twin.state, twin.workload) == pytest.approx(65 * 100 + 130 * 50)
 
 
 def test_a_share_never_straddles_two_gpus_and_whole_gpus_need_a_free_one(tmp_path):
