@@ -52,6 +52,11 @@ class PodModelUnsupported(OptimumError):
     """The workload has services or time-varying usage, which the MIP does not model yet."""
 
 
+class GpuModelUnsupported(PodModelUnsupported):
+    """Pods share GPUs whose power curve is not linear: the MIP cannot state the twin's GPU watts exactly (a
+    benchmark's row is 'unsupported', as for services)."""
+
+
 @dataclass(frozen=True)
 class Instance:
     """What the model reads: the cluster, the idle policy and the placeable pods of one (scenario, seed)."""
@@ -208,7 +213,7 @@ def _check_gpus(name: str, st, gk: dict) -> None:
     for i in np.flatnonzero(gk["gpu"] > 0).tolist():
         line = curves[i, 0] + (curves[i, 10] - curves[i, 0]) * np.arange(11) / 10.0
         if not np.allclose(curves[i], line, rtol=1e-12, atol=1e-9):
-            raise OptimumError(f"{name}: node {st.names[i]}'s GPU curve is not linear and pods share GPUs: the "
+            raise GpuModelUnsupported(f"{name}: node {st.names[i]}'s GPU curve is not linear and pods share GPUs: the "
                                "optimum models shared GPUs on linear GPU power curves only ([idle, max]); the "
                                "fluid lower bound still applies")
 

@@ -1,12 +1,15 @@
 """Where the optimum's MIP spends its time on the small suite (#26 item 1): model sizes, root gap, nodes, gap.
 
 Run: .venv/bin/python bench/optimum_profile.py [--seeds 3] [--time-limit 60] [--only NAME] [--json OUT]
+     [--no-wake-order]
 
 Per scenario of scenarios/small/ and seed: the model's columns, binaries and rows; its LP relaxation (the root
 bound before any cut or branching) and the time to solve it; the warm start (the best heuristic run the model
 can state); then the full solve (``agent.optimum.solve``) with its status, best energy, the solver's own dual
 bound, the reported bound (the best of that, the LP and fluid bounds), the gap and the branch-and-bound nodes.
-Gaps are relative to the best schedule's energy. Solver timings depend on the load of the machine.
+Gaps are relative to the best schedule's energy. Solver timings depend on the load of the machine (the rows
+record the load average). ``--no-wake-order`` drops the orbit rule among identical sleeping nodes (#26), to
+measure it.
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = sorted((ROOT / "scenarios" / "small").glob("*.yaml"))
 
 
-def profile(path: Path, seed: int, time_limit: float) -> dict:
+def profile(path: Path, seed: int, time_limit: float, wake_order: bool = True) -> dict:
     sc = load_scenario(path)
     inst = instance(sc, seed)
     t0 = time.perf_counter()
-    b = _build(inst)
+    b = _build(inst, wake_order=wake_order)
     build_s = time.perf_counter() - t0
     M = b.model
     h = M.highs(integral=False, time_limit=time_limit, threads=None, gap=1e-6)
@@ -38,7 +41,7 @@ def profile(path: Path, seed: int, time_limit: float) -> dict:
     h.run()
     root = float(h.getInfo().objective_function_value)
     root_s = time.perf_counter() - t1
-    res = solve(inst, time_limit=time_limit)
+    res = solve(inst, time_limit=time_limit, wake_order=wake_order)
     e = res.energy_joules
     warm = res.warm_joules
     return {"scenario": sc.name, "seed": inst.seed, "nodes": inst.nodes, "pods": inst.pods,
@@ -46,7 +49,8 @@ def profile(path: Path, seed: int, time_limit: float) -> dict:
             "root_lp_joules": root, "root_lp_s": root_s, "warm_joules": warm, "status": res.status,
             "energy_joules": e, "mip_dual_bound": res.mip_dual_bound, "bound_joules": res.bound_joules,
             "gap": res.gap, "root_gap": (e - root) / e if e else None, "mip_nodes": res.mip_nodes,
-            "wall_s": res.wall_s, "load_avg": os.getloadavg()[0]}
+            "wall_s": res.wall_s, "load_avg": os.getloadavg()[0], "wake_order": wake_order,
+            "certificate": "optimal" if res.status == "optimal" else "feasible"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--only", action="append", default=[], help="scenario file stem (repeatable)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--no-wake-order", action="store_true", help="without the orbit rule among sleeping twins")
     args = ap.parse_args(argv)
     rows = []
     paths = [p for p in SMALL if not args.only or p.stem in args.only]
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
         for s in range(args.seeds):
-            r = profile(path, s, args.time_limit)
+            r = profile(path, s, args.time_limit, wake_order=not args.no_wake_order)
             rows.append(r)
             wr = f"{r['warm_joules'] / r['energy_joules']:.4f}" if r["warm_joules"] and r["energy_joules"] else "—"
             pct = lambda x: "—" if x is None else f"{100 * x:.2f} %"  # noqa: E731

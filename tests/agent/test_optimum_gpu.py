@@ -8,9 +8,11 @@ HiGHS (highspy) is a real solver installed from PyPI; nothing here is mocked.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from joulesched.agent import optimum as opt
 from joulesched.agent.lower_bound import gpu_dynamic_joules, lower_bound
@@ -18,6 +20,7 @@ from joulesched.agent.registry import BASELINES, GPU_POLICIES
 from joulesched.cluster.scenario import Scenario
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
+from joulesched.pipelines.cli import app
 
 LINEAR = [100.0 + 10.0 * k for k in range(11)]
 SLEEP = {"mode": "sleep", "sleep_after_s": 30, "sleep_watts": 5, "wake_s": 20}
@@ -138,6 +141,13 @@ def test_what_the_model_cannot_state_is_refused(tmp_path):
     sc = gpu_scenario(tmp_path, [(0.0, 100.0, 100, 10, 50.0, 1, 500, "")], groups, name="bent")
     with pytest.raises(opt.OptimumError, match="not linear"):
         opt.instance(sc, 0)
+    # The command says so with exit 2; inside a benchmark over a suite the row is 'unsupported', not optimal.
+    path = tmp_path / "bent.yaml"
+    path.write_text(json.dumps(sc.model_dump(mode="json")))
+    r = CliRunner().invoke(app, ["optimum", "-s", str(path), "--time-limit", "5"])
+    assert r.exit_code == 2 and "not linear" in r.output
+    row = opt.optimum_entry(sc, 0, time_limit=5)
+    assert row["status"] == "unsupported" and row["certificate"] == "bound-only" and row["optimum_joules"] is None
     # Whole GPUs sit at 0 or 100 % of the curve: the same cluster with a whole-GPU pod is exact.
     sc = gpu_scenario(tmp_path, [(0.0, 100.0, 100, 10, 50.0, 1, 1000, "")], groups, {"mode": "always_on"},
                       name="whole")
