@@ -20,3 +20,21 @@ def test_openb_three_days_is_the_real_cluster():
     wl = build_workload(sc)
     shared = (wl.gpu == 1) & (wl.gpu_milli < 1000)
     assert len(wl) == 571 and shared.sum() > 100 and (wl.gpu > 1).any()
+
+
+def test_the_evaluation_window_is_the_real_tail_and_no_training_window_touches_an_evaluating_one():
+    """Issue 27: pods from trace second 12,000,000 on evaluate and are never trained on; the OpenB training
+    windows (scenarios/openb/mini) also stay clear of openb-3days and the schema-3 held-out window."""
+    import importlib.util
+
+    sc = load_scenario(SCENARIOS_DIR / "openb" / "openb-eval.yaml")
+    wl = build_workload(sc)
+    assert sc.node_count == 1523 and len(wl) == 2677 and float(wl.submit_s.max()) < sc.duration_s
+    spec = importlib.util.spec_from_file_location("make_mini", SCENARIOS_DIR / "openb" / "mini" / "make_mini.py")
+    mini = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mini)
+    evaluating = [(11_000_000, 11_259_200), (11_600_000, 11_859_200), (12_000_000, float("inf"))]
+    for name, start in mini.WINDOWS.items():
+        end = start + mini.DAYS3
+        assert all(end <= a or start >= b for a, b in evaluating), name
+        assert (SCENARIOS_DIR / "openb" / "mini" / f"openb-mini-{name}.yaml").exists(), name
