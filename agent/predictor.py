@@ -21,7 +21,16 @@ shuffles the true durations of pods that have not ended yet and checks that no d
   that is what makes long-running services look long-running before one of them has ended.
 * **Nodes.** Per node: the predicted time until it holds no pod (the largest remaining life of its pods) and
   the share of its requested CPU predicted to be still there in ``horizon_s`` (times its demand now: the
-  predicted load). Both are vectorised over the running pods (numpy, no loop over pods).
+  predicted load). Kept incrementally (issue 28): a pod's prediction is ``max(T - age, max(1, age / 20))``
+  with ``T`` its key's table entry for its age bin, so between two changes of its bin (or of the table) the
+  node's largest remaining life is ``max(max_p (t0_p + T_p) - now, 1, (now - min_p t0_p) / 20)`` and its
+  "still there in ``horizon_s``" flag changes only at two known times. Per node the view keeps the pod count,
+  the requested CPU, the CPU still there, ``max (t0 + T)`` and ``min t0``; a bind or an end patches its node
+  (O(1), a node's max recomputed from its own pods when the pod that held it leaves), and each pod's next
+  change (bin edge, flag flip) waits in a heap, so a decision touches only the pods whose bin or flag changed
+  since the last one. A new table (more pods ended) recomputes the view once, vectorised.
+  :meth:`PodPredictor.nodes_scratch` is the from-scratch computation it equals (up to float rounding;
+  ``tests/agent/test_predictor_incremental.py``).
 * **Arrivals.** Exponentially weighted rates of placements (requested CPU per second) over 5 minutes and an
   hour: the offered load (Little's law: rate x mean predicted life / cluster CPU) and its trend.
 
@@ -32,6 +41,7 @@ the same calls.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -196,6 +206,8 @@ class PodPredictor:
     """
 
     SHORT_S, LONG_S = 300.0, 3600.0
+    _POD_ARRAYS = ("_node", "_t0", "_kid", "_cpu", "_learn", "_pid", "_end", "_stay", "_next")
+    _NODE_ARRAYS = ("_n_cnt", "_n_total", "_n_stay", "_n_end", "_n_t0")
 
     def __init__(self, horizon_s: float = 600.0, shrink: float = 3.0, prior_s: float = 600.0) -> None:
         self.horizon_s = float(horizon_s)
@@ -214,10 +226,53 @@ class PodPredictor:
         self._kid = np.zeros(cap, dtype=np.int64)
         self._cpu = np.zeros(cap)
         self._learn = np.zeros(cap, dtype=bool)  # its start was seen: its lifetime may be learned from
+        # The incremental node view (module docstring). Per pod: a stable id, t0 + T (-inf until first
+        # evaluated), its "still there in horizon_s" flag, and when its bin or flag may next change.
+        self._pid = np.zeros(cap, dtype=np.int64)
+        self._end = np.full(cap, -np.inf)
+        self._stay = np.zeros(cap, dtype=bool)
+        self._next = np.full(cap, -np.inf)
+        self._slot_of: dict[int, int] = {}  # pid -> slot
+        self._pids = 0
+        self._heap: list[tuple[float, int]] = []  # (next change, pid); stale entries are skipped
         self.m = 0
+        self._new_nodes(0)
+        self._table_seen: np.ndarray | None = None  # the table the view was computed with (None: recompute)
+        self._table_rows: list[list[float]] = []
+        self._t_view = -np.inf  # the time the view was last brought to
+        self._t0_max = -np.inf  # no running pod started after this
         self._rate_s, self._rate_l = _Rate(self.SHORT_S), _Rate(self.LONG_S)
         self._cpu_rate_l = _Rate(self.LONG_S)
         self._meta_kid: dict[object, int] = {}
+
+    def _new_nodes(self, n: int) -> None:
+        """Per-node aggregates for ``n`` nodes, rebuilt from the running pods."""
+        m = self.m
+        n = max(n, int(self._node[:m].max()) + 1 if m else 0, 1)
+        self._n_cnt = np.zeros(n, dtype=np.int64)
+        self._n_total = np.zeros(n)
+        self._n_stay = np.zeros(n)
+        self._n_end = np.full(n, -np.inf)
+        self._n_t0 = np.full(n, np.inf)
+        self._members: list[set[int]] = [set() for _ in range(n)]
+        if m:
+            node = self._node[:m]
+            for k, j in enumerate(node.tolist()):
+                self._members[j].add(k)
+            self._n_cnt[:] = np.bincount(node, minlength=n)
+            self._n_total[:] = np.bincount(node, weights=self._cpu[:m], minlength=n)
+            np.minimum.at(self._n_t0, node, self._t0[:m])
+        self._table_seen = None  # the time-dependent parts are recomputed at the next query
+
+    def _grow_nodes(self, n: int) -> None:
+        old = self._n_cnt.size
+        if n <= old:
+            return
+        n = max(n, 2 * old)
+        for name, fill in zip(self._NODE_ARRAYS, (0, 0.0, 0.0, -np.inf, np.inf)):
+            a = getattr(self, name)
+            setattr(self, name, np.concatenate((a, np.full(n - old, fill, dtype=a.dtype))))
+        self._members.extend(set() for _ in range(n - old))
 
     # ---- node identity (a live cluster's node set changes) ---------------------------------------------------
     def set_nodes(self, names: Sequence[str]) -> None:
@@ -229,9 +284,10 @@ class PodPredictor:
             for k in range(self.m - 1, -1, -1):
                 j = new.get(old[int(self._node[k])]) if int(self._node[k]) < len(old) else None
                 if j is None:
-                    self._remove(self._keys[k])
+                    self._remove(self._keys[k], per_node=False)
                 else:
                     self._node[k] = j
+            self._new_nodes(len(names))
         self.names = list(names)
 
     # ---- observations -------------------------------------------------------------------------------------
@@ -256,14 +312,29 @@ class PodPredictor:
             self._remove(key)
         k = self.m
         if k == self._node.size:
-            for name in ("_node", "_t0", "_kid", "_cpu", "_learn"):
+            for name in self._POD_ARRAYS:
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate((a, np.zeros_like(a))))
+        t, cpu_m, node = float(t), float(cpu_m), int(node)
         self._pos[key] = k
         self._keys.append(key)
         self._node[k], self._t0[k], self._kid[k], self._cpu[k] = node, t, self.kid_of(meta), cpu_m
         self._learn[k] = learn
+        pid = self._pids
+        self._pids += 1
+        self._pid[k], self._end[k], self._stay[k], self._next[k] = pid, -np.inf, False, -np.inf
+        self._slot_of[pid] = k
+        heapq.heappush(self._heap, (-np.inf, pid))  # evaluated at the next query
         self.m = k + 1
+        if node >= self._n_cnt.size:
+            self._grow_nodes(node + 1)
+        self._n_cnt[node] += 1
+        self._n_total[node] += cpu_m
+        if t < self._n_t0[node]:
+            self._n_t0[node] = t
+        self._members[node].add(k)
+        if t > self._t0_max:
+            self._t0_max = t
         if learn:
             self._rate_s.add(t, 1.0)
             self._rate_l.add(t, 1.0)
@@ -279,17 +350,166 @@ class PodPredictor:
             self.model.observe(int(self._kid[k]), max(t - float(self._t0[k]), 0.0))
         self._remove(key)
 
-    def _remove(self, key: Hashable) -> None:
+    def _remove(self, key: Hashable, per_node: bool = True) -> None:
+        """Forget pod ``key``; ``per_node=False`` while the nodes are re-indexed (the caller rebuilds them)."""
         k = self._pos.pop(key)
+        j = int(self._node[k])
+        held_end = held_t0 = False
+        if per_node:
+            held_end = self._end[k] == self._n_end[j] and self._end[k] > -np.inf
+            held_t0 = self._t0[k] == self._n_t0[j]
+            self._n_cnt[j] -= 1
+            self._members[j].discard(k)
+            if self._n_cnt[j] == 0:  # exactly empty, whatever the rounding of the sums
+                self._n_total[j] = self._n_stay[j] = 0.0
+            else:
+                self._n_total[j] -= self._cpu[k]
+                if self._stay[k]:
+                    self._n_stay[j] -= self._cpu[k]
+        del self._slot_of[int(self._pid[k])]
         last = self.m - 1
         if k != last:  # swap-remove keeps the running pods in [0, m)
             lk = self._keys[last]
             self._keys[k] = lk
             self._pos[lk] = k
-            for a in (self._node, self._t0, self._kid, self._cpu, self._learn):
+            for name in self._POD_ARRAYS:
+                a = getattr(self, name)
                 a[k] = a[last]
+            if per_node:
+                lm = self._members[int(self._node[k])]
+                lm.discard(last)
+                lm.add(k)
+            self._slot_of[int(self._pid[k])] = k
         self._keys.pop()
         self.m = last
+        if held_end or held_t0:
+            self._recompute_node(j)
+
+    def _recompute_node(self, j: int) -> None:
+        members = self._members[j]
+        if not members:
+            self._n_end[j], self._n_t0[j] = -np.inf, np.inf
+            return
+        s = np.fromiter(members, dtype=np.int64, count=len(members))
+        self._n_end[j] = self._end[s].max()
+        self._n_t0[j] = self._t0[s].min()
+
+    # ---- the incremental node view ------------------------------------------------------------------------
+    def _evaluate(self, now: float, s: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the pods in slots ``s`` at ``now``: t0 + T, the "still there in horizon_s" flag (the from-scratch
+        formula, so the flag is exactly :meth:`nodes_scratch`'s), and when either may next change (a little
+        early: a pod looked at again without a change costs nothing but the look)."""
+        t0 = self._t0[s]
+        age = np.maximum(now - t0, 0.0)
+        b = _bins_of(age)
+        tb = table[self._kid[s], b]
+        rem = np.maximum(tb - age, np.maximum(1.0, 0.05 * age))
+        h = self.horizon_s
+        stay = rem > h
+        edge = np.where(b < N_BINS - 1, t0 + _EDGES[np.minimum(b + 1, N_BINS)], np.inf)
+        flips = (t0 + tb - h, t0 + h / 0.05)  # T - age falls to h; age / 20 passes h
+        nxt = edge - 1e-12 * (np.abs(edge) + np.abs(t0) + 1.0)
+        for c in flips:
+            margin = 1e-12 * (np.abs(c) + np.abs(t0) + 1.0)
+            nxt = np.where(c > now - margin, np.minimum(nxt, c - margin), nxt)
+        nxt = np.where(nxt > now, nxt, np.nextafter(now, np.inf))
+        return t0 + tb, stay, nxt
+
+    def _recompute_view(self, now: float, table: np.ndarray) -> None:
+        """Every pod evaluated afresh (a new table, a re-indexed node set): vectorised, O(running pods)."""
+        m = self.m
+        s = np.arange(m)
+        end, stay, nxt = self._evaluate(now, s, table)
+        self._end[:m], self._stay[:m], self._next[:m] = end, stay, nxt
+        n = self._n_cnt.size
+        node = self._node[:m]
+        self._n_stay[:] = np.bincount(node, weights=self._cpu[:m] * stay, minlength=n)
+        self._n_end[:] = -np.inf
+        np.maximum.at(self._n_end, node, end)
+        live = np.isfinite(nxt)
+        self._heap = list(zip(nxt[live].tolist(), self._pid[:m][live].tolist()))
+        heapq.heapify(self._heap)
+        self._table_seen = table
+        self._table_rows = table.tolist()  # for :meth:`_advance_few`
+
+    def _advance(self, now: float, table: np.ndarray) -> None:
+        """Re-evaluate the pods whose bin or flag may have changed by ``now`` (and the new ones)."""
+        heap, slot_of, nxt_of = self._heap, self._slot_of, self._next
+        due: list[int] = []
+        while heap and heap[0][0] <= now:
+            t, pid = heapq.heappop(heap)
+            k = slot_of.get(pid)
+            if k is not None and nxt_of[k] == t:
+                due.append(k)
+        if not due:
+            return
+        if len(due) <= 32:  # the common case: numpy's per-call cost would dominate
+            self._advance_few(now, due, table)
+            return
+        s = np.asarray(due, dtype=np.int64)
+        end, stay, nxt = self._evaluate(now, s, table)
+        node = self._node[s]
+        old_end, old_stay = self._end[s], self._stay[s]
+        held = old_end == self._n_end[node]
+        self._end[s], self._stay[s], self._next[s] = end, stay, nxt
+        flip = stay != old_stay
+        if flip.any():
+            np.add.at(self._n_stay, node[flip], np.where(stay[flip], self._cpu[s[flip]], -self._cpu[s[flip]]))
+        np.maximum.at(self._n_end, node, end)
+        fell = held & (end < old_end)
+        if fell.any():
+            for j in np.unique(node[fell]).tolist():
+                self._recompute_node(j)
+        for t, pid in zip(nxt.tolist(), self._pid[s].tolist()):
+            if t != math.inf:
+                heapq.heappush(heap, (t, pid))
+        if len(heap) > 4 * self.m + 4096:  # ended pods' entries: drop them
+            m = self.m
+            live = np.isfinite(self._next[:m])
+            self._heap = list(zip(self._next[:m][live].tolist(), self._pid[:m][live].tolist()))
+            heapq.heapify(self._heap)
+
+    def _advance_few(self, now: float, due: list[int], table: np.ndarray) -> None:
+        """:meth:`_advance` for a few pods, one at a time in Python floats (the same formulas as
+        :meth:`_evaluate`, so the same flags)."""
+        h = self.horizon_s
+        scale, top = 2.0 / _LOG2, N_BINS - 1
+        t0a, kida, cpua, nodea = self._t0, self._kid, self._cpu, self._node
+        rows = self._table_rows
+        ends, stays, nexts, n_end, n_stay = self._end, self._stay, self._next, self._n_end, self._n_stay
+        heap, pida = self._heap, self._pid
+        fell: list[int] = []
+        after = math.nextafter(now, math.inf)
+        for k in due:
+            t0 = t0a.item(k)
+            age = max(now - t0, 0.0)
+            b = min(int(scale * math.log(max(age, 1.0))), top)
+            tb = rows[kida.item(k)][b]
+            stay = max(tb - age, max(1.0, 0.05 * age)) > h
+            nxt = math.inf
+            if b < top:
+                edge = t0 + float(_EDGES[b + 1])
+                nxt = edge - 1e-12 * (abs(edge) + abs(t0) + 1.0)
+            for c in (t0 + tb - h, t0 + h / 0.05):
+                margin = 1e-12 * (abs(c) + abs(t0) + 1.0)
+                if c > now - margin:
+                    nxt = min(nxt, c - margin)
+            if nxt <= now:
+                nxt = after
+            end = t0 + tb
+            j = nodea.item(k)
+            old_end = ends.item(k)
+            if stay != stays.item(k):
+                n_stay[j] += cpua.item(k) if stay else -cpua.item(k)
+            if old_end == n_end[j] and end < old_end:
+                fell.append(j)
+            ends[k], stays[k], nexts[k] = end, stay, nxt
+            if end > n_end[j]:
+                n_end[j] = end
+            if nxt != math.inf:
+                heapq.heappush(heap, (nxt, pida.item(k)))
+        for j in fell:
+            self._recompute_node(j)
 
     # ---- predictions --------------------------------------------------------------------------------------
     def pod_remaining(self, meta, age: float = 0.0) -> float:
@@ -304,7 +524,32 @@ class PodPredictor:
 
     def nodes(self, now: float, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
         """Per node: (predicted seconds until it holds no pod, 0 when empty; share of its pods' requested CPU
-        predicted to be still there in ``horizon_s``, 1 when empty)."""
+        predicted to be still there in ``horizon_s``, 1 when empty). From the incremental view (module
+        docstring); the same as :meth:`nodes_scratch` up to float rounding. A query earlier than the last one,
+        or earlier than a running pod's start, is answered from scratch (the view only moves forward)."""
+        if self.m == 0:
+            return np.zeros(n_nodes), np.ones(n_nodes)
+        now = float(now)
+        table = self.model.table()
+        if now < self._t0_max or (now < self._t_view and table is self._table_seen):
+            return self.nodes_scratch(now, n_nodes)
+        if n_nodes > self._n_cnt.size:
+            self._grow_nodes(n_nodes)
+        if table is not self._table_seen:
+            self._recompute_view(now, table)
+        else:
+            self._advance(now, table)
+        self._t_view = now
+        cnt = self._n_cnt[:n_nodes]
+        empty_in = np.maximum(np.maximum(self._n_end[:n_nodes] - now, 1.0), 0.05 * (now - self._n_t0[:n_nodes]))
+        empty_in[cnt == 0] = 0.0
+        total = self._n_total[:n_nodes]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(total > 0, self._n_stay[:n_nodes] / np.maximum(total, 1e-300), 1.0)
+        return empty_in, share
+
+    def nodes_scratch(self, now: float, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`nodes` computed from every running pod (O(running pods)): what the incremental view equals."""
         m = self.m
         empty_in = np.zeros(n_nodes)
         if m == 0:
