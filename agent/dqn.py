@@ -136,37 +136,62 @@ class SetQNetwork(nn.Module):
         ``(F_context,)``: the same arithmetic as :meth:`forward`, regrouped for one decision. The shared columns
         enter the first layer as a bias; the attention's keys, queries and values are folded into their weights
         (``softmax(e W_k s^T)`` is ``softmax(e (W_k s^T))``, and the attention-weighted mean of ``W_v e + b`` is
-        ``W_v`` (mean of e) ``+ b``), so per node it costs the embedding and K products, not three projections."""
-        nn_ = self.n_features - self.n_context
-        e1, e2 = self.embed[0], self.embed[2]
-        w1 = e1.weight
-        b1 = e1.bias + torch.mv(w1[:, nn_:], ctx)
-        e = torch.relu(torch.addmm(b1.unsqueeze(1), w1[:, :nn_], node_t))  # (H, M)
-        e = torch.relu(torch.addmm(e2.bias.unsqueeze(1), e2.weight, e))
-        mix = self.mix[0]
-        wm, bm = mix.weight, mix.bias.unsqueeze(1)
+        ``W_v`` (mean of e) ``+ b``), so per node it costs the embedding and K products, not three projections.
+        The weight slices and the products that do not depend on the input are computed once per set of weights
+        (:meth:`_folded`; a training step that changes a parameter in place makes them anew)."""
+        f = self._folded()
+        b1 = f["b1"] + torch.mv(f["w1c"], ctx)
+        e = torch.relu(torch.addmm(b1.unsqueeze(1), f["w1n"], node_t))  # (H, M)
+        e = torch.relu(torch.addmm(f["b2"], f["w2"], e))
         ec = e if cand.numel() == e.shape[1] else e[:, cand]  # (H, C)
         if not self.attention:
-            h = torch.relu(torch.addmm(bm, wm, ec))
+            h = torch.relu(torch.addmm(f["bm"], f["wm"], ec))
         else:
-            dk, hd = self.dk, e.shape[0]
-            scale = 1.0 / math.sqrt(dk)
-            wk, wv = self.pool_kv.weight[:dk], self.pool_kv.weight[dk:]
-            bk, bv = self.pool_kv.bias[:dk], self.pool_kv.bias[dk:]
-            a_pool = torch.mm(self.seeds, wk) * scale  # (K, H)
-            lp = torch.addmm((torch.mv(self.seeds, bk) * scale).unsqueeze(1), a_pool, e)  # (K, M)
+            lp = torch.addmm(f["bk"], f["a_pool"], e)  # (K, M)
             if logw is not None:
                 lp = lp + logw.unsqueeze(0)
             att = torch.softmax(lp, dim=1)
-            s = torch.addmm(bv, torch.mm(att, e.t()), wv.t())  # (K, dv)
-            skv = torch.addmm(self.sum_kv.bias, s, self.sum_kv.weight.t())
+            s = torch.addmm(f["bv"], torch.mm(att, e.t()), f["wv_t"])  # (K, dv)
+            skv = torch.addmm(f["sum_b"], s, f["sum_w_t"])
+            dk = self.dk
             sk, sv = skv[:, :dk], skv[:, dk:]
-            a_row = torch.mm(sk, self.row_q.weight) * scale  # (K, H)
-            lr = torch.addmm((torch.mv(sk, self.row_q.bias) * scale).unsqueeze(1), a_row, ec)  # (K, C)
+            a_row = torch.mm(sk, f["row_w"]) * f["scale"]  # (K, H)
+            lr = torch.addmm((torch.mv(sk, f["row_b"]) * f["scale"]).unsqueeze(1), a_row, ec)  # (K, C)
             att_r = torch.softmax(lr, dim=0)
-            z = torch.mm(torch.mm(wm[:, hd:], sv.t()), att_r)  # (head_hidden, C)
-            h = torch.relu(torch.addmm(bm, wm[:, :hd], ec) + z)
-        return torch.mv(h.t(), self.adv.weight[0]) + self.adv.bias
+            z = torch.mm(torch.mm(f["wm_s"], sv.t()), att_r)  # (head_hidden, C)
+            h = torch.relu(torch.addmm(f["bm"], f["wm_e"], ec) + z)
+        return torch.mv(h.t(), f["adv_w"]) + f["adv_b"]
+
+    def _folded(self) -> dict:
+        """The inference weights of :meth:`score_parts`, cached while no parameter changes (their versions)."""
+        params = tuple(self.parameters())
+        try:
+            versions = tuple(p._version for p in params)
+        except RuntimeError:  # made under inference_mode: no version counter, so no cache
+            versions = None
+        cache = self.__dict__.get("_folded_cache")
+        if (versions is not None and cache is not None and cache[1] == versions and len(cache[0]) == len(params)
+                and all(a is b for a, b in zip(cache[0], params))):  # the same tensors (held), unchanged
+            return cache[2]
+        with torch.no_grad():
+            nn_ = self.n_features - self.n_context
+            e1, e2, mix = self.embed[0], self.embed[2], self.mix[0]
+            f = {"w1n": e1.weight[:, :nn_].contiguous(), "w1c": e1.weight[:, nn_:].contiguous(), "b1": e1.bias.clone(),
+                 "w2": e2.weight.clone(), "b2": e2.bias.unsqueeze(1).clone(), "bm": mix.bias.unsqueeze(1).clone(),
+                 "wm": mix.weight.clone(), "adv_w": self.adv.weight[0].clone(), "adv_b": self.adv.bias.clone()}
+            if self.attention:
+                dk, hd = self.dk, e2.weight.shape[0]
+                scale = 1.0 / math.sqrt(dk)
+                wk, wv = self.pool_kv.weight[:dk], self.pool_kv.weight[dk:]
+                bk, bv = self.pool_kv.bias[:dk], self.pool_kv.bias[dk:]
+                f.update(a_pool=torch.mm(self.seeds, wk) * scale,
+                         bk=(torch.mv(self.seeds, bk) * scale).unsqueeze(1), bv=bv.clone(), wv_t=wv.t().contiguous(),
+                         sum_b=self.sum_kv.bias.clone(), sum_w_t=self.sum_kv.weight.t().contiguous(),
+                         row_w=self.row_q.weight.clone(), row_b=self.row_q.bias.clone(), scale=scale,
+                         wm_s=mix.weight[:, hd:].contiguous(), wm_e=mix.weight[:, :hd].contiguous())
+        if versions is not None:
+            self.__dict__["_folded_cache"] = (params, versions, f)
+        return f
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         e = self.embed(x)

@@ -11,6 +11,16 @@ Schema 2 also reads the pod's metadata (``uses_meta``) and keeps an online lifet
 subscribes it to the twin's binds and ends (``Twin.observe_pods``) or, on a cluster, to the scheduler cache's
 pod events (``KubeCache.add_pod_listener``, through :class:`~joulesched.agent.predictor.KubePodFeed`). Its
 attention reads every node; identical empty nodes are read once with their multiplicity (exact).
+
+``sample=auto`` (or ``sample=PCT``) bounds the work per decision as kube-scheduler's percentageOfNodesToScore
+does (issue 28): of a big cluster's busy nodes, the attention reads and the policy scores only a sample of
+``k = num_nodes_to_score(N)`` columns (adaptive: ``max(5, 50 - N/125)`` % of the nodes, at least 100). The
+sample always holds what matters to energy: the two heuristics' picks, the feasible awake nodes that fit the
+pod most tightly and the most efficient busy ones (watts per core); every empty node is still read exactly
+through its group of identical empty nodes (FeatureBuilderV2.groups: so the most efficient sleepers and
+empty awake nodes of every kind are always candidates). The rest of the sample is a stride through the other
+busy nodes from a start that rotates between decisions, each read with the weight of the nodes it stands for
+(a log-count in the attention, as a group's), so the attention's summaries estimate the full ones.
 """
 
 from __future__ import annotations
@@ -23,11 +33,12 @@ import torch
 from joulesched.agent.checkpoint import feature_names, load_model
 from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import QNetwork
-from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2
+from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2, heuristic_picks
 from joulesched.agent.features_gpu import FeatureBuilderV3
+from joulesched.agent.kube_scoring import num_nodes_to_score
 from joulesched.agent.policy import NodeScores, PolicyError, Scorer
 from joulesched.agent.predictor import KubePodFeed, PodPredictor
-from joulesched.cluster.state import ClusterState, PodRequest
+from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
 
 
 def make_predictor(cfg: DQNConfig) -> PodPredictor | None:
@@ -39,6 +50,25 @@ def make_predictor(cfg: DQNConfig) -> PodPredictor | None:
 #: From this many feasible nodes on, empty nodes identical to a lower-index empty node are not scored again
 #: (FeatureBuilder.candidates): same choice, far fewer rows in big, lightly loaded clusters.
 DEDUPE_MIN = 64
+#: With sampling, the busy nodes always in the sample: this many of the tightest fits and of the most efficient
+#: (each at most an eighth of the sample).
+SAMPLE_FIT, SAMPLE_EFFICIENT = 32, 16
+
+
+def parse_sample(value: str | int | None) -> int | None:
+    """The ``sample`` option: None (``off``: every node), 0 (``auto``: kube's adaptive percentage) or 1..100."""
+    v = str(value).strip().lower() if value is not None else "off"
+    if v in ("off", "none", "false", "no"):
+        return None
+    if v in ("auto", "0", "adaptive"):
+        return 0
+    try:
+        pct = int(v)
+    except ValueError:
+        pct = -1
+    if not 1 <= pct <= 100:
+        raise PolicyError(f"policy 'dqn': option sample={value!r} must be off, auto or a percentage 1..100")
+    return pct
 
 
 class DQNPolicy:
@@ -48,6 +78,8 @@ class DQNPolicy:
     :param threads: torch intra-op threads (process-wide; 1 is fastest for this small MLP). ``0`` leaves
         torch's setting alone.
     :param net, config: a network in memory and its config (training's validation), instead of a file.
+    :param sample: ``off`` (every node), ``auto`` (kube-scheduler's adaptive percentageOfNodesToScore) or a
+        percentage: schema 2's attention and scoring over a sample of the busy nodes (module docstring).
     """
 
     name = "dqn"
@@ -55,7 +87,7 @@ class DQNPolicy:
     meta: dict
 
     def __init__(self, path: str | None = None, threads: str | int = 1, net: torch.nn.Module | None = None,
-                 config: DQNConfig | None = None) -> None:
+                 config: DQNConfig | None = None, sample: str | int | None = "off") -> None:
         if net is None:
             if not path:
                 raise PolicyError("policy 'dqn' needs a model file: dqn=models/NAME.pt")
@@ -79,6 +111,11 @@ class DQNPolicy:
             torch.set_num_threads(threads)
         self.net, self.meta, self.path = net, meta, path
         self._feat: FeatureBuilder | None = None
+        #: None: every node; 0: kube's adaptive percentage; else that percentage (schema 2 and later).
+        self.sample_pct = parse_sample(sample) if self.schema >= 2 else None
+        #: A policy that samples itself: serve leaves its feasible set alone (``ServeConfig.sample_pct``).
+        self.kube_sampling = self.sample_pct is not None
+        self._sample_start = 0
 
     @property
     def scorer(self) -> Scorer:
@@ -191,6 +228,19 @@ class DQNPolicy:
         feat = self._feat if self._feat is not None and self._feat.matches(state) else self._builder(state)
         if self._feed is not None and self.predictor is not None:
             self._feed.drain(self.predictor, state.now)
+        if self.sample_pct is not None and len(state) >= DEDUPE_MIN:
+            sampled = self._sample(feat, state, pod, mask)
+            if sampled is not None:
+                cols, w, pos, picks = sampled
+                if type(feat).parts is FeatureBuilderV2.parts:  # only these columns
+                    node_t, ctx = feat.parts_at(state, pod, mask, cols, meta=meta, predictor=self.predictor,
+                                                picks=picks)
+                else:  # a subclass that adds columns: all of them, then the sample's
+                    node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
+                    node_t = np.ascontiguousarray(node_t[:, cols])
+                a = self.net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(pos),
+                                         torch.from_numpy(np.log(w).astype(np.float32)))
+                return int(cols[pos[int(torch.argmax(a))]])
         node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
         logw, pos = None, idx
         if len(state) >= DEDUPE_MIN:
@@ -202,3 +252,58 @@ class DQNPolicy:
                 pos = np.searchsorted(reps, idx)
         a = self.net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(pos), logw)
         return int(idx[int(torch.argmax(a))])
+
+    def _sample(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> tuple | None:
+        """The sampled columns (sorted), the number of nodes each stands for, the positions of the feasible
+        ones among them and the heuristics' picks; None when the exact grouping alone is within the budget
+        (module docstring)."""
+        n = len(st)
+        k = num_nodes_to_score(n, self.sample_pct or 0)
+        reps, cnt = feat.groups(st, mask)
+        empty = st.pods[reps] == 0
+        busy = reps[~empty]
+        n_groups = reps.size - busy.size
+        if busy.size + n_groups <= k:
+            return None
+        idx = np.flatnonzero(mask)
+        fb = idx[st.pods[idx] > 0]  # feasible busy nodes
+        wpc = feat.wpc
+        picks = heuristic_picks(st, pod, idx, wpc)
+        keep = [fb[:0]]
+        if fb.size:
+            keep += list(picks)
+            quota = max(1, k // 8)
+            awake = fb[st.power_state[fb] != ASLEEP]
+            if awake.size:
+                free = (st.alloc_cpu[awake] - st.nz_cpu[awake] - pod.nz_cpu) / np.maximum(st.alloc_cpu[awake], 1)
+                keep.append(awake[_smallest(free, min(SAMPLE_FIT, quota))])
+            keep.append(fb[_smallest(wpc[fb], min(SAMPLE_EFFICIENT, quota))])
+        must = np.unique(np.concatenate(keep))
+        must = must[st.pods[must] > 0]  # an empty pick is in its group already
+        out = np.ones(n, dtype=bool)
+        out[must] = False
+        rest = busy[out[busy]]
+        r = max(k - must.size - n_groups, min(rest.size, 16))
+        if rest.size > r:
+            step = rest.size / r
+            start = self._sample_start % rest.size
+            take = (start + (np.arange(r) * step).astype(np.int64)) % rest.size
+            self._sample_start = (start + 1) % rest.size
+            stride = rest[np.sort(take)]
+            w_rest = rest.size / r
+        else:
+            stride, w_rest = rest, 1.0
+        er = reps[empty]
+        cols = np.concatenate((must, stride, er))
+        w = np.concatenate((np.ones(must.size), np.full(stride.size, w_rest), cnt[empty]))
+        order = np.argsort(cols, kind="stable")
+        cols, w = cols[order], w[order]
+        pos = np.flatnonzero(mask[cols])
+        return cols, w, pos, picks
+
+
+def _smallest(v: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` smallest values of ``v`` (any order)."""
+    if v.size <= k:
+        return np.arange(v.size)
+    return np.argpartition(v, k - 1)[:k]

@@ -137,12 +137,14 @@ class FeatureBuilder:
     def matches(self, state: ClusterState) -> bool:
         return id(state) == self._state_id and len(state) == self.n
 
-    def _watts(self, u: np.ndarray) -> np.ndarray:
-        """Watts of every node at utilisation ``u`` (linear between the 10 % points), as power.curves."""
+    def _watts(self, u: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Watts of every node (or of nodes ``rows``) at utilisation ``u`` (linear between the 10 % points), as
+        power.curves."""
+        rows = self.rows if rows is None else rows
         x = np.clip(u, 0.0, 1.0) * 10.0
         i = np.minimum(x.astype(np.int64), 9)
-        lo = self.curves[self.rows, i]
-        return lo + (x - i) * (self.curves[self.rows, i + 1] - lo)
+        lo = self.curves[rows, i]
+        return lo + (x - i) * (self.curves[rows, i + 1] - lo)
 
     def build(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Feature rows for every node. Writes into ``out`` (N, N_FEATURES) if given, else an internal buffer
@@ -284,12 +286,11 @@ def heuristic_picks(st: ClusterState, pod: PodRequest, idx: np.ndarray,
     # pabfd: the least power increase on the node's curve at its requests, then the tighter fit.
     x0 = np.minimum(nz / cpu, 1.0) * 10.0
     x1 = np.minimum((nz + pod.nz_cpu) / cpu, 1.0) * 10.0
-    curves = st.curves[a]
-    r = np.arange(a.size)
+    curves = st.curves  # read at (a, i): no copy of the rows
     i0, i1 = np.minimum(x0.astype(np.int64), 9), np.minimum(x1.astype(np.int64), 9)
-    lo0, lo1 = curves[r, i0], curves[r, i1]
-    p0 = lo0 + (x0 - i0) * (curves[r, i0 + 1] - lo0)
-    p1 = lo1 + (x1 - i1) * (curves[r, i1 + 1] - lo1)
+    lo0, lo1 = curves[a, i0], curves[a, i1]
+    p0 = lo0 + (x0 - i0) * (curves[a, i0 + 1] - lo0)
+    p1 = lo1 + (x1 - i1) * (curves[a, i1 + 1] - lo1)
     pb = _lexmin(a, [np.round(p1 - p0, 9), (cpu - nz - pod.nz_cpu) / cpu])
     return best, pb
 
@@ -349,36 +350,63 @@ class FeatureBuilderV2(FeatureBuilder):
         """The rows as inference reads them: the node columns transposed, ``(N_NODE_V2, N)`` (each column
         written contiguously), and the pod and context columns once, ``(N_POD_V2 + N_CONTEXT_V2,)``. Both are
         buffers the next call overwrites."""
-        o = self._node_t
+        return self._parts(st, pod, mask, None, meta, predictor, None)
+
+    def parts_at(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, cols: np.ndarray, *, meta=None,
+                 predictor=None, picks: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`parts` for the nodes ``cols`` only: ``(N_NODE_V2, len(cols))`` (a new array), equal to
+        ``parts(...)[0][:, cols]``, and the same context columns (the cluster's sums still read every node, a
+        few vector operations). ``picks``: :func:`heuristic_picks` of the feasible nodes, if known."""
+        return self._parts(st, pod, mask, cols, meta, predictor, picks)
+
+    def _parts(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, cols: np.ndarray | None, meta,
+               predictor, picks) -> tuple[np.ndarray, np.ndarray]:
         ctx = self._ctx
         pc, pm = float(pod.nz_cpu), float(pod.nz_mem)
         ps = st.power_state
-        asleep = ps == ASLEEP
-        u = st.usage_cpu * self.inv_cpu
-        share = pc * self.inv_cpu
+        asleep_all = ps == ASLEEP
+        u_all = st.usage_cpu * self.inv_cpu
+        w_all = np.where(asleep_all, st.sleep_watts, self._watts(u_all))
+        if cols is None:
+            o, sel, rows = self._node_t, slice(None), None
+            u, w_now, asleep = u_all, w_all, asleep_all
+        else:
+            o, sel, rows = np.empty((N_NODE_V2, cols.size), dtype=np.float32), cols, cols
+            o[10:16] = self.static[cols].T
+            u, w_now, asleep = u_all[cols], w_all[cols], asleep_all[cols]
+        inv_cpu = self.inv_cpu[sel]
+        share = pc * inv_cpu
         ua = u + share
-        w_now = np.where(asleep, st.sleep_watts, self._watts(u))
-        w_after = self._watts(ua)
-        np.multiply(st.req_cpu, self.inv_cpu, out=o[0], casting="unsafe")
-        np.multiply(st.req_mem, self.inv_mem, out=o[1], casting="unsafe")
-        np.multiply(st.pods, self.inv_pods, out=o[2], casting="unsafe")
+        w_after = self._watts(ua, rows)
+        pods = st.pods[sel]
+        np.multiply(st.req_cpu[sel], inv_cpu, out=o[0], casting="unsafe")
+        np.multiply(st.req_mem[sel], self.inv_mem[sel], out=o[1], casting="unsafe")
+        np.multiply(pods, self.inv_pods[sel], out=o[2], casting="unsafe")
         np.minimum(u, 2.0, out=o[3], casting="unsafe")
         np.minimum(ua, 2.0, out=o[4], casting="unsafe")
         np.clip(ua - 1.0, 0.0, 1.0, out=o[5], casting="unsafe")
-        np.minimum((st.nz_cpu + pc) * self.inv_cpu, 1.5, out=o[6], casting="unsafe")
-        np.minimum((st.nz_mem + pm) * self.inv_mem, 1.5, out=o[7], casting="unsafe")
+        np.minimum((st.nz_cpu[sel] + pc) * inv_cpu, 1.5, out=o[6], casting="unsafe")
+        np.minimum((st.nz_mem[sel] + pm) * self.inv_mem[sel], 1.5, out=o[7], casting="unsafe")
         np.multiply(w_now, self.inv_max_peak, out=o[8], casting="unsafe")
         np.multiply(w_after - w_now, self.inv_max_peak, out=o[9], casting="unsafe")
         o[16] = asleep
-        o[17] = ps == WAKING
-        o[18] = st.pods == 0
+        o[17] = ps[sel] == WAKING
+        o[18] = pods == 0
         np.minimum(share, 1.5, out=o[22], casting="unsafe")
         idx = np.flatnonzero(mask)
-        af, pb = heuristic_picks(st, pod, idx, self.wpc)
-        o[23:25] = 0.0
-        o[23, af] = 1.0
-        o[24, pb] = 1.0
-        o[25] = mask
+        af, pb = heuristic_picks(st, pod, idx, self.wpc) if picks is None else picks
+        if cols is None:
+            o[23:25] = 0.0
+            o[23, af] = 1.0
+            o[24, pb] = 1.0
+        else:
+            flag = np.zeros(self.n, dtype=np.float32)
+            flag[af] = 1.0
+            o[23] = flag[cols]
+            flag[af] = 0.0
+            flag[pb] = 1.0
+            o[24] = flag[cols]
+        o[25] = mask[sel]
         ctx[0] = min(pc / self.mean_cpu, 4.0)
         ctx[1] = min(pm / self.mean_mem, 4.0)
         ctx[2] = float(pod.best_effort)
@@ -386,25 +414,26 @@ class FeatureBuilderV2(FeatureBuilder):
         ctx[5] = meta is not None and meta.qos_class == "Guaranteed"
         c = N_POD_V2
         n = self.n
-        ctx[c] = np.count_nonzero(asleep) / n
+        ctx[c] = np.count_nonzero(asleep_all) / n
         ctx[c + 1] = np.count_nonzero(ps == WAKING) / n
         ctx[c + 2] = float(st.usage_cpu.sum()) / self.total_cap
         ctx[c + 3] = float(st.req_cpu.sum()) / self.total_cap
         ctx[c + 4] = idx.size / n
-        ctx[c + 5] = float(w_now.sum()) / self.total_peak
+        ctx[c + 5] = float(w_all.sum()) / self.total_peak
         ctx[c + 9] = self.wake_col
         if self.prediction and predictor is not None:
-            empty_in, stay = predictor.nodes(st.now, n)
+            empty_all, stay = predictor.nodes(st.now, n)
+            empty_in = empty_all[sel]
             life = predictor.pod_remaining(meta, 0.0)
             o[19] = life_squash(empty_in)
-            pl = np.minimum(u * stay, 2.0)
-            o[20] = pl
+            pl_all = np.minimum(u_all * stay, 2.0)
+            o[20] = pl_all[sel]
             o[21] = life_squash(np.maximum(life - empty_in, 0.0))
             ctx[3] = float(life_squash(life))
             load, trend = predictor.arrivals(st.now, self.total_cap)
             ctx[c + 6] = load
             ctx[c + 7] = trend
-            ctx[c + 8] = float(np.dot(pl, self.cap_cpu)) / self.total_cap
+            ctx[c + 8] = float(np.dot(pl_all, self.cap_cpu)) / self.total_cap
         else:
             o[19:22] = 0.0
             ctx[3] = 0.0

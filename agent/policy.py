@@ -12,6 +12,7 @@ entry-point group.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -88,7 +89,7 @@ class PolicyBase:
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str], str | None]:
-    """Split ``NAME[:k=v,...]`` or ``NAME=PATH`` into (name, options, path)."""
+    """Split ``NAME[:k=v,...]`` or ``NAME=PATH[:k=v,...]`` into (name, options, path)."""
     spec = spec.strip()
     if not spec:
         raise PolicyError("empty policy name")
@@ -97,15 +98,12 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str], str | None]:
         name, rest = spec.split(":", 1)
         if not rest.strip():
             raise PolicyError(f"policy {name.strip()!r}: ':' must be followed by key=value options")
-        for item in rest.split(","):
-            if "=" not in item:
-                raise PolicyError(f"policy {name!r}: option {item.strip()!r} must be key=value")
-            k, v = item.split("=", 1)
-            if not k.strip():
-                raise PolicyError(f"policy {name!r}: option {item.strip()!r} has no key")
-            opts[k.strip()] = v.strip()
+        opts = _options(name, rest)
     elif "=" in spec:
         name, path = spec.split("=", 1)
+        head, sep, tail = path.rpartition(":")
+        if sep and re.match(r"\s*[A-Za-z_][\w-]*\s*=", tail):  # dqn=models/v2.pt:sample=auto
+            path, opts = head, _options(name, tail)
         path = path.strip()
         if not path:
             raise PolicyError(f"policy {name!r}: empty model path")
@@ -115,9 +113,21 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str], str | None]:
     return name, opts, path
 
 
+def _options(name: str, rest: str) -> dict[str, str]:
+    opts = {}
+    for item in rest.split(","):
+        if "=" not in item:
+            raise PolicyError(f"policy {name!r}: option {item.strip()!r} must be key=value")
+        k, v = item.split("=", 1)
+        if not k.strip():
+            raise PolicyError(f"policy {name!r}: option {item.strip()!r} has no key")
+        opts[k.strip()] = v.strip()
+    return opts
+
+
 def canonical_spec(spec: str) -> str:
     """The spec as results name it: ``NAME``, ``NAME:k=v,...`` or ``NAME=PATH``, without stray spaces."""
     name, opts, path = parse_spec(spec)
     if path is not None:
-        return f"{name}={path}"
+        return f"{name}={path}" + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
     return f"{name}:" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else name

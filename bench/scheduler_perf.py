@@ -54,8 +54,9 @@ POD_TEMPLATE = {"apiVersion": "v1", "kind": "Pod", "metadata": {},
                                          "ports": [{"containerPort": 80}],
                                          "resources": {"limits": {"cpu": "100m", "memory": "500Mi"},
                                                        "requests": {"cpu": "100m", "memory": "500Mi"}}}]}}
-#: ``@sample=P``: serve's sample_pct for a policy that does not sample itself (0 = kube's adaptive percentage)
-DEFAULT_POLICIES = ["default-k8s", "most-allocated", "awake-first", "dqn=models/v2.pt@sample=0"]
+#: ``@sample=P``: serve's sample_pct for a policy that does not sample itself (0 = kube's adaptive percentage);
+#: the DQN samples itself (``sample=auto``: the nodes that matter to energy always in the sample, issue 28)
+DEFAULT_POLICIES = ["default-k8s", "most-allocated", "awake-first", "dqn=models/v2.pt:sample=auto"]
 INIT_PODS = {10000: 1000, 50000: 5000}  # upstream's initPods for each measurePods
 
 

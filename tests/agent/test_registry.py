@@ -65,7 +65,7 @@ def test_descriptions_are_plain_text_with_only_spec_options():
     d = entry("dqn").description()
     assert ":class:" not in d and ":param" not in d and "``" not in d, d
     assert "QNetwork" in d and "MODEL: a checkpoint" in d and "threads:" in d
-    assert "net, config" not in d and entry("dqn").options() == {"threads": 1}  # code-only parameters
+    assert "net, config" not in d and entry("dqn").options() == {"threads": 1, "sample": "off"}  # not code-only ones
     assert "fit=efficient orders" in entry("awake-first").description()
     with pytest.raises(PolicyError, match="unknown option 'config'"):
         make_policy("dqn:config=x")
