@@ -18,7 +18,7 @@ from joulesched.cluster.scenario import load_scenario
 from joulesched.cluster.state import ClusterState, PodRequest
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import PodMeta, build_workload
-from tests.support.decisions import decisions
+from tests.support.decisions import decisions, unseen_durations
 
 ROOT = Path(__file__).resolve().parents[2]
 LINEAR = [100.0 + 10.0 * k for k in range(11)]
@@ -100,17 +100,9 @@ def test_decisions_never_depend_on_durations_not_yet_seen():
     wl = build_workload(sc, 77)
     twin = Twin(sc, wl)
     base = decisions(twin, make_policy("lifetime-aware"), 77)
-    t_cut = float(wl.submit_s[500])
-    start, end = np.asarray(twin.pod_start), np.asarray(twin.pod_end)
-    running = (wl.submit_s < t_cut) & (start < t_cut) & (end > t_cut)
-    assert running.sum() > 10
-    dur = wl.duration_s.copy()
-    future = wl.submit_s >= t_cut
-    dur[future] = np.random.default_rng(0).permutation(dur[future])
-    dur[running] *= 3.0
+    t_cut, dur, before = unseen_durations(wl, twin)
     again = decisions(Twin(sc, dataclasses.replace(wl, duration_s=dur)), make_policy("lifetime-aware"), 77,
                       until=t_cut)
-    before = wl.submit_s < t_cut
     assert [n for n, b in zip(again, before) if b] == [n for n, b in zip(base, before) if b]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,12 +15,12 @@ from joulesched.agent.dqn import DQN
 from joulesched.agent.dqn_policy import DQNPolicy
 from joulesched.agent.predictor import KubePodFeed, LifetimeModel, PodPredictor
 from joulesched.agent.registry import make_policy
-from joulesched.agent.runner import run_policy
 from joulesched.cluster.kube.objects import PodInfo
 from joulesched.cluster.scenario import load_scenario
 from joulesched.cluster.state import PodRequest
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import PodMeta, build_workload
+from tests.support.decisions import decisions, unseen_durations
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = PodMeta(kind="job", owner_kind="Job", app="batch", qos_class="Burstable")
@@ -146,22 +145,6 @@ def test_kube_feed_turns_cache_events_into_observations():
 
 
 # ---- honesty ----------------------------------------------------------------------------------------------------
-def _decisions(twin: Twin, policy, seed: int, until: float = float("inf")) -> list[int]:
-    """Each pod's node after run_policy's loop has decided every pod arriving before ``until``."""
-    if until == float("inf"):
-        run_policy(twin, policy, seed)
-        return list(twin.pod_node)
-    rng = np.random.default_rng(seed)
-    policy.attach(twin)
-    twin.begin()
-    policy.reset(twin.state, rng)
-    while (d := twin.next_decision()) is not None and twin.now < until:
-        twin.bind(d, policy.choose(d.state, d.pod, d.mask, meta=d.meta) if getattr(policy, "uses_meta", False)
-                  else policy.choose(d.state, d.pod, d.mask))
-    policy.detach(twin)
-    return list(twin.pod_node)
-
-
 def _v2_policy() -> DQNPolicy:
     torch.manual_seed(7)
     cfg = DQNConfig()
@@ -175,23 +158,14 @@ def test_decisions_never_depend_on_durations_not_yet_seen():
     sc = load_scenario(ROOT / "scenarios" / "heterogeneous-sleep.yaml")
     wl = build_workload(sc, 77)
     twin = Twin(sc, wl)
-    base = _decisions(twin, _v2_policy(), 77)
-    cut = 500
-    t_cut = float(wl.submit_s[cut])
-    start, end = np.asarray(twin.pod_start), np.asarray(twin.pod_end)
-    running = (wl.submit_s < t_cut) & (start < t_cut) & (end > t_cut)
-    assert running.sum() > 10
-    dur = wl.duration_s.copy()
-    future = wl.submit_s >= t_cut
-    dur[future] = np.random.default_rng(0).permutation(dur[future])
-    dur[running] *= 3.0
+    base = decisions(twin, _v2_policy(), 77)
+    t_cut, dur, before = unseen_durations(wl, twin)
     changed = Twin(sc, dataclasses.replace(wl, duration_s=dur))
-    before = wl.submit_s < t_cut
-    again = _decisions(changed, _v2_policy(), 77, until=t_cut)
+    again = decisions(changed, _v2_policy(), 77, until=t_cut)
     assert [n for n, b in zip(again, before) if b] == [n for n, b in zip(base, before) if b]
     # The test can fail: a policy that reads the twin's departure times (schema 1's departure_soon column,
     # models/small.pt) moves decisions made before T.
     v1 = make_policy(f"dqn={ROOT / 'models' / 'small.pt'}")
-    v1_base = _decisions(Twin(sc, wl), v1, 77, until=t_cut)
-    v1_again = _decisions(Twin(sc, dataclasses.replace(wl, duration_s=dur)), v1, 77, until=t_cut)
+    v1_base = decisions(Twin(sc, wl), v1, 77, until=t_cut)
+    v1_again = decisions(Twin(sc, dataclasses.replace(wl, duration_s=dur)), v1, 77, until=t_cut)
     assert [n for n, b in zip(v1_again, before) if b] != [n for n, b in zip(v1_base, before) if b]
