@@ -121,3 +121,34 @@ def test_bad_options_name_the_problem(spec, words):
 def test_it_is_a_sleep_aware_heuristic_in_every_best_heuristic_comparison():
     assert family_of("lifetime-aware") == "sleep-aware"
     assert "lifetime-aware" in BEST_HEURISTIC_CANDIDATES and "lifetime-aware" in DEFAULT_POLICIES
+
+
+def test_on_a_cluster_it_learns_from_the_cache_pod_events():
+    """A live backend has no observe_pods: the policy subscribes once to its cache and drains the events when it
+    decides, so a pod's bind and deletion reach the predictor before the next choice."""
+    from types import SimpleNamespace
+
+    from joulesched.cluster.kube.objects import PodInfo
+
+    listeners = []
+    backend = SimpleNamespace(cache=SimpleNamespace(add_pod_listener=listeners.append))
+    pol = make_policy("lifetime-aware")
+    pol.attach(backend)
+    pol.attach(backend)  # a second run on the same cache: still one subscription
+    assert len(listeners) == 1
+    st = _cluster(2)
+    pol.reset(st, np.random.default_rng(0))
+
+    def info(node="", phase="Pending"):
+        return PodInfo(uid="a", namespace="default", name="a", node_name=node, scheduler_name="joulesched",
+                       request=PodRequest(500, 512), phase=phase, deleting=False, meta=LONG)
+
+    feed = listeners[0]
+    feed(None, info())
+    feed(info(), info("n1", "Running"))
+    pod = PodRequest(500, 100)
+    pol.choose(st, pod, st.feasible(pod), meta=NEW)
+    assert pol.feed.predictor.running == 1
+    feed(info("n1", "Running"), None)
+    pol.choose(st, pod, st.feasible(pod), meta=NEW)
+    assert pol.feed.predictor.running == 0 and pol.feed.predictor.model.observed == 1
