@@ -449,6 +449,16 @@ class Services(PodPlacement):
         return self
 
 
+class Fitted(_Strict):
+    """Pods of applications fitted to a trace (cluster/fitted.py): ``fit`` is a file ``joulesched trace fit``
+    wrote (relative to the scenario file); arrivals come at its rate times ``rate_scale`` with its hour-of-day
+    profile until ``duration_s`` or ``pods`` pods."""
+
+    fit: str = Field(min_length=1)
+    pods: int | None = Field(None, ge=1, le=10_000_000)
+    rate_scale: float = Field(1.0, gt=0, le=1000, allow_inf_nan=False)
+
+
 def _as_list(v: object) -> object:
     return [v] if isinstance(v, dict) else v
 
@@ -465,24 +475,26 @@ class WorkloadSpec(_Strict):
     trace: str | list[str] | None = None
     jobs: list[Synthetic] | None = None
     services: list[Services] | None = None
+    fitted: list[Fitted] | None = None
     slo_interval_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
 
-    @field_validator("jobs", "services", mode="before")
+    @field_validator("jobs", "services", "fitted", mode="before")
     @classmethod
     def _one_or_many(cls, v: object) -> object:
         return _as_list(v)  # one mapping is a list of one
 
     @model_validator(mode="after")
     def _generators(self) -> "WorkloadSpec":
-        mixed = self.jobs is not None or self.services is not None
+        mixed = self.jobs is not None or self.services is not None or self.fitted is not None
         if self.synthetic is not None and self.trace is not None:
             raise ValueError("give exactly one of 'synthetic' or 'trace' (to mix a generator with a trace, write "
                              "the generator under 'jobs')")
         if self.synthetic is not None and mixed:
             raise ValueError("'synthetic' stands alone; to mix generators write it under 'jobs'")
         if self.synthetic is None and self.trace is None and not mixed:
-            raise ValueError("give exactly one of 'synthetic' or 'trace', or mix 'jobs', 'services' and 'trace'")
-        for name in ("jobs", "services"):
+            raise ValueError("give exactly one of 'synthetic' or 'trace', or mix 'jobs', 'services', 'fitted' and "
+                             "'trace'")
+        for name in ("jobs", "services", "fitted"):
             if getattr(self, name) == []:
                 raise ValueError(f"'{name}' is empty")
         if isinstance(self.trace, list) and not self.trace:
@@ -540,6 +552,12 @@ class Scenario(_Strict):
         """Every trace file of the workload, resolved against the scenario's folder."""
         base = self.source.parent if self.source else Path.cwd()
         return [(base / t).resolve() for t in self.workload.traces]
+
+    @property
+    def fit_paths(self) -> list[Path]:
+        """Every fit file of the workload's ``fitted`` generators, resolved against the scenario's folder."""
+        base = self.source.parent if self.source else Path.cwd()
+        return [(base / f.fit).resolve() for f in self.workload.fitted or []]
 
 
 def _format_validation_error(path: Path | str, err: ValidationError) -> str:

@@ -42,7 +42,8 @@ from typing import TextIO
 import numpy as np
 
 from joulesched.cluster.filters import PodConstraints
-from joulesched.cluster.scenario import PodPlacement, Scenario, ScenarioError, Services, Synthetic
+from joulesched.cluster.fitted import draw_fitted, load_fit
+from joulesched.cluster.scenario import Fitted, PodPlacement, Scenario, ScenarioError, Services, Synthetic
 from joulesched.core.fsio import atomic_path
 
 TRACE_COLUMNS = ("submit_s", "duration_s", "cpu_request_m", "memory_request_mib", "cpu_usage_m")
@@ -946,13 +947,15 @@ def build_workload(scenario: Scenario, seed: int | None = None, *, pod_model: bo
     spec, horizon = scenario.workload, scenario.duration_s
     if spec.synthetic is not None:
         wl = synthesize(spec.synthetic, horizon, seed)
-    elif not spec.jobs and not spec.services and len(spec.traces) == 1:
+    elif not spec.jobs and not spec.services and not spec.fitted and len(spec.traces) == 1:
         wl = load_trace(scenario.trace_paths[0], horizon)
     else:
         parts = [_synthesize(g, horizon, np.random.default_rng(seed if k == 0 else [seed, 1, k]),
                              what=f"workload.jobs.{k}") for k, g in enumerate(spec.jobs or [])]
         parts += [generate_services(sv, horizon, np.random.default_rng([seed, 2, k]))
                   for k, sv in enumerate(spec.services or [])]
+        parts += [generate_fitted(f, path, horizon, np.random.default_rng([seed, 3, k]))
+                  for k, (f, path) in enumerate(zip(spec.fitted or [], scenario.fit_paths))]
         parts += [load_trace(p, horizon) for p in scenario.trace_paths]
         parts = [p for p in parts if len(p)]
         if not parts:
@@ -961,6 +964,24 @@ def build_workload(scenario: Scenario, seed: int | None = None, *, pod_model: bo
     if wl.has_gpus:
         check_gpu_models(scenario, wl)
     return wl
+
+
+def generate_fitted(spec: Fitted, path: Path, horizon: float, rng: np.random.Generator) -> Workload:
+    """The pods of one ``fitted`` generator (cluster/fitted.py): the fit at ``path``, drawn until ``horizon``."""
+    fit = load_fit(path)
+    t, which, life = draw_fitted(spec, fit, horizon, rng)
+    pods = PodBuilder()
+    apps = fit["apps"]
+    for ti, k, li in zip(t.tolist(), which.tolist(), life.tolist()):
+        a = apps[k]
+        cpu, mem, gpu = int(a["cpu_m"]), int(a["memory_mib"]), int(a.get("gpu_count") or 0)
+        frac = a.get("usage_fraction")
+        usage = cpu * float(frac) if frac is not None and cpu > 0 else float(a.get("usage_m") or 1.0)
+        models = frozenset(a["gpu_spec"].split("|")) if gpu and a.get("gpu_spec") else None
+        pods.add(ti, li, cpu, mem, max(usage, 1.0), kind=KINDS.index(a["kind"]), app=str(a["name"]),
+                 slo=str(a.get("slo_class") or ""), gpu=gpu,
+                 gpu_milli=int(a.get("gpu_milli") or GPU_MILLI) if gpu else GPU_MILLI, gpu_spec=models)
+    return pods.build()
 
 
 def check_gpu_models(scenario: Scenario, wl: Workload) -> None:

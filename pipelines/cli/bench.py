@@ -486,6 +486,38 @@ def trace_import(
         out.print(_window_hint(span, win), soft_wrap=True)
 
 
+@trace_app.command("fit")
+def trace_fit(
+    pods_csv: Annotated[Path, typer.Argument(help="A pods CSV in the twin's trace format (what trace import writes).")],
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="Fit file to write (YAML), for a scenario's "
+                                                               "workload.fitted.")],
+    until: Annotated[Optional[float], typer.Option(
+        min=0.0, help="Fit only the pods created before this many seconds of the CSV, their lifetimes censored "
+                      "there (keep evaluation days out of a training fit).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the fit's summary as JSON on stdout.")] = False,
+) -> None:
+    """Fit applications to a pods CSV: each pod template's share, requests, usage and lifetime quantiles, and the
+    arrival rate with its hour-of-day profile (cluster/fitted.py). A scenario then draws fresh workloads from the
+    fit with ``workload: {fitted: {fit: FILE}}``, one per seed. A malformed CSV exits 2; nothing is written."""
+    from joulesched.cluster.fitted import fit_apps, write_fit
+    from joulesched.cluster.workload import load_trace
+    from joulesched.core.fsio import check_output_file
+
+    with errors():
+        check_output_file(out_file, "--out")
+        fit = fit_apps(load_trace(pods_csv), until_s=until, source=f"{pods_csv.name}"
+                       + (f" (created before {until:g} s)" if until is not None else ""))
+        write_fit(fit, out_file)
+    apps = fit["apps"]
+    summary = {"fit_file": str(out_file), "pods": fit["pods"], "apps": len(apps),
+               "apps_with_own_lifetimes": sum(a["own_lifetimes"] for a in apps), "rate_per_s": fit["rate_per_s"]}
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    out.print(f"{out_file}: {len(apps)} applications from {fit['pods']} pods ({summary['apps_with_own_lifetimes']} "
+              f"with their own lifetimes), {fit['rate_per_s'] * 3600:.1f} pods/hour", soft_wrap=True)
+
+
 def _day(seconds: float) -> str:
     return f"{seconds / 86400:.1f}"
 

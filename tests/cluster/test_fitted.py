@@ -1,0 +1,130 @@
+"""Applications fitted to a trace (cluster/fitted.py, `joulesched trace fit`, `workload.fitted`): what the fit keeps
+per template, honesty at --until, fresh workloads per seed with each application's lifetimes, and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from joulesched.cluster.fitted import FORMAT, MIN_OWN, QUANTILES, fit_apps, load_fit, write_fit
+from joulesched.cluster.scenario import ScenarioError, load_scenario
+from joulesched.cluster.workload import build_workload, load_trace
+from joulesched.pipelines.cli import app
+
+runner = CliRunner()
+HEAD = "submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m,kind,slo_class,gpu_count,gpu_milli\n"
+
+
+def _trace(tmp_path):
+    """Template A (1 core, a shared GPU): 40 pods living 100-200 s; template B (8 cores): 40 pods living 10-20 h;
+    template C: 2 pods (too few for its own lifetimes: it takes its class's); 5 pods at time 0 (left out)."""
+    rng = np.random.default_rng(0)
+    rows = [f"0,1000,1000,1024,500,job,BE,1,500" for _ in range(5)]
+    for k in range(40):
+        rows.append(f"{100 + 37 * k},{rng.uniform(100, 200):.1f},1000,1024,500,job,BE,1,500")
+        rows.append(f"{120 + 37 * k},{rng.uniform(36000, 72000):.1f},8000,16384,4000,service,LS,0,")
+    rows += [f"{3000 + k},50,2000,2048,1000,job,BE,1,300" for k in range(2)]
+    p = tmp_path / "t.csv"
+    p.write_text(HEAD + "\n".join(rows) + "\n")
+    return p
+
+
+def _apps(fit):
+    return {(a["cpu_m"], a["gpu_milli"]): a for a in fit["apps"]}
+
+
+def test_the_fit_keeps_each_template_with_its_lifetimes_and_leaves_out_the_starting_backlog(tmp_path):
+    fit = fit_apps(load_trace(_trace(tmp_path)))
+    assert fit["format"] == FORMAT and fit["pods"] == 82  # the 5 pods at time 0 are not fitted
+    apps = _apps(fit)
+    a, b, c = apps[(1000, 500)], apps[(8000, 1000)], apps[(2000, 300)]
+    assert (a["pods"], b["pods"], c["pods"]) == (40, 40, 2)
+    assert a["kind"] == "job" and a["gpu_count"] == 1 and b["kind"] == "service" and b["gpu_count"] == 0
+    assert a["usage_fraction"] == pytest.approx(0.5) and b["usage_fraction"] == pytest.approx(0.5)
+    qa, qb = np.exp(a["log_life_quantiles"]), np.exp(b["log_life_quantiles"])
+    assert 100 <= qa[0] <= qa[10] <= qa[-1] <= 200 and 36000 <= qb[0] <= qb[-1] <= 72000
+    # C has 2 < MIN_OWN pods: it takes the quantiles of its class (jobs, BE, shared GPU), which is A's plus C's.
+    assert not c["own_lifetimes"] and MIN_OWN > 2 and np.exp(c["log_life_quantiles"][0]) == pytest.approx(50.0)
+    assert len(fit["hourly_profile"]) == 24 and np.mean(fit["hourly_profile"]) == pytest.approx(1.0)
+
+
+def test_until_fits_only_what_was_created_before_it_with_lifetimes_censored_there(tmp_path):
+    fit = fit_apps(load_trace(_trace(tmp_path)), until_s=1000.0)
+    apps = _apps(fit)
+    assert (2000, 300) not in apps and apps[(1000, 500)]["pods"] == 25  # submitted at 100..988
+    # B's pods live 10-20 h but were seen only until 1000 s: the fit knows no more than that.
+    assert np.exp(apps[(8000, 1000)]["log_life_quantiles"][-1]) == pytest.approx(1000.0 - 120.0, rel=1e-5)
+
+
+def _scenario(tmp_path, fit_name="fit.yaml", extra=""):
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        name: f
+        seed: 3
+        duration_s: 200000
+        nodes:
+          - {{name_prefix: g, count: 4, cpu_m: 32000, memory_mib: 131072, power_watts: ibm-x3250-x3470,
+              gpu_count: 4, gpu_model: T4}}
+        workload:
+          fitted: {{fit: {fit_name}, rate_scale: 4}}
+        {extra}"""))
+    return p
+
+
+def test_a_scenario_draws_a_fresh_workload_per_seed_with_each_applications_lifetimes(tmp_path):
+    write_fit(fit_apps(load_trace(_trace(tmp_path))), tmp_path / "fit.yaml")
+    sc = load_scenario(_scenario(tmp_path))
+    w1, w1b, w2 = build_workload(sc, 1), build_workload(sc, 1), build_workload(sc, 2)
+    assert np.array_equal(w1.submit_s, w1b.submit_s) and not np.array_equal(w1.submit_s[:50], w2.submit_s[:50])
+    assert len(w1) > 500  # 82 pods in ~3,000 s of trace, 4x the rate, over 200,000 s
+    apps = {name: k for k, name in enumerate(w1.app_names)}
+    short = w1.duration_s[w1.app == apps["job-BE-c1000-m1024-g1x500"]]
+    long = w1.duration_s[w1.app == apps["service-LS-c8000-m16384"]]
+    assert 100 <= short.min() and short.max() <= 200 and 36000 <= long.min() and long.max() <= 72000
+    assert (w1.gpu[w1.app == apps["job-BE-c1000-m1024-g1x500"]] == 1).all()
+    assert set(w1.gpu_milli[w1.gpu > 0].tolist()) <= {500, 300}
+    # Shares: A and B are 40 of 82 pods each.
+    assert abs(short.size / len(w1) - 40 / 82) < 0.06
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.update(format="other/1"), "not a fit file"),
+    (lambda d: d.update(rate_per_s=-1), "rate_per_s must be a positive number"),
+    (lambda d: d.update(hourly_profile=[1.0] * 23), "hourly_profile must be 24 positive numbers"),
+    (lambda d: d.update(apps=[]), "apps is empty"),
+    (lambda d: d["apps"][0].update(log_life_quantiles=[3.0, 2.0] + [1.0] * (QUANTILES.size - 2)),
+     "non-decreasing"),
+    (lambda d: d["apps"][0].update(gpu_count=2, gpu_milli=500), "a share below 1000 is of one GPU"),
+    (lambda d: d["apps"][0].update(kind="daemon"), "kind 'daemon' is not one of job, service"),
+    (lambda d: d["apps"][0].pop("cpu_m"), "apps[0]: missing or malformed field"),
+])
+def test_a_malformed_fit_is_refused_naming_the_problem(tmp_path, edit, words):
+    write_fit(fit_apps(load_trace(_trace(tmp_path))), tmp_path / "fit.yaml")
+    doc = yaml.safe_load((tmp_path / "fit.yaml").read_text())
+    edit(doc)
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ScenarioError, match=re.escape(words)):
+        load_fit(tmp_path / "fit.yaml")
+    r = runner.invoke(app, ["benchmark", "-s", str(_scenario(tmp_path)), "-p", "random", "--out",
+                            str(tmp_path / "out"), "--no-report"])
+    assert r.exit_code == 2 and words.split()[0] in r.output, r.output
+
+
+def test_trace_fit_cli(tmp_path):
+    out = tmp_path / "fit.yaml"
+    r = runner.invoke(app, ["trace", "fit", str(_trace(tmp_path)), "-o", str(out), "--until", "1000", "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["pods"] == 25 + 24 and summary["apps"] == 2  # A at 100 + 37k, B at 120 + 37k, before 1000 s and load_fit(out)["until_s"] == 1000.0
+    bad = tmp_path / "bad.csv"
+    bad.write_text(HEAD + "1,x,1,1,1,job,,0,\n")
+    r = runner.invoke(app, ["trace", "fit", str(bad), "-o", str(tmp_path / "no.yaml")])
+    assert r.exit_code == 2 and "duration_s" in r.output and not (tmp_path / "no.yaml").exists()
+    r = runner.invoke(app, ["trace", "fit", str(_trace(tmp_path)), "-o", str(tmp_path / "n2.yaml"), "--until", "50"])
+    assert r.exit_code == 2 and "nothing to fit" in r.output and not (tmp_path / "n2.yaml").exists()
