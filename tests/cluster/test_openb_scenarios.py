@@ -38,3 +38,16 @@ def test_the_evaluation_window_is_the_real_tail_and_no_training_window_touches_a
         end = start + mini.DAYS3
         assert all(end <= a or start >= b for a, b in evaluating), name
         assert (SCENARIOS_DIR / "openb" / "mini" / f"openb-mini-{name}.yaml").exists(), name
+
+
+def test_the_fitted_openb_scenarios_draw_from_the_training_days_only():
+    """scenarios/fits/openb-train.yaml was fitted with --until 2,064,000 on an import window from trace second
+    9,936,000: nothing created from 12,000,000 s on (issue 27's evaluation window) is in it."""
+    from joulesched.cluster.fitted import load_fit
+
+    fit = load_fit(SCENARIOS_DIR / "fits" / "openb-train.yaml")
+    assert fit["until_s"] + 9_936_000 <= 12_000_000
+    names = {a["name"] for a in fit["apps"]}
+    for path in (SCENARIOS_DIR / "openb" / "openb-fitted.yaml", SCENARIOS_DIR / "openb" / "mini" / "openb-mini-fitted.yaml"):
+        wl = build_workload(load_scenario(path))
+        assert len(wl) > 100 and set(wl.app_names) - {""} <= names and (wl.gpu > 0).any()
