@@ -164,7 +164,10 @@ class SetQNetwork(nn.Module):
 
     def _folded(self) -> dict:
         """The inference weights of :meth:`score_parts`, cached while no parameter changes (their versions)."""
-        params = tuple(self.parameters())
+        slots = self.__dict__.get("_param_slots")
+        if slots is None:  # where each parameter lives: read again on every call, so a replaced one is seen
+            slots = self.__dict__["_param_slots"] = [(m._parameters, k) for m in self.modules() for k in m._parameters]
+        params = tuple(d[k] for d, k in slots)
         try:
             versions = tuple(p._version for p in params)
         except RuntimeError:  # made under inference_mode: no version counter, so no cache

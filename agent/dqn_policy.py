@@ -228,8 +228,10 @@ class DQNPolicy:
         feat = self._feat if self._feat is not None and self._feat.matches(state) else self._builder(state)
         if self._feed is not None and self.predictor is not None:
             self._feed.drain(self.predictor, state.now)
+        groups = None
         if self.sample_pct is not None and len(state) >= DEDUPE_MIN:
-            sampled = self._sample(feat, state, pod, mask)
+            groups = feat.groups(state, mask)
+            sampled = self._sample(feat, state, pod, mask, groups)
             if sampled is not None:
                 cols, w, pos, picks = sampled
                 if type(feat).parts is FeatureBuilderV2.parts:  # only these columns
@@ -244,7 +246,7 @@ class DQNPolicy:
         node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
         logw, pos = None, idx
         if len(state) >= DEDUPE_MIN:
-            reps, cnt = feat.groups(state, mask)
+            reps, cnt = feat.groups(state, mask) if groups is None else groups
             if reps.size < node_t.shape[1]:
                 idx = feat.candidates(state, idx)
                 node_t = node_t[:, reps]
@@ -253,13 +255,13 @@ class DQNPolicy:
         a = self.net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(pos), logw)
         return int(idx[int(torch.argmax(a))])
 
-    def _sample(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> tuple | None:
+    def _sample(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, groups=None) -> tuple | None:
         """The sampled columns (sorted), the number of nodes each stands for, the positions of the feasible
         ones among them and the heuristics' picks; None when the exact grouping alone is within the budget
         (module docstring)."""
         n = len(st)
         k = num_nodes_to_score(n, self.sample_pct or 0)
-        reps, cnt = feat.groups(st, mask)
+        reps, cnt = feat.groups(st, mask) if groups is None else groups
         empty = st.pods[reps] == 0
         busy = reps[~empty]
         n_groups = reps.size - busy.size

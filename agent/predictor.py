@@ -213,6 +213,7 @@ class PodPredictor:
         self.horizon_s = float(horizon_s)
         self._shrink, self._prior_s = shrink, prior_s
         self.names: list[str] | None = None
+        self.node_index: dict[str, int] = {}  # name -> index in names (the cluster feed's lookup)
         self.reset()
 
     def reset(self) -> None:
@@ -288,7 +289,9 @@ class PodPredictor:
                 else:
                     self._node[k] = j
             self._new_nodes(len(names))
-        self.names = list(names)
+        if self.names is None or list(names) != self.names:
+            self.names = list(names)
+            self.node_index = {n: i for i, n in enumerate(self.names)}
 
     # ---- observations -------------------------------------------------------------------------------------
     def kid_of(self, meta) -> int:
@@ -622,7 +625,7 @@ class KubePodFeed:
         if not events:
             return 0
         offset = self._clock() - now
-        index = {n: i for i, n in enumerate(predictor.names or ())}
+        index = predictor.node_index
         for ev in events:
             if ev[0] == "bound":
                 _, t, uid, node, meta, cpu, learn = ev

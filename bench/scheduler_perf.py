@@ -205,6 +205,59 @@ class NoopBinder:
         self.http.close()
 
 
+# ---- a sampling profile of this process's threads (--profile): where the scheduler's wall time goes ----------
+class StackSampler:
+    """Every ``interval`` s, the innermost frame of each of this process's threads (wall clock: waiting counts),
+    by thread name; :meth:`report` lists the top frames per thread, and the "own code" frame under the waits
+    (a thread blocked in a lock, a queue or a socket is shown as that). A stand-in for py-spy where it is not
+    installed: it adds one thread that holds the GIL a few microseconds per sample."""
+
+    WAITS = ("wait", "acquire", "get", "select", "poll", "recv_into", "readinto", "sleep", "accept", "_wait_for_tstate_lock")
+
+    def __init__(self, interval: float = 0.005) -> None:
+        from collections import Counter
+
+        self.interval, self.counts, self.samples = interval, Counter(), 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                name = names.get(ident, "?").rstrip("0123456789_-")
+                f, own = frame, None
+                while f is not None and own is None:  # the innermost frame in this repository
+                    if "/joulesched/" in f.f_code.co_filename or str(ROOT) in f.f_code.co_filename:
+                        own = f
+                    f = f.f_back
+                top = frame.f_code.co_name
+                wait = top in self.WAITS
+                where = own or frame
+                site = f"{Path(where.f_code.co_filename).name}:{where.f_code.co_name}"
+                self.counts[(name, ("wait in " if wait else "") + site)] += 1
+            self.samples += 1
+
+    def start(self) -> "StackSampler":
+        self._t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def report(self, top: int = 12) -> dict:
+        by_thread: dict[str, list] = {}
+        for (name, site), c in self.counts.most_common():
+            rows = by_thread.setdefault(name, [])
+            if len(rows) < top:
+                rows.append([site, round(c / max(self.samples, 1), 3)])
+        return {"samples": self.samples, "share_of_wall_time": by_thread}
+
+
 # ---- one run --------------------------------------------------------------------------------------------------
 def _wait_bound(url: str, namespace: str, count: int, timeout: float, times: list[float]) -> bool:
     deadline = time.monotonic() + timeout
@@ -218,7 +271,7 @@ def _wait_bound(url: str, namespace: str, count: int, timeout: float, times: lis
 
 
 def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window: int, timeout: float,
-        leader_elect: bool = False) -> dict:
+        leader_elect: bool = False, profile: bool = False) -> dict:
     from joulesched.cluster.kube.cache import KubeCache
     from joulesched.cluster.kube.client import api_client_for
 
@@ -251,9 +304,12 @@ def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window:
                 sched.latency.clear()
             cpu0 = {"emulator": _cpu_s(emu.pid), "scheduler": time.process_time()}
             creator, t_start = _start_creator(port, "measure", pods, rate)
+            sampler = StackSampler().start() if profile else None
             times: list[float] = []
             ok = _wait_bound(url, "measure", pods, timeout, times)
             wall = time.monotonic() - t_start
+            if sampler is not None:
+                sampler.stop()
             cpu = {"emulator": _cpu_s(emu.pid) - cpu0["emulator"], "scheduler": time.process_time() - cpu0["scheduler"]}
             try:
                 cpu["creator"] = _cpu_s(creator.pid)
@@ -270,6 +326,8 @@ def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window:
                 out["attempt_ms"] = {"p50": lat.percentile(50) * 1e3, "p99": lat.percentile(99) * 1e3,
                                      "samples": lat.count}
                 out["events_dropped"] = sched.metrics.events_dropped._value.get()
+            if sampler is not None:
+                out["profile"] = sampler.report()
             st = _get(url + "/emulator/stats")
             out["bound_twice"] = st["pods_bound_twice"]
             return out
@@ -313,6 +371,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="under 60 s: 1,000 nodes, 500 + 20,000 pods, noop and "
                     "default-k8s")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--profile", action="store_true", help="sample every thread's stack during the measured "
+                    "phase (StackSampler) and add the top frames per thread to each result")
     ap.add_argument("--create", nargs=4, metavar=("PORT", "NS", "COUNT", "RATE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.create:
@@ -328,7 +388,7 @@ def main() -> None:
         init = a.init_pods if a.init_pods is not None else INIT_PODS.get(n, n // 10)
         for p in policies:
             rate = a.noop_rate if p.startswith("noop") else a.rate
-            r = run(p, a.nodes, init, n, rate, a.window, a.timeout, a.leader_elect)
+            r = run(p, a.nodes, init, n, rate, a.window, a.timeout, a.leader_elect, a.profile)
             results.append(r)
             print(json.dumps(r), flush=True)
     print()
