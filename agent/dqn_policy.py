@@ -51,8 +51,9 @@ def make_predictor(cfg: DQNConfig) -> PodPredictor | None:
 #: (FeatureBuilder.candidates): same choice, far fewer rows in big, lightly loaded clusters.
 DEDUPE_MIN = 64
 #: With sampling, the busy nodes always in the sample: this many of the tightest fits and of the most efficient
-#: (each at most an eighth of the sample).
-SAMPLE_FIT, SAMPLE_EFFICIENT = 32, 16
+#: (each at most an eighth of the sample), and of each heuristic's picks (an exact tie names every tied node:
+#: thousands on a uniform cluster; the lowest-index ones are kept).
+SAMPLE_FIT, SAMPLE_EFFICIENT, SAMPLE_PICKS = 32, 16, 16
 
 
 def parse_sample(value: str | int | None) -> int | None:
@@ -273,7 +274,7 @@ class DQNPolicy:
         picks = heuristic_picks(st, pod, idx, wpc)
         keep = [fb[:0]]
         if fb.size:
-            keep += list(picks)
+            keep += [p[st.pods[p] > 0][:SAMPLE_PICKS] for p in picks]
             quota = max(1, k // 8)
             awake = fb[st.power_state[fb] != ASLEEP]
             if awake.size:

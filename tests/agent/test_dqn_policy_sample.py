@@ -11,7 +11,7 @@ import torch
 
 from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import DQN
-from joulesched.agent.dqn_policy import DQNPolicy, parse_sample
+from joulesched.agent.dqn_policy import SAMPLE_PICKS, DQNPolicy, parse_sample
 from joulesched.agent.features import N_FEATURES_V2, heuristic_picks
 from joulesched.agent.kube_scoring import num_nodes_to_score
 from joulesched.agent.policy import PolicyError, canonical_spec, parse_spec
@@ -108,11 +108,12 @@ def test_the_sample_holds_the_picks_the_tight_fits_and_every_empty_group():
         assert set(reps[empty]) <= set(cols)  # every group of identical empty nodes, exactly
         busy = np.flatnonzero(st.pods > 0)
         assert np.isclose(w.sum(), busy.size + cnt[empty].sum())  # the columns stand for every node
-        assert cols.size <= max(k, 16 + int(empty.sum())) + 2 * 16 + 2 * 32
+        assert cols.size <= max(k, 16 + int(empty.sum())) + 2 * SAMPLE_PICKS + 32 + 16
         idx = np.flatnonzero(d.mask)
         af, pb = heuristic_picks(st, d.pod, idx, feat.wpc)
-        for p in np.concatenate((af, pb)):  # a busy pick, or the representative of an empty one's group
-            assert p in cols or st.pods[p] == 0
+        for p in (af, pb):  # the busy picks (the first SAMPLE_PICKS of a tie); an empty one is in its group
+            busy_p = p[st.pods[p] > 0]
+            assert np.isin(busy_p[:SAMPLE_PICKS], cols).all()
         fb = idx[(st.pods[idx] > 0) & (st.power_state[idx] != ASLEEP)]
         if fb.size:  # the tightest fit among the awake busy feasible nodes and the most efficient (ties: one)
             free = (st.alloc_cpu - st.nz_cpu - d.pod.nz_cpu) / np.maximum(st.alloc_cpu, 1)
