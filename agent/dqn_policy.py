@@ -229,32 +229,35 @@ class DQNPolicy:
         feat = self._feat if self._feat is not None and self._feat.matches(state) else self._builder(state)
         if self._feed is not None and self.predictor is not None:
             self._feed.drain(self.predictor, state.now)
-        groups = None
-        if self.sample_pct is not None and len(state) >= DEDUPE_MIN:
-            groups = feat.groups(state, mask)
+        groups = feat.groups(state, mask) if len(state) >= DEDUPE_MIN else None
+        if self.sample_pct is not None and groups is not None:
             sampled = self._sample(feat, state, pod, mask, groups)
             if sampled is not None:
                 cols, w, pos, picks = sampled
-                if type(feat).parts is FeatureBuilderV2.parts:  # only these columns
-                    node_t, ctx = feat.parts_at(state, pod, mask, cols, meta=meta, predictor=self.predictor,
-                                                picks=picks)
-                else:  # a subclass that adds columns: all of them, then the sample's
-                    node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
-                    node_t = np.ascontiguousarray(node_t[:, cols])
+                node_t, ctx = self._columns(feat, state, pod, mask, cols, meta, picks)
                 a = self.net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(pos),
                                          torch.from_numpy(np.log(w).astype(np.float32)))
                 return int(cols[pos[int(torch.argmax(a))]])
-        node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
         logw, pos = None, idx
-        if len(state) >= DEDUPE_MIN:
-            reps, cnt = feat.groups(state, mask) if groups is None else groups
-            if reps.size < node_t.shape[1]:
-                idx = feat.candidates(state, idx)
-                node_t = node_t[:, reps]
-                logw = torch.from_numpy(np.log(cnt).astype(np.float32))
-                pos = np.searchsorted(reps, idx)
+        if groups is not None and groups[0].size < len(state):  # identical empty nodes read once (exact)
+            reps, cnt = groups
+            idx = feat.candidates(state, idx)
+            node_t, ctx = self._columns(feat, state, pod, mask, reps, meta)
+            logw = torch.from_numpy(np.log(cnt).astype(np.float32))
+            pos = np.searchsorted(reps, idx)
+        else:
+            node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
         a = self.net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(pos), logw)
         return int(idx[int(torch.argmax(a))])
+
+    def _columns(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, cols: np.ndarray, meta,
+                 picks=None) -> tuple[np.ndarray, np.ndarray]:
+        """The node columns ``cols`` (and the shared ones): built for those columns only by schema 2's builder,
+        or all built and then selected where a subclass adds columns of its own."""
+        if type(feat).parts is FeatureBuilderV2.parts:
+            return feat.parts_at(st, pod, mask, cols, meta=meta, predictor=self.predictor, picks=picks)
+        node_t, ctx = feat.parts(st, pod, mask, meta=meta, predictor=self.predictor)
+        return np.ascontiguousarray(node_t[:, cols]), ctx
 
     def _sample(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, groups=None) -> tuple | None:
         """The sampled columns (sorted), the number of nodes each stands for, the positions of the feasible
