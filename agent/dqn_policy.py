@@ -37,7 +37,7 @@ from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2, heuristi
 from joulesched.agent.features_gpu import FeatureBuilderV3
 from joulesched.agent.kube_scoring import num_nodes_to_score
 from joulesched.agent.policy import NodeScores, PolicyError, Scorer
-from joulesched.agent.predictor import KubePodFeed, PodPredictor
+from joulesched.agent.predictor import PodPredictor, PredictorFeed
 from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
 
 
@@ -102,8 +102,7 @@ class DQNPolicy:
         #: Schema 2 reads the pod's metadata (its predicted life, kind and QoS class).
         self.uses_meta = self.schema >= 2
         self.predictor = make_predictor(config)
-        self._feed: KubePodFeed | None = None
-        self._feed_source: object | None = None
+        self.feed = PredictorFeed(self.predictor)
         try:
             threads = int(threads)
         except ValueError:
@@ -127,27 +126,11 @@ class DQNPolicy:
         """Before a run (``run_policy``): a fresh predictor, subscribed to ``backend``'s pod events: the twin's
         ``observe_pods``, or a live scheduler's cache (``backend.cache.add_pod_listener``; subscribed once per
         cache, the cache has no way to unsubscribe). Nothing for schema 1."""
-        if self.predictor is None:
-            return
-        self.predictor.reset()
-        observe = getattr(backend, "observe_pods", None)
-        if observe is not None:
-            observe(self.predictor)
-            self._feed = None
-            return
-        cache = getattr(backend, "cache", None)
-        listen = getattr(cache, "add_pod_listener", None)
-        if listen is not None:
-            if self._feed_source is not cache:
-                self._feed = KubePodFeed()
-                self._feed_source = cache
-                listen(self._feed)
+        self.feed.attach(backend)
 
     def detach(self, backend: object) -> None:
         """After a run: the twin stops reporting to this policy's predictor."""
-        observe = getattr(backend, "observe_pods", None)
-        if observe is not None and self.predictor is not None:
-            observe(None)
+        self.feed.detach(backend)
 
     def _builder(self, state: ClusterState) -> FeatureBuilder:
         if self.schema >= 2:
@@ -164,8 +147,7 @@ class DQNPolicy:
         feat = self._feat if self._feat is not None and self._feat.matches(state) else self._builder(state)
         if self.schema < 2:
             return feat.build(state, pod, mask)
-        if self._feed is not None and self.predictor is not None:
-            self._feed.drain(self.predictor, state.now)
+        self.feed.sync(state)
         return feat.build(state, pod, mask, meta=meta, predictor=self.predictor)
 
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
@@ -227,8 +209,7 @@ class DQNPolicy:
             a = self.net.advantages(torch.from_numpy(rows))
             return int(idx[int(torch.argmax(a))])
         feat = self._feat if self._feat is not None and self._feat.matches(state) else self._builder(state)
-        if self._feed is not None and self.predictor is not None:
-            self._feed.drain(self.predictor, state.now)
+        self.feed.sync(state)
         groups = feat.groups(state, mask) if len(state) >= DEDUPE_MIN else None
         if self.sample_pct is not None and groups is not None:
             sampled = self._sample(feat, state, pod, mask, groups)

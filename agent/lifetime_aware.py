@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from joulesched.agent.policy import PolicyError
-from joulesched.agent.predictor import KubePodFeed, PodPredictor
+from joulesched.agent.predictor import PodPredictor, PredictorFeed
 from joulesched.agent.sleep_aware import _SleepAware, watts_per_core
 from joulesched.cluster.state import ClusterState, PodRequest
 
@@ -48,44 +48,6 @@ def log2_class(x: np.ndarray, unit: np.ndarray | float) -> np.ndarray:
     r = np.asarray(x, dtype=np.float64) / np.maximum(unit, 1e-12)
     with np.errstate(divide="ignore"):
         return np.where(r <= 1.0, 0.0, 1.0 + np.floor(np.log2(np.maximum(r, 1.0))))
-
-
-class PredictorFeed:
-    """An online :class:`PodPredictor` fed by the run's backend: the twin's ``observe_pods`` or a live cache's pod
-    events (:class:`KubePodFeed`, subscribed once per cache: a cache cannot unsubscribe). A policy that reads
-    predictions holds one and calls :meth:`attach` / :meth:`detach` from its own (``run_policy`` calls those)."""
-
-    def __init__(self, predictor: PodPredictor | None) -> None:
-        self.predictor = predictor
-        self._feed: KubePodFeed | None = None
-        self._source: object | None = None
-
-    def attach(self, backend: object) -> None:
-        if self.predictor is None:
-            return
-        self.predictor.reset()
-        observe = getattr(backend, "observe_pods", None)
-        if observe is not None:
-            observe(self.predictor)
-            self._feed = None
-            return
-        cache = getattr(backend, "cache", None)
-        listen = getattr(cache, "add_pod_listener", None)
-        if listen is not None and self._source is not cache:
-            self._feed = KubePodFeed()
-            self._source = cache
-            listen(self._feed)
-
-    def detach(self, backend: object) -> None:
-        observe = getattr(backend, "observe_pods", None)
-        if observe is not None and self.predictor is not None:
-            observe(None)
-
-    def sync(self, state: ClusterState) -> PodPredictor | None:
-        """The predictor, up to date at ``state.now`` (a live feed's queued events applied)."""
-        if self._feed is not None and self.predictor is not None:
-            self._feed.drain(self.predictor, state.now)
-        return self.predictor
 
 
 def _flag(name: str, value: str | int | bool) -> bool:
