@@ -302,6 +302,9 @@ class FeatureBuilderV2(FeatureBuilder):
     The predictor is the caller's (the policy's or the env's): :meth:`build` reads it, never a duration.
     """
 
+    #: Node columns of a row (a subclass that appends columns, schema 3, sets its own).
+    n_node = N_NODE_V2
+
     def __init__(self, state: ClusterState, prediction: bool = True) -> None:
         super().__init__(state)
         self.prediction = prediction
@@ -341,8 +344,8 @@ class FeatureBuilderV2(FeatureBuilder):
         are zero)."""
         node_t, ctx = self.parts(st, pod, mask, meta=meta, predictor=predictor)
         o = self._out if out is None else out
-        o[:, :N_NODE_V2] = node_t.T
-        o[:, N_NODE_V2:] = ctx
+        o[:, :self.n_node] = node_t.T
+        o[:, self.n_node:] = ctx
         return o
 
     def parts(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, *, meta=None,

@@ -52,7 +52,10 @@ def feature_names_v3() -> list[str]:
 
 
 class FeatureBuilderV3(FeatureBuilderV2):
-    """Schema 3's rows: :class:`FeatureBuilderV2`'s and the GPU columns (module docstring)."""
+    """Schema 3's rows: :class:`FeatureBuilderV2`'s and the GPU columns (module docstring); ``build`` is schema
+    2's, over this schema's node columns."""
+
+    n_node = N_NODE_V3
 
     def __init__(self, state: ClusterState, prediction: bool = True) -> None:
         super().__init__(state, prediction=prediction)
@@ -88,16 +91,6 @@ class FeatureBuilderV3(FeatureBuilderV2):
                                count, model_code.reshape(-1), curves))
         _, cls = np.unique(sig, axis=0, return_inverse=True)
         self.node_class = cls.reshape(-1).astype(np.int64)
-
-    def build(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, out: np.ndarray | None = None, *,
-              meta=None, predictor=None) -> np.ndarray:
-        """Feature rows for every node, ``(N, N_FEATURES_V3)`` (into ``out`` if given, else a buffer the next call
-        overwrites)."""
-        node_t, ctx = self.parts(st, pod, mask, meta=meta, predictor=predictor)
-        o = self._out if out is None else out
-        o[:, :N_NODE_V3] = node_t.T
-        o[:, N_NODE_V3:] = ctx
-        return o
 
     def parts(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, *, meta=None,
               predictor=None) -> tuple[np.ndarray, np.ndarray]:
