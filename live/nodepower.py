@@ -467,6 +467,13 @@ class NodePowerController:
             present = set(names)
             for n in [n for n in self._recs if n not in present and n not in self._busy]:  # deleted: bounded
                 del self._recs[n]
+        # A node whose sleep is in flight is on its way down though the cache may still show it awake: it must not
+        # count toward min_awake or spare_cpu_m, or consecutive passes could together sleep past min_awake.
+        going = [k for k, n in enumerate(names) if busy.get(n) == "sleep"]
+        if going:
+            st.power_state[going] = ASLEEP
+            if len(self.core.counted) == len(names):
+                self.core.counted[going] = False
         self._adopt_addresses(infos)
         self._recover(names, infos, workload, busy, now)
         wanted = self._wake_pass(st, names, infos, pending, busy, now)
