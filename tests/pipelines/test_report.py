@@ -109,7 +109,7 @@ def test_each_policy_has_one_distinct_colour_in_every_figure(run):
         assert figs_with[fname] == set(POLICIES), fname
     assert all(len(c) == 1 for c in per_policy.values()), {p: c for p, c in per_policy.items() if len(c) > 1}
     colour = {p: next(iter(c)) for p, c in per_policy.items()}
-    assert len(set(colour.values())) == len(POLICIES) == 12
+    assert len(set(colour.values())) == len(POLICIES) == len(DEFAULT_POLICIES) + 1
     # Distinct to the eye, not merely different hex codes: at least 15 CIE76 units apart (2.3 is a just
     # noticeable difference).
     assert _min_delta_e(colour.values()) >= 15
