@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from joulesched.agent.policy import PolicyError
+from joulesched.agent.baselines import _float_opt, _int_opt
 from joulesched.agent.predictor import PodPredictor, PredictorFeed
 from joulesched.agent.sleep_aware import _SleepAware, watts_per_core
 from joulesched.cluster.state import ClusterState, PodRequest
@@ -48,15 +48,6 @@ def log2_class(x: np.ndarray, unit: np.ndarray | float) -> np.ndarray:
     r = np.asarray(x, dtype=np.float64) / np.maximum(unit, 1e-12)
     with np.errstate(divide="ignore"):
         return np.where(r <= 1.0, 0.0, 1.0 + np.floor(np.log2(np.maximum(r, 1.0))))
-
-
-def _flag(name: str, value: str | int | bool) -> bool:
-    v = str(value).strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise PolicyError(f"policy 'lifetime-aware': option {name}={value!r} is not a flag; use 1 or 0")
 
 
 class LifetimeAware(_SleepAware):
@@ -78,20 +69,10 @@ class LifetimeAware(_SleepAware):
     def __init__(self, headroom: str | float = "1", prediction: str = "1", horizon_s: str | float = "600",
                  fit_classes: str | int = "8") -> None:
         super().__init__(headroom)
-        try:
-            k = int(fit_classes)
-        except (TypeError, ValueError):
-            raise PolicyError(f"policy {self.name!r}: option fit_classes={fit_classes!r} is not an integer") from None
-        if not 1 <= k <= 1000:
-            raise PolicyError(f"policy {self.name!r}: option fit_classes must be in [1, 1000], got {k}")
-        self.fit_classes = k
-        try:
-            h = float(horizon_s)
-        except (TypeError, ValueError):
-            raise PolicyError(f"policy {self.name!r}: option horizon_s={horizon_s!r} is not a number") from None
-        if not h > 0:
-            raise PolicyError(f"policy {self.name!r}: option horizon_s must be > 0 seconds, got {h:g}")
-        self.feed = PredictorFeed(PodPredictor(h) if _flag("prediction", prediction) else None)
+        self.fit_classes = _int_opt(self.name, "fit_classes", str(fit_classes), 1, 1000)
+        h = _float_opt(self.name, "horizon_s", str(horizon_s), 0.0, float("inf"))
+        use = _int_opt(self.name, "prediction", str(prediction), 0, 1)
+        self.feed = PredictorFeed(PodPredictor(h) if use else None)
         self._meta = None
         self._names: list[str] | None = None
 

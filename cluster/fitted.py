@@ -68,7 +68,6 @@ def fit_apps(wl, *, until_s: float | None = None, source: str = "") -> dict:
         life = np.minimum(life, until_s - sub[idx])
     # A service the trace never stops lives, as far as the fit can know, until its end.
     life = np.maximum(np.where(np.isfinite(life), life, end - sub[idx]), 1.0)
-    span = end
     service = np.asarray(wl.is_service)
     templates: dict[tuple, list[int]] = {}
     for k, i in enumerate(idx.tolist()):
@@ -98,7 +97,7 @@ def fit_apps(wl, *, until_s: float | None = None, source: str = "") -> dict:
     hours = np.floor((sub[idx] % _DAY_S) / _HOUR_S).astype(np.int64)
     counts = np.bincount(hours, minlength=24).astype(np.float64) + 1.0  # +1: no hour has a zero rate
     return {"format": FORMAT, "source": source, "until_s": until_s, "pods": int(idx.size),
-            "rate_per_s": idx.size / max(span, 1.0),
+            "rate_per_s": idx.size / max(end, 1.0),
             "hourly_profile": [round(float(v), 6) for v in counts / counts.mean()], "apps": apps}
 
 
