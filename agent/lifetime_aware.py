@@ -12,8 +12,8 @@ Among awake nodes, lower is better, in this order:
 
 1. ``ExtendJ``: the awake time the pod would add to the node, priced at the node's idle draw:
    ``max(0, life - empty_in) x idle watts``, on log-2 classes of a minute at the cluster's largest idle draw
-   (predictions are coarse; exact joules would let noise decide). ``life`` is the pod's predicted life, ``empty_in`` the node's
-   predicted time until it holds no pod (0 when empty). A long-lived pod goes to a node that will stay awake
+   (predictions are coarse; exact joules would let noise decide). ``life`` is the pod's predicted life,
+   ``empty_in`` the node's predicted time until it holds no pod (0 when empty). A long-lived pod goes to a node that will stay awake
    anyway; an empty awake node (about to sleep) is the last awake choice for a long pod.
 2. ``WattsPerCoreAwake``: the efficient node first (what makes ``awake-first:fit=efficient`` the strongest
    sleep-aware packer on heterogeneous clusters).
@@ -36,7 +36,7 @@ import numpy as np
 
 from joulesched.agent.baselines import _float_opt, _int_opt
 from joulesched.agent.predictor import PodPredictor, PredictorFeed
-from joulesched.agent.sleep_aware import _SleepAware, watts_per_core
+from joulesched.agent.sleep_aware import _SleepAware, free_shares, watts_per_core
 from joulesched.cluster.state import ClusterState, PodRequest
 
 #: Width of the lowest log-2 class: within a minute of awake time (or slack) the keys tie.
@@ -93,10 +93,7 @@ class LifetimeAware(_SleepAware):
 
     # ---- keys ---------------------------------------------------------------------------------------------
     def _inner(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, np.ndarray]:
-        cpu = np.maximum(st.alloc_cpu[idx], 1).astype(np.float64)
-        mem = np.maximum(st.alloc_mem[idx], 1).astype(np.float64)
-        free_cpu = (st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu) / cpu
-        free_mem = (st.alloc_mem[idx] - st.nz_mem[idx] - pod.nz_mem) / mem
+        free_cpu, free_mem = free_shares(st, pod, idx)
         p = self.feed.sync(st)
         if p is None:
             extend = slack = np.zeros(idx.size)
@@ -113,8 +110,8 @@ class LifetimeAware(_SleepAware):
             slack = np.where(extend == 0.0, log2_class(np.maximum(e - life, 0.0), CLASS_S), 0.0)
         wpc = watts_per_core(st, idx)
         fit_class = np.floor(np.clip(free_cpu, 0.0, 1.0) * self.fit_classes)
-        return {"ExtendJ": extend, "WattsPerCoreAwake": wpc, "FitClass": fit_class, "SlackClass": slack, "FreeCpuShare": free_cpu,
-                "FreeMemShare": free_mem}
+        return {"ExtendJ": extend, "WattsPerCoreAwake": wpc, "FitClass": fit_class, "SlackClass": slack,
+                "FreeCpuShare": free_cpu, "FreeMemShare": free_mem}
 
     def node_scores(self, st, pod, idx, meta=None):
         self._meta = meta

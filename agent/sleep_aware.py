@@ -42,6 +42,15 @@ def watts_per_core(st: ClusterState, idx: np.ndarray) -> np.ndarray:
     return st.peak_watts[idx] / np.maximum(st.alloc_cpu[idx], 1) * 1000.0
 
 
+def free_shares(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU and memory shares of each candidate left free after placing ``pod`` (kube's non-zero requests,
+    as MostAllocated reads them): best fit's keys."""
+    cpu = np.maximum(st.alloc_cpu[idx], 1).astype(np.float64)
+    mem = np.maximum(st.alloc_mem[idx], 1).astype(np.float64)
+    return ((st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu) / cpu,
+            (st.alloc_mem[idx] - st.nz_mem[idx] - pod.nz_mem) / mem)
+
+
 def _rank(keys: list[np.ndarray]) -> np.ndarray:
     """Dense rank of rows under lexicographic order of ``keys`` (first key most significant; 0 = best)."""
     order = np.lexsort(keys[::-1])
@@ -131,10 +140,7 @@ class AwakeFirst(_SleepAware):
         self.fit = fit
 
     def _inner(self, st, pod, idx):
-        cpu = np.maximum(st.alloc_cpu[idx], 1).astype(np.float64)
-        mem = np.maximum(st.alloc_mem[idx], 1).astype(np.float64)
-        free_cpu = (st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu) / cpu
-        free_mem = (st.alloc_mem[idx] - st.nz_mem[idx] - pod.nz_mem) / mem
+        free_cpu, free_mem = free_shares(st, pod, idx)
         fit = {"FreeCpuShare": free_cpu, "FreeMemShare": free_mem}
         if self.fit == "efficient":
             return {"WattsPerCoreAwake": watts_per_core(st, idx), **fit}
