@@ -13,8 +13,8 @@ Among awake nodes, lower is better, in this order:
 1. ``ExtendJ``: the awake time the pod would add to the node, priced at the node's idle draw:
    ``max(0, life - empty_in) x idle watts``, on log-2 classes of a minute at the cluster's largest idle draw
    (predictions are coarse; exact joules would let noise decide). ``life`` is the pod's predicted life,
-   ``empty_in`` the node's predicted time until it holds no pod (0 when empty). A long-lived pod goes to a node that will stay awake
-   anyway; an empty awake node (about to sleep) is the last awake choice for a long pod.
+   ``empty_in`` the node's predicted time until it holds no pod (0 when empty). A long-lived pod goes to a node
+   that will stay awake anyway; an empty awake node (about to sleep) is the last awake choice for a long pod.
 2. ``WattsPerCoreAwake``: the efficient node first (what makes ``awake-first:fit=efficient`` the strongest
    sleep-aware packer on heterogeneous clusters).
 3. ``FitClass``: best fit, coarsely: the free CPU share left after placement in ``fit_classes`` classes (8:
