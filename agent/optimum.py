@@ -38,7 +38,7 @@ import numpy as np
 from joulesched.agent.lower_bound import _lower_hull, lower_bound
 from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.twin import RunResult, Twin
-from joulesched.cluster.workload import Workload, build_workload
+from joulesched.cluster.workload import SERVICE, Workload, build_workload
 from joulesched.core.errors import UsageError
 
 TOL = 1e-6  # seconds: event times closer than this are the same instant (the twin's departures come first)
@@ -94,6 +94,8 @@ class Instance:
     gm: np.ndarray | None = None
     gspec: np.ndarray | None = None
     gspec_table: tuple = (None,)
+    # Services (bounds only, ``instance(bounds_only=True)``): held from bind to their stop, no work to serve.
+    service: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -110,6 +112,8 @@ class Instance:
             s(self, "gm", np.full(p, 1000, dtype=np.int64))
         if self.gspec is None:
             s(self, "gspec", np.zeros(p, dtype=np.int64))
+        if self.service is None:
+            s(self, "service", np.zeros(p, dtype=bool))
 
     @property
     def has_gpus(self) -> bool:
@@ -158,9 +162,12 @@ class Instance:
         return bool(np.all(self.u <= self.c))
 
 
-def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None = None) -> Instance:
+def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None = None, *,
+             bounds_only: bool = False) -> Instance:
     """The instance of run ``seed_offset`` of ``scenario`` (workload seed ``scenario.seed + seed_offset``;
-    ``workload``: that workload, already built)."""
+    ``workload``: that workload, already built). ``bounds_only``: an instance for the fluid, LP and
+    bind-on-arrival bounds alone, which state services (``Instance.service``) and any GPU curve; the MIP
+    needs neither (it refuses them)."""
     ip = scenario.idle_policy
     if isinstance(ip, Sleep):
         extra = [f"{k}={getattr(ip, k)!r}" for k, off in (("min_awake", 0), ("spare_cpu_m", 0), ("consolidation", None))
@@ -170,9 +177,10 @@ def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None
                                f"sleep_after_s); this scenario sets idle_policy {', '.join(extra)}")
     seed = scenario.seed + seed_offset
     wl = build_workload(scenario, seed) if workload is None else workload
-    if wl.has_pod_model:
+    if (wl.profile >= 0).any() or (wl.has_pod_model and not bounds_only):
         raise PodModelUnsupported(f"{scenario.name}: the optimum models jobs with constant usage; this workload "
-                                  "has services or usage profiles (the fluid lower bound still applies)")
+                                  "has services or usage profiles (the fluid lower bound still applies"
+                                  + ("" if (wl.profile >= 0).any() else "; --bound-only gives the LP bounds") + ")")
     twin = Twin(scenario, wl)
     st = twin.state
     keep = np.flatnonzero(twin.placeable)
@@ -189,7 +197,8 @@ def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None
         gk = dict(gpu=st.alloc_gpu.astype(np.int64), gpu_model=tuple(st.gpu_model), gpu_curves=st.gpu_curves.copy(),
                   g=wl.gpu[keep].astype(np.int64), gm=wl.gpu_milli[keep].astype(np.int64),
                   gspec=wl.gpu_spec[keep].astype(np.int64), gspec_table=tuple(wl.gpu_spec_table))
-        _check_gpus(scenario.name, st, gk)
+        if not bounds_only:
+            _check_gpus(scenario.name, st, gk)
     return Instance(
         name=scenario.name, seed=seed, cap=st.alloc_cpu.astype(np.float64), mem=st.alloc_mem.astype(np.float64),
         slots=st.alloc_pods.astype(np.float64), curves=st.curves.copy(), sleep_w=st.sleep_watts.copy(),
@@ -199,7 +208,7 @@ def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None
         d=wl.duration_s[keep].astype(np.float64), c=np.maximum(wl.cpu_req[keep], 0).astype(np.float64),
         m=np.maximum(wl.mem_req[keep], 0).astype(np.float64), u=wl.usage_m[keep].astype(np.float64),
         never_placed=int(len(wl) - keep.size), never_sleep=never, scenario=scenario, seed_offset=seed_offset,
-        workload=wl, **gk)
+        workload=wl, service=wl.kind[keep] == SERVICE, **gk)
 
 
 def _check_gpus(name: str, st, gk: dict) -> None:
@@ -1123,7 +1132,7 @@ def _range_max_rows(M: _Model, x: list[int], ranges: list[tuple[int, int, int]])
 
 
 def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max_bins: int = 1500,
-             fluid_joules: float | None = None, bind_on_arrival: bool = False) -> LPBound:
+             fluid_joules: float | None = None, bind_on_arrival: bool = False, min_solve_s: float = 1.0) -> LPBound:
     """A time-indexed LP over node kinds that bounds the energy of every run of the twin from below.
 
     Per interval between arrivals and per kind of node it keeps the served CPU, the nodes serving, holding pods
@@ -1143,6 +1152,14 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
     only decrease: their mean over the stretch is at least their integer count just before its end, and those
     counts must hold the requests of the pods present then (arrived, not yet at ``a + d``). The counts are
     integers, so the model is a MIP over node kinds; under the time limit its proven dual bound is returned.
+
+    Services (``inst.service``) have no work to serve and a run may leave them waiting, so the LP leaves them
+    out (as the fluid bound does); a run that binds on arrival holds each from its arrival to its stop
+    (``a + d``, at most the scenario's end), so the bind-on-arrival rows count their requests.
+
+    ``time_limit`` counts model building; the solver gets what is left, at least ``min_solve_s``. A solve the
+    limit stops has status ``time_limit``: the LP's value is then NaN (an interrupted interior point proves
+    nothing), the bind-on-arrival MIP's its dual bound so far (NaN before its root LP is solved).
     """
     import highspy
 
@@ -1150,7 +1167,8 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
     fl = fluid(inst) if fluid_joules is None else fluid_joules
     P = inst.pods
     a, d = inst.a, inst.d
-    u = inst.u / 1000.0
+    job = ~inst.service
+    u = np.where(job, inst.u / 1000.0, 0.0)  # a service's demand is not work any run must serve
     c, mreq = inst.c / 1000.0, inst.m / 1024.0
     sleep = inst.can_sleep
     Z, W = inst.sleep_after, inst.wake
@@ -1158,8 +1176,8 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
     for i, k in enumerate(inst.kinds.tolist()):
         by_kind.setdefault(k, []).append(i)
     groups = list(by_kind.values())
-    H1 = max(inst.horizon, float((a + d).max()) if P else 0.0)
-    grid = _unique_times(np.concatenate(([0.0], a, [H1])))
+    H1 = max(inst.horizon, float((a + d)[job].max()) if job.any() else 0.0)
+    grid = _unique_times(np.concatenate(([0.0], a[a < H1], [H1])))
     grid = grid[grid <= H1 + TOL]
     coarse = len(grid) > max_bins + 1
     if coarse:
@@ -1171,7 +1189,7 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
     dt = np.diff(grid)
     M = _Model()
     # Classes of pods by requests per core of demand: each holds at least its minimum ratio while served.
-    busy = u > 0
+    busy = (u > 0) & job
     ratio = np.where(busy, c / np.maximum(u, 1e-12), 0.0)
     qs = np.unique(np.quantile(ratio[busy], np.linspace(0, 1, classes + 1)[1:-1])) if busy.any() else np.zeros(0)
     cls = np.searchsorted(qs, ratio, side="right")
@@ -1245,7 +1263,8 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
             _range_max_rows(M, serv_cols, wake)
     M.offset += _gpu_dynamic(inst)  # every GPU job's GPUs above idle while it runs: the same in every run
     if bind_on_arrival:
-        _bind_on_arrival_rows(M, inst, groups, held_cols, grid, c, mreq)
+        end = np.where(job, a + d, np.minimum(a + d, inst.horizon))  # the twin stops services at duration_s
+        _bind_on_arrival_rows(M, inst, groups, held_cols, grid, c, mreq, end)
     # Causality per class: cumulative served work by each grid point at most what the class could have asked.
     tail_w = []
     for q in range(ncls):
@@ -1276,7 +1295,9 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
         alpha = gy[k] - beta * gx[k]
         M.row([Et, L] + tail_w, [1.0, -alpha] + [-beta] * len(tail_w), 0.0, math.inf)
     M.row([Et, L], [1.0, -b0], 0.0, math.inf)
-    left = max(1.0, time_limit - (time.perf_counter() - t0))
+    left = max(min_solve_s, time_limit - (time.perf_counter() - t0))
+    if left <= 0:  # the model took the whole limit: nothing solved, nothing proven beyond the fluid bound
+        return LPBound(math.nan, fl, time.perf_counter() - t0, M.ncols, M.nrows, "time_limit", coarse)
     if bind_on_arrival and any(M.integer):  # (no pod present through any stretch: the plain LP)
         h = M.highs(integral=True, time_limit=left, threads=None, gap=1e-4)
         h.run()
@@ -1287,7 +1308,14 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
         val = float(info.mip_dual_bound) if ok else math.nan
     else:
         h = M.highs(integral=False, time_limit=left, threads=None, gap=1e-6)
-        status = _ipm_or_simplex(h)
+        h.setOptionValue("solver", "ipm")
+        h.setOptionValue("run_crossover", "off")
+        h.run()
+        status = h.getModelStatus()
+        if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+            h.setOptionValue("solver", "simplex")  # stopped short of optimal with time left (_ipm_or_simplex)
+            h.run()
+            status = h.getModelStatus()
         ok = status == highspy.HighsModelStatus.kOptimal
         info = h.getInfo()
         # Without crossover the interior point's objective is the LP's optimum within its tolerance (1e-8 relative).
@@ -1295,15 +1323,17 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
     if coarse and ok:
         val = max(val, fl)
     done = status == highspy.HighsModelStatus.kOptimal
+    timed_out = ok or status == highspy.HighsModelStatus.kTimeLimit
     return LPBound(val, fl, time.perf_counter() - t0, M.ncols, M.nrows,
-                   "optimal" if done else "time_limit" if ok else h.modelStatusToString(status), coarse)
+                   "optimal" if done else "time_limit" if timed_out else h.modelStatusToString(status), coarse)
 
 
 def _bind_on_arrival_rows(M: _Model, inst: Instance, groups: list[list[int]], held_cols: list[list[int]],
-                          grid: np.ndarray, c: np.ndarray, mreq: np.ndarray) -> None:
+                          grid: np.ndarray, c: np.ndarray, mreq: np.ndarray, end: np.ndarray) -> None:
     """The integer cover rows of ``lp_bound(bind_on_arrival=True)``: per interval, integer nodes of each kind
-    holding the pods present just before the interval's first arrival, and the mean holding count above them."""
-    a, d = inst.a, inst.d
+    holding the pods present just before the interval's first arrival, and the mean holding count above them.
+    ``end``: when each pod leaves at the earliest (a job's ``a + d``, a service's stop)."""
+    a = inst.a
     arr = _unique_times(a)
     caps = [(inst.cap[g[0]] / 1000.0, inst.mem[g[0]] / 1024.0, float(inst.slots[g[0]])) for g in groups]
     # GPUs: a bound GPU pod holds its share (a whole GPU counts 1) on a node with GPUs, so the held GPU-capable
@@ -1316,7 +1346,7 @@ def _bind_on_arrival_rows(M: _Model, inst: Instance, groups: list[list[int]], he
         # Pods present through the whole interval are held at every instant of it, by an integer number of nodes
         # of each kind: the rounded (Chvatal-Gomory) covers sum ceil(alloc_g / q) n_g >= ceil(R / q) hold at every
         # instant, so for the means too. q = each kind's allocatable, and 1 (the plain cover).
-        through = (a <= t + TOL) & (a + d >= grid[k + 1] - TOL)
+        through = (a <= t + TOL) & (end >= grid[k + 1] - TOL)
         if through.any():
             for r, total in enumerate((float(c[through].sum()), float(mreq[through].sum()), float(through.sum()))):
                 if total <= 0:
@@ -1332,7 +1362,7 @@ def _bind_on_arrival_rows(M: _Model, inst: Instance, groups: list[list[int]], he
         ts = min(float(nxt), float(grid[k + 1]))  # no pod is bound in (t, ts): the holding set only shrinks
         if ts - t <= TOL or dt <= 0:
             continue
-        here = (a <= t + TOL) & (a + d >= ts - TOL)
+        here = (a <= t + TOL) & (end >= ts - TOL)
         if not here.any():
             continue
         need = ((float(c[here].sum()), [inst.cap[g[0]] / 1000.0 for g in groups]),
@@ -1360,7 +1390,8 @@ def _workload(inst: Instance) -> Workload:
     """The instance's pods as a workload (what the fluid bound reads), GPUs included."""
     gk = {} if not inst.g.any() else dict(gpu=inst.g.astype(np.int16), gpu_milli=inst.gm.astype(np.int16),
                                            gpu_spec=inst.gspec.astype(np.int32), gpu_spec_table=inst.gspec_table)
-    return Workload(inst.a, inst.d, inst.c.astype(np.int64), inst.m.astype(np.int64), inst.u, **gk)
+    return Workload(inst.a, inst.d, inst.c.astype(np.int64), inst.m.astype(np.int64), inst.u,
+                    kind=inst.service.astype(np.int8) * SERVICE, **gk)
 
 
 def fluid(inst: Instance) -> float:
@@ -1431,12 +1462,18 @@ def check_time_limit(time_limit: float) -> float:
 
 def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float = 60.0,
                   max_nodes: int = MIP_MAX_NODES, max_pods: int = MIP_MAX_PODS, replay_check: bool = True,
-                  workload: Workload | None = None, fluid_joules: float | None = None) -> dict:
+                  workload: Workload | None = None, fluid_joules: float | None = None, bound_only: bool = False,
+                  on_stage=None) -> dict:
     """Everything known about the optimum of one (scenario, seed): the fluid and LP bounds for every run, and
     on a small enough instance the MIP's best schedule, its bound and gap, and that schedule replayed in the
     twin (``replay_joules``, ``replay_rel_error``: the model checked against the twin). ``workload`` and
-    ``fluid_joules`` (its fluid lower bound): what the caller already built and computed, not done again."""
+    ``fluid_joules`` (its fluid lower bound): what the caller already built and computed, not done again.
+    ``bound_only``: the bounds alone, within ``time_limit`` in all (:func:`bounds_entry`); ``on_stage(what,
+    best_bound_joules)`` is told as each of its stages starts."""
     time_limit = check_time_limit(time_limit)
+    if bound_only:
+        return bounds_entry(scenario, seed_offset, time_limit=time_limit, workload=workload,
+                            fluid_joules=fluid_joules, on_stage=on_stage)
     try:
         inst = instance(scenario, seed_offset, workload)
     except PodModelUnsupported as e:
@@ -1474,6 +1511,45 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
             out["replay_joules"] = rr.energy_joules
             out["replay_rel_error"] = abs(rr.energy_joules - res.energy_joules) / rr.energy_joules
     return _certify(out, replay_check)
+
+
+def bounds_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float = 600.0,
+                 workload: Workload | None = None, fluid_joules: float | None = None, on_stage=None) -> dict:
+    """The bounds at scale, within ``time_limit`` seconds in all (instance and models built included): the fluid
+    bound, then the LP bound (every run), then the bind-on-arrival bound, each stage given what is left. When
+    the time runs out the row keeps the best bound proven so far (the fluid bound at least) and says
+    ``bound_status: time_limit``; ``optimal`` when every stage finished. Services are stated (bounds only,
+    :func:`instance`). ``on_stage(what, best_bound_joules)``: told as each stage starts, and at the end."""
+    t0 = time.perf_counter()
+    tell = on_stage or (lambda what, best: None)
+    inst = instance(scenario, seed_offset, workload, bounds_only=True)
+    tell("fluid bound", None)
+    fl = fluid(inst) if fluid_joules is None else fluid_joules
+    out = {"name": scenario.name, "seed": inst.seed, "nodes": inst.nodes, "pods": inst.pods,
+           "services": int(inst.service.sum()), "overload_free": inst.overload_free, "fluid_joules": fl,
+           "lp_bound_joules": None, "lp_wall_s": 0.0, "lp_status": "skipped", "boa_bound_joules": None,
+           "boa_wall_s": 0.0, "boa_status": "skipped", "status": "skipped", "optimum_joules": None,
+           "bound_joules": None, "gap": None, "wall_s": None, "replay_joules": None, "replay_rel_error": None,
+           "message": "bounds only", "solver": "highs"}
+    for key, boa, what in (("lp", False, "LP bound (every run)"), ("boa", True, "bind-on-arrival bound")):
+        left = time_limit - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        tell(what, max(v for v in (fl, out["lp_bound_joules"], out["boa_bound_joules"]) if v is not None))
+        b = lp_bound(inst, time_limit=left, fluid_joules=fl, bind_on_arrival=boa, min_solve_s=0.0)
+        out.update({f"{key}_bound_joules": b.joules if math.isfinite(b.joules) else None, f"{key}_status": b.status,
+                    f"{key}_wall_s": b.wall_s})
+    done = out["lp_status"] == out["boa_status"] == "optimal"
+    # Each stage's figure is proven whether or not the next one ran: time_limit only says more was possible.
+    stopped = {out["lp_status"], out["boa_status"]} & {"time_limit", "skipped"}
+    out["bound_status"] = "optimal" if done else "time_limit" if stopped else "incomplete"
+    out["bound_wall_s"] = time.perf_counter() - t0
+    if not done:
+        out["message"] = (f"bounds only; the {time_limit:g} s limit stopped them (LP: {out['lp_status']}, "
+                          f"bind-on-arrival: {out['boa_status']}): the best bound so far")
+    row = _certify(out, False)
+    tell("done", row["best_bound_joules"])
+    return row
 
 
 #: A schedule is called optimal only if the twin replays it to its claimed energy within this (relative).

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -137,6 +140,13 @@ def optimum(
     max_nodes: Annotated[int, typer.Option(min=1, help="Larger clusters get the LP and fluid bounds only.")] = 16,
     max_pods: Annotated[int, typer.Option(min=1, help="More pods than this: the LP and fluid bounds only.")] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout.")] = False,
+    bound_only: Annotated[bool, typer.Option(
+        "--bound-only", help="The bounds alone at any size, services included: fluid, LP (every run), then "
+                             "bind-on-arrival, within --time-limit in all per scenario and seed; when it runs "
+                             "out, the best bound so far (bound_status: time_limit).")] = False,
+    policy: Annotated[Optional[list[str]], typer.Option(
+        "--policy", "-p", help="Policy to run beside it (repeatable; default: default-k8s and every heuristic).",
+    )] = None,
 ) -> None:
     """The clairvoyant optimum: a MIP over the twin's own semantics (HiGHS), with its bound and gap, the LP and
     fluid bounds, every heuristic's energy beside it, and the optimal schedule replayed in the twin.
@@ -144,45 +154,86 @@ def optimum(
     Each row's certificate: optimal (gap <= 1e-4 and the twin replays the schedule to its energy within 1e-9),
     feasible (a schedule, the twin's energy for it, and a bound with the gap), bound-only (no schedule)."""
     from joulesched.agent.optimum import check_time_limit, instance, optimum_entry, policy_energies
-    from joulesched.agent.registry import HEURISTICS
+    from joulesched.agent.registry import HEURISTICS, make_policy
     from joulesched.cluster.scenario import load_scenario
 
     with errors():
         check_time_limit(time_limit)
+        specs = tuple(policy) if policy else ("default-k8s", *HEURISTICS)
+        for p in specs:
+            make_policy(p)  # a bad spec fails before any solving
         loaded = [load_scenario(p) for p in scenario]
         for sc in loaded:
-            instance(sc)  # a bad trace, or a workload the MIP does not model, fails before any solving
+            instance(sc, bounds_only=bound_only)  # a bad trace, or a workload the model does not state, fails here
         rows = []
-        with progress_bar(not as_json) as prog:
-            task = prog.add_task("optimum", total=len(loaded) * seeds, item="")
+        with progress_bar(not as_json, percent=bound_only) as prog:
+            # --bound-only: the bar is the time budget (time limit per row), the item its stage and best bound.
+            task = prog.add_task("bound" if bound_only else "optimum", item="",
+                                 total=len(loaded) * seeds * (time_limit if bound_only else 1))
             for sc in loaded:
                 for s in range(seeds):
                     prog.update(task, item=f"{sc.name} seed {s}")
-                    row = optimum_entry(sc, s, time_limit=time_limit, max_nodes=max_nodes, max_pods=max_pods)
-                    row["policies"] = policy_energies(sc, s, ("default-k8s", *HEURISTICS))
+                    with _ticking(prog, task, time_limit if bound_only else 0.0):
+                        row = optimum_entry(sc, s, time_limit=time_limit, max_nodes=max_nodes, max_pods=max_pods,
+                                            bound_only=bound_only, on_stage=_stage_item(prog, task, sc.name, s))
+                    prog.update(task, item=f"{sc.name} seed {s}: {len(specs)} policies")
+                    row["policies"] = policy_energies(sc, s, specs)
                     rows.append(row)
-                    prog.update(task, advance=1)
+                    prog.update(task, completed=len(rows) * (time_limit if bound_only else 1))
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     kwh = lambda j: "—" if j is None else f"{j / 3.6e6:.3f}"  # noqa: E731
-    t = Table(title="optimum (kWh; ×best = / best heuristic)", title_justify="left")
+    title = "bounds (kWh; ×best = best policy / bound)" if bound_only else "optimum (kWh; ×best = / best heuristic)"
+    t = Table(title=title, title_justify="left")
     for col in ("scenario", "seed", "nodes", "pods", "status", "optimum", "bound", "gap", "LP bound", "fluid",
                 "best heuristic", "×best", "replay err", "s"):
         t.add_column(col, justify="left" if col in ("scenario", "status", "best heuristic") else "right")
     for r in rows:
         best = min(r["policies"], key=r["policies"].get)
         ratio = f"{r['schedule_joules'] / r['policies'][best]:.3f}" if r["schedule_joules"] else "—"
+        if bound_only and r["best_bound_joules"]:
+            ratio = f"{r['policies'][best] / r['best_bound_joules']:.3f}"
         gap = "—" if r["best_gap"] is None else f"{100 * r['best_gap']:.2f}%"
-        t.add_row(r["name"], str(r["seed"]), str(r["nodes"]), str(r["pods"]), r["certificate"],
+        status = r["certificate"] + (" (time limit)" if r.get("bound_status") == "time_limit" else "")
+        t.add_row(r["name"], str(r["seed"]), str(r["nodes"]), str(r["pods"]), status,
                   kwh(r["schedule_joules"]), kwh(r["best_bound_joules"]), gap,
                   kwh(r["lp_bound_joules"]), kwh(r["fluid_joules"]), f"{best} {kwh(r['policies'][best])}", ratio,
                   "—" if r["replay_rel_error"] is None else f"{r['replay_rel_error']:.1e}",
-                  "—" if r["wall_s"] is None else f"{r['wall_s']:.0f}")
+                  "—" if (secs := r.get("bound_wall_s") or r["wall_s"]) is None else f"{secs:.0f}")
     out.print(t)
     for r in rows:
         if r["message"]:
             out.print(f"{r['name']} seed {r['seed']}: {escape(r['message'])}")
+
+
+@contextmanager
+def _ticking(prog, task, seconds: float):
+    """Advance ``task`` with the clock for up to ``seconds`` while the block runs (HiGHS releases the GIL)."""
+    if seconds <= 0:
+        yield
+        return
+    base, t0, stop = prog.tasks[task].completed, time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            prog.update(task, completed=base + min(seconds, time.monotonic() - t0))
+
+    th = threading.Thread(target=tick, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+
+
+def _stage_item(prog, task, name: str, seed: int):
+    """An ``on_stage`` callback showing the bound's stage and its best bound so far as the bar's item."""
+    def tell(what: str, best: float | None) -> None:
+        bound = "" if best is None else f", bound {best / 3.6e6:,.1f} kWh"
+        prog.update(task, item=f"{name} seed {seed}: {what}{bound}")
+    return tell
 
 
 

@@ -1,0 +1,102 @@
+"""The bounds at scale (agent/optimum.py:bounds_entry, `joulesched optimum --bound-only`): a time limit that
+stops them keeps the best bound proven so far and says so, services are stated, and every bound stays at or
+below what the policies' twin runs use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from joulesched.agent import optimum as opt
+from joulesched.agent.registry import make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.scenario import load_scenario
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
+from joulesched.pipelines.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ROOT / "scenarios" / "small" / "trace-sleep.yaml"
+POLICIES = ("default-k8s", "most-allocated", "awake-first", "awake-first:fit=efficient")
+
+
+def _services_scenario(tmp_path: Path) -> Path:
+    """Four sleeping nodes of two kinds; jobs and services (one stopped by the scenario's end), bursty."""
+    rows = ["submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m,kind"]
+    for i in range(14):
+        kind = "service" if i % 3 == 0 else "job"
+        dur = 5000 if kind == "service" else 200 + 90 * (i % 5)
+        rows.append(f"{40 * (i // 2) + (i % 2)},{dur},{1000 + 500 * (i % 4)},{2048 * (1 + i % 3)},"
+                    f"{800 + 300 * (i % 4)},{kind}")
+    (tmp_path / "pods.csv").write_text("\n".join(rows) + "\n")
+    path = tmp_path / "svc.yaml"
+    path.write_text("name: svc\nseed: 1\nduration_s: 1800\n"
+                    "idle_policy: {mode: sleep, sleep_after_s: 120, sleep_watts: 8, wake_s: 0}\nnodes:\n"
+                    "  - {name_prefix: a, count: 2, cpu_m: 4000, memory_mib: 16384, power_watts: hp-ml110-g5}\n"
+                    "  - {name_prefix: b, count: 2, cpu_m: 8000, memory_mib: 32768, power_watts: ibm-x3250-x3470}\n"
+                    "workload:\n  trace: pods.csv\n")
+    return path
+
+
+def test_the_time_limit_keeps_the_best_bound_so_far_and_says_so(monkeypatch):
+    sc = load_scenario(SMALL)
+    runs = opt.policy_energies(sc, 0, POLICIES)
+    full = opt.bounds_entry(sc, 0, time_limit=60)
+    assert full["bound_status"] == "optimal" and full["lp_status"] == full["boa_status"] == "optimal"
+    assert full["fluid_joules"] <= full["lp_bound_joules"] * (1 + 1e-9) <= full["boa_bound_joules"] * (1 + 1e-9)
+    assert full["best_bound_joules"] == full["boa_bound_joules"] and full["bound_assumes"] == "bind-on-arrival"
+    # Out of time before the LP: the fluid bound, flagged.
+    cut = opt.bounds_entry(sc, 0, time_limit=1e-3)
+    assert cut["bound_status"] == "time_limit" and cut["lp_status"] == "skipped"
+    assert cut["best_bound_joules"] == cut["fluid_joules"] > 0 and cut["bound_assumes"] == "every-run"
+    assert cut["certificate"] == "bound-only" and "limit stopped them" in cut["message"]
+    # Out of time in the bind-on-arrival stage (its model takes longer than what is left): the LP bound, flagged.
+    real = opt.lp_bound
+
+    def short(inst, **kw):
+        return real(inst, **{**kw, "time_limit": 1e-9}) if kw.get("bind_on_arrival") else real(inst, **kw)
+
+    monkeypatch.setattr(opt, "lp_bound", short)
+    mid = opt.bounds_entry(sc, 0, time_limit=60)
+    assert mid["bound_status"] == "time_limit" and mid["lp_status"] == "optimal" and mid["boa_status"] == "time_limit"
+    assert mid["best_bound_joules"] == pytest.approx(full["lp_bound_joules"], rel=1e-9)
+    for row in (full, cut, mid):
+        assert row["best_bound_joules"] <= min(runs.values())
+    assert cut["best_bound_joules"] < mid["best_bound_joules"] < full["best_bound_joules"]
+
+
+def test_services_are_stated_by_the_bounds_and_refused_by_the_mip(tmp_path):
+    path = _services_scenario(tmp_path)
+    sc = load_scenario(path)
+    with pytest.raises(opt.PodModelUnsupported, match="--bound-only"):
+        opt.instance(sc)
+    inst = opt.instance(sc, bounds_only=True)
+    assert inst.service.sum() == 5 and inst.pods == 14
+    row = opt.bounds_entry(sc, 0, time_limit=60)
+    assert row["services"] == 5 and row["bound_status"] == "optimal"
+    assert row["fluid_joules"] <= row["lp_bound_joules"] * (1 + 1e-9) <= row["boa_bound_joules"] * (1 + 1e-9)
+    twin = Twin(sc, build_workload(sc, sc.seed))
+    runs = {p: run_policy(twin, make_policy(p), sc.seed) for p in POLICIES}
+    assert row["bound_every_run_joules"] <= min(r.energy_joules for r in runs.values())
+    # With wake_s 0 the runs in which no pod waited bound each on arrival: the bind-on-arrival bound, which holds
+    # the services' requests from arrival to stop, holds for them.
+    on_arrival = [r.energy_joules for r in runs.values() if r.mean_pending_s == 0]
+    assert on_arrival and row["boa_bound_joules"] <= min(on_arrival)
+
+
+def test_the_cli_bound_only_is_quiet_with_json_and_refuses_services_without_it(tmp_path):
+    path = _services_scenario(tmp_path)
+    r = CliRunner().invoke(app, ["optimum", "-s", str(path), "--time-limit", "5"])
+    assert r.exit_code == 2 and "--bound-only" in r.output
+    r = CliRunner().invoke(app, ["optimum", "--bound-only", "-s", str(path), "-p", "awake-first", "--time-limit", "30",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)  # nothing but the JSON on stdout: no bar
+    assert rows[0]["certificate"] == "bound-only" and rows[0]["bound_status"] == "optimal"
+    assert list(rows[0]["policies"]) == ["awake-first"]
+    assert rows[0]["best_bound_joules"] <= rows[0]["policies"]["awake-first"]
+    r = CliRunner().invoke(app, ["optimum", "--bound-only", "-s", str(path), "-p", "no-such-policy"])
+    assert r.exit_code == 2 and "no-such-policy" in r.output
