@@ -258,8 +258,23 @@ def test_benchmark_optimum_row_and_the_headroom_table(tmp_path):
     assert row["fluid_bound"] <= row["lp_bound"] * (1 + 1e-6) <= row["best_bound"] * (1 + 1e-6)
     assert row["best_bound"] <= min(row["best_upstream"], row["best_sleep_aware"]) + 1e-12
     assert np.isfinite(row["optimum"])
+    # Both bounds, what the best one assumes, the optimum's gap to it, and each policy's share of the gap.
+    assert row["fluid_bound"] <= row["every_run_bound"] * (1 + 1e-9) <= row["boa_bound"] * (1 + 1e-9)
+    assert row["bound_assumes"] == ("bind-on-arrival" if row["boa_bound"] > row["every_run_bound"] else "every-run")
+    assert row["optimum_gap"] == pytest.approx((row["optimum"] - row["boa_bound"]) / row["optimum"], rel=1e-9)
+    assert row["target"] == row["optimum"] and row["target_kind"] in ("optimum", "best schedule")
+    shares = row["share_of_gap"]
+    assert set(shares) == {"default-k8s", "most-allocated", "awake-first"}
+    best = row["best_heuristic_policy"]
+    assert shares[best] == pytest.approx(0.0, abs=1e-12)  # one seed: the best heuristic closes none of its own gap
+    for p, v in shares.items():  # (best heuristic − policy) / (best heuristic − optimum), from the rows' ratios
+        gap = row["best_heuristic"] - row["optimum"]
+        assert v == pytest.approx((row["best_heuristic"] - row["policies"][p]) / gap, rel=1e-9)
+    assert shares["default-k8s"] < 0
     html = (out / "report.html").read_text()
     assert "<h2>Headroom</h2>" in html and "0.903" in html  # the fluid bound's ratio, in the table
+    assert "bound, bind-on-arrival" in html and "bound, every run" in html and 'id="gap-shares"' in html
+    assert f"<td>{100 * shares['most-allocated']:.0f} %</td>" in html  # default-k8s, the reference, has no column
 
 
 def test_a_workload_with_services_is_refused_by_the_optimum_and_skipped_by_the_benchmark(tmp_path):
