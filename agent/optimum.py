@@ -29,7 +29,9 @@ beat, queued or throttled runs included; it is never below the fluid bound and s
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -252,12 +254,17 @@ class OptimumResult:
     mip_dual_bound: float | None = None  # the solver's own proven bound (before the LP and fluid bounds join)
     warm_joules: float | None = None  # the warm start's energy (the best in-class heuristic run), if any
     root_bound: float | None = None  # the MIP's LP relaxation (interior point), a valid bound on the model
+    schedule_solver: str | None = None  # highs | cpsat: who found the schedule
+    bound_solver: str | None = None  # highs (its MIP, LP, root and fluid bounds) | cpsat: who proved the bound
+    cpsat_bound: float | None = None  # CP-SAT's bound on the model (its relaxation's, less the scaling error)
+    cpsat: dict | None = None  # CP-SAT's status on its relaxation, the scaling error eps, its seconds, branches
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("name", "seed", "nodes", "pods", "status", "energy_joules",
                                                "bound_joules", "gap", "wall_s", "variables", "binaries", "rows",
                                                "overload_free", "message", "solver", "mip_nodes", "mip_dual_bound",
-                                               "warm_joules", "root_bound")}
+                                               "warm_joules", "root_bound", "schedule_solver", "bound_solver",
+                                               "cpsat_bound", "cpsat")}
         return out
 
 
@@ -300,6 +307,21 @@ class _Model:
     def nrows(self) -> int:
         return len(self.rlo)
 
+    def entries(self, *, by_row: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, columns, values) of the matrix, duplicates (the same variable twice in one row) summed, sorted
+        by row (``by_row``) or by column."""
+        ri = np.asarray(self.ri, dtype=np.int64)
+        ci = np.asarray(self.ci, dtype=np.int64)
+        vv = np.asarray(self.v, dtype=np.float64)
+        major, minor, k = (ri, ci, max(self.ncols, 1)) if by_row else (ci, ri, max(self.nrows, 1))
+        key = major * k + minor
+        order = np.argsort(key, kind="stable")
+        key, vv = key[order], vv[order]
+        uniq, first = np.unique(key, return_index=True)
+        vals = np.add.reduceat(vv, first) if vv.size else vv
+        a, b = uniq // k, uniq % k
+        return (a, b, vals) if by_row else (b, a, vals)
+
     def highs(self, *, integral: bool, time_limit: float, threads: int | None, gap: float):
         import highspy
 
@@ -320,16 +342,8 @@ class _Model:
         lp.row_lower_ = np.asarray(self.rlo, dtype=np.float64)
         lp.row_upper_ = np.asarray(self.rhi, dtype=np.float64)
         lp.offset_ = self.offset
-        ri = np.asarray(self.ri, dtype=np.int64)
-        ci = np.asarray(self.ci, dtype=np.int64)
-        vv = np.asarray(self.v, dtype=np.float64)
         # Column-wise storage, duplicates (the same variable twice in one row) summed.
-        key = ci * max(m, 1) + ri
-        order = np.argsort(key, kind="stable")
-        key, vv = key[order], vv[order]
-        uniq, first = np.unique(key, return_index=True)
-        vals = np.add.reduceat(vv, first) if vv.size else vv
-        cols, rows = uniq // max(m, 1), uniq % max(m, 1)
+        rows, cols, vals = self.entries(by_row=False)
         starts = np.searchsorted(cols, np.arange(n + 1))
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
         lp.a_matrix_.start_ = starts.astype(np.int32)
@@ -342,6 +356,13 @@ class _Model:
                                for b in self.integer]
         h.passModel(lp)
         return h
+
+    def cpsat(self, *, time_limit: float, threads: int, gap: float, hint: np.ndarray | None = None):
+        """The same model solved by CP-SAT, on an integer relaxation whose bound stays valid for this model
+        (agent/optimum_cpsat.py: the scaling of the continuous variables and the error it allows for)."""
+        from joulesched.agent.optimum_cpsat import solve_cpsat
+
+        return solve_cpsat(self, time_limit=time_limit, threads=threads, gap=gap, hint=hint)
 
 
 def _unique_times(times: np.ndarray) -> np.ndarray:
@@ -719,7 +740,7 @@ def _build(inst: Instance, *, wake_order: bool = True) -> _Built:
                 cols2 = [col for _, col in ymodes(p, i2)]
                 M.row(cols2 + [fprev], [1.0] * len(cols2) + [-1.0], -math.inf, 0.0)
             if (p, i, 0) in y:
-                f = M.var(0.0, math.inf)
+                f = M.var(0.0, float(P))  # pods bound so far: at most P (a finite bound, which CP-SAT needs)
                 cols1 = [col for _, col in ymodes(p, i)]
                 rc = [f] + cols1 + ([fprev] if fprev is not None else [])
                 rv = [1.0] + [-1.0] * len(cols1) + ([-1.0] if fprev is not None else [])
@@ -951,25 +972,57 @@ def warm_specs() -> tuple[str, ...]:
     return tuple(dict.fromkeys((*WARM_START, *HEURISTICS)))
 
 
+#: The MIP's solvers: HiGHS, CP-SAT (OR-Tools) on an integer relaxation with a valid bound, or both at once.
+SOLVERS = ("highs", "cpsat", "race")
+#: The one that measured better on the small suite (docs/optimum.md, "Solving").
+DEFAULT_SOLVER = "highs"
+
+
+def check_solver(solver: str) -> str:
+    """One of :data:`SOLVERS`, or :class:`OptimumError`."""
+    if solver not in SOLVERS:
+        raise OptimumError(f"--solver {solver!r} is not a solver; use one of {', '.join(SOLVERS)}")
+    return solver
+
+
+@dataclass
+class _Run:
+    """What one solver reached: its best point of the model (priced in the exact model), its valid bound."""
+
+    solver: str
+    x: np.ndarray | None = None
+    energy: float | None = None
+    bound: float | None = None
+    optimal: bool = False  # the solver proved its point optimal (HiGHS only: CP-SAT's is on its relaxation)
+    infeasible: bool = False
+    nodes: int | None = None
+    info: dict = field(default_factory=dict)
+
+
 def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = None, gap: float = 1e-6,
           warm: tuple[str, ...] | None = None, lp: LPBound | None = None, lns_share: float = 0.4,
-          wake_order: bool = True) -> OptimumResult:
+          wake_order: bool = True, solver: str = DEFAULT_SOLVER) -> OptimumResult:
     """Solve the MIP for ``inst`` within ``time_limit`` seconds (model building included).
 
     The solver starts from the best schedule among the ``warm`` policies' twin runs that the model can state,
-    and its bound is the best of its own, the LP bound and the fluid bound. When the MIP is not solved in
-    ``1 - lns_share`` of the time, the rest improves its best schedule by re-solving it with the pods of one
-    window of arrivals free and the others fixed (a large-neighbourhood search). ``status`` is ``optimal`` when
-    the gap is closed to ``gap`` (relative), ``time_limit`` when the time ran out first. ``wake_order``: the
-    orbit rule among identical sleeping nodes (:func:`_wake_order_rows`; off only to measure or test it)."""
+    and its bound is the best of its own, the LP bound and the fluid bound. ``solver``: ``highs`` (when the MIP
+    is not solved in ``1 - lns_share`` of the time, the rest improves its best schedule by re-solving it with
+    the pods of one window of arrivals free and the others fixed, a large-neighbourhood search), ``cpsat``
+    (CP-SAT on an integer relaxation of the same model, :meth:`_Model.cpsat`; its schedule is priced in the
+    exact model) or ``race`` (both at once, each with half the threads; the better schedule and the better
+    bound kept). ``status`` is ``optimal`` when the gap is closed to ``gap`` (relative), ``time_limit`` when the
+    time ran out first. ``wake_order``: the orbit rule among identical sleeping nodes (:func:`_wake_order_rows`;
+    off only to measure or test it)."""
     time_limit = check_time_limit(time_limit)
+    solver = check_solver(solver)
     t0 = time.perf_counter()
     base = dict(name=inst.name, seed=inst.seed, nodes=inst.nodes, pods=inst.pods, overload_free=inst.overload_free)
     try:
         b = _build(inst, wake_order=wake_order)
     except _Infeasible as e:
         return OptimumResult(**base, status="infeasible", energy_joules=None, bound_joules=None, gap=None,
-                             wall_s=time.perf_counter() - t0, variables=0, binaries=0, rows=0, message=str(e))
+                             wall_s=time.perf_counter() - t0, variables=0, binaries=0, rows=0, message=str(e),
+                             solver=solver)
     M = b.model
     sizes = dict(variables=M.ncols, binaries=int(sum(M.integer)), rows=M.nrows)
     lp = lp or lp_bound(inst, time_limit=max(1.0, time_limit / 4))
@@ -981,51 +1034,143 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
     warm = warm_specs() if warm is None else warm
     scheds = [s for s in (twin_schedule(inst, w) for w in warm) if s is not None] if inst.scenario else []
     scheds.sort(key=lambda s: s.twin_joules)
-    # Most of the time goes to the whole MIP (its bound); the rest to a neighbourhood search from its best schedule.
-    left = time_limit - (time.perf_counter() - t0)
-    h = M.highs(integral=True, time_limit=max(1.0, left * (1.0 - lns_share)), threads=threads, gap=gap)
-    warm_j = None
+    warm_j, fixed = None, None
     for sc_ in scheds:
         fixed = _fix(b, sc_)
         if fixed is not None:
-            h.setSolution(len(fixed[0]), np.asarray(fixed[0], dtype=np.int32), np.asarray(fixed[1]))
             warm_j = sc_.twin_joules
             break
-    h.run()
-    import highspy
+    deadline = t0 + time_limit
+    if solver == "race":
+        from concurrent.futures import ThreadPoolExecutor
 
-    status = h.getModelStatus()
-    info = h.getInfo()
-    dual = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
-    sizes.update(mip_nodes=int(info.mip_node_count), mip_dual_bound=dual, warm_joules=warm_j,
-                 root_bound=root if math.isfinite(root) else None)
-    if status == highspy.HighsModelStatus.kInfeasible:
+        half = max(1, (threads or os.cpu_count() or 2) // 2)
+        with ThreadPoolExecutor(2) as pool:  # both solvers release the GIL while they search
+            fh = pool.submit(_run_highs, _own_model(b), fixed, deadline, half, gap, lns_share)
+            fc = pool.submit(_run_cpsat, _own_model(b), fixed, deadline, half, gap)
+            runs = [fh.result(), fc.result()]
+    elif solver == "cpsat":
+        runs = [_run_cpsat(b, fixed, deadline, threads or os.cpu_count() or 1, gap)]
+    else:
+        runs = [_run_highs(b, fixed, deadline, threads, gap, lns_share)]
+    rh = next((r for r in runs if r.solver == "highs"), None)
+    rc = next((r for r in runs if r.solver == "cpsat"), None)
+    sizes.update(mip_nodes=(rh or rc).nodes, mip_dual_bound=rh.bound if rh else None, warm_joules=warm_j,
+                 root_bound=root if math.isfinite(root) else None, cpsat_bound=rc.bound if rc else None,
+                 cpsat=rc.info if rc else None)
+    if any(r.infeasible for r in runs):
         return OptimumResult(**base, status="infeasible", energy_joules=None, bound_joules=None, gap=None,
-                             wall_s=time.perf_counter() - t0, **sizes,
+                             wall_s=time.perf_counter() - t0, **sizes, solver=solver,
                              message="no schedule binds every pod on arrival without overloading a node")
-    bounds = [x for x in (lp.joules, lp.fluid_joules, root) if math.isfinite(x)]
-    if math.isfinite(info.mip_dual_bound):
-        bounds.append(float(info.mip_dual_bound))
-    bound = max(bounds) if bounds else None
-    if info.primal_solution_status != 2:  # kSolutionStatusFeasible
+    # The best bound and who proved it: the LP, fluid and root bounds are HiGHS's (or closed form).
+    bounds = [(x, "highs") for x in (lp.joules, lp.fluid_joules, root) if math.isfinite(x)]
+    bounds += [(r.bound, r.solver) for r in runs if r.bound is not None and math.isfinite(r.bound)]
+    bound, bound_by = max(bounds) if bounds else (None, None)
+    best = min((r for r in runs if r.energy is not None), key=lambda r: r.energy, default=None)
+    if best is None:
         return OptimumResult(**base, status="no_solution", energy_joules=None, bound_joules=bound, gap=None,
-                             wall_s=time.perf_counter() - t0, **sizes, message="no schedule found in the time limit")
-    x = np.asarray(h.getSolution().col_value)
-    energy = float(info.objective_function_value)
-    optimal = status == highspy.HighsModelStatus.kOptimal
-    if not optimal:
-        x, energy = _neighbourhoods(b, x, energy, t0 + time_limit, threads)
+                             wall_s=time.perf_counter() - t0, **sizes, solver=bound_by or solver,
+                             bound_solver=bound_by, message="no schedule found in the time limit")
+    x, energy = best.x, best.energy
     assignment, starts = {}, {}
     for (p, i, k), col in b.y.items():
         if x[col] > 0.5:
             assignment[int(inst.pod[p])] = b.units[i][0]
             starts[int(inst.pod[p])] = b.modes[p][k][0]
+    optimal = best.optimal
     if bound is None or bound > energy:
         bound = energy  # the solver proved this schedule optimal (within its tolerance)
+        bound_by = best.solver
     g = (energy - bound) / energy if energy > 0 else 0.0
     return OptimumResult(**base, status="optimal" if optimal or g <= gap else "time_limit", energy_joules=energy,
                          bound_joules=bound, gap=g, wall_s=time.perf_counter() - t0, **sizes,
-                         assignment=assignment, starts=starts)
+                         assignment=assignment, starts=starts,
+                         solver=best.solver if bound_by == best.solver else f"{best.solver} (bound: {bound_by})",
+                         schedule_solver=best.solver, bound_solver=bound_by)
+
+
+def _own_model(b: _Built) -> _Built:
+    """``b`` with a model of its own bounds lists: the neighbourhood search and the pricing swap them, and in a
+    race the two solvers must not see each other's."""
+    import copy
+
+    M = copy.copy(b.model)
+    M.lb, M.ub = list(M.lb), list(M.ub)
+    return dataclasses.replace(b, model=M)
+
+
+def _run_highs(b: _Built, fixed, deadline: float, threads: int | None, gap: float, lns_share: float) -> _Run:
+    """HiGHS on the whole MIP for ``1 - lns_share`` of the time left, from the warm start ``fixed``; then, unless
+    it proved optimality, the neighbourhood search until ``deadline``."""
+    import highspy
+
+    M = b.model
+    left = deadline - time.perf_counter()
+    h = M.highs(integral=True, time_limit=max(1.0, left * (1.0 - lns_share)), threads=threads, gap=gap)
+    if fixed is not None:
+        h.setSolution(len(fixed[0]), np.asarray(fixed[0], dtype=np.int32), np.asarray(fixed[1]))
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    run = _Run("highs", nodes=int(info.mip_node_count),
+               bound=float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None)
+    if status == highspy.HighsModelStatus.kInfeasible:
+        run.infeasible = True
+        return run
+    if info.primal_solution_status != 2:  # kSolutionStatusFeasible
+        return run
+    run.x, run.energy = np.asarray(h.getSolution().col_value), float(info.objective_function_value)
+    run.optimal = status == highspy.HighsModelStatus.kOptimal
+    if not run.optimal:
+        run.x, run.energy = _neighbourhoods(b, run.x, run.energy, deadline, threads)
+    return run
+
+
+def _price(b: _Built, cols, vals) -> tuple[float, np.ndarray] | None:
+    """The exact model's energy and point with the binaries ``cols`` fixed to ``vals`` (HiGHS), or None when the
+    model admits no such point. This is how a CP-SAT schedule is priced: never by CP-SAT's own objective."""
+    import copy
+
+    import highspy
+
+    M = copy.copy(b.model)
+    M.lb, M.ub = list(M.lb), list(M.ub)
+    for col, v in zip(cols, vals):
+        M.lb[col] = M.ub[col] = float(v)
+    h = M.highs(integral=True, time_limit=60.0, threads=1, gap=1e-9)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value), np.asarray(h.getSolution().col_value)
+
+
+def _run_cpsat(b: _Built, fixed, deadline: float, threads: int, gap: float) -> _Run:
+    """CP-SAT on the whole model until ``deadline`` (less a margin to price its schedule), hinted with the warm
+    start ``fixed`` completed by the exact model; its schedule's binaries priced in the exact model."""
+    run = _Run("cpsat")
+    ycols = list(b.y.values())
+    hint = None
+    if fixed is not None:
+        priced = _price(b, *fixed)
+        if priced is not None:
+            run.energy, hint = priced
+            run.x = hint
+    left = deadline - time.perf_counter()
+    try:
+        cs = b.model.cpsat(time_limit=max(1.0, left - min(5.0, 0.1 * left)), threads=threads, gap=gap, hint=hint)
+    except ValueError as e:  # the model has an unbounded variable: CP-SAT cannot state it
+        run.info = {"status": "not_run", "message": str(e)}
+        return run
+    run.bound, run.nodes = cs.bound, cs.branches
+    run.info = {"status": cs.status, "eps_joules": cs.eps, "wall_s": cs.wall_s, "branches": cs.branches}
+    if cs.status == "infeasible":
+        run.infeasible = True
+    elif cs.x is not None:
+        priced = _price(b, ycols, [float(round(cs.x[c])) for c in ycols])
+        run.info["priced"] = priced is not None
+        if priced is not None and (run.energy is None or priced[0] < run.energy):
+            run.energy, run.x = priced
+    return run
 
 
 def _ipm_or_simplex(h):
@@ -1463,14 +1608,15 @@ def check_time_limit(time_limit: float) -> float:
 def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float = 60.0,
                   max_nodes: int = MIP_MAX_NODES, max_pods: int = MIP_MAX_PODS, replay_check: bool = True,
                   workload: Workload | None = None, fluid_joules: float | None = None, bound_only: bool = False,
-                  on_stage=None) -> dict:
+                  on_stage=None, solver: str = DEFAULT_SOLVER) -> dict:
     """Everything known about the optimum of one (scenario, seed): the fluid and LP bounds for every run, and
     on a small enough instance the MIP's best schedule, its bound and gap, and that schedule replayed in the
     twin (``replay_joules``, ``replay_rel_error``: the model checked against the twin). ``workload`` and
     ``fluid_joules`` (its fluid lower bound): what the caller already built and computed, not done again.
     ``bound_only``: the bounds alone, within ``time_limit`` in all (:func:`bounds_entry`); ``on_stage(what,
-    best_bound_joules)`` is told as each of its stages starts."""
+    best_bound_joules)`` is told as each of its stages starts. ``solver``: the MIP's, one of :data:`SOLVERS`."""
     time_limit = check_time_limit(time_limit)
+    solver = check_solver(solver)
     if bound_only:
         return bounds_entry(scenario, seed_offset, time_limit=time_limit, workload=workload,
                             fluid_joules=fluid_joules, on_stage=on_stage)
@@ -1497,10 +1643,12 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
         out["message"] = (f"{inst.nodes} nodes and {inst.pods} pods: above the MIP's limits ({max_nodes} nodes, "
                           f"{max_pods} pods); LP and fluid bounds only")
         return _certify(out, replay_check)
-    res = solve(inst, time_limit=time_limit, lp=lp)
+    res = solve(inst, time_limit=time_limit, lp=lp, solver=solver)
     out.update(status=res.status, optimum_joules=res.energy_joules, bound_joules=res.bound_joules, gap=res.gap,
                wall_s=res.wall_s, message=res.message, variables=res.variables, binaries=res.binaries,
-               rows=res.rows, solver=res.solver, mip_nodes=res.mip_nodes, mip_dual_bound_joules=res.mip_dual_bound)
+               rows=res.rows, solver=res.solver, mip_nodes=res.mip_nodes, mip_dual_bound_joules=res.mip_dual_bound,
+               schedule_solver=res.schedule_solver, bound_solver=res.bound_solver, cpsat_bound_joules=res.cpsat_bound,
+               cpsat=res.cpsat)
     if replay_check and res.assignment:
         try:
             rr = replay(scenario, seed_offset, res.assignment, workload)

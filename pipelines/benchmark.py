@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from joulesched.agent.lower_bound import lower_bound
-from joulesched.agent.optimum import check_time_limit, optimum_entry
+from joulesched.agent.optimum import check_solver, check_time_limit, optimum_entry
 from joulesched.agent.registry import HEURISTIC_FAMILIES, family_of, make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import Scenario, load_scenario
@@ -178,16 +178,19 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
                   jobs: int = 1,
                   on_progress: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
                   command: str = "", executor: str = "local", ray_address: str | None = None,
-                  optimum: bool = False, optimum_time_limit: float = 60.0, placements: bool = False) -> Results:
+                  optimum: bool = False, optimum_time_limit: float = 60.0, placements: bool = False,
+                  optimum_solver: str = "highs") -> Results:
     """Run the grid, write ``out/results.json`` and ``out/timelines.npz`` atomically, return the results.
 
     ``executor`` is ``local`` (``jobs`` processes) or ``ray`` (Ray tasks on ``ray_address`` or a local Ray).
     ``optimum`` adds, per scenario and seed, the LP bound and (on small instances) the MIP's optimum of
-    agent/optimum.py, ``optimum_time_limit`` seconds each, beside the fluid lower bound. ``placements`` also
+    agent/optimum.py, ``optimum_time_limit`` seconds each (``optimum_solver``: highs, cpsat or race), beside the
+    fluid lower bound. ``placements`` also
     writes ``out/placements.csv``, one row per pod per scenario, seed and policy (pipelines/placements.py).
     """
     if optimum:
         optimum_time_limit = check_time_limit(optimum_time_limit)
+        check_solver(optimum_solver)
     if seeds < 1:
         raise BenchmarkInputError("--seeds must be at least 1")
     if executor not in ("local", "ray"):
@@ -227,7 +230,7 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
             if on_progress:
                 on_progress(f"{_label(sc)} seed {s} lower bound")
             if optimum:
-                bounds[(i, s)]["optimum"] = optimum_entry(sc, s, time_limit=optimum_time_limit,
+                bounds[(i, s)]["optimum"] = optimum_entry(sc, s, time_limit=optimum_time_limit, solver=optimum_solver,
                                                           workload=workloads[(i, s)],
                                                           fluid_joules=bounds[(i, s)]["lower_bound_joules"])
                 if on_progress:

@@ -49,6 +49,8 @@ def benchmark(
         "--optimum", help="Also the LP bound and, on small instances, the MIP optimum (docs/optimum.md).")] = False,
     optimum_time_limit: Annotated[float, typer.Option(
         help="Seconds for the MIP per scenario and seed, with --optimum.")] = 60.0,
+    optimum_solver: Annotated[str, typer.Option(
+        help="The MIP's solver with --optimum: highs, cpsat or race (both at once).")] = "highs",
     placements: Annotated[bool, typer.Option(
         "--placements", help="Also write placements.csv: per scenario, seed and policy, one row per pod (its trace "
                              "name, node, the node's GPU count and model, bind and end time; empty node: never "
@@ -63,7 +65,8 @@ def benchmark(
 
     scenarios = scenario or standard_suite()
     policies = policy or list(DEFAULT_POLICIES)
-    run = partial(run_benchmark, optimum=optimum, optimum_time_limit=optimum_time_limit, placements=placements)
+    run = partial(run_benchmark, optimum=optimum, optimum_time_limit=optimum_time_limit, placements=placements,
+                  optimum_solver=optimum_solver)
     with errors(), interrupted(out_dir):
         doc = _run_with_progress(run, scenarios, policies, seeds, out_dir, jobs, not as_json)
         if report:
@@ -147,18 +150,23 @@ def optimum(
     policy: Annotated[Optional[list[str]], typer.Option(
         "--policy", "-p", help="Policy to run beside it (repeatable; default: default-k8s and every heuristic).",
     )] = None,
+    solver: Annotated[str, typer.Option(
+        help="The MIP's solver: highs, cpsat (OR-Tools CP-SAT) or race (both at once, half the cores each; the "
+             "better schedule and bound kept).")] = "highs",
 ) -> None:
-    """The clairvoyant optimum: a MIP over the twin's own semantics (HiGHS), with its bound and gap, the LP and
-    fluid bounds, every heuristic's energy beside it, and the optimal schedule replayed in the twin.
+    """The clairvoyant optimum: a MIP over the twin's own semantics (HiGHS, or CP-SAT with --solver), with its
+    bound and gap, the LP and fluid bounds, every heuristic's energy beside it, and the optimal schedule replayed
+    in the twin.
 
     Each row's certificate: optimal (gap <= 1e-4 and the twin replays the schedule to its energy within 1e-9),
     feasible (a schedule, the twin's energy for it, and a bound with the gap), bound-only (no schedule)."""
-    from joulesched.agent.optimum import check_time_limit, instance, optimum_entry, policy_energies
+    from joulesched.agent.optimum import check_solver, check_time_limit, instance, optimum_entry, policy_energies
     from joulesched.agent.registry import HEURISTICS, make_policy
     from joulesched.cluster.scenario import load_scenario
 
     with errors():
         check_time_limit(time_limit)
+        check_solver(solver)
         specs = tuple(policy) if policy else ("default-k8s", *HEURISTICS)
         for p in specs:
             make_policy(p)  # a bad spec fails before any solving
@@ -175,7 +183,8 @@ def optimum(
                     prog.update(task, item=f"{sc.name} seed {s}")
                     with _ticking(prog, task, time_limit if bound_only else 0.0):
                         row = optimum_entry(sc, s, time_limit=time_limit, max_nodes=max_nodes, max_pods=max_pods,
-                                            bound_only=bound_only, on_stage=_stage_item(prog, task, sc.name, s))
+                                            bound_only=bound_only, on_stage=_stage_item(prog, task, sc.name, s),
+                                            solver=solver)
                     prog.update(task, item=f"{sc.name} seed {s}: {len(specs)} policies")
                     row["policies"] = policy_energies(sc, s, specs)
                     rows.append(row)
