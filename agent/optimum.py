@@ -1045,14 +1045,16 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
         from concurrent.futures import ThreadPoolExecutor
 
         half = max(1, (threads or os.cpu_count() or 2) // 2)
-        with ThreadPoolExecutor(2) as pool:  # both solvers release the GIL while they search
-            fh = pool.submit(_run_highs, _own_model(b), fixed, deadline, half, gap, lns_share)
+        _highs_threads(half)
+        with ThreadPoolExecutor(2) as pool:  # HiGHS releases the GIL while it solves, CP-SAT runs in a child
+            fh = pool.submit(_run_highs, _own_model(b), fixed, deadline, gap, lns_share)
             fc = pool.submit(_run_cpsat, _own_model(b), fixed, deadline, half, gap)
             runs = [fh.result(), fc.result()]
     elif solver == "cpsat":
         runs = [_run_cpsat(b, fixed, deadline, threads or os.cpu_count() or 1, gap)]
     else:
-        runs = [_run_highs(b, fixed, deadline, threads, gap, lns_share)]
+        _highs_threads(threads)
+        runs = [_run_highs(b, fixed, deadline, gap, lns_share)]
     rh = next((r for r in runs if r.solver == "highs"), None)
     rc = next((r for r in runs if r.solver == "cpsat"), None)
     sizes.update(mip_nodes=(rh or rc).nodes, mip_dual_bound=rh.bound if rh else None, warm_joules=warm_j,
@@ -1089,6 +1091,23 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
                          schedule_solver=best.solver, bound_solver=bound_by)
 
 
+def _highs_threads(threads: int | None) -> None:
+    """Size HiGHS's thread scheduler. HiGHS runs every solve of a process on one scheduler, sized by the first
+    solve (by default half the cores), and a later solve that asks for another number of threads fails; so it is
+    resized here, while no HiGHS solve runs, and the solves themselves leave ``threads`` unset."""
+    if not threads:
+        return
+    import highspy
+
+    highspy.Highs.resetGlobalScheduler(True)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", int(threads))
+    h.addVar(0.0, 1.0)  # a one-variable LP: its solve creates the scheduler with this size
+    h.changeColCost(0, 1.0)
+    h.run()
+
+
 def _own_model(b: _Built) -> _Built:
     """``b`` with a model of its own bounds lists: the neighbourhood search and the pricing swap them, and in a
     race the two solvers must not see each other's."""
@@ -1099,9 +1118,10 @@ def _own_model(b: _Built) -> _Built:
     return dataclasses.replace(b, model=M)
 
 
-def _run_highs(b: _Built, fixed, deadline: float, threads: int | None, gap: float, lns_share: float) -> _Run:
+def _run_highs(b: _Built, fixed, deadline: float, gap: float, lns_share: float) -> _Run:
     """HiGHS on the whole MIP for ``1 - lns_share`` of the time left, from the warm start ``fixed``; then, unless
-    it proved optimality, the neighbourhood search until ``deadline``."""
+    it proved optimality, the neighbourhood search until ``deadline``. Its threads: :func:`_highs_threads`."""
+    threads = None
     import highspy
 
     M = b.model
@@ -1137,7 +1157,7 @@ def _price(b: _Built, cols, vals) -> tuple[float, np.ndarray] | None:
     M.lb, M.ub = list(M.lb), list(M.ub)
     for col, v in zip(cols, vals):
         M.lb[col] = M.ub[col] = float(v)
-    h = M.highs(integral=True, time_limit=60.0, threads=1, gap=1e-9)
+    h = M.highs(integral=True, time_limit=60.0, threads=None, gap=1e-9)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
