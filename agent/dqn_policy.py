@@ -253,23 +253,25 @@ class DQNPolicy:
         if busy.size + n_groups <= k:
             return None
         idx = np.flatnonzero(mask)
-        fb = idx[st.pods[idx] > 0]  # feasible busy nodes
+        busy_all = st.pods > 0
+        fb_mask = mask & busy_all
+        fb = np.flatnonzero(fb_mask)  # feasible busy nodes (boolean masks: no gathers over every node)
         wpc = feat.wpc
-        picks = heuristic_picks(st, pod, idx, wpc)
+        picks = heuristic_picks(st, pod, idx, wpc, feat.pick_tables)
         keep = [fb[:0]]
         if fb.size:
             keep += [p[st.pods[p] > 0][:SAMPLE_PICKS] for p in picks]
             quota = max(1, k // 8)
-            awake = fb[st.power_state[fb] != ASLEEP]
+            awake = np.flatnonzero(fb_mask & (st.power_state != ASLEEP))
             if awake.size:
                 free = (st.alloc_cpu[awake] - st.nz_cpu[awake] - pod.nz_cpu) / np.maximum(st.alloc_cpu[awake], 1)
                 keep.append(awake[_smallest(free, min(SAMPLE_FIT, quota))])
             keep.append(fb[_smallest(wpc[fb], min(SAMPLE_EFFICIENT, quota))])
         must = np.unique(np.concatenate(keep))
         must = must[st.pods[must] > 0]  # an empty pick is in its group already
-        out = np.ones(n, dtype=bool)
+        out = busy_all.copy()
         out[must] = False
-        rest = busy[out[busy]]
+        rest = np.flatnonzero(out)  # the busy nodes not in must, in order
         r = max(k - must.size - n_groups, min(rest.size, 16))
         if rest.size > r:
             step = rest.size / r

@@ -22,6 +22,8 @@ put the pod. Checkpoints record the schema; a model of a schema this code does n
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from joulesched.agent.features_gpu_columns import CONTEXT_FEATURES_GPU, NODE_FEATURES_GPU, POD_FEATURES_GPU
@@ -259,11 +261,60 @@ def _lexmin(idx: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
     return idx[sel]
 
 
+class PickTables:
+    """What :func:`heuristic_picks` reads of a cluster, laid out for flat gathers: allocatable CPU as a float (at
+    least 1), the curves row-major and beside them each 10 % segment's rise (``curves[:, k+1] - curves[:, k]``,
+    the subtraction the interpolation does; 0 after the last point), so a node's draw at ``x`` is two 1-D takes
+    at one index. Every node's draw at its current non-zero CPU requests (pabfd's "before") is kept between
+    calls and recomputed only where ``nz_cpu`` changed (:meth:`at_requests`)."""
+
+    def __init__(self, st: ClusterState) -> None:
+        self.n = len(st)
+        self.cap = np.maximum(st.alloc_cpu, 1).astype(np.float64)
+        self.flat = np.ascontiguousarray(st.curves).reshape(-1)
+        rise = np.zeros_like(st.curves)
+        rise[:, :-1] = st.curves[:, 1:] - st.curves[:, :-1]
+        self.rise = rise.reshape(-1)
+        self.base = np.arange(self.n, dtype=np.int64) * 11
+        self._nz: np.ndarray | None = None
+        self._p0 = np.zeros(0)
+
+    def draw(self, base: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Watts of the nodes whose rows start at ``base`` (node x 11) at ``x`` = utilisation x 10, in [0, 10]."""
+        i = np.minimum(x.astype(np.int64), 9)
+        k = base + i
+        return self.flat.take(k) + (x - i) * self.rise.take(k)
+
+    def requests_x(self, nz: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+        return np.minimum(nz / cpu, 1.0) * 10.0
+
+    def draw_scratch(self, st: ClusterState) -> np.ndarray:
+        return self.draw(self.base, self.requests_x(st.nz_cpu, self.cap))
+
+    def at_requests(self, st: ClusterState) -> np.ndarray:
+        """Every node's draw at its non-zero CPU requests (an array this table owns: read it, do not write it)."""
+        nz = st.nz_cpu
+        if self._nz is None or self._nz.shape != nz.shape:
+            self._p0, self._nz = self.draw_scratch(st), nz.copy()
+            return self._p0
+        ch = np.flatnonzero(nz != self._nz)
+        if ch.size:
+            self._p0[ch] = self.draw(self.base[ch], self.requests_x(nz[ch], self.cap[ch]))
+            self._nz[ch] = nz[ch]
+        return self._p0
+
+
+#: How far above the least power increase a node may be and still round (to 1e-9 W) to the same value: a node
+#: further away cannot tie, so only the nodes within it are rounded (rounding is monotone).
+_ROUND_MARGIN = 1e-6
+
+
 def heuristic_picks(st: ClusterState, pod: PodRequest, idx: np.ndarray,
-                    wpc: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    wpc: np.ndarray | None = None, tables: PickTables | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The feasible nodes (of sorted ``idx``) that awake-first:fit=efficient and pabfd rank first
     (agent/sleep_aware.py with headroom 1; an exact tie names every tied node, where the policies draw one).
-    Successive minima over the keys, not a sort. ``wpc``: every node's watts per core at full load, if known."""
+    Successive minima over the keys, not a sort; a later key is computed only on the earlier keys' ties.
+    ``wpc``: every node's watts per core at full load, ``tables`` the cluster's :class:`PickTables`, if known."""
     if idx.size == 0:
         return idx, idx
     if wpc is None:
@@ -273,26 +324,108 @@ def heuristic_picks(st: ClusterState, pod: PodRequest, idx: np.ndarray,
         wake = _lexmin(idx, [wpc[idx], -st.alloc_cpu[idx].astype(np.float64)])
         return wake, wake
     a = idx[awake] if not awake.all() else idx
-    cpu = np.maximum(st.alloc_cpu[a], 1).astype(np.float64)
-    nz = st.nz_cpu[a]
+    if tables is None or tables.n != len(st):
+        tables = PickTables(st)
+    # Where most nodes are candidates, every node's keys are computed in place (contiguous passes, no gathers)
+    # and the others masked out with +inf; else on the candidates alone. Either way each node's key is the same.
+    dense = 2 * a.size >= len(st)
+    if dense:
+        ok = np.zeros(len(st), dtype=bool)
+        ok[a] = True
+        cpu, nz, rows = tables.cap, st.nz_cpu, None
+        w = np.where(ok, wpc, np.inf)
+    else:
+        cpu, nz, rows = tables.cap[a], st.nz_cpu[a], a
+        w = wpc[a]
     # awake-first:fit=efficient: watts per core, then the smallest free CPU share, then memory share.
-    w = wpc[a]
-    best = a[w == w.min()]
+    best = np.flatnonzero(w == w.min())
+    best = best if dense else a[best]
     if best.size > 1:
         cb = np.maximum(st.alloc_cpu[best], 1).astype(np.float64)
         mb = np.maximum(st.alloc_mem[best], 1).astype(np.float64)
         best = _lexmin(best, [(st.alloc_cpu[best] - st.nz_cpu[best] - pod.nz_cpu) / cb,
                               (st.alloc_mem[best] - st.nz_mem[best] - pod.nz_mem) / mb])
-    # pabfd: the least power increase on the node's curve at its requests, then the tighter fit.
-    x0 = np.minimum(nz / cpu, 1.0) * 10.0
-    x1 = np.minimum((nz + pod.nz_cpu) / cpu, 1.0) * 10.0
-    curves = st.curves  # read at (a, i): no copy of the rows
-    i0, i1 = np.minimum(x0.astype(np.int64), 9), np.minimum(x1.astype(np.int64), 9)
-    lo0, lo1 = curves[a, i0], curves[a, i1]
-    p0 = lo0 + (x0 - i0) * (curves[a, i0 + 1] - lo0)
-    p1 = lo1 + (x1 - i1) * (curves[a, i1 + 1] - lo1)
-    pb = _lexmin(a, [np.round(p1 - p0, 9), (cpu - nz - pod.nz_cpu) / cpu])
-    return best, pb
+    # pabfd: the least power increase on the node's curve at its requests (rounded to 1e-9 W), then the tighter fit.
+    p0 = tables.at_requests(st)
+    x1 = tables.requests_x(nz + pod.nz_cpu, cpu)
+    if dense:
+        d = np.where(ok, tables.draw(tables.base, x1) - p0, np.inf)
+    else:
+        d = tables.draw(rows * 11, x1) - p0[rows]
+    near = np.flatnonzero(d <= d.min() + _ROUND_MARGIN)
+    r = np.round(d[near], 9)
+    tie = near[r == r.min()]
+    if tie.size > 1:
+        c_t, nz_t = cpu[tie], nz[tie]
+        fit = (c_t - nz_t - pod.nz_cpu) / c_t
+        tie = tie[fit == fit.min()]
+    return best, (tie if dense else a[tie])
+
+
+class NodeWatts:
+    """Every node's utilisation (usage / allocatable) and draw now (its curve at that utilisation, the sleep draw
+    when asleep), as :meth:`FeatureBuilder._watts` computes them, kept between decisions: :meth:`update` compares
+    the usage and power state with the values it last saw and recomputes only the nodes that differ, so a
+    decision costs two comparisons over the nodes instead of the curve lookups (the same numbers: each node's
+    value depends on its own usage and state only). :meth:`scratch` is the from-scratch computation."""
+
+    def __init__(self, feat: FeatureBuilder) -> None:
+        self._feat = feat
+        self._usage: np.ndarray | None = None
+        self._ps = np.zeros(0, dtype=np.int8)
+        self.u = np.zeros(0)
+        self.w = np.zeros(0)
+        self.n_asleep = self.n_waking = 0
+
+    def scratch(self, st: ClusterState) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """What :meth:`update` returns, computed afresh."""
+        u = st.usage_cpu * self._feat.inv_cpu
+        ps = st.power_state
+        return (u, np.where(ps == ASLEEP, st.sleep_watts, self._feat._watts(u)), int(np.count_nonzero(ps == ASLEEP)),
+                int(np.count_nonzero(ps == WAKING)))
+
+    def update(self, st: ClusterState) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """(utilisation, watts, nodes asleep, nodes waking) of every node: the arrays are this view's (read them,
+        do not write them)."""
+        usage, ps = st.usage_cpu, st.power_state
+        if self._usage is None or self._usage.shape != usage.shape:
+            self.u, self.w, self.n_asleep, self.n_waking = self.scratch(st)
+            self._usage, self._ps = usage.astype(np.float64, copy=True), ps.copy()
+            return self.u, self.w, self.n_asleep, self.n_waking
+        ch = np.flatnonzero((usage != self._usage) | (ps != self._ps))  # NaN usage differs always: recomputed
+        if ch.size:
+            old = self._ps[ch]
+            self.n_asleep -= int(np.count_nonzero(old == ASLEEP))
+            self.n_waking -= int(np.count_nonzero(old == WAKING))
+            if ch.size <= 4:  # one bind or end: Python floats (the same IEEE operations) beat numpy's per-call cost
+                self._patch_few(st, ch.tolist())
+            else:
+                uc = usage[ch] * self._feat.inv_cpu[ch]
+                self.u[ch] = uc
+                self.w[ch] = np.where(ps[ch] == ASLEEP, st.sleep_watts[ch], self._feat._watts(uc, ch))
+            self._usage[ch] = usage[ch]
+            new = ps[ch]
+            self._ps[ch] = new
+            self.n_asleep += int(np.count_nonzero(new == ASLEEP))
+            self.n_waking += int(np.count_nonzero(new == WAKING))
+        return self.u, self.w, self.n_asleep, self.n_waking
+
+    def _patch_few(self, st: ClusterState, nodes: list[int]) -> None:
+        """:meth:`FeatureBuilder._watts`'s arithmetic for a few nodes, one at a time."""
+        curves, inv = self._feat.curves, self._feat.inv_cpu
+        for i in nodes:
+            u = float(st.usage_cpu[i]) * float(inv[i])
+            self.u[i] = u
+            if not math.isfinite(u):  # as numpy has it (int(nan) would raise)
+                self.w[i] = np.where(st.power_state[i] == ASLEEP, st.sleep_watts[i],
+                                     self._feat._watts(np.array([u]), np.array([i])))[0]
+            elif st.power_state[i] == ASLEEP:
+                self.w[i] = st.sleep_watts[i]
+            else:
+                x = min(max(u, 0.0), 1.0) * 10.0
+                k = min(int(x), 9)
+                lo = float(curves[i, k])
+                self.w[i] = lo + (x - k) * (float(curves[i, k + 1]) - lo)
 
 
 class FeatureBuilderV2(FeatureBuilder):
@@ -314,6 +447,8 @@ class FeatureBuilderV2(FeatureBuilder):
         self._ctx = np.zeros(N_POD_V2 + N_CONTEXT_V2, dtype=np.float32)
         self.wake_col = float(state.wake_s / (state.wake_s + 60.0))
         self.wpc = state.peak_watts / np.maximum(state.alloc_cpu, 1) * 1000.0  # the sleep-aware policies' key
+        self.pick_tables = PickTables(state)
+        self.watts_now = NodeWatts(self)
 
     def groups(self, st: ClusterState, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(representative rows, multiplicities): empty nodes of one class, power state and feasibility have
@@ -367,16 +502,15 @@ class FeatureBuilderV2(FeatureBuilder):
         ctx = self._ctx
         pc, pm = float(pod.nz_cpu), float(pod.nz_mem)
         ps = st.power_state
-        asleep_all = ps == ASLEEP
-        u_all = st.usage_cpu * self.inv_cpu
-        w_all = np.where(asleep_all, st.sleep_watts, self._watts(u_all))
+        u_all, w_all, n_asleep, n_waking = self.watts_now.update(st)
         if cols is None:
             o, sel, rows = self._node_t, slice(None), None
-            u, w_now, asleep = u_all, w_all, asleep_all
+            u, w_now = u_all, w_all
         else:
             o, sel, rows = np.empty((N_NODE_V2, cols.size), dtype=np.float32), cols, cols
             o[10:16] = self.static[cols].T
-            u, w_now, asleep = u_all[cols], w_all[cols], asleep_all[cols]
+            u, w_now = u_all[cols], w_all[cols]
+        asleep = ps[sel] == ASLEEP
         inv_cpu = self.inv_cpu[sel]
         share = pc * inv_cpu
         ua = u + share
@@ -397,7 +531,7 @@ class FeatureBuilderV2(FeatureBuilder):
         o[18] = pods == 0
         np.minimum(share, 1.5, out=o[22], casting="unsafe")
         idx = np.flatnonzero(mask)
-        af, pb = heuristic_picks(st, pod, idx, self.wpc) if picks is None else picks
+        af, pb = heuristic_picks(st, pod, idx, self.wpc, self.pick_tables) if picks is None else picks
         if cols is None:
             o[23:25] = 0.0
             o[23, af] = 1.0
@@ -417,16 +551,15 @@ class FeatureBuilderV2(FeatureBuilder):
         ctx[5] = meta is not None and meta.qos_class == "Guaranteed"
         c = N_POD_V2
         n = self.n
-        ctx[c] = np.count_nonzero(asleep_all) / n
-        ctx[c + 1] = np.count_nonzero(ps == WAKING) / n
+        ctx[c] = n_asleep / n
+        ctx[c + 1] = n_waking / n
         ctx[c + 2] = float(st.usage_cpu.sum()) / self.total_cap
         ctx[c + 3] = float(st.req_cpu.sum()) / self.total_cap
         ctx[c + 4] = idx.size / n
         ctx[c + 5] = float(w_all.sum()) / self.total_peak
         ctx[c + 9] = self.wake_col
         if self.prediction and predictor is not None:
-            empty_all, stay = predictor.nodes(st.now, n)
-            empty_in = empty_all[sel]
+            empty_in, stay = predictor.nodes(st.now, n, at=rows)
             life = predictor.pod_remaining(meta, 0.0)
             o[19] = life_squash(empty_in)
             pl_all = np.minimum(u_all * stay, 2.0)

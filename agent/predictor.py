@@ -525,17 +525,19 @@ class PodPredictor:
             self.model.table()
         return self.model.mean_life
 
-    def nodes(self, now: float, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    def nodes(self, now: float, n_nodes: int, at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per node: (predicted seconds until it holds no pod, 0 when empty; share of its pods' requested CPU
         predicted to be still there in ``horizon_s``, 1 when empty). From the incremental view (module
         docstring); the same as :meth:`nodes_scratch` up to float rounding. A query earlier than the last one,
-        or earlier than a running pod's start, is answered from scratch (the view only moves forward)."""
+        or earlier than a running pod's start, is answered from scratch (the view only moves forward).
+        ``at``: the first array for those nodes only (``nodes(...)[0][at]``, computed there alone)."""
         if self.m == 0:
-            return np.zeros(n_nodes), np.ones(n_nodes)
+            return np.zeros(n_nodes if at is None else len(at)), np.ones(n_nodes)
         now = float(now)
         table = self.model.table()
         if now < self._t0_max or (now < self._t_view and table is self._table_seen):
-            return self.nodes_scratch(now, n_nodes)
+            empty_in, share = self.nodes_scratch(now, n_nodes)
+            return (empty_in if at is None else empty_in[at]), share
         if n_nodes > self._n_cnt.size:
             self._grow_nodes(n_nodes)
         if table is not self._table_seen:
@@ -543,8 +545,9 @@ class PodPredictor:
         else:
             self._advance(now, table)
         self._t_view = now
-        cnt = self._n_cnt[:n_nodes]
-        empty_in = np.maximum(np.maximum(self._n_end[:n_nodes] - now, 1.0), 0.05 * (now - self._n_t0[:n_nodes]))
+        sel = slice(0, n_nodes) if at is None else at
+        end, t0, cnt = self._n_end[sel], self._n_t0[sel], self._n_cnt[sel]
+        empty_in = np.maximum(np.maximum(end - now, 1.0), 0.05 * (now - t0))
         empty_in[cnt == 0] = 0.0
         total = self._n_total[:n_nodes]
         with np.errstate(invalid="ignore", divide="ignore"):
