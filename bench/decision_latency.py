@@ -2,6 +2,8 @@
 
 Run: .venv/bin/python bench/decision_latency.py [--nodes 1000,5000] [--pods 20000]
 kube-scheduler's adaptive percentageOfNodesToScore applies to the kube-style policies, as in a real cluster.
+p50/p99 are wall time from the twin's decision start (the filter included); ``cpu`` is the thread CPU time of the
+policy's ``choose`` alone, which other processes on shared cores inflate less.
 
 A policy with ``attach`` (the DQN's lifetime predictor) is attached to the twin, so it follows the running pods
 as it would in a run. ``--fill K`` places the first K pods with ``--fill-policy`` (untimed; the attached
@@ -28,8 +30,11 @@ from joulesched.cluster.twin import Twin  # noqa: E402
 from joulesched.cluster.workload import build_workload  # noqa: E402
 
 
-def latencies(twin: Twin, policy, seed: int = 0, fill: int = 0, fill_policy=None) -> tuple[np.ndarray, int]:
-    """Per timed decision, microseconds; and the running pods at the first timed decision."""
+def latencies(twin: Twin, policy, seed: int = 0, fill: int = 0, fill_policy=None,
+              cpu: list | None = None) -> tuple[np.ndarray, int]:
+    """Per timed decision, microseconds; and the running pods at the first timed decision. ``cpu``: a list that
+    receives each timed ``choose``'s thread CPU time, microseconds (what other processes on the cores do not
+    inflate as much as the wall time)."""
     import time
 
     attach = getattr(policy, "attach", None)
@@ -50,9 +55,12 @@ def latencies(twin: Twin, policy, seed: int = 0, fill: int = 0, fill_policy=None
             else:
                 if not out:
                     running = int(d.state.pods.sum())
+                c0 = time.thread_time_ns()
                 node = policy.choose(d.state, d.pod, d.mask, meta=d.meta) if with_meta else \
                     policy.choose(d.state, d.pod, d.mask)
                 out.append(time.perf_counter_ns() - twin.decision_t0)
+                if cpu is not None:
+                    cpu.append((time.thread_time_ns() - c0) / 1000.0)
             twin.place(node)
             k += 1
         return np.asarray(out) / 1000.0, running
@@ -72,7 +80,8 @@ def main() -> None:
     ap.add_argument("--duration-median", type=float, default=None,
                     help="the pods' median duration, seconds (default: the synthetic workload's)")
     a = ap.parse_args()
-    print(f"{'nodes':>6} {'policy':<32} {'p50 us':>8} {'p99 us':>8} {'decisions':>10} {'running':>8}")
+    print(f"{'nodes':>6} {'policy':<32} {'p50 us':>8} {'p99 us':>8} {'decisions':>10} {'running':>8} "
+          f"{'cpu p50':>8} {'cpu p99':>8}")
     for n in map(int, a.nodes.split(",")):
         groups = [dict(name_prefix=f"g{k}", count=n // 4, cpu_m=c, memory_mib=4 * c, power_watts=curve)
                   for k, (c, curve) in enumerate([(8000, "hp-ml110-g4"), (8000, "hp-ml110-g5"),
@@ -85,9 +94,11 @@ def main() -> None:
         twin = Twin(sc, build_workload(sc))
         for name in a.policies.split(","):
             fill_policy = make_policy(a.fill_policy) if a.fill else None
-            lat, running = latencies(twin, make_policy(name), fill=a.fill, fill_policy=fill_policy)
+            cpu: list[float] = []
+            lat, running = latencies(twin, make_policy(name), fill=a.fill, fill_policy=fill_policy, cpu=cpu)
             print(f"{n:>6} {name:<32} {np.percentile(lat, 50):>8.1f} {np.percentile(lat, 99):>8.1f} "
-                  f"{lat.size:>10} {running:>8}", flush=True)
+                  f"{lat.size:>10} {running:>8} {np.percentile(cpu, 50):>8.1f} {np.percentile(cpu, 99):>8.1f}",
+                  flush=True)
 
 
 if __name__ == "__main__":
