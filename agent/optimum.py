@@ -1297,7 +1297,8 @@ def _range_max_rows(M: _Model, x: list[int], ranges: list[tuple[int, int, int]])
 
 
 def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max_bins: int = 1500,
-             fluid_joules: float | None = None, bind_on_arrival: bool = False, min_solve_s: float = 1.0) -> LPBound:
+             fluid_joules: float | None = None, bind_on_arrival: bool = False, min_solve_s: float = 1.0,
+             hard_deadline: bool = False) -> LPBound:
     """A time-indexed LP over node kinds that bounds the energy of every run of the twin from below.
 
     Per interval between arrivals and per kind of node it keeps the served CPU, the nodes serving, holding pods
@@ -1325,6 +1326,8 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
     ``time_limit`` counts model building; the solver gets what is left, at least ``min_solve_s``. A solve the
     limit stops has status ``time_limit``: the LP's value is then NaN (an interrupted interior point proves
     nothing), the bind-on-arrival MIP's its dual bound so far (NaN before its root LP is solved).
+    ``hard_deadline``: the bind-on-arrival MIP's LP relaxation first, then the MIP in a child process killed at
+    the limit (HiGHS's own limit can be overrun by minutes in its root LP); its best reported bound is kept.
     """
     import highspy
 
@@ -1463,7 +1466,15 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
     left = max(min_solve_s, time_limit - (time.perf_counter() - t0))
     if left <= 0:  # the model took the whole limit: nothing solved, nothing proven beyond the fluid bound
         return LPBound(math.nan, fl, time.perf_counter() - t0, M.ncols, M.nrows, "time_limit", coarse)
-    if bind_on_arrival and any(M.integer):  # (no pod present through any stretch: the plain LP)
+    if bind_on_arrival and any(M.integer) and hard_deadline:
+        # HiGHS's MIP can spend far past its limit in its root LP (openb-eval: 975 s of 490 s), so the relaxation
+        # by the interior point first (a bound for the same runs), then the MIP in a child stopped at the deadline.
+        deadline, ts = time.perf_counter() + left, time.perf_counter()
+        status, relax = _lp_solve(M, left)
+        # A relaxation of a few seconds: the root LP too, so the MIP runs here (a child's start-up costs seconds).
+        val, status = _mip_until(M, deadline, relax, status, here=time.perf_counter() - ts < 3.0)
+        ok = math.isfinite(val)
+    elif bind_on_arrival and any(M.integer):  # (no pod present through any stretch: the plain LP)
         h = M.highs(integral=True, time_limit=left, threads=None, gap=1e-4)
         _stop_at(h, time.perf_counter() + left)
         h.run()
@@ -1475,36 +1486,106 @@ def lp_bound(inst: Instance, *, time_limit: float = 600.0, classes: int = 3, max
         ok = math.isfinite(info.mip_dual_bound) and status != highspy.HighsModelStatus.kInfeasible
         val = float(info.mip_dual_bound) if ok else math.nan
     else:
-        h = M.highs(integral=False, time_limit=left, threads=None, gap=1e-6)
-        h.setOptionValue("solver", "ipm")
-        h.setOptionValue("run_crossover", "off")
-        ts = time.perf_counter()
-        h.run()
-        status = h.getModelStatus()
-        rest = left - (time.perf_counter() - ts)
-        if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
-            if rest > 0:  # stopped short of optimal with time left (_ipm_or_simplex): the simplex, in what is left
-                h.setOptionValue("solver", "simplex")
-                h.setOptionValue("time_limit", rest)
-                h.run()
-                status = h.getModelStatus()
-            else:
-                status = highspy.HighsModelStatus.kTimeLimit
+        status, val = _lp_solve(M, left)
         ok = status == highspy.HighsModelStatus.kOptimal
-        info = h.getInfo()
-        # Without crossover the interior point's objective is the LP's optimum within its tolerance (1e-8 relative).
-        val = float(info.objective_function_value) if ok else math.nan
     if coarse and ok:
         val = max(val, fl)
     done = status == highspy.HighsModelStatus.kOptimal
     timed_out = ok or status == highspy.HighsModelStatus.kTimeLimit
     return LPBound(val, fl, time.perf_counter() - t0, M.ncols, M.nrows,
-                   "optimal" if done else "time_limit" if timed_out else h.modelStatusToString(status), coarse)
+                   "optimal" if done else "time_limit" if timed_out else highspy.Highs().modelStatusToString(status),
+                   coarse)
+
+
+def _lp_solve(M: _Model, left: float):
+    """The model's LP (relaxation) by the interior point without crossover, the simplex in what is left where it
+    stops short of optimal (as :func:`_ipm_or_simplex`): (status, value; NaN unless optimal)."""
+    import highspy
+
+    h = M.highs(integral=False, time_limit=left, threads=None, gap=1e-6)
+    h.setOptionValue("solver", "ipm")
+    h.setOptionValue("run_crossover", "off")
+    ts = time.perf_counter()
+    h.run()
+    status = h.getModelStatus()
+    rest = left - (time.perf_counter() - ts)
+    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+        if rest > 0:
+            h.setOptionValue("solver", "simplex")
+            h.setOptionValue("time_limit", rest)
+            h.run()
+            status = h.getModelStatus()
+        else:
+            status = highspy.HighsModelStatus.kTimeLimit
+    # Without crossover the interior point's objective is the LP's optimum within its tolerance (1e-8 relative).
+    val = float(h.getInfo().objective_function_value) if status == highspy.HighsModelStatus.kOptimal else math.nan
+    return status, val
+
+
+def _mip_until(M: _Model, deadline: float, relax: float, relax_status, here: bool = False):
+    """Solve the MIP ``M`` in a child process until ``deadline`` at the latest (killed then), keeping the best dual
+    bound it reported; ``relax``: its LP relaxation's value (NaN if not solved). ``here``: in this process, with
+    HiGHS's time limit and the interrupt callback only. Returns (bound, status)."""
+    import multiprocessing as mp
+
+    import highspy
+
+    S = highspy.HighsModelStatus
+    best, status = relax, (S.kTimeLimit if relax_status == S.kOptimal else relax_status)
+    if here and deadline > time.perf_counter():
+        h = M.highs(integral=True, time_limit=deadline - time.perf_counter(), threads=None, gap=1e-4)
+        _stop_at(h, deadline)
+        h.run()
+        status = h.getModelStatus()
+        bound = float(h.getInfo().mip_dual_bound) if status != S.kInfeasible else math.nan
+        best = max(best, bound) if math.isfinite(best) and math.isfinite(bound) else best if math.isfinite(best) \
+            else bound
+        return best, (S.kTimeLimit if status == S.kInterrupt else status)
+    if deadline - time.perf_counter() < 5.0:  # not worth a child's start-up
+        return best, S.kTimeLimit
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_mip_child, args=(send, vars(M), deadline - time.perf_counter()), daemon=True)
+    child.start()
+    send.close()
+    try:
+        while (wait := deadline - time.perf_counter()) > 0:
+            if not recv.poll(min(wait, 1.0)):
+                if not child.is_alive():
+                    break
+                continue
+            try:
+                kind, bound, code = recv.recv()
+            except EOFError:
+                break
+            if math.isfinite(bound):
+                best = bound if not math.isfinite(best) else max(best, bound)
+            if kind == "done":
+                status = S(code)
+                break
+    finally:
+        child.kill()
+        child.join()
+    return best, (S.kTimeLimit if status == S.kInterrupt else status)
+
+
+def _mip_child(conn, model: dict, time_limit: float) -> None:
+    """:func:`_mip_until`'s child: solve, sending ("bound", dual bound, 0) as it goes and ("done", bound, status)."""
+    import highspy
+
+    M = _Model()
+    M.__dict__.update(model)
+    h = M.highs(integral=True, time_limit=time_limit, threads=None, gap=1e-4)
+    h.cbMipInterrupt += lambda e: conn.send(("bound", float(e.data_out.mip_dual_bound), 0))
+    h.run()
+    status = h.getModelStatus()
+    ok = status != highspy.HighsModelStatus.kInfeasible
+    conn.send(("done", float(h.getInfo().mip_dual_bound) if ok else math.nan, int(status)))
 
 
 def _stop_at(h, deadline: float) -> None:
-    """Interrupt a HiGHS MIP at ``deadline`` (``time.perf_counter``) from its interrupt callback as well: on the
-    OpenB evaluation window its own time limit once let it run 975 s of a 490 s limit."""
+    """Interrupt a HiGHS MIP at ``deadline`` (``time.perf_counter``) from its interrupt callback as well: its own
+    time limit is checked too rarely in some stages (its root LP)."""
     def check(e) -> None:
         if time.perf_counter() >= deadline:
             e.interrupt()
@@ -1723,7 +1804,8 @@ def bounds_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float 
         if left <= 0:
             break
         tell(what, max(v for v in (fl, out["lp_bound_joules"], out["boa_bound_joules"]) if v is not None))
-        b = lp_bound(inst, time_limit=left, fluid_joules=fl, bind_on_arrival=boa, min_solve_s=0.0)
+        b = lp_bound(inst, time_limit=left, fluid_joules=fl, bind_on_arrival=boa, min_solve_s=0.0,
+                     hard_deadline=True)
         out.update({f"{key}_bound_joules": b.joules if math.isfinite(b.joules) else None, f"{key}_status": b.status,
                     f"{key}_wall_s": b.wall_s})
     done = out["lp_status"] == out["boa_status"] == "optimal"

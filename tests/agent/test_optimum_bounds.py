@@ -100,3 +100,25 @@ def test_the_cli_bound_only_is_quiet_with_json_and_refuses_services_without_it(t
     assert rows[0]["best_bound_joules"] <= rows[0]["policies"]["awake-first"]
     r = CliRunner().invoke(app, ["optimum", "--bound-only", "-s", str(path), "-p", "no-such-policy"])
     assert r.exit_code == 2 and "no-such-policy" in r.output
+
+
+def test_the_mip_in_a_child_process_gives_the_same_bound_and_stops_at_its_deadline():
+    """bounds_entry's bind-on-arrival MIP runs in a child killed at the deadline (HiGHS's own limit can be overrun
+    in its root LP): on a small instance it proves the same bound as in this process; given a deadline it cannot
+    meet, it comes back by then with its LP relaxation, flagged time_limit."""
+    import time
+
+    import highspy
+
+    M = opt._Model()
+    xs = [M.var(0.0, 10.0, 1.0 + 0.1 * k, True) for k in range(6)]
+    for k in range(5):
+        M.row([xs[k], xs[k + 1]], [1.0, 1.0], 1.5 + k, opt.math.inf)
+    status, relax = opt._lp_solve(M, 10.0)
+    here = opt._mip_until(M, time.perf_counter() + 30, relax, status, here=True)
+    child = opt._mip_until(M, time.perf_counter() + 30, relax, status)
+    assert here[1] == child[1] == highspy.HighsModelStatus.kOptimal
+    assert child[0] == pytest.approx(here[0], rel=1e-9) and here[0] >= relax - 1e-9
+    t0 = time.perf_counter()
+    cut = opt._mip_until(M, t0 + 1.0, relax, status)  # too short for a child's start-up: the relaxation
+    assert cut == (relax, highspy.HighsModelStatus.kTimeLimit) and time.perf_counter() - t0 < 1.0
