@@ -23,6 +23,7 @@ put the pod. Checkpoints record the schema; a model of a schema this code does n
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -89,7 +90,9 @@ class FeatureBuilder:
 
     def __init__(self, state: ClusterState) -> None:
         self.n = n = len(state)
-        self._state_id = id(state)
+        # A weak reference, not id(): a rebuilt state (live, on node changes) can reuse a freed one's id with
+        # the same node count, and the static columns would then be another cluster's.
+        self._state_ref = weakref.ref(state)
         self.cap_cpu = np.maximum(state.alloc_cpu, 1).astype(np.float64)
         self.cap_mem = np.maximum(state.alloc_mem, 1).astype(np.float64)
         self.cap_pods = np.maximum(state.alloc_pods, 1).astype(np.float64)
@@ -137,7 +140,7 @@ class FeatureBuilder:
         return out
 
     def matches(self, state: ClusterState) -> bool:
-        return id(state) == self._state_id and len(state) == self.n
+        return self._state_ref() is state and len(state) == self.n
 
     def _watts(self, u: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Watts of every node (or of nodes ``rows``) at utilisation ``u`` (linear between the 10 % points), as

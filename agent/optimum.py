@@ -1045,10 +1045,22 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
         from concurrent.futures import ThreadPoolExecutor
 
         half = max(1, (threads or os.cpu_count() or 2) // 2)
-        _highs_threads(half)
+        import threading
+
+        sizing = threading.Barrier(2)
+
+        def sized(fn, *args):
+            # HiGHS's scheduler is per thread: each worker sizes its own, and neither solves before both have
+            # (resetting a scheduler while another thread is inside HiGHS is not safe).
+            try:
+                _highs_threads(half)
+            finally:
+                sizing.wait()
+            return fn(*args)
+
         with ThreadPoolExecutor(2) as pool:  # HiGHS releases the GIL while it solves, CP-SAT runs in a child
-            fh = pool.submit(_run_highs, _own_model(b), fixed, deadline, gap, lns_share)
-            fc = pool.submit(_run_cpsat, _own_model(b), fixed, deadline, half, gap)
+            fh = pool.submit(sized, _run_highs, _own_model(b), fixed, deadline, gap, lns_share)
+            fc = pool.submit(sized, _run_cpsat, _own_model(b), fixed, deadline, half, gap)
             runs = [fh.result(), fc.result()]
     elif solver == "cpsat":
         runs = [_run_cpsat(b, fixed, deadline, threads or os.cpu_count() or 1, gap)]
@@ -1092,9 +1104,9 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
 
 
 def _highs_threads(threads: int | None) -> None:
-    """Size HiGHS's thread scheduler. HiGHS runs every solve of a process on one scheduler, sized by the first
-    solve (by default half the cores), and a later solve that asks for another number of threads fails; so it is
-    resized here, while no HiGHS solve runs, and the solves themselves leave ``threads`` unset."""
+    """Size the calling thread's HiGHS scheduler. HiGHS runs every solve of a thread on one scheduler, sized by
+    its first solve (by default half the cores), and a later solve there that asks for another number of threads
+    fails; so it is resized here, while the thread runs no HiGHS solve, and the solves leave ``threads`` unset."""
     if not threads:
         return
     import highspy
@@ -1146,7 +1158,7 @@ def _run_highs(b: _Built, fixed, deadline: float, gap: float, lns_share: float) 
     return run
 
 
-def _price(b: _Built, cols, vals) -> tuple[float, np.ndarray] | None:
+def _price(b: _Built, cols, vals, time_limit: float = 60.0) -> tuple[float, np.ndarray] | None:
     """The exact model's energy and point with the binaries ``cols`` fixed to ``vals`` (HiGHS), or None when the
     model admits no such point. This is how a CP-SAT schedule is priced: never by CP-SAT's own objective."""
     import copy
@@ -1157,7 +1169,7 @@ def _price(b: _Built, cols, vals) -> tuple[float, np.ndarray] | None:
     M.lb, M.ub = list(M.lb), list(M.ub)
     for col, v in zip(cols, vals):
         M.lb[col] = M.ub[col] = float(v)
-    h = M.highs(integral=True, time_limit=60.0, threads=None, gap=1e-9)
+    h = M.highs(integral=True, time_limit=max(1.0, time_limit), threads=None, gap=1e-9)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
@@ -1171,7 +1183,8 @@ def _run_cpsat(b: _Built, fixed, deadline: float, threads: int, gap: float) -> _
     ycols = list(b.y.values())
     hint = None
     if fixed is not None:
-        priced = _price(b, *fixed)
+        # Pricing fixes the pods' binaries only (the rest are solved for): it gets a tenth of the time at most.
+        priced = _price(b, *fixed, time_limit=0.1 * (deadline - time.perf_counter()))
         if priced is not None:
             run.energy, hint = priced
             run.x = hint
@@ -1186,7 +1199,7 @@ def _run_cpsat(b: _Built, fixed, deadline: float, threads: int, gap: float) -> _
     if cs.status == "infeasible":
         run.infeasible = True
     elif cs.x is not None:
-        priced = _price(b, ycols, [float(round(cs.x[c])) for c in ycols])
+        priced = _price(b, ycols, [float(round(cs.x[c])) for c in ycols], time_limit=deadline - time.perf_counter())
         run.info["priced"] = priced is not None
         if priced is not None and (run.energy is None or priced[0] < run.energy):
             run.energy, run.x = priced

@@ -18,7 +18,8 @@ times are fractional, often infeasible). So the model is converted here into an 
 
 Hence ``best_objective_bound / S_o + offset - eps`` is a lower bound of the model's optimum (CP-SAT is exact on
 integer programs). A schedule CP-SAT returns is only its binary choices: the caller prices them in the exact
-model (HiGHS, every binary fixed) and the twin replays them; CP-SAT's own objective value is never reported.
+model (HiGHS, the pods' placement binaries fixed) and the twin replays them; CP-SAT's own objective value is
+never reported.
 """
 
 from __future__ import annotations
@@ -197,12 +198,22 @@ def solve_cpsat(M, *, time_limit: float, threads: int, gap: float, hint: np.ndar
     got = None
     with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
         try:
-            out, _ = proc.communicate(payload, timeout=budget + 60.0)
-            if proc.returncode == 0:
-                got = pickle.loads(out)
+            # CP-SAT stops at its own limit; the slack covers the child's imports and model building.
+            out, _ = proc.communicate(payload, timeout=budget + 15.0)
         except subprocess.TimeoutExpired:
+            out = None
+        except BaseException:  # an interrupt or error here: never leave CP-SAT running behind
+            proc.kill()
+            proc.wait()
+            raise
+        if out is None:
             proc.kill()
             proc.communicate()
+        elif proc.returncode == 0:
+            try:
+                got = pickle.loads(out)
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError):
+                got = None  # something else wrote to the child's stdout: no answer, as if it had failed
     if got is None:
         return CpSatRun("unknown", None, None, cv.eps, time.perf_counter() - t0, 0)
     name, sol, b, branches = got
