@@ -1540,6 +1540,7 @@ def _mip_until(M: _Model, deadline: float, relax: float, relax_status, here: boo
     bound it reported; ``relax``: its LP relaxation's value (NaN if not solved). ``here``: in this process, with
     HiGHS's time limit and the interrupt callback only. Returns (bound, status)."""
     import multiprocessing as mp
+    import pickle
 
     import highspy
 
@@ -1559,7 +1560,12 @@ def _mip_until(M: _Model, deadline: float, relax: float, relax_status, here: boo
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_mip_child, args=(send, vars(M), deadline - time.perf_counter()), daemon=True)
-    child.start()
+    try:
+        child.start()
+    except (OSError, RuntimeError, pickle.PicklingError):  # no child (no fork/spawn here): the relaxation stands
+        send.close()
+        recv.close()
+        return best, S.kTimeLimit
     send.close()
     try:
         while (wait := deadline - time.perf_counter()) > 0:
@@ -1579,6 +1585,7 @@ def _mip_until(M: _Model, deadline: float, relax: float, relax_status, here: boo
     finally:
         child.kill()
         child.join()
+        recv.close()
     return best, (S.kTimeLimit if status == S.kInterrupt else status)
 
 

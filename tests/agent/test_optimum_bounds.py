@@ -123,3 +123,24 @@ def test_the_mip_in_a_child_process_gives_the_same_bound_and_stops_at_its_deadli
     t0 = time.perf_counter()
     cut = opt._mip_until(M, t0 + 1.0, relax, status)  # too short for a child's start-up: the relaxation
     assert cut == (relax, highspy.HighsModelStatus.kTimeLimit) and time.perf_counter() - t0 < 1.0
+
+
+def test_a_child_that_cannot_start_leaves_the_relaxation(monkeypatch):
+    """Where no process can be spawned (a sandbox, a pickling failure), the bind-on-arrival MIP falls back to its
+    LP relaxation, flagged as stopped by time, instead of failing the bounds row."""
+    import multiprocessing.context as mpc
+    import time
+
+    import highspy
+
+    M = opt._Model()
+    xs = [M.var(0.0, 10.0, 1.0 + 0.1 * k, True) for k in range(6)]
+    for k in range(5):
+        M.row([xs[k], xs[k + 1]], [1.0, 1.0], 1.5 + k, opt.math.inf)
+    status, relax = opt._lp_solve(M, 10.0)
+
+    def refuse(self):
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(mpc.SpawnProcess, "start", refuse)
+    assert opt._mip_until(M, time.perf_counter() + 60, relax, status) == (relax, highspy.HighsModelStatus.kTimeLimit)
