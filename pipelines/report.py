@@ -454,7 +454,7 @@ th{font-weight:600;background:#fafafa}
 th:first-child,td:first-child{text-align:left}
 td{white-space:nowrap}
 td.pol,th.pol{text-align:left;white-space:normal;overflow-wrap:break-word;max-width:22em}
-td.wrap{white-space:normal;overflow-wrap:break-word;max-width:16em}
+td.wrap,th.wrap{white-space:normal;overflow-wrap:break-word;max-width:16em}
 tr.best td{font-weight:600;background:#eef6ee}
 .sw{display:inline-block;width:0.8em;height:0.8em;border-radius:2px;margin-right:0.4em;vertical-align:-0.05em}
 .meta{color:#666;font-size:0.85em}
@@ -501,11 +501,10 @@ than the best heuristic.</p>
 <td>{{ h.opt }}</td><td>{{ h.boa }}</td><td>{{ h.every }}</td><td>{{ h.fluid }}</td><td>{{ h.gap }}</td>
 <td>{{ h.share }}</td></tr>
 {% endfor %}</table>
-<table id="gap-shares"><tr><th>scenario</th><th class="pol">share of the gap to</th>
-{% for p in headroom_policies %}<th><span class="sw" style="background:{{ colors[p] }}"></span>{{ p|breakable }}</th>
-{% endfor %}</tr>
-{% for h in headroom %}<tr><td>{{ h.name }}</td><td class="pol">{{ h.target }}</td>
-{% for p in headroom_policies %}<td>{{ h.shares.get(p, "—") }}</td>{% endfor %}</tr>
+<table id="gap-shares"><tr><th class="pol">share of the gap to</th>
+{% for h in headroom %}<th class="wrap">{{ h.name|breakable }}<br>{{ h.target|breakable }}</th>{% endfor %}</tr>
+{% for p in headroom_policies %}<tr><td class="pol"><span class="sw" style="background:{{ colors[p] }}"></span>{{ p|breakable }}</td>
+{% for h in headroom %}<td>{{ h.shares.get(p, "—") }}</td>{% endfor %}</tr>
 {% endfor %}</table>{% endif %}
 {% if training_curve %}<h2>Training curve</h2>
 <img src="plots/training_curve.png" alt="DQN training curve">{% endif %}
