@@ -426,8 +426,11 @@ class _Built:
     wake_order: bool = True  # the orbit rule among identical sleeping nodes is in the model
 
 
-def _build(inst: Instance, *, wake_order: bool = True) -> _Built:
-    """Assemble the MIP (docs/optimum.md): one unit per node, ``y[p, node, mode]`` binaries and the rest."""
+def _build(inst: Instance, *, wake_order: bool = True, partial: bool = False) -> _Built:
+    """Assemble the MIP (docs/optimum.md): one unit per node, ``y[p, node, mode]`` binaries and the rest.
+
+    ``partial``: each pod placed at most once rather than exactly once, and a pod no node fits simply left out:
+    the nodes' own model, which the Lagrangian bound prices pods into (agent/optimum_lagrange.py)."""
     N, P = inst.nodes, inst.pods
     sleep = inst.can_sleep
     Z, W = inst.sleep_after, inst.wake
@@ -453,7 +456,7 @@ def _build(inst: Instance, *, wake_order: bool = True) -> _Built:
                & inst.gpu_fits()[:, rep])
     gpu_w = inst.gpu_watts()[:, rep] if inst.has_gpus else None  # GPU watts above idle while the pod runs
     bad = np.flatnonzero(~allowed.any(axis=1))
-    if bad.size:
+    if bad.size and not partial:
         raise _Infeasible(f"pod {int(inst.pod[bad[0]])} demands {inst.u[bad[0]]:g}m, more than any node it fits: "
                           "every schedule overloads a node, which the model does not state")
 
@@ -497,7 +500,7 @@ def _build(inst: Instance, *, wake_order: bool = True) -> _Built:
             for k in range(len(modes[p])):
                 y[(p, i, k)] = col = M.var(0.0, 1.0, gcost, integral)
                 cols.append(col)
-        M.row(cols, [1.0] * len(cols), 1.0, 1.0)
+        M.row(cols, [1.0] * len(cols), 0.0 if partial else 1.0, 1.0)  # row p: pod p's (the Lagrangian's duals)
 
     def ymodes(p, i):
         return [(k, y[(p, i, k)]) for k in range(len(modes[p])) if (p, i, k) in y]

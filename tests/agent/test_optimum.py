@@ -43,6 +43,20 @@ def make(tmp: Path, pods: list[tuple], nodes: list[dict], idle: dict | None = No
                                     "workload": {"trace": f"{name}.csv"}, "source": tmp / f"{name}.yaml"})
 
 
+def sleeping_twins(tmp: Path, seed: int) -> Scenario:
+    """Three nodes (two identical), six random pods, sleep with a wake-up: instances the MIP proves in about a
+    second."""
+    rng = np.random.default_rng(seed)
+    pods, t = [], 0.0
+    for _ in range(6):
+        t += float(rng.choice([0.0, 10.0, 40.0]))
+        cpu = int(rng.choice([250, 500]))
+        pods.append((t, float(rng.choice([30.0, 80.0])), cpu, 128, 0.8 * cpu))
+    idle = {"mode": "sleep", "sleep_after_s": 20.0, "sleep_watts": 5.0, "wake_s": 15.0}
+    curve = [60.0 + 8.0 * k for k in range(11)]
+    return make(tmp, pods, [{"count": 2}, {"cpu_m": 2000, "memory_mib": 2048, "power_watts": curve}], idle, 300.0)
+
+
 def solved(sc: Scenario, time_limit: float = 30.0) -> tuple[opt.Instance, opt.OptimumResult]:
     inst = opt.instance(sc, 0)
     res = opt.solve(inst, time_limit=time_limit)
@@ -152,15 +166,7 @@ def test_fluid_le_lp_le_optimum_le_every_policy_and_the_optimum_replays_exactly(
 def test_fluid_chain_on_instances_that_certainly_prove(tmp_path, seed):
     """Three nodes (two identical), six pods, sleep with a wake-up: the MIP proves these in well under a second
     of solving, so here the optimum itself is asserted, with the chain and the exact replay."""
-    rng = np.random.default_rng(seed)
-    pods, t = [], 0.0
-    for _ in range(6):
-        t += float(rng.choice([0.0, 10.0, 40.0]))
-        cpu = int(rng.choice([250, 500]))
-        pods.append((t, float(rng.choice([30.0, 80.0])), cpu, 128, 0.8 * cpu))
-    idle = {"mode": "sleep", "sleep_after_s": 20.0, "sleep_watts": 5.0, "wake_s": 15.0}
-    curve = [60.0 + 8.0 * k for k in range(11)]
-    sc = make(tmp_path, pods, [{"count": 2}, {"cpu_m": 2000, "memory_mib": 2048, "power_watts": curve}], idle, 300.0)
+    sc = sleeping_twins(tmp_path, seed)
     inst = opt.instance(sc, 0)
     res = opt.solve(inst, time_limit=60)
     assert res.status == "optimal", res
