@@ -74,11 +74,8 @@ class _NodeProblem:
         info = self.h.getInfo()
         status = self.h.getModelStatus()
         took = np.zeros(len(lam))
-        if status == highspy.HighsModelStatus.kOptimal:
-            bound = float(info.objective_function_value)
-            bound -= 1e-7 * abs(bound)  # HiGHS's mip_rel_gap: the optimum is within it of the incumbent
-        else:
-            bound = float(info.mip_dual_bound)
+        # The proven dual bound, optimal or not: "optimal" allows HiGHS's relative and absolute gaps.
+        bound = float(info.mip_dual_bound) if status != highspy.HighsModelStatus.kInfeasible else math.nan
         if info.primal_solution_status == 2:  # a feasible schedule: the subgradient's direction
             x = np.asarray(self.h.getSolution().col_value)
             np.add.at(took, self.pod_of, x[self.cols])
