@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from joulesched.agent.optimum import Instance, _build, _Built
+from joulesched.agent.optimum import Instance, _build, _Built, _Infeasible
 
 
 @dataclass
@@ -35,7 +35,8 @@ class LagrangianBound:
     iterations: int  # evaluations of L
     kinds: int  # distinct node problems per evaluation
     wall_s: float
-    status: str  # "optimal": L met the upper bound; "time_limit"; "converged": the step shrank to nothing
+    status: str  # "optimal": L met the upper bound; "time_limit"; "converged": the step shrank to nothing;
+    # "infeasible": the MIP has no schedule (a pod overloads every node it fits)
     history: list[float] = field(default_factory=list)
 
 
@@ -92,7 +93,10 @@ def lagrangian_bound(inst: Instance, *, time_limit: float = 60.0, upper: float |
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     P = inst.pods
-    full = _build(inst, partial=False) if lam0 is None else None
+    try:
+        full = _build(inst, partial=False)  # (also: is there a schedule at all)
+    except _Infeasible:  # a pod that overloads every node it fits: the MIP has no schedule to bound
+        return LagrangianBound(math.nan, math.nan, 0, 0, time.perf_counter() - t0, "infeasible")
     lp = math.nan
     if lam0 is None:
         h = full.model.highs(integral=False, time_limit=max(1.0, time_limit / 3), threads=None, gap=1e-6)

@@ -48,3 +48,10 @@ def test_a_node_instance_keeps_every_pod_and_only_its_node(tmp_path):
     one = node_instance(inst, 1)
     assert one.nodes == 1 and one.pods == inst.pods and one.cap.tolist() == [2000.0]
     assert one.horizon == inst.horizon
+
+
+def test_an_instance_without_any_schedule_is_reported_not_bounded(tmp_path):
+    # The pod's 1,500 m of demand overloads the only (1,000 m) node it fits: the MIP has no schedule.
+    sc = make(tmp_path, [(0.0, 300.0, 500, 10, 1500.0)], [{}])
+    lb = lagrangian_bound(opt.instance(sc, 0), time_limit=5)
+    assert lb.status == "infeasible" and np.isnan(lb.joules) and lb.iterations == 0
