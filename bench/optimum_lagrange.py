@@ -9,7 +9,6 @@ schedule (the step's target) and the gap left. Compare with the HiGHS bounds of 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,9 +18,7 @@ from joulesched.agent.optimum import instance, twin_schedule, warm_specs
 from joulesched.agent.optimum_lagrange import lagrangian_bound
 from joulesched.cluster.scenario import load_scenario
 from joulesched.core.fsio import atomic_write_text
-
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = sorted((ROOT / "scenarios" / "small").glob("*.yaml"))
+from small_suite import parser, paths as suite_paths
 
 
 def run(path: Path, seed: int, time_limit: float) -> dict:
@@ -38,19 +35,8 @@ def run(path: Path, seed: int, time_limit: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--time-limit", type=float, default=60.0)
-    ap.add_argument("--only", action="append", default=[], help="scenario file stem (repeatable)")
-    ap.add_argument("--json", type=Path, help="also write the rows here")
-    args = ap.parse_args(argv)
-    if args.seeds < 1 or args.time_limit <= 0:
-        print("error: --seeds and --time-limit must be positive", file=sys.stderr)
-        return 2
-    paths = [p for p in SMALL if not args.only or p.stem in args.only]
-    if not paths:
-        print(f"error: no scenario of scenarios/small/ is named {args.only}", file=sys.stderr)
-        return 2
+    args = parser(__doc__).parse_args(argv)
+    paths = suite_paths(args)
     kwh = lambda j: "—" if j is None else f"{j / 3.6e6:.4f}"  # noqa: E731
     print("| scenario | seed | nodes / pods / kinds | LP kWh | L at LP duals kWh | best L kWh | iterations | "
           "best warm schedule kWh | gap | s |")

@@ -14,7 +14,6 @@ measure it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,9 +23,8 @@ from pathlib import Path
 from joulesched.agent.optimum import _build, instance, solve
 from joulesched.cluster.scenario import load_scenario
 from joulesched.core.fsio import atomic_write_text
+from small_suite import parser, paths as suite_paths
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = sorted((ROOT / "scenarios" / "small").glob("*.yaml"))
 
 
 def profile(path: Path, seed: int, time_limit: float, wake_order: bool = True) -> dict:
@@ -54,15 +52,11 @@ def profile(path: Path, seed: int, time_limit: float, wake_order: bool = True) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--time-limit", type=float, default=60.0)
-    ap.add_argument("--only", action="append", default=[], help="scenario file stem (repeatable)")
-    ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap = parser(__doc__)
     ap.add_argument("--no-wake-order", action="store_true", help="without the orbit rule among sleeping twins")
     args = ap.parse_args(argv)
     rows = []
-    paths = [p for p in SMALL if not args.only or p.stem in args.only]
+    paths = suite_paths(args)
     print("| scenario | seed | nodes | pods | columns | binaries | rows | root LP gap | warm / best | status | "
           "gap | B&B nodes | s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

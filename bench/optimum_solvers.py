@@ -13,7 +13,6 @@ recorded per row).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -22,9 +21,8 @@ from pathlib import Path
 from joulesched.agent.optimum import SOLVERS, instance, replay, solve
 from joulesched.cluster.scenario import load_scenario
 from joulesched.core.fsio import atomic_write_text
+from small_suite import parser, paths as suite_paths
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = sorted((ROOT / "scenarios" / "small").glob("*.yaml"))
 
 
 def run(path: Path, seed: int, solver: str, time_limit: float, threads: int) -> dict:
@@ -42,16 +40,12 @@ def run(path: Path, seed: int, solver: str, time_limit: float, threads: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap = parser(__doc__)
     ap.add_argument("--threads", type=int, default=2, help="threads per solve (a race gives each solver half)")
     ap.add_argument("--solver", action="append", choices=SOLVERS, help="repeatable; default: highs and cpsat")
-    ap.add_argument("--only", action="append", default=[], help="scenario file stem (repeatable)")
-    ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
     solvers = args.solver or ["highs", "cpsat"]
-    paths = [p for p in SMALL if not args.only or p.stem in args.only]
+    paths = suite_paths(args)
     rows = []
     pct = lambda x: "—" if x is None else f"{100 * x:.2f} %"  # noqa: E731
     kwh = lambda j: "—" if j is None else f"{j / 3.6e6:.4f}"  # noqa: E731
