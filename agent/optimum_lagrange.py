@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from joulesched.agent.optimum import Instance, _build, _Built, _Infeasible
+from joulesched.agent.optimum import Instance, _build, _Built, _Infeasible, _ipm_or_simplex
 
 
 @dataclass
@@ -60,8 +60,7 @@ class _NodeProblem:
         self.base = np.asarray(M.cost, dtype=np.float64)
         self.pod_of = np.array([p for (p, _, _) in self.built.y], dtype=np.int64)
         self.cols = np.array(list(self.built.y.values()), dtype=np.int64)
-        self.h = M.highs(integral=True, time_limit=60.0, threads=None, gap=1e-6)
-        self.h.setOptionValue("mip_rel_gap", 1e-7)
+        self.h = M.highs(integral=True, time_limit=60.0, threads=None, gap=1e-7)
 
     def solve(self, lam: np.ndarray, time_limit: float) -> tuple[float, np.ndarray]:
         """(a proven lower bound of the node's min under ``lam``, the pods its best schedule takes as 0/1)."""
@@ -94,15 +93,13 @@ def lagrangian_bound(inst: Instance, *, time_limit: float = 60.0, upper: float |
     deadline = t0 + time_limit
     P = inst.pods
     try:
-        full = _build(inst, partial=False)  # (also: is there a schedule at all)
+        full = _build(inst, partial=False)  # the LP's model, and whether there is a schedule at all
     except _Infeasible:  # a pod that overloads every node it fits: the MIP has no schedule to bound
         return LagrangianBound(math.nan, math.nan, 0, 0, time.perf_counter() - t0, "infeasible")
     lp = math.nan
     if lam0 is None:
         h = full.model.highs(integral=False, time_limit=max(1.0, time_limit / 3), threads=None, gap=1e-6)
-        h.setOptionValue("solver", "ipm")
-        h.run()
-        if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+        if _ipm_or_simplex(h) == highspy.HighsModelStatus.kOptimal:
             lp = float(h.getInfo().objective_function_value)
             lam = np.asarray(h.getSolution().row_dual[:P], dtype=np.float64)
         else:

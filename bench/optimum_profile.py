@@ -26,7 +26,6 @@ from joulesched.core.fsio import atomic_write_text
 from small_suite import parser, paths as suite_paths
 
 
-
 def profile(path: Path, seed: int, time_limit: float, wake_order: bool = True) -> dict:
     sc = load_scenario(path)
     inst = instance(sc, seed)

@@ -24,7 +24,6 @@ from joulesched.core.fsio import atomic_write_text
 from small_suite import parser, paths as suite_paths
 
 
-
 def run(path: Path, seed: int, solver: str, time_limit: float, threads: int) -> dict:
     sc = load_scenario(path)
     inst = instance(sc, seed)
