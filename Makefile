@@ -11,6 +11,9 @@ APT_PACKAGES ?= prometheus jmeter jmeter-http docker.io debootstrap cloud-init c
 	qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu pkg-config libvirt-dev openssh-server chromium
 DEMO_OUT ?= out/demo
 PYTEST_ARGS ?=
+# The test modules run on this many pytest-xdist workers, one module per worker at a time, the heavy ones first
+# (tests/conftest.py): the QEMU guest's minutes on one core pass beside the rest. 0: in one process, in order.
+PYTEST_JOBS ?= 2
 
 .PHONY: all demo test venv apt clean bench help
 
@@ -45,7 +48,7 @@ test: venv apt
 	$(MAKE) $(BIN)/.installed-libvirt
 	# The architecture first: layers, no cycles, test kits out of the product (pyproject.toml).
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python bench/twin_throughput.py

@@ -11,3 +11,13 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules marked ``heavy`` (minutes, mostly waiting on one core: a TCG guest, systemd containers) go first.
+
+    `make test` runs the suite on pytest-xdist workers, one module per worker at a time (``--dist loadfile
+    --no-loadscope-reorder``), in this order: a heavy module started first runs beside the rest of the suite
+    instead of after it. The sort is stable and the marker is module-wide, so each module's tests stay together
+    (its module-scoped fixtures are set up once)."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)

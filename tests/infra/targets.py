@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.support.procs import private_dockerd, stop_process
+from tests.support.procs import cache_lock, private_dockerd, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("JOULESCHED_CACHE_DIR", "/var/cache/joulesched"))
@@ -43,13 +43,13 @@ def why_not_docker() -> str | None:
 
 
 def ensure_systemd_tar(timeout_s: int = 900) -> Path:
-    if not SYSTEMD_TAR.is_file():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(BUILD_SCRIPT), str(SYSTEMD_TAR)], check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, timeout=timeout_s)
-        for stale in CACHE.glob("systemd-bookworm*.tar"):  # images of earlier build scripts: a GB each
-            if stale != SYSTEMD_TAR:
-                stale.unlink(missing_ok=True)
+    with cache_lock(SYSTEMD_TAR):  # built once when test workers ask at the same time
+        if not SYSTEMD_TAR.is_file():
+            subprocess.run([str(BUILD_SCRIPT), str(SYSTEMD_TAR)], check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=timeout_s)
+            for stale in CACHE.glob("systemd-bookworm*.tar"):  # images of earlier build scripts: a GB each
+                if stale != SYSTEMD_TAR:
+                    stale.unlink(missing_ok=True)
     return SYSTEMD_TAR
 
 

@@ -5,9 +5,11 @@ serial console; the client pins those (StrictHostKeyChecking=yes), so no host pr
 playbook configures it (air-gapped: wheelhouse + preinstalled packages), a second run must change nothing, then
 testinfra checks it over SSH.
 
-Runs by default (CI included): about 7 minutes of TCG CPU, +2-3 minutes the first time to build the guest image,
-which is cached in $JOULESCHED_CACHE_DIR/guest (scripts/infra/build-guest-image.sh; rebuilt when that script
-changes). JOULESCHED_INFRA_E2E=0 skips it, saying so. The guest boots through our libvirt code on a libvirtd that
+Runs by default (CI included): about 19 minutes of TCG on one core (measured 2026-12-02 on 2 cores),
++3 minutes the first time to build the guest image, which is cached in $JOULESCHED_CACHE_DIR/guest
+(scripts/infra/build-guest-image.sh; rebuilt when that script changes). It is marked ``heavy``: `make test` starts
+it first, on one worker, while the other runs the rest of the suite (tests/conftest.py). JOULESCHED_INFRA_E2E=0
+skips it, saying so. The guest boots through our libvirt code on a libvirtd that
 the test starts and stops (virtlogd too), or through plain QEMU where libvirtd cannot start here;
 JOULESCHED_INFRA_BOOT=libvirt|qemu forces one. Every daemon and the guest are stopped even when a step fails; a
 failure message carries the tail of the guest's serial console, and the logs are kept under pytest's basetemp.
@@ -33,12 +35,13 @@ from tests.support.procs import free_port, stop_process
 
 # A last resort over the whole module (first test: image build when cold, boot, both converges); every step
 # below has its own, smaller bound that fails first with a message saying which step it was.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(3600)]
 HERE = Path(__file__).resolve().parent
 GUEST = targets.CACHE / "guest"
 BUILD = targets.REPO / "scripts" / "infra" / "build-guest-image.sh"
 NAME = "js-guest"
-IMAGE_BUILD_S, SSH_S, CLOUD_INIT_S, CONVERGE_S, RECONVERGE_S, TESTINFRA_S = 1200, 420, 420, 1200, 900, 600
+# The converge's bound leaves room for the other worker's load on the second core (a hang guard, not a speed check).
+IMAGE_BUILD_S, SSH_S, CLOUD_INIT_S, CONVERGE_S, RECONVERGE_S, TESTINFRA_S = 1200, 420, 420, 1800, 900, 600
 
 
 def _why_not() -> str | None:

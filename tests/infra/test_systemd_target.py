@@ -20,7 +20,7 @@ import yaml
 
 from tests.infra import targets
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(1500)]
 HERE = Path(__file__).resolve().parent
 PLUGINS = HERE / "ansible_plugins" / "connection"
 

@@ -19,7 +19,7 @@ from tests.workloads.test_docker import BASE_TAR, dockerd  # noqa: F401  (the fi
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "joulesched-test/scheduler:test"
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 
 def _docker(env, *args, timeout=120, check=True):

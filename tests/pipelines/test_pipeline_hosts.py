@@ -25,7 +25,7 @@ from tests.pipelines.test_remote import ConstantPackage
 from tests.support.sshd import sshd_server
 from tests.support.sysfs import SyntheticProc
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 JOULESCHED = str(Path(sys.executable).parent / "joulesched")
 
 

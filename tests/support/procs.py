@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -63,6 +64,20 @@ def emulator_process(*args: str, port: int | None = None) -> Iterator[tuple[str,
         yield f"http://127.0.0.1:{port}", proc
     finally:
         stop_process(proc, timeout=15)
+
+
+@contextlib.contextmanager
+def cache_lock(entry: Path) -> Iterator[None]:
+    """An exclusive lock on a cache entry across processes (flock on ``entry``.lock, made with its folder): test
+    workers running side by side (`make test`) that both find the entry missing build it once, the second
+    waiting for the first and then finding it there. Released when the holder exits, however it exits."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.with_name(entry.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def umount_under(path: Path) -> None:

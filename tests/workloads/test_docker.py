@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.procs import free_port, private_dockerd
+from tests.support.procs import cache_lock, free_port, private_dockerd
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "joulesched" / "docker"
@@ -42,10 +42,10 @@ def dockerd():
     why = _why_not()
     if why:
         pytest.skip(why)
-    if not BASE_TAR.is_file():
-        BASE_TAR.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(ROOT / "workloads" / "docker" / "make-base.sh"), str(BASE_TAR)], check=True,
-                       stdout=subprocess.DEVNULL, timeout=900)
+    with cache_lock(BASE_TAR):  # tests/live/test_image.py may ask for it at the same time, on another worker
+        if not BASE_TAR.is_file():
+            subprocess.run([str(ROOT / "workloads" / "docker" / "make-base.sh"), str(BASE_TAR)], check=True,
+                           stdout=subprocess.DEVNULL, timeout=900)
     try:
         with private_dockerd(60, extra_env={"DOCKER_BUILDKIT": "0"}) as env:
             yield env
