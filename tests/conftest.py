@@ -20,4 +20,5 @@ def pytest_collection_modifyitems(config, items):
     --no-loadscope-reorder``), in this order: a heavy module started first runs beside the rest of the suite
     instead of after it. The sort is stable and the marker is module-wide, so each module's tests stay together
     (its module-scoped fixtures are set up once)."""
-    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+    if getattr(config.option, "numprocesses", None):  # in one process the order stays the collection's
+        items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
