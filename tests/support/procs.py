@@ -69,7 +69,7 @@ def emulator_process(*args: str, port: int | None = None) -> Iterator[tuple[str,
 @contextlib.contextmanager
 def cache_lock(entry: Path) -> Iterator[None]:
     """An exclusive lock on a cache entry across processes (flock on ``entry``.lock, made with its folder): test
-    workers running side by side (`make test`) that both find the entry missing build it once, the second
+    workers running side by side (`make test PYTEST_JOBS=2`) that both find the entry missing build it once, the second
     waiting for the first and then finding it there. Released when the holder exits, however it exits."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.with_name(entry.name + ".lock"), "a") as f:
