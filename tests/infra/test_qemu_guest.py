@@ -9,8 +9,8 @@ Runs by default (CI included): about 19 minutes of TCG on one core (measured 202
 +3 minutes the first time to build the guest image, which is cached in $JOULESCHED_CACHE_DIR/guest
 (scripts/infra/build-guest-image.sh; rebuilt when that script changes). It is marked ``heavy``:
 `make test PYTEST_JOBS=2` starts it first, on one worker, while the other runs the rest of the suite
-(tests/conftest.py). JOULESCHED_INFRA_E2E=0 skips it, saying so. The guest boots through our libvirt code on a libvirtd that
-the test starts and stops (virtlogd too), or through plain QEMU where libvirtd cannot start here;
+(tests/conftest.py). JOULESCHED_INFRA_E2E=0 skips it, saying so. The guest boots through our libvirt code on a
+libvirtd that the test starts and stops (virtlogd too), or through plain QEMU where libvirtd cannot start here;
 JOULESCHED_INFRA_BOOT=libvirt|qemu forces one. Every daemon and the guest are stopped even when a step fails; a
 failure message carries the tail of the guest's serial console, and the logs are kept under pytest's basetemp.
 """
