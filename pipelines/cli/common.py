@@ -48,6 +48,17 @@ def command_line() -> str:
     return "joulesched " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+def _forget_caught_interrupt() -> None:
+    """Clear CPython's "unhandled KeyboardInterrupt" flag after we have handled one.
+
+    A KeyboardInterrupt that ends a *string* ``exec``/``eval`` (``PyRun_String``: dataclasses, namedtuples and
+    string annotations are built that way, e.g. when torch imports a module lazily mid-training) sets that flag
+    even if a caller catches it; under ``python -m`` the interpreter then kills itself with SIGINT at exit, so a
+    clean exit 130 reads as a signal death (-2). Every string eval clears the flag when it starts, so one that
+    ends normally resets it. Harmless where the flag does not exist."""
+    exec("pass", {})  # noqa: S102 - a constant string, run for its side effect on the flag
+
+
 @contextlib.contextmanager
 def interrupted(out_dir: Path) -> Iterator[None]:
     """Ctrl-C: say what was kept and how to resume, exit 130 (stages record themselves only when complete)."""
@@ -57,6 +68,7 @@ def interrupted(out_dir: Path) -> Iterator[None]:
         # We are on the way out: a second Ctrl-C (or a SIGTERM) must not cut the exit short or print a traceback.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+        _forget_caught_interrupt()
         err.print(f"[yellow]interrupted:[/yellow] {escape(str(out_dir))} is consistent: nothing half-written is "
                   "left (results are written only when complete; a pipeline keeps its finished stages, and a cluster "
                   "run deleted its pods). Re-run the same command to resume.", soft_wrap=True)

@@ -66,3 +66,19 @@ def test_sigterm_stops_a_parallel_benchmark(tmp_path):
     proc, _ = _start(out)
     proc.send_signal(signal.SIGTERM)  # to the parent only, as a supervisor sends it
     _check_stopped(proc, time.monotonic(), out)
+
+
+@pytest.mark.parametrize("where", ["exec", "eval"])
+def test_ctrl_c_inside_a_string_exec_still_exits_130_under_python_m(tmp_path, where):
+    """A Ctrl-C that lands while Python builds code from a string (a dataclass made by a lazy import mid-training)
+    sets CPython's unhandled-interrupt flag even though `interrupted` catches it; under `python -m` the process
+    then killed itself with SIGINT (-2) after printing its message. Made deterministic here."""
+    (tmp_path / "ctrl_c_mod.py").write_text(
+        "from pathlib import Path\nimport typer\nfrom joulesched.pipelines.cli.common import interrupted\n"
+        "app = typer.Typer()\n\n@app.command()\ndef run(out: str) -> None:\n    with interrupted(Path(out)):\n"
+        f"        {where}('(_ for _ in ()).throw(KeyboardInterrupt)', {{}})\n\napp()\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "ctrl_c_mod", str(tmp_path / "out")], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 130, (r.returncode, r.stderr)
+    assert "interrupted" in r.stderr and "Traceback" not in r.stderr, r.stderr
