@@ -11,10 +11,9 @@ APT_PACKAGES ?= prometheus jmeter jmeter-http docker.io debootstrap cloud-init c
 	qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu pkg-config libvirt-dev openssh-server chromium
 DEMO_OUT ?= out/demo
 PYTEST_ARGS ?=
-# PYTEST_JOBS=2 runs the test modules on two pytest-xdist workers, one module per worker at a time, the heavy
-# ones first (tests/conftest.py): 37 min instead of 64 on 2 cores, but two tests are not yet reliable beside other
-# load (the pipeline's Ctrl-C exit code, the autoscaler provider's wake pick), so the default is one process.
-PYTEST_JOBS ?= 0
+# The test modules run on two pytest-xdist workers, one module per worker at a time, the heavy ones first
+# (tests/conftest.py): about 37 min instead of 64 on 2 cores. PYTEST_JOBS=0 runs them in one process.
+PYTEST_JOBS ?= 2
 
 .PHONY: all demo test venv apt clean bench help
 

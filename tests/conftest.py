@@ -16,7 +16,7 @@ if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
 def pytest_collection_modifyitems(config, items):
     """Modules marked ``heavy`` (minutes, mostly waiting on one core: a TCG guest, systemd containers) go first.
 
-    `make test PYTEST_JOBS=2` runs the suite on pytest-xdist workers, one module per worker at a time (``--dist loadfile
+    `make test` runs the suite on two pytest-xdist workers, one module per worker at a time (``--dist loadfile
     --no-loadscope-reorder``), in this order: a heavy module started first runs beside the rest of the suite
     instead of after it. The sort is stable and the marker is module-wide, so each module's tests stay together
     (its module-scoped fixtures are set up once)."""
