@@ -216,20 +216,19 @@ class DQNPolicy:
             if sampled is not None:
                 cols, w, pos, picks = sampled
                 node_t, ctx = self._columns(feat, state, pod, mask, cols, meta, picks)
-                a = self.net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(pos),
-                                         torch.from_numpy(np.log(w).astype(np.float32)))
-                return int(cols[pos[int(torch.argmax(a))]])
+                a = self.net.score_parts_np(node_t, ctx, pos, np.log(w).astype(np.float32))
+                return int(cols[pos[int(np.argmax(a))]])
         logw, pos = None, idx
         if groups is not None and groups[0].size < len(state):  # identical empty nodes read once (exact)
             reps, cnt = groups
             idx = feat.candidates(state, idx)
             node_t, ctx = self._columns(feat, state, pod, mask, reps, meta)
-            logw = torch.from_numpy(np.log(cnt).astype(np.float32))
+            logw = np.log(cnt).astype(np.float32)
             pos = np.searchsorted(reps, idx)
         else:
             node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
-        a = self.net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(pos), logw)
-        return int(idx[int(torch.argmax(a))])
+        a = self.net.score_parts_np(node_t, ctx, pos, logw)
+        return int(idx[int(np.argmax(a))])
 
     def _columns(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, cols: np.ndarray, meta,
                  picks=None) -> tuple[np.ndarray, np.ndarray]:

@@ -159,3 +159,37 @@ def test_the_folded_inference_weights_follow_a_training_step():
         ref = net(x[None], torch.ones(1, 20, dtype=torch.bool))[0]
     assert not torch.allclose(after, before)
     assert torch.allclose(after - after[0], ref - ref[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", [True, False])
+def test_the_numpy_decision_path_scores_as_the_torch_network(attention):
+    """choose() scores with score_parts_np; it is score_parts (and so the batched network) to float32 rounding,
+    with and without the weights of identical nodes and a candidate subset, and it follows a training step."""
+    from joulesched.agent.dqn import SetQNetwork
+
+    torch.manual_seed(3)
+    net = SetQNetwork(N_FEATURES_V2, N_FEATURES_V2 - 26, 48, attention=attention)
+    rng = np.random.default_rng(3)
+    for m in (2, 37, 500):
+        node_t = rng.random((26, m), dtype=np.float32) * 2 - 0.5
+        ctx = rng.random(N_FEATURES_V2 - 26, dtype=np.float32)
+        cand = np.sort(rng.choice(m, max(1, m // 2), replace=False))
+        logw = np.log(rng.integers(1, 9, m)).astype(np.float32)
+        for c, w in ((np.arange(m), None), (cand, logw)):
+            with torch.no_grad():
+                ref = net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(c),
+                                      None if w is None else torch.from_numpy(w)).numpy()
+            got = net.score_parts_np(node_t, ctx, c, w)
+            assert got.shape == ref.shape == (c.size,)
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    before = net.score_parts_np(node_t, ctx, cand, logw).copy()
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    x = torch.from_numpy(np.concatenate([node_t.T, np.tile(ctx, (node_t.shape[1], 1))], axis=1))[None]
+    net(x, torch.ones(1, node_t.shape[1], dtype=torch.bool)).sum().backward()
+    opt.step()
+    after = net.score_parts_np(node_t, ctx, cand, logw)
+    with torch.no_grad():
+        ref = net.score_parts(torch.from_numpy(node_t), torch.from_numpy(ctx), torch.from_numpy(cand),
+                              torch.from_numpy(logw)).numpy()
+    assert not np.allclose(after, before)
+    np.testing.assert_allclose(after, ref, rtol=1e-4, atol=1e-5)
