@@ -28,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 import torch
 
 from joulesched.agent.checkpoint import feature_names, load_model
@@ -76,8 +77,9 @@ class DQNPolicy:
     """Greedy placement by a trained :class:`agent.dqn.QNetwork`.
 
     :param path: a checkpoint written by ``joulesched train`` (safetensors; anything else is refused).
-    :param threads: torch intra-op threads (process-wide; 1 is fastest for this small MLP). ``0`` leaves
-        torch's setting alone.
+    :param threads: torch's intra-op threads and numpy's BLAS threads (both process-wide; 1 is fastest for
+        this small network, and a BLAS pool on every core spins beside the informer and binding threads).
+        ``0`` leaves both alone.
     :param net, config: a network in memory and its config (training's validation), instead of a file.
     :param sample: ``off`` (every node), ``auto`` (kube-scheduler's adaptive percentageOfNodesToScore) or a
         percentage: schema 2's attention and scoring over a sample of the busy nodes (module docstring).
@@ -107,8 +109,12 @@ class DQNPolicy:
             threads = int(threads)
         except ValueError:
             raise PolicyError(f"policy 'dqn': option threads={threads!r} is not an integer") from None
-        if threads > 0 and torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
+        if threads > 0:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            # The decision path's matmuls are numpy's (score_parts_np): OpenBLAS starts a pool per core that
+            # busy-waits between calls, 0.6 of a core in serve at 5,000 nodes (docs/live.md, third pass).
+            threadpool_limits(limits=threads, user_api="blas")
         self.net, self.meta, self.path = net, meta, path
         self._feat: FeatureBuilder | None = None
         #: None: every node; 0: kube's adaptive percentage; else that percentage (schema 2 and later).

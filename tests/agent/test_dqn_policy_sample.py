@@ -3,6 +3,8 @@ the sample always holds, exactness where the sample is the whole cluster, and th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -193,3 +195,23 @@ def test_the_numpy_decision_path_scores_as_the_torch_network(attention):
                               torch.from_numpy(logw)).numpy()
     assert not np.allclose(after, before)
     np.testing.assert_allclose(after, ref, rtol=1e-4, atol=1e-5)
+
+
+_BLAS_THREADS = """
+import sys
+from threadpoolctl import threadpool_info, threadpool_limits
+threadpool_limits(limits=2, user_api="blas")  # as on a 2-core machine, whatever this one has
+from joulesched.agent.registry import make_policy
+make_policy(sys.argv[1])
+print(sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}))
+"""
+
+
+@pytest.mark.parametrize(("spec", "want"), [("dqn=models/v2.pt", "[1]"), ("dqn=models/v2.pt:threads=0", "[2]")])
+def test_the_policy_caps_numpys_blas_pool_at_its_threads(spec, want):
+    """The decision path's matmuls are numpy's: OpenBLAS's pool of one thread per core busy-waits beside
+    serve's informer and binding threads (0.6 of a core at 5,000 nodes), so ``threads`` caps it too; 0 leaves
+    it alone. In a fresh interpreter: the cap is process-wide."""
+    out = subprocess.run([sys.executable, "-c", _BLAS_THREADS, spec], capture_output=True, text=True, cwd=ROOT,
+                         check=True, timeout=120).stdout.strip().splitlines()[-1]
+    assert out == want
