@@ -33,11 +33,13 @@ target's ``max`` over ``s'`` (the buffer stores the next state's mask). Discount
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from joulesched.agent.config import DQNConfig
@@ -166,8 +168,10 @@ class SetQNetwork(nn.Module):
                        logw: np.ndarray | None = None) -> np.ndarray:
         """:meth:`score_parts` in numpy, float32, on the same folded weights: the per-decision path. The network
         is small (48 hidden, a few hundred columns), so torch's per-operator dispatch was a third of its time;
-        the arithmetic is the same, to float32 rounding (tests/agent/test_dqn_policy_sample.py)."""
+        the same arithmetic (a few products regrouped), equal to float32 rounding
+        (tests/agent/test_dqn_policy_sample.py)."""
         f = self._folded_np()
+        node_t, ctx = np.asarray(node_t, dtype=np.float32), np.asarray(ctx, dtype=np.float32)  # float32 throughout
         e = f["w1n"] @ node_t
         e += (f["b1"] + f["w1c"] @ ctx)[:, None]
         np.maximum(e, 0.0, out=e)
@@ -262,6 +266,23 @@ def _softmax_inplace(x: np.ndarray, axis: int) -> np.ndarray:
     np.exp(x, out=x)
     x /= x.sum(axis=axis, keepdims=True)
     return x
+
+
+#: (process id, threads) of the last BLAS cap this process applied: the call scans the loaded libraries (~1 ms).
+_blas_cap: tuple[int, int] | None = None
+
+
+def limit_threads(n: int) -> None:
+    """Run inference on ``n`` threads: torch's intra-op pool (OpenMP's count is per calling thread) and numpy's
+    BLAS pool (process-wide; the decision path's matmuls are numpy's, :meth:`SetQNetwork.score_parts_np`).
+    OpenBLAS's default pool of one thread per core busy-waits between the small calls of a decision, beside a
+    live scheduler's informer and binding threads or a sibling worker process (docs/live.md, third pass)."""
+    global _blas_cap
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    if _blas_cap != (os.getpid(), n):
+        threadpool_limits(limits=n, user_api="blas")
+        _blas_cap = (os.getpid(), n)
 
 
 def make_network(cfg: DQNConfig) -> nn.Module:

@@ -28,12 +28,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 import torch
 
 from joulesched.agent.checkpoint import feature_names, load_model
 from joulesched.agent.config import DQNConfig
-from joulesched.agent.dqn import QNetwork
+from joulesched.agent.dqn import QNetwork, limit_threads
 from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2, heuristic_picks
 from joulesched.agent.features_gpu import FeatureBuilderV3
 from joulesched.agent.kube_scoring import num_nodes_to_score
@@ -77,9 +76,9 @@ class DQNPolicy:
     """Greedy placement by a trained :class:`agent.dqn.QNetwork`.
 
     :param path: a checkpoint written by ``joulesched train`` (safetensors; anything else is refused).
-    :param threads: torch's intra-op threads and numpy's BLAS threads (both process-wide; 1 is fastest for
-        this small network, and a BLAS pool on every core spins beside the informer and binding threads).
-        ``0`` leaves both alone.
+    :param threads: torch's intra-op threads and numpy's BLAS threads, set when a run starts (:meth:`reset`;
+        :func:`~joulesched.agent.dqn.limit_threads`): 1 is fastest for this small network, and a BLAS pool on
+        every core spins beside the informer and binding threads. ``0`` leaves both alone.
     :param net, config: a network in memory and its config (training's validation), instead of a file.
     :param sample: ``off`` (every node), ``auto`` (kube-scheduler's adaptive percentageOfNodesToScore) or a
         percentage: schema 2's attention and scoring over a sample of the busy nodes (module docstring).
@@ -109,12 +108,9 @@ class DQNPolicy:
             threads = int(threads)
         except ValueError:
             raise PolicyError(f"policy 'dqn': option threads={threads!r} is not an integer") from None
-        if threads > 0:
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-            # The decision path's matmuls are numpy's (score_parts_np): OpenBLAS starts a pool per core that
-            # busy-waits between calls, 0.6 of a core in serve at 5,000 nodes (docs/live.md, third pass).
-            threadpool_limits(limits=threads, user_api="blas")
+        #: Applied when a run starts (:meth:`reset`, on the thread and in the process that decides), not here:
+        #: building a policy only to check its spec, or in one process to run it in another, changes nothing.
+        self.threads = threads
         self.net, self.meta, self.path = net, meta, path
         self._feat: FeatureBuilder | None = None
         #: None: every node; 0: kube's adaptive percentage; else that percentage (schema 2 and later).
@@ -157,6 +153,8 @@ class DQNPolicy:
         return feat.build(state, pod, mask, meta=meta, predictor=self.predictor)
 
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        if self.threads > 0:
+            limit_threads(self.threads)
         self._builder(state)
 
     def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray, top: int = 3) -> NodeScores:

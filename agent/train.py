@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from joulesched.agent.config import AUTO_TEACHER, DQNConfig, RewardConfig
-from joulesched.agent.dqn import DQN, ReplayBuffer, Transitions, discount, make_network
+from joulesched.agent.dqn import DQN, ReplayBuffer, Transitions, discount, limit_threads, make_network
 from joulesched.agent.dqn_policy import DQNPolicy, make_predictor
 from joulesched.agent.env import SchedulingEnv, scale_load
 from joulesched.agent.features import NODE_FEATURES, n_features
@@ -139,6 +139,17 @@ class RolloutResult:
     steps: int
 
 
+def _inference_net(cfg: DQNConfig, weights: dict) -> torch.nn.Module:
+    """The network of a rollout or a validation, made outside inference mode (the callers run inside it): its
+    tensors then have version counters, so its folded inference weights are made once (agent/dqn.py), not on
+    every decision."""
+    with torch.inference_mode(False):
+        net = make_network(cfg)
+        net.load_state_dict(weights)
+        net.eval()
+    return net
+
+
 def _score(net: torch.nn.Module, rows: np.ndarray, idx: np.ndarray) -> torch.Tensor:
     return net.score(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)), torch.from_numpy(idx))
 
@@ -146,18 +157,14 @@ def _score(net: torch.nn.Module, rows: np.ndarray, idx: np.ndarray) -> torch.Ten
 @torch.inference_mode()
 def rollout(task: RolloutTask) -> RolloutResult:
     """Run one episode (module docstring, step 2). Pure: the result depends on the task alone."""
-    torch.set_num_threads(1)
+    limit_threads(1)
     cfg, spec, rc = task.cfg, task.spec, task.reward
     rng = np.random.default_rng(spec.seed)
     env = SchedulingEnv([spec.scenario], reward=rc, max_decisions=cfg.max_episode_decisions,
                         schema=cfg.feature_schema, predictor=make_predictor(cfg))
     obs, info = env.reset(seed=spec.seed, options={"scenario": 0, "workload_seed": spec.workload_seed,
                                                   "load_scale": spec.load_scale})
-    net = None
-    if task.weights is not None:
-        net = make_network(cfg)
-        net.load_state_dict(task.weights)
-        net.eval()
+    net = None if task.weights is None else _inference_net(cfg, task.weights)
     teacher = make_policy(teacher_spec(cfg, spec.scenario))
     teacher.reset(env.twin.state, rng)
     t_meta = bool(getattr(teacher, "uses_meta", False))
@@ -295,11 +302,8 @@ def _twin(sc: Scenario, seed: int) -> Twin:
 @torch.inference_mode()
 def validate_case(task: ValidationTask) -> tuple[float, float, float]:
     """(energy, SLO violation rate, mean pending seconds) of the greedy agent on one case."""
-    torch.set_num_threads(1)
-    net = make_network(task.cfg)
-    net.load_state_dict(task.weights)
-    net.eval()
-    r = run_policy(_twin(task.case.scenario, task.case.seed), DQNPolicy(net=net, config=task.cfg, threads=0),
+    net = _inference_net(task.cfg, task.weights)
+    r = run_policy(_twin(task.case.scenario, task.case.seed), DQNPolicy(net=net, config=task.cfg, threads=1),
                    task.case.seed)
     return r.energy_joules, r.slo_violation_rate, r.mean_pending_s
 

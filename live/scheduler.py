@@ -714,8 +714,8 @@ class Scheduler:
     def _loop(self) -> None:
         torch = sys.modules.get("torch")
         if torch is not None and self._torch_threads:
-            # OpenMP's thread count is per thread: the policy set it (the DQN: 1) on the thread that built it;
-            # without this the loop thread's forward passes spin up a pool on every core (4x slower on 2).
+            # OpenMP's thread count is per thread: what was set on the thread that built the scheduler holds here
+            # too (the DQN sets its own when the run starts, DQNPolicy.reset, which runs on this thread).
             torch.set_num_threads(self._torch_threads)
         run_policy(self, self.policy, self.cfg.seed)
 

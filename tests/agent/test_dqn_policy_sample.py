@@ -198,20 +198,33 @@ def test_the_numpy_decision_path_scores_as_the_torch_network(attention):
 
 
 _BLAS_THREADS = """
-import sys
+import pickle, sys
+import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 threadpool_limits(limits=2, user_api="blas")  # as on a 2-core machine, whatever this one has
 from joulesched.agent.registry import make_policy
-make_policy(sys.argv[1])
-print(sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}))
+from joulesched.cluster.scenario import load_scenario
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
+
+def blas():
+    return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+
+pol = make_policy(sys.argv[1])
+built = blas()
+copy = pickle.loads(pickle.dumps(pol))  # as a worker process receives it
+sc = load_scenario("scenarios/tiny.yaml")
+copy.reset(Twin(sc, build_workload(sc)).state, np.random.default_rng(0))
+print(built, blas())
 """
 
 
-@pytest.mark.parametrize(("spec", "want"), [("dqn=models/v2.pt", "[1]"), ("dqn=models/v2.pt:threads=0", "[2]")])
-def test_the_policy_caps_numpys_blas_pool_at_its_threads(spec, want):
+@pytest.mark.parametrize(("spec", "want"), [("dqn=models/v2.pt", "[2] [1]"), ("dqn=models/v2.pt:threads=0", "[2] [2]")])
+def test_a_run_caps_numpys_blas_pool_at_the_policys_threads(spec, want):
     """The decision path's matmuls are numpy's: OpenBLAS's pool of one thread per core busy-waits beside
-    serve's informer and binding threads (0.6 of a core at 5,000 nodes), so ``threads`` caps it too; 0 leaves
-    it alone. In a fresh interpreter: the cap is process-wide."""
+    serve's informer and binding threads (0.6 of a core at 5,000 nodes), so ``threads`` caps it too, when a run
+    starts (reset), also in a copy sent to another process, and not when a policy is only built (a spec
+    checked); 0 leaves it alone. In a fresh interpreter: the cap is process-wide."""
     out = subprocess.run([sys.executable, "-c", _BLAS_THREADS, spec], capture_output=True, text=True, cwd=ROOT,
                          check=True, timeout=120).stdout.strip().splitlines()[-1]
     assert out == want
