@@ -214,3 +214,48 @@ def test_a_builder_never_matches_a_new_state_that_reuses_a_freed_ones_id():
         del cand
     # (same_address > 0 on CPython in practice: the case that id() comparison got wrong; not asserted, it is the
     # allocator's choice)
+
+
+def _groups_by_hand(feat: FeatureBuilderV2, st: ClusterState, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FeatureBuilderV2.groups' contract in plain Python: every busy node alone; each run of empty nodes with
+    the same (class, power state, fits) read once at its lowest index with its count; no grouping at all when
+    no two empty nodes share a key."""
+    first: dict[tuple[int, int, bool], int] = {}
+    count: dict[int, int] = {}
+    for i in range(st.pods.size):
+        if st.pods[i] == 0:
+            k = (int(feat.node_class[i]), int(st.power_state[i]), bool(mask[i]))
+            rep = first.setdefault(k, i)
+            count[rep] = count.get(rep, 0) + 1
+    if all(c == 1 for c in count.values()):
+        return feat.rows, np.ones(feat.n)
+    reps = sorted(set(np.flatnonzero(st.pods > 0).tolist()) | set(count))
+    return np.array(reps), np.array([float(count.get(r, 1)) for r in reps])
+
+
+@pytest.mark.parametrize("classes", ["kinds", "many"])
+def test_the_empty_node_groups_follow_their_contract_with_narrow_and_wide_keys(classes):
+    """The groups' keys are int16 where ``classes * 6`` fits (a radix sort), int64 where it does not: the
+    representatives and counts of the contract either way, after random binds, ends, power-state changes and
+    masks."""
+    rng = np.random.default_rng(7)
+    n = 12000 if classes == "many" else 300
+    st = _cluster(rng, n)
+    feat = FeatureBuilderV2(st)
+    if classes == "many":  # 6,000 classes of two nodes each: more than int16 keys hold (5,461)
+        feat.node_class = np.arange(n, dtype=np.int64) // 2
+    assert feat._class_key().dtype == (np.int64 if classes == "many" else np.int16)
+    bound: list[int] = []
+    for _ in range(60):
+        for _ in range(int(rng.integers(1, 40))):
+            if bound and rng.random() < 0.4:
+                st.unbind(bound.pop(int(rng.integers(len(bound)))), PodRequest(cpu_m=100, memory_mib=64))
+            else:
+                i = int(rng.integers(n))
+                st.bind(i, PodRequest(cpu_m=100, memory_mib=64), strict=False)
+                bound.append(i)
+        flip = rng.integers(0, n, 20)
+        st.power_state[flip] = rng.choice([ON, ASLEEP, WAKING], flip.size)
+        mask = rng.random(n) < rng.choice([0.3, 0.9, 1.0])
+        got, want = feat.groups(st, mask), _groups_by_hand(feat, st, mask)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])

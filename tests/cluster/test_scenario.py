@@ -44,6 +44,18 @@ def test_standard_suite_is_valid():
     assert min(load_scenario(f).node_count for f in files) == 3
 
 
+def test_the_scale_scenarios_load_with_sampling_sized_clusters():
+    """scenarios/scale/ (issue 28's energy of sampling where it engages): valid, and big enough that kube's
+    adaptive sample (680 of 2,000 nodes) is smaller than the cluster."""
+    from pathlib import Path
+
+    files = sorted(Path("scenarios/scale").glob("*.yaml"))
+    got = {load_scenario(f).name: load_scenario(f) for f in files}
+    assert set(got) == {"busy-2000-on", "busy-2000-sleep"}
+    assert all(sc.node_count == 2000 for sc in got.values())
+    assert got["busy-2000-sleep"].idle_policy.mode == "sleep" and got["busy-2000-on"].idle_policy.mode != "sleep"
+
+
 MALFORMED_SCENARIOS = [
     ("name: [unclosed", "not valid YAML"),
     ("- a\n- b\n", "must be a YAML mapping"),
