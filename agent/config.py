@@ -90,6 +90,11 @@ class DQNConfig:
     teacher: str = "auto"
     """Schema 2: the heuristic that pretrains the agent, guides exploration and labels the margin loss: a policy
     spec, or auto (awake-first:fit=efficient where nodes sleep, pabfd where they are always on)."""
+    teacher_pool: tuple[str, ...] = ()
+    """Issue 27: policy specs (auto and clairvoyant ones allowed); when given, each episode's teacher is the
+    pool's policy that runs that episode best in the twin (least energy within slo_slack of the pool's lowest
+    SLO rate), so the best schedule known for the episode labels the states the agent visits (DAgger). Empty:
+    ``teacher`` always."""
     pretrain_episodes: int = 4
     """Schema 2: episodes of the teacher's own choices collected before learning starts (demonstrations)."""
     pretrain_updates: int = 2_000
@@ -194,6 +199,11 @@ class DQNConfig:
             raise ValueError("validation_reference must be sleep-aware or upstream")
         if not self.teacher.strip():
             raise ValueError("teacher must be a policy spec or auto")
+        if isinstance(self.teacher_pool, str):
+            raise ValueError("teacher_pool must be a list of policy specs, not one string")
+        self.teacher_pool = tuple(str(p) for p in self.teacher_pool)
+        if any(not p.strip() for p in self.teacher_pool):
+            raise ValueError("teacher_pool: every entry must be a policy spec or auto")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -94,13 +94,11 @@ class LifetimeAware(_SleepAware):
     # ---- keys ---------------------------------------------------------------------------------------------
     def _inner(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, np.ndarray]:
         free_cpu, free_mem = free_shares(st, pod, idx)
-        p = self.feed.sync(st)
-        if p is None:
+        lives = self._lives(st, idx)
+        if lives is None:
             extend = slack = np.zeros(idx.size)
         else:
-            empty_in, _ = p.nodes(st.now, len(st))
-            e = empty_in[idx]
-            life = float(p.pod_remaining(self._meta, 0.0))
+            e, life = lives
             idle = st.idle_watts[idx].astype(np.float64)
             # One unit for the whole cluster (a minute at the largest idle draw), so that an hour on a small node
             # costs less than an hour on a big one.
@@ -112,6 +110,15 @@ class LifetimeAware(_SleepAware):
         fit_class = np.floor(np.clip(free_cpu, 0.0, 1.0) * self.fit_classes)
         return {"ExtendJ": extend, "WattsPerCoreAwake": wpc, "FitClass": fit_class, "SlackClass": slack,
                 "FreeCpuShare": free_cpu, "FreeMemShare": free_mem}
+
+    def _lives(self, st: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, float] | None:
+        """The predictor's view: per node of ``idx`` the seconds until it holds no pod (0: empty), and the
+        deciding pod's life; None without the predictor."""
+        p = self.feed.sync(st)
+        if p is None:
+            return None
+        empty_in, _ = p.nodes(st.now, len(st))
+        return empty_in[idx], float(p.pod_remaining(self._meta, 0.0))
 
     def node_scores(self, st, pod, idx, meta=None):
         self._meta = meta

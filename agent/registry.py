@@ -41,7 +41,10 @@ ENTRY_POINT_GROUP = "joulesched.policies"
 
 #: Families, in the order the docs list them. "kube-default" is what every ratio is taken against.
 FAMILIES = ("kube-default", "packing", "load-aware", "power-aware", "sleep-aware", "gpu-aware", "reference",
-            "learned", "third-party")
+            "clairvoyant", "learned", "third-party")
+#: Families that are not baselines: the learned policies, and the clairvoyant references (twin only: they read
+#: the pods' true lifetimes, which no cluster knows).
+NOT_BASELINE_FAMILIES = frozenset({"learned", "clairvoyant"})
 HEURISTIC_FAMILIES = frozenset({"packing", "load-aware", "power-aware", "sleep-aware", "gpu-aware"})
 UPSTREAM_FAMILIES = frozenset({"packing", "load-aware", "power-aware"})
 
@@ -115,6 +118,8 @@ BUILTIN: tuple[PolicyEntry, ...] = (
              "FGD (Weng et al., ATC '23), sleep-aware: least growth of GPU fragmentation"),
     _builtin("round-robin", "baselines:RoundRobin", "reference", "the next feasible node, wrapping around"),
     _builtin("random", "baselines:Random", "reference", "a uniformly random feasible node"),
+    _builtin("clairvoyant", "clairvoyant:Clairvoyant", "clairvoyant",
+             "twin only: lifetime-aware packing on the pods' true lifetimes (a reference and a training teacher)"),
     _builtin("dqn", "dqn_policy:DQNPolicy", "learned",
              "the trained Double DQN (dqn=MODEL): greedy on its per-node advantages", takes_path=True),
 )
@@ -187,7 +192,7 @@ def entry(name: str) -> PolicyEntry:
     return table[name]
 
 
-BASELINES: list[str] = [e.name for e in BUILTIN if e.family != "learned"]
+BASELINES: list[str] = [e.name for e in BUILTIN if e.family not in NOT_BASELINE_FAMILIES]
 HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in HEURISTIC_FAMILIES)
 UPSTREAM_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in UPSTREAM_FAMILIES)
 SLEEP_AWARE_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "sleep-aware")

@@ -71,13 +71,19 @@ class TrainLog:
     best_score: float = math.inf
     best_step: int = 0
     rows: list[EpisodeLog] = field(default_factory=list)
+    teachers: dict[str, int] = field(default_factory=dict)  # episodes (demonstrations included) per teacher
 
 
 def teacher_spec(cfg: DQNConfig, scenario: Scenario) -> str:
     """The teacher heuristic for ``scenario``: ``cfg.teacher``, or for ``auto`` the best heuristic of its kind of
     cluster (:data:`~joulesched.agent.config.AUTO_TEACHER`)."""
-    if cfg.teacher != "auto":
-        return cfg.teacher
+    return resolve_teacher(cfg.teacher, scenario)
+
+
+def resolve_teacher(spec: str, scenario: Scenario) -> str:
+    """``spec``, or for ``auto`` the best heuristic of ``scenario``'s kind of cluster."""
+    if spec != "auto":
+        return spec
     if has_gpus(scenario):
         return AUTO_TEACHER["gpu"]
     return AUTO_TEACHER["sleep" if isinstance(scenario.idle_policy, Sleep) else "always_on"]
@@ -137,6 +143,53 @@ class RolloutResult:
     label: str
     episode_return: float
     steps: int
+    teacher: str = ""  # the spec that labelled the episode's states
+
+
+def episode_teacher(cfg: DQNConfig, twin: Twin, seed: int) -> str:
+    """The teacher of one episode on ``twin``'s cluster and workload: :func:`teacher_spec`, or with a
+    ``teacher_pool`` the pool's policy that runs that very episode best in the twin (each once, in a twin of
+    its own, seeded like the episode): the least energy among those whose SLO violation rate is within
+    ``slo_slack`` of the pool's lowest. The best schedule known for the episode then labels every state the
+    agent visits in it (DAgger's relabelling), and a clairvoyant pool member (agent/clairvoyant.py) teaches
+    what knowing the future is worth, while the agent itself only ever sees the present and its predictor."""
+    if not cfg.teacher_pool:
+        return teacher_spec(cfg, twin.scenario)
+    specs = list(dict.fromkeys(resolve_teacher(p, twin.scenario) for p in cfg.teacher_pool))
+    if len(specs) == 1:
+        return specs[0]
+    runs = [run_policy(Twin(twin.scenario, twin.workload), make_policy(p), seed) for p in specs]
+    floor = min(r.slo_violation_rate for r in runs) + cfg.slo_slack
+    ok = [(r.energy_joules, k) for k, r in enumerate(runs) if r.slo_violation_rate <= floor]
+    return specs[min(ok)[1]]
+
+
+class _BothObservers:
+    """Tells two pod observers of every bind and end (the env's predictor and a teacher's own)."""
+
+    def __init__(self, a, b) -> None:
+        self.a, self.b = a, b
+
+    def bound(self, t, key, node, meta, cpu_m) -> None:
+        self.a.bound(t, key, node, meta, cpu_m)
+        self.b.bound(t, key, node, meta, cpu_m)
+
+    def ended(self, t, key, completed=True) -> None:
+        self.a.ended(t, key, completed)
+        self.b.ended(t, key, completed)
+
+
+def attach_teacher(teacher, twin: Twin) -> None:
+    """Give a teacher that follows the run (a predictor of its own, or the twin's knowledge) the twin, keeping
+    the env's predictor subscribed: the twin has one observer slot, so both are told."""
+    attach = getattr(teacher, "attach", None)
+    if attach is None:
+        return
+    env_obs = twin.pod_observer
+    attach(twin)
+    mine = twin.pod_observer
+    if env_obs is not None and mine is not env_obs:
+        twin.observe_pods(env_obs if mine is None else _BothObservers(env_obs, mine))
 
 
 def _inference_net(cfg: DQNConfig, weights: dict) -> torch.nn.Module:
@@ -165,7 +218,9 @@ def rollout(task: RolloutTask) -> RolloutResult:
     obs, info = env.reset(seed=spec.seed, options={"scenario": 0, "workload_seed": spec.workload_seed,
                                                   "load_scale": spec.load_scale})
     net = None if task.weights is None else _inference_net(cfg, task.weights)
-    teacher = make_policy(teacher_spec(cfg, spec.scenario))
+    t_spec = episode_teacher(cfg, env.twin, spec.seed)
+    teacher = make_policy(t_spec)
+    attach_teacher(teacher, env.twin)
     teacher.reset(env.twin.state, rng)
     t_meta = bool(getattr(teacher, "uses_meta", False))
     n = info["n_nodes"]
@@ -230,7 +285,7 @@ def rollout(task: RolloutTask) -> RolloutResult:
         discounts[k] = 0.0 if (terminated and e == t) else math.exp(-(cum[e] - cum[k]) / tau)
     tr = Transitions(np.stack(obs_l), np.stack(mask_l), np.asarray(act, dtype=np.int64), returns, discounts, nxt,
                      np.asarray(teach, dtype=np.int64))
-    return RolloutResult(tr, spec.label, ep_return, t)
+    return RolloutResult(tr, spec.label, ep_return, t, t_spec)
 
 
 # ---- executors -------------------------------------------------------------------------------------------------
@@ -428,6 +483,7 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
         for res in results:
             buffer.add_many(res.transitions)
             steps += res.steps
+            log.teachers[res.teacher] = log.teachers.get(res.teacher, 0) + 1
             if demo:  # the teacher's episodes: not the agent's, and not in the step budget
                 log.rows.append(EpisodeLog(0, 0, time.perf_counter() - t_start, f"demo {res.label}",
                                            res.episode_return, 1.0, state["loss"]))

@@ -413,10 +413,49 @@ class Twin:
         return st.chain.placeable(st, st.filter_table, wl.cpu_req, wl.mem_req, wl.placement, wl.placement_table,
                                   gpu)
 
+    @property
+    def pod_observer(self) -> PodObserver | None:
+        """The observer :meth:`observe_pods` set (None: none)."""
+        return self._observer
+
     def observe_pods(self, observer: PodObserver | None) -> None:
         """Tell ``observer`` of every bind and every end as it happens (None: stop). It sees what a cluster
         shows, never a pod's duration: the predictor of docs/dqn.md learns from this. It stays across runs."""
         self._observer = observer
+
+    # ---- what only a simulator knows (clairvoyant references, agent/clairvoyant.py) -------------------------
+    def due_ends(self) -> np.ndarray:
+        """Per node, when its last bound pod is due to end (``now`` for a node that holds none): a running job's
+        start plus the work it started with, a job still waiting for its node to wake ``now + wake_s`` plus its
+        work, a service its stop. Throttling would make them later. The future itself: for clairvoyant
+        references and training labels, never for a policy that could run on a cluster."""
+        now, n = self.now, len(self.state)
+        out = np.full(n, now)
+        node = np.fromiter(self.pod_node, np.int64, len(self.pod_node))
+        status = np.fromiter(self.pod_status, np.int8, len(self.pod_status))
+        live = np.flatnonzero((node >= 0) & ((status == _RUNNING) | (status == _WAITING)))
+        if live.size == 0:
+            return out
+        work = np.asarray(self._work, dtype=np.float64)[live]
+        start = np.asarray(self.pod_start, dtype=np.float64)[live]
+        end = np.where(status[live] == _WAITING, now + self.state.wake_s, start) + work
+        if self._pm:
+            svc = np.asarray(self._is_svc, dtype=bool)[live]
+            dur = np.asarray(self._dur, dtype=np.float64)[live]
+            stop = np.minimum(np.asarray(self._submit, dtype=np.float64)[live] + dur, self.horizon)
+            end = np.where(svc, stop, end)
+        np.maximum.at(out, node[live], end)
+        return out
+
+    def deciding_life(self) -> float:
+        """How long the pod awaiting a decision will run once started (a service: until its stop). The future
+        itself, as :meth:`due_ends`."""
+        p = self.pod
+        if p < 0:
+            raise RuntimeError("deciding_life() called with no pod awaiting a decision")
+        if self._pm and self._is_svc[p]:
+            return max(min(self._submit[p] + self._dur[p], self.horizon) - self.now, 0.0)
+        return float(self._work[p])
 
     # ---- the Backend ----------------------------------------------------------------------------------------
     def begin(self) -> None:

@@ -214,10 +214,12 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         config = config or TrainConfig()
         agent, reward = DQN(config.dqn, seed=seed), config.reward
     cfg: DQNConfig = agent.cfg
-    try:
-        make_policy(cfg.teacher) if cfg.teacher != "auto" else None
-    except UsageError as e:
-        raise TrainError(f"dqn.teacher: {e}") from None
+    for field_, specs in (("dqn.teacher", [cfg.teacher]), ("dqn.teacher_pool", list(cfg.teacher_pool))):
+        for t_spec in specs:
+            try:
+                make_policy(t_spec) if t_spec != "auto" else None
+            except UsageError as e:
+                raise TrainError(f"{field_}: {e}") from None
     validator = Validator(loaded, cfg) if validate else None
 
     bar_cb, bar_ctx = _progress_bar(progress, steps, minutes)
@@ -243,6 +245,7 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
             "workers": workers, "executor": executor,
             "budget": {"minutes": minutes, "steps": steps}, "best_step": log.best_step,
             "best_validation_score": None if math.isinf(log.best_score) else round(log.best_score, 5),
+            "teachers": dict(log.teachers),
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__}],
         "workload_seeds": f"{cfg.train_seed_range[0]}..{cfg.train_seed_range[1] - 1} (validation "
