@@ -153,13 +153,21 @@ def load_fit(path: str | Path) -> dict:
 def draw_fitted(spec: Fitted, fit: dict, horizon: float, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     """Pods drawn from ``fit`` until ``horizon`` (or ``spec.pods`` pods): arrivals at the fit's rate times
     ``spec.rate_scale`` with its hour-of-day profile, each of an application drawn by its share, its life from
-    the application's quantiles. Returns (submit times, application indices, lifetimes), in submission order;
+    the application's quantiles; with ``spec.cpu_only`` the GPU applications are left out and the rate is the
+    rest's share of the fit's. Returns (submit times, application indices, lifetimes), in submission order;
     cluster/workload.py turns them into pods."""
     prof = np.asarray(fit["hourly_profile"], dtype=np.float64)
-    peak = float(fit["rate_per_s"]) * spec.rate_scale * float(prof.max())
     apps = fit["apps"]
     share = np.array([a["pods"] for a in apps], dtype=np.float64)
+    kept = 1.0
+    if spec.cpu_only:
+        cpu = np.array([not int(a.get("gpu_count") or 0) for a in apps])
+        if not cpu.any():
+            raise ScenarioError("cpu_only: every application of the fit asks for GPUs")
+        kept = float(share[cpu].sum() / share.sum())
+        share = np.where(cpu, share, 0.0)
     share /= share.sum()
+    peak = float(fit["rate_per_s"]) * kept * spec.rate_scale * float(prof.max())
     t = np.cumsum(rng.exponential(1.0 / peak, size=int(peak * horizon * 1.2) + 64))
     t = t[t < horizon]
     hour = np.floor((t % _DAY_S) / _HOUR_S).astype(np.int64)

@@ -452,11 +452,13 @@ class Services(PodPlacement):
 class Fitted(_Strict):
     """Pods of applications fitted to a trace (cluster/fitted.py): ``fit`` is a file ``joulesched trace fit``
     wrote (relative to the scenario file); arrivals come at its rate times ``rate_scale`` with its hour-of-day
-    profile until ``duration_s`` or ``pods`` pods."""
+    profile until ``duration_s`` or ``pods`` pods. ``cpu_only`` keeps the applications that ask for no GPU, at
+    their own share of that rate (a CPU cluster running a GPU trace's CPU side)."""
 
     fit: str = Field(min_length=1)
     pods: int | None = Field(None, ge=1, le=10_000_000)
     rate_scale: float = Field(1.0, gt=0, le=1000, allow_inf_nan=False)
+    cpu_only: bool = False
 
 
 def _as_list(v: object) -> object:

@@ -969,7 +969,10 @@ def build_workload(scenario: Scenario, seed: int | None = None, *, pod_model: bo
 def generate_fitted(spec: Fitted, path: Path, horizon: float, rng: np.random.Generator) -> Workload:
     """The pods of one ``fitted`` generator (cluster/fitted.py): the fit at ``path``, drawn until ``horizon``."""
     fit = load_fit(path)
-    t, which, life = draw_fitted(spec, fit, horizon, rng)
+    try:
+        t, which, life = draw_fitted(spec, fit, horizon, rng)
+    except ScenarioError as e:
+        raise ScenarioError(f"{path}: {e}") from None
     pods = PodBuilder()
     apps = fit["apps"]
     for ti, k, li in zip(t.tolist(), which.tolist(), life.tolist()):

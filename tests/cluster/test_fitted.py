@@ -93,6 +93,33 @@ def test_a_scenario_draws_a_fresh_workload_per_seed_with_each_applications_lifet
     assert abs(short.size / len(w1) - 40 / 82) < 0.06
 
 
+def test_cpu_only_keeps_the_applications_without_gpus_at_their_own_share_of_the_rate(tmp_path):
+    write_fit(fit_apps(load_trace(_trace(tmp_path))), tmp_path / "fit.yaml")
+    every = build_workload(load_scenario(_scenario(tmp_path)), 1)
+    p = tmp_path / "cpu.yaml"
+    p.write_text(_scenario(tmp_path).read_text().replace("rate_scale: 4}", "rate_scale: 4, cpu_only: true}")
+                 .replace(",\n      gpu_count: 4, gpu_model: T4", ""))
+    sc = load_scenario(p)
+    assert not any(g.gpu_count for g in sc.nodes)  # a CPU cluster: no GPU pod could run there
+    cpu = build_workload(sc, 1)
+    assert (cpu.gpu == 0).all() and set(cpu.app_names[int(a)] for a in np.unique(cpu.app)) == {
+        "service-LS-c8000-m16384"}
+    # B is 40 of the fit's 82 pods: the same arrival process thinned to its share, not the whole rate on B.
+    assert abs(len(cpu) / len(every) - 40 / 82) < 0.08
+    long = cpu.duration_s
+    assert 36000 <= long.min() and long.max() <= 72000
+
+
+def test_cpu_only_refuses_a_fit_with_only_gpu_applications(tmp_path):
+    fit = fit_apps(load_trace(_trace(tmp_path)))
+    fit["apps"] = [a for a in fit["apps"] if a["gpu_count"]]
+    write_fit(fit, tmp_path / "fit.yaml")
+    p = tmp_path / "cpu.yaml"
+    p.write_text(_scenario(tmp_path).read_text().replace("rate_scale: 4}", "rate_scale: 4, cpu_only: true}"))
+    with pytest.raises(ScenarioError, match=r"fit\.yaml: cpu_only: every application of the fit asks for GPUs"):
+        build_workload(load_scenario(p), 1)
+
+
 @pytest.mark.parametrize("edit, words", [
     (lambda d: d.update(format="other/1"), "not a fit file"),
     (lambda d: d.update(rate_per_s=-1), "rate_per_s must be a positive number"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from joulesched.cluster.scenario import load_scenario
 from joulesched.cluster.workload import build_workload
 from joulesched.pipelines.suite import SCENARIOS_DIR
@@ -51,3 +53,9 @@ def test_the_fitted_openb_scenarios_draw_from_the_training_days_only():
     for path in (SCENARIOS_DIR / "openb" / "openb-fitted.yaml", SCENARIOS_DIR / "openb" / "mini" / "openb-mini-fitted.yaml"):
         wl = build_workload(load_scenario(path))
         assert len(wl) > 100 and set(wl.app_names) - {""} <= names and (wl.gpu > 0).any()
+    # The CPU side on a CPU cluster: the same fit, its GPU-free applications only.
+    sc = load_scenario(SCENARIOS_DIR / "openb" / "openb-cpu-fitted-sleep.yaml")
+    wl = build_workload(sc)
+    cpu_apps = {a["name"] for a in fit["apps"] if not a["gpu_count"]}
+    assert len(wl) > 1000 and set(wl.app_names[int(a)] for a in np.unique(wl.app)) <= cpu_apps
+    assert not (wl.gpu > 0).any() and not any(g.gpu_count for g in sc.nodes)
