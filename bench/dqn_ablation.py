@@ -1,0 +1,143 @@
+"""Issue 27's ablation: training recipes side by side, several training seeds each, at an equal step budget.
+
+    .venv/bin/python bench/dqn_ablation.py [--arm default --arm pool ...] [--seeds 3] [--steps 40000] \\
+        [--jobs 2] [--out-dir out/ablation] [--no-train] [-- BENCH_ARGS...]
+
+Trains every arm (:data:`ARMS`) at training seeds ``0..--seeds-1`` with ``joulesched train`` (``--jobs`` at a
+time, one rollout worker each; a model already in ``--out-dir`` with the same recipe, seed and budget is kept),
+then runs bench/dqn_v2.py on all of them (each arm as ``--model ARM=SEED0.pt,SEED1.pt,...``: per-model rows
+and the arm's mean with its 95 % interval over the seeds), with the shipped model and the ``clairvoyant``
+reference beside them, the OpenB trace's evaluation windows and its CPU side as extra groups. Arguments after
+``--`` go to bench/dqn_v2.py (e.g. ``-- --seeds 1 --random 0`` for a quick look).
+
+The budget is equal in decisions, not in wall time: a run's result depends on its recipe and seed only, never
+on the machine's load, and each model's JSON records the wall time it took (the teacher pool's twin runs cost
+about a fifth more). The arms:
+
+* ``default``: the shipped recipe (agent/config.py's defaults: demonstrations and margin loss toward
+  awake-first:fit=efficient or pabfd, the online predictor, attention, randomised clusters);
+* ``pool``: the teacher of each episode is the best of awake-first:fit=efficient / pabfd and two clairvoyant
+  packers (agent/clairvoyant.py) on that very episode (``dqn.teacher_pool``, DAgger-style relabelling);
+* ``no-imitation``: no demonstrations, no margin loss, no teacher-guided exploration (pure DQN);
+* ``fitted``: the default recipe with OpenB's CPU side (scenarios/openb/openb-cpu-fitted-sleep.yaml: pod keys
+  that predict lifetimes) among the training scenarios;
+* ``no-prediction``: the default recipe with the predictor's columns zeroed (``dqn.prediction=false``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from joulesched.pipelines.progress import progress_bar  # noqa: E402
+
+SYNTHETIC = ("scenarios/heterogeneous-sleep.yaml", "scenarios/services-diurnal-sleep.yaml")
+FITTED = "scenarios/openb/openb-cpu-fitted-sleep.yaml"
+POOL = '["auto", "clairvoyant", "clairvoyant:fit_classes=8"]'
+#: arm -> (training scenarios, --set overrides)
+ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "default": (SYNTHETIC, ()),
+    "pool": (SYNTHETIC, (f"dqn.teacher_pool={POOL}",)),
+    "no-imitation": (SYNTHETIC, ("dqn.pretrain_episodes=0", "dqn.pretrain_updates=0", "dqn.bc_weight=0",
+                                 "dqn.bc_weight_end=0", "dqn.heuristic_explore=0")),
+    "fitted": ((*SYNTHETIC, FITTED), ()),
+    "no-prediction": (SYNTHETIC, ("dqn.prediction=false",)),
+}
+EXTRA = ("scenarios/openb/openb-eval.yaml", "scenarios/openb/openb-heldout-11600k.yaml", FITTED)
+
+
+def train_command(arm: str, seed: int, steps: int, model: Path) -> list[str]:
+    scenarios, sets = ARMS[arm]
+    cmd = [str(ROOT / ".venv" / "bin" / "joulesched"), "train", "--model", str(model), "--steps", str(steps),
+           "--seed", str(seed), "--workers", "1", "--no-progress", "--overwrite"]
+    for s in scenarios:
+        cmd += ["-s", str(ROOT / s)]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def _recipe(arm: str, seed: int, steps: int) -> dict:
+    scenarios, sets = ARMS[arm]
+    return {"arm": arm, "seed": seed, "steps": steps, "scenarios": list(scenarios), "sets": list(sets)}
+
+
+def _done(model: Path, recipe: dict) -> bool:
+    tag = model.with_suffix(".recipe.json")
+    return model.is_file() and tag.is_file() and json.loads(tag.read_text()) == recipe
+
+
+def train(arm: str, seed: int, steps: int, out_dir: Path) -> tuple[Path, float | None]:
+    """One training run (kept when already done with this recipe); the model and its wall seconds."""
+    from joulesched.core.fsio import atomic_write_text
+
+    model = out_dir / f"{arm}-s{seed}.pt"
+    recipe = _recipe(arm, seed, steps)
+    if not _done(model, recipe):
+        log = model.with_suffix(".log")
+        with open(log, "w") as fh:
+            rc = subprocess.run(train_command(arm, seed, steps, model), stdout=fh, stderr=subprocess.STDOUT,
+                                cwd=ROOT, check=False).returncode
+        if rc != 0:
+            raise SystemExit(f"training {arm} seed {seed} failed (exit {rc}); see {log}")
+        atomic_write_text(model.with_suffix(".recipe.json"), json.dumps(recipe) + "\n")
+    run = json.loads(model.with_suffix(".json").read_text())["training"]["runs"][-1]
+    return model, run.get("wall_s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arm", action="append", choices=sorted(ARMS), help="an arm (repeatable; default: all)")
+    ap.add_argument("--seeds", type=int, default=3, help="training seeds per arm (>= 3 for an interval worth reading)")
+    ap.add_argument("--steps", type=int, default=40_000, help="decisions per training run")
+    ap.add_argument("--jobs", type=int, default=2, help="trainings at a time")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "out" / "ablation")
+    ap.add_argument("--no-train", action="store_true", help="benchmark the models already in --out-dir")
+    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: arguments for bench/dqn_v2.py")
+    a = ap.parse_args()
+    if a.seeds < 1 or a.steps < 1 or a.jobs < 1:
+        ap.error("--seeds, --steps and --jobs must be >= 1")
+    arms = a.arm or list(ARMS)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    runs = [(arm, seed) for seed in range(a.seeds) for arm in arms]
+    models: dict[str, list[Path]] = {arm: [] for arm in arms}
+    walls: dict[str, list[float | None]] = {arm: [] for arm in arms}
+    if a.no_train:
+        for arm, seed in runs:
+            m = a.out_dir / f"{arm}-s{seed}.pt"
+            if not _done(m, _recipe(arm, seed, a.steps)):
+                ap.error(f"--no-train: {m} is missing or was trained with another recipe, seed or budget")
+            models[arm].append(m)
+    else:
+        with progress_bar() as bar, ThreadPoolExecutor(a.jobs) as pool:
+            task = bar.add_task("trainings", total=len(runs), item="")
+            futs = {pool.submit(train, arm, seed, a.steps, a.out_dir): (arm, seed) for arm, seed in runs}
+            for fut, (arm, seed) in futs.items():
+                bar.update(task, item=f"{arm} seed {seed}")
+                m, wall = fut.result()
+                models[arm].append(m)
+                walls[arm].append(wall)
+                bar.advance(task)
+        for arm in arms:
+            print(f"{arm}: training wall s {walls[arm]}")
+    extra = a.bench_args[1:] if a.bench_args[:1] == ["--"] else a.bench_args
+    cmd = [sys.executable, str(ROOT / "bench" / "dqn_v2.py"), "--model", f"v2={ROOT / 'models' / 'v2.pt'}",
+           "--policy", "clairvoyant=clairvoyant"]
+    for arm in arms:
+        cmd += ["--model", f"{arm}=" + ",".join(str(m) for m in models[arm])]
+    for e in EXTRA:
+        cmd += ["--extra", str(ROOT / e)]
+    if "--out" not in extra:
+        cmd += ["--out", str(a.out_dir / "bench.json")]
+    return subprocess.run([*cmd, *extra], cwd=ROOT, check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
