@@ -10,8 +10,8 @@ heuristic (family ``clairvoyant``): no "best heuristic" comparison includes it, 
 leaves it out.
 
 With exact lifetimes, co-location by end time pays before best fit (``fit_classes=1``, NILAS's own order, the
-default here): on heterogeneous-sleep it is 8 % below awake-first:fit=efficient, where with predicted lifetimes
-the same order loses (docs/PERFORMANCE.md, "The lifetime-aware heuristic").
+default here): on heterogeneous-sleep it is 5-10 % below the best sleep-aware heuristic (docs/dqn.md, "Issue 27"),
+where with predicted lifetimes the same order loses (docs/PERFORMANCE.md, "The lifetime-aware heuristic").
 """
 
 from __future__ import annotations
