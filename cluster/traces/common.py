@@ -439,7 +439,9 @@ def _mean_over(x: np.ndarray, m: np.ndarray, lo: float, hi: float) -> float:
     starts = np.concatenate(([-math.inf], x[1:]))
     ends = np.concatenate((x[1:], [math.inf]))
     ov = np.clip(np.minimum(ends, hi) - np.maximum(starts, lo), 0.0, None)
-    return float(np.dot(ov, m) / (hi - lo))
+    # math.fsum, not np.dot: BLAS sums in an order that changes between numpy builds, and the converted files
+    # must be the same bytes everywhere (tests/cluster/test_trace_samples.py).
+    return math.fsum((ov * m).tolist()) / (hi - lo)
 
 
 # ---- machines ---------------------------------------------------------------------------------------------
