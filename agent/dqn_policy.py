@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from joulesched.agent import fused
 from joulesched.agent.checkpoint import feature_names, load_model
 from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import QNetwork, limit_threads
@@ -153,6 +154,10 @@ class DQNPolicy:
         return feat.build(state, pod, mask, meta=meta, predictor=self.predictor)
 
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        if self.schema >= 2:
+            # Compiled before the first decision, not during it; and before the cap: compiling loads a BLAS
+            # library of its own (scipy's), which a cap applied earlier would not reach.
+            fused.warm()
         if self.threads > 0:
             limit_threads(self.threads)
         self._builder(state)
@@ -246,7 +251,23 @@ class DQNPolicy:
     def _sample(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, groups=None) -> tuple | None:
         """The sampled columns (sorted), the number of nodes each stands for, the positions of the feasible
         ones among them and the heuristics' picks; None when the exact grouping alone is within the budget
-        (module docstring)."""
+        (module docstring). Compiled passes (agent/fused.py); :meth:`_sample_np` is the same in numpy."""
+        n = len(st)
+        k = num_nodes_to_score(n, self.sample_pct or 0)
+        reps, cnt = feat.groups(st, mask) if groups is None else groups
+        if reps.size <= k:  # the busy nodes and one column per empty group: within the budget
+            return None
+        empty = st.pods[reps] == 0
+        picks = fused_picks(feat, st, pod, mask)
+        quota = max(1, k // 8)
+        cols, w, pos, self._sample_start = fused.sample(
+            mask, st.power_state, st.pods, feat.wpc, st.alloc_cpu, st.nz_cpu, pod.nz_cpu, picks[0], picks[1],
+            reps[empty], cnt[empty], k, self._sample_start, SAMPLE_PICKS, min(SAMPLE_FIT, quota),
+            min(SAMPLE_EFFICIENT, quota))
+        return cols, w, pos, picks
+
+    def _sample_np(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, groups=None) -> tuple | None:
+        """:meth:`_sample` in numpy (the reference tests/agent/test_fused.py compares it with)."""
         n = len(st)
         k = num_nodes_to_score(n, self.sample_pct or 0)
         reps, cnt = feat.groups(st, mask) if groups is None else groups
@@ -295,7 +316,15 @@ class DQNPolicy:
 
 
 def _smallest(v: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the ``k`` smallest values of ``v`` (any order)."""
+    """Positions of the ``k`` smallest values of ``v``, the lower position first among equal values (a stable
+    sort's first ``k``, as agent/fused.py keeps them)."""
     if v.size <= k:
         return np.arange(v.size)
-    return np.argpartition(v, k - 1)[:k]
+    return np.argsort(v, kind="stable")[:k]
+
+
+def fused_picks(feat, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~joulesched.agent.features.heuristic_picks` of the nodes where ``mask`` holds, compiled."""
+    t = feat.pick_tables
+    return fused.picks(mask, st.power_state, feat.wpc, st.alloc_cpu, st.alloc_mem, st.nz_cpu, st.nz_mem, t.cap,
+                       t.flat, t.rise, pod.nz_cpu, pod.nz_mem)

@@ -27,6 +27,7 @@ import weakref
 
 import numpy as np
 
+from joulesched.agent import fused
 from joulesched.agent.features_gpu_columns import CONTEXT_FEATURES_GPU, NODE_FEATURES_GPU, POD_FEATURES_GPU
 from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
 
@@ -510,53 +511,59 @@ class FeatureBuilderV2(FeatureBuilder):
         few vector operations). ``picks``: :func:`heuristic_picks` of the feasible nodes, if known."""
         return self._parts(st, pod, mask, cols, meta, predictor, picks)
 
+    def _full_node_columns(self, o: np.ndarray, st: ClusterState, pod: PodRequest, mask: np.ndarray,
+                           u: np.ndarray, w_now: np.ndarray) -> int:
+        """Every node's columns but the predicted ones into ``o``, in numpy (what fused.node_columns computes for
+        a sample); returns the number of feasible nodes."""
+        pc, pm = float(pod.nz_cpu), float(pod.nz_mem)
+        ps = st.power_state
+        asleep = ps == ASLEEP
+        inv_cpu = self.inv_cpu
+        share = pc * inv_cpu
+        ua = u + share
+        w_after = self._watts(ua)
+        pods = st.pods
+        np.multiply(st.req_cpu, inv_cpu, out=o[0], casting="unsafe")
+        np.multiply(st.req_mem, self.inv_mem, out=o[1], casting="unsafe")
+        np.multiply(pods, self.inv_pods, out=o[2], casting="unsafe")
+        np.minimum(u, 2.0, out=o[3], casting="unsafe")
+        np.minimum(ua, 2.0, out=o[4], casting="unsafe")
+        np.clip(ua - 1.0, 0.0, 1.0, out=o[5], casting="unsafe")
+        np.minimum((st.nz_cpu + pc) * inv_cpu, 1.5, out=o[6], casting="unsafe")
+        np.minimum((st.nz_mem + pm) * self.inv_mem, 1.5, out=o[7], casting="unsafe")
+        np.multiply(w_now, self.inv_max_peak, out=o[8], casting="unsafe")
+        np.multiply(w_after - w_now, self.inv_max_peak, out=o[9], casting="unsafe")
+        o[16] = asleep
+        o[17] = ps == WAKING
+        o[18] = pods == 0
+        np.minimum(share, 1.5, out=o[22], casting="unsafe")
+        idx = np.flatnonzero(mask)
+        af, pb = heuristic_picks(st, pod, idx, self.wpc, self.pick_tables)
+        o[23:25] = 0.0
+        o[23, af] = 1.0
+        o[24, pb] = 1.0
+        o[25] = mask
+        return idx.size
+
     def _parts(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, cols: np.ndarray | None, meta,
                predictor, picks) -> tuple[np.ndarray, np.ndarray]:
         ctx = self._ctx
         pc, pm = float(pod.nz_cpu), float(pod.nz_mem)
         ps = st.power_state
         u_all, w_all, n_asleep, n_waking = self.watts_now.update(st)
-        if cols is None:
-            o, sel, rows = self._node_t, slice(None), None
-            u, w_now = u_all, w_all
-        else:
+        if cols is not None:  # the sampled path: one compiled loop (agent/fused.py), the same numbers
             o, sel, rows = np.empty((N_NODE_V2, cols.size), dtype=np.float32), cols, cols
-            o[10:16] = self.static[cols].T
-            u, w_now = u_all[cols], w_all[cols]
-        asleep = ps[sel] == ASLEEP
-        inv_cpu = self.inv_cpu[sel]
-        share = pc * inv_cpu
-        ua = u + share
-        w_after = self._watts(ua, rows)
-        pods = st.pods[sel]
-        np.multiply(st.req_cpu[sel], inv_cpu, out=o[0], casting="unsafe")
-        np.multiply(st.req_mem[sel], self.inv_mem[sel], out=o[1], casting="unsafe")
-        np.multiply(pods, self.inv_pods[sel], out=o[2], casting="unsafe")
-        np.minimum(u, 2.0, out=o[3], casting="unsafe")
-        np.minimum(ua, 2.0, out=o[4], casting="unsafe")
-        np.clip(ua - 1.0, 0.0, 1.0, out=o[5], casting="unsafe")
-        np.minimum((st.nz_cpu[sel] + pc) * inv_cpu, 1.5, out=o[6], casting="unsafe")
-        np.minimum((st.nz_mem[sel] + pm) * self.inv_mem[sel], 1.5, out=o[7], casting="unsafe")
-        np.multiply(w_now, self.inv_max_peak, out=o[8], casting="unsafe")
-        np.multiply(w_after - w_now, self.inv_max_peak, out=o[9], casting="unsafe")
-        o[16] = asleep
-        o[17] = ps[sel] == WAKING
-        o[18] = pods == 0
-        np.minimum(share, 1.5, out=o[22], casting="unsafe")
-        idx = np.flatnonzero(mask)
-        af, pb = heuristic_picks(st, pod, idx, self.wpc, self.pick_tables) if picks is None else picks
-        if cols is None:
-            o[23:25] = 0.0
-            o[23, af] = 1.0
-            o[24, pb] = 1.0
+            if picks is None:
+                t = self.pick_tables
+                picks = fused.picks(mask, ps, self.wpc, st.alloc_cpu, st.alloc_mem, st.nz_cpu, st.nz_mem, t.cap,
+                                    t.flat, t.rise, pod.nz_cpu, pod.nz_mem)
+            fused.node_columns(o, cols, mask, ps, st.pods, st.req_cpu, st.req_mem, st.nz_cpu, st.nz_mem,
+                               self.inv_cpu, self.inv_mem, self.inv_pods, u_all, w_all, self.curves, self.static,
+                               self.inv_max_peak, pc, pm, picks[0], picks[1])
+            n_feasible = int(np.count_nonzero(mask))
         else:
-            flag = np.zeros(self.n, dtype=np.float32)
-            flag[af] = 1.0
-            o[23] = flag[cols]
-            flag[af] = 0.0
-            flag[pb] = 1.0
-            o[24] = flag[cols]
-        o[25] = mask[sel]
+            o, sel, rows = self._node_t, slice(None), None
+            n_feasible = self._full_node_columns(o, st, pod, mask, u_all, w_all)
         ctx[0] = min(pc / self.mean_cpu, 4.0)
         ctx[1] = min(pm / self.mean_mem, 4.0)
         ctx[2] = float(pod.best_effort)
@@ -568,7 +575,7 @@ class FeatureBuilderV2(FeatureBuilder):
         ctx[c + 1] = n_waking / n
         ctx[c + 2] = float(st.usage_cpu.sum()) / self.total_cap
         ctx[c + 3] = float(st.req_cpu.sum()) / self.total_cap
-        ctx[c + 4] = idx.size / n
+        ctx[c + 4] = n_feasible / n
         ctx[c + 5] = float(w_all.sum()) / self.total_peak
         ctx[c + 9] = self.wake_col
         if self.prediction and predictor is not None:

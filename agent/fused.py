@@ -1,0 +1,326 @@
+"""The DQN's per-decision passes over every node, compiled (numba): one loop each instead of dozens of numpy calls.
+
+At 5,000 busy nodes a sampled decision (agent/dqn_policy.py) made some sixty numpy calls over every node or over
+the sample: the heuristics' picks, the tightest fits, the most efficient nodes, the stride through the rest, and
+then the sampled nodes' feature columns. Each call is cheap, but their fixed cost and the passes over memory added
+up to most of a millisecond (docs/live.md, issue 28). Here each is one compiled loop, with the same arithmetic in
+the same order as the numpy code it replaces, so the results are equal, not close:
+
+* :func:`picks` is :func:`joulesched.agent.features.heuristic_picks` (ties, the 1e-9 W rounding and all);
+* :func:`sample` is the sample of ``DQNPolicy._sample_np`` (what the sample must hold is in dqn_policy's
+  docstring);
+* :func:`node_columns` is :meth:`FeatureBuilderV2.parts_at`'s node columns that read no predictor.
+
+tests/agent/test_fused.py checks each against its numpy counterpart on random states and along twin runs. The
+loops release the GIL (``nogil``), so a live scheduler's informer and binding threads run beside a decision.
+They are compiled on first use in each process (a second or two; ``DQNPolicy.reset`` does it before a run, see
+:func:`warm`), not cached on disk: an installed package's directory may be read-only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# cluster.state's power states (a compiled loop reads them as constants).
+_ASLEEP, _WAKING = 1, 2
+#: pabfd's rounding margin (agent/features.py, _ROUND_MARGIN).
+_ROUND_MARGIN = 1e-6
+
+
+@njit(cache=False, nogil=True)
+def _round9(x):
+    """numpy's ``np.round(x, 9)``: scale, round half to even, unscale."""
+    return np.rint(x * 1e9) / 1e9
+
+
+@njit(cache=False, nogil=True)
+def _draw(flat, rise, i, x):
+    """Node ``i``'s watts at ``x`` = utilisation x 10 (PickTables.draw)."""
+    j = min(int(x), 9)
+    k = i * 11 + j
+    return flat[k] + (x - j) * rise[k]
+
+
+@njit(cache=False, nogil=True)
+def _keep_min(idx, key, m):
+    """Keep, in order, the first ``m`` entries of ``idx`` whose ``key`` is the least of the first ``m`` keys (moved
+    to the front); returns how many."""
+    low = np.inf
+    for j in range(m):
+        if key[j] < low:
+            low = key[j]
+    c = 0
+    for j in range(m):
+        if key[j] == low:
+            idx[c] = idx[j]
+            c += 1
+    return c
+
+
+@njit(cache=False, nogil=True)
+def picks(mask, ps, wpc, alloc_cpu, alloc_mem, nz_cpu, nz_mem, cap, flat, rise, pod_cpu, pod_mem):
+    """(awake-first:fit=efficient's first nodes, pabfd's): :func:`~joulesched.agent.features.heuristic_picks`
+    over the nodes where ``mask`` holds; each an int64 array in node order (an exact tie names every tied node)."""
+    n = mask.size
+    n_feas = 0
+    w_min = np.inf
+    d_min = np.inf
+    d = np.empty(n)
+    any_awake = False
+    for i in range(n):
+        if not mask[i]:
+            continue
+        n_feas += 1
+        if ps[i] == _ASLEEP:
+            continue
+        any_awake = True
+        if wpc[i] < w_min:
+            w_min = wpc[i]
+        c = cap[i]
+        p0 = _draw(flat, rise, i, min(nz_cpu[i] / c, 1.0) * 10.0)
+        di = _draw(flat, rise, i, min((nz_cpu[i] + pod_cpu) / c, 1.0) * 10.0) - p0
+        d[i] = di
+        if di < d_min:
+            d_min = di
+    none = np.empty(0, dtype=np.int64)
+    if n_feas == 0:
+        return none, none
+    if not any_awake:  # wake: the most efficient sleeper, then the largest
+        k1 = np.inf
+        for i in range(n):
+            if mask[i] and wpc[i] < k1:
+                k1 = wpc[i]
+        k2 = np.inf
+        for i in range(n):
+            if mask[i] and wpc[i] == k1 and -float(alloc_cpu[i]) < k2:
+                k2 = -float(alloc_cpu[i])
+        cnt = 0
+        out = np.empty(n_feas, dtype=np.int64)
+        for i in range(n):
+            if mask[i] and wpc[i] == k1 and -float(alloc_cpu[i]) == k2:
+                out[cnt] = i
+                cnt += 1
+        wake = out[:cnt]
+        return wake, wake
+    # awake-first:fit=efficient: watts per core, then the smallest free CPU share, then memory share.
+    best = np.empty(n_feas, dtype=np.int64)
+    nb = 0
+    for i in range(n):
+        if mask[i] and ps[i] != _ASLEEP and wpc[i] == w_min:
+            best[nb] = i
+            nb += 1
+    if nb > 1:
+        kv = np.empty(nb)
+        for j in range(nb):
+            i = best[j]
+            kv[j] = (alloc_cpu[i] - nz_cpu[i] - pod_cpu) / float(max(alloc_cpu[i], 1))
+        nb = _keep_min(best, kv, nb)
+        if nb > 1:
+            for j in range(nb):
+                i = best[j]
+                kv[j] = (alloc_mem[i] - nz_mem[i] - pod_mem) / float(max(alloc_mem[i], 1))
+            nb = _keep_min(best, kv, nb)
+    # pabfd: the least power increase (rounded to 1e-9 W among those within the margin), then the tighter fit.
+    thr = d_min + _ROUND_MARGIN
+    r_min = np.inf
+    for i in range(n):
+        if mask[i] and ps[i] != _ASLEEP and d[i] <= thr:
+            r = _round9(d[i])
+            if r < r_min:
+                r_min = r
+    tie = np.empty(n_feas, dtype=np.int64)
+    nt = 0
+    for i in range(n):
+        if mask[i] and ps[i] != _ASLEEP and d[i] <= thr and _round9(d[i]) == r_min:
+            tie[nt] = i
+            nt += 1
+    if nt > 1:
+        fv = np.empty(nt)
+        for j in range(nt):
+            i = tie[j]
+            fv[j] = (cap[i] - nz_cpu[i] - pod_cpu) / cap[i]
+        nt = _keep_min(tie, fv, nt)
+    return best[:nb], tie[:nt]
+
+
+@njit(cache=False, nogil=True)
+def _push_smallest(buf_v, buf_i, filled, v, i):
+    """Keep the ``len(buf_v)`` smallest (value, index) pairs seen, sorted ascending; indices come in increasing
+    order, so among equal values the lower index is kept: the first entries of a stable argsort."""
+    cap = buf_v.size
+    if filled == cap and not v < buf_v[cap - 1]:
+        return filled
+    j = filled if filled < cap else cap - 1
+    while j > 0 and v < buf_v[j - 1]:
+        buf_v[j] = buf_v[j - 1]
+        buf_i[j] = buf_i[j - 1]
+        j -= 1
+    buf_v[j] = v
+    buf_i[j] = i
+    return filled + 1 if filled < cap else filled
+
+
+@njit(cache=False, nogil=True)
+def sample(mask, ps, pods, wpc, alloc_cpu, nz_cpu, pod_cpu, af, pb, er, er_cnt, k, start, n_picks, n_fit, n_eff):
+    """The sampled columns (sorted), the number of nodes each stands for, the positions of the feasible ones among
+    them, and the next stride start: ``DQNPolicy._sample_np`` after its picks. ``af``, ``pb``: the heuristics'
+    picks; ``er``, ``er_cnt``: the representatives of the empty-node groups and their sizes; ``k``: the budget;
+    ``start``: where the stride through the other busy nodes begins; ``n_picks``, ``n_fit``, ``n_eff``: how many
+    busy picks of each heuristic, tightest fits among the awake busy feasible nodes and most efficient busy
+    feasible nodes the sample always holds."""
+    n = mask.size
+    must = np.zeros(n, dtype=np.bool_)
+    for p in (af, pb):
+        c = 0
+        for j in range(p.size):
+            if c == n_picks:
+                break
+            i = p[j]
+            if pods[i] > 0:
+                must[i] = True
+                c += 1
+    fit_v = np.empty(n_fit)
+    fit_i = np.empty(n_fit, dtype=np.int64)
+    eff_v = np.empty(n_eff)
+    eff_i = np.empty(n_eff, dtype=np.int64)
+    nf = ne = 0
+    n_busy = 0
+    for i in range(n):
+        if pods[i] <= 0:
+            continue
+        n_busy += 1
+        if not mask[i]:
+            continue
+        if n_eff > 0:
+            ne = _push_smallest(eff_v, eff_i, ne, wpc[i], i)
+        if n_fit > 0 and ps[i] != _ASLEEP:
+            free = (alloc_cpu[i] - nz_cpu[i] - pod_cpu) / max(alloc_cpu[i], 1)
+            nf = _push_smallest(fit_v, fit_i, nf, free, i)
+    for j in range(nf):
+        must[fit_i[j]] = True
+    for j in range(ne):
+        must[eff_i[j]] = True
+    n_must = 0
+    for i in range(n):
+        if must[i]:
+            n_must += 1
+    # The stride through the other busy nodes, each standing for rest / r nodes.
+    n_rest = n_busy - n_must
+    r = max(k - n_must - er.size, min(n_rest, 16))
+    w = np.zeros(n)
+    for i in range(n):
+        if must[i]:
+            w[i] = 1.0
+    nxt = start
+    if n_rest > r:
+        step = n_rest / r
+        st = start % n_rest
+        nxt = (st + 1) % n_rest
+        take = np.zeros(n_rest, dtype=np.bool_)
+        for j in range(r):
+            take[(st + int(j * step)) % n_rest] = True
+        w_rest = n_rest / r
+    else:
+        take = np.ones(n_rest, dtype=np.bool_)
+        w_rest = 1.0
+    q = 0
+    for i in range(n):
+        if pods[i] > 0 and not must[i]:
+            if take[q]:
+                w[i] = w_rest
+            q += 1
+    for j in range(er.size):
+        w[er[j]] = er_cnt[j]
+    m = 0
+    for i in range(n):
+        if w[i] > 0.0:
+            m += 1
+    cols = np.empty(m, dtype=np.int64)
+    cw = np.empty(m)
+    pos = np.empty(m, dtype=np.int64)
+    c = 0
+    npos = 0
+    for i in range(n):
+        if w[i] > 0.0:
+            cols[c] = i
+            cw[c] = w[i]
+            if mask[i]:
+                pos[npos] = c
+                npos += 1
+            c += 1
+    return cols, cw, pos[:npos], nxt
+
+
+@njit(cache=False, nogil=True)
+def _minimum(a, b):
+    """``np.minimum`` of two floats (NaN propagates)."""
+    return a if (a < b or a != a) else b
+
+
+@njit(cache=False, nogil=True)
+def node_columns(o, cols, mask, ps, pods, req_cpu, req_mem, nz_cpu, nz_mem, inv_cpu, inv_mem, inv_pods, u_all,
+                 w_all, curves, static, inv_max_peak, pc, pm, af, pb):
+    """Schema 2's node columns of the nodes ``cols`` into ``o`` (N_NODE_V2, len(cols)), as
+    :meth:`FeatureBuilderV2.parts_at` writes them, except the three predicted ones (19-21: the caller's)."""
+    n = mask.size
+    flag = np.zeros(n, dtype=np.int8)
+    for j in range(af.size):
+        flag[af[j]] |= 1
+    for j in range(pb.size):
+        flag[pb[j]] |= 2
+    for c in range(cols.size):
+        i = cols[c]
+        ic = inv_cpu[i]
+        u = u_all[i]
+        w_now = w_all[i]
+        share = pc * ic
+        ua = u + share
+        if ua != ua:  # NaN in, NaN out (as numpy; an index from it would read anywhere)
+            w_after = ua
+        else:
+            x = min(max(ua, 0.0), 1.0) * 10.0
+            k = min(int(x), 9)
+            lo = curves[i, k]
+            w_after = lo + (x - k) * (curves[i, k + 1] - lo)
+        o[0, c] = req_cpu[i] * ic
+        o[1, c] = req_mem[i] * inv_mem[i]
+        o[2, c] = pods[i] * inv_pods[i]
+        o[3, c] = _minimum(u, 2.0)
+        o[4, c] = _minimum(ua, 2.0)
+        o[5, c] = _minimum(ua - 1.0 if ua - 1.0 > 0.0 or ua != ua else 0.0, 1.0)
+        o[6, c] = _minimum((nz_cpu[i] + pc) * ic, 1.5)
+        o[7, c] = _minimum((nz_mem[i] + pm) * inv_mem[i], 1.5)
+        o[8, c] = w_now * inv_max_peak
+        o[9, c] = (w_after - w_now) * inv_max_peak
+        for f in range(6):
+            o[10 + f, c] = static[i, f]
+        o[16, c] = ps[i] == _ASLEEP
+        o[17, c] = ps[i] == _WAKING
+        o[18, c] = pods[i] == 0
+        o[22, c] = _minimum(share, 1.5)
+        o[23, c] = flag[i] & 1
+        o[24, c] = (flag[i] >> 1) & 1
+        o[25, c] = mask[i]
+
+
+_warm = False
+
+
+def warm() -> None:
+    """Compile every loop here for the types a decision passes (once per process, a second or two), so the first
+    decision of a run is not the one that pays for it."""
+    global _warm
+    if _warm:
+        return
+    n = 3
+    mask = np.ones(n, dtype=np.bool_)
+    ps = np.zeros(n, dtype=np.int8)
+    i64 = np.arange(1, n + 1, dtype=np.int64)
+    f64 = np.ones(n)
+    curves = np.tile(np.linspace(50.0, 100.0, 11), (n, 1))
+    af, pb = picks(mask, ps, f64, i64, i64, i64, i64, f64, curves.reshape(-1), np.zeros(n * 11), 1, 1)
+    cols, w, pos, _ = sample(mask, ps, i64, f64, i64, i64, 1, af, pb, i64[:0], f64[:0], 2, 0, 1, 1, 1)
+    node_columns(np.zeros((26, cols.size), dtype=np.float32), cols, mask, ps, i64, i64, i64, i64, i64, f64, f64,
+                 f64, f64, f64, curves, np.zeros((n, 6)), 1.0, 1.0, 1.0, af, pb)
+    _warm = True
