@@ -19,6 +19,8 @@ They are compiled on first use in each process (a second or two; ``DQNPolicy.res
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -323,4 +325,58 @@ def warm() -> None:
     cols, w, pos, _ = sample(mask, ps, i64, f64, i64, i64, 1, af, pb, i64[:0], f64[:0], 2, 0, 1, 1, 1)
     node_columns(np.zeros((26, cols.size), dtype=np.float32), cols, mask, ps, i64, i64, i64, i64, i64, f64, f64,
                  f64, f64, f64, curves, np.zeros((n, 6)), 1.0, 1.0, 1.0, af, pb)
+    advance_view(1.0, n, f64.copy(), i64 - 1, f64, i64 - 1, np.full(n, -np.inf), np.zeros(n, dtype=np.bool_),
+                 np.full(n, -np.inf), np.ones((n, 4)), np.full(n, -np.inf), np.zeros(n), 600.0, f64, 2.0)
     _warm = True
+
+
+@njit(cache=False, nogil=True)
+def advance_view(now, m, t0, kid, cpu, node, end, stay, nxt, table, n_end, n_stay, h, edges, scale):
+    """The predictor's incremental view brought to ``now`` (PodPredictor._advance): every running pod (slots below
+    ``m``) whose bin or "still there in ``h``" flag may have changed by ``now`` (``nxt[k] <= now``; a new pod has
+    -inf) evaluated afresh, its node's aggregates patched. One pass over the pods instead of a heap: no per-pod
+    Python. Returns the nodes whose latest predicted end fell (the caller recomputes them from their pods)."""
+    top = table.shape[1] - 1
+    after = np.nextafter(now, np.inf)
+    fell = np.empty(0, dtype=np.int64)
+    n_fell = 0
+    for k in range(m):
+        if not nxt[k] <= now:
+            continue
+        t0k = t0[k]
+        age = max(now - t0k, 0.0)
+        b = min(int(scale * math.log(max(age, 1.0))), top)
+        tb = table[kid[k], b]
+        st = max(tb - age, max(1.0, 0.05 * age)) > h
+        nx = np.inf
+        if b < top:
+            edge = t0k + edges[b + 1]
+            nx = edge - 1e-12 * (abs(edge) + abs(t0k) + 1.0)
+        c = t0k + tb - h  # T - age falls to h
+        margin = 1e-12 * (abs(c) + abs(t0k) + 1.0)
+        if c > now - margin:
+            nx = min(nx, c - margin)
+        c = t0k + h / 0.05  # age / 20 passes h
+        margin = 1e-12 * (abs(c) + abs(t0k) + 1.0)
+        if c > now - margin:
+            nx = min(nx, c - margin)
+        if nx <= now:
+            nx = after
+        e = t0k + tb
+        j = node[k]
+        old = end[k]
+        if st != stay[k]:
+            n_stay[j] += cpu[k] if st else -cpu[k]
+        if old == n_end[j] and e < old:
+            if n_fell == fell.size:
+                grown = np.empty(max(8, 2 * fell.size), dtype=np.int64)
+                grown[:n_fell] = fell[:n_fell]
+                fell = grown
+            fell[n_fell] = j
+            n_fell += 1
+        end[k] = e
+        stay[k] = st
+        nxt[k] = nx
+        if e > n_end[j]:
+            n_end[j] = e
+    return fell[:n_fell]

@@ -26,9 +26,10 @@ shuffles the true durations of pods that have not ended yet and checks that no d
   node's largest remaining life is ``max(max_p (t0_p + T_p) - now, 1, (now - min_p t0_p) / 20)`` and its
   "still there in ``horizon_s``" flag changes only at two known times. Per node the view keeps the pod count,
   the requested CPU, the CPU still there, ``max (t0 + T)`` and ``min t0``; a bind or an end patches its node
-  (O(1), a node's max recomputed from its own pods when the pod that held it leaves), and each pod's next
-  change (bin edge, flag flip) waits in a heap, so a decision touches only the pods whose bin or flag changed
-  since the last one. A new table (more pods ended) recomputes the view once, vectorised.
+  (O(1), a node's max recomputed from its own pods when the pod that held it leaves), and each pod keeps the
+  time of its next change (bin edge, flag flip), so a decision re-evaluates only the pods whose bin or flag
+  changed since the last one (one compiled pass over the pods' next-change times finds them: a heap cost more
+  in its Python pops than the scan, agent/fused.py). A new table (more pods ended) recomputes the view once, vectorised.
   :meth:`PodPredictor.nodes_scratch` is the from-scratch computation it equals (up to float rounding;
   ``tests/agent/test_predictor_incremental.py``).
 * **Arrivals.** Exponentially weighted rates of placements (requested CPU per second) over 5 minutes and an
@@ -41,7 +42,6 @@ the same calls.
 
 from __future__ import annotations
 
-import heapq
 import math
 import threading
 import time
@@ -49,6 +49,8 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 
 import numpy as np
+
+from joulesched.agent import fused
 
 #: Log-spaced lifetime bins: edge k is 2 ** (k / 2) seconds (1 s ... 2 ** 23.5 s, about 135 days).
 N_BINS = 48
@@ -206,7 +208,7 @@ class PodPredictor:
     """
 
     SHORT_S, LONG_S = 300.0, 3600.0
-    _POD_ARRAYS = ("_node", "_t0", "_kid", "_cpu", "_learn", "_pid", "_end", "_stay", "_next")
+    _POD_ARRAYS = ("_node", "_t0", "_kid", "_cpu", "_learn", "_end", "_stay", "_next")
     _NODE_ARRAYS = ("_n_cnt", "_n_total", "_n_stay", "_n_end", "_n_t0")
 
     def __init__(self, horizon_s: float = 600.0, shrink: float = 3.0, prior_s: float = 600.0) -> None:
@@ -227,19 +229,14 @@ class PodPredictor:
         self._kid = np.zeros(cap, dtype=np.int64)
         self._cpu = np.zeros(cap)
         self._learn = np.zeros(cap, dtype=bool)  # its start was seen: its lifetime may be learned from
-        # The incremental node view (module docstring). Per pod: a stable id, t0 + T (-inf until first
-        # evaluated), its "still there in horizon_s" flag, and when its bin or flag may next change.
-        self._pid = np.zeros(cap, dtype=np.int64)
+        # The incremental node view (module docstring). Per pod: t0 + T (-inf until first evaluated), its
+        # "still there in horizon_s" flag, and when its bin or flag may next change (-inf: at the next query).
         self._end = np.full(cap, -np.inf)
         self._stay = np.zeros(cap, dtype=bool)
         self._next = np.full(cap, -np.inf)
-        self._slot_of: dict[int, int] = {}  # pid -> slot
-        self._pids = 0
-        self._heap: list[tuple[float, int]] = []  # (next change, pid); stale entries are skipped
         self.m = 0
         self._new_nodes(0)
         self._table_seen: np.ndarray | None = None  # the table the view was computed with (None: recompute)
-        self._table_rows: list[list[float]] = []
         self._t_view = -np.inf  # the time the view was last brought to
         self._t0_max = -np.inf  # no running pod started after this
         self._rate_s, self._rate_l = _Rate(self.SHORT_S), _Rate(self.LONG_S)
@@ -323,11 +320,7 @@ class PodPredictor:
         self._keys.append(key)
         self._node[k], self._t0[k], self._kid[k], self._cpu[k] = node, t, self.kid_of(meta), cpu_m
         self._learn[k] = learn
-        pid = self._pids
-        self._pids += 1
-        self._pid[k], self._end[k], self._stay[k], self._next[k] = pid, -np.inf, False, -np.inf
-        self._slot_of[pid] = k
-        heapq.heappush(self._heap, (-np.inf, pid))  # evaluated at the next query
+        self._end[k], self._stay[k], self._next[k] = -np.inf, False, -np.inf  # evaluated at the next query
         self.m = k + 1
         if node >= self._n_cnt.size:
             self._grow_nodes(node + 1)
@@ -369,7 +362,6 @@ class PodPredictor:
                 self._n_total[j] -= self._cpu[k]
                 if self._stay[k]:
                     self._n_stay[j] -= self._cpu[k]
-        del self._slot_of[int(self._pid[k])]
         last = self.m - 1
         if k != last:  # swap-remove keeps the running pods in [0, m)
             lk = self._keys[last]
@@ -382,7 +374,6 @@ class PodPredictor:
                 lm = self._members[int(self._node[k])]
                 lm.discard(last)
                 lm.add(k)
-            self._slot_of[int(self._pid[k])] = k
         self._keys.pop()
         self.m = last
         if held_end or held_t0:
@@ -429,90 +420,18 @@ class PodPredictor:
         self._n_stay[:] = np.bincount(node, weights=self._cpu[:m] * stay, minlength=n)
         self._n_end[:] = -np.inf
         np.maximum.at(self._n_end, node, end)
-        live = np.isfinite(nxt)
-        self._heap = list(zip(nxt[live].tolist(), self._pid[:m][live].tolist()))
-        heapq.heapify(self._heap)
         self._table_seen = table
-        self._table_rows = table.tolist()  # for :meth:`_advance_few`
 
     def _advance(self, now: float, table: np.ndarray) -> None:
-        """Re-evaluate the pods whose bin or flag may have changed by ``now`` (and the new ones)."""
-        heap, slot_of, nxt_of = self._heap, self._slot_of, self._next
-        due: list[int] = []
-        while heap and heap[0][0] <= now:
-            t, pid = heapq.heappop(heap)
-            k = slot_of.get(pid)
-            if k is not None and nxt_of[k] == t:
-                due.append(k)
-        if not due:
-            return
-        if len(due) <= 32:  # the common case: numpy's per-call cost would dominate
-            self._advance_few(now, due, table)
-            return
-        s = np.asarray(due, dtype=np.int64)
-        end, stay, nxt = self._evaluate(now, s, table)
-        node = self._node[s]
-        old_end, old_stay = self._end[s], self._stay[s]
-        held = old_end == self._n_end[node]
-        self._end[s], self._stay[s], self._next[s] = end, stay, nxt
-        flip = stay != old_stay
-        if flip.any():
-            np.add.at(self._n_stay, node[flip], np.where(stay[flip], self._cpu[s[flip]], -self._cpu[s[flip]]))
-        np.maximum.at(self._n_end, node, end)
-        fell = held & (end < old_end)
-        if fell.any():
-            for j in np.unique(node[fell]).tolist():
+        """Re-evaluate the pods whose bin or flag may have changed by ``now`` (and the new ones): one compiled
+        pass over the running pods (agent/fused.py), the formulas of :meth:`_evaluate` one pod at a time."""
+        m = self.m
+        fell = fused.advance_view(float(now), m, self._t0, self._kid, self._cpu, self._node, self._end, self._stay,
+                                  self._next, table, self._n_end, self._n_stay, self.horizon_s, _EDGES,
+                                  2.0 / _LOG2)
+        if fell.size:
+            for j in np.unique(fell).tolist():
                 self._recompute_node(j)
-        for t, pid in zip(nxt.tolist(), self._pid[s].tolist()):
-            if t != math.inf:
-                heapq.heappush(heap, (t, pid))
-        if len(heap) > 4 * self.m + 4096:  # ended pods' entries: drop them
-            m = self.m
-            live = np.isfinite(self._next[:m])
-            self._heap = list(zip(self._next[:m][live].tolist(), self._pid[:m][live].tolist()))
-            heapq.heapify(self._heap)
-
-    def _advance_few(self, now: float, due: list[int], table: np.ndarray) -> None:
-        """:meth:`_advance` for a few pods, one at a time in Python floats (the same formulas as
-        :meth:`_evaluate`, so the same flags)."""
-        h = self.horizon_s
-        scale, top = 2.0 / _LOG2, N_BINS - 1
-        t0a, kida, cpua, nodea = self._t0, self._kid, self._cpu, self._node
-        rows = self._table_rows
-        ends, stays, nexts, n_end, n_stay = self._end, self._stay, self._next, self._n_end, self._n_stay
-        heap, pida = self._heap, self._pid
-        fell: list[int] = []
-        after = math.nextafter(now, math.inf)
-        for k in due:
-            t0 = t0a.item(k)
-            age = max(now - t0, 0.0)
-            b = min(int(scale * math.log(max(age, 1.0))), top)
-            tb = rows[kida.item(k)][b]
-            stay = max(tb - age, max(1.0, 0.05 * age)) > h
-            nxt = math.inf
-            if b < top:
-                edge = t0 + float(_EDGES[b + 1])
-                nxt = edge - 1e-12 * (abs(edge) + abs(t0) + 1.0)
-            for c in (t0 + tb - h, t0 + h / 0.05):
-                margin = 1e-12 * (abs(c) + abs(t0) + 1.0)
-                if c > now - margin:
-                    nxt = min(nxt, c - margin)
-            if nxt <= now:
-                nxt = after
-            end = t0 + tb
-            j = nodea.item(k)
-            old_end = ends.item(k)
-            if stay != stays.item(k):
-                n_stay[j] += cpua.item(k) if stay else -cpua.item(k)
-            if old_end == n_end[j] and end < old_end:
-                fell.append(j)
-            ends[k], stays[k], nexts[k] = end, stay, nxt
-            if end > n_end[j]:
-                n_end[j] = end
-            if nxt != math.inf:
-                heapq.heappush(heap, (nxt, pida.item(k)))
-        for j in fell:
-            self._recompute_node(j)
 
     # ---- predictions --------------------------------------------------------------------------------------
     def pod_remaining(self, meta, age: float = 0.0) -> float:
