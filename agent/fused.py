@@ -45,105 +45,76 @@ def _draw(flat, rise, i, x):
 
 
 @njit(cache=False, nogil=True)
-def _keep_min(idx, key, m):
-    """Keep, in order, the first ``m`` entries of ``idx`` whose ``key`` is the least of the first ``m`` keys (moved
-    to the front); returns how many."""
-    low = np.inf
-    for j in range(m):
-        if key[j] < low:
-            low = key[j]
-    c = 0
-    for j in range(m):
-        if key[j] == low:
-            idx[c] = idx[j]
-            c += 1
-    return c
-
-
-@njit(cache=False, nogil=True)
 def picks(mask, ps, wpc, alloc_cpu, alloc_mem, nz_cpu, nz_mem, cap, flat, rise, pod_cpu, pod_mem):
     """(awake-first:fit=efficient's first nodes, pabfd's): :func:`~joulesched.agent.features.heuristic_picks`
-    over the nodes where ``mask`` holds; each an int64 array in node order (an exact tie names every tied node)."""
+    over the nodes where ``mask`` holds; each an int64 array in node order (an exact tie names every tied node).
+    Successive minima over keys keep the nodes whose keys equal the lexicographic minimum, so each heuristic
+    is one running minimum with its ties (a later key computed only where the earlier ones do not already
+    lose): the first pass does awake-first and every awake node's power increase, the second pabfd among the
+    increases within the rounding margin of the least."""
     n = mask.size
-    n_feas = 0
-    w_min = np.inf
-    d_min = np.inf
     d = np.empty(n)
-    any_awake = False
+    d_min = np.inf
+    af = np.empty(n, dtype=np.int64)
+    n_af = 0
+    b1 = b2 = b3 = np.inf
+    wake = np.empty(n, dtype=np.int64)
+    n_wake = 0
+    w1 = w2 = np.inf
     for i in range(n):
         if not mask[i]:
             continue
-        n_feas += 1
+        w = wpc[i]
         if ps[i] == _ASLEEP:
+            if n_af == 0 and w <= w1:  # while no awake node is feasible: the most efficient sleeper, the largest
+                k2 = -float(alloc_cpu[i])
+                if w < w1 or k2 < w2:
+                    w1, w2 = w, k2
+                    wake[0] = i
+                    n_wake = 1
+                elif k2 == w2:
+                    wake[n_wake] = i
+                    n_wake += 1
             continue
-        any_awake = True
-        if wpc[i] < w_min:
-            w_min = wpc[i]
+        # awake-first:fit=efficient: watts per core, then the smallest free CPU share, then memory share.
+        if w <= b1:
+            k2 = (alloc_cpu[i] - nz_cpu[i] - pod_cpu) / float(max(alloc_cpu[i], 1))
+            if w < b1 or k2 <= b2:
+                k3 = (alloc_mem[i] - nz_mem[i] - pod_mem) / float(max(alloc_mem[i], 1))
+                if w < b1 or k2 < b2 or k3 < b3:
+                    b1, b2, b3 = w, k2, k3
+                    af[0] = i
+                    n_af = 1
+                elif k3 == b3:
+                    af[n_af] = i
+                    n_af += 1
         c = cap[i]
         p0 = _draw(flat, rise, i, min(nz_cpu[i] / c, 1.0) * 10.0)
         di = _draw(flat, rise, i, min((nz_cpu[i] + pod_cpu) / c, 1.0) * 10.0) - p0
         d[i] = di
         if di < d_min:
             d_min = di
-    none = np.empty(0, dtype=np.int64)
-    if n_feas == 0:
-        return none, none
-    if not any_awake:  # wake: the most efficient sleeper, then the largest
-        k1 = np.inf
-        for i in range(n):
-            if mask[i] and wpc[i] < k1:
-                k1 = wpc[i]
-        k2 = np.inf
-        for i in range(n):
-            if mask[i] and wpc[i] == k1 and -float(alloc_cpu[i]) < k2:
-                k2 = -float(alloc_cpu[i])
-        cnt = 0
-        out = np.empty(n_feas, dtype=np.int64)
-        for i in range(n):
-            if mask[i] and wpc[i] == k1 and -float(alloc_cpu[i]) == k2:
-                out[cnt] = i
-                cnt += 1
-        wake = out[:cnt]
-        return wake, wake
-    # awake-first:fit=efficient: watts per core, then the smallest free CPU share, then memory share.
-    best = np.empty(n_feas, dtype=np.int64)
-    nb = 0
-    for i in range(n):
-        if mask[i] and ps[i] != _ASLEEP and wpc[i] == w_min:
-            best[nb] = i
-            nb += 1
-    if nb > 1:
-        kv = np.empty(nb)
-        for j in range(nb):
-            i = best[j]
-            kv[j] = (alloc_cpu[i] - nz_cpu[i] - pod_cpu) / float(max(alloc_cpu[i], 1))
-        nb = _keep_min(best, kv, nb)
-        if nb > 1:
-            for j in range(nb):
-                i = best[j]
-                kv[j] = (alloc_mem[i] - nz_mem[i] - pod_mem) / float(max(alloc_mem[i], 1))
-            nb = _keep_min(best, kv, nb)
+    if n_af == 0:
+        out = wake[:n_wake]
+        return out, out
     # pabfd: the least power increase (rounded to 1e-9 W among those within the margin), then the tighter fit.
     thr = d_min + _ROUND_MARGIN
-    r_min = np.inf
+    pb = np.empty(n, dtype=np.int64)
+    n_pb = 0
+    r1 = r2 = np.inf
     for i in range(n):
         if mask[i] and ps[i] != _ASLEEP and d[i] <= thr:
             r = _round9(d[i])
-            if r < r_min:
-                r_min = r
-    tie = np.empty(n_feas, dtype=np.int64)
-    nt = 0
-    for i in range(n):
-        if mask[i] and ps[i] != _ASLEEP and d[i] <= thr and _round9(d[i]) == r_min:
-            tie[nt] = i
-            nt += 1
-    if nt > 1:
-        fv = np.empty(nt)
-        for j in range(nt):
-            i = tie[j]
-            fv[j] = (cap[i] - nz_cpu[i] - pod_cpu) / cap[i]
-        nt = _keep_min(tie, fv, nt)
-    return best[:nb], tie[:nt]
+            if r <= r1:
+                f = (cap[i] - nz_cpu[i] - pod_cpu) / cap[i]
+                if r < r1 or f < r2:
+                    r1, r2 = r, f
+                    pb[0] = i
+                    n_pb = 1
+                elif f == r2:
+                    pb[n_pb] = i
+                    n_pb += 1
+    return af[:n_af], pb[:n_pb]
 
 
 @njit(cache=False, nogil=True)
@@ -327,6 +298,7 @@ def warm() -> None:
                  f64, f64, f64, curves, np.zeros((n, 6)), 1.0, 1.0, 1.0, af, pb)
     advance_view(1.0, n, f64.copy(), i64 - 1, f64, i64 - 1, np.full(n, -np.inf), np.zeros(n, dtype=np.bool_),
                  np.full(n, -np.inf), np.ones((n, 4)), np.full(n, -np.inf), np.zeros(n), 600.0, f64, 2.0)
+    empty_groups(i64 - 1, np.zeros(n, dtype=np.int64), ps, mask)
     _warm = True
 
 
@@ -380,3 +352,44 @@ def advance_view(now, m, t0, kid, cpu, node, end, stay, nxt, table, n_end, n_sta
         if e > n_end[j]:
             n_end[j] = e
     return fell[:n_fell]
+
+
+@njit(cache=False, nogil=True)
+def empty_groups(pods, node_class, ps, mask):
+    """FeatureBuilderV2.groups: the representatives (every busy node, and the lowest-index node of each group of
+    empty nodes of one class, power state and feasibility) in node order, with the number of nodes each stands
+    for; keys index a table (class x 6 + state x 2 + fits), so no sort. Returns (reps, counts, empty nodes,
+    groups): the caller keeps every node where fewer than two are empty or no two share a group."""
+    n = pods.size
+    top = 0
+    for i in range(n):
+        if node_class[i] > top:
+            top = node_class[i]
+    first = np.full(top * 6 + 6, -1, dtype=np.int64)
+    count = np.zeros(top * 6 + 6)
+    n_empty = 0
+    n_groups = 0
+    for i in range(n):
+        if pods[i] == 0:
+            key = node_class[i] * 6 + ps[i] * 2 + (1 if mask[i] else 0)
+            if first[key] < 0:
+                first[key] = i
+                n_groups += 1
+            count[key] += 1.0
+            n_empty += 1
+    m = n - n_empty + n_groups
+    reps = np.empty(m, dtype=np.int64)
+    cnt = np.empty(m)
+    c = 0
+    for i in range(n):
+        if pods[i] != 0:
+            reps[c] = i
+            cnt[c] = 1.0
+            c += 1
+        else:
+            key = node_class[i] * 6 + ps[i] * 2 + (1 if mask[i] else 0)
+            if first[key] == i:
+                reps[c] = i
+                cnt[c] = count[key]
+                c += 1
+    return reps, cnt, n_empty, n_groups
