@@ -153,11 +153,16 @@ class DQNPolicy:
         self.feed.sync(state)
         return feat.build(state, pod, mask, meta=meta, predictor=self.predictor)
 
-    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+    def warm(self) -> None:
+        """Compile the decision path's loops (agent/fused.py; a few seconds, once per process). A live scheduler
+        calls it before its first decision, with no lock held; :meth:`reset` does it otherwise."""
         if self.schema >= 2:
-            # Compiled before the first decision, not during it; and before the cap: compiling loads a BLAS
-            # library of its own (scipy's), which a cap applied earlier would not reach.
             fused.warm()
+
+    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        # Before the cap: compiling loads a BLAS library of its own (scipy's), which a cap applied earlier would
+        # not reach.
+        self.warm()
         if self.threads > 0:
             limit_threads(self.threads)
         self._builder(state)

@@ -101,6 +101,9 @@ class Extender:
         attach = getattr(policy, "attach", None)
         if attach is not None:  # the DQN's lifetime predictor learns from the cache's pod events, as in serve
             attach(self)
+        warm = getattr(policy, "warm", None)
+        if warm is not None:  # compiled code built before the first request, not inside it
+            warm()
         reg = cache.registry
         self.requests = Counter("joulesched_extender_requests", "Extender requests by verb and result.",
                                 ["verb", "result"], registry=reg)
