@@ -263,7 +263,7 @@ class DQNPolicy:
         if reps.size <= k:  # the busy nodes and one column per empty group: within the budget
             return None
         empty = st.pods[reps] == 0
-        picks = fused_picks(feat, st, pod, mask)
+        picks = feat.compiled_picks(st, pod, mask)
         quota = max(1, k // 8)
         cols, w, pos, self._sample_start = fused.sample(
             mask, st.power_state, st.pods, feat.wpc, st.alloc_cpu, st.nz_cpu, pod.nz_cpu, picks[0], picks[1],
@@ -327,9 +327,3 @@ def _smallest(v: np.ndarray, k: int) -> np.ndarray:
         return np.arange(v.size)
     return np.argsort(v, kind="stable")[:k]
 
-
-def fused_picks(feat, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`~joulesched.agent.features.heuristic_picks` of the nodes where ``mask`` holds, compiled."""
-    t = feat.pick_tables
-    return fused.picks(mask, st.power_state, feat.wpc, st.alloc_cpu, st.alloc_mem, st.nz_cpu, st.nz_mem, t.cap,
-                       t.flat, t.rise, pod.nz_cpu, pod.nz_mem)

@@ -492,6 +492,12 @@ class FeatureBuilderV2(FeatureBuilder):
         few vector operations). ``picks``: :func:`heuristic_picks` of the feasible nodes, if known."""
         return self._parts(st, pod, mask, cols, meta, predictor, picks)
 
+    def compiled_picks(self, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`heuristic_picks` of the nodes where ``mask`` holds, in one compiled pass (agent/fused.py)."""
+        t = self.pick_tables
+        return fused.picks(mask, st.power_state, self.wpc, st.alloc_cpu, st.alloc_mem, st.nz_cpu, st.nz_mem, t.cap,
+                           t.flat, t.rise, pod.nz_cpu, pod.nz_mem)
+
     def _full_node_columns(self, o: np.ndarray, st: ClusterState, pod: PodRequest, mask: np.ndarray,
                            u: np.ndarray, w_now: np.ndarray) -> int:
         """Every node's columns but the predicted ones into ``o``, in numpy (what fused.node_columns computes for
@@ -535,9 +541,7 @@ class FeatureBuilderV2(FeatureBuilder):
         if cols is not None:  # the sampled path: one compiled loop (agent/fused.py), the same numbers
             o, sel, rows = np.empty((N_NODE_V2, cols.size), dtype=np.float32), cols, cols
             if picks is None:
-                t = self.pick_tables
-                picks = fused.picks(mask, ps, self.wpc, st.alloc_cpu, st.alloc_mem, st.nz_cpu, st.nz_mem, t.cap,
-                                    t.flat, t.rise, pod.nz_cpu, pod.nz_mem)
+                picks = self.compiled_picks(st, pod, mask)
             fused.node_columns(o, cols, mask, ps, st.pods, st.req_cpu, st.req_mem, st.nz_cpu, st.nz_mem,
                                self.inv_cpu, self.inv_mem, self.inv_pods, u_all, w_all, self.curves, self.static,
                                self.inv_max_peak, pc, pm, picks[0], picks[1])

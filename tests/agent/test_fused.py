@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from joulesched.agent import fused
-from joulesched.agent.dqn_policy import DQNPolicy, fused_picks
+from joulesched.agent.dqn_policy import DQNPolicy
 from joulesched.agent.features import FeatureBuilderV2, PickTables, heuristic_picks
 from joulesched.cluster.scenario import load_scenario
 from joulesched.cluster.state import ASLEEP, ON, WAKING, PodRequest
@@ -42,7 +42,7 @@ def test_picks_are_heuristic_picks(seed):
             mask &= st.power_state == ASLEEP
         pod = PodRequest(cpu_m=int(rng.choice([100, 500, 1000, 2500])), memory_mib=int(rng.choice([256, 1024])))
         want = heuristic_picks(st, pod, np.flatnonzero(mask), feat.wpc, PickTables(st))
-        got = fused_picks(feat, st, pod, mask)
+        got = feat.compiled_picks(st, pod, mask)
         for w, g in zip(want, got):
             np.testing.assert_array_equal(g, w)
 
