@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from joulesched.agent import fused
 from joulesched.agent.baselines import _float_opt, _int_opt
 from joulesched.agent.predictor import PodPredictor, PredictorFeed
 from joulesched.agent.sleep_aware import _SleepAware, free_shares, watts_per_core
@@ -84,8 +85,15 @@ class LifetimeAware(_SleepAware):
     def detach(self, backend: object) -> None:
         self.feed.detach(backend)
 
+    def warm(self) -> None:
+        """Compile the predictor's view (agent/fused.py; once per process) before the first decision: a live
+        scheduler calls it with no lock held, :meth:`reset` otherwise."""
+        if self.feed.predictor is not None:
+            fused.warm()
+
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
         super().reset(state, rng)
+        self.warm()
         p = self.feed.predictor
         if p is not None and self._names != state.names:
             p.set_nodes(state.names)

@@ -95,8 +95,12 @@ def _sampled_run(scenario: str, sample: str, decisions: int, seed: int = 2):
 
 
 def test_the_compiled_sample_is_the_numpy_sample_along_a_run():
-    """large (240 nodes) at 5 %: the 100-node floor, so most decisions sample once the cluster fills."""
+    """large (240 nodes) at 5 %: the 100-node floor, so most decisions sample once the cluster fills. And warm
+    (the policy's reset) compiled each loop for the types the decisions passed: none was compiled again
+    mid-run (a second signature would be a compile of seconds inside a decision)."""
     assert _sampled_run("large.yaml", "5", 700) > 100
+    for loop in (fused.picks, fused.sample, fused.node_columns, fused.empty_groups, fused.advance_view):
+        assert len(loop.signatures) == 1, (loop.__name__, loop.signatures)
 
 
 def test_the_sampled_columns_are_parts_columns_with_the_compiled_picks():
