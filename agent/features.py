@@ -308,9 +308,7 @@ class PickTables:
         return self._p0
 
 
-#: How far above the least power increase a node may be and still round (to 1e-9 W) to the same value: a node
-#: further away cannot tie, so only the nodes within it are rounded (rounding is monotone).
-_ROUND_MARGIN = 1e-6
+_ROUND_MARGIN = fused.ROUND_MARGIN  # pabfd's rounding margin, one value for both implementations
 
 
 def heuristic_picks(st: ClusterState, pod: PodRequest, idx: np.ndarray,

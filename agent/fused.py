@@ -9,12 +9,17 @@ the same order as the numpy code it replaces, so the results are equal, not clos
 * :func:`picks` is :func:`joulesched.agent.features.heuristic_picks` (ties, the 1e-9 W rounding and all);
 * :func:`sample` is the sample of ``DQNPolicy._sample_np`` (what the sample must hold is in dqn_policy's
   docstring);
-* :func:`node_columns` is :meth:`FeatureBuilderV2.parts_at`'s node columns that read no predictor.
+* :func:`node_columns` is :meth:`FeatureBuilderV2.parts_at`'s node columns that read no predictor;
+* :func:`empty_groups` is :meth:`FeatureBuilderV2.groups` (the keys index a table instead of being sorted);
+* :func:`advance_view` brings the predictor's view forward (PodPredictor._advance: a scan of the pods' next
+  change times instead of a heap).
 
-tests/agent/test_fused.py checks each against its numpy counterpart on random states and along twin runs. The
-loops release the GIL (``nogil``), so a live scheduler's informer and binding threads run beside a decision.
-They are compiled on first use in each process (a second or two; ``DQNPolicy.reset`` does it before a run, see
-:func:`warm`), not cached on disk: an installed package's directory may be read-only.
+tests/agent/test_fused.py checks each against its numpy counterpart on random states and along twin runs (the
+groups and the predictor's view against their contract and their from-scratch computation in
+test_features_incremental.py and test_predictor_incremental.py). The loops release the GIL (``nogil``), so a
+live scheduler's informer and binding threads run beside a decision. They are compiled once per process before
+the first decision (:func:`warm`, which the policies' ``warm`` and ``reset`` call; about 3.5 s on 2 cores), not
+cached on disk: an installed package's directory may be read-only.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ import math
 import numpy as np
 from numba import njit
 
-# cluster.state's power states (a compiled loop reads them as constants).
-_ASLEEP, _WAKING = 1, 2
-#: pabfd's rounding margin (agent/features.py, _ROUND_MARGIN).
-_ROUND_MARGIN = 1e-6
+from joulesched.cluster.state import ASLEEP as _ASLEEP  # module globals: constants in a compiled loop
+from joulesched.cluster.state import WAKING as _WAKING
+
+#: How far above the least power increase a node may be and still round (to 1e-9 W) to the same value in pabfd's
+#: pick: a node further away cannot tie, so only the nodes within it are rounded (rounding is monotone).
+ROUND_MARGIN = 1e-6
 
 
 @njit(cache=False, nogil=True)
@@ -98,7 +105,7 @@ def picks(mask, ps, wpc, alloc_cpu, alloc_mem, nz_cpu, nz_mem, cap, flat, rise, 
         out = wake[:n_wake]
         return out, out
     # pabfd: the least power increase (rounded to 1e-9 W among those within the margin), then the tighter fit.
-    thr = d_min + _ROUND_MARGIN
+    thr = d_min + ROUND_MARGIN
     pb = np.empty(n, dtype=np.int64)
     n_pb = 0
     r1 = r2 = np.inf
