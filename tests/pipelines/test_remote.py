@@ -202,12 +202,31 @@ class ConstantPackage:
         self._thread.join(timeout=5)
 
 
-def _remote_tmp_dirs() -> set[Path]:
-    return set(Path("/tmp").glob("joulesched-calibrate.*"))
+@pytest.fixture
+def made_dirs(monkeypatch) -> list[Path]:
+    """The remote temp folders calibrate makes (mktemp's answers), recorded as it runs. The host is this machine,
+    so each can be looked for afterwards; only this calibrate's own (another test module's calibrate over SSH
+    may run beside this one and make and remove its own)."""
+    import joulesched.infra.remote as remote
+
+    made: list[Path] = []
+    real = remote.run
+
+    def run(conn, argv, *args, **kw):
+        r = real(conn, argv, *args, **kw)
+        if list(argv[:2]) == ["mktemp", "-d"]:
+            made.append(Path(r.stdout.strip()))
+        return r
+
+    monkeypatch.setattr(remote, "run", run)
+    return made
 
 
-def test_calibrate_over_ssh_writes_a_valid_profile_naming_the_host(conn, tmp_path):
-    before = _remote_tmp_dirs()
+def _cleaned_up(made: list[Path]) -> bool:
+    return len(made) == 1 and str(made[0]).startswith("/tmp/joulesched-calibrate.") and not made[0].exists()
+
+
+def test_calibrate_over_ssh_writes_a_valid_profile_naming_the_host(conn, tmp_path, made_dirs):
     out = tmp_path / "node-profile.yaml"
     with ConstantPackage(tmp_path / "powercap") as package:
         calibrate(conn, conn.spec, out, meter="powercap", powercap_root=str(package.pc.root),
@@ -225,7 +244,7 @@ def test_calibrate_over_ssh_writes_a_valid_profile_naming_the_host(conn, tmp_pat
     extrapolated = {int(k) // 10 for k in re.findall(r"(\d+)%", match.group(1))} if match else set()
     measured = [curve[k] for k in range(11) if k not in extrapolated]
     assert measured and all(abs(w - ConstantPackage.WATTS) < 15 for w in measured), (curve, extrapolated)
-    assert _remote_tmp_dirs() == before  # the remote temp folder is gone
+    assert _cleaned_up(made_dirs), made_dirs  # the remote temp folder is gone
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no local temp left
 
     from joulesched.pipelines.sim_pipeline import profile_curve
@@ -233,8 +252,7 @@ def test_calibrate_over_ssh_writes_a_valid_profile_naming_the_host(conn, tmp_pat
     assert profile_curve(out) == curve
 
 
-def test_a_failing_calibration_raises_leaves_the_old_profile_and_cleans_up(conn, tmp_path):
-    before = _remote_tmp_dirs()
+def test_a_failing_calibration_raises_leaves_the_old_profile_and_cleans_up(conn, tmp_path, made_dirs):
     out = tmp_path / "node-profile.yaml"
     out.write_text("old: profile\n")
     with pytest.raises(RemoteError) as e:
@@ -244,10 +262,10 @@ def test_a_failing_calibration_raises_leaves_the_old_profile_and_cleans_up(conn,
     assert msg.startswith("testhost: `") and "power calibrate --out /tmp/joulesched-calibrate." in msg
     assert "exited with 2" in msg and "error:" in msg
     assert out.read_text() == "old: profile\n"
-    assert _remote_tmp_dirs() == before
+    assert _cleaned_up(made_dirs), made_dirs
 
 
-def test_an_invalid_profile_from_the_host_is_refused(sshd, tmp_path):
+def test_an_invalid_profile_from_the_host_is_refused(sshd, tmp_path, made_dirs):
     """A joulesched on the host whose calibrate writes a 3-point curve: nothing is written here."""
     fake = tmp_path / "joulesched"
     fake.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
@@ -256,14 +274,13 @@ def test_an_invalid_profile_from_the_host_is_refused(sshd, tmp_path):
     spec = _spec(sshd, joulesched=str(fake))
     out = tmp_path / "node-profile.yaml"
     out.write_text("old: profile\n")
-    before = _remote_tmp_dirs()
     with connect(spec, sshd.known_hosts) as c, pytest.raises(RemoteError) as e:
         calibrate(c, spec, out, timeout=30)
     assert "testhost: calibrate's profile is invalid" in str(e.value) and "needs 11 points" in str(e.value)
     assert "wrote /tmp/joulesched-calibrate." in str(e.value)  # what the host said
     assert out.read_text() == "old: profile\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["joulesched", "node-profile.yaml"]
-    assert _remote_tmp_dirs() == before
+    assert _cleaned_up(made_dirs), made_dirs
 
 
 def test_calibrate_with_a_wrong_joulesched_path_says_so(sshd, tmp_path):
