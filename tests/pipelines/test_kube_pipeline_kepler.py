@@ -37,8 +37,11 @@ def test_kube_pipeline_measures_with_the_kepler_preset(emu, kubeconfig, schedule
     from joulesched.pipelines.kube_pipeline import run_kube
 
     out = tmp_path / "out"
+    # A load of 5 s with a 3 s rate window: the per-node series has samples whose whole rate window lies in the
+    # load (t >= 3) however the 1 s query grid falls on the window (with a 3 s load the one such sample could
+    # land at 2.95 s and there was none).
     doc = run_kube(out, kubeconfig=kubeconfig, prometheus_url=kepler_prometheus, target=testapp, policies=POLICIES,
-                   pods=2, load_seconds=3, users=1, driver="locust", bind_timeout_s=20, delete_timeout_s=20,
+                   pods=2, load_seconds=5, users=1, driver="locust", bind_timeout_s=20, delete_timeout_s=20,
                    scrape_wait_s=20, rate_window_s=3, energy_selector=KEPLER)
     total_w = sum(EXPECTED_W.values())  # package+DRAM+GPUs, the BMC's server watts, package+DRAM
     for pol in POLICIES:
