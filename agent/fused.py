@@ -52,6 +52,19 @@ def _draw(flat, rise, i, x):
 
 
 @njit(cache=False, nogil=True)
+def _least2(out, cnt, b1, b2, i, k1, k2):
+    """Node ``i`` with keys (k1, k2) against the least keys so far (b1, b2) and the nodes holding them
+    (``out[:cnt]``): returns the new (cnt, b1, b2)."""
+    if k1 < b1 or (k1 == b1 and k2 < b2):
+        out[0] = i
+        return 1, k1, k2
+    if k1 == b1 and k2 == b2:
+        out[cnt] = i
+        return cnt + 1, b1, b2
+    return cnt, b1, b2
+
+
+@njit(cache=False, nogil=True)
 def picks(mask, ps, wpc, alloc_cpu, alloc_mem, nz_cpu, nz_mem, cap, flat, rise, pod_cpu, pod_mem):
     """(awake-first:fit=efficient's first nodes, pabfd's): :func:`~joulesched.agent.features.heuristic_picks`
     over the nodes where ``mask`` holds; each an int64 array in node order (an exact tie names every tied node).
@@ -74,14 +87,7 @@ def picks(mask, ps, wpc, alloc_cpu, alloc_mem, nz_cpu, nz_mem, cap, flat, rise, 
         w = wpc[i]
         if ps[i] == _ASLEEP:
             if n_af == 0 and w <= w1:  # while no awake node is feasible: the most efficient sleeper, the largest
-                k2 = -float(alloc_cpu[i])
-                if w < w1 or k2 < w2:
-                    w1, w2 = w, k2
-                    wake[0] = i
-                    n_wake = 1
-                elif k2 == w2:
-                    wake[n_wake] = i
-                    n_wake += 1
+                n_wake, w1, w2 = _least2(wake, n_wake, w1, w2, i, w, -float(alloc_cpu[i]))
             continue
         # awake-first:fit=efficient: watts per core, then the smallest free CPU share, then memory share.
         if w <= b1:
@@ -113,14 +119,7 @@ def picks(mask, ps, wpc, alloc_cpu, alloc_mem, nz_cpu, nz_mem, cap, flat, rise, 
         if mask[i] and ps[i] != _ASLEEP and d[i] <= thr:
             r = _round9(d[i])
             if r <= r1:
-                f = (cap[i] - nz_cpu[i] - pod_cpu) / cap[i]
-                if r < r1 or f < r2:
-                    r1, r2 = r, f
-                    pb[0] = i
-                    n_pb = 1
-                elif f == r2:
-                    pb[n_pb] = i
-                    n_pb += 1
+                n_pb, r1, r2 = _least2(pb, n_pb, r1, r2, i, r, (cap[i] - nz_cpu[i] - pod_cpu) / cap[i])
     return af[:n_af], pb[:n_pb]
 
 
