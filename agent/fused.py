@@ -7,7 +7,7 @@ up to most of a millisecond (docs/live.md, issue 28). Here each is one compiled 
 the same order as the numpy code it replaces, so the results are equal, not close:
 
 * :func:`picks` is :func:`joulesched.agent.features.heuristic_picks` (ties, the 1e-9 W rounding and all);
-* :func:`sample` is the sample of ``DQNPolicy._sample_np`` (what the sample must hold is in dqn_policy's
+* :func:`sample` is the sample of the numpy reference in tests/agent/test_fused.py (what the sample must hold is in dqn_policy's
   docstring);
 * :func:`node_columns` is :meth:`FeatureBuilderV2.parts_at`'s node columns that read no predictor;
 * :func:`empty_groups` is :meth:`FeatureBuilderV2.groups` (the keys index a table instead of being sorted);
@@ -105,8 +105,7 @@ def picks(mask, ps, wpc, alloc_cpu, alloc_mem, nz_cpu, nz_mem, cap, flat, rise, 
         p0 = _draw(flat, rise, i, min(nz_cpu[i] / c, 1.0) * 10.0)
         di = _draw(flat, rise, i, min((nz_cpu[i] + pod_cpu) / c, 1.0) * 10.0) - p0
         d[i] = di
-        if di < d_min:
-            d_min = di
+        d_min = min(d_min, di)
     if n_af == 0:
         out = wake[:n_wake]
         return out, out
@@ -143,7 +142,7 @@ def _push_smallest(buf_v, buf_i, filled, v, i):
 @njit(cache=False, nogil=True)
 def sample(mask, ps, pods, wpc, alloc_cpu, nz_cpu, pod_cpu, af, pb, er, er_cnt, k, start, n_picks, n_fit, n_eff):
     """The sampled columns (sorted), the number of nodes each stands for, the positions of the feasible ones among
-    them, and the next stride start: ``DQNPolicy._sample_np`` after its picks. ``af``, ``pb``: the heuristics'
+    them, and the next stride start: the numpy reference in tests/agent/test_fused.py after its picks. ``af``, ``pb``: the heuristics'
     picks; ``er``, ``er_cnt``: the representatives of the empty-node groups and their sizes; ``k``: the budget;
     ``start``: where the stride through the other busy nodes begins; ``n_picks``, ``n_fit``, ``n_eff``: how many
     busy picks of each heuristic, tightest fits among the awake busy feasible nodes and most efficient busy
@@ -234,7 +233,7 @@ def sample(mask, ps, pods, wpc, alloc_cpu, nz_cpu, pod_cpu, af, pb, er, er_cnt, 
 @njit(cache=False, nogil=True)
 def _minimum(a, b):
     """``np.minimum`` of two floats (NaN propagates)."""
-    return a if (a < b or a != a) else b
+    return a if (a < b or math.isnan(a)) else b
 
 
 @njit(cache=False, nogil=True)
@@ -255,7 +254,7 @@ def node_columns(o, cols, mask, ps, pods, req_cpu, req_mem, nz_cpu, nz_mem, inv_
         w_now = w_all[i]
         share = pc * ic
         ua = u + share
-        if ua != ua:  # NaN in, NaN out (as numpy; an index from it would read anywhere)
+        if math.isnan(ua):  # NaN in, NaN out (as numpy; an index from it would read anywhere)
             w_after = ua
         else:
             x = min(max(ua, 0.0), 1.0) * 10.0
@@ -267,7 +266,7 @@ def node_columns(o, cols, mask, ps, pods, req_cpu, req_mem, nz_cpu, nz_mem, inv_
         o[2, c] = pods[i] * inv_pods[i]
         o[3, c] = _minimum(u, 2.0)
         o[4, c] = _minimum(ua, 2.0)
-        o[5, c] = _minimum(ua - 1.0 if ua - 1.0 > 0.0 or ua != ua else 0.0, 1.0)
+        o[5, c] = _minimum(ua - 1.0 if ua - 1.0 > 0.0 or math.isnan(ua) else 0.0, 1.0)
         o[6, c] = _minimum((nz_cpu[i] + pc) * ic, 1.5)
         o[7, c] = _minimum((nz_mem[i] + pm) * inv_mem[i], 1.5)
         o[8, c] = w_now * inv_max_peak
@@ -299,7 +298,7 @@ def warm() -> None:
     f64 = np.ones(n)
     curves = np.tile(np.linspace(50.0, 100.0, 11), (n, 1))
     af, pb = picks(mask, ps, f64, i64, i64, i64, i64, f64, curves.reshape(-1), np.zeros(n * 11), 1, 1)
-    cols, w, pos, _ = sample(mask, ps, i64, f64, i64, i64, 1, af, pb, i64[:0], f64[:0], 2, 0, 1, 1, 1)
+    cols = sample(mask, ps, i64, f64, i64, i64, 1, af, pb, i64[:0], f64[:0], 2, 0, 1, 1, 1)[0]
     node_columns(np.zeros((26, cols.size), dtype=np.float32), cols, mask, ps, i64, i64, i64, i64, i64, f64, f64,
                  f64, f64, f64, curves, np.zeros((n, 6)), 1.0, 1.0, 1.0, af, pb)
     advance_view(1.0, n, f64.copy(), i64 - 1, f64, i64 - 1, np.full(n, -np.inf), np.zeros(n, dtype=np.bool_),
@@ -355,8 +354,7 @@ def advance_view(now, m, t0, kid, cpu, node, end, stay, nxt, table, n_end, n_sta
         end[k] = e
         stay[k] = st
         nxt[k] = nx
-        if e > n_end[j]:
-            n_end[j] = e
+        n_end[j] = max(n_end[j], e)
     return fell[:n_fell]
 
 
@@ -369,8 +367,7 @@ def empty_groups(pods, node_class, ps, mask):
     n = pods.size
     top = 0
     for i in range(n):
-        if node_class[i] > top:
-            top = node_class[i]
+        top = max(top, node_class[i])
     first = np.full(top * 6 + 6, -1, dtype=np.int64)
     count = np.zeros(top * 6 + 6)
     n_empty = 0

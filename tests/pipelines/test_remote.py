@@ -207,7 +207,7 @@ def made_dirs(monkeypatch) -> list[Path]:
     """The remote temp folders calibrate makes (mktemp's answers), recorded as it runs. The host is this machine,
     so each can be looked for afterwards; only this calibrate's own (another test module's calibrate over SSH
     may run beside this one and make and remove its own)."""
-    import joulesched.infra.remote as remote
+    from joulesched.infra import remote
 
     made: list[Path] = []
     real = remote.run
