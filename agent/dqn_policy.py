@@ -34,12 +34,12 @@ from joulesched.agent import fused
 from joulesched.agent.checkpoint import feature_names, load_model
 from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import QNetwork, limit_threads
-from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2, heuristic_picks
+from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2
 from joulesched.agent.features_gpu import FeatureBuilderV3
 from joulesched.agent.kube_scoring import num_nodes_to_score
 from joulesched.agent.policy import NodeScores, PolicyError, Scorer
 from joulesched.agent.predictor import PodPredictor, PredictorFeed
-from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
+from joulesched.cluster.state import ClusterState, PodRequest
 
 
 def make_predictor(cfg: DQNConfig) -> PodPredictor | None:
@@ -256,7 +256,7 @@ class DQNPolicy:
     def _sample(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, groups=None) -> tuple | None:
         """The sampled columns (sorted), the number of nodes each stands for, the positions of the feasible
         ones among them and the heuristics' picks; None when the exact grouping alone is within the budget
-        (module docstring). Compiled passes (agent/fused.py); :meth:`_sample_np` is the same in numpy."""
+        (module docstring). Compiled passes (agent/fused.py)."""
         n = len(st)
         k = num_nodes_to_score(n, self.sample_pct or 0)
         reps, cnt = feat.groups(st, mask) if groups is None else groups
@@ -270,60 +270,4 @@ class DQNPolicy:
             reps[empty], cnt[empty], k, self._sample_start, SAMPLE_PICKS, min(SAMPLE_FIT, quota),
             min(SAMPLE_EFFICIENT, quota))
         return cols, w, pos, picks
-
-    def _sample_np(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, groups=None) -> tuple | None:
-        """:meth:`_sample` in numpy (the reference tests/agent/test_fused.py compares it with)."""
-        n = len(st)
-        k = num_nodes_to_score(n, self.sample_pct or 0)
-        reps, cnt = feat.groups(st, mask) if groups is None else groups
-        empty = st.pods[reps] == 0
-        busy = reps[~empty]
-        n_groups = reps.size - busy.size
-        if busy.size + n_groups <= k:
-            return None
-        idx = np.flatnonzero(mask)
-        busy_all = st.pods > 0
-        fb_mask = mask & busy_all
-        fb = np.flatnonzero(fb_mask)  # feasible busy nodes (boolean masks: no gathers over every node)
-        wpc = feat.wpc
-        picks = heuristic_picks(st, pod, idx, wpc, feat.pick_tables)
-        keep = [fb[:0]]
-        if fb.size:
-            keep += [p[st.pods[p] > 0][:SAMPLE_PICKS] for p in picks]
-            quota = max(1, k // 8)
-            awake = np.flatnonzero(fb_mask & (st.power_state != ASLEEP))
-            if awake.size:
-                free = (st.alloc_cpu[awake] - st.nz_cpu[awake] - pod.nz_cpu) / np.maximum(st.alloc_cpu[awake], 1)
-                keep.append(awake[_smallest(free, min(SAMPLE_FIT, quota))])
-            keep.append(fb[_smallest(wpc[fb], min(SAMPLE_EFFICIENT, quota))])
-        must = np.unique(np.concatenate(keep))
-        must = must[st.pods[must] > 0]  # an empty pick is in its group already
-        out = busy_all.copy()
-        out[must] = False
-        rest = np.flatnonzero(out)  # the busy nodes not in must, in order
-        r = max(k - must.size - n_groups, min(rest.size, 16))
-        if rest.size > r:
-            step = rest.size / r
-            start = self._sample_start % rest.size
-            take = (start + (np.arange(r) * step).astype(np.int64)) % rest.size
-            self._sample_start = (start + 1) % rest.size
-            stride = rest[np.sort(take)]
-            w_rest = rest.size / r
-        else:
-            stride, w_rest = rest, 1.0
-        er = reps[empty]
-        cols = np.concatenate((must, stride, er))
-        w = np.concatenate((np.ones(must.size), np.full(stride.size, w_rest), cnt[empty]))
-        order = np.argsort(cols, kind="stable")
-        cols, w = cols[order], w[order]
-        pos = np.flatnonzero(mask[cols])
-        return cols, w, pos, picks
-
-
-def _smallest(v: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the ``k`` smallest values of ``v``, the lower position first among equal values (a stable
-    sort's first ``k``, as agent/fused.py keeps them)."""
-    if v.size <= k:
-        return np.arange(v.size)
-    return np.argsort(v, kind="stable")[:k]
 

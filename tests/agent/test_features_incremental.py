@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from joulesched.agent import dqn_policy, features
+from joulesched.agent import features
 from joulesched.agent.features import FeatureBuilderV2, NodeWatts, PickTables, _lexmin, heuristic_picks
 from joulesched.agent.registry import make_policy
 from joulesched.cluster.scenario import load_scenario
@@ -129,7 +129,8 @@ def _decisions(spec: str, limit: int, scratch: bool, monkeypatch) -> tuple[list[
     with monkeypatch.context() as m:
         if scratch:
             m.setattr(features, "heuristic_picks", picks_scratch)
-            m.setattr(dqn_policy, "heuristic_picks", picks_scratch)
+            m.setattr(FeatureBuilderV2, "compiled_picks",  # the sampled path's picks, compiled
+                      lambda self, st, pod, mask: picks_scratch(st, pod, np.flatnonzero(mask)))
             m.setattr(NodeWatts, "update", NodeWatts.scratch)
         sc = load_scenario(ROOT / "scenarios" / "large.yaml")
         twin = Twin(sc, build_workload(sc))

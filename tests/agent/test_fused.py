@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from joulesched.agent import fused
-from joulesched.agent.dqn_policy import DQNPolicy
+from joulesched.agent.dqn_policy import SAMPLE_EFFICIENT, SAMPLE_FIT, SAMPLE_PICKS, DQNPolicy
 from joulesched.agent.features import FeatureBuilderV2, PickTables, heuristic_picks
+from joulesched.agent.kube_scoring import num_nodes_to_score
 from joulesched.cluster.scenario import load_scenario
 from joulesched.cluster.state import ASLEEP, ON, WAKING, PodRequest
 from joulesched.cluster.twin import Twin
@@ -73,7 +74,7 @@ def _sampled_run(scenario: str, sample: str, decisions: int, seed: int = 2):
             if feat is None or not feat.matches(st):
                 feat = pol._builder(st)
             start = pol._sample_start
-            ref = pol._sample_np(feat, st, d.pod, d.mask)
+            ref = _sample_np(pol, feat, st, d.pod, d.mask)
             after_ref = pol._sample_start
             pol._sample_start = start
             got = pol._sample(feat, st, d.pod, d.mask)
@@ -116,3 +117,59 @@ def test_the_sampled_columns_are_parts_columns_with_the_compiled_picks():
         sub, ctx = feat.parts_at(st, pod, mask, cols)
         np.testing.assert_array_equal(sub, full[:, cols])
         np.testing.assert_array_equal(ctx, ctx_full)
+
+
+def _sample_np(self, feat, st, pod, mask, groups=None):
+    """DQNPolicy._sample in numpy, as it was before the compiled loops (its ties: the lowest index)."""
+    n = len(st)
+    k = num_nodes_to_score(n, self.sample_pct or 0)
+    reps, cnt = feat.groups(st, mask) if groups is None else groups
+    empty = st.pods[reps] == 0
+    busy = reps[~empty]
+    n_groups = reps.size - busy.size
+    if busy.size + n_groups <= k:
+        return None
+    idx = np.flatnonzero(mask)
+    busy_all = st.pods > 0
+    fb_mask = mask & busy_all
+    fb = np.flatnonzero(fb_mask)  # feasible busy nodes (boolean masks: no gathers over every node)
+    wpc = feat.wpc
+    picks = heuristic_picks(st, pod, idx, wpc, feat.pick_tables)
+    keep = [fb[:0]]
+    if fb.size:
+        keep += [p[st.pods[p] > 0][:SAMPLE_PICKS] for p in picks]
+        quota = max(1, k // 8)
+        awake = np.flatnonzero(fb_mask & (st.power_state != ASLEEP))
+        if awake.size:
+            free = (st.alloc_cpu[awake] - st.nz_cpu[awake] - pod.nz_cpu) / np.maximum(st.alloc_cpu[awake], 1)
+            keep.append(awake[_smallest(free, min(SAMPLE_FIT, quota))])
+        keep.append(fb[_smallest(wpc[fb], min(SAMPLE_EFFICIENT, quota))])
+    must = np.unique(np.concatenate(keep))
+    must = must[st.pods[must] > 0]  # an empty pick is in its group already
+    out = busy_all.copy()
+    out[must] = False
+    rest = np.flatnonzero(out)  # the busy nodes not in must, in order
+    r = max(k - must.size - n_groups, min(rest.size, 16))
+    if rest.size > r:
+        step = rest.size / r
+        start = self._sample_start % rest.size
+        take = (start + (np.arange(r) * step).astype(np.int64)) % rest.size
+        self._sample_start = (start + 1) % rest.size
+        stride = rest[np.sort(take)]
+        w_rest = rest.size / r
+    else:
+        stride, w_rest = rest, 1.0
+    er = reps[empty]
+    cols = np.concatenate((must, stride, er))
+    w = np.concatenate((np.ones(must.size), np.full(stride.size, w_rest), cnt[empty]))
+    order = np.argsort(cols, kind="stable")
+    cols, w = cols[order], w[order]
+    pos = np.flatnonzero(mask[cols])
+    return cols, w, pos, picks
+
+
+def _smallest(v: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` smallest values of ``v``, the lower position first among equal values."""
+    if v.size <= k:
+        return np.arange(v.size)
+    return np.argsort(v, kind="stable")[:k]
