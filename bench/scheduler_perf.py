@@ -271,7 +271,7 @@ def _wait_bound(url: str, namespace: str, count: int, timeout: float, times: lis
 
 
 def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window: int, timeout: float,
-        leader_elect: bool = False, profile: bool = False) -> dict:
+        leader_elect: bool = False, profile: bool = False, batch: int = 8) -> dict:
     from joulesched.cluster.kube.cache import KubeCache
     from joulesched.cluster.kube.client import api_client_for
 
@@ -290,7 +290,7 @@ def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window:
 
                 spec, _, opt = policy.partition("@sample=")
                 cfg = ServeConfig(leader_elect=leader_elect, lease_namespace="default", bind_workers=window,
-                                  latency_reservoir=200_000, sample_pct=int(opt) if opt else None)
+                                  latency_reservoir=200_000, sample_pct=int(opt) if opt else None, batch=batch)
                 sched = Scheduler(cache, make_policy(spec), cfg).start()
             if not cache.wait_synced(60):
                 raise RuntimeError("the cache never synced")
@@ -317,7 +317,7 @@ def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window:
                 cpu["creator"] = float("nan")
             tp = scheduling_throughput(times, t_start)
             out = {"policy": policy, "nodes": nodes, "init_pods": init_pods, "pods": pods, "rate": rate,
-                   "window": window, "bound": len(times), "complete": ok, "wall_s": wall,
+                   "window": window, "batch": batch, "bound": len(times), "complete": ok, "wall_s": wall,
                    "span_pods_per_s": (len(times) - 1) / (max(times) - min(times)) if len(times) > 1 else None,
                    "throughput": tp, "cpu_s": cpu,
                    "cpu_share": {k: v / wall for k, v in cpu.items()}}
@@ -366,6 +366,8 @@ def main() -> None:
     ap.add_argument("--noop-rate", type=float, default=0, help="creation rate of the noop runs (0: as fast as "
                     "the emulator takes them, so that they measure its capacity)")
     ap.add_argument("--window", type=int, default=4, help="binding requests in flight (serve --bind-workers)")
+    ap.add_argument("--batch", type=int, default=8, help="decisions in a row under one hold of the cache lock "
+                    "(serve --batch; 1: the lock per pod)")
     ap.add_argument("--timeout", type=float, default=600, help="per phase, seconds")
     ap.add_argument("--leader-elect", action="store_true", help="run the scheduler with leader election on")
     ap.add_argument("--smoke", action="store_true", help="under 60 s: 1,000 nodes, 500 + 20,000 pods, noop and "
@@ -388,7 +390,7 @@ def main() -> None:
         init = a.init_pods if a.init_pods is not None else INIT_PODS.get(n, n // 10)
         for p in policies:
             rate = a.noop_rate if p.startswith("noop") else a.rate
-            r = run(p, a.nodes, init, n, rate, a.window, a.timeout, a.leader_elect, a.profile)
+            r = run(p, a.nodes, init, n, rate, a.window, a.timeout, a.leader_elect, a.profile, a.batch)
             results.append(r)
             print(json.dumps(r), flush=True)
     print()

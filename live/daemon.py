@@ -121,7 +121,8 @@ class SchedulerDaemon:
 
     def __init__(self, *, policy: str, scheduler_name: str = "joulesched", listen: str = "127.0.0.1:10259",
                  leader_elect: bool = True, lease_namespace: Optional[str] = None, bind_workers: int = 4,
-                 seed: int = 0, cache: CacheOptions | None = None, sample_pct: Optional[int] = None) -> None:
+                 seed: int = 0, cache: CacheOptions | None = None, sample_pct: Optional[int] = None,
+                 batch: int = 8) -> None:
         from joulesched.agent.registry import make_policy
         from joulesched.live.scheduler import Scheduler, ServeConfig, StatusServer
 
@@ -130,13 +131,15 @@ class SchedulerDaemon:
         if sample_pct is not None and not 0 <= sample_pct <= 100:
             raise DaemonInputError(f"--sample-pct {sample_pct} must be in 0..100 (0: kube-scheduler's adaptive "
                                    "percentage)")
+        if batch < 1:
+            raise DaemonInputError(f"--batch {batch} must be at least 1")
         parse_listen(listen)
         pol = make_policy(policy)
         self.policy_spec = policy
         self.cache = build_cache(cache or CacheOptions())
         self.cfg = ServeConfig(scheduler_name=scheduler_name, seed=seed, leader_elect=leader_elect,
                                lease_namespace=lease_namespace or default_namespace(), bind_workers=bind_workers,
-                               sample_pct=sample_pct)
+                               sample_pct=sample_pct, batch=batch)
         self.scheduler = Scheduler(self.cache, pol, self.cfg)
         self.status = _listen(listen, partial(StatusServer, ready=self.scheduler.readiness_checks),
                               self.scheduler.registry, self.scheduler.health_checks)

@@ -77,6 +77,9 @@ def serve(
     lease_namespace: Annotated[Optional[str], typer.Option(
         "--lease-namespace", help="Namespace of the leader Lease. Default: the pod's namespace, else joulesched.")] = None,
     bind_workers: Annotated[int, typer.Option("--bind-workers", min=1, max=64, help="Binding requests in flight.")] = 4,
+    batch: Annotated[int, typer.Option("--batch", min=1, max=64, help="At most this many pods decided in a row "
+                                       "under one hold of the cache lock, while pods are ready and binding "
+                                       "slots free (1: the lock is taken and released per pod).")] = 8,
     sample_pct: Annotated[Optional[int], typer.Option(
         "--sample-pct", min=0, max=100, help="percentageOfNodesToScore for policies that do not sample themselves "
         "(dqn, sleep-aware): 0 = kube's adaptive percentage. Default: they see every feasible node.")] = None,
@@ -109,8 +112,8 @@ def serve(
                  libvirt_uri=libvirt_uri, allow_annotated=allow_annotated or [],
                  allow_redfish_http=allow_redfish_http) if node_power else None
     run_serve(scheduler_name=scheduler_name, policy=policy, listen=listen, leader_elect=leader_elect,
-              lease_namespace=lease_namespace, bind_workers=bind_workers, sample_pct=sample_pct, seed=seed,
-              log_level=log_level,
+              lease_namespace=lease_namespace, bind_workers=bind_workers, batch=batch, sample_pct=sample_pct,
+              seed=seed, log_level=log_level,
               cache=dict(kubeconfig=kubeconfig, context=context, prometheus=prometheus or "", cpu_query=cpu_query,
                          power_query=power_query, node_label=node_label, power_profiles=power_profiles,
                          metrics_interval=metrics_interval, energy_source=energy_source), node_power=power)
