@@ -165,12 +165,14 @@ class SetQNetwork(nn.Module):
         return torch.mv(h.t(), f["adv_w"]) + f["adv_b"]
 
     def score_parts_np(self, node_t: np.ndarray, ctx: np.ndarray, cand: np.ndarray,
-                       logw: np.ndarray | None = None) -> np.ndarray:
+                       logw: np.ndarray | None = None, folded: dict | None = None) -> np.ndarray:
         """:meth:`score_parts` in numpy, float32, on the same folded weights: the per-decision path. The network
         is small (48 hidden, a few hundred columns), so torch's per-operator dispatch was a third of its time;
         the same arithmetic (a few products regrouped), equal to float32 rounding
-        (tests/agent/test_dqn_policy_sample.py)."""
-        f = self._folded_np()
+        (tests/agent/test_dqn_policy_sample.py). ``folded``: :meth:`_folded_np`'s answer, kept by a caller
+        whose weights cannot change (a model loaded from a file), which skips the check of every parameter's
+        version."""
+        f = self._folded_np() if folded is None else folded
         node_t, ctx = np.asarray(node_t, dtype=np.float32), np.asarray(ctx, dtype=np.float32)  # float32 throughout
         e = f["w1n"] @ node_t
         e += (f["b1"] + f["w1c"] @ ctx)[:, None]

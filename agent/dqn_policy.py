@@ -113,6 +113,9 @@ class DQNPolicy:
         #: building a policy only to check its spec, or in one process to run it in another, changes nothing.
         self.threads = threads
         self.net, self.meta, self.path = net, meta, path
+        #: A model loaded from a file is this policy's alone and never trained: its folded inference weights are
+        #: made once (:meth:`reset`) instead of checking 40 parameters' versions per decision.
+        self._folded: dict | None = None
         self._feat: FeatureBuilder | None = None
         #: None: every node; 0: kube's adaptive percentage; else that percentage (schema 2 and later).
         self.sample_pct = parse_sample(sample) if self.schema >= 2 else None
@@ -165,6 +168,8 @@ class DQNPolicy:
         self.warm()
         if self.threads > 0:
             limit_threads(self.threads)
+        if self.path and self.schema >= 2:
+            self._folded = self.net._folded_np()
         self._builder(state)
 
     def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray, top: int = 3) -> NodeScores:
@@ -230,7 +235,7 @@ class DQNPolicy:
             if sampled is not None:
                 cols, w, pos, picks = sampled
                 node_t, ctx = self._columns(feat, state, pod, mask, cols, meta, picks)
-                a = self.net.score_parts_np(node_t, ctx, pos, np.log(w).astype(np.float32))
+                a = self.net.score_parts_np(node_t, ctx, pos, np.log(w).astype(np.float32), self._folded)
                 return int(cols[pos[int(np.argmax(a))]])
         logw, pos = None, idx
         if groups is not None and groups[0].size < len(state):  # identical empty nodes read once (exact)
@@ -241,7 +246,7 @@ class DQNPolicy:
             pos = np.searchsorted(reps, idx)
         else:
             node_t, ctx = feat.parts(state, pod, mask, meta=meta, predictor=self.predictor)
-        a = self.net.score_parts_np(node_t, ctx, pos, logw)
+        a = self.net.score_parts_np(node_t, ctx, pos, logw, self._folded)
         return int(idx[int(np.argmax(a))])
 
     def _columns(self, feat, st: ClusterState, pod: PodRequest, mask: np.ndarray, cols: np.ndarray, meta,

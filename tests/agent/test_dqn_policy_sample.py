@@ -163,6 +163,28 @@ def test_the_folded_inference_weights_follow_a_training_step():
     assert torch.allclose(after - after[0], ref - ref[0], atol=1e-5)
 
 
+def test_a_model_from_a_file_folds_its_weights_once_and_chooses_the_same():
+    """A file's model is the policy's alone: the weights folded at reset serve every decision (no version check
+    per decision), with the same choices as folding per decision; an in-memory network keeps the check."""
+    sc = load_scenario(LARGE)
+    twin = Twin(sc, build_workload(sc, 5))
+    kept = make_policy("dqn=models/v2.pt:sample=auto")
+    each = make_policy("dqn=models/v2.pt:sample=auto")
+    each.reset = lambda st, rng, _r=each.reset: (_r(st, rng), setattr(each, "_folded", None))
+    calls = []
+    fold = kept.net._folded_np
+    kept.net._folded_np = lambda: calls.append(1) or fold()
+
+    def step(d):
+        a = kept.choose(d.state, d.pod, d.mask, meta=d.meta)
+        assert each.choose(d.state, d.pod, d.mask, meta=d.meta) == a
+        return a
+
+    assert _drive(twin, [kept, each], 300, step) == 300
+    assert kept._folded is not None and len(calls) == 1  # folded at reset, never again
+    assert _policy("auto")._folded is None and not _policy("auto").path
+
+
 @pytest.mark.parametrize("attention", [True, False])
 def test_the_numpy_decision_path_scores_as_the_torch_network(attention):
     """choose() scores with score_parts_np; it is score_parts (and so the batched network) to float32 rounding,
