@@ -179,6 +179,9 @@ class SchedulerMetrics:
         self.duration = Histogram("joulesched_scheduling_attempt_duration_seconds",
                                   "Decision plus binding request, per attempt.", ["result"],
                                   buckets=ATTEMPT_BUCKETS, registry=registry)
+        # every binding's two series, looked up once (a labels() lookup takes a lock and a dict per call)
+        self.scheduled = self.attempts.labels("scheduled")
+        self.scheduled_duration = self.duration.labels("scheduled")
         self.bind_conflicts = Counter("joulesched_bind_conflicts", "Bindings answered 409 (already bound).",
                                       registry=registry)
         self.pending = Gauge("joulesched_pending_pods", "Pods of this scheduler waiting for a node.",
@@ -890,7 +893,7 @@ class Scheduler:
                 self._done(e)
                 return None
             st = self.cache.state()
-            mask = self.cache.feasible(pod)
+            mask = self.cache.feasible(pod, st)
             if e.waiting_for and st is not None:
                 w = e.waiting_for
                 k = st.names.index(w) if w in self.cache.nodes else -1
@@ -954,8 +957,8 @@ class Scheduler:
 
     def _finish(self, e: _Entry, node: str, outcome: str, dt: float) -> None:
         if outcome == "bound":
-            self.metrics.attempts.labels("scheduled").inc()
-            self.metrics.duration.labels("scheduled").observe(dt)
+            self.metrics.scheduled.inc()
+            self.metrics.scheduled_duration.observe(dt)
             self.latency.add(dt)
             with self._cv:
                 self.bound_count += 1

@@ -345,11 +345,11 @@ class KubeCache:
                 self._sleep_aware = bool(value)
                 self._dirty = True
 
-    def feasible(self, pod: PodInfo) -> np.ndarray:
+    def feasible(self, pod: PodInfo, st: ClusterState | None = None) -> np.ndarray:
         """Nodes that pass the filter chain for ``pod`` (:mod:`joulesched.cluster.filters`): NodeUnschedulable,
         TaintToleration, NodeAffinity (nodeSelector and required node affinity), PowerState and
-        NodeResourcesFit (cpu, memory, pod count)."""
-        st = self.state()
+        NodeResourcesFit (cpu, memory, pod count). ``st``: :meth:`state`'s answer, if the caller just had it."""
+        st = self.state() if st is None else st
         if st is None:
             return np.zeros(0, dtype=bool)
         return st.feasible(pod.request)

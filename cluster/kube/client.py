@@ -92,6 +92,7 @@ class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.rfile = sock.makefile("rb", buffering=65536)
+        self._timeout = sock.gettimeout()
 
     def close(self) -> None:
         for c in (self.rfile, self.sock):
@@ -110,7 +111,9 @@ class _Conn:
 
     def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
         """Send ``request`` (head and body); returns (status, body, keep-alive)."""
-        self.sock.settimeout(timeout)
+        if timeout != self._timeout:  # set only when it changes: the call releases the GIL (an ioctl)
+            self.sock.settimeout(timeout)
+            self._timeout = timeout
         self.sock.sendall(request)
         while True:
             parts = self._line().split(None, 2)

@@ -8,6 +8,7 @@ import datetime
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -50,6 +51,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif self.path.endswith("/drop"):
             self.close_connection = True  # no answer at all
+        elif self.path.endswith("/slow"):
+            time.sleep(0.4)
+            data = b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             data = json.dumps({"path": self.path, "len": len(body)}).encode()
             self.send_response(201)
@@ -107,6 +115,20 @@ def test_a_dropped_connection_raises(plain):
     with pytest.raises(OSError):  # RemoteDisconnected: the caller must find out whether the write happened
         fc.request("POST", "/api/v1/drop", b"{}")
     assert fc.request("GET", "/api/v1/x").status == 201
+
+
+def test_each_requests_timeout_holds_on_a_reused_connection(plain):
+    """The socket's timeout is set only when it changes (the call costs a GIL hand-off): on one kept-alive
+    connection a longer timeout after a shorter one still waits, and a shorter one still times out."""
+    url, _ = plain
+    fc = FastClient(api_client_for(url))
+    assert fc.request("GET", "/api/v1/slow", timeout=5.0).status == 200
+    assert fc.request("GET", "/api/v1/x", timeout=0.2).status == 201
+    assert fc.request("GET", "/api/v1/slow", timeout=5.0).status == 200  # back up to 5 s on the same connection
+    assert fc.opened == 1
+    with pytest.raises(OSError):  # TimeoutError: down to 0.1 s
+        fc.request("GET", "/api/v1/slow", timeout=0.1)
+    fc.close()
 
 
 def test_bearer_token_and_its_refresh_hook(plain):
