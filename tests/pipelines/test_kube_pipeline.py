@@ -228,7 +228,15 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
     assert emu.list("pods") == []
     assert len(emu.bindings) == 6 and not emu.conflicts
 
-    # Energy: read through PromQL, within 5 % of what was injected in each policy's window.
+    # Energy: read through PromQL, within 5 % of what was injected in each policy's window, plus what the
+    # scrapes' own latency allows: Prometheus stamps a sample when the scrape starts, the exporter answers with
+    # the counter as it is when it answers, so a scrape that took d seconds (this process starved on a loaded
+    # machine: seen up to ~1 s in CI) reads up to d s of energy ahead of its stamp, at the window's first and
+    # last sample alike, and increase() extrapolates that by up to half again.
+    from prometheus_api_client import PrometheusConnect
+
+    prom = PrometheusConnect(url=prometheus)
+    watts = sum(w for _, w in ZONES.values())
     entry = doc.scenarios[0]
     assert entry.lower_bound_joules is None and entry.nodes == 3
     for pol in POLICIES:
@@ -236,7 +244,13 @@ def test_kube_pipeline_two_policies(emu, kubeconfig, schedulers, power, promethe
         assert r.energy_query.startswith("sum(increase(joulesched_node_joules_total{")
         injected = inj.joules_between(r.window_start_unix, r.window_end_unix)
         assert injected > 50, (pol, injected)
-        assert r.energy_joules == pytest.approx(injected, rel=0.05), (pol, r, injected)
+        span = max(1, int(r.window_end_unix - r.window_start_unix + 2))
+        lat = prom.custom_query(f"max(max_over_time(scrape_duration_seconds[{span}s]))",
+                                params={"time": f"{r.window_end_unix + 1:.3f}"})
+        skew = float(lat[0]["value"][1])
+        assert skew <= 1.0, (pol, skew)  # the scrape timeout: a slower one is no sample at all
+        allowed = 0.05 * injected + 3 * skew * watts
+        assert abs(r.energy_joules - injected) <= allowed, (pol, r, injected, skew)
         assert r.unschedulable_pods == 0 and r.placements == 3
         assert r.requests > 0 and r.slo_violation_rate == 0.0 and r.latency_p99_ms > 0
         assert r.decision_us_p99 is None and r.mean_throttling is None  # not observable: no fake zeros
