@@ -778,9 +778,11 @@ class Scheduler:
                 if e is None:
                     self._slots.release()
                     continue
-                if self.cfg.batch > 1 and not e.uncertain_node:
-                    self.cache.lock.acquire()
-                    self._held, self._held_since = 1, time.monotonic()
+            if e.uncertain_node:  # its last binding's outcome is read over HTTP first: never under the hold
+                self._release_hold()
+            elif self.cfg.batch > 1 and not self._held:
+                self.cache.lock.acquire()
+                self._held, self._held_since = 1, time.monotonic()
             try:
                 d = self._decision(e)
             except Exception:  # an unexpected cache or API error must not kill the scheduler or lose the pod
@@ -801,9 +803,7 @@ class Scheduler:
                 or not self._slots.acquire(blocking=False)):
             return None
         e = self._next(wait=False)
-        if e is None or e.uncertain_node:  # an uncertain binding is resolved over HTTP: not under the lock
-            if e is not None:
-                self._requeue(e, backoff=False)
+        if e is None:
             self._slots.release()
             return None
         self._held += 1
