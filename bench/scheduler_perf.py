@@ -20,9 +20,10 @@ The ceiling: ``noop`` runs a binder with no decisions (each pending pod seen by 
 the next node round-robin) through the same client stack and window, against the same emulator, with the pods
 created as fast as the emulator takes them (``--noop-rate 0``), so it measures the stack's capacity;
 ``noop+events`` also writes the Scheduled Event per pod that the scheduler writes. CPU seconds of each
-process over the measured phase show what bounds a figure, and ``thread_cpu_us_per_pod`` (in the JSON) the
-scheduler process's CPU per measured pod by thread (the loop, the pod informer, the binding workers, the Event
-recorder), from /proc: exact, with no sampling.
+process over the measured phase show what bounds a figure (the scheduler's as ``scheduler + event writer``
+when it writes its Events from a helper process, as serve does by default), and ``thread_cpu_us_per_pod`` (in
+the JSON) the scheduler process's CPU per measured pod by thread (the loop, the pod informer, the binding
+workers, an in-process Event recorder), from /proc: exact, with no sampling.
 
     .venv/bin/python bench/scheduler_perf.py                         # 5,000 nodes; 10k and 50k pods; noop, 4 policies
     .venv/bin/python bench/scheduler_perf.py --smoke                 # under 60 s: 1,000 nodes, 20,000 pods
@@ -324,7 +325,10 @@ def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window:
                 c.wait(30)
             if hasattr(sched, "latency"):
                 sched.latency.clear()
+            writer = getattr(getattr(sched, "recorder", None), "proc", None)  # serve's Event writer process
             cpu0 = {"emulator": _cpu_s(emu.pid), "scheduler": time.process_time()}
+            if writer is not None:
+                cpu0["event_writer"] = _cpu_s(writer.pid)
             threads0 = thread_cpu_s()
             creator, t_start = _start_creator(port, "measure", pods, rate)
             sampler = StackSampler().start() if profile else None
@@ -334,6 +338,8 @@ def run(policy: str, nodes: int, init_pods: int, pods: int, rate: float, window:
             if sampler is not None:
                 sampler.stop()
             cpu = {"emulator": _cpu_s(emu.pid) - cpu0["emulator"], "scheduler": time.process_time() - cpu0["scheduler"]}
+            if writer is not None:
+                cpu["event_writer"] = _cpu_s(writer.pid) - cpu0["event_writer"]
             threads = thread_cpu_s()
             try:
                 cpu["creator"] = _cpu_s(creator.pid)
@@ -373,9 +379,10 @@ def _row(r: dict) -> str:
         return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{d}f}"
 
     share = r["cpu_share"]
+    writer = f" + {share['event_writer']:.2f}" if "event_writer" in share else ""
     return (f"| {r['policy']} | {r['nodes']} | {r['pods']} | {f(tp.get('average'))} | {f(tp.get('perc50'))} | "
             f"{f(tp.get('perc90'))} | {f(tp.get('perc99'))} | {f(lat.get('p50'), 2)} | {f(lat.get('p99'), 2)} | "
-            f"{share['emulator']:.2f} / {share['scheduler']:.2f} / {share['creator']:.2f} | "
+            f"{share['emulator']:.2f} / {share['scheduler']:.2f}{writer} / {share['creator']:.2f} | "
             f"{'yes' if r['complete'] else 'NO'} |")
 
 
@@ -422,7 +429,7 @@ def main() -> None:
             print(json.dumps(r), flush=True)
     print()
     print("| policy | nodes | pods | pods/s avg | p50 | p90 | p99 | attempt p50 ms | attempt p99 ms | "
-          "CPU emulator / scheduler / creator | complete |")
+          "CPU emulator / scheduler (+ event writer) / creator | complete |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(_row(r))

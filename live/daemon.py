@@ -122,7 +122,7 @@ class SchedulerDaemon:
     def __init__(self, *, policy: str, scheduler_name: str = "joulesched", listen: str = "127.0.0.1:10259",
                  leader_elect: bool = True, lease_namespace: Optional[str] = None, bind_workers: int = 4,
                  seed: int = 0, cache: CacheOptions | None = None, sample_pct: Optional[int] = None,
-                 batch: int = 8) -> None:
+                 batch: int = 8, event_writer: str = "process") -> None:
         from joulesched.agent.registry import make_policy
         from joulesched.live.scheduler import Scheduler, ServeConfig, StatusServer
 
@@ -133,13 +133,15 @@ class SchedulerDaemon:
                                    "percentage)")
         if batch < 1:
             raise DaemonInputError(f"--batch {batch} must be at least 1")
+        if event_writer not in ("process", "thread"):
+            raise DaemonInputError(f"--event-writer {event_writer!r} must be process or thread")
         parse_listen(listen)
         pol = make_policy(policy)
         self.policy_spec = policy
         self.cache = build_cache(cache or CacheOptions())
         self.cfg = ServeConfig(scheduler_name=scheduler_name, seed=seed, leader_elect=leader_elect,
                                lease_namespace=lease_namespace or default_namespace(), bind_workers=bind_workers,
-                               sample_pct=sample_pct, batch=batch)
+                               sample_pct=sample_pct, batch=batch, event_writer=event_writer)
         self.scheduler = Scheduler(self.cache, pol, self.cfg)
         self.status = _listen(listen, partial(StatusServer, ready=self.scheduler.readiness_checks),
                               self.scheduler.registry, self.scheduler.health_checks)

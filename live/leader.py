@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -79,7 +80,11 @@ class LeaderElector:
         self.terms: deque[list[float]] = deque(maxlen=1024)  # bounded: a flapping lease must not grow memory
 
     def is_leader(self) -> bool:
-        return self._leading and self.clock() < self._renewed_at + self.renew_deadline_s
+        return self.clock() < self.leading_until()
+
+    def leading_until(self) -> float:
+        """Until when (``clock``) this replica counts as leader unless it renews; -inf while it does not lead."""
+        return self._renewed_at + self.renew_deadline_s if self._leading else -math.inf
 
     def start(self) -> "LeaderElector":
         self._thread = threading.Thread(target=self._loop, name="leader-election", daemon=True)

@@ -9,7 +9,8 @@ One pass of the loop, for a pod with ``spec.schedulerName`` = ours and no ``spec
    :class:`~joulesched.cluster.kube.client.FastClient` (pooled keep-alive connections, raw JSON);
 3. **record**: Events (``Scheduled`` / ``FailedScheduling``, aggregated per pod and reason with a count, as
    kube-scheduler's recorder does) and the PodScheduled=False condition go through an asynchronous recorder
-   with a bounded queue, best effort, off the scheduling path.
+   with a bounded queue, best effort, off the scheduling path: by default in a helper process
+   (live/events.py), so that the decisions keep the interpreter lock.
 
 What happens to a pod, whatever fails:
 
@@ -51,21 +52,20 @@ binding requests, an LRU of Event series (bench/soak.py).
 
 from __future__ import annotations
 
-import functools
 import heapq
 import http.client
 import itertools
 import json
 import logging
+import math
 import queue
 import socket
 import sys
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import quote
@@ -78,8 +78,9 @@ from joulesched.agent.policy import Policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.backend import Decision
 from joulesched.cluster.kube.cache import KubeCache
-from joulesched.cluster.kube.client import FastClient
+from joulesched.cluster.kube.client import FastClient, client_source
 from joulesched.cluster.kube.objects import PodInfo
+from joulesched.live.events import EventRecorder, EventWriterProcess, _dumps
 from joulesched.live.httpd import BackgroundHTTPServer, reply
 from joulesched.live.leader import LeaderElector, default_identity
 from joulesched.live.ratelog import RateLimitedLog
@@ -139,6 +140,10 @@ class ServeConfig:
     #: Consecutive decisions made under one hold of the cache lock while pods are ready and binding slots free
     #: (1: take and release the lock once per pod).
     batch: int = 8
+    #: Where Events, conditions and nominations are written from: ``process``, a helper process (the
+    #: decisions keep the interpreter lock: live/events.py), or ``thread``, threads of this process. A client
+    #: that :func:`~joulesched.cluster.kube.client.client_source` cannot describe always uses threads.
+    event_writer: str = "process"
 
 
 @dataclass
@@ -199,278 +204,6 @@ class SchedulerMetrics:
                                   registry=registry)
         self.batch = Histogram("joulesched_scheduling_batch_size", "Attempts made in a row under one hold of the "
                                "cache lock (--batch).", buckets=(1, 2, 4, 8, 16, 32, 64), registry=registry)
-
-
-@dataclass(slots=True)
-class _Series:
-    """One Event object: every occurrence of one reason for one pod, as kube's recorder aggregates them."""
-
-    namespace: str
-    pod: str
-    uid: str
-    etype: str
-    reason: str
-    message: str
-    count: int = 1
-    name: str = ""  # the Event's name once created
-    written: int = 0  # the count the API has
-    written_at: float = -1e18  # monotonic time of the last write
-    first_seen: float = field(default_factory=time.time)
-    last_seen: float = field(default_factory=time.time)
-
-
-@dataclass
-class _Shard:
-    """One recorder worker: its queue of keys and its deferred series updates ``(due, key)``."""
-
-    q: queue.Queue
-    deferred: list = field(default_factory=list)
-    thread: threading.Thread | None = None
-
-
-def _rfc3339(t: float, micro: bool = False) -> str:
-    """RFC 3339 UTC (``metav1.Time``; ``metav1.MicroTime`` with ``micro``)."""
-    base = _second(int(t))
-    return f"{base}.{int(t % 1 * 1e6):06d}Z" if micro else base + "Z"
-
-
-@functools.lru_cache(maxsize=4)
-def _second(t: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-
-
-class EventRecorder:
-    """Writes core/v1 Events, PodScheduled conditions and nominations from one thread, off the scheduling path.
-
-    **Aggregated as kube-scheduler does**: one Event per pod and reason (client-go's recorder keys a series by
-    the involved object, reason, action and reporting controller). The first occurrence creates it; later
-    ones raise its ``count``, ``lastTimestamp``, ``series`` and message with a merge patch, at most once every
-    ``update_interval_s`` per Event (the last count is always written, at the latest on stop), so a pod that
-    stays unschedulable for an hour costs a handful of writes, not one per attempt.
-
-    **Bounded**: the queue holds keys, not requests; a key already queued is not queued again (its latest
-    state is what gets written), and at most ``max_queue`` keys wait: past that new ones are dropped and
-    counted in ``joulesched_events_dropped_total`` (a dropped condition is written again on the pod's next
-    failed attempt). The series table keeps the ``max_series`` most recent pods and reasons.
-
-    Failures are retried three times, then logged at WARNING (rate-limited) and counted.
-    """
-
-    def __init__(self, http: FastClient, component: str, instance: str, metrics: "SchedulerMetrics",
-                 may_write: Callable[[], bool] = lambda: True,
-                 condition_dropped: Callable[[str], None] = lambda uid: None, *, update_interval_s: float = 10.0,
-                 max_queue: int = 4096, max_series: int = 4096, timeout_s: float = 5.0, workers: int = 2) -> None:
-        self.http, self.component, self.instance, self.metrics = http, component, instance, metrics
-        self.condition_dropped = condition_dropped  # told when a condition could not be written, to retry it
-        self.may_write = may_write  # a deposed leader must not overwrite its successor's conditions
-        self.update_interval_s, self.max_series, self.timeout_s = update_interval_s, max_series, timeout_s
-        self._lock = threading.Lock()
-        self._series: OrderedDict[tuple[str, str], _Series] = OrderedDict()
-        self._queued: set[tuple] = set()
-        self._latest: dict[tuple, tuple] = {}  # condition / nomination keys -> their latest arguments
-        self._warn = RateLimitedLog(log)
-        # Workers, each with its own queue and deferred updates; a pod's writes always go to the same one, in
-        # order. One worker cannot keep up with a scheduler binding 1,000 pods/s (one Event each).
-        self._shards = [_Shard(queue.Queue(maxsize=max(1, max_queue // workers))) for _ in range(max(1, workers))]
-        for k, sh in enumerate(self._shards):
-            sh.thread = threading.Thread(target=self._loop, args=(sh,), name=f"event-recorder-{k}", daemon=True)
-            sh.thread.start()
-
-    # ---- what the scheduler calls (never blocks) ----
-    def scheduled(self, ns: str, name: str, uid: str, node: str) -> None:
-        self._record(ns, name, uid, "Normal", "Scheduled", f"Successfully assigned {ns}/{name} to {node}")
-
-    def nominated(self, ns: str, name: str, uid: str, node: str) -> None:
-        """The pod waits for ``node`` to wake: ``status.nominatedNodeName`` (which the node power controller
-        reads) and an Event."""
-        self._put(("nominate", uid), (ns, name, uid, node))
-        self._record(ns, name, uid, "Normal", "WaitingForNode", f"Node {node} is asleep; waiting for it to wake up")
-
-    def failed(self, ns: str, name: str, uid: str, message: str, condition: bool) -> None:
-        self._record(ns, name, uid, "Warning", "FailedScheduling", message)
-        if condition:
-            self._put(("condition", uid), (ns, name, uid, message))
-
-    def forget(self, uid: str) -> None:
-        """The pod is bound or gone: its FailedScheduling series ends (a later failure starts a new Event)."""
-        with self._lock:
-            for reason in ("FailedScheduling", "WaitingForNode"):
-                s = self._series.get((uid, reason))
-                if s is not None and s.written == s.count and ("event", uid, reason) not in self._queued:
-                    del self._series[(uid, reason)]
-
-    def series_count(self) -> int:
-        with self._lock:
-            return len(self._series)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        for sh in self._shards:
-            try:
-                sh.q.put(None, timeout=timeout)  # waits only while the queue is full and the worker drains it
-            except queue.Full:
-                pass
-        for sh in self._shards:
-            sh.thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _shard(self, key: tuple) -> "_Shard":
-        return self._shards[hash(key[1]) % len(self._shards)]
-
-    # ---- queueing ----
-    def _record(self, ns: str, name: str, uid: str, etype: str, reason: str, message: str) -> None:
-        key = (uid, reason)
-        with self._lock:
-            s = self._series.get(key)
-            if s is None:
-                s = self._series[key] = _Series(ns, name, uid, etype, reason, message)
-                while len(self._series) > self.max_series:
-                    self._series.popitem(last=False)
-            else:
-                s.count += 1
-                s.message, s.last_seen = message, time.time()
-                self._series.move_to_end(key)
-        self._put(("event", uid, reason), None)
-
-    def _put(self, key: tuple, args: tuple | None) -> None:
-        with self._lock:
-            if args is not None:
-                self._latest[key] = args
-            if key in self._queued:
-                return  # already waiting: the worker writes the latest state
-            self._queued.add(key)
-        try:
-            self._shard(key).q.put_nowait(key)
-        except queue.Full:
-            with self._lock:
-                self._queued.discard(key)
-                self._latest.pop(key, None)
-            self._dropped(key, "the recorder's queue is full")
-
-    def _dropped(self, key: tuple, why: str) -> None:
-        self.metrics.events_dropped.inc()
-        if key[0] == "condition":
-            self.condition_dropped(key[1])
-        self._warn.warn(f"drop:{key[0]}", "recorder: %s for pod %s given up: %s", key[0], key[1], why)
-
-    # ---- the worker ----
-    def _loop(self, sh: "_Shard") -> None:
-        stopping = False
-        while True:
-            timeout = max(0.0, sh.deferred[0][0] - time.monotonic()) if sh.deferred else None
-            try:
-                key = sh.q.get(timeout=timeout)
-            except queue.Empty:
-                key = ()
-            if key is None:
-                stopping = True
-            elif key:
-                with self._lock:
-                    self._queued.discard(key)
-                self._handle(key)
-            now = time.monotonic()
-            while sh.deferred and (stopping or sh.deferred[0][0] <= now):
-                _, k = heapq.heappop(sh.deferred)
-                self._handle(k, force=True)
-            if stopping:
-                while True:  # what is still queued (stop() waits at most its timeout for this)
-                    try:
-                        k = sh.q.get_nowait()
-                    except queue.Empty:
-                        return
-                    if k:
-                        self._handle(k, force=True)
-
-    def _handle(self, key: tuple, force: bool = False) -> None:
-        if not self.may_write():
-            return
-        kind = key[0]
-        if kind == "event":
-            with self._lock:
-                if force:
-                    self._queued.discard(("deferred",) + key)
-                s = self._series.get((key[1], key[2]))
-                if s is None or s.written == s.count:
-                    return
-                if s.name and not force and time.monotonic() - s.written_at < self.update_interval_s:
-                    if ("deferred",) + key not in self._queued:
-                        self._queued.add(("deferred",) + key)
-                        heapq.heappush(self._shard(key).deferred, (s.written_at + self.update_interval_s, key))
-                    return
-                self._queued.discard(("deferred",) + key)
-                snap = (s.name, s.count, s.message, s.last_seen)
-            self._attempt(key, lambda: self._write_event(s, *snap))
-            return
-        with self._lock:
-            args = self._latest.pop(key, None)
-        if args is not None:
-            self._attempt(key, lambda: (self._condition if kind == "condition" else self._nominate)(*args))
-
-    def _attempt(self, key: tuple, write: Callable[[], int]) -> None:
-        why = ""
-        for attempt in range(3):
-            try:
-                code = write()
-            except (OSError, http.client.HTTPException) as e:
-                code, why = 0, type(e).__name__
-            else:
-                if code < 300:
-                    return
-                if code == 404:
-                    return  # the pod (or the Event) is gone; nothing to record
-                why = f"HTTP {code}"
-            self.metrics.api_errors.labels(key[0], str(code) if code else "connection").inc()
-            time.sleep(0.05 * (attempt + 1))
-        self._dropped(key, why)
-
-    def _write_event(self, s: _Series, name: str, count: int, message: str, last_seen: float) -> int:
-        last = _rfc3339(last_seen)
-        if not name:
-            name = f"{s.pod}.{time.time_ns():x}"
-            body = {"apiVersion": "v1", "kind": "Event",
-                    "metadata": {"name": name, "namespace": s.namespace},
-                    "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": s.namespace, "name": s.pod,
-                                       "uid": s.uid},
-                    "reason": s.reason, "message": message, "type": s.etype,
-                    "source": {"component": self.component}, "reportingComponent": self.component,
-                    "reportingInstance": self.instance,
-                    "action": "Scheduling" if s.etype == "Warning" else "Binding",
-                    "firstTimestamp": _rfc3339(s.first_seen), "lastTimestamp": last, "count": count}
-            r = self.http.request("POST", f"/api/v1/namespaces/{s.namespace}/events", _dumps(body),
-                                  timeout=self.timeout_s)
-            if r.status < 300:
-                with self._lock:
-                    s.name = name
-        else:
-            patch = {"count": count, "lastTimestamp": last, "message": message,
-                     "series": {"count": count, "lastObservedTime": _rfc3339(last_seen, micro=True)}}
-            r = self.http.request("PATCH", f"/api/v1/namespaces/{s.namespace}/events/{name}", _dumps(patch),
-                                  content_type="application/merge-patch+json", timeout=self.timeout_s)
-            if r.status == 404:  # the Event expired (the apiserver's event TTL is 1 h): start a new one
-                with self._lock:
-                    s.name = ""
-                return self._write_event(s, "", count, message, last_seen)
-        if r.status < 300:
-            with self._lock:
-                s.written, s.written_at = max(s.written, count), time.monotonic()
-        return r.status
-
-    def _nominate(self, ns: str, name: str, uid: str, node: str) -> int:
-        return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status",
-                                 _dumps({"status": {"nominatedNodeName": node}}),
-                                 content_type="application/merge-patch+json", timeout=self.timeout_s).status
-
-    def _condition(self, ns: str, name: str, uid: str, message: str) -> int:
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        patch = {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                            "message": message, "lastProbeTime": None,
-                                            "lastTransitionTime": now}]}}
-        return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", _dumps(patch),
-                                 content_type="application/strategic-merge-patch+json",
-                                 timeout=self.timeout_s).status
-
-
-def _dumps(body: dict) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _q(segment: str) -> str:
@@ -552,10 +285,6 @@ class Scheduler:
         # At most bind_workers bindings in flight: the loop decides the next pod only when a worker is free, so
         # decisions see fresh state and no pod waits in a hidden executor queue.
         self._slots = threading.BoundedSemaphore(self.cfg.bind_workers)
-        self.recorder = EventRecorder(self.http, self.cfg.scheduler_name, self.cfg.identity, self.metrics,
-                                      may_write=self.is_leader, condition_dropped=self._condition_dropped,
-                                      update_interval_s=self.cfg.event_update_interval_s,
-                                      max_queue=self.cfg.event_queue, timeout_s=min(5.0, self.cfg.request_timeout_s))
         self.leader: LeaderElector | None = None
         if self.cfg.leader_elect:
             self.leader = LeaderElector(cache.api, self.cfg.lease_namespace,
@@ -563,6 +292,7 @@ class Scheduler:
                                         lease_duration_s=self.cfg.lease_duration_s,
                                         renew_deadline_s=self.cfg.renew_deadline_s,
                                         retry_period_s=self.cfg.retry_period_s, on_change=self._leader_changed)
+        self.recorder = self._recorder()
         # Bounded, however long serve runs: counts, a latency sample, and the most recent binding requests.
         self.bound_count = 0  # bindings this replica made
         #: (monotonic time, uid) of the last ``bind_log`` binding requests sent (the property tests check each
@@ -581,6 +311,32 @@ class Scheduler:
         #: Set while this replica decides and binds (caches synced, leader or no election); cleared on losing it.
         self.ready = threading.Event()
         cache.add_pod_listener(self._on_pod)
+
+    def _recorder(self) -> EventRecorder | EventWriterProcess:
+        cfg = self.cfg
+        if cfg.event_writer not in ("process", "thread"):
+            raise ValueError(f"event_writer {cfg.event_writer!r}: process or thread")
+
+        def local() -> EventRecorder:
+            return EventRecorder(self.http, cfg.scheduler_name, cfg.identity, self.metrics, may_write=self.is_leader,
+                                 condition_dropped=self._condition_dropped,
+                                 update_interval_s=cfg.event_update_interval_s, max_queue=cfg.event_queue,
+                                 timeout_s=min(5.0, cfg.request_timeout_s))
+
+        source = client_source(self.cache.api) if cfg.event_writer == "process" else None
+        if source is None:
+            return local()
+        return EventWriterProcess(source, cfg.scheduler_name, cfg.identity, self.metrics, self._leading_until,
+                                  self._condition_dropped, local, update_interval_s=cfg.event_update_interval_s,
+                                  max_queue=cfg.event_queue, timeout_s=min(5.0, cfg.request_timeout_s),
+                                  lead_interval_s=cfg.retry_period_s)
+
+    def _leading_until(self) -> float:
+        """Until when (``time.monotonic``) this replica may write: the Event writer process's fence."""
+        le = self.leader
+        if le is None:
+            return math.inf
+        return time.monotonic() + (le.leading_until() - le.clock())
 
     # ---- lifecycle ----
     def start(self) -> "Scheduler":
@@ -646,6 +402,9 @@ class Scheduler:
 
     def _leader_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
+        recorder = getattr(self, "recorder", None)  # None only while __init__ builds the elector
+        if isinstance(recorder, EventWriterProcess):
+            recorder.leadership_changed()
         if not leading:
             self.ready.clear()
         if leading:

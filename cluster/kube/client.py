@@ -63,7 +63,7 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
                                       "pass --kubeconfig") from None
     check_tls(cfg)
     _tune(cfg)
-    return k8s.ApiClient(cfg)
+    return _sourced(k8s.ApiClient(cfg), {"kubeconfig": kubeconfig, "context": context})
 
 
 def api_client_for(url: str) -> k8s.ApiClient:
@@ -72,7 +72,30 @@ def api_client_for(url: str) -> k8s.ApiClient:
     cfg.host = url
     check_tls(cfg)
     _tune(cfg)
-    return k8s.ApiClient(cfg)
+    return _sourced(k8s.ApiClient(cfg), {"url": url})
+
+
+_SOURCE_ATTR = "_joulesched_source"
+
+
+def _sourced(api: k8s.ApiClient, source: dict) -> k8s.ApiClient:
+    setattr(api, _SOURCE_ATTR, source)
+    return api
+
+
+def client_source(api: k8s.ApiClient) -> dict | None:
+    """How ``api`` was built (by :func:`load_api_client` or :func:`api_client_for`), so that another process
+    can build its own the same way (live/events.py) without a credential crossing over; None for a client
+    built elsewhere."""
+    src = getattr(api, _SOURCE_ATTR, None)
+    return dict(src) if isinstance(src, dict) else None
+
+
+def api_client_from_source(source: dict) -> k8s.ApiClient:
+    """The client :func:`client_source` describes."""
+    if "url" in source:
+        return api_client_for(source["url"])
+    return load_api_client(source.get("kubeconfig"), source.get("context"))
 
 
 # ---- the hot path: pooled keep-alive connections -------------------------------------------------------------

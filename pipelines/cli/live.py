@@ -80,6 +80,10 @@ def serve(
     batch: Annotated[int, typer.Option("--batch", min=1, max=64, help="At most this many pods decided in a row "
                                        "under one hold of the cache lock, while pods are ready and binding "
                                        "slots free (1: the lock is taken and released per pod).")] = 8,
+    event_writer: Annotated[str, typer.Option(
+        "--event-writer",
+        help="Where Events and PodScheduled conditions are written from: a helper process (so that the decisions "
+        "keep the interpreter lock) or threads of the scheduler's own process.")] = "process",
     sample_pct: Annotated[Optional[int], typer.Option(
         "--sample-pct", min=0, max=100, help="percentageOfNodesToScore for policies that do not sample themselves "
         "(dqn, sleep-aware): 0 = kube's adaptive percentage. Default: they see every feasible node.")] = None,
@@ -112,7 +116,8 @@ def serve(
                  libvirt_uri=libvirt_uri, allow_annotated=allow_annotated or [],
                  allow_redfish_http=allow_redfish_http) if node_power else None
     run_serve(scheduler_name=scheduler_name, policy=policy, listen=listen, leader_elect=leader_elect,
-              lease_namespace=lease_namespace, bind_workers=bind_workers, batch=batch, sample_pct=sample_pct,
+              lease_namespace=lease_namespace, bind_workers=bind_workers, batch=batch, event_writer=event_writer,
+              sample_pct=sample_pct,
               seed=seed, log_level=log_level,
               cache=dict(kubeconfig=kubeconfig, context=context, prometheus=prometheus or "", cpu_query=cpu_query,
                          power_query=power_query, node_label=node_label, power_profiles=power_profiles,

@@ -36,6 +36,7 @@ def app() -> typer.Typer:
     (["serve", "--kubeconfig", "/does/not/exist"], "kubeconfig /does/not/exist does not exist"),
     (["serve", "--listen", "localhost"], "expected HOST:PORT"),
     (["serve", "--scheduler-name", " "], "--scheduler-name must not be empty"),
+    (["serve", "--event-writer", "fork"], "--event-writer 'fork' must be process or thread"),
     (["extender", "--listen", "1.2.3.4:99999"], "port must be a number from 0 to 65535"),
     (["extender", "--policy", "dqn=/missing.pt"], "missing.pt"),
     (["serve", "--energy-source", "scaphandre"], "--energy-source 'scaphandre': expected one of joulesched, kepler"),

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from joulesched.cluster.kube.client import FastClient, api_client_for
 from joulesched.live.ratelog import RateLimitedLog
-from joulesched.live.scheduler import EventRecorder, LatencyReservoir, SchedulerMetrics, StatusServer
+from joulesched.live.events import EventRecorder
+from joulesched.live.scheduler import LatencyReservoir, SchedulerMetrics, StatusServer
 from tests.live.conftest import wait_until
 
 
@@ -83,8 +84,11 @@ def test_failed_scheduling_events_are_aggregated_with_a_count(emu, make_schedule
                 out.setdefault(e["involvedObject"]["name"], []).append(e["count"])
         return out
 
-    wait_until(lambda: all(c and c[0] >= 5 for c in (counts().get("huge"), counts().get("big"))),
-               what="counts of 5")
+    def patched() -> bool:  # an update (not only the creation, which may already carry a count > 1) was written
+        return any("series" in e for e in emu.list("events") if e["involvedObject"]["name"] == "huge")
+
+    wait_until(lambda: all(c and c[0] >= 5 for c in (counts().get("huge"), counts().get("big"))) and patched(),
+               what="counts of 5, updated")
     attempts = s.metrics.attempts.labels("unschedulable")._value.get()
     s.stop()  # the recorder writes the last count before it stops
     c = counts()
