@@ -19,7 +19,8 @@ the scheduler's reservoir, measured pods only.
 The ceiling: ``noop`` runs a binder with no decisions (each pending pod seen by the same informer is bound to
 the next node round-robin) through the same client stack and window, against the same emulator, with the pods
 created as fast as the emulator takes them (``--noop-rate 0``), so it measures the stack's capacity;
-``noop+events`` also writes the Scheduled Event per pod that the scheduler writes. CPU seconds of each
+``noop+events`` also writes the Scheduled Event per pod that the scheduler writes, through the same recorder
+(in its helper process, as serve runs it). CPU seconds of each
 process over the measured phase show what bounds a figure (the scheduler's as ``scheduler + event writer``
 when it writes its Events from a helper process, as serve does by default), and ``thread_cpu_us_per_pod`` (in
 the JSON) the scheduler process's CPU per measured pod by thread (the loop, the pod informer, the binding
@@ -186,7 +187,18 @@ class NoopBinder:
         self.rr = itertools.count()
         self.nodes: list[str] | None = None
         self.seen: set[str] = set()
-        self.ev_pool = ThreadPoolExecutor(1, thread_name_prefix="noop-events") if events else None
+        self.recorder = None  # the Scheduled Events: serve's recorder, in its helper process as serve runs it
+        if events:
+            from prometheus_client import CollectorRegistry
+
+            from joulesched.cluster.kube.client import client_source
+            from joulesched.live.events import EventRecorder, EventWriterProcess
+            from joulesched.live.scheduler import SchedulerMetrics
+
+            metrics = SchedulerMetrics(CollectorRegistry())
+            self.recorder = EventWriterProcess(
+                client_source(cache.api), scheduler_name, "noop", metrics, lambda: math.inf, lambda uid: None,
+                lambda: EventRecorder(self.http, scheduler_name, "noop", metrics))
         cache.add_pod_listener(self._on_pod)
 
     def _on_pod(self, old, new) -> None:  # called with the cache lock held: hand off only
@@ -203,18 +215,8 @@ class NoopBinder:
                            "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
                           separators=(",", ":")).encode()
         r = self.http.request("POST", f"/api/v1/namespaces/{ns}/pods/{name}/binding", body)
-        if r.status < 300 and self.ev_pool is not None:
-            self.ev_pool.submit(self._event, ns, name, uid, node)
-
-    def _event(self, ns: str, name: str, uid: str, node: str) -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{name}.{time.time_ns():x}",
-                                                                  "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name, "uid": uid},
-                "reason": "Scheduled", "message": f"Successfully assigned {ns}/{name} to {node}", "type": "Normal",
-                "source": {"component": "noop"}, "reportingComponent": "noop", "action": "Binding",
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        self.http.request("POST", f"/api/v1/namespaces/{ns}/events", json.dumps(body).encode())
+        if r.status < 300 and self.recorder is not None:
+            self.recorder.scheduled(ns, name, uid, node)
 
     def start(self) -> "NoopBinder":
         self.cache.start()
@@ -222,8 +224,8 @@ class NoopBinder:
 
     def stop(self) -> None:
         self.pool.shutdown(wait=True)
-        if self.ev_pool is not None:
-            self.ev_pool.shutdown(wait=True)
+        if self.recorder is not None:
+            self.recorder.stop()
         self.cache.stop()
         self.http.close()
 

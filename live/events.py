@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import os
-import pickle
 import queue
 import select
 import struct
@@ -350,12 +349,12 @@ _MAX_MESSAGE = 1024  # an Event's message, at most (client-go truncates to 1 KiB
 
 
 def _frame(msg: tuple) -> bytes:
-    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    data = json.dumps(msg, separators=(",", ":")).encode()  # JSON, not pickle: nothing on a pipe runs code
     return _LEN.pack(len(data)) + data
 
 
 class _Frames:
-    """Splits a byte stream into frames (length-prefixed pickles written by the other end of our own pipe)."""
+    """Splits a byte stream into frames (length-prefixed JSON arrays written by the other end of our pipe)."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -367,7 +366,7 @@ class _Frames:
             (n,) = _LEN.unpack_from(b)
             if len(b) < _LEN.size + n:
                 break
-            out.append(pickle.loads(bytes(b[_LEN.size:_LEN.size + n])))
+            out.append(json.loads(bytes(b[_LEN.size:_LEN.size + n])))
             del b[:_LEN.size + n]
         return out
 
@@ -401,9 +400,13 @@ class EventWriterProcess:
         self._out = self.proc.stdin.fileno()
         self._in = self.proc.stdout.fileno()
         # The config frame goes first, while the pipe is empty and still blocking; then nothing ever waits.
-        self._write(_frame(("config", {"source": source, "component": component, "instance": instance,
-                                       "update_interval_s": update_interval_s, "max_queue": max_queue,
-                                       "timeout_s": timeout_s, "lead_until": self._until()})))
+        try:
+            self._write(_frame(("config", {"source": source, "component": component, "instance": instance,
+                                           "update_interval_s": update_interval_s, "max_queue": max_queue,
+                                           "timeout_s": timeout_s, "lead_until": self._until(),
+                                           "log_level": logging.getLogger("joulesched").getEffectiveLevel()})))
+        except OSError:  # it died at once (its error is on stderr): its end of output says so below
+            pass
         os.set_blocking(self._out, False)
         self._io = threading.Thread(target=self._io_loop, name="event-writer-io", daemon=True)
         self._io.start()
@@ -446,8 +449,10 @@ class EventWriterProcess:
             self._local.stop(timeout)
         if self.proc.poll() is None:
             try:
-                os.set_blocking(self._out, True)
                 self._write(_frame(("stop", timeout)))
+            except OSError:  # its pipe is full (a stuck helper): the end of input below stops it as well
+                pass
+            try:
                 self.proc.stdin.close()
             except OSError:
                 pass
@@ -568,7 +573,7 @@ def _child_main() -> int:
 
     out = os.dup(1)
     os.dup2(2, 1)  # anything printed goes to stderr: stdout carries frames only
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s event-writer %(levelname)s %(message)s")
+    logging.basicConfig(format="%(asctime)s event-writer %(levelname)s %(name)s: %(message)s")
     relay = _Relay(out)
     stdin = sys.stdin.buffer.raw
     frames, rec, lead_until = _Frames(), None, [-1e300]
@@ -582,6 +587,7 @@ def _child_main() -> int:
             op = msg[0]
             if op == "config":
                 c = msg[1]
+                logging.getLogger("joulesched").setLevel(c["log_level"])  # the scheduler's --log-level
                 lead_until[0] = c["lead_until"]
                 rec = EventRecorder(FastClient(api_client_from_source(c["source"])), c["component"], c["instance"],
                                     relay, may_write=lambda: time.monotonic() < lead_until[0],

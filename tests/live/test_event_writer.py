@@ -139,3 +139,22 @@ def test_a_client_is_described_by_how_it_was_built(emu, tmp_path):
     assert api_client_from_source(client_source(api)).configuration.host == emu.url
     from kubernetes import client as k8s
     assert client_source(k8s.ApiClient(k8s.Configuration())) is None  # built elsewhere: no helper process
+
+
+def test_a_helper_that_cannot_start_leaves_the_events_to_threads(emu, caplog):
+    metrics = SchedulerMetrics(CollectorRegistry())
+    api = api_client_for(emu.url)
+
+    def local() -> EventRecorder:
+        return EventRecorder(FastClient(api), "joulesched", "test", metrics)
+
+    # The helper cannot build its client (the kubeconfig is gone): it exits, and the scheduler writes in-process.
+    w = EventWriterProcess({"kubeconfig": "/does/not/exist"}, "joulesched", "test", metrics, lambda: math.inf,
+                           lambda uid: None, local)
+    try:
+        wait_until(lambda: w._local is not None, what="the fall-back")
+        assert w.ready.is_set() and w.proc.wait(5) != 0
+        w.scheduled("default", "p", "uid-p", "n")
+        wait_until(lambda: [e for e in emu.list("events") if e["reason"] == "Scheduled"], what="the Event")
+    finally:
+        w.stop(timeout=5)

@@ -153,8 +153,8 @@ def test_metrics_and_healthz(emu, make_scheduler):
     s = make_scheduler()
     srv = StatusServer(s.registry, s.healthy, "127.0.0.1", 0).start()
     try:
-        wait_until(lambda: len(emu.bindings) == 1)
-        wait_until(lambda: s.metrics.attempts.labels("unschedulable")._value.get() >= 1)
+        wait_until(lambda: s.metrics.attempts.labels("scheduled")._value.get() == 1)  # the answer is in, not
+        wait_until(lambda: s.metrics.attempts.labels("unschedulable")._value.get() >= 1)  # only the request
         base = f"http://127.0.0.1:{srv.port}"
         assert urllib.request.urlopen(base + "/healthz").read() == b"ok"
         text = urllib.request.urlopen(base + "/metrics").read().decode()
