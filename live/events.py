@@ -36,6 +36,7 @@ import math
 import os
 import queue
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -568,9 +569,15 @@ class _Relay:
 
 
 def _child_main() -> int:
-    """``python -m joulesched.live.events``: the helper process (started by :class:`EventWriterProcess`)."""
+    """``python -m joulesched.live.events``: the helper process (started by :class:`EventWriterProcess`).
+
+    It ends when the scheduler says ``stop`` or its input closes (the scheduler exited, however), never on a
+    signal: Ctrl-C in a terminal, or systemd's SIGTERM to the whole unit, reaches it too, and it must still
+    write what it holds while the scheduler drains."""
     from joulesched.cluster.kube.client import api_client_from_source
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out = os.dup(1)
     os.dup2(2, 1)  # anything printed goes to stderr: stdout carries frames only
     logging.basicConfig(format="%(asctime)s event-writer %(levelname)s %(name)s: %(message)s")

@@ -158,3 +158,18 @@ def test_a_helper_that_cannot_start_leaves_the_events_to_threads(emu, caplog):
         wait_until(lambda: [e for e in emu.list("events") if e["reason"] == "Scheduled"], what="the Event")
     finally:
         w.stop(timeout=5)
+
+
+def test_a_signal_to_the_process_group_leaves_the_helper_to_drain(emu):
+    """Ctrl-C in a terminal (or systemd's SIGTERM to the unit) reaches the helper too: it keeps writing until
+    the scheduler stops it."""
+    w, _ = _writer(emu, [math.inf])
+    try:
+        os.kill(w.proc.pid, signal.SIGINT)
+        os.kill(w.proc.pid, signal.SIGTERM)
+        w.scheduled("default", "p", "uid-p", "n")
+        wait_until(lambda: [e for e in emu.list("events") if e["reason"] == "Scheduled"], what="the Event")
+        assert w.proc.poll() is None and w._local is None  # still the helper writing
+    finally:
+        w.stop(timeout=5)
+    assert w.proc.returncode == 0
