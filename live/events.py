@@ -301,7 +301,7 @@ class EventRecorder:
                     "reportingInstance": self.instance,
                     "action": "Scheduling" if s.etype == "Warning" else "Binding",
                     "firstTimestamp": _rfc3339(s.first_seen), "lastTimestamp": last, "count": count}
-            r = self.http.request("POST", f"/api/v1/namespaces/{s.namespace}/events", _dumps(body),
+            r = self.http.request("POST", f"/api/v1/namespaces/{s.namespace}/events", compact_json(body),
                                   timeout=self.timeout_s)
             if r.status < 300:
                 with self._lock:
@@ -309,7 +309,7 @@ class EventRecorder:
         else:
             patch = {"count": count, "lastTimestamp": last, "message": message,
                      "series": {"count": count, "lastObservedTime": _rfc3339(last_seen, micro=True)}}
-            r = self.http.request("PATCH", f"/api/v1/namespaces/{s.namespace}/events/{name}", _dumps(patch),
+            r = self.http.request("PATCH", f"/api/v1/namespaces/{s.namespace}/events/{name}", compact_json(patch),
                                   content_type="application/merge-patch+json", timeout=self.timeout_s)
             if r.status == 404:  # the Event expired (the apiserver's event TTL is 1 h): start a new one
                 with self._lock:
@@ -322,7 +322,7 @@ class EventRecorder:
 
     def _nominate(self, ns: str, name: str, uid: str, node: str) -> int:
         return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status",
-                                 _dumps({"status": {"nominatedNodeName": node}}),
+                                 compact_json({"status": {"nominatedNodeName": node}}),
                                  content_type="application/merge-patch+json", timeout=self.timeout_s).status
 
     def _condition(self, ns: str, name: str, uid: str, message: str) -> int:
@@ -330,12 +330,13 @@ class EventRecorder:
         patch = {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                             "message": message, "lastProbeTime": None,
                                             "lastTransitionTime": now}]}}
-        return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", _dumps(patch),
+        return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", compact_json(patch),
                                  content_type="application/strategic-merge-patch+json",
                                  timeout=self.timeout_s).status
 
 
-def _dumps(body: dict) -> bytes:
+def compact_json(body: dict) -> bytes:
+    """A request body: JSON without spaces, as bytes."""
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -80,7 +80,7 @@ from joulesched.cluster.backend import Decision
 from joulesched.cluster.kube.cache import KubeCache
 from joulesched.cluster.kube.client import FastClient, client_source
 from joulesched.cluster.kube.objects import PodInfo
-from joulesched.live.events import EventRecorder, EventWriterProcess, _dumps
+from joulesched.live.events import EventRecorder, EventWriterProcess, compact_json
 from joulesched.live.httpd import BackgroundHTTPServer, reply
 from joulesched.live.leader import LeaderElector, default_identity
 from joulesched.live.ratelog import RateLimitedLog
@@ -750,7 +750,7 @@ class Scheduler:
             return "standby"
         if not self.cache.node_awake(node):  # it went to sleep (or NotReady) since the decision
             return "retry"
-        body = _dumps({"apiVersion": "v1", "kind": "Binding",
+        body = compact_json({"apiVersion": "v1", "kind": "Binding",
                        "metadata": {"name": e.name, "namespace": e.namespace, "uid": e.uid},
                        "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         self.bind_sent.append((time.monotonic(), e.uid))
