@@ -54,6 +54,10 @@ from joulesched.live.ratelog import RateLimitedLog
 log = logging.getLogger("joulesched.serve")
 
 
+#: Event series (pod and reason) a recorder keeps, the most recent.
+MAX_SERIES = 4096
+
+
 class RecorderMetrics(Protocol):
     """What a recorder counts: ``events_dropped`` (``.inc()``) and ``api_errors`` (``.labels(op, code).inc()``)."""
 
@@ -119,7 +123,7 @@ class EventRecorder:
     def __init__(self, http: FastClient, component: str, instance: str, metrics: RecorderMetrics,
                  may_write: Callable[[], bool] = lambda: True,
                  condition_dropped: Callable[[str], None] = lambda uid: None, *, update_interval_s: float = 10.0,
-                 max_queue: int = 4096, max_series: int = 4096, timeout_s: float = 5.0, workers: int = 2) -> None:
+                 max_queue: int = 4096, max_series: int = MAX_SERIES, timeout_s: float = 5.0, workers: int = 2) -> None:
         self.http, self.component, self.instance, self.metrics = http, component, instance, metrics
         self.condition_dropped = condition_dropped  # told when a condition could not be written, to retry it
         self.may_write = may_write  # a deposed leader must not overwrite its successor's conditions
@@ -393,7 +397,10 @@ class EventWriterProcess:
         self._local: EventRecorder | None = None
         self._warn = RateLimitedLog(log)
         self.ready = threading.Event()  # set once the child has built its client and recorder
-        self._with_series: set[str] = set()  # pods with a FailedScheduling / WaitingForNode series in the child
+        # Pods with a FailedScheduling / WaitingForNode series in the child, as many as the child keeps series
+        # (a pod deleted while pending is never forgotten here; past the bound the child's LRU forgets it).
+        self._with_series: dict[str, None] = {}  # insertion-ordered: the oldest goes first
+        self._series_lock = threading.Lock()
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # the switch to the local recorder
         # The same interpreter and environment: the child imports this package from where we did.
@@ -422,13 +429,13 @@ class EventWriterProcess:
     def nominated(self, ns: str, name: str, uid: str, node: str) -> None:
         if self._local is not None:
             return self._local.nominated(ns, name, uid, node)
-        self._with_series.add(uid)
+        self._series_of(uid)
         self._send(("nominated", ns, name, uid, node), "nominate", uid)
 
     def failed(self, ns: str, name: str, uid: str, message: str, condition: bool) -> None:
         if self._local is not None:
             return self._local.failed(ns, name, uid, message, condition)
-        self._with_series.add(uid)
+        self._series_of(uid)
         self._send(("failed", ns, name, uid, message[:_MAX_MESSAGE], condition),
                    "condition" if condition else "event", uid)
 
@@ -436,8 +443,16 @@ class EventWriterProcess:
         if self._local is not None:
             return self._local.forget(uid)
         if uid in self._with_series:  # most pods never failed: nothing to forget, no frame
-            self._with_series.discard(uid)
+            with self._series_lock:
+                self._with_series.pop(uid, None)
             self._send(("forget", uid), "forget", uid)
+
+    def _series_of(self, uid: str) -> None:
+        with self._series_lock:
+            w = self._with_series
+            w[uid] = None
+            if len(w) > MAX_SERIES:
+                del w[next(iter(w))]
 
     def leadership_changed(self) -> None:
         """Tell the child at once (a replica that steps down must stop writing before a successor starts)."""

@@ -173,3 +173,17 @@ def test_a_signal_to_the_process_group_leaves_the_helper_to_drain(emu):
     finally:
         w.stop(timeout=5)
     assert w.proc.returncode == 0
+
+
+def test_the_pods_with_series_are_bounded(emu, monkeypatch):
+    """Pods deleted while pending are never forgotten one by one: the scheduler's list of them stays bounded."""
+    from joulesched.live import events
+
+    monkeypatch.setattr(events, "MAX_SERIES", 8)
+    w, _ = _writer(emu, [-math.inf])  # not leading: nothing is written, only the bookkeeping is exercised
+    try:
+        for i in range(50):
+            w.failed("default", f"p{i}", f"uid-{i}", MSG, condition=False)
+        assert len(w._with_series) == 8 and "uid-49" in w._with_series
+    finally:
+        w.stop(timeout=5)
