@@ -124,6 +124,7 @@ class SchedulerDaemon:
                  seed: int = 0, cache: CacheOptions | None = None, sample_pct: Optional[int] = None,
                  batch: int = 8, event_writer: str = "process") -> None:
         from joulesched.agent.registry import make_policy
+        from joulesched.live.events import EVENT_WRITERS
         from joulesched.live.scheduler import Scheduler, ServeConfig, StatusServer
 
         if not scheduler_name.strip():
@@ -133,7 +134,7 @@ class SchedulerDaemon:
                                    "percentage)")
         if batch < 1:
             raise DaemonInputError(f"--batch {batch} must be at least 1")
-        if event_writer not in ("process", "thread"):
+        if event_writer not in EVENT_WRITERS:
             raise DaemonInputError(f"--event-writer {event_writer!r} must be process or thread")
         parse_listen(listen)
         pol = make_policy(policy)

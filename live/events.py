@@ -54,6 +54,8 @@ from joulesched.live.ratelog import RateLimitedLog
 log = logging.getLogger("joulesched.serve")
 
 
+#: Where a scheduler's Events are written from (``serve --event-writer``): a helper process, or its own threads.
+EVENT_WRITERS = ("process", "thread")
 #: Event series (pod and reason) a recorder keeps, the most recent.
 MAX_SERIES = 4096
 
@@ -63,6 +65,16 @@ class RecorderMetrics(Protocol):
 
     events_dropped: Any
     api_errors: Any
+
+
+def _count_drop(metrics: RecorderMetrics, condition_dropped: Callable[[str], None], warn: RateLimitedLog,
+                kind: str, uid: str, why: str) -> None:
+    """A write given up on: counted, a condition handed back (written again on the pod's next failed attempt),
+    a rate-limited WARNING."""
+    metrics.events_dropped.inc()
+    if kind == "condition":
+        condition_dropped(uid)
+    warn.warn(f"drop:{kind}", "recorder: %s for pod %s given up: %s", kind, uid, why)
 
 
 @dataclass(slots=True)
@@ -213,10 +225,10 @@ class EventRecorder:
             self._dropped(key, "the recorder's queue is full")
 
     def _dropped(self, key: tuple, why: str) -> None:
-        self.metrics.events_dropped.inc()
-        if key[0] == "condition":
-            self.condition_dropped(key[1])
-        self._warn.warn(f"drop:{key[0]}", "recorder: %s for pod %s given up: %s", key[0], key[1], why)
+        _count_drop(self.metrics, self.condition_dropped, self._warn, key[0], key[1], why)
+
+    def leadership_changed(self) -> None:
+        """Nothing to do: :attr:`may_write` is asked at every write."""
 
     # ---- the worker ----
     def _loop(self, sh: _Shard) -> None:
@@ -509,12 +521,8 @@ class EventWriterProcess:
             if local is not None and msg[0] in ("scheduled", "nominated", "failed", "forget"):
                 getattr(local, msg[0])(*msg[1:])
             return
-        if kind == "lead":
-            return  # the next heartbeat says it again
-        self.metrics.events_dropped.inc()
-        if kind == "condition":
-            self.condition_dropped(uid)
-        self._warn.warn(f"drop:{kind}", "recorder: %s for pod %s given up: %s", kind, uid, why)
+        if kind != "lead":  # a lost heartbeat: the next one says it again
+            _count_drop(self.metrics, self.condition_dropped, self._warn, kind, uid, why)
 
     def _fall_back(self, why: str) -> None:
         with self._lock:

@@ -80,7 +80,7 @@ from joulesched.cluster.backend import Decision
 from joulesched.cluster.kube.cache import KubeCache
 from joulesched.cluster.kube.client import FastClient, client_source
 from joulesched.cluster.kube.objects import PodInfo
-from joulesched.live.events import EventRecorder, EventWriterProcess, compact_json
+from joulesched.live.events import EVENT_WRITERS, EventRecorder, EventWriterProcess, compact_json
 from joulesched.live.httpd import BackgroundHTTPServer, reply
 from joulesched.live.leader import LeaderElector, default_identity
 from joulesched.live.ratelog import RateLimitedLog
@@ -314,8 +314,8 @@ class Scheduler:
 
     def _recorder(self) -> EventRecorder | EventWriterProcess:
         cfg = self.cfg
-        if cfg.event_writer not in ("process", "thread"):
-            raise ValueError(f"event_writer {cfg.event_writer!r}: process or thread")
+        if cfg.event_writer not in EVENT_WRITERS:
+            raise ValueError(f"event_writer {cfg.event_writer!r}: one of {', '.join(EVENT_WRITERS)}")
 
         def local() -> EventRecorder:
             return EventRecorder(self.http, cfg.scheduler_name, cfg.identity, self.metrics, may_write=self.is_leader,
@@ -403,7 +403,7 @@ class Scheduler:
     def _leader_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
         recorder = getattr(self, "recorder", None)  # None only while __init__ builds the elector
-        if isinstance(recorder, EventWriterProcess):
+        if recorder is not None:
             recorder.leadership_changed()
         if not leading:
             self.ready.clear()
