@@ -453,8 +453,8 @@ th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right;vertical-ali
 th{font-weight:600;background:#fafafa}
 th:first-child,td:first-child{text-align:left}
 td{white-space:nowrap}
-td.pol,th.pol{text-align:left;white-space:normal;overflow-wrap:break-word;max-width:22em}
-td.wrap,th.wrap{white-space:normal;overflow-wrap:break-word;max-width:16em}
+td.pol,th.pol{text-align:left;white-space:normal;overflow-wrap:anywhere;max-width:22em}
+td.wrap,th.wrap{white-space:normal;overflow-wrap:anywhere;max-width:16em}
 tr.best td{font-weight:600;background:#eef6ee}
 .sw{display:inline-block;width:0.8em;height:0.8em;border-radius:2px;margin-right:0.4em;vertical-align:-0.05em}
 .meta{color:#666;font-size:0.85em}
