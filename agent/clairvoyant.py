@@ -12,12 +12,25 @@ leaves it out.
 With exact lifetimes, co-location by end time pays before best fit (``fit_classes=1``, NILAS's own order, the
 default here): on heterogeneous-sleep it is 5-10 % below the best sleep-aware heuristic (docs/dqn.md, "Issue 27"),
 where with predicted lifetimes the same order loses (docs/PERFORMANCE.md, "The lifetime-aware heuristic").
+
+``r2`` < 1 makes it an oracle of a given quality instead of an exact one: what a calibrated predictor that
+explains the share ``r2`` of the variance of log lifetimes would be worth to the same rule (the curve of
+docs/dqn.md, "What a predictor of a given quality is worth"). Each pod's predicted log life is
+``mu + r2 (y - mu) + eta`` with ``y`` its true log life, ``mu`` and ``sigma^2`` the mean and variance of ``y``
+over the workload, and ``eta ~ N(0, r2 (1 - r2) sigma^2)`` drawn once per pod: an unbiased conditional
+expectation (its error is uncorrelated with it) whose variance is ``r2 sigma^2``, as a regression on keys of that
+R^2 would give (the Alibaba OpenB trace's keys give about 0.32, ../shared/docs/reference-2.md). The residual is
+lognormal with variance ``(1 - r2) sigma^2`` in log space, and a running pod is re-predicted as it ages, as
+LAVA re-predicts: its remaining life is the median of that distribution given it has run so far. ``r2=1`` is the
+exact reference; ``r2=0`` knows only the workload's lifetime distribution and each pod's age.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import ndtr, ndtri
 
+from joulesched.agent.baselines import _float_opt, _int_opt
 from joulesched.agent.lifetime_aware import LifetimeAware
 from joulesched.agent.policy import PolicyError
 from joulesched.cluster.state import ClusterState
@@ -31,6 +44,8 @@ class Clairvoyant(LifetimeAware):
 
     :param headroom: as awake-first's (0 < h <= 1, default 1).
     :param fit_classes: how coarse the best fit is before co-location by end time (1: co-location first).
+    :param r2: the oracle's quality, the share of the variance of log lifetimes it explains (1: exact).
+    :param seed: the seed of the oracle's errors (with ``r2`` < 1).
     """
 
     name = "clairvoyant"
@@ -38,21 +53,60 @@ class Clairvoyant(LifetimeAware):
     #: It must be handed the twin it runs in (``attach``), also where it is only a teacher (agent/train.py).
     reads_twin = True
 
-    def __init__(self, headroom: str | float = "1", fit_classes: str | int = "1") -> None:
+    def __init__(self, headroom: str | float = "1", fit_classes: str | int = "1", r2: str | float = "1",
+                 seed: str | int = "0") -> None:
         super().__init__(headroom, prediction="0", fit_classes=fit_classes)
+        self.r2 = _float_opt(self.name, "r2", str(r2), -np.inf, np.inf)
+        if not 0.0 <= self.r2 <= 1.0:
+            raise PolicyError(f"policy {self.name!r}: option r2={self.r2} must be in [0, 1]")
+        self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)
         self._twin = None
+        self._oracle: tuple[np.ndarray, float, float] | None = None  # per pod eta, mu, sigma
 
     def attach(self, backend: object) -> None:
         if not (callable(getattr(backend, "due_ends", None)) and callable(getattr(backend, "deciding_life", None))):
             raise PolicyError("policy 'clairvoyant' reads the twin's true pod lifetimes: it runs in the twin only "
                               f"(benchmark, training), not on {type(backend).__name__}")
         self._twin = backend
+        self._oracle = None if self.r2 == 1.0 else self._errors(backend)
 
     def detach(self, backend: object) -> None:
-        self._twin = None
+        self._twin = self._oracle = None
+
+    def _errors(self, twin) -> tuple[np.ndarray, float, float]:
+        """The workload's log-lifetime mean and deviation, and each pod's error ``eta``."""
+        wl = twin.workload
+        life = np.where(wl.is_service, np.minimum(wl.submit_s + wl.duration_s, twin.scenario.duration_s)
+                        - wl.submit_s, wl.duration_s)
+        y = np.log(np.maximum(life[life > 0], 1.0))
+        mu, sigma = (float(y.mean()), float(y.std())) if y.size else (0.0, 0.0)
+        sd = np.sqrt(self.r2 * (1.0 - self.r2)) * sigma
+        return np.random.default_rng(self.seed).normal(0.0, 1.0, len(wl)) * sd, mu, sigma
+
+    def _predicted_life(self, pods: np.ndarray, began: np.ndarray, end: np.ndarray, now: float) -> np.ndarray:
+        """The oracle's life of each pod (from ``began``): the median of its residual distribution given the
+        age it has reached."""
+        eta, mu, sigma = self._oracle
+        m = mu + self.r2 * (np.log(np.maximum(end - began, 1.0)) - mu) + eta[pods]
+        s = np.sqrt(1.0 - self.r2) * sigma
+        age = np.maximum(now - began, 0.0)
+        if s == 0.0:  # every pod lives exp(mu): only the age says more
+            return np.maximum(np.exp(m), age)
+        with np.errstate(divide="ignore"):
+            u0 = ndtr((np.log(age) - m) / s)  # the share of such pods that would have ended by now
+        # ndtri(1) is inf: a pod far past every prediction lives on (the age bound below).
+        return np.maximum(np.exp(m + s * ndtri(np.minimum(u0 + (1.0 - u0) / 2, 1.0 - 1e-12))), age)
 
     def _lives(self, st: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, float]:
         tw = self._twin
         if tw is None:
             raise PolicyError("policy 'clairvoyant' was not attached to a twin (run it with run_policy)")
-        return np.maximum(tw.due_ends()[idx] - st.now, 0.0), tw.deciding_life()
+        if self._oracle is None:
+            return np.maximum(tw.due_ends()[idx] - st.now, 0.0), tw.deciding_life()
+        now = st.now
+        pods, node, began, end = tw.live_lives()
+        due = np.full(len(st), now)
+        np.maximum.at(due, node, began + self._predicted_life(pods, began, end, now))
+        p, b, e = tw.deciding_pod()
+        life = float(self._predicted_life(np.array([p]), np.array([b]), np.array([e]), now)[0])
+        return np.maximum(due[idx] - now, 0.0), max(b + life - now, 0.0)

@@ -119,7 +119,8 @@ BUILTIN: tuple[PolicyEntry, ...] = (
     _builtin("round-robin", "baselines:RoundRobin", "reference", "the next feasible node, wrapping around"),
     _builtin("random", "baselines:Random", "reference", "a uniformly random feasible node"),
     _builtin("clairvoyant", "clairvoyant:Clairvoyant", "clairvoyant",
-             "twin only: lifetime-aware packing on the pods' true lifetimes (a reference and a training teacher)"),
+             "twin only: lifetime-aware packing on the pods' true lifetimes, or on an oracle of quality r2 (a "
+             "reference and a training teacher)"),
     _builtin("dqn", "dqn_policy:DQNPolicy", "learned",
              "the trained Double DQN (dqn=MODEL): greedy on its per-node advantages", takes_path=True),
 )

@@ -424,28 +424,43 @@ class Twin:
         self._observer = observer
 
     # ---- what only a simulator knows (clairvoyant references, agent/clairvoyant.py) -------------------------
-    def due_ends(self) -> np.ndarray:
-        """Per node, when its last bound pod is due to end (``now`` for a node that holds none): a running job's
-        start plus the work it started with, a job still waiting for its node to wake ``now + wake_s`` plus its
-        work, a service its stop. Throttling would make them later. The future itself: for clairvoyant
-        references and training labels, never for a policy that could run on a cluster."""
-        now, n = self.now, len(self.state)
-        out = np.full(n, now)
+    def live_lives(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The bound pods' futures: per pod that runs or waits for its waking node, its index, its node, when its
+        life began (a running job's start, a waiting job's ``now + wake_s``, a service's submit time) and when it
+        is due to end (began plus a job's work at its start; a service's stop, the scenario's end at the
+        latest). Throttling would make them later. The future itself: for clairvoyant references and training
+        labels, never for a policy that could run on a cluster."""
+        now = self.now
         node = np.fromiter(self.pod_node, np.int64, len(self.pod_node))
         status = np.fromiter(self.pod_status, np.int8, len(self.pod_status))
         live = np.flatnonzero((node >= 0) & ((status == _RUNNING) | (status == _WAITING)))
-        if live.size == 0:
-            return out
-        work = np.asarray(self._work, dtype=np.float64)[live]
-        start = np.asarray(self.pod_start, dtype=np.float64)[live]
-        end = np.where(status[live] == _WAITING, now + self.state.wake_s, start) + work
-        if self._pm:
+        began = np.where(status[live] == _WAITING, now + self.state.wake_s,
+                         np.asarray(self.pod_start, dtype=np.float64)[live])
+        end = began + np.asarray(self._work, dtype=np.float64)[live]
+        if self._pm and live.size:
             svc = np.asarray(self._is_svc, dtype=bool)[live]
-            dur = np.asarray(self._dur, dtype=np.float64)[live]
-            stop = np.minimum(np.asarray(self._submit, dtype=np.float64)[live] + dur, self.horizon)
-            end = np.where(svc, stop, end)
-        np.maximum.at(out, node[live], end)
+            submit = np.asarray(self._submit, dtype=np.float64)[live]
+            stop = np.minimum(submit + np.asarray(self._dur, dtype=np.float64)[live], self.horizon)
+            began, end = np.where(svc, submit, began), np.where(svc, stop, end)
+        return live, node[live], began, end
+
+    def due_ends(self) -> np.ndarray:
+        """Per node, when its last bound pod is due to end (``now`` for a node that holds none), from
+        :meth:`live_lives`. The future itself, as it."""
+        out = np.full(len(self.state), self.now)
+        _, node, _, end = self.live_lives()
+        np.maximum.at(out, node, end)
         return out
+
+    def deciding_pod(self) -> tuple[int, float, float]:
+        """The pod awaiting a decision as :meth:`live_lives` sees a bound one: its index, when its life begins (a
+        job: now; a service: its submit time) and when it is due to end."""
+        p = self.pod
+        if p < 0:
+            raise RuntimeError("deciding_pod() called with no pod awaiting a decision")
+        if self._pm and self._is_svc[p]:
+            return p, self._submit[p], min(self._submit[p] + self._dur[p], self.horizon)
+        return p, self.now, self.now + float(self._work[p])
 
     def deciding_life(self) -> float:
         """How long the pod awaiting a decision will run once started (a service: until its stop). The future

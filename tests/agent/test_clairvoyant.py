@@ -153,3 +153,83 @@ def test_no_best_heuristic_comparison_or_default_set_includes_it():
         assert not any(n.startswith("clairvoyant") for n in names)
     assert math.isfinite(run_policy(Twin(load_scenario(HELDOUT), build_workload(load_scenario(HELDOUT), 1)),
                                     make_policy("clairvoyant:fit_classes=8"), 1).energy_joules)
+
+
+def _oracle(spec: str, path: Path = ROOT / "scenarios" / "heterogeneous-sleep.yaml", seed: int = 7):
+    sc = load_scenario(path)
+    twin = Twin(sc, build_workload(sc, seed))
+    pol = make_policy(spec)
+    pol.attach(twin)
+    return twin, pol
+
+
+def _r2(y: np.ndarray, yhat: np.ndarray) -> float:
+    return 1.0 - float(np.var(y - yhat)) / float(np.var(y))
+
+
+@pytest.mark.parametrize("r2", [0.0, 0.32, 0.6, 0.9])
+def test_the_oracle_explains_the_share_of_log_lifetimes_it_is_asked_to(r2):
+    """At age 0 the oracle's log life explains ``r2`` of the variance of the true log lives, without bias, and
+    its error is uncorrelated with it (a calibrated conditional expectation, as a regression on keys)."""
+    twin, pol = _oracle(f"clairvoyant:r2={r2}")
+    life = np.asarray(twin.workload.duration_s, dtype=np.float64)
+    pods = np.arange(life.size)
+    pred = pol._predicted_life(pods, np.zeros(life.size), life, 0.0)
+    y, yhat = np.log(np.maximum(life, 1.0)), np.log(pred)
+    assert life.size > 500
+    assert _r2(y, yhat) == pytest.approx(r2, abs=0.06)
+    assert float(np.mean(y - yhat)) == pytest.approx(0.0, abs=0.08)
+    if r2 > 0:
+        assert abs(float(np.corrcoef(y - yhat, yhat)[0, 1])) < 0.08
+
+
+def test_the_oracle_re_predicts_a_pod_as_it_ages():
+    """A pod that has outlived its prediction is predicted to live on past its age, more so the older it is;
+    a young pod keeps the prediction it started with."""
+    _, pol = _oracle("clairvoyant:r2=0.32")
+    pod, began, end = np.zeros(1, dtype=np.int64), np.zeros(1), np.full(1, 600.0)
+    first = float(pol._predicted_life(pod, began, end, 0.0)[0])
+    ages = np.array([0.0, first / 100, 2 * first, 8 * first])
+    lives = np.array([float(pol._predicted_life(pod, began, end, a)[0]) for a in ages])
+    assert lives[0] == pytest.approx(first)
+    assert lives[1] == pytest.approx(first, rel=0.02)
+    assert lives[2] > ages[2] and lives[3] > ages[3] and lives[3] > lives[2]
+
+
+def test_the_oracle_is_drawn_by_its_seed_and_exact_at_r2_1():
+    twin, a = _oracle("clairvoyant:r2=0.5")
+    _, b = _oracle("clairvoyant:r2=0.5")
+    _, c = _oracle("clairvoyant:r2=0.5,seed=1")
+    pods = np.arange(50)
+    began, end = np.zeros(50), np.asarray(twin.workload.duration_s[:50], dtype=np.float64)
+    pa, pb, pc = (p._predicted_life(pods, began, end, 0.0) for p in (a, b, c))
+    np.testing.assert_array_equal(pa, pb)
+    assert not np.allclose(pa, pc)
+    sc = load_scenario(HELDOUT)
+    wl = build_workload(sc, 3)
+    exact = run_policy(Twin(sc, wl), make_policy("clairvoyant"), 3)
+    assert run_policy(Twin(sc, wl), make_policy("clairvoyant:r2=1"), 3).energy_joules == exact.energy_joules
+    noisy = run_policy(Twin(sc, wl), make_policy("clairvoyant:r2=0.3"), 3)
+    assert math.isfinite(noisy.energy_joules) and noisy.energy_joules != exact.energy_joules
+    for bad in ("r2=1.5", "r2=-0.1", "r2=x", "seed=-1"):
+        with pytest.raises(PolicyError, match=bad.split("=")[0]):
+            make_policy(f"clairvoyant:{bad}")
+
+
+def test_the_view_of_bound_pods_is_the_one_due_ends_reads():
+    """live_lives and deciding_pod state what due_ends and deciding_life read, services included."""
+    sc = load_scenario(ROOT / "scenarios" / "services-diurnal-sleep.yaml")
+    twin = Twin(sc, build_workload(sc, sc.seed))
+    pol = make_policy("awake-first")
+    twin.begin()
+    pol.reset(twin.state, np.random.default_rng(0))
+    for _ in range(200):
+        d = twin.next_decision()
+        pods, node, began, end = twin.live_lives()
+        assert np.all(began <= end) and np.all(node >= 0) and np.all(began[pods >= 0] >= 0)
+        due = np.full(len(twin.state), twin.now)
+        np.maximum.at(due, node, end)
+        np.testing.assert_array_equal(due, twin.due_ends())
+        p, _, e = twin.deciding_pod()
+        assert p == int(d.key) and max(e - twin.now, 0.0) == pytest.approx(twin.deciding_life())
+        twin.bind(d, pol.choose(d.state, d.pod, d.mask))
