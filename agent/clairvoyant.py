@@ -22,7 +22,10 @@ expectation (its error is uncorrelated with it) whose variance is ``r2 sigma^2``
 R^2 would give (the Alibaba OpenB trace's keys give about 0.32, ../shared/docs/reference-2.md). The residual is
 lognormal with variance ``(1 - r2) sigma^2`` in log space, and a running pod is re-predicted as it ages, as
 LAVA re-predicts: its remaining life is the median of that distribution given it has run so far. ``r2=1`` is the
-exact reference; ``r2=0`` knows only the workload's lifetime distribution and each pod's age.
+exact reference; ``r2=0`` knows only the workload's lifetime distribution and each pod's age. With
+``extend=expected`` the awake time a pod adds to a node is priced as its expectation under that distribution
+(``E[(L - e)+]`` given the pod's age, ``e`` the node's emptying time) instead of the median's excess: the rule
+that uses the prediction's uncertainty (docs/dqn.md measures both).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from joulesched.agent.lifetime_aware import LifetimeAware
 from joulesched.agent.policy import PolicyError
 from joulesched.cluster.state import ClusterState
 
+#: How the awake time a pod adds is priced (option ``extend``).
+EXTENDS = ("median", "expected")
+
 
 class Clairvoyant(LifetimeAware):
     """Lifetime-aware packing on the true lifetimes (twin only): among awake nodes, least awake time added
@@ -46,6 +52,8 @@ class Clairvoyant(LifetimeAware):
     :param fit_classes: how coarse the best fit is before co-location by end time (1: co-location first).
     :param r2: the oracle's quality, the share of the variance of log lifetimes it explains (1: exact).
     :param seed: the seed of the oracle's errors (with ``r2`` < 1).
+    :param extend: ``median`` (the added awake time of the median life) or ``expected`` (its expectation under
+        the oracle's residual distribution; with ``r2`` < 1).
     """
 
     name = "clairvoyant"
@@ -54,12 +62,16 @@ class Clairvoyant(LifetimeAware):
     reads_twin = True
 
     def __init__(self, headroom: str | float = "1", fit_classes: str | int = "1", r2: str | float = "1",
-                 seed: str | int = "0") -> None:
+                 seed: str | int = "0", extend: str = "median") -> None:
         super().__init__(headroom, prediction="0", fit_classes=fit_classes)
         self.r2 = _float_opt(self.name, "r2", str(r2), -np.inf, np.inf)
         if not 0.0 <= self.r2 <= 1.0:
             raise PolicyError(f"policy {self.name!r}: option r2={self.r2} must be in [0, 1]")
         self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)
+        if extend not in EXTENDS:
+            raise PolicyError(f"policy {self.name!r}: option extend={extend!r} is not one of {', '.join(EXTENDS)}")
+        self.extend = extend
+        self._pod_dist: tuple[float, float, float] | None = None  # the deciding pod's (m, s, age) for 'expected'
         self._twin = None
         self._oracle: tuple[np.ndarray, float, float] | None = None  # per pod eta, mu, sigma
 
@@ -83,12 +95,17 @@ class Clairvoyant(LifetimeAware):
         sd = np.sqrt(self.r2 * (1.0 - self.r2)) * sigma
         return np.random.default_rng(self.seed).normal(0.0, 1.0, len(wl)) * sd, mu, sigma
 
+    def _log_median(self, pods: np.ndarray, began: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, float]:
+        """The oracle's log life of each pod before it starts (its residual distribution's median) and that
+        distribution's deviation."""
+        eta, mu, sigma = self._oracle
+        m = mu + self.r2 * (np.log(np.maximum(end - began, 1.0)) - mu) + eta[pods]
+        return m, float(np.sqrt(1.0 - self.r2) * sigma)
+
     def _predicted_life(self, pods: np.ndarray, began: np.ndarray, end: np.ndarray, now: float) -> np.ndarray:
         """The oracle's life of each pod (from ``began``): the median of its residual distribution given the
         age it has reached."""
-        eta, mu, sigma = self._oracle
-        m = mu + self.r2 * (np.log(np.maximum(end - began, 1.0)) - mu) + eta[pods]
-        s = np.sqrt(1.0 - self.r2) * sigma
+        m, s = self._log_median(pods, began, end)
         age = np.maximum(now - began, 0.0)
         if s == 0.0:  # every pod lives exp(mu): only the age says more
             return np.maximum(np.exp(m), age)
@@ -108,5 +125,21 @@ class Clairvoyant(LifetimeAware):
         due = np.full(len(st), now)
         np.maximum.at(due, node, began + self._predicted_life(pods, began, end, now))
         p, b, e = tw.deciding_pod()
-        life = float(self._predicted_life(np.array([p]), np.array([b]), np.array([e]), now)[0])
+        pa, ba, ea = np.array([p]), np.array([b]), np.array([e])
+        life = float(self._predicted_life(pa, ba, ea, now)[0])
+        m, s = self._log_median(pa, ba, ea)
+        self._pod_dist = (float(m[0]), s, max(now - b, 0.0))
         return np.maximum(due[idx] - now, 0.0), max(b + life - now, 0.0)
+
+    def _added(self, empty_in: np.ndarray, life: float) -> np.ndarray:
+        if self.extend == "median" or self._oracle is None or self._pod_dist is None or self._pod_dist[1] == 0.0:
+            return super()._added(empty_in, life)
+        # E[(L - a - e)+ | L > a] for a lognormal life L (log median m, deviation s) that has lived a: the
+        # lognormal's partial expectation above a + e, over its survival at a.
+        m, s, age = self._pod_dist
+        x = empty_in + age
+        with np.errstate(divide="ignore"):
+            lx = np.log(np.maximum(x, 1e-300))
+            surv = float(ndtr((m - np.log(age)) / s)) if age > 0 else 1.0
+        part = np.exp(m + s * s / 2) * ndtr((m + s * s - lx) / s) - x * ndtr((m - lx) / s)
+        return np.maximum(part, 0.0) / max(surv, 1e-12)

@@ -110,7 +110,7 @@ class LifetimeAware(_SleepAware):
             idle = st.idle_watts[idx].astype(np.float64)
             # One unit for the whole cluster (a minute at the largest idle draw), so that an hour on a small node
             # costs less than an hour on a big one.
-            extend = log2_class(np.maximum(life - e, 0.0) * idle, CLASS_S * float(st.idle_watts.max()))
+            extend = log2_class(self._added(e, life) * idle, CLASS_S * float(st.idle_watts.max()))
             # Slack only orders the nodes the pod does not outlive; an extended node's slack is 0 (the extension
             # already ranks it).
             slack = np.where(extend == 0.0, log2_class(np.maximum(e - life, 0.0), CLASS_S), 0.0)
@@ -118,6 +118,10 @@ class LifetimeAware(_SleepAware):
         fit_class = np.floor(np.clip(free_cpu, 0.0, 1.0) * self.fit_classes)
         return {"ExtendJ": extend, "WattsPerCoreAwake": wpc, "FitClass": fit_class, "SlackClass": slack,
                 "FreeCpuShare": free_cpu, "FreeMemShare": free_mem}
+
+    def _added(self, empty_in: np.ndarray, life: float) -> np.ndarray:
+        """The awake time the deciding pod adds to each node: its life past the node's emptying time."""
+        return np.maximum(life - empty_in, 0.0)
 
     def _lives(self, st: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, float] | None:
         """The predictor's view: per node of ``idx`` the seconds until it holds no pod (0: empty), and the

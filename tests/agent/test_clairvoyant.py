@@ -233,3 +233,35 @@ def test_the_view_of_bound_pods_is_the_one_due_ends_reads():
         p, _, e = twin.deciding_pod()
         assert p == int(d.key) and max(e - twin.now, 0.0) == pytest.approx(twin.deciding_life())
         twin.bind(d, pol.choose(d.state, d.pod, d.mask))
+
+
+@pytest.mark.parametrize("age", [0.0, 900.0])
+def test_expected_extension_is_the_lognormal_partial_expectation(age):
+    """extend=expected prices the awake time added as E[(L - age - e)+ | L > age]: checked against a Monte
+    Carlo draw of the oracle's residual distribution, and positive where the median's excess is zero."""
+    _, pol = _oracle("clairvoyant:r2=0.5,extend=expected")
+    m, s = 6.2, 0.9
+    pol._pod_dist = (m, s, age)
+    e = np.array([0.0, 200.0, 600.0, 2000.0, 8000.0])
+    got = pol._added(e, 0.0)
+    rng = np.random.default_rng(1)
+    life = np.exp(m + s * rng.standard_normal(2_000_000))
+    life = life[life > age]
+    want = np.array([np.mean(np.maximum(life - age - x, 0.0)) for x in e])
+    np.testing.assert_allclose(got, want, rtol=0.02, atol=0.5)
+    assert np.all(np.diff(got) < 0) and got[-2] > 0.0
+    median_excess = max(float(np.exp(m)) - age, 0.0) - e[-2]
+    assert median_excess <= 0.0 < got[-2]  # the median says "no extension", the expectation prices the tail
+    with pytest.raises(PolicyError, match="extend"):
+        make_policy("clairvoyant:extend=mean")
+
+
+def test_expected_extension_runs_and_differs_from_the_median_rule():
+    sc = load_scenario(HELDOUT)
+    wl = build_workload(sc, 3)
+    med = run_policy(Twin(sc, wl), make_policy("clairvoyant:r2=0.6"), 3)
+    exp = run_policy(Twin(sc, wl), make_policy("clairvoyant:r2=0.6,extend=expected"), 3)
+    assert math.isfinite(exp.energy_joules) and exp.energy_joules != med.energy_joules
+    # At r2=1 there is no residual distribution: the exact rule, whatever extend says.
+    exact = run_policy(Twin(sc, wl), make_policy("clairvoyant"), 3)
+    assert run_policy(Twin(sc, wl), make_policy("clairvoyant:extend=expected"), 3).energy_joules == exact.energy_joules
