@@ -19,7 +19,7 @@ docs/dqn.md, "What a predictor of a given quality is worth"). Each pod's predict
 ``mu + r2 (y - mu) + eta`` with ``y`` its true log life, ``mu`` and ``sigma^2`` the mean and variance of ``y``
 over the workload, and ``eta ~ N(0, r2 (1 - r2) sigma^2)`` drawn once per pod: an unbiased conditional
 expectation (its error is uncorrelated with it) whose variance is ``r2 sigma^2``, as a regression on keys of that
-R^2 would give (the Alibaba OpenB trace's keys give about 0.32, ../shared/docs/reference-2.md). The residual is
+R^2 would give (the Alibaba OpenB trace's keys give about 0.32, ../shared/docs/reference-3.md). The residual is
 lognormal with variance ``(1 - r2) sigma^2`` in log space, and a running pod is re-predicted as it ages, as
 LAVA re-predicts: its remaining life is the median of that distribution given it has run so far. ``r2=1`` is the
 exact reference; ``r2=0`` knows only the workload's lifetime distribution and each pod's age. With
