@@ -24,13 +24,15 @@ def _int_opt(name: str, key: str, value: str, lo: int, hi: int) -> int:
     return v
 
 
-def _float_opt(name: str, key: str, value: str, lo: float, hi: float) -> float:
+def _float_opt(name: str, key: str, value: str, lo: float, hi: float, *, closed: bool = False) -> float:
+    """``value`` as a number in the open interval (lo, hi), or in [lo, hi] with ``closed``."""
     try:
         v = float(value)
     except ValueError:
         raise PolicyError(f"policy {name!r}: option {key}={value!r} is not a number") from None
-    if not (lo < v < hi):
-        raise PolicyError(f"policy {name!r}: option {key}={v} must be in ({lo}, {hi})")
+    if not (lo <= v <= hi if closed else lo < v < hi):
+        interval = f"[{lo}, {hi}]" if closed else f"({lo}, {hi})"
+        raise PolicyError(f"policy {name!r}: option {key}={v} must be in {interval}")
     return v
 
 

@@ -64,9 +64,7 @@ class Clairvoyant(LifetimeAware):
     def __init__(self, headroom: str | float = "1", fit_classes: str | int = "1", r2: str | float = "1",
                  seed: str | int = "0", extend: str = "median") -> None:
         super().__init__(headroom, prediction="0", fit_classes=fit_classes)
-        self.r2 = _float_opt(self.name, "r2", str(r2), -np.inf, np.inf)
-        if not 0.0 <= self.r2 <= 1.0:
-            raise PolicyError(f"policy {self.name!r}: option r2={self.r2} must be in [0, 1]")
+        self.r2 = _float_opt(self.name, "r2", str(r2), 0.0, 1.0, closed=True)
         self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)
         if extend not in EXTENDS:
             raise PolicyError(f"policy {self.name!r}: option extend={extend!r} is not one of {', '.join(EXTENDS)}")
@@ -106,8 +104,12 @@ class Clairvoyant(LifetimeAware):
         """The oracle's life of each pod (from ``began``): the median of its residual distribution given the
         age it has reached."""
         m, s = self._log_median(pods, began, end)
-        age = np.maximum(now - began, 0.0)
-        if s == 0.0:  # every pod lives exp(mu): only the age says more
+        return self._median_life(m, s, np.maximum(now - began, 0.0))
+
+    @staticmethod
+    def _median_life(m: np.ndarray, s: float, age: np.ndarray) -> np.ndarray:
+        """The median of a lognormal life (log median ``m``, deviation ``s``) given it has lasted ``age``."""
+        if s == 0.0:  # no residual: the median is the life itself
             return np.maximum(np.exp(m), age)
         with np.errstate(divide="ignore"):
             u0 = ndtr((np.log(age) - m) / s)  # the share of such pods that would have ended by now
@@ -125,10 +127,10 @@ class Clairvoyant(LifetimeAware):
         due = np.full(len(st), now)
         np.maximum.at(due, node, began + self._predicted_life(pods, began, end, now))
         p, b, e = tw.deciding_pod()
-        pa, ba, ea = np.array([p]), np.array([b]), np.array([e])
-        life = float(self._predicted_life(pa, ba, ea, now)[0])
-        m, s = self._log_median(pa, ba, ea)
-        self._pod_dist = (float(m[0]), s, max(now - b, 0.0))
+        m, s = self._log_median(np.array([p]), np.array([b]), np.array([e]))
+        age = max(now - b, 0.0)
+        life = float(self._median_life(m, s, np.array([age]))[0])
+        self._pod_dist = (float(m[0]), s, age)
         return np.maximum(due[idx] - now, 0.0), max(b + life - now, 0.0)
 
     def _added(self, empty_in: np.ndarray, life: float) -> np.ndarray:
