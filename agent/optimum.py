@@ -883,18 +883,7 @@ def _fix(b: _Built, sched: Schedule) -> tuple[list[int], list[float]] | None:
     column (a start the model does not know, or a node it forbids)."""
     inst = b.inst
     unit_of = {node: i for i, un in enumerate(b.units) for node in un}
-    # Interchangeable nodes are relabelled in order of first use, as the model's symmetry breaking wants; the
-    # twin cannot tell the difference.
-    first: dict[int, list[int]] = {}
-    for pod in inst.pod.tolist():
-        node = sched.assignment[pod]
-        seen = first.setdefault(int(inst.kinds[node]), [])
-        if node not in seen:
-            seen.append(node)
-    relabel = {}
-    for kind, used in first.items():
-        same = [i for i in range(inst.nodes) if inst.kinds[i] == kind]
-        relabel.update(zip(used + [i for i in same if i not in used], same))
+    relabel = _first_use(inst, [sched.assignment[pod] for pod in inst.pod.tolist()])
     lab = [relabel[sched.assignment[pod]] for pod in inst.pod.tolist()]
     if inst.can_sleep and b.wake_order:
         _wake_relabel(inst, lab, [sched.starts[pod] for pod in inst.pod.tolist()])
@@ -911,6 +900,68 @@ def _fix(b: _Built, sched: Schedule) -> tuple[list[int], list[float]] | None:
     cols = list(b.y.values())
     vals = [1.0 if key in ones else 0.0 for key in b.y]
     return cols, vals
+
+
+def _first_use(inst: Instance, nodes: list[int]) -> dict[int, int]:
+    """Interchangeable nodes relabelled in order of first use by ``nodes`` (the node of each modelled pod, in
+    the model's pod order, or of a prefix of them), as the model's order rows want: node -> its label, a
+    permutation within each kind. The twin cannot tell the difference."""
+    first: dict[int, list[int]] = {}
+    for node in nodes:
+        seen = first.setdefault(int(inst.kinds[node]), [])
+        if node not in seen:
+            seen.append(node)
+    relabel = {i: i for i in range(inst.nodes)}
+    for kind, used in first.items():
+        same = [i for i in range(inst.nodes) if inst.kinds[i] == kind]
+        relabel.update(zip(used + [i for i in same if i not in used], same))
+    return relabel
+
+
+def solve_rest(inst: Instance, past: dict[int, tuple[int, float | None]], hint: Schedule, *,
+               time_limit: float = 5.0) -> dict[int, int] | None:
+    """The best schedule found in ``time_limit`` seconds with the pods of ``past`` held where a run put them
+    (workload pod index -> (node, start; None while the pod waits for its node to wake)), starting from
+    ``hint`` (a whole schedule that keeps that past: the run continued by some rule): every modelled pod's node
+    (workload index -> node), or None when the model cannot state the hint or the past (a queued pod, a start
+    the model has no mode for).
+
+    DAgger's relabelling with the optimum as the expert (agent/optimum_teacher.py): the optimum's answer from a
+    state a learner reached. On the sleeping instances HiGHS does not finish its root LP in seconds, so the time
+    goes to the large-neighbourhood search over the pods still to come, from the hint. Identical nodes are
+    relabelled by first use so the model's order rows hold (and mapped back after); the orbit rule among
+    sleeping nodes is left out, since a run's past need not follow it."""
+    time_limit = check_time_limit(time_limit)
+    deadline = time.perf_counter() + time_limit
+    for pod, (node, _) in past.items():
+        if hint.assignment.get(pod) != node:
+            raise ValueError(f"the hint moves pod {pod} of the past from node {node}")
+    try:
+        b = _build(inst, wake_order=False)
+    except _Infeasible:
+        return None
+    fixed = _fix(b, hint)
+    if fixed is None:
+        return None
+    order = [int(pod) for pod in inst.pod.tolist()]
+    relabel = _first_use(inst, [hint.assignment[pod] for pod in order])
+    back = {v: k for k, v in relabel.items()}
+    held: dict[int, tuple[int, float | None]] = {}
+    for p, pod in enumerate(order):
+        if pod in past:
+            node, start = past[pod]
+            held[p] = (relabel[node], start)
+    for (p, i, k), col in b.y.items():
+        h = held.get(p)
+        if h is not None and not (i == h[0] and (h[1] is None or abs(b.modes[p][k][0] - h[1])
+                                                 <= 1e-6 * max(1.0, abs(h[1])))):
+            b.model.ub[col] = 0.0
+    priced = _price(b, *fixed, time_limit=max(1.0, 0.2 * time_limit))
+    if priced is None:
+        return None
+    energy, x = priced
+    x, energy = _neighbourhoods(b, x, energy, deadline, None, first=len(held))
+    return {order[p]: back[b.units[i][0]] for (p, i, k), col in b.y.items() if x[col] > 0.5}
 
 
 def _wake_relabel(inst: Instance, lab: list[int], starts: list[float]) -> None:
@@ -1004,7 +1055,7 @@ class _Run:
 
 def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = None, gap: float = 1e-6,
           warm: tuple[str, ...] | None = None, lp: LPBound | None = None, lns_share: float = 0.4,
-          wake_order: bool = True, solver: str = DEFAULT_SOLVER) -> OptimumResult:
+          wake_order: bool = True, solver: str = DEFAULT_SOLVER, with_bounds: bool = True) -> OptimumResult:
     """Solve the MIP for ``inst`` within ``time_limit`` seconds (model building included).
 
     The solver starts from the best schedule among the ``warm`` policies' twin runs that the model can state,
@@ -1015,7 +1066,9 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
     exact model) or ``race`` (both at once, each with half the threads; the better schedule and the better
     bound kept). ``status`` is ``optimal`` when the gap is closed to ``gap`` (relative), ``time_limit`` when the
     time ran out first. ``wake_order``: the orbit rule among identical sleeping nodes (:func:`_wake_order_rows`;
-    off only to measure or test it)."""
+    off only to measure or test it). ``with_bounds=False`` skips the LP and root bounds, which take up to half the time
+    and say nothing about the schedule (the training labels of agent/optimum_teacher.py want the schedule alone);
+    the bound is then the solver's own."""
     time_limit = check_time_limit(time_limit)
     solver = check_solver(solver)
     t0 = time.perf_counter()
@@ -1028,12 +1081,14 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
                              solver=solver)
     M = b.model
     sizes = dict(variables=M.ncols, binaries=int(sum(M.integer)), rows=M.nrows)
+    if not with_bounds:
+        lp = LPBound(math.nan, math.nan, 0.0, 0, 0, "skipped")
     lp = lp or lp_bound(inst, time_limit=max(1.0, time_limit / 4))
     # The MIP's own LP relaxation by the interior point: 5x faster than the dual simplex HiGHS's branch-and-bound
     # starts with (2.8 s against 15 s on small-sleep-homogeneous), which on the sleeping instances does not even
     # finish its root in a minute. Its value is a valid bound; 1e-6 relative covers the IPM's tolerance. Where
     # nodes never sleep the root LP takes 0.3-4 s and HiGHS's own bound is above it: not worth the time there.
-    root = _relaxation(M, max(1.0, time_limit / 4)) if inst.can_sleep else math.nan
+    root = _relaxation(M, max(1.0, time_limit / 4)) if inst.can_sleep and with_bounds else math.nan
     warm = warm_specs() if warm is None else warm
     scheds = [s for s in (twin_schedule(inst, w) for w in warm) if s is not None] if inst.scenario else []
     scheds.sort(key=lambda s: s.twin_joules)
@@ -1235,22 +1290,24 @@ def _relaxation(M: _Model, time_limit: float) -> float:
 
 
 def _neighbourhoods(b: _Built, x: np.ndarray, energy: float, deadline: float,
-                    threads: int | None) -> tuple[np.ndarray, float]:
+                    threads: int | None, first: int = 0) -> tuple[np.ndarray, float]:
     """Large-neighbourhood search: free the pods arriving in one window (a third of them, windows sliding by a
-    sixth), fix the others to the incumbent's node and mode, re-solve, keep improvements, until ``deadline``."""
+    sixth), fix the others to the incumbent's node and mode, re-solve, keep improvements, until ``deadline``.
+    ``first``: the windows cover pods ``first..`` only (the ones before are held by their bounds)."""
     M = b.model
     P = b.inst.pods
     by_pod: dict[int, list[int]] = {}
     for (p, _, _), col in b.y.items():
         by_pod.setdefault(p, []).append(col)
-    size = max(6, P // 3)
+    size = max(6, (P - first) // 3)
     step = max(1, size // 2)
     lb0, ub0 = list(M.lb), list(M.ub)
-    start, stale = 0, 0
+    start, stale = first, 0
+    margin = min(2.0, 0.2 * max(deadline - time.perf_counter(), 0.0))
     try:
-        while deadline - time.perf_counter() > 2.0 and stale < max(1, -(-P // step)) * 2:
+        while first < P and deadline - time.perf_counter() > margin and stale < max(1, -(-(P - first) // step)) * 2:
             free = set(range(start, min(P, start + size)))
-            start = start + step if start + size < P else 0
+            start = start + step if start + size < P else first
             lb, ub = list(lb0), list(ub0)
             for p, cols in by_pod.items():
                 if p in free:
@@ -1261,7 +1318,7 @@ def _neighbourhoods(b: _Built, x: np.ndarray, energy: float, deadline: float,
                     else:
                         ub[col] = 0.0
             M.lb, M.ub = lb, ub
-            h = M.highs(integral=True, time_limit=min(10.0, deadline - time.perf_counter() - 1.0), threads=threads,
+            h = M.highs(integral=True, time_limit=min(10.0, deadline - time.perf_counter() - margin / 2), threads=threads,
                         gap=1e-6)
             ones = [c for cols in by_pod.values() for c in cols]
             h.setSolution(len(ones), np.asarray(ones, dtype=np.int32), np.asarray([float(x[c] > 0.5) for c in ones]))

@@ -121,6 +121,9 @@ BUILTIN: tuple[PolicyEntry, ...] = (
     _builtin("clairvoyant", "clairvoyant:Clairvoyant", "clairvoyant",
              "twin only: lifetime-aware packing on the pods' true lifetimes, or on an oracle of quality r2 (a "
              "reference and a training teacher)"),
+    _builtin("optimum", "optimum_teacher:OptimumTeacher", "clairvoyant",
+             "twin only: the MIP's best schedule of the run's own workload, re-solved from the run's past when it "
+             "leaves it (a training teacher; clairvoyant where the MIP cannot state the run)"),
     _builtin("dqn", "dqn_policy:DQNPolicy", "learned",
              "the trained Double DQN (dqn=MODEL): greedy on its per-node advantages", takes_path=True),
 )

@@ -152,13 +152,21 @@ def episode_teacher(cfg: DQNConfig, twin: Twin, seed: int) -> str:
     its own, seeded like the episode): the least energy among those whose SLO violation rate is within
     ``slo_slack`` of the pool's lowest. The best schedule known for the episode then labels every state the
     agent visits in it (DAgger's relabelling), and a clairvoyant pool member (agent/clairvoyant.py) teaches
-    what knowing the future is worth, while the agent itself only ever sees the present and its predictor."""
+    what knowing the future is worth, while the agent itself only ever sees the present and its predictor. A
+    member whose ``accepts(twin)`` is false (``optimum`` where the MIP cannot state the episode) sits it out;
+    with none left, :func:`teacher_spec`'s teacher labels it."""
     if not cfg.teacher_pool:
         return teacher_spec(cfg, twin.scenario)
     specs = list(dict.fromkeys(resolve_teacher(p, twin.scenario) for p in cfg.teacher_pool))
-    if len(specs) == 1:
-        return specs[0]
-    runs = [run_policy(Twin(twin.scenario, twin.workload), make_policy(p), seed) for p in specs]
+    # A member that cannot teach this episode (``optimum`` where the MIP cannot state it) sits it out.
+    pols = [(p, pol) for p in specs if (accepts := getattr(pol := make_policy(p), "accepts", None)) is None
+            or accepts(twin)]
+    if not pols:
+        return teacher_spec(cfg, twin.scenario)
+    if len(pols) == 1:
+        return pols[0][0]
+    specs = [p for p, _ in pols]
+    runs = [run_policy(Twin(twin.scenario, twin.workload), pol, seed) for _, pol in pols]
     floor = min(r.slo_violation_rate for r in runs) + cfg.slo_slack
     ok = [(r.energy_joules, k) for k, r in enumerate(runs) if r.slo_violation_rate <= floor]
     return specs[min(ok)[1]]
