@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/dqn_v2.py --model v2=models/v2.pt --model v1=models/small.pt \\
         [--model NAME=PATH[,PATH...] ...] [--policy NAME=SPEC ...] [--extra SCENARIO.yaml ...] [--seeds 3] \\
-        [--random 6] [--optimum-time-limit 20] [--jobs 1] [--out FILE.json]
+        [--random 6] [--optimum-time-limit 20] [--group small ...] [--jobs 1] [--out FILE.json]
 
 Every model runs on the same held-out workloads beside every heuristic, in one process:
 
@@ -301,6 +301,9 @@ def main() -> int:
                          "under its time limit depends on the load)")
     ap.add_argument("--latency", action="store_true",
                     help="also each model's decision p99 at 1,000 and 5,000 nodes (bench/dqn_suite.py)")
+    ap.add_argument("--group", action="append", default=[], choices=GROUPS,
+                    help="run only this group's cases (repeatable; default: every group), e.g. --group small for "
+                         "a model trained on the small suite's clusters")
     ap.add_argument("--out", type=Path, help="write the results as JSON")
     a = ap.parse_args()
     if a.jobs < 1:
@@ -339,7 +342,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             ap.error(f"--extra {p}: {e}")
     torch.set_num_threads(1)
-    cases = _cases(a.seeds, a.random, a.extra)
+    cases = [c for c in _cases(a.seeds, a.random, a.extra) if not a.group or c[0] in a.group]
     t0 = time.perf_counter()
     done = []
     tasks = [(*c, models, a.optimum_time_limit) for c in cases]
