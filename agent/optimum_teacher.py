@@ -109,7 +109,8 @@ class OptimumTeacher(Clairvoyant):
         self._inst = self._instance(backend)
         self._plan, self._prev, self._left, self._twins, self._used = None, -1, self.resolve, (), set()
         if self._inst is not None:
-            self._plan = self._solved(backend)
+            plan = self._solved(backend)
+            self._plan = None if plan is None else dict(plan)  # swaps and re-solves must not touch the cache
 
     def detach(self, backend: object) -> None:
         super().detach(backend)

@@ -217,3 +217,21 @@ def test_the_small_suites_arms_never_train_on_an_evaluation_workload():
         assert cfg.teacher.startswith("optimum:") == ("optimum" in arm)
         if cfg.teacher != "auto":
             assert make_policy(cfg.teacher).time_limit == 10.0  # the spec builds, with the documented budget
+
+
+def test_an_episode_that_swaps_nodes_leaves_the_cached_schedule_as_solved(tmp_path):
+    # The schedule is cached per process; an episode's swaps among interchangeable nodes are its own.
+    sc = four_nodes(tmp_path, 1)
+    ot._PLANS.clear()
+    twin = Twin(sc, build_workload(sc, sc.seed))
+    pol = make_policy("optimum:time_limit=30")
+    pol.attach(twin)
+    (cached,) = ot._PLANS.values()
+    snapshot = dict(cached)
+    twin.begin()
+    pol.reset(twin.state, np.random.default_rng(0))
+    while (d := twin.next_decision()) is not None:
+        pol.choose(d.state, d.pod, d.mask)
+        twin.bind(d, max(pol._twins))
+    assert pol._plan != snapshot  # the episode swapped nodes' futures ...
+    assert ot._PLANS[next(iter(ot._PLANS))] == snapshot  # ... in its own copy
