@@ -960,7 +960,7 @@ def solve_rest(inst: Instance, past: dict[int, tuple[int, float | None]], hint: 
     if priced is None:
         return None
     energy, x = priced
-    x, energy = _neighbourhoods(b, x, energy, deadline, None, first=len(held))
+    x, energy = _neighbourhoods(b, x, energy, deadline, None, first=max(held, default=-1) + 1)
     return {order[p]: back[b.units[i][0]] for (p, i, k), col in b.y.items() if x[col] > 0.5}
 
 
@@ -1066,9 +1066,9 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
     exact model) or ``race`` (both at once, each with half the threads; the better schedule and the better
     bound kept). ``status`` is ``optimal`` when the gap is closed to ``gap`` (relative), ``time_limit`` when the
     time ran out first. ``wake_order``: the orbit rule among identical sleeping nodes (:func:`_wake_order_rows`;
-    off only to measure or test it). ``with_bounds=False`` skips the LP and root bounds, which take up to half the time
-    and say nothing about the schedule (the training labels of agent/optimum_teacher.py want the schedule alone);
-    the bound is then the solver's own."""
+    off only to measure or test it). ``with_bounds=False`` skips the LP and root bounds, which take up to half
+    the time and say nothing about the schedule (the training labels of agent/optimum_teacher.py want the
+    schedule alone); the bound is then the solver's own."""
     time_limit = check_time_limit(time_limit)
     solver = check_solver(solver)
     t0 = time.perf_counter()
@@ -1318,8 +1318,8 @@ def _neighbourhoods(b: _Built, x: np.ndarray, energy: float, deadline: float,
                     else:
                         ub[col] = 0.0
             M.lb, M.ub = lb, ub
-            h = M.highs(integral=True, time_limit=min(10.0, deadline - time.perf_counter() - margin / 2), threads=threads,
-                        gap=1e-6)
+            h = M.highs(integral=True, time_limit=min(10.0, deadline - time.perf_counter() - margin / 2),
+                        threads=threads, gap=1e-6)
             ones = [c for cols in by_pod.values() for c in cols]
             h.setSolution(len(ones), np.asarray(ones, dtype=np.int32), np.asarray([float(x[c] > 0.5) for c in ones]))
             h.run()
