@@ -849,8 +849,9 @@ class Schedule:
     twin_joules: float | None = None  # the twin's energy for it, when it came from a twin run
 
 
-def twin_schedule(inst: Instance, spec: str) -> Schedule | None:
-    """Run policy ``spec`` in the twin on the instance; its schedule if the run is in the model's class (every pod
+def twin_schedule(inst: Instance, policy) -> Schedule | None:
+    """Run ``policy`` (a spec, or a policy object) in the twin on the instance, attached to it as
+    :func:`~joulesched.agent.runner.run_policy` does; its schedule if the run is in the model's class (every pod
     bound on arrival, no node overloaded), else None."""
     from joulesched.agent.registry import make_policy
 
@@ -859,23 +860,29 @@ def twin_schedule(inst: Instance, spec: str) -> Schedule | None:
         raise ValueError("the instance has no scenario to run")
     wl = build_workload(sc, inst.seed) if inst.workload is None else inst.workload
     twin = Twin(sc, wl)
-    pol = make_policy(spec)
+    pol = make_policy(policy) if isinstance(policy, str) else policy
     rng = np.random.default_rng(inst.seed)
-    twin.begin()
-    state = None
-    while (dcs := twin.next_decision()) is not None:
-        if dcs.state is not state:
-            state = dcs.state
-            pol.reset(state, rng)
-        if abs(twin.now - float(wl.submit_s[int(dcs.key)])) > TOL:
-            return None  # a pod was queued
-        twin.bind(dcs, pol.choose(state, dcs.pod, dcs.mask))
+    if (attach := getattr(pol, "attach", None)) is not None:
+        attach(twin)
+    try:
+        twin.begin()
+        state = None
+        while (dcs := twin.next_decision()) is not None:
+            if dcs.state is not state:
+                state = dcs.state
+                pol.reset(state, rng)
+            if abs(twin.now - float(wl.submit_s[int(dcs.key)])) > TOL:
+                return None  # a pod was queued
+            twin.bind(dcs, pol.choose(state, dcs.pod, dcs.mask))
+    finally:
+        if (detach := getattr(pol, "detach", None)) is not None:
+            detach(twin)
     res = twin.result()
     if res.mean_throttling > 0 or res.unschedulable_pods != inst.never_placed:
         return None
     pods = inst.pod.tolist()
-    return Schedule(spec, {p: int(twin.pod_node[p]) for p in pods}, {p: float(twin.pod_start[p]) for p in pods},
-                    res.energy_joules)
+    return Schedule(policy if isinstance(policy, str) else pol.name, {p: int(twin.pod_node[p]) for p in pods},
+                    {p: float(twin.pod_start[p]) for p in pods}, res.energy_joules)
 
 
 def _fix(b: _Built, sched: Schedule) -> tuple[list[int], list[float]] | None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from joulesched.agent.baselines import _float_opt, _int_opt
 from joulesched.agent.clairvoyant import Clairvoyant
-from joulesched.agent.policy import PolicyError
+from joulesched.agent.policy import PolicyBase, PolicyError
 from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
 
 #: Bumped when the MIP or the key changes what a cached schedule means.
@@ -57,6 +57,36 @@ def _workload_key(twin, time_limit: float) -> str:
     return h.hexdigest()
 
 
+class _Continuation(PolicyBase):
+    """The pods of ``past`` where the run put them, then ``plan``'s node where it is feasible, then as
+    ``clairvoyant`` (the start of a re-solve)."""
+
+    name = "optimum-continuation"
+
+    def __init__(self, past: dict[int, tuple[int, float | None]], plan: dict[int, int]) -> None:
+        self.past, self.plan = past, plan
+        self.fallback = Clairvoyant()
+        self._twin = None
+
+    def attach(self, twin) -> None:
+        self._twin = twin
+        self.fallback.attach(twin)
+
+    def detach(self, twin) -> None:
+        self.fallback.detach(twin)
+        self._twin = None
+
+    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        self.fallback.reset(state, rng)
+
+    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
+        p = self._twin.deciding_pod()[0]
+        node = self.past[p][0] if p in self.past else self.plan.get(p, -1)
+        if 0 <= node < len(mask) and mask[node]:
+            return node
+        return self.fallback.choose(state, pod, mask)  # a past node no longer feasible: caught by the caller
+
+
 class OptimumTeacher(Clairvoyant):
     """The MIP's best schedule of the episode as labels (twin only; a training teacher, never deployable).
 
@@ -78,7 +108,7 @@ class OptimumTeacher(Clairvoyant):
         self._inst = None
         self._plan: dict[int, int] | None = None
         self._prev = -1  # the pod of the previous decision, checked against the schedule at the next one
-        self._twins: set[int] | tuple = ()  # the nodes interchangeable with the previous label when it was given
+        self._twins: frozenset[int] = frozenset()  # the nodes interchangeable with the previous label when given
         self._used: set[int] = set()  # nodes that have held a pod in this run
         self._left = 0
         self.stats = {"labels": 0, "fallbacks": 0, "resolves": 0, "resolve_failures": 0, "left_schedule": 0}
@@ -107,7 +137,7 @@ class OptimumTeacher(Clairvoyant):
     def attach(self, backend: object) -> None:
         super().attach(backend)
         self._inst = self._instance(backend)
-        self._plan, self._prev, self._left, self._twins, self._used = None, -1, self.resolve, (), set()
+        self._plan, self._prev, self._left, self._twins, self._used = None, -1, self.resolve, frozenset(), set()
         if self._inst is not None:
             plan = self._solved(backend)
             self._plan = None if plan is None else dict(plan)  # swaps and re-solves must not touch the cache
@@ -218,43 +248,20 @@ class OptimumTeacher(Clairvoyant):
     def _continued(self, past: dict[int, tuple[int, float | None]]):
         """The run's past continued to the end in a twin of its own, by the last schedule where its node is
         feasible and as ``clairvoyant`` elsewhere: a whole schedule to start the re-solve from, or None when that
-        continuation queues a pod (the model cannot state it)."""
-        from joulesched.agent.optimum import TOL, Schedule
-        from joulesched.cluster.twin import Twin
+        continuation leaves the model's class or the run's past."""
+        from joulesched.agent.optimum import twin_schedule
 
-        src = self._twin
-        twin = Twin(src.scenario, src.workload)
-        fallback = Clairvoyant()
-        fallback.attach(twin)
-        wl, plan = twin.workload, self._plan or {}
-        twin.begin()
-        reset = False
-        while (d := twin.next_decision()) is not None:
-            p = int(d.key)
-            if abs(twin.now - float(wl.submit_s[p])) > TOL:
-                return None
-            node = past[p][0] if p in past else plan.get(p, -1)
-            if not (0 <= node < len(d.mask) and d.mask[node]):
-                if p in past:
-                    return None  # the replay left the run's past: nothing to hold
-                if not reset:
-                    fallback.reset(d.state, np.random.default_rng(0))
-                    reset = True
-                node = fallback.choose(d.state, d.pod, d.mask)
-            twin.bind(d, node)
-        twin.result()
-        pods = self._inst.pod.tolist()
-        if any(twin.pod_node[q] < 0 for q in pods):
+        sched = twin_schedule(self._inst, _Continuation(past, self._plan or {}))
+        if sched is None or any(sched.assignment[p] != n for p, (n, _) in past.items()):
             return None
-        return Schedule("continued", {q: int(twin.pod_node[q]) for q in pods},
-                        {q: float(twin.pod_start[q]) for q in pods})
+        return sched
 
     def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
         if self._twin is None:
             raise PolicyError("policy 'optimum' was not attached to a twin (run it with run_policy)")
         p = self._twin.deciding_pod()[0]
         on = self._on_schedule()
-        self._twins = ()
+        self._twins = frozenset()
         if on:
             node = self._plan.get(p, -1)
             self._prev = p
@@ -262,7 +269,7 @@ class OptimumTeacher(Clairvoyant):
                 # Among interchangeable nodes the label is the lowest index, as a network's tie goes; the
                 # schedule follows it (the two nodes' futures swapped).
                 eq = self._equivalent(state, node)
-                self._twins = {int(i) for i in eq}
+                self._twins = frozenset(int(i) for i in eq)
                 label = int(eq[0])
                 if label != node:
                     self._swap(node, label)

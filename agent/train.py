@@ -159,8 +159,8 @@ def episode_teacher(cfg: DQNConfig, twin: Twin, seed: int) -> str:
         return teacher_spec(cfg, twin.scenario)
     specs = list(dict.fromkeys(resolve_teacher(p, twin.scenario) for p in cfg.teacher_pool))
     # A member that cannot teach this episode (``optimum`` where the MIP cannot state it) sits it out.
-    pols = [(p, pol) for p in specs if (accepts := getattr(pol := make_policy(p), "accepts", None)) is None
-            or accepts(twin)]
+    pols = [(p, make_policy(p)) for p in specs]
+    pols = [(p, pol) for p, pol in pols if getattr(pol, "accepts", lambda _twin: True)(twin)]
     if not pols:
         return teacher_spec(cfg, twin.scenario)
     if len(pols) == 1:
