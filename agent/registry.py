@@ -41,10 +41,11 @@ ENTRY_POINT_GROUP = "joulesched.policies"
 
 #: Families, in the order the docs list them. "kube-default" is what every ratio is taken against.
 FAMILIES = ("kube-default", "packing", "load-aware", "power-aware", "sleep-aware", "gpu-aware", "reference",
-            "clairvoyant", "learned", "third-party")
-#: Families that are not baselines: the learned policies, and the clairvoyant references (twin only: they read
-#: the pods' true lifetimes, which no cluster knows).
-NOT_BASELINE_FAMILIES = frozenset({"learned", "clairvoyant"})
+            "planner", "clairvoyant", "learned", "third-party")
+#: Families that are not baselines: the learned policies, the clairvoyant references (twin only: they read
+#: the pods' true lifetimes, which no cluster knows) and the planners (twin only: they play the run forward in a
+#: twin of the cluster, seconds per decision; bench/dqn_v2.py runs them beside the learners with --policy).
+NOT_BASELINE_FAMILIES = frozenset({"learned", "clairvoyant", "planner"})
 HEURISTIC_FAMILIES = frozenset({"packing", "load-aware", "power-aware", "sleep-aware", "gpu-aware"})
 UPSTREAM_FAMILIES = frozenset({"packing", "load-aware", "power-aware"})
 
@@ -124,6 +125,11 @@ BUILTIN: tuple[PolicyEntry, ...] = (
     _builtin("optimum", "optimum_teacher:OptimumTeacher", "clairvoyant",
              "twin only: the MIP's best schedule of the run's own workload, re-solved from the run's past when it "
              "leaves it (a training teacher; clairvoyant where the MIP cannot state the run)"),
+    _builtin("rollout", "planner:Rollout", "planner",
+             "twin only: plays the run forward per candidate node on futures drawn from the run so far "
+             "(future=sample) or the workload's generators (future=model), a base heuristic deciding after"),
+    _builtin("rollout-oracle", "planner:RolloutOracle", "clairvoyant",
+             "twin only: rollout on the run's true future (what planning with a perfect model is worth)"),
     _builtin("dqn", "dqn_policy:DQNPolicy", "learned",
              "the trained Double DQN (dqn=MODEL): greedy on its per-node advantages", takes_path=True),
 )

@@ -26,7 +26,9 @@ about a fifth more). The arms:
 The small suite's arms (:data:`SMALL_ARMS`, by name only), trained on its synthetic clusters and benchmarked
 with ``-- --group small``: ``small-auto`` (the default teacher), ``small-optimum`` (the MIP's best schedule of
 each episode as the teacher, re-solved once per episode from where the agent left it: agent/optimum_teacher.py)
-and ``small-optimum-bc`` (the same with four times the demonstration updates and the margin loss kept at 0.5).
+, ``small-optimum-bc`` (the same with four times the demonstration updates and the margin loss kept at 0.5)
+and ``small-rollout`` (the rollout planner on the generators' model as the teacher: agent/planner.py; its labels
+depend on the state and the workload's distribution, not on the run's future).
 """
 
 from __future__ import annotations
@@ -64,8 +66,12 @@ SMALL_SETS = ("dqn.randomize=0", "dqn.load_scales=[1.0]", "dqn.validation_load_s
               "dqn.validation_random=0", "dqn.train_seed_range=[1000,1040]", "dqn.pretrain_episodes=40",
               "dqn.pretrain_updates=1000", "dqn.learning_starts=1000", "dqn.eval_every_steps=2000")
 OPTIMUM = "optimum:time_limit=10,resolve=1,resolve_s=4,cache=out/optimum-labels"
+#: The planner's labels (agent/planner.py): rollouts on futures from the clusters' own workload generators, which
+#: the training draws its workloads from (the knowledge the learner is trained on; never the run's future).
+PLANNER = "rollout:future=model,samples=16,max_candidates=4,confidence=0"
 SMALL_ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "small-auto": (SMALL_TRAIN, SMALL_SETS),
+    "small-rollout": (SMALL_TRAIN, (*SMALL_SETS, f"dqn.teacher={PLANNER}")),
     "small-optimum": (SMALL_TRAIN, (*SMALL_SETS, f"dqn.teacher={OPTIMUM}")),
     "small-optimum-bc": (SMALL_TRAIN, (*SMALL_SETS, f"dqn.teacher={OPTIMUM}", "dqn.pretrain_updates=4000",
                                        "dqn.bc_weight_end=0.5")),

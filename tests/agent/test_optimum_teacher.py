@@ -200,7 +200,8 @@ def test_it_is_a_twin_only_reference_with_checked_options():
 def test_the_small_suites_arms_never_train_on_an_evaluation_workload():
     # The small suite is judged on its scenarios' seeds + 0..2; its trace replays have one workload whatever
     # the seed, so training on them would be training on the evaluation. The arms take the synthetic ones only,
-    # on workload seeds that none of the evaluation's can be, and the optimum arms are taught by `optimum`.
+    # on workload seeds that none of the evaluation's can be; the optimum arms are taught by `optimum`, the
+    # planner's by `rollout` on the generators' model.
     from bench.dqn_ablation import ARMS, DEFAULT_ARMS, SMALL_ARMS, train_command
     from joulesched.agent.config import TrainConfig, with_overrides
 
@@ -215,8 +216,11 @@ def test_the_small_suites_arms_never_train_on_an_evaluation_workload():
                       for k in range(3)}
         assert not any(lo <= s < hi for s in evaluation)
         assert cfg.teacher.startswith("optimum:") == ("optimum" in arm)
-        if cfg.teacher != "auto":
+        assert cfg.teacher.startswith("rollout:") == ("rollout" in arm)
+        if cfg.teacher.startswith("optimum:"):
             assert make_policy(cfg.teacher).time_limit == 10.0  # the spec builds, with the documented budget
+        elif cfg.teacher.startswith("rollout:"):  # the generators' model: what the arm trains on, not the run
+            assert make_policy(cfg.teacher).future == "model"
 
 
 def test_an_episode_that_swaps_nodes_leaves_the_cached_schedule_as_solved(tmp_path):

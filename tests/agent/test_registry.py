@@ -41,8 +41,9 @@ def plugin(tmp_path, monkeypatch):
 
 
 def test_policy_sets_come_from_the_table_metadata():
-    assert BASELINES == [e.name for e in BUILTIN if e.family not in ("learned", "clairvoyant")]
+    assert BASELINES == [e.name for e in BUILTIN if e.family not in ("learned", "clairvoyant", "planner")]
     assert "dqn" not in BASELINES and "clairvoyant" not in BASELINES and BASELINES[0] == "default-k8s"
+    assert "rollout" not in BASELINES  # twin only, seconds per decision
     assert set(UPSTREAM_HEURISTICS) <= set(HEURISTICS)
     assert set(HEURISTICS) == set(UPSTREAM_HEURISTICS) | set(SLEEP_AWARE_HEURISTICS) | set(GPU_POLICIES)
     assert {"fgd", "gpu-best-fit", "gpu-dot-product", "gpu-packing", "gpu-clustering", "gpu-random"} == set(GPU_POLICIES)

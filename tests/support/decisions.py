@@ -25,14 +25,14 @@ def decisions(twin: Twin, policy, seed: int, until: float = float("inf")) -> lis
     return list(twin.pod_node)
 
 
-def unseen_durations(wl, twin: Twin, cut: int = 500):
+def unseen_durations(wl, twin: Twin, cut: int = 500, min_running: int = 10):
     """For the honesty tests, after a full run of ``twin`` on ``wl``: (cut time T, durations with every pod arriving
     from T on shuffled and the pods still running at T made 3x longer, so they still end after T, the mask of
     pods arriving before T). A policy that reads no duration before it is seen decides those pods alike."""
     t_cut = float(wl.submit_s[cut])
     start, end = np.asarray(twin.pod_start), np.asarray(twin.pod_end)
     running = (wl.submit_s < t_cut) & (start < t_cut) & (end > t_cut)
-    assert running.sum() > 10, "too few pods run across the cut for the test to mean anything"
+    assert running.sum() > min_running, "too few pods run across the cut for the test to mean anything"
     dur = wl.duration_s.copy()
     future = wl.submit_s >= t_cut
     dur[future] = np.random.default_rng(0).permutation(dur[future])
