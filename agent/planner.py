@@ -346,7 +346,12 @@ class Rollout:
 
 
 class RolloutOracle(Rollout):
-    """:class:`Rollout` on the run's true future (``future=oracle``): a clairvoyant reference."""
+    """:class:`Rollout` on the run's true future (``future=oracle``, one sample): a clairvoyant reference.
+
+    :param base: the heuristic that decides every later pod in a rollout.
+    :param max_candidates: at most this many distinct candidates (the base's choice always among them).
+    :param penalty: as :class:`Rollout`'s.
+    """
 
     name = "rollout-oracle"
 
