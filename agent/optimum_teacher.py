@@ -29,7 +29,8 @@ import numpy as np
 
 from joulesched.agent.baselines import _float_opt, _int_opt
 from joulesched.agent.clairvoyant import Clairvoyant
-from joulesched.agent.policy import PolicyBase, PolicyError
+from joulesched.agent.policy import PolicyError
+from joulesched.agent.runner import Pinned
 from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
 
 #: Bumped when the MIP or the key changes what a cached schedule means.
@@ -55,36 +56,6 @@ def _workload_key(twin, time_limit: float) -> str:
     for a in (wl.submit_s, wl.duration_s, wl.cpu_req, wl.mem_req, wl.usage_m, wl.kind, wl.profile):
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
-
-
-class _Continuation(PolicyBase):
-    """The pods of ``past`` where the run put them, then ``plan``'s node where it is feasible, then as
-    ``clairvoyant`` (the start of a re-solve)."""
-
-    name = "optimum-continuation"
-
-    def __init__(self, past: dict[int, tuple[int, float | None]], plan: dict[int, int]) -> None:
-        self.past, self.plan = past, plan
-        self.fallback = Clairvoyant()
-        self._twin = None
-
-    def attach(self, twin) -> None:
-        self._twin = twin
-        self.fallback.attach(twin)
-
-    def detach(self, twin) -> None:
-        self.fallback.detach(twin)
-        self._twin = None
-
-    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
-        self.fallback.reset(state, rng)
-
-    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
-        p = self._twin.deciding_pod()[0]
-        node = self.past[p][0] if p in self.past else self.plan.get(p, -1)
-        if 0 <= node < len(mask) and mask[node]:
-            return node
-        return self.fallback.choose(state, pod, mask)  # a past node no longer feasible: caught by the caller
 
 
 class OptimumTeacher(Clairvoyant):
@@ -251,7 +222,9 @@ class OptimumTeacher(Clairvoyant):
         continuation leaves the model's class or the run's past."""
         from joulesched.agent.optimum import twin_schedule
 
-        sched = twin_schedule(self._inst, _Continuation(past, self._plan or {}))
+        # The run's past where it put it, then the old schedule where feasible, then clairvoyant: the start.
+        pins = {**(self._plan or {}), **{p: node for p, (node, _) in past.items()}}
+        sched = twin_schedule(self._inst, Pinned(pins, Clairvoyant()))
         if sched is None or any(sched.assignment[p] != n for p, (n, _) in past.items()):
             return None
         return sched

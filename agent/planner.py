@@ -31,6 +31,7 @@ runs in the twin only (family ``planner``: in no best-heuristic comparison, not 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -38,6 +39,7 @@ from scipy.special import ndtr, ndtri
 
 from joulesched.agent.baselines import _float_opt, _int_opt
 from joulesched.agent.policy import PolicyError
+from joulesched.agent.runner import Pinned, run_policy
 from joulesched.cluster.state import ClusterState, PodRequest
 from joulesched.cluster.workload import SERVICE
 
@@ -49,11 +51,7 @@ _DONE = 3  # cluster/twin.py's pod status of a pod that ended
 
 def _take(wl, idx: np.ndarray, submit: np.ndarray, duration: np.ndarray):
     """A workload of ``wl``'s rows ``idx`` (repeats allowed) with new submit times and durations."""
-    from joulesched.cluster.workload import _POD_COLUMNS, _TABLES, Workload
-
-    cols = {k: getattr(wl, k)[idx] for k in _POD_COLUMNS}
-    cols["submit_s"], cols["duration_s"] = submit, duration
-    return Workload(**cols, **{k: getattr(wl, k) for k in _TABLES})
+    return dataclasses.replace(wl.subset(idx), submit_s=submit, duration_s=duration)
 
 
 def _unseen_usage(wl, pods: np.ndarray, share: float) -> None:
@@ -243,7 +241,6 @@ class Rollout:
         dur = wl.duration_s[:k].astype(np.float64).copy()
         undone = np.flatnonzero(~done)
         age = np.where(running[undone], np.maximum(now - start[undone], 0.0), 0.0)
-        age = np.nan_to_num(age)
         dur[undone] = sample_lives(rng, mu, sigma, age, cap)
         # The pods to come: the run's arrivals so far resampled (gaps and pods), until the scenario's end.
         submit = wl.submit_s[:k].astype(np.float64)
@@ -325,21 +322,8 @@ class Rollout:
         from joulesched.cluster.twin import Twin
 
         tw = Twin(self._twin.scenario, wl)
-        base = self._sim
-        rng = np.random.default_rng(0)
-        tw.begin()
-        state = None
-        while (d := tw.next_decision()) is not None:
-            if d.state is not state:
-                state = d.state
-                base.reset(state, rng)
-            p = int(d.key)
-            node = cand if p == pod else fixed.get(p, -1)
-            if node < 0 or not d.mask[node]:
-                node = int(base.choose(d.state, d.pod, d.mask))
-            tw.place(node)
+        res = run_policy(tw, Pinned({**fixed, pod: cand}, self._sim))
         self.rollouts += 1
-        res = tw.result()
         peak = float(tw.state.peak_watts.sum())
         waited = res.mean_pending_s * max(res.placed_pods, 1) + res.unschedulable_pods * tw.scenario.duration_s
         return res.energy_joules + self.penalty * peak * (waited + 60.0 * res.slo_violations)

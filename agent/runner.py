@@ -13,8 +13,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from joulesched.agent.policy import Policy
+from joulesched.agent.policy import Policy, PolicyBase
 from joulesched.cluster.backend import Backend
+from joulesched.cluster.state import ClusterState, PodRequest
 
 R = TypeVar("R")
 
@@ -58,3 +59,34 @@ def _loop(backend: Backend[R], policy: Policy, rng: np.random.Generator) -> R:
         except Exception as e:
             backend.abandon(d, e)
     return backend.result()
+
+
+class Pinned(PolicyBase):
+    """Each pod in ``nodes`` on its node where that is feasible, every other decision ``fallback``'s: a run
+    replayed as far as it is known and continued by a policy (the optimum teacher's re-solve starts, the rollout
+    planner's rollouts). Twin only: the pod is read from the backend it is attached to (``Twin.pod``)."""
+
+    name = "pinned"
+
+    def __init__(self, nodes: dict[int, int], fallback: Policy) -> None:
+        self.nodes, self.fallback = nodes, fallback
+        self._twin = None
+
+    def attach(self, backend) -> None:
+        self._twin = backend
+        if (attach := getattr(self.fallback, "attach", None)) is not None:
+            attach(backend)
+
+    def detach(self, backend) -> None:
+        if (detach := getattr(self.fallback, "detach", None)) is not None:
+            detach(backend)
+        self._twin = None
+
+    def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
+        self.fallback.reset(state, rng)
+
+    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
+        node = self.nodes.get(self._twin.pod, -1)
+        if 0 <= node < len(mask) and mask[node]:
+            return node
+        return self.fallback.choose(state, pod, mask)

@@ -347,7 +347,8 @@ class Workload:
 
     # ---- building ------------------------------------------------------------------------------------------
     def subset(self, keep: np.ndarray, dropped: int | None = None) -> "Workload":
-        """The pods where ``keep`` is true (order kept; the profile and name tables are shared)."""
+        """The pods where ``keep`` is true (order kept), or at the indices ``keep`` (repeats allowed); the profile
+        and name tables are shared."""
         cols = {k: getattr(self, k)[keep] for k in _POD_COLUMNS}
         tables = {k: getattr(self, k) for k in _TABLES}
         return Workload(**cols, dropped=self.dropped if dropped is None else dropped, **tables)
