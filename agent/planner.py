@@ -134,7 +134,6 @@ class Rollout:
         self.prior_s = _float_opt(self.name, "prior_s", str(prior_s), 1.0, 1e9, closed=True)
         self.confidence = _float_opt(self.name, "confidence", str(confidence), 0.0, 100.0, closed=True)
         self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)
-        self.base_spec = base
         try:
             self.base = make_policy(base)
             self._sim = make_policy(base)  # the rollouts' own instance: the run's base keeps its state
@@ -146,6 +145,7 @@ class Rollout:
         self._twin = None
         self._rng = np.random.default_rng(self.seed)
         self._pool = None
+        self._fit = None  # future=sample's (what the run had shown, (mu, sigma)) at this decision
         self.rollouts = 0  # twin runs so far (for benchmarks' cost figures)
 
     # ---- the Policy protocol ----------------------------------------------------------------------------------
@@ -155,7 +155,7 @@ class Rollout:
                               f"(benchmark, training), not on {type(backend).__name__}")
         self._twin = backend
         self._rng = np.random.default_rng(self.seed)
-        self._pool = None
+        self._pool = self._fit = None
 
     def detach(self, backend: object) -> None:
         self._twin = None
@@ -235,7 +235,11 @@ class Rollout:
         lives = (end - start)[done]
         running = (~done) & ~np.isnan(start)
         ages = np.maximum(now - start[running], 0.0)
-        mu, sigma = censored_lognormal(lives, ages, self.prior_s)
+        # The fit depends on the decision, not the future: once per decision, not per sample.
+        key = (now, k, lives.size, ages.size)
+        if self._fit is None or self._fit[0] != key:
+            self._fit = (key, censored_lognormal(lives, ages, self.prior_s))
+        mu, sigma = self._fit[1]
         rng = self._rng
         cap = 50.0 * max(tw.scenario.duration_s, 1.0)
         dur = wl.duration_s[:k].astype(np.float64).copy()
