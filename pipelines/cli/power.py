@@ -129,16 +129,20 @@ def exporter(
     m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve))
     exp = Exporter(PowerMonitor(m, proc_root=str(proc_root), top_n=top_n, gpu_meter=_gpu_meter(gpu)),
                    host=host, port=port, interval_s=interval)
+    # SIGTERM is a clean stop (exit 0, as systemd expects) from before the first request can be answered: with the
+    # handler set after start(), a SIGTERM in between met the CLI's default handler and exited 130.
+    signal.signal(signal.SIGTERM, lambda *_: exp.stop())
     try:
         exp.start()
     except OSError as e:
         _fail(f"cannot listen on {listen}: {e.strerror or e}")
-    signal.signal(signal.SIGTERM, lambda *_: exp.stop())
     err.print(f"serving {m.source} meter zones {', '.join(m.zones)} on http://{listen}/metrics every {interval} s")
     try:
         exp.wait()
     except KeyboardInterrupt:
-        exp.stop()
+        pass
+    finally:
+        exp.stop()  # again after a SIGTERM that came before start(): the server it started is stopped too
 
 
 @app.command()
