@@ -7,6 +7,10 @@ numbers); it keeps the base's choice unless another candidate's mean energy is l
 standard errors of the paired differences (0, the default: the least mean). ``penalty`` charges waiting and SLO
 violations in joules (0 by default: the twin's SLO and pending time are reported beside, not optimised).
 
+Several bases (``base=a|b|...``, Bertsekas's parallel rollout): each base's own choice is a candidate, and each
+candidate is scored with the base whose continuation is cheapest on average over the futures; on the true future
+the run then costs no more than the best of the bases, whichever it is on that run.
+
 What the futures are made of decides what the policy knows:
 
 * ``future=model`` (the default): the workload's distribution, not the run. Each pod that has not ended lives as
@@ -22,10 +26,10 @@ What the futures are made of decides what the policy knows:
   what planning is worth with a perfect model.
 
 The online futures read no duration of a pod that has not ended and no usage of a pod that has not run
-(tests/agent/test_planner.py shuffles them). Candidates: the feasible nodes in the base's order of preference,
-empty nodes of one kind in one power state counted once (the lowest index), at most ``max_candidates``, the
-base's own choice first. Each rollout replays the run from its start, so a decision costs (samples x candidates)
-runs of the episode so far: seconds on the small suite, too slow for clusters of hundreds of nodes. The policy
+(tests/agent/test_planner.py shuffles them). Candidates: each base's own choice (the first base's first), then
+the feasible nodes in the first base's order of preference, empty nodes of one kind in one power state counted
+once (the lowest index), at most ``max_candidates``. Each rollout replays the run from its start, so a decision
+costs (samples x candidates x bases) runs of the episode: seconds on the small suite, too slow for clusters of hundreds of nodes. The policy
 runs in the twin only (family ``planner``: in no best-heuristic comparison, not in the default set).
 """
 
@@ -103,8 +107,10 @@ class Rollout:
     """The run played forward once per candidate node and future, the base heuristic deciding after the deciding
     pod; the candidate with the least mean energy (twin only; module docstring).
 
-    :param base: the heuristic that decides every later pod in a rollout (a spec of a policy that reads only the
-        cluster state).
+    :param base: the heuristic that decides every later pod in a rollout (a spec of a policy that does not read
+        the twin), or several separated by ``|`` (parallel rollout: each candidate is scored with the base
+        whose continuation is cheapest on average, and each base's own choice is a candidate; on the true future
+        the run then costs no more than the best of the bases).
     :param samples: futures per decision (the oracle has one).
     :param future: ``model`` (the scenario's generators), ``sample`` (the run so far) or ``oracle`` (the truth).
     :param max_candidates: at most this many distinct candidates (the base's choice always among them).
@@ -117,7 +123,8 @@ class Rollout:
     """
 
     name = "rollout"
-    uses_meta = False
+    #: choose() is handed the pod's metadata, for bases that read it (lifetime-aware's predictor).
+    uses_meta = True
     reads_twin = True
 
     def __init__(self, base: str = "awake-first:fit=efficient", samples: str | int = "32", future: str = "model",
@@ -134,14 +141,16 @@ class Rollout:
         self.prior_s = _float_opt(self.name, "prior_s", str(prior_s), 1.0, 1e9, closed=True)
         self.confidence = _float_opt(self.name, "confidence", str(confidence), 0.0, 100.0, closed=True)
         self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)
+        specs = [b.strip() for b in str(base).split("|")]
         try:
-            self.base = make_policy(base)
-            self._sim = make_policy(base)  # the rollouts' own instance: the run's base keeps its state
+            self.bases = [make_policy(b) for b in specs]  # the run's own instances (candidates)
+            self._sims = [make_policy(b) for b in specs]  # the rollouts': the run's bases keep their state
         except PolicyError as e:
             raise PolicyError(f"policy {self.name!r}: option base={base!r}: {e}") from None
-        if getattr(self.base, "reads_twin", False) or getattr(self.base, "uses_meta", False):
-            raise PolicyError(f"policy {self.name!r}: option base={base!r} must be a heuristic that reads only the "
-                              "cluster state")
+        for b, pol in zip(specs, self.bases):
+            if getattr(pol, "reads_twin", False):
+                raise PolicyError(f"policy {self.name!r}: option base={b!r} plays the twin itself; a base must "
+                                  "be a heuristic that sees what a scheduler sees")
         self._twin = None
         self._rng = np.random.default_rng(self.seed)
         self._pool = None
@@ -156,31 +165,42 @@ class Rollout:
         self._twin = backend
         self._rng = np.random.default_rng(self.seed)
         self._pool = self._fit = None
+        for b in self.bases:
+            if (att := getattr(b, "attach", None)) is not None:
+                att(backend)
 
     def detach(self, backend: object) -> None:
+        for b in self.bases:
+            if (det := getattr(b, "detach", None)) is not None:
+                det(backend)
         self._twin = None
 
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
-        self.base.reset(state, rng)
+        for b in self.bases:
+            b.reset(state, rng)
 
-    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
+    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> int:
         tw = self._twin
         if tw is None:
             raise PolicyError(f"policy {self.name!r} was not attached to a twin (run it with run_policy)")
-        base_choice = int(self.base.choose(state, pod, mask))
-        cands = self._candidates(state, pod, mask, base_choice)
+        cands = self._candidates(state, pod, mask, meta)
         if len(cands) == 1:
             return cands[0]
-        cost = np.empty((self.samples, len(cands)))
+        nb = len(self._sims)
+        cost = np.empty((self.samples, len(cands), nb))
         for s in range(self.samples):
             fut = self._future()
             if fut is None:
                 return cands[0]
             wl, fixed = fut
             for j, c in enumerate(cands):
-                cost[s, j] = self._play(wl, fixed, tw.pod, c)
-        # Leave the base's choice (first) only where a candidate is cheaper with confidence: the mean of the
-        # paired differences over the futures at least `confidence` standard errors below zero. Taking the
+                for h in range(nb):
+                    cost[s, j, h] = self._play(wl, fixed, tw.pod, c, h)
+        # Each candidate with the base that continues it cheapest on average (one base: that base).
+        h_of = cost.mean(axis=0).argmin(axis=1)
+        cost = cost[:, np.arange(len(cands)), h_of]
+        # Leave the first base's choice (first) only where a candidate is cheaper with confidence: the mean of
+        # the paired differences over the futures at least `confidence` standard errors below zero. Taking the
         # plain least mean would favour whichever candidate the futures' noise flattered (the optimiser's curse).
         diff = cost[:, 1:] - cost[:, :1]
         mean = diff.mean(axis=0)
@@ -194,26 +214,34 @@ class Rollout:
         return cands[j + 1]
 
     # ---- candidates ---------------------------------------------------------------------------------------------
-    def _candidates(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, base_choice: int) -> list[int]:
-        """Distinct feasible nodes, the base's choice first, then by the base's preference (each earlier choice
-        masked out in turn); empty nodes of one kind in one power state count once."""
+    def _candidates(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, meta) -> list[int]:
+        """Distinct feasible nodes: each base's choice (the first base's first), then by the first base's
+        preference (each earlier choice masked out in turn), at most ``max_candidates`` (and never fewer than
+        the bases' own choices: the parallel rollout's guarantee needs them); empty nodes of one kind in one
+        power state count once."""
         empty = (st.nz_cpu == 0) & (st.nz_mem == 0)
         seen: set[tuple[int, int]] = set()
         out: list[int] = []
-        m = mask.copy()
-        sim = self._sim
-        sim.reset(st, np.random.default_rng(0))
-        nxt = base_choice
-        while len(out) < self.max_candidates:
-            sig = (int(st.group[nxt]), int(st.power_state[nxt])) if empty[nxt] else None
-            if sig is None or sig not in seen:
-                out.append(nxt)
+
+        def pick(b, m: np.ndarray) -> int:
+            return int(b.choose(st, pod, m, meta=meta) if getattr(b, "uses_meta", False) else b.choose(st, pod, m))
+
+        def add(n: int) -> None:
+            sig = (int(st.group[n]), int(st.power_state[n])) if empty[n] else None
+            if n not in out and (sig is None or sig not in seen):
+                out.append(n)
                 if sig is not None:
                     seen.add(sig)
+
+        for b in self.bases:
+            add(pick(b, mask))
+        m = mask.copy()
+        m[out] = False
+        first = self.bases[0]
+        while len(out) < self.max_candidates and m.any():
+            nxt = pick(first, m)
+            add(nxt)
             m[nxt] = False
-            if not m.any():
-                break
-            nxt = int(sim.choose(st, pod, m))
         return out
 
     # ---- futures -------------------------------------------------------------------------------------------------
@@ -322,11 +350,11 @@ class Rollout:
         return (merge_workloads([past, later]) if len(later) else past), fixed
 
     # ---- one rollout -------------------------------------------------------------------------------------------
-    def _play(self, wl, fixed: dict[int, int], pod: int, cand: int) -> float:
+    def _play(self, wl, fixed: dict[int, int], pod: int, cand: int, base: int = 0) -> float:
         from joulesched.cluster.twin import Twin
 
         tw = Twin(self._twin.scenario, wl)
-        res = run_policy(tw, Pinned({**fixed, pod: cand}, self._sim))
+        res = run_policy(tw, Pinned({**fixed, pod: cand}, self._sims[base]))
         self.rollouts += 1
         peak = float(tw.state.peak_watts.sum())
         waited = res.mean_pending_s * max(res.placed_pods, 1) + res.unschedulable_pods * tw.scenario.duration_s

@@ -71,6 +71,8 @@ class Pinned(PolicyBase):
     def __init__(self, nodes: dict[int, int], fallback: Policy) -> None:
         self.nodes, self.fallback = nodes, fallback
         self._twin = None
+        # A fallback that reads the pod's metadata (lifetime-aware's predictor) is handed it.
+        self.uses_meta = bool(getattr(fallback, "uses_meta", False))
 
     def attach(self, backend) -> None:
         self._twin = backend
@@ -85,8 +87,10 @@ class Pinned(PolicyBase):
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:
         self.fallback.reset(state, rng)
 
-    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
+    def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> int:
         node = self.nodes.get(self._twin.pod, -1)
         if 0 <= node < len(mask) and mask[node]:
             return node
+        if self.uses_meta:
+            return self.fallback.choose(state, pod, mask, meta=meta)
         return self.fallback.choose(state, pod, mask)

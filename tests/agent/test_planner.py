@@ -41,6 +41,30 @@ def test_oracle_rollout_never_above_its_base(name, k):
     assert oracle < 0.995 * base
 
 
+def test_parallel_rollout_never_above_its_best_base():
+    """With several bases (``base=a|b``) each candidate is continued by the base that does it cheapest, and each
+    base's own choice is a candidate: on the true future the run costs no more than the best base. On
+    small-sleep-mixed seed 101 awake-first never wakes the low-idle nodes, energy-greedy does: the parallel
+    rollout beats both bases and the rollout over awake-first alone (which stays at its base there)."""
+    sc = load_scenario(SMALL / "sleep-mixed.yaml")
+    wl = build_workload(sc, sc.seed)
+    bases = {b: _energy(sc, wl, b) for b in (BASE, "energy-greedy")}
+    one = _energy(sc, wl, f"rollout-oracle:base={BASE}")
+    both = _energy(sc, wl, f"rollout-oracle:base={BASE}|energy-greedy")
+    assert both <= min(bases.values()) * (1 + 1e-9)
+    assert both < 0.99 * one
+
+
+def test_a_base_that_reads_the_pods_metadata():
+    """lifetime-aware (its predictor keyed by the pod's metadata) as the base: the planner and its rollouts hand
+    it the metadata, and the rollout property holds."""
+    sc = load_scenario(SMALL / "sleep-mixed.yaml")
+    wl = build_workload(sc, sc.seed + 1)
+    base = _energy(sc, wl, "lifetime-aware")
+    oracle = _energy(sc, wl, "rollout-oracle:base=lifetime-aware")
+    assert oracle <= base * (1 + 1e-9) and oracle < 0.995 * base
+
+
 def test_sampled_futures_read_no_unseen_duration():
     """Shuffle the durations of every pod arriving from the cut on and lengthen those running across it: every
     decision before the cut stays, for both online futures (the bootstrap and the generator's model)."""
@@ -127,6 +151,8 @@ def test_options_and_backends():
         make_policy("rollout:future=psychic")
     with pytest.raises(PolicyError, match="base"):
         make_policy("rollout:base=clairvoyant")
+    with pytest.raises(PolicyError, match="base=.*nonesuch"):
+        make_policy("rollout:base=pabfd|nonesuch")
     with pytest.raises(PolicyError, match="samples"):
         make_policy("rollout:samples=0")
     with pytest.raises(PolicyError, match="twin only"):
