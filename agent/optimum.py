@@ -252,7 +252,7 @@ class OptimumResult:
     solver: str = "highs"
     mip_nodes: int | None = None  # branch-and-bound nodes the solver explored
     mip_dual_bound: float | None = None  # the solver's own proven bound (before the LP and fluid bounds join)
-    warm_joules: float | None = None  # the warm start's energy (the best in-class heuristic run), if any
+    warm_joules: float | None = None  # the warm start's energy (the best in-class run of warm_specs), if any
     root_bound: float | None = None  # the MIP's LP relaxation (interior point), a valid bound on the model
     schedule_solver: str | None = None  # highs | cpsat: who found the schedule
     bound_solver: str | None = None  # highs (its MIP, LP, root and fluid bounds) | cpsat: who proved the bound
@@ -862,6 +862,7 @@ def twin_schedule(inst: Instance, policy) -> Schedule | None:
     twin = Twin(sc, wl)
     pol = make_policy(policy) if isinstance(policy, str) else policy
     rng = np.random.default_rng(inst.seed)
+    meta = bool(getattr(pol, "uses_meta", False))  # lifetime-aware's predictor reads the pod's metadata
     if (attach := getattr(pol, "attach", None)) is not None:
         attach(twin)
     try:
@@ -873,7 +874,8 @@ def twin_schedule(inst: Instance, policy) -> Schedule | None:
                 pol.reset(state, rng)
             if abs(twin.now - float(wl.submit_s[int(dcs.key)])) > TOL:
                 return None  # a pod was queued
-            twin.bind(dcs, pol.choose(state, dcs.pod, dcs.mask))
+            node = pol.choose(state, dcs.pod, dcs.mask, meta=dcs.meta) if meta else pol.choose(state, dcs.pod, dcs.mask)
+            twin.bind(dcs, node)
     finally:
         if (detach := getattr(pol, "detach", None)) is not None:
             detach(twin)
@@ -1025,12 +1027,22 @@ def evaluate(inst: Instance, sched: Schedule, *, time_limit: float = 60.0) -> fl
 #: Policies whose twin runs seed the MIP with a first schedule (the best one in the model's class is used), on
 #: top of every heuristic of the registry.
 WARM_START = ("default-k8s", "awake-first:fit=efficient", "awake-first:headroom=0.8")
+#: The bases of the clairvoyant rollout that seeds the MIP too (agent/planner.py, a parallel rollout on the true
+#: future): each was the best heuristic of some case of the small suite. Its schedules are 0-6 % below the best
+#: heuristic's there, which the MIP had not reached in 20 s (docs/optimum.md, "The rollout's warm start").
+WARM_ROLLOUT_BASES = ("awake-first:fit=efficient", "energy-greedy", "lifetime-aware", "gpu-dot-product", "pabfd",
+                      "most-allocated")
+#: The share of the time limit the rollout may plan for (then it follows its best base to the end).
+WARM_ROLLOUT_SHARE = 0.25
 
 
-def warm_specs() -> tuple[str, ...]:
+def warm_specs(rollout_budget_s: float = 0.0) -> tuple[str, ...]:
+    """The warm-start policies: :data:`WARM_START` and every heuristic, and, given a budget in seconds, the
+    clairvoyant rollout over :data:`WARM_ROLLOUT_BASES` planning for at most that long."""
     from joulesched.agent.registry import HEURISTICS
 
-    return tuple(dict.fromkeys((*WARM_START, *HEURISTICS)))
+    rollout = (f"rollout-oracle:base={'|'.join(WARM_ROLLOUT_BASES)},budget_s={rollout_budget_s:g}",)
+    return tuple(dict.fromkeys((*WARM_START, *HEURISTICS, *(rollout if rollout_budget_s > 0 else ()))))
 
 
 #: The MIP's solvers: HiGHS, CP-SAT (OR-Tools) on an integer relaxation with a valid bound, or both at once.
@@ -1065,8 +1077,8 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
           wake_order: bool = True, solver: str = DEFAULT_SOLVER, with_bounds: bool = True) -> OptimumResult:
     """Solve the MIP for ``inst`` within ``time_limit`` seconds (model building included).
 
-    The solver starts from the best schedule among the ``warm`` policies' twin runs that the model can state,
-    and its bound is the best of its own, the LP bound and the fluid bound. ``solver``: ``highs`` (when the MIP
+    The solver starts from the best schedule among the ``warm`` policies' twin runs that the model can state
+    (by default :func:`warm_specs` with a quarter of the time limit for the clairvoyant rollout), and its bound is the best of its own, the LP bound and the fluid bound. ``solver``: ``highs`` (when the MIP
     is not solved in ``1 - lns_share`` of the time, the rest improves its best schedule by re-solving it with
     the pods of one window of arrivals free and the others fixed, a large-neighbourhood search), ``cpsat``
     (CP-SAT on an integer relaxation of the same model, :meth:`_Model.cpsat`; its schedule is priced in the
@@ -1096,7 +1108,7 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
     # finish its root in a minute. Its value is a valid bound; 1e-6 relative covers the IPM's tolerance. Where
     # nodes never sleep the root LP takes 0.3-4 s and HiGHS's own bound is above it: not worth the time there.
     root = _relaxation(M, max(1.0, time_limit / 4)) if inst.can_sleep and with_bounds else math.nan
-    warm = warm_specs() if warm is None else warm
+    warm = warm_specs(WARM_ROLLOUT_SHARE * time_limit) if warm is None else warm
     scheds = [s for s in (twin_schedule(inst, w) for w in warm) if s is not None] if inst.scenario else []
     scheds.sort(key=lambda s: s.twin_joules)
     warm_j, fixed = None, None

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -120,6 +121,9 @@ class Rollout:
     :param confidence: leave the base's choice only for a candidate whose mean saving is at least this many
         standard errors of the paired differences over the futures.
     :param seed: the futures' generator.
+    :param budget_s: the seconds of planning the whole run may take (0: no limit); once spent, each later pod is
+        placed by the base whose continuation the last planned decision chose, so on the true future the run
+        still costs no more than that decision's rollout (an anytime planner: the optimum's warm start).
     """
 
     name = "rollout"
@@ -129,7 +133,7 @@ class Rollout:
 
     def __init__(self, base: str = "awake-first:fit=efficient", samples: str | int = "32", future: str = "model",
                  max_candidates: str | int = "6", penalty: str | float = "0", prior_s: str | float = "600",
-                 confidence: str | float = "0", seed: str | int = "0") -> None:
+                 confidence: str | float = "0", seed: str | int = "0", budget_s: str | float = "0") -> None:
         from joulesched.agent.registry import make_policy
 
         if future not in FUTURES:
@@ -141,6 +145,7 @@ class Rollout:
         self.prior_s = _float_opt(self.name, "prior_s", str(prior_s), 1.0, 1e9, closed=True)
         self.confidence = _float_opt(self.name, "confidence", str(confidence), 0.0, 100.0, closed=True)
         self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)
+        self.budget_s = _float_opt(self.name, "budget_s", str(budget_s), 0.0, 1e9, closed=True)
         specs = [b.strip() for b in str(base).split("|")]
         try:
             self.bases = [make_policy(b) for b in specs]  # the run's own instances (candidates)
@@ -156,6 +161,8 @@ class Rollout:
         self._pool = None
         self._fit = None  # future=sample's (what the run had shown, (mu, sigma)) at this decision
         self.rollouts = 0  # twin runs so far (for benchmarks' cost figures)
+        self._spent = 0.0  # seconds of planning this run
+        self._follow = 0  # the base the last planned decision's best rollout continued with
 
     # ---- the Policy protocol ----------------------------------------------------------------------------------
     def attach(self, backend: object) -> None:
@@ -165,6 +172,7 @@ class Rollout:
         self._twin = backend
         self._rng = np.random.default_rng(self.seed)
         self._pool = self._fit = None
+        self._spent, self._follow = 0.0, 0
         for b in self.bases:
             if (att := getattr(b, "attach", None)) is not None:
                 att(backend)
@@ -183,6 +191,15 @@ class Rollout:
         tw = self._twin
         if tw is None:
             raise PolicyError(f"policy {self.name!r} was not attached to a twin (run it with run_policy)")
+        if self.budget_s and self._spent >= self.budget_s:
+            return self._pick(self.bases[self._follow], state, pod, mask, meta)
+        t0 = time.perf_counter()
+        try:
+            return self._plan(tw, state, pod, mask, meta)
+        finally:
+            self._spent += time.perf_counter() - t0
+
+    def _plan(self, tw, state: ClusterState, pod: PodRequest, mask: np.ndarray, meta) -> int:
         cands = self._candidates(state, pod, mask, meta)
         if len(cands) == 1:
             return cands[0]
@@ -199,6 +216,12 @@ class Rollout:
         # Each candidate with the base that continues it cheapest on average (one base: that base).
         h_of = cost.mean(axis=0).argmin(axis=1)
         cost = cost[:, np.arange(len(cands)), h_of]
+        j = self._select(cost)
+        self._follow = int(h_of[j])
+        return cands[j]
+
+    def _select(self, cost: np.ndarray) -> int:
+        """The column of ``cost`` (futures x candidates, the first base's choice first) to take."""
         # Leave the first base's choice (first) only where a candidate is cheaper with confidence: the mean of
         # the paired differences over the futures at least `confidence` standard errors below zero. Taking the
         # plain least mean would favour whichever candidate the futures' noise flattered (the optimiser's curse).
@@ -208,10 +231,14 @@ class Rollout:
         if self.samples > 1:
             se = diff[:, j].std(ddof=1) / math.sqrt(self.samples)
             if not mean[j] + self.confidence * se < 0.0:
-                return cands[0]
+                return 0
         elif not mean[j] < -1e-3:  # one future (the oracle): ties to a millijoule go to the base
-            return cands[0]
-        return cands[j + 1]
+            return 0
+        return j + 1
+
+    @staticmethod
+    def _pick(b, st: ClusterState, pod: PodRequest, mask: np.ndarray, meta) -> int:
+        return int(b.choose(st, pod, mask, meta=meta) if getattr(b, "uses_meta", False) else b.choose(st, pod, mask))
 
     # ---- candidates ---------------------------------------------------------------------------------------------
     def _candidates(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, meta) -> list[int]:
@@ -224,7 +251,7 @@ class Rollout:
         out: list[int] = []
 
         def pick(b, m: np.ndarray) -> int:
-            return int(b.choose(st, pod, m, meta=meta) if getattr(b, "uses_meta", False) else b.choose(st, pod, m))
+            return self._pick(b, st, pod, m, meta)
 
         def add(n: int) -> None:
             sig = (int(st.group[n]), int(st.power_state[n])) if empty[n] else None
@@ -372,5 +399,6 @@ class RolloutOracle(Rollout):
     name = "rollout-oracle"
 
     def __init__(self, base: str = "awake-first:fit=efficient", max_candidates: str | int = "6",
-                 penalty: str | float = "0") -> None:
-        super().__init__(base=base, future="oracle", max_candidates=max_candidates, penalty=penalty)
+                 penalty: str | float = "0", budget_s: str | float = "0") -> None:
+        super().__init__(base=base, future="oracle", max_candidates=max_candidates, penalty=penalty,
+                         budget_s=budget_s)

@@ -5,12 +5,21 @@ by which random cases came up. Locally it explores new examples each run (and ke
 """
 
 import os
+import signal
 
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+
+
+def pytest_configure(config):
+    """A suite started in the background of a non-interactive shell (``cmd &``) inherits SIGINT ignored, and so
+    would every CLI process the tests start and interrupt with SIGINT (a Ctrl-C stand-in): they would run to the
+    end instead of stopping. A handled SIGINT here becomes the default in each child at exec, as at a terminal."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -55,6 +55,20 @@ def test_parallel_rollout_never_above_its_best_base():
     assert both < 0.99 * one
 
 
+def test_a_planning_budget_keeps_the_best_base_and_plans_less():
+    """``budget_s``: once spent, each pod goes where the base chosen by the last planned decision puts it, so on
+    the true future the run still costs no more than the best base, with far fewer rollouts."""
+    sc = load_scenario(SMALL / "sleep-mixed.yaml")
+    wl = build_workload(sc, sc.seed)
+    spec = f"rollout-oracle:base={BASE}|energy-greedy"
+    full, cut = make_policy(spec), make_policy(f"{spec},budget_s=0.05")
+    e_full = run_policy(Twin(sc, wl), full).energy_joules
+    e_cut = run_policy(Twin(sc, wl), cut).energy_joules
+    best = min(_energy(sc, wl, b) for b in (BASE, "energy-greedy"))
+    assert e_cut <= best * (1 + 1e-9) and e_full <= best * (1 + 1e-9)
+    assert 0 < cut.rollouts < full.rollouts
+
+
 def test_a_base_that_reads_the_pods_metadata():
     """lifetime-aware (its predictor keyed by the pod's metadata) as the base: the planner and its rollouts hand
     it the metadata, and the rollout property holds."""
