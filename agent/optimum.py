@@ -1078,8 +1078,8 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
     """Solve the MIP for ``inst`` within ``time_limit`` seconds (model building included).
 
     The solver starts from the best schedule among the ``warm`` policies' twin runs that the model can state
-    (by default :func:`warm_specs` with a quarter of the time limit for the clairvoyant rollout), and its bound is the best of its own, the LP bound and the fluid bound. ``solver``: ``highs`` (when the MIP
-    is not solved in ``1 - lns_share`` of the time, the rest improves its best schedule by re-solving it with
+    (by default :func:`warm_specs` with a quarter of the time limit for the clairvoyant rollout), and its bound
+    is the best of its own, the LP bound and the fluid bound. ``solver``: ``highs`` (when the MIP is not solved in ``1 - lns_share`` of the time, the rest improves its best schedule by re-solving it with
     the pods of one window of arrivals free and the others fixed, a large-neighbourhood search), ``cpsat``
     (CP-SAT on an integer relaxation of the same model, :meth:`_Model.cpsat`; its schedule is priced in the
     exact model) or ``race`` (both at once, each with half the threads; the better schedule and the better

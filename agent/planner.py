@@ -29,8 +29,9 @@ The online futures read no duration of a pod that has not ended and no usage of 
 (tests/agent/test_planner.py shuffles them). Candidates: each base's own choice (the first base's first), then
 the feasible nodes in the first base's order of preference, empty nodes of one kind in one power state counted
 once (the lowest index), at most ``max_candidates``. Each rollout replays the run from its start, so a decision
-costs (samples x candidates x bases) runs of the episode: seconds on the small suite, too slow for clusters of hundreds of nodes. The policy
-runs in the twin only (family ``planner``: in no best-heuristic comparison, not in the default set).
+costs (samples x candidates x bases) runs of the episode: seconds on the small suite, too slow for clusters of
+hundreds of nodes (``budget_s`` caps the planning time). The policy runs in the twin only (family ``planner``:
+in no best-heuristic comparison, not in the default set).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class Rollout:
         the run then costs no more than the best of the bases).
     :param samples: futures per decision (the oracle has one).
     :param future: ``model`` (the scenario's generators), ``sample`` (the run so far) or ``oracle`` (the truth).
-    :param max_candidates: at most this many distinct candidates (the base's choice always among them).
+    :param max_candidates: at most this many distinct candidates (each base's choice always among them).
     :param penalty: each second a pod waits and a minute per SLO violation, charged at this multiple of the
         cluster's peak watts (0: energy alone).
     :param prior_s: ``future=sample``'s median life before any pod has ended.
