@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from joulesched.agent.lower_bound import _lower_hull, lower_bound
+from joulesched.agent.policy import decide
 from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.twin import RunResult, Twin
 from joulesched.cluster.workload import SERVICE, Workload, build_workload
@@ -862,7 +863,6 @@ def twin_schedule(inst: Instance, policy) -> Schedule | None:
     twin = Twin(sc, wl)
     pol = make_policy(policy) if isinstance(policy, str) else policy
     rng = np.random.default_rng(inst.seed)
-    meta = bool(getattr(pol, "uses_meta", False))  # lifetime-aware's predictor reads the pod's metadata
     if (attach := getattr(pol, "attach", None)) is not None:
         attach(twin)
     try:
@@ -874,8 +874,7 @@ def twin_schedule(inst: Instance, policy) -> Schedule | None:
                 pol.reset(state, rng)
             if abs(twin.now - float(wl.submit_s[int(dcs.key)])) > TOL:
                 return None  # a pod was queued
-            node = pol.choose(state, dcs.pod, dcs.mask, meta=dcs.meta) if meta else pol.choose(state, dcs.pod, dcs.mask)
-            twin.bind(dcs, node)
+            twin.bind(dcs, decide(pol, state, dcs.pod, dcs.mask, dcs.meta))
     finally:
         if (detach := getattr(pol, "detach", None)) is not None:
             detach(twin)

@@ -44,7 +44,7 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 
 from joulesched.agent.baselines import _float_opt, _int_opt
-from joulesched.agent.policy import PolicyError
+from joulesched.agent.policy import PolicyError, decide
 from joulesched.agent.runner import Pinned, run_policy
 from joulesched.cluster.state import ClusterState, PodRequest
 from joulesched.cluster.workload import SERVICE
@@ -193,7 +193,7 @@ class Rollout:
         if tw is None:
             raise PolicyError(f"policy {self.name!r} was not attached to a twin (run it with run_policy)")
         if self.budget_s and self._spent >= self.budget_s:
-            return self._pick(self.bases[self._follow], state, pod, mask, meta)
+            return decide(self.bases[self._follow], state, pod, mask, meta)
         t0 = time.perf_counter()
         try:
             return self._plan(tw, state, pod, mask, meta)
@@ -237,10 +237,6 @@ class Rollout:
             return 0
         return j + 1
 
-    @staticmethod
-    def _pick(b, st: ClusterState, pod: PodRequest, mask: np.ndarray, meta) -> int:
-        return int(b.choose(st, pod, mask, meta=meta) if getattr(b, "uses_meta", False) else b.choose(st, pod, mask))
-
     # ---- candidates ---------------------------------------------------------------------------------------------
     def _candidates(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, meta) -> list[int]:
         """Distinct feasible nodes: each base's choice (the first base's first), then by the first base's
@@ -251,9 +247,6 @@ class Rollout:
         seen: set[tuple[int, int]] = set()
         out: list[int] = []
 
-        def pick(b, m: np.ndarray) -> int:
-            return self._pick(b, st, pod, m, meta)
-
         def add(n: int) -> None:
             sig = (int(st.group[n]), int(st.power_state[n])) if empty[n] else None
             if n not in out and (sig is None or sig not in seen):
@@ -262,12 +255,12 @@ class Rollout:
                     seen.add(sig)
 
         for b in self.bases:
-            add(pick(b, mask))
+            add(decide(b, st, pod, mask, meta))
         m = mask.copy()
         m[out] = False
         first = self.bases[0]
         while len(out) < self.max_candidates and m.any():
-            nxt = pick(first, m)
+            nxt = decide(first, st, pod, m, meta)
             add(nxt)
             m[nxt] = False
         return out

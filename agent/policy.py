@@ -69,6 +69,14 @@ class Policy(Protocol):
     def choose(self, state: ClusterState, pod: PodRequest, mask: np.ndarray) -> int: ...
 
 
+def decide(policy: Policy, state: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> int:
+    """``policy.choose``, handed the pod's metadata where the policy reads it (``uses_meta``: lifetime-aware's
+    predictor); for the loops outside run_policy, which binds the choice once for its hot loop."""
+    if getattr(policy, "uses_meta", False):
+        return int(policy.choose(state, pod, mask, meta=meta))
+    return int(policy.choose(state, pod, mask))
+
+
 class PolicyBase:
     """Optional base class with the protocol's defaults: no scorer, a reset that keeps the generator.
 

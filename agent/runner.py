@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from joulesched.agent.policy import Policy, PolicyBase
+from joulesched.agent.policy import Policy, PolicyBase, decide
 from joulesched.cluster.backend import Backend
 from joulesched.cluster.state import ClusterState, PodRequest
 
@@ -91,6 +91,4 @@ class Pinned(PolicyBase):
         node = self.nodes.get(self._twin.pod, -1)
         if 0 <= node < len(mask) and mask[node]:
             return node
-        if self.uses_meta:
-            return self.fallback.choose(state, pod, mask, meta=meta)
-        return self.fallback.choose(state, pod, mask)
+        return decide(self.fallback, state, pod, mask, meta)
