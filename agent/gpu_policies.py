@@ -16,6 +16,8 @@ only when no awake one fits, the most efficient first. Vectors are normalised by
   first tier.
 * ``gpu-clustering``: a pod to the nodes whose GPU pods are of its kind (shared or whole GPUs), away from
   nodes that run the other kind.
+* ``gpu-energy`` (ours, not the paper's): PABFD that knows GPU power: the least CPU plus GPU watts added among
+  awake nodes, then GPU packing; it wakes the node with the fewest watts per GPU (per core for a CPU pod).
 * ``fgd``: fragmentation gradient descent: the node whose GPU fragmentation (below) grows least. The target
   workload is what the policy has seen so far: the popularity of pod shapes (CPU to the core, GPU count, share
   to 50 milli, allowed models), the most common :data:`FGD_TYPES` of them.
@@ -34,6 +36,7 @@ import numpy as np
 
 from joulesched.agent.sleep_aware import _SleepAware
 from joulesched.cluster.state import ClusterState, PodRequest
+from joulesched.power.curves import interp_many
 
 MILLI = 1000
 #: The pod shapes FGD weighs (the most popular seen so far).
@@ -205,3 +208,60 @@ class FGD(_SleepAware):
         after = fragmentation(st, idx, free1, cpu0 - pod.filter_cpu, shapes, w)
         cpu = (st.alloc_cpu[idx] - st.req_cpu[idx] - pod.filter_cpu) / _cpu_cap(st, idx)
         return {"FragIncrease": np.round(after - before, 9), "FreeCpuShare": cpu}
+
+
+def gpu_watts_added(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+    """GPU watts ``pod`` adds on each candidate awake node, on the GPUs the cluster would give it (a share on the
+    fullest GPU it fits, whole GPUs on free ones), read on the node's own GPU curve; 0 for a pod without GPUs
+    and where it does not fit."""
+    out = np.zeros(len(idx))
+    if not pod.gpu or not st.has_gpus:
+        return out
+    curves = np.asarray(st.gpu_curves[idx], dtype=np.float64)
+    if pod.gpu_milli >= MILLI:  # whole GPUs go from idle to full
+        return pod.gpu * (curves[:, 10] - curves[:, 0])
+    free = st.gpu_free[idx]
+    fit = free >= pod.gpu_milli
+    best = np.argmin(np.where(fit, free, MILLI + 1), axis=1)
+    chosen = free[np.arange(len(idx)), best].astype(np.float64)
+    u0 = (MILLI - chosen) / MILLI
+    add = interp_many(curves, u0 + pod.gpu_milli / MILLI) - interp_many(curves, u0)
+    return np.where(fit.any(axis=1), add, 0.0)
+
+
+class GpuEnergy(_SleepAware):
+    """GPU-aware PABFD: what a power-aware packer does when it knows each node's GPU power, as the schema-3 DQN
+    does (its ``gpu_marginal_watts`` and ``gpu_idle_watts`` columns). Among awake nodes the least power increase
+    (the CPU curve at requests, as ``pabfd``, plus the GPU curve on the GPUs the pod would take), then GPU
+    packing's tiers (a partly used GPU it fits, a node already running GPU pods), then the least free GPU and
+    CPU share (best fit). Only when no awake node fits, wake the sleeping node with the fewest watts at full load
+    per unit of what the pod asks for: per GPU for a GPU pod (the CPU's and every GPU's peak over the GPUs), per
+    core for a pod without (the CPU's peak and every GPU's idle, which waking turns on, over the cores); ties
+    toward the larger node. ``headroom`` as awake-first's.
+    """
+
+    name = "gpu-energy"
+    wake_label = "WattsPerUnit"
+
+    def _inner(self, st, pod, idx):
+        cap = _cpu_cap(st, idx)
+        cpu_w = interp_many(st.curves[idx], (st.nz_cpu[idx] + pod.nz_cpu) / cap) - \
+            interp_many(st.curves[idx], st.nz_cpu[idx] / cap)
+        dp = cpu_w + gpu_watts_added(st, pod, idx)
+        free = st.gpu_free[idx]
+        busy = (st.gpu_share_pods[idx] + st.gpu_whole_pods[idx]) > 0
+        if pod.gpu and pod.gpu_milli < MILLI:
+            tier = np.where(((free >= pod.gpu_milli) & (free < MILLI)).any(axis=1), 0, np.where(busy, 1, 2))
+        else:
+            tier = np.where(busy, 1, 2) if pod.gpu else np.zeros(len(idx), dtype=np.int64)
+        # Rounded so that equal increases on equal hardware tie and the packing keys decide.
+        return {"PowerIncreaseW": np.round(dp, 6), "GpuPackingTier": tier.astype(np.float64),
+                "FreeGpuShare": (_free_gpu(st, idx) - pod.gpu_share_milli) / _gpu_cap(st, idx) * (st.alloc_gpu[idx] > 0),
+                "FreeCpuShare": (st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu) / cap}
+
+    def _wake_key(self, st, pod, idx):
+        count = st.alloc_gpu[idx].astype(np.float64)
+        curves = np.asarray(st.gpu_curves[idx], dtype=np.float64) if st.has_gpus else np.zeros((len(idx), 11))
+        if pod.gpu:
+            return (st.peak_watts[idx] + count * curves[:, 10]) / np.maximum(count, 1.0)
+        return (st.peak_watts[idx] + count * curves[:, 0]) / np.maximum(st.alloc_cpu[idx], 1) * 1000.0

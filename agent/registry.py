@@ -117,6 +117,9 @@ BUILTIN: tuple[PolicyEntry, ...] = (
              "FGD paper's GPU clustering, sleep-aware: shared-GPU and whole-GPU pods on separate nodes"),
     _builtin("fgd", "gpu_policies:FGD", "gpu-aware",
              "FGD (Weng et al., ATC '23), sleep-aware: least growth of GPU fragmentation"),
+    _builtin("gpu-energy", "gpu_policies:GpuEnergy", "gpu-aware",
+             "PABFD that knows GPU power: least CPU + GPU watts added among awake nodes, then GPU packing; wakes "
+             "the node with the fewest watts per GPU"),
     _builtin("round-robin", "baselines:RoundRobin", "reference", "the next feasible node, wrapping around"),
     _builtin("random", "baselines:Random", "reference", "a uniformly random feasible node"),
     _builtin("clairvoyant", "clairvoyant:Clairvoyant", "clairvoyant",

@@ -67,6 +67,8 @@ class _SleepAware:
     inside the tier, the generator for exact ties. :meth:`node_scores` shows the tier and the keys."""
 
     name = "sleep-aware"
+    #: What :meth:`_wake_key` measures, as the scores show it.
+    wake_label = "WattsPerCore"
 
     def __init__(self, headroom: str | float = "1") -> None:
         self.headroom = _headroom(self.name, headroom)
@@ -83,6 +85,10 @@ class _SleepAware:
         """Keys ordering awake candidates, most significant first, lower is better."""
         raise NotImplementedError
 
+    def _wake_key(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+        """The efficiency sleeping candidates are woken by, lower first: watts per core at full load."""
+        return watts_per_core(st, idx)
+
     def _keys(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> tuple[list[np.ndarray], dict]:
         asleep = st.power_state[idx] == ASLEEP
         fits = st.req_cpu[idx] + pod.filter_cpu <= self.headroom * st.alloc_cpu[idx]
@@ -90,14 +96,14 @@ class _SleepAware:
         # 2: awake past the headroom, the last resort before leaving a placeable pod unplaced.
         tier = np.where(asleep, 1, np.where(fits, 0, 2))
         inner = self._inner(st, pod, idx)
-        wpc = watts_per_core(st, idx)
+        wpc = self._wake_key(st, pod, idx)
         keys = [tier.astype(np.float64)]
         # Inside the awake tiers the policy's own keys decide; inside the sleeping tier efficiency, then size.
         for v in inner.values():
             keys.append(np.where(asleep, 0.0, v))
         keys.append(np.where(asleep, wpc, 0.0))
         keys.append(np.where(asleep, -st.alloc_cpu[idx].astype(np.float64), 0.0))
-        shown = {"Tier": tier, **inner, "WattsPerCore": wpc}
+        shown = {"Tier": tier, **inner, self.wake_label: wpc}
         return keys, shown
 
     def node_scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores:
@@ -106,9 +112,9 @@ class _SleepAware:
         # The keys in _keys' order, each lower first, and the sleeping nodes' last tie-break, larger first.
         plugins = {k: (-1.0, np.asarray(v, dtype=np.float64)) for k, v in shown.items()}
         plugins["AllocatableCpu"] = (1.0, st.alloc_cpu[idx].astype(np.float64))
-        inner = [k for k in shown if k not in ("Tier", "WattsPerCore")]
+        inner = [k for k in shown if k not in ("Tier", self.wake_label)]
         note = (f"Tier first (0 awake, 1 asleep, 2 awake past the headroom); then awake nodes by {', '.join(inner)} "
-                "and sleeping ones by WattsPerCore, then AllocatableCpu")
+                f"and sleeping ones by {self.wake_label}, then AllocatableCpu")
         return NodeScores(idx, plugins, total, rule="lexicographic", note=note)
 
     def choose(self, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:

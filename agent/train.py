@@ -47,8 +47,8 @@ from joulesched.cluster.workload import build_workload
 
 WATTS_NOW = NODE_FEATURES.index("watts_now")  # the same column in every schema
 #: On a cluster with GPUs the validation reference is the best of these too (the FGD paper's heuristics that
-#: use the least energy on openb-3days, docs/dqn.md "Schema 3: GPUs").
-GPU_REFERENCES = ("gpu-packing", "gpu-best-fit", "fgd")
+#: use the least energy on openb-3days, docs/dqn.md "Schema 3: GPUs", and gpu-energy, which knows GPU power).
+GPU_REFERENCES = ("gpu-packing", "gpu-best-fit", "fgd", "gpu-energy")
 
 
 @dataclass

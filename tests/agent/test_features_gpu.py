@@ -145,8 +145,8 @@ def test_env_serves_schema_3_rows_and_refuses_unknown_schemas():
 
 
 def test_the_auto_teacher_of_a_gpu_cluster_is_gpu_aware():
-    assert teacher_spec(DQNConfig(), load_scenario(GPU_SCENARIO)) == "gpu-packing"
-    assert teacher_spec(DQNConfig(), load_scenario(TINY)) != "gpu-packing"
+    assert teacher_spec(DQNConfig(), load_scenario(GPU_SCENARIO)) == "gpu-energy"
+    assert teacher_spec(DQNConfig(), load_scenario(TINY)) != "gpu-energy"
 
 
 def test_schema_3_round_trip_and_run_on_a_gpu_trace(tmp_path):

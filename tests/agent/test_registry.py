@@ -46,7 +46,8 @@ def test_policy_sets_come_from_the_table_metadata():
     assert "rollout" not in BASELINES  # twin only, seconds per decision
     assert set(UPSTREAM_HEURISTICS) <= set(HEURISTICS)
     assert set(HEURISTICS) == set(UPSTREAM_HEURISTICS) | set(SLEEP_AWARE_HEURISTICS) | set(GPU_POLICIES)
-    assert {"fgd", "gpu-best-fit", "gpu-dot-product", "gpu-packing", "gpu-clustering", "gpu-random"} == set(GPU_POLICIES)
+    assert {"fgd", "gpu-best-fit", "gpu-dot-product", "gpu-packing", "gpu-clustering", "gpu-random",
+            "gpu-energy"} == set(GPU_POLICIES)
     assert {"most-allocated", "peaks", "energy-greedy"} <= set(UPSTREAM_HEURISTICS)
     assert not {"default-k8s", "round-robin", "random"} & set(HEURISTICS)
 
