@@ -178,6 +178,9 @@ def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None
         if extra:
             raise OptimumError(f"{scenario.name}: the optimum models the plain sleep rule (an empty node sleeps after "
                                f"sleep_after_s); this scenario sets idle_policy {', '.join(extra)}")
+    if scenario.gpu_runtime is not None:
+        raise OptimumError(f"{scenario.name}: the optimum models a job's run time as its duration on every node; "
+                           "this scenario sets gpu_runtime (the benchmark's lower bound still applies)")
     seed = scenario.seed + seed_offset
     wl = build_workload(scenario, seed) if workload is None else workload
     if (wl.profile >= 0).any() or (wl.has_pod_model and not bounds_only):

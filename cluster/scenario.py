@@ -27,7 +27,7 @@ from joulesched.cluster.filters import (
 from joulesched.cluster.nodepower import DisruptionBudget, PowerPolicy
 from joulesched.core.errors import UsageError
 from joulesched.power.curves import SPECPOWER, validate_curve
-from joulesched.power.gpu import gpu_curve
+from joulesched.power.gpu import gpu_curve, gpu_speed
 
 
 class ScenarioError(UsageError):
@@ -246,13 +246,18 @@ class NodeGroup(_Strict):
     gpu_model: str = Field("", max_length=63)
     gpu_memory_mib: int = Field(0, ge=0)
     gpu_power_watts: list[float] | None = None
+    # One GPU's speed relative to a V100 (default: the model's, power/gpu.py); read only where the scenario sets
+    # gpu_runtime.
+    gpu_speed: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
 
     _labels_ok = field_validator("labels")(classmethod(lambda cls, v: _labels(v)))
 
     @model_validator(mode="after")
     def _gpus(self) -> "NodeGroup":
-        if self.gpu_count == 0 and (self.gpu_model or self.gpu_memory_mib or self.gpu_power_watts is not None):
-            what = "gpu_model" if self.gpu_model else "gpu_memory_mib" if self.gpu_memory_mib else "gpu_power_watts"
+        if self.gpu_count == 0 and (self.gpu_model or self.gpu_memory_mib or self.gpu_power_watts is not None
+                                    or self.gpu_speed is not None):
+            what = "gpu_model" if self.gpu_model else "gpu_memory_mib" if self.gpu_memory_mib else \
+                "gpu_power_watts" if self.gpu_power_watts is not None else "gpu_speed"
             raise ValueError(f"{what} is given but gpu_count is 0: give the group's GPUs per node as gpu_count")
         if self.gpu_model and "|" in self.gpu_model:
             raise ValueError(f"gpu_model {self.gpu_model!r} names one model ('|' separates a pod's allowed ones)")
@@ -266,6 +271,11 @@ class NodeGroup(_Strict):
     def gpu_curve(self) -> tuple[float, ...]:
         """One GPU's watts at 0..100 % (zeros without GPUs)."""
         return gpu_curve(self.gpu_model, self.gpu_power_watts) if self.gpu_count else (0.0,) * 11
+
+    @property
+    def speed(self) -> float:
+        """One GPU's relative speed (1 without GPUs: a pod without GPUs runs as long anywhere)."""
+        return gpu_speed(self.gpu_model, self.gpu_speed) if self.gpu_count else 1.0
 
     @property
     def traits(self) -> NodeTraits:
@@ -514,6 +524,16 @@ class WorkloadSpec(_Strict):
         return [self.synthetic] if self.synthetic is not None else list(self.jobs or [])
 
 
+class GpuRuntime(_Strict):
+    """How a GPU job's run time follows its GPUs' speed (docs/twin.md, "GPU speed"): on a node whose GPUs have
+    speed s (``NodeGroup.gpu_speed``, default the model's) it runs duration x ``reference`` / s. ``reference`` is
+    the speed the workload's durations were measured at; ``slo`` limits it to jobs of those service classes (a
+    trace's ``qos``, e.g. BE: batch work, where an LS pod serves until it is deleted). Services never scale."""
+
+    reference: float = Field(1.0, gt=0, le=100, allow_inf_nan=False)
+    slo: list[str] | None = Field(None, min_length=1)
+
+
 class Scenario(_Strict):
     """A validated scenario. ``source`` is the file it came from (trace paths resolve against its folder)."""
 
@@ -525,6 +545,8 @@ class Scenario(_Strict):
     workload: WorkloadSpec
     slo_fraction: float = Field(0.9, gt=0, le=1, allow_inf_nan=False)
     slo_tolerance: float = Field(0.05, ge=0, lt=1, allow_inf_nan=False)
+    # Off when absent: a GPU job runs its duration on any GPU. GpuRuntime: run time follows the GPUs' speed.
+    gpu_runtime: GpuRuntime | None = None
     source: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
@@ -537,6 +559,8 @@ class Scenario(_Strict):
         ip = self.idle_policy
         if isinstance(ip, Sleep) and ip.min_awake > self.node_count:
             raise ValueError(f"idle_policy.min_awake {ip.min_awake} is more than the {self.node_count} nodes")
+        if self.gpu_runtime is not None and not any(g.gpu_count for g in self.nodes):
+            raise ValueError("gpu_runtime is set but no node group has GPUs (gpu_count)")
         return self
 
     @property

@@ -31,6 +31,7 @@ The twin is a :class:`~joulesched.cluster.backend.Backend` (``start``, ``next_de
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -239,7 +240,9 @@ class Twin:
                 r = self._req[p]
                 self._req[p] = PodRequest(r.cpu_m, r.memory_mib, r.constraints, gpu=int(wl.gpu[p]),
                                           gpu_milli=int(wl.gpu_milli[p]), gpu_models=specs[int(wl.gpu_spec[p])])
-        self.placeable = self._placeable_mask(cluster_from_scenario(scenario), wl)
+        st0 = cluster_from_scenario(scenario)
+        self.placeable = self._placeable_mask(st0, wl)
+        self._setup_gpu_runtime(scenario, wl, st0)
         ip = scenario.idle_policy
         self.power_policy = ip.power_policy() if isinstance(ip, Sleep) else None
         cons = ip.consolidation if isinstance(ip, Sleep) else None
@@ -254,6 +257,39 @@ class Twin:
             self._setup_pod_model(wl)
         self.meter = TwinMeter(self)
         self.reset()
+
+    def _setup_gpu_runtime(self, sc: Scenario, wl: Workload, st: ClusterState) -> None:
+        """Where the scenario sets ``gpu_runtime``: which jobs' run time follows their GPUs' speed
+        (``_gscale``) and the factor each node applies (``_gfac``: reference / speed). ``_gscale`` is None
+        otherwise, and every pod runs its duration."""
+        self._gscale: list[bool] | None = None
+        self._gfac: list[float] = []
+        rt = sc.gpu_runtime
+        if rt is None or not wl.has_gpus:
+            return
+        scales = (wl.gpu > 0) & ~wl.is_service
+        if rt.slo is not None:
+            scales &= np.isin(wl.slo, [k for k, n in enumerate(wl.slo_names) if n in rt.slo])
+        if (scales & (wl.profile >= 0)).any():
+            raise ValueError(f"{sc.name}: gpu_runtime scales GPU jobs with a usage profile; the twin scales "
+                             "constant-usage jobs only")
+        self._gscale = scales.tolist()
+        self._gfac = [rt.reference / sc.nodes[g].speed for g in st.group.tolist()]
+        self._gfast = min(f for f, n in zip(self._gfac, st.alloc_gpu.tolist()) if n)
+
+    def _runtime_factor(self, p: int, i: int) -> float:
+        """How much longer than its duration pod ``p`` runs on node ``i`` (1 unless gpu_runtime scales it)."""
+        return self._gfac[i] if self._gscale is not None and self._gscale[p] else 1.0
+
+    def fastest_workload(self) -> Workload:
+        """The workload with every speed-scaled job at its shortest run time on any node: what a lower bound may
+        assume of it (the workload itself where nothing scales)."""
+        if self._gscale is None:
+            return self.workload
+        wl = self.workload
+        dur = wl.duration_s.astype(np.float64).copy()
+        dur[np.asarray(self._gscale)] *= self._gfast
+        return dataclasses.replace(wl, duration_s=dur)
 
     def _setup_pod_model(self, wl: Workload) -> None:
         """Per-pod inputs of services and profiles (built once, as the requests are), and the pod model's
@@ -641,7 +677,10 @@ class Twin:
         self.pod_start[p] = self.now
         self._bad0[p] = self._bad[i]
         self._thr0[p] = self._thr[i]
-        heapq.heappush(self._running[i], (self._vclock[i] + self._work[p], p))
+        w = self._work[p]
+        if self._gscale is not None and self._gscale[p]:
+            w *= self._gfac[i]
+        heapq.heappush(self._running[i], (self._vclock[i] + w, p))
         self._dem[i] += self._usage[p]
 
     def _refresh(self, i: int) -> None:
@@ -711,7 +750,8 @@ class Twin:
             self._touch(i)
             v, rate = self._vclock[i], self._rate[i]
             pods[i] = [MovablePod(p, self._req[p], self._usage[p],
-                                  0.0 if self._ckpt[p] else self._work[p] - (vf - v), "", (vf - v) / rate)
+                                  0.0 if self._ckpt[p] else self._work[p] * self._runtime_factor(p, i) - (vf - v),
+                                  "", (vf - v) / rate)
                        for vf, p in self._running[i] if p >= 0]  # p < 0: a profiled job's next demand change
             # A service loses no work when evicted; it would empty the node by itself at its stop time.
             pods[i] += [MovablePod(p, self._req[p], self._usage[p], 0.0, "",
@@ -745,8 +785,8 @@ class Twin:
             if p in svcs:
                 self._svc_accrue(p, i)  # its interval goes on; it is judged at the interval's end
             else:
-                if self._ckpt[p]:
-                    self._work[p] = max(vf - v, 1e-9)
+                if self._ckpt[p]:  # work left, back in the duration's units (it restarts on another GPU)
+                    self._work[p] = max(vf - v, 1e-9) / self._runtime_factor(p, i)
                 self._live -= 1  # (a service left _live when it started)
             self.pod_node[p] = -1
             self.pod_status[p] = _NOT_PLACED

@@ -122,7 +122,7 @@ def _run_task(task: Task, wl: Workload | None = None, policy: object | None = No
 def _bound(sc: Scenario, seed_offset: int, wl: Workload) -> dict:
     seed = sc.seed + seed_offset
     twin = Twin(sc, wl)
-    lb = lower_bound(twin.state, wl, sc.duration_s, twin.placeable)
+    lb = lower_bound(twin.state, twin.fastest_workload(), sc.duration_s, twin.placeable)
     return {"name": sc.name, "seed": seed, "nodes": sc.node_count, "pods": len(wl), "trace_rows_dropped": wl.dropped,
             "duration_s": sc.duration_s,
             "lower_bound_joules": lb.joules, "lower_bound_end_s": lb.end_s,

@@ -404,7 +404,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
             entry["pending_vs_best_sleep_aware"] = (rows["dqn"]["mean_pending_s"]
                                                     - rows[best_sa]["mean_pending_s"])
             if lower:
-                lb = lower_bound(twin.state, wl, sc.duration_s, twin.placeable)
+                lb = lower_bound(twin.state, twin.fastest_workload(), sc.duration_s, twin.placeable)
                 entry["lower_bound_joules"] = lb.joules
                 entry["ratio_vs_lower_bound"] = e / lb.joules
             if optimum:

@@ -32,6 +32,23 @@ GPU_POWER: dict[str, tuple[float, float]] = {
 #: A GPU whose model is not in the table (or has none) and no gpu_power_watts: a V100-class board.
 DEFAULT_GPU_POWER = (40.0, 300.0)
 
+#: model -> relative speed (a V100 = 1), what a GPU job's run time divides by where a scenario sets
+#: ``gpu_runtime`` (docs/twin.md, "GPU speed"). The proxy is datasheet memory bandwidth (V100 SXM2 900 GB/s, T4
+#: 320, P100 PCIe 16 GB 732, A10 600, A100 40 GB SXM 1,555): deep-learning kernels are mostly memory-bound, and
+#: unlike peak FLOPS it does not credit the T4's or A10's tensor figures, which their 70 W / 150 W limits do not
+#: sustain. A first-order model, not a measurement; a node group overrides it with ``gpu_speed``.
+GPU_SPEED: dict[str, float] = {
+    "T4": 320 / 900, "P100": 732 / 900, "V100M16": 1.0, "V100M32": 1.0, "V100": 1.0, "A10": 600 / 900,
+    "A100": 1555 / 900, "G1": 1.0, "G2": 1.0, "G3": 1.0,  # undisclosed OpenB models: a V100's (an assumption)
+}
+#: A GPU whose model is not in the table: a V100's speed.
+DEFAULT_GPU_SPEED = 1.0
+
+
+def gpu_speed(model: str, speed: float | None = None) -> float:
+    """One GPU's relative speed: ``speed`` as given, else the model's table entry."""
+    return float(speed) if speed is not None else GPU_SPEED.get(model, DEFAULT_GPU_SPEED)
+
 
 def gpu_curve(model: str, watts: Sequence[float] | None = None) -> tuple[float, ...]:
     """One GPU's watts at 0, 10, ..., 100 % of its share: ``watts`` as given (2 values: idle and max, linear

@@ -1,0 +1,121 @@
+"""A GPU job's run time following its GPUs' speed (``gpu_runtime``, docs/twin.md "GPU speed"): how long a job
+runs on each model, which jobs scale, checkpointed work across GPUs of two speeds, the lower bound's
+workload, the optimum's refusal, and bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from joulesched.agent.lower_bound import lower_bound
+from joulesched.agent.optimum import OptimumError, instance
+from joulesched.agent.registry import make_policy
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.scenario import load_scenario
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import build_workload
+from joulesched.pipelines.cli import app
+from joulesched.power.gpu import GPU_SPEED
+from tests.cluster.test_nodepower import SLEEP, Spread
+from tests.helpers import scenario, workload
+
+CURVE = [50.0 + 10.0 * k for k in range(11)]
+GROUPS = f"""
+  - {{name_prefix: t4, count: 1, cpu_m: 32000, memory_mib: 131072, power_watts: {CURVE}, gpu_count: 2, gpu_model: T4}}
+  - {{name_prefix: v100, count: 1, cpu_m: 32000, memory_mib: 131072, power_watts: {CURVE}, gpu_count: 2, gpu_model: V100M32}}
+"""
+PODS = ("name,submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m,gpu_count,gpu_milli,gpu_spec,slo_class\n"
+        "t4-be,0,1000,1000,100,500,1,,T4,BE\n"
+        "v100-be,0,1000,1000,100,500,1,,V100M32,BE\n"
+        "t4-ls,0,1000,1000,100,500,1,,T4,LS\n"
+        "cpu,0,1000,1000,100,500,,,,BE\n")
+
+
+def _file(tmp_path, runtime: str = "", groups: str = GROUPS):
+    (tmp_path / "pods.csv").write_text(PODS)
+    p = tmp_path / "s.yaml"
+    p.write_text(f"name: speed\nseed: 1\nduration_s: 100\nidle_policy: {{mode: always_on}}\nnodes:{groups}"
+                 f"workload: {{trace: pods.csv}}\n{runtime}")
+    return p
+
+
+def _lives(path) -> dict[str, float]:
+    sc = load_scenario(path)
+    wl = build_workload(sc)
+    tw = Twin(sc, wl)
+    run_policy(tw, make_policy("gpu-packing"), 0)
+    names = [m.split(",")[0] for m in PODS.splitlines()[1:]]
+    return {n: tw.pod_end[p] - tw.pod_start[p] for p, n in enumerate(names)}
+
+
+def test_off_by_default_every_job_runs_its_duration_on_any_gpu(tmp_path):
+    assert _lives(_file(tmp_path)) == pytest.approx({"t4-be": 1000, "v100-be": 1000, "t4-ls": 1000, "cpu": 1000})
+
+
+def test_a_gpu_job_runs_duration_times_reference_over_its_gpus_speed(tmp_path):
+    lives = _lives(_file(tmp_path, "gpu_runtime: {reference: 1.0}\n"))
+    t4 = 1000 / GPU_SPEED["T4"]  # 2,812.5 s: a T4 has 320 of a V100's 900 GB/s
+    assert lives == pytest.approx({"t4-be": t4, "v100-be": 1000, "t4-ls": t4, "cpu": 1000})
+    # The durations measured on a T4 (reference = its speed): the V100 job runs shorter, the T4 ones as long.
+    lives = _lives(_file(tmp_path, f"gpu_runtime: {{reference: {GPU_SPEED['T4']}}}\n"))
+    assert lives == pytest.approx({"t4-be": 1000, "v100-be": 1000 * GPU_SPEED["T4"], "t4-ls": 1000, "cpu": 1000})
+
+
+def test_slo_limits_it_to_those_classes_and_a_group_overrides_its_speed(tmp_path):
+    lives = _lives(_file(tmp_path, "gpu_runtime: {slo: [BE]}\n",
+                         groups=GROUPS.replace("gpu_model: T4}", "gpu_model: T4, gpu_speed: 0.5}")))
+    assert lives == pytest.approx({"t4-be": 2000, "v100-be": 1000, "t4-ls": 1000, "cpu": 1000})
+
+
+def test_checkpointed_work_moves_between_gpus_in_the_durations_units():
+    # Two 4,000 s GPU jobs on a GPU of speed 0.5 (n0) and one of speed 1 (n1), both checkpointing: consolidation
+    # empties n0 at 100 s, when its job has done 50 s of work at half speed; restarted on n1 at 130 s it has
+    # 3,950 s left, not the 7,900 s of node time it had left on n0.
+    idle = {**SLEEP, "consolidation": {"interval_s": 100, "restart_s": 30, "checkpoint_fraction": 1.0}}
+    gpu = {"gpu_count": 2, "gpu_model": "X", "gpu_power_watts": [10.0, 70.0]}
+    sc = scenario([{**gpu, "gpu_speed": 0.5}, {**gpu, "gpu_speed": 1.0}], duration_s=100, idle=idle,
+                  gpu_runtime={"reference": 1.0})
+    wl = dataclasses.replace(workload((0, 4000, 300, 10, 300), (1, 4000, 300, 10, 300)), gpu=np.array([1, 1]),
+                             gpu_milli=np.array([1000, 1000]), gpu_spec=np.array([0, 0]))
+    tw = Twin(sc, wl)
+    r = run_policy(tw, Spread(), 0)
+    assert r.evictions == 1 and tw.pod_node[0] == 1
+    assert tw.pod_end[0] == pytest.approx(130 + 3950)
+    assert tw.pod_end[1] == pytest.approx(1 + 4000)
+
+
+def test_the_lower_bound_reads_every_job_at_its_fastest_and_stays_below_every_run(tmp_path):
+    fast = GROUPS.replace("gpu_model: V100M32}", "gpu_model: V100M32, gpu_speed: 2.0}")
+    sc = load_scenario(_file(tmp_path, "gpu_runtime: {reference: 1.0}\n", groups=fast))
+    wl = build_workload(sc)
+    tw = Twin(sc, wl)
+    quick = tw.fastest_workload()
+    assert quick.duration_s.tolist() == [500, 500, 500, 1000]  # GPU jobs at the speed-2 GPU's run time
+    assert Twin(load_scenario(_file(tmp_path)), wl).fastest_workload() is wl  # nothing scales: the workload
+    lb = lower_bound(tw.state, quick, sc.duration_s, tw.placeable).joules
+    for spec in ("gpu-packing", "gpu-energy", "default-k8s", "fgd"):
+        assert lb <= run_policy(Twin(sc, wl), make_policy(spec), 0).energy_joules
+
+
+def test_the_optimum_refuses_it(tmp_path):
+    sc = load_scenario(_file(tmp_path, "gpu_runtime: {reference: 1.0}\n"))
+    with pytest.raises(OptimumError, match="sets gpu_runtime"):
+        instance(sc)
+
+
+@pytest.mark.parametrize("runtime,groups,words", [
+    ("gpu_runtime: {reference: 0}\n", GROUPS, "gpu_runtime.reference"),
+    ("gpu_runtime: {slo: []}\n", GROUPS, "gpu_runtime.slo"),
+    ("gpu_runtime: {speed: 2}\n", GROUPS, "gpu_runtime.speed"),
+    ("", GROUPS.replace("gpu_model: T4}", "gpu_model: T4, gpu_speed: -1}"), "nodes.0.gpu_speed"),
+    ("", GROUPS.replace("gpu_count: 2, gpu_model: T4}", "gpu_speed: 2}"), "gpu_speed is given but gpu_count is 0"),
+    ("gpu_runtime: {}\n", f"\n  - {{name_prefix: c, count: 1, cpu_m: 1000, memory_mib: 1024, power_watts: {CURVE}}}\n",
+     "gpu_runtime is set but no node group has GPUs"),
+])
+def test_bad_input_exits_2_naming_the_field(tmp_path, runtime, groups, words):
+    r = CliRunner().invoke(app, ["validate", str(_file(tmp_path, runtime, groups=groups))])
+    assert r.exit_code == 2, r.output
+    assert words in r.output
