@@ -116,12 +116,12 @@ class Clairvoyant(LifetimeAware):
         # ndtri(1) is inf: a pod far past every prediction lives on (the age bound below).
         return np.maximum(np.exp(m + s * ndtri(np.minimum(u0 + (1.0 - u0) / 2, 1.0 - 1e-12))), age)
 
-    def _lives(self, st: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, float]:
+    def _lives(self, st: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, float | np.ndarray]:
         tw = self._twin
         if tw is None:
             raise PolicyError("policy 'clairvoyant' was not attached to a twin (run it with run_policy)")
         if self._oracle is None:
-            return np.maximum(tw.due_ends()[idx] - st.now, 0.0), tw.deciding_life()
+            return np.maximum(tw.due_ends()[idx] - st.now, 0.0), tw.deciding_life(idx)  # per node: GPU speed
         now = st.now
         pods, node, began, end = tw.live_lives()
         due = np.full(len(st), now)

@@ -218,9 +218,9 @@ def gpu_watts_added(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.nd
     if not pod.gpu or not st.has_gpus:
         return out
     curves = np.asarray(st.gpu_curves[idx], dtype=np.float64)
-    if pod.gpu_milli >= MILLI:  # whole GPUs go from idle to full
-        return pod.gpu * (curves[:, 10] - curves[:, 0])
     free = st.gpu_free[idx]
+    if pod.gpu_milli >= MILLI:  # whole GPUs go from idle to full
+        return np.where((free == MILLI).sum(axis=1) >= pod.gpu, pod.gpu * (curves[:, 10] - curves[:, 0]), 0.0)
     fit = free >= pod.gpu_milli
     best = np.argmin(np.where(fit, free, MILLI + 1), axis=1)
     chosen = free[np.arange(len(idx)), best].astype(np.float64)

@@ -119,8 +119,9 @@ class LifetimeAware(_SleepAware):
         return {"ExtendJ": extend, "WattsPerCoreAwake": wpc, "FitClass": fit_class, "SlackClass": slack,
                 "FreeCpuShare": free_cpu, "FreeMemShare": free_mem}
 
-    def _added(self, empty_in: np.ndarray, life: float) -> np.ndarray:
-        """The awake time the deciding pod adds to each node: its life past the node's emptying time."""
+    def _added(self, empty_in: np.ndarray, life: float | np.ndarray) -> np.ndarray:
+        """The awake time the deciding pod adds to each node: its life (one, or one per node) past the node's
+        emptying time."""
         return np.maximum(life - empty_in, 0.0)
 
     def _lives(self, st: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, float] | None:

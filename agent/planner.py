@@ -281,9 +281,11 @@ class Rollout:
         done = status == _DONE
         start = np.asarray(tw.pod_start[:k], dtype=np.float64)
         end = np.asarray(tw.pod_end[:k], dtype=np.float64)
-        lives = (end - start)[done]
+        # Lives and ages in the durations' units: the replay scales them by the node's GPU speed again.
+        per = tw.runtime_factors(np.arange(k), node)
+        lives = ((end - start) / per)[done]
         running = (~done) & ~np.isnan(start)
-        ages = np.maximum(now - start[running], 0.0)
+        ages = np.maximum(now - start[running], 0.0) / per[running]
         # The fit depends on the decision, not the future: once per decision, not per sample.
         key = (now, k, lives.size, ages.size)
         if self._fit is None or self._fit[0] != key:
@@ -293,7 +295,7 @@ class Rollout:
         cap = 50.0 * max(tw.scenario.duration_s, 1.0)
         dur = wl.duration_s[:k].astype(np.float64).copy()
         undone = np.flatnonzero(~done)
-        age = np.where(running[undone], np.maximum(now - start[undone], 0.0), 0.0)
+        age = np.where(running[undone], np.maximum(now - start[undone], 0.0) / per[undone], 0.0)
         dur[undone] = sample_lives(rng, mu, sigma, age, cap)
         # The pods to come: the run's arrivals so far resampled (gaps and pods), until the scenario's end.
         submit = wl.submit_s[:k].astype(np.float64)
@@ -357,8 +359,9 @@ class Rollout:
         status = np.asarray(tw.pod_status[:k])
         start = np.asarray(tw.pod_start[:k], dtype=np.float64)
         dur = wl.duration_s[:k].astype(np.float64).copy()
+        per = tw.runtime_factors(np.arange(k), np.asarray(tw.pod_node[:k], dtype=np.int64))  # ages in work
         for p in np.flatnonzero(status != _DONE).tolist():
-            age = 0.0 if math.isnan(start[p]) else max(now - start[p], 0.0)
+            age = 0.0 if math.isnan(start[p]) else max(now - start[p], 0.0) / per[p]
             if wl.kind[p] == SERVICE:  # a service's stop is relative to its submission
                 age = max(now - float(wl.submit_s[p]), 0.0)
             lives = pool.get(int(wl.kind[p]), np.zeros(0))

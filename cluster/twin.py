@@ -17,6 +17,8 @@ Model (docs/twin.md has the full statement):
   demand follows the absolute clock (one event per distinct breakpoint time, shared by every service that
   changes then). A *job* with a usage profile changes demand at breakpoints of its progress, which are entries
   in its node's virtual-time heap, like its departure.
+* GPU speed (opt-in, the scenario's ``gpu_runtime``): a GPU job's work is its duration, and a node runs it at
+  its GPUs' speed over the reference's, so it takes duration x reference / speed there.
 * The run ends when every placeable job has finished, and never before the scenario's ``duration_s``;
   services never extend it. Pods whose requests fit no node even when the cluster is empty are counted as
   never placed.
@@ -45,7 +47,7 @@ import numpy as np
 from joulesched.cluster.backend import Decision
 from joulesched.cluster.filters import GpuDemand
 from joulesched.cluster.nodepower import HELD_MIN_AWAKE, HELD_SPARE, TWIN_EPOCH_S, MovablePod, NodePowerCore
-from joulesched.cluster.scenario import Scenario, Sleep
+from joulesched.cluster.scenario import Scenario, ScenarioError, Sleep
 from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState, PodRequest
 from joulesched.cluster.workload import Workload
 from joulesched.power.curves import interp
@@ -269,27 +271,55 @@ class Twin:
             return
         scales = (wl.gpu > 0) & ~wl.is_service
         if rt.slo is not None:
-            scales &= np.isin(wl.slo, [k for k, n in enumerate(wl.slo_names) if n in rt.slo])
+            codes = [k for k, n in enumerate(wl.slo_names) if n in rt.slo]
+            if not codes:  # a misspelt class would silently scale nothing
+                have = ", ".join(sorted(n for n in wl.slo_names if n)) or "none"
+                raise ScenarioError(f"{sc.name}: gpu_runtime.slo {rt.slo} matches no pod's service class; the "
+                                    f"workload's classes: {have}")
+            scales &= np.isin(wl.slo, codes)
         if (scales & (wl.profile >= 0)).any():
-            raise ValueError(f"{sc.name}: gpu_runtime scales GPU jobs with a usage profile; the twin scales "
-                             "constant-usage jobs only")
+            raise ScenarioError(f"{sc.name}: gpu_runtime scales GPU jobs with a usage profile; the twin scales "
+                                "constant-usage jobs only (limit gpu_runtime.slo to the others)")
         self._gscale = scales.tolist()
         self._gfac = [rt.reference / sc.nodes[g].speed for g in st.group.tolist()]
-        self._gfast = min(f for f, n in zip(self._gfac, st.alloc_gpu.tolist()) if n)
+        self._gfast = self._fastest_factors(wl, st, scales)
+
+    def _fastest_factors(self, wl: Workload, st: ClusterState, scales: np.ndarray) -> np.ndarray:
+        """Per pod, the least runtime factor of any node whose GPUs could hold it (its model and GPU count; 1
+        where nothing scales): a bound for every placement."""
+        out = np.ones(len(wl))
+        fac = np.asarray(self._gfac)
+        rows = np.flatnonzero(scales)
+        for spec, count in {(int(wl.gpu_spec[p]), int(wl.gpu[p])) for p in rows.tolist()}:
+            models = wl.gpu_spec_table[spec]
+            ok = st.alloc_gpu >= count
+            if models is not None:
+                ok &= st.gpu_model_mask(models)
+            pods = rows[(wl.gpu_spec[rows] == spec) & (wl.gpu[rows] == count)]
+            out[pods] = float(fac[ok].min()) if ok.any() else 1.0  # unplaceable: never runs
+        return out
 
     def _runtime_factor(self, p: int, i: int) -> float:
         """How much longer than its duration pod ``p`` runs on node ``i`` (1 unless gpu_runtime scales it)."""
         return self._gfac[i] if self._gscale is not None and self._gscale[p] else 1.0
 
+    def runtime_factors(self, pods: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """:meth:`_runtime_factor` of each pod on its node (1 where a node is -1 or nothing scales): a run time
+        over it is the pod's work in the duration's units."""
+        out = np.ones(len(pods))
+        if self._gscale is None or not len(pods):
+            return out
+        on = (np.asarray(self._gscale)[pods]) & (nodes >= 0)
+        out[on] = np.asarray(self._gfac)[nodes[on]]
+        return out
+
     def fastest_workload(self) -> Workload:
-        """The workload with every speed-scaled job at its shortest run time on any node: what a lower bound may
-        assume of it (the workload itself where nothing scales)."""
+        """The workload with every speed-scaled job at its shortest run time on any node that could hold it: what
+        a lower bound may assume of it (the workload itself where nothing scales)."""
         if self._gscale is None:
             return self.workload
         wl = self.workload
-        dur = wl.duration_s.astype(np.float64).copy()
-        dur[np.asarray(self._gscale)] *= self._gfast
-        return dataclasses.replace(wl, duration_s=dur)
+        return dataclasses.replace(wl, duration_s=wl.duration_s.astype(np.float64) * self._gfast)
 
     def _setup_pod_model(self, wl: Workload) -> None:
         """Per-pod inputs of services and profiles (built once, as the requests are), and the pod model's
@@ -463,8 +493,8 @@ class Twin:
     def live_lives(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The bound pods' futures: per pod that runs or waits for its waking node, its index, its node, when its
         life began (a running job's start, a waiting job's ``now + wake_s``, a service's submit time) and when it
-        is due to end (began plus a job's work at its start; a service's stop, the scenario's end at the
-        latest). Throttling would make them later. The future itself: for clairvoyant references and training
+        is due to end (began plus a job's work at its start, times its node's GPU runtime factor; a service's
+        stop, the scenario's end at the latest). Throttling would make them later. The future itself: for clairvoyant references and training
         labels, never for a policy that could run on a cluster."""
         now = self.now
         node = np.fromiter(self.pod_node, np.int64, len(self.pod_node))
@@ -472,7 +502,7 @@ class Twin:
         live = np.flatnonzero((node >= 0) & ((status == _RUNNING) | (status == _WAITING)))
         began = np.where(status[live] == _WAITING, now + self.state.wake_s,
                          np.asarray(self.pod_start, dtype=np.float64)[live])
-        end = began + np.asarray(self._work, dtype=np.float64)[live]
+        end = began + np.asarray(self._work, dtype=np.float64)[live] * self.runtime_factors(live, node[live])
         if self._pm and live.size:
             svc = np.asarray(self._is_svc, dtype=bool)[live]
             submit = np.asarray(self._submit, dtype=np.float64)[live]
@@ -490,7 +520,8 @@ class Twin:
 
     def deciding_pod(self) -> tuple[int, float, float]:
         """The pod awaiting a decision as :meth:`live_lives` sees a bound one: its index, when its life begins (a
-        job: now; a service: its submit time) and when it is due to end."""
+        job: now; a service: its submit time) and when it is due to end (under ``gpu_runtime``, on a GPU of the
+        reference speed: its node is not chosen yet)."""
         p = self.pod
         if p < 0:
             raise RuntimeError("deciding_pod() called with no pod awaiting a decision")
@@ -498,15 +529,21 @@ class Twin:
             return p, self._submit[p], min(self._submit[p] + self._dur[p], self.horizon)
         return p, self.now, self.now + float(self._work[p])
 
-    def deciding_life(self) -> float:
-        """How long the pod awaiting a decision will run once started (a service: until its stop). The future
-        itself, as :meth:`due_ends`."""
+    def deciding_life(self, nodes: np.ndarray | None = None) -> float | np.ndarray:
+        """How long the pod awaiting a decision will run once started (a service: until its stop): on each of
+        ``nodes`` (under ``gpu_runtime`` a GPU job's life depends on its node), else on a GPU of the reference
+        speed. The future itself, as :meth:`due_ends`."""
         p = self.pod
         if p < 0:
             raise RuntimeError("deciding_life() called with no pod awaiting a decision")
         if self._pm and self._is_svc[p]:
-            return max(min(self._submit[p] + self._dur[p], self.horizon) - self.now, 0.0)
-        return float(self._work[p])
+            life = max(min(self._submit[p] + self._dur[p], self.horizon) - self.now, 0.0)
+        else:
+            life = float(self._work[p])
+        if nodes is None:
+            return life
+        nodes = np.asarray(nodes, dtype=np.int64)
+        return life * self.runtime_factors(np.full(len(nodes), p), nodes)
 
     # ---- the Backend ----------------------------------------------------------------------------------------
     def begin(self) -> None:

@@ -6,8 +6,8 @@ differently when scoring. Limits sit beside requests (``-1`` = no limit).
 
 The pod model (docs/twin.md, "The pod model"):
 
-* **Kind.** A *job* (:data:`JOB`) has work to do: ``duration_s`` is its run time at full service, and
-  throttling stretches it. A *service* (:data:`SERVICE`) has no work: it runs from submission until
+* **Kind.** A *job* (:data:`JOB`) has work to do: ``duration_s`` is its run time at full service (on a GPU of
+  the reference speed where the scenario sets ``gpu_runtime``), and throttling stretches it. A *service* (:data:`SERVICE`) has no work: it runs from submission until
   ``submit_s + duration_s`` (a Deployment scaling it down, or the trace ending it), or, with
   ``duration_s = inf``, until the scenario ends; the twin stops every service at the scenario's end at the
   latest (only jobs may run past it).

@@ -88,7 +88,7 @@ def test_a_long_pod_goes_to_the_node_that_stays_awake_by_its_true_end():
     e = np.zeros(len(st))
     e[awake[0]], e[awake[1]] = 4 * 3600.0, 120.0
     twin.due_ends = lambda: now + e  # the view, stated
-    twin.deciding_life = lambda: 3600.0
+    twin.deciding_life = lambda nodes=None: 3600.0
     idx = np.flatnonzero(d.mask)
     keys = pol._inner(st, d.pod, idx)
     k0, k1 = int(np.flatnonzero(idx == awake[0])[0]), int(np.flatnonzero(idx == awake[1])[0])

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from joulesched.agent.checkpoint import KNOWN_SCHEMAS, META_KEY, load_checkpoint, load_model, save_checkpoint
-from joulesched.agent.config import DQNConfig
+from joulesched.agent.config import AUTO_TEACHER, DQNConfig
 from joulesched.agent.dqn import DQN, SetQNetwork
 from joulesched.agent.dqn_policy import DQNPolicy
 from joulesched.agent.env import SchedulingEnv
@@ -146,7 +146,7 @@ def test_env_serves_schema_3_rows_and_refuses_unknown_schemas():
 
 def test_the_auto_teacher_of_a_gpu_cluster_is_gpu_aware():
     assert teacher_spec(DQNConfig(), load_scenario(GPU_SCENARIO)) == "gpu-energy"
-    assert teacher_spec(DQNConfig(), load_scenario(TINY)) != "gpu-energy"
+    assert teacher_spec(DQNConfig(), load_scenario(TINY)) == AUTO_TEACHER["always_on"]  # tiny: always on, no GPU
 
 
 def test_schema_3_round_trip_and_run_on_a_gpu_trace(tmp_path):

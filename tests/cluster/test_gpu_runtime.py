@@ -93,7 +93,9 @@ def test_the_lower_bound_reads_every_job_at_its_fastest_and_stays_below_every_ru
     wl = build_workload(sc)
     tw = Twin(sc, wl)
     quick = tw.fastest_workload()
-    assert quick.duration_s.tolist() == [500, 500, 500, 1000]  # GPU jobs at the speed-2 GPU's run time
+    # Each GPU job at its run time on the fastest GPU it may use: the T4-only ones on the T4, the V100 one at 2.
+    t4 = 1000 / GPU_SPEED["T4"]
+    assert quick.duration_s.tolist() == pytest.approx([t4, 500, t4, 1000])
     assert Twin(load_scenario(_file(tmp_path)), wl).fastest_workload() is wl  # nothing scales: the workload
     lb = lower_bound(tw.state, quick, sc.duration_s, tw.placeable).joules
     for spec in ("gpu-packing", "gpu-energy", "default-k8s", "fgd"):
@@ -119,3 +121,68 @@ def test_bad_input_exits_2_naming_the_field(tmp_path, runtime, groups, words):
     r = CliRunner().invoke(app, ["validate", str(_file(tmp_path, runtime, groups=groups))])
     assert r.exit_code == 2, r.output
     assert words in r.output
+
+
+class _Looker:
+    """gpu-packing, looking at the twin's true lives at the last decision."""
+
+    name = "looker"
+
+    def __init__(self):
+        self.inner = make_policy("gpu-packing")
+        self.scorer = None
+        self.seen = None
+
+    def attach(self, backend):
+        self.twin = backend
+
+    def detach(self, backend):
+        pass
+
+    def reset(self, state, rng):
+        self.inner.reset(state, rng)
+
+    def choose(self, state, pod, mask):
+        if state.now > 0:
+            self.seen = (self.twin.live_lives(), self.twin.due_ends(), self.twin.deciding_life(np.arange(len(state))),
+                         self.twin.deciding_life())
+        return self.inner.choose(state, pod, mask)
+
+
+def test_the_true_lives_clairvoyant_reads_follow_the_gpu(tmp_path):
+    (tmp_path / "extra.csv").write_text(PODS.splitlines()[0] + "\nlate,10,1000,1000,100,500,1,,,BE\n")
+    path = _file(tmp_path, "gpu_runtime: {reference: 1.0}\n")
+    path.write_text(path.read_text().replace("trace: pods.csv", "trace: [pods.csv, extra.csv]"))
+    sc = load_scenario(path)
+    tw = Twin(sc, build_workload(sc))
+    look = _Looker()
+    run_policy(tw, look, 0)
+    (_, _, began, end), due, per_node, plain = look.seen
+    t4 = 1000 / GPU_SPEED["T4"]
+    assert sorted((end - began).tolist()) == pytest.approx([1000, 1000, t4, t4])  # cpu, v100-be, two T4 jobs
+    assert due.tolist() == pytest.approx([t4, 1000])  # the T4 node empties when its jobs end, at 2,812.5 s
+    assert plain == 1000 and per_node.tolist() == pytest.approx([t4, 1000])  # the late pod asks for any GPU
+    assert tw.runtime_factors(np.array([0, 1, 3]), np.array([0, 1, -1])).tolist() == pytest.approx(
+        [1 / GPU_SPEED["T4"], 1, 1])
+
+
+def test_services_never_scale(tmp_path):
+    (tmp_path / "pods.csv").write_text(
+        "name,submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m,gpu_count,gpu_milli,gpu_spec,kind\n"
+        "svc,0,1000,1000,100,500,1,,T4,service\njob,0,1000,1000,100,500,1,,T4,job\n")
+    p = tmp_path / "s.yaml"
+    p.write_text(f"name: svc\nseed: 1\nduration_s: 5000\nidle_policy: {{mode: always_on}}\nnodes:{GROUPS}"
+                 "workload: {trace: pods.csv}\ngpu_runtime: {}\n")
+    sc = load_scenario(p)
+    tw = Twin(sc, build_workload(sc))
+    run_policy(tw, make_policy("gpu-packing"), 0)
+    lives = [tw.pod_end[k] - tw.pod_start[k] for k in range(2)]
+    assert lives == pytest.approx([1000, 1000 / GPU_SPEED["T4"]])
+
+
+def test_a_misspelt_slo_class_exits_2_naming_the_classes_there_are(tmp_path):
+    r = CliRunner().invoke(app, ["benchmark", "-s", str(_file(tmp_path, "gpu_runtime: {slo: [be]}\n")), "-p",
+                                 "gpu-packing", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2, r.output
+    assert "matches no pod's service class" in r.output and "BE, LS" in r.output
+
