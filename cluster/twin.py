@@ -58,6 +58,27 @@ _USAGE, _STOP, _SLO_TICK = 5, 6, 7
 _NOT_PLACED, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
 
 
+def gpu_runtime_scales(sc: Scenario, wl: Workload) -> np.ndarray | None:
+    """Which pods' run time follows their GPUs' speed under the scenario's ``gpu_runtime`` (None: it is off, or
+    the workload has no GPU pod). Raises :class:`ScenarioError` for a ``slo`` list that matches no pod's class
+    (a misspelling would scale nothing) and for a scaled job with a usage profile."""
+    rt = sc.gpu_runtime
+    if rt is None or not wl.has_gpus:
+        return None
+    scales = (wl.gpu > 0) & ~wl.is_service
+    if rt.slo is not None:
+        codes = [k for k, n in enumerate(wl.slo_names) if n in rt.slo]
+        if not codes:
+            have = ", ".join(sorted(n for n in wl.slo_names if n)) or "none"
+            raise ScenarioError(f"{sc.name}: gpu_runtime.slo {rt.slo} matches no pod's service class; the "
+                                f"workload's classes: {have}")
+        scales &= np.isin(wl.slo, codes)
+    if (scales & (wl.profile >= 0)).any():
+        raise ScenarioError(f"{sc.name}: gpu_runtime scales GPU jobs with a usage profile; the twin scales "
+                            "constant-usage jobs only (limit gpu_runtime.slo to the others)")
+    return scales
+
+
 def cluster_from_scenario(scenario: Scenario) -> ClusterState:
     """Build the ClusterState of ``scenario``'s node groups (names ``prefix-0``, ``prefix-1``, ...)."""
     names, cpu, mem, pods, curves, group, traits = [], [], [], [], [], [], []
@@ -266,20 +287,10 @@ class Twin:
         otherwise, and every pod runs its duration."""
         self._gscale: list[bool] | None = None
         self._gfac: list[float] = []
-        rt = sc.gpu_runtime
-        if rt is None or not wl.has_gpus:
+        scales = gpu_runtime_scales(sc, wl)
+        if scales is None:
             return
-        scales = (wl.gpu > 0) & ~wl.is_service
-        if rt.slo is not None:
-            codes = [k for k, n in enumerate(wl.slo_names) if n in rt.slo]
-            if not codes:  # a misspelt class would silently scale nothing
-                have = ", ".join(sorted(n for n in wl.slo_names if n)) or "none"
-                raise ScenarioError(f"{sc.name}: gpu_runtime.slo {rt.slo} matches no pod's service class; the "
-                                    f"workload's classes: {have}")
-            scales &= np.isin(wl.slo, codes)
-        if (scales & (wl.profile >= 0)).any():
-            raise ScenarioError(f"{sc.name}: gpu_runtime scales GPU jobs with a usage profile; the twin scales "
-                                "constant-usage jobs only (limit gpu_runtime.slo to the others)")
+        rt = sc.gpu_runtime
         self._gscale = scales.tolist()
         self._gfac = [rt.reference / sc.nodes[g].speed for g in st.group.tolist()]
         self._gfast = self._fastest_factors(wl, st, scales)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from joulesched.cluster.scenario import load_scenario
+from joulesched.cluster.twin import gpu_runtime_scales
 from joulesched.cluster.workload import Workload, build_workload
 
 
@@ -43,6 +44,7 @@ def check_scenario(path: str | Path) -> dict:
     """Load ``path`` (raising on errors) and return ``{file, name, nodes, pods, trace_rows_dropped, warnings}``."""
     sc = load_scenario(path)
     wl = build_workload(sc)
+    gpu_runtime_scales(sc, wl)  # its errors, before any run
     cpu = np.array([g.cpu_m for g in sc.nodes for _ in range(g.count)], dtype=np.int64)
     mem = np.array([g.memory_mib for g in sc.nodes for _ in range(g.count)], dtype=np.int64)
     warnings = []

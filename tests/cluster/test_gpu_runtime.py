@@ -180,9 +180,10 @@ def test_services_never_scale(tmp_path):
     assert lives == pytest.approx([1000, 1000 / GPU_SPEED["T4"]])
 
 
-def test_a_misspelt_slo_class_exits_2_naming_the_classes_there_are(tmp_path):
-    r = CliRunner().invoke(app, ["benchmark", "-s", str(_file(tmp_path, "gpu_runtime: {slo: [be]}\n")), "-p",
-                                 "gpu-packing", "-o", str(tmp_path / "out")])
+@pytest.mark.parametrize("cmd", [["validate"], ["benchmark", "-p", "gpu-packing", "-o", "out", "-s"]])
+def test_a_misspelt_slo_class_exits_2_naming_the_classes_there_are(tmp_path, monkeypatch, cmd):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, [*cmd, str(_file(tmp_path, "gpu_runtime: {slo: [be]}\n"))])
     assert r.exit_code == 2, r.output
     assert "matches no pod's service class" in r.output and "BE, LS" in r.output
 
