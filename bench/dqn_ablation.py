@@ -29,6 +29,10 @@ each episode as the teacher, re-solved once per episode from where the agent lef
 , ``small-optimum-bc`` (the same with four times the demonstration updates and the margin loss kept at 0.5)
 and ``small-rollout`` (the rollout planner on the generators' model as the teacher: agent/planner.py; its labels
 depend on the state and the workload's distribution, not on the run's future).
+
+The GPU arms (:data:`GPU_ARMS`, by name only): schema 3 on the OpenB mini windows, taught by ``gpu-packing``
+(``gpu-teach-packing``, models/gpu.short.pt's teacher) or by ``gpu-energy`` (``gpu-teach-energy``, the heuristic
+that knows GPU power), benchmarked with ``-- --group extra``.
 """
 
 from __future__ import annotations
@@ -76,8 +80,23 @@ SMALL_ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "small-optimum-bc": (SMALL_TRAIN, (*SMALL_SETS, f"dqn.teacher={OPTIMUM}", "dqn.pretrain_updates=4000",
                                        "dqn.bc_weight_end=0.5")),
 }
+#: The GPU arms (issue 27 on the OpenB trace): schema 3 on the four OpenB mini windows and a CPU scenario, the
+#: recipe of models/gpu.short.pt (docs/dqn.md, "Schema 3: GPUs") with the teacher named; benchmarked with
+#: ``-- --group extra`` (the OpenB evaluation and held-out windows, whose reference is then gpu-energy).
+GPU_TRAIN = ("scenarios/openb/mini/openb-mini-w10000k.yaml", "scenarios/openb/mini/openb-mini-w10400k.yaml",
+             "scenarios/openb/mini/openb-mini-w10700k.yaml", "scenarios/openb/mini/openb-mini-w11300k.yaml",
+             "scenarios/heterogeneous-sleep.yaml")
+GPU_SETS = ("dqn.feature_schema=3", "dqn.randomize=0.25", "dqn.validation_random=0",
+            "dqn.validation_load_scales=[1.0]", "dqn.load_scales=[1.0]", "dqn.max_episode_decisions=600",
+            "dqn.eval_every_steps=6000", "dqn.pretrain_episodes=2", "dqn.pretrain_updates=1000",
+            "dqn.learning_starts=1000", "dqn.batch_size=64", "dqn.train_frequency=8")
+GPU_ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gpu-teach-packing": (GPU_TRAIN, (*GPU_SETS, "dqn.teacher=gpu-packing")),
+    "gpu-teach-energy": (GPU_TRAIN, (*GPU_SETS, "dqn.teacher=gpu-energy")),
+}
 DEFAULT_ARMS = tuple(ARMS)
 ARMS.update(SMALL_ARMS)
+ARMS.update(GPU_ARMS)
 EXTRA = ("scenarios/openb/openb-eval.yaml", "scenarios/openb/openb-heldout-11600k.yaml", FITTED)
 
 

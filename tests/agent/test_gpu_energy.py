@@ -81,3 +81,24 @@ def test_it_wakes_the_fewest_watts_per_gpu_for_a_gpu_pod_and_per_core_for_a_cpu_
 def test_an_awake_node_that_fits_is_used_before_waking_a_cheaper_one():
     st = cluster((8, 2), [V100, T4], ["V100", "T4"], asleep=(1,))
     assert pick(st, PodRequest(1000, 100, gpu=1)) == 0
+
+
+def test_the_ablation_gpu_arms_train_schema_3_taught_by_each_gpu_heuristic():
+    from pathlib import Path
+
+    from bench.dqn_ablation import ARMS, DEFAULT_ARMS, GPU_ARMS, train_command
+    from joulesched.agent.config import TrainConfig, with_overrides
+    from joulesched.cluster.scenario import load_scenario
+
+    assert not set(GPU_ARMS) & set(DEFAULT_ARMS) and set(GPU_ARMS) <= set(ARMS)
+    teachers = set()
+    for arm, (_, sets) in GPU_ARMS.items():
+        cfg = with_overrides(TrainConfig(), list(sets)).dqn
+        assert cfg.feature_schema == 3
+        make_policy(cfg.teacher)  # the spec builds
+        teachers.add(cfg.teacher)
+        cmd = train_command(arm, 0, 100, Path("m.pt"))
+        files = [cmd[k + 1] for k, x in enumerate(cmd) if x == "-s"]
+        assert any(load_scenario(f).node_count > 100 and "openb-mini" in f for f in files)
+        assert not any("openb-eval" in f or "heldout" in f for f in files)  # never the evaluation's windows
+    assert teachers == {"gpu-packing", "gpu-energy"}
