@@ -34,7 +34,7 @@ from collections import Counter
 
 import numpy as np
 
-from joulesched.agent.sleep_aware import _SleepAware
+from joulesched.agent.sleep_aware import _SleepAware, power_increase, watts_per_core
 from joulesched.cluster.state import ClusterState, PodRequest
 from joulesched.power.curves import interp_many
 
@@ -49,6 +49,24 @@ def _cpu_cap(st: ClusterState, idx: np.ndarray) -> np.ndarray:
 
 def _gpu_cap(st: ClusterState, idx: np.ndarray) -> np.ndarray:
     return np.maximum(st.alloc_gpu[idx] * MILLI, 1).astype(np.float64)
+
+
+def share_gpu(free: np.ndarray, milli: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where a share of ``milli`` goes on each row of per-GPU free shares, as the cluster assigns it (the fullest
+    GPU it fits, :func:`~joulesched.cluster.state.gpu_take`): whether the row fits it, and that GPU's index."""
+    fit = free >= milli
+    return fit.any(axis=1), np.argmin(np.where(fit, free, MILLI + 1), axis=1)
+
+
+def packing_tier(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+    """GPU packing's tiers: 0 a partly used GPU the (shared-GPU) pod fits, 1 a node already running GPU pods, 2
+    the others."""
+    free = st.gpu_free[idx]
+    busy = (st.gpu_share_pods[idx] + st.gpu_whole_pods[idx]) > 0
+    if pod.gpu and pod.gpu_milli < MILLI:
+        partly = ((free >= pod.gpu_milli) & (free < MILLI)).any(axis=1)
+        return np.where(partly, 0, np.where(busy, 1, 2))
+    return np.where(busy, 1, 2)
 
 
 def _free_gpu(st: ClusterState, idx: np.ndarray) -> np.ndarray:
@@ -101,14 +119,8 @@ class GpuPacking(_SleepAware):
     name = "gpu-packing"
 
     def _inner(self, st, pod, idx):
-        free = st.gpu_free[idx]
-        busy = (st.gpu_share_pods[idx] + st.gpu_whole_pods[idx]) > 0
-        if pod.gpu and pod.gpu_milli < MILLI:
-            partly = ((free >= pod.gpu_milli) & (free < MILLI)).any(axis=1)
-            tier = np.where(partly, 0, np.where(busy, 1, 2))
-        else:
-            tier = np.where(busy, 1, 2)
-        return {"GpuPackingTier": tier.astype(np.float64), "FreeGpuShare": _free_gpu(st, idx) / _gpu_cap(st, idx)}
+        return {"GpuPackingTier": packing_tier(st, pod, idx).astype(np.float64),
+                "FreeGpuShare": _free_gpu(st, idx) / _gpu_cap(st, idx)}
 
 
 class GpuClustering(_SleepAware):
@@ -197,9 +209,8 @@ class FGD(_SleepAware):
         before = fragmentation(st, idx, free0, cpu0, shapes, w)
         free1 = free0.copy()
         if pod.gpu and pod.gpu_milli < MILLI:
-            fit = free1 >= pod.gpu_milli
-            best = np.argmin(np.where(fit, free1, MILLI + 1), axis=1)
-            rows = np.flatnonzero(fit.any(axis=1))
+            fits, best = share_gpu(free1, pod.gpu_milli)
+            rows = np.flatnonzero(fits)
             free1[rows, best[rows]] -= pod.gpu_milli
         elif pod.gpu:
             empty = free1 == MILLI
@@ -221,12 +232,10 @@ def gpu_watts_added(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.nd
     free = st.gpu_free[idx]
     if pod.gpu_milli >= MILLI:  # whole GPUs go from idle to full
         return np.where((free == MILLI).sum(axis=1) >= pod.gpu, pod.gpu * (curves[:, 10] - curves[:, 0]), 0.0)
-    fit = free >= pod.gpu_milli
-    best = np.argmin(np.where(fit, free, MILLI + 1), axis=1)
-    chosen = free[np.arange(len(idx)), best].astype(np.float64)
-    u0 = (MILLI - chosen) / MILLI
+    fits, best = share_gpu(free, pod.gpu_milli)
+    u0 = (MILLI - free[np.arange(len(idx)), best].astype(np.float64)) / MILLI
     add = interp_many(curves, u0 + pod.gpu_milli / MILLI) - interp_many(curves, u0)
-    return np.where(fit.any(axis=1), add, 0.0)
+    return np.where(fits, add, 0.0)
 
 
 class GpuEnergy(_SleepAware):
@@ -245,15 +254,8 @@ class GpuEnergy(_SleepAware):
 
     def _inner(self, st, pod, idx):
         cap = _cpu_cap(st, idx)
-        cpu_w = interp_many(st.curves[idx], (st.nz_cpu[idx] + pod.nz_cpu) / cap) - \
-            interp_many(st.curves[idx], st.nz_cpu[idx] / cap)
-        dp = cpu_w + gpu_watts_added(st, pod, idx)
-        free = st.gpu_free[idx]
-        busy = (st.gpu_share_pods[idx] + st.gpu_whole_pods[idx]) > 0
-        if pod.gpu and pod.gpu_milli < MILLI:
-            tier = np.where(((free >= pod.gpu_milli) & (free < MILLI)).any(axis=1), 0, np.where(busy, 1, 2))
-        else:
-            tier = np.where(busy, 1, 2) if pod.gpu else np.zeros(len(idx), dtype=np.int64)
+        dp = power_increase(st, pod, idx) + gpu_watts_added(st, pod, idx)
+        tier = packing_tier(st, pod, idx) if pod.gpu else np.zeros(len(idx), dtype=np.int64)
         # Rounded so that equal increases on equal hardware tie and the packing keys decide.
         return {"PowerIncreaseW": np.round(dp, 6), "GpuPackingTier": tier.astype(np.float64),
                 "FreeGpuShare": (_free_gpu(st, idx) - pod.gpu_share_milli) / _gpu_cap(st, idx) * (st.alloc_gpu[idx] > 0),
@@ -261,7 +263,7 @@ class GpuEnergy(_SleepAware):
 
     def _wake_key(self, st, pod, idx):
         count = st.alloc_gpu[idx].astype(np.float64)
-        curves = np.asarray(st.gpu_curves[idx], dtype=np.float64) if st.has_gpus else np.zeros((len(idx), 11))
+        curves = st.gpu_curves[idx]  # zeros on a node without GPUs
         if pod.gpu:
             return (st.peak_watts[idx] + count * curves[:, 10]) / np.maximum(count, 1.0)
-        return (st.peak_watts[idx] + count * curves[:, 0]) / np.maximum(st.alloc_cpu[idx], 1) * 1000.0
+        return watts_per_core(st, idx) + count * curves[:, 0] / np.maximum(st.alloc_cpu[idx], 1) * 1000.0

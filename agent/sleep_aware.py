@@ -42,6 +42,14 @@ def watts_per_core(st: ClusterState, idx: np.ndarray) -> np.ndarray:
     return st.peak_watts[idx] / np.maximum(st.alloc_cpu[idx], 1) * 1000.0
 
 
+def power_increase(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+    """The CPU-side watts each candidate's curve rises by when ``pod``'s request joins its requests (PABFD's key:
+    utilisation is requests over allocatable, kube's non-zero requests)."""
+    cap = np.maximum(st.alloc_cpu[idx], 1).astype(np.float64)
+    curves = st.curves[idx]
+    return interp_many(curves, (st.nz_cpu[idx] + pod.nz_cpu) / cap) - interp_many(curves, st.nz_cpu[idx] / cap)
+
+
 def free_shares(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The CPU and memory shares of each candidate left free after placing ``pod`` (kube's non-zero requests,
     as MostAllocated reads them): best fit's keys."""
@@ -167,9 +175,6 @@ class PABFD(_SleepAware):
 
     def _inner(self, st, pod, idx):
         cap = np.maximum(st.alloc_cpu[idx], 1).astype(np.float64)
-        curves = st.curves[idx]
-        u0 = st.nz_cpu[idx] / cap
-        u1 = (st.nz_cpu[idx] + pod.nz_cpu) / cap
-        dp = interp_many(curves, u1) - interp_many(curves, u0)
         # Round away float noise so that equal increases tie (then best fit decides).
-        return {"PowerIncreaseW": np.round(dp, 9), "FreeCpuShare": (cap - st.nz_cpu[idx] - pod.nz_cpu) / cap}
+        return {"PowerIncreaseW": np.round(power_increase(st, pod, idx), 9),
+                "FreeCpuShare": (cap - st.nz_cpu[idx] - pod.nz_cpu) / cap}

@@ -285,21 +285,22 @@ class Twin:
         """Where the scenario sets ``gpu_runtime``: which jobs' run time follows their GPUs' speed
         (``_gscale``) and the factor each node applies (``_gfac``: reference / speed). ``_gscale`` is None
         otherwise, and every pod runs its duration."""
-        self._gscale: list[bool] | None = None
+        self._gscale: list[bool] | None = None  # lists for the hot path's scalar reads, arrays for the rest
         self._gfac: list[float] = []
         scales = gpu_runtime_scales(sc, wl)
         if scales is None:
             return
         rt = sc.gpu_runtime
-        self._gscale = scales.tolist()
-        self._gfac = [rt.reference / sc.nodes[g].speed for g in st.group.tolist()]
+        self._gscale_a = scales
+        self._gfac_a = np.array([rt.reference / sc.nodes[g].speed for g in st.group.tolist()])
+        self._gscale, self._gfac = scales.tolist(), self._gfac_a.tolist()
         self._gfast = self._fastest_factors(wl, st, scales)
 
     def _fastest_factors(self, wl: Workload, st: ClusterState, scales: np.ndarray) -> np.ndarray:
         """Per pod, the least runtime factor of any node whose GPUs could hold it (its model and GPU count; 1
         where nothing scales): a bound for every placement."""
         out = np.ones(len(wl))
-        fac = np.asarray(self._gfac)
+        fac = self._gfac_a
         rows = np.flatnonzero(scales)
         for spec, count in {(int(wl.gpu_spec[p]), int(wl.gpu[p])) for p in rows.tolist()}:
             models = wl.gpu_spec_table[spec]
@@ -320,8 +321,8 @@ class Twin:
         out = np.ones(len(pods))
         if self._gscale is None or not len(pods):
             return out
-        on = (np.asarray(self._gscale)[pods]) & (nodes >= 0)
-        out[on] = np.asarray(self._gfac)[nodes[on]]
+        on = self._gscale_a[pods] & (nodes >= 0)
+        out[on] = self._gfac_a[nodes[on]]
         return out
 
     def fastest_workload(self) -> Workload:
