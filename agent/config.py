@@ -70,9 +70,14 @@ class DQNConfig:
     n_step: int = 8
     """n-step returns: energy consequences of a placement (waking a node, keeping it awake) come late."""
     buffer_size: int = 60_000
-    """Replay capacity in transitions (float16 rows: about 160 MB at 22 nodes)."""
+    """Replay capacity in transitions."""
     replay_memory_mb: int = 512
-    """Cap on replay memory: with many nodes the capacity shrinks to fit (240 nodes: about 18,000 transitions)."""
+    """Cap on replay memory: the oldest transitions go when their states exceed it."""
+    compact_replay: bool = True
+    """Store and train on each state's distinct rows, each with the number of nodes it stands for (exact: the
+    networks read a row with its count as its copies). 1,523 OpenB nodes make about 35 rows, so full-size
+    clusters train as fast as small ones. False: every node a row and a capacity from the largest cluster, the
+    layout of the models trained before 2026-12-05 (their recipes reproduce with it)."""
     batch_size: int = 128
     learning_starts: int = 3_000
     """Transitions collected (with the heuristic-guided exploration) before the first update."""

@@ -66,11 +66,12 @@ class QNetwork(nn.Module):
         """A of rows ``cand`` of ``x`` (M, F): rows are scored independently."""
         return self.advantages(x[cand])
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None,
+                counts: torch.Tensor | None = None) -> torch.Tensor:
+        """Q of every row; ``counts`` (..., N): how many identical nodes each row stands for (None: one each)."""
         h = self.trunk(x)  # (B, N, H)
         a = self.adv(h).squeeze(-1)  # (B, N)
-        m = mask.to(h.dtype)
-        cnt = m.sum(-1, keepdim=True).clamp_min(1.0)
+        m, cnt = _feasible_weights(mask, counts, h.dtype)
         pooled = (h * m.unsqueeze(-1)).sum(-2) / cnt  # (B, H)
         ctx = x[..., 0, CONTEXT_SLICE]  # pod and context columns are the same on every row
         v = self.value(torch.cat((ctx, pooled), -1))  # (B, 1)
@@ -248,18 +249,31 @@ class SetQNetwork(nn.Module):
             self.__dict__["_folded_cache"] = (params, versions, f)
         return f
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None,
+                counts: torch.Tensor | None = None) -> torch.Tensor:
+        """Q of every row. ``counts`` (..., N): how many identical nodes each row stands for (None: one each);
+        a compacted state (:func:`compact_state`) then gives the Q values of the full one."""
         e = self.embed(x)
-        s = self._summaries(e, valid, None) if self.attention else None
+        logw = None if counts is None else torch.log(counts.clamp_min(1.0))
+        s = self._summaries(e, valid, logw) if self.attention else None
         h = self._heads(e, s)
         a = self.adv(h).squeeze(-1)
-        m = mask.to(h.dtype)
-        cnt = m.sum(-1, keepdim=True).clamp_min(1.0)
+        m, cnt = _feasible_weights(mask, counts, h.dtype)
         pooled = (h * m.unsqueeze(-1)).sum(-2) / cnt
         ctx = x[..., 0, self.n_features - self.n_context:]
         v = self.value(torch.cat((ctx, pooled), -1))
         a_mean = (a * m).sum(-1, keepdim=True) / cnt
         return (v + a - a_mean).masked_fill(~mask, NEG)
+
+
+def _feasible_weights(mask: torch.Tensor, counts: torch.Tensor | None, dtype: torch.dtype
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's weight in the dueling head's means over the feasible nodes (its node count where it is
+    feasible, else 0), and their sum (at least 1)."""
+    m = mask.to(dtype)
+    if counts is not None:
+        m = m * counts.to(dtype)
+    return m, m.sum(-1, keepdim=True).clamp_min(1.0)
 
 
 def _softmax_inplace(x: np.ndarray, axis: int) -> np.ndarray:
@@ -299,101 +313,175 @@ def make_network(cfg: DQNConfig) -> nn.Module:
 class ReplayBatch(NamedTuple):
     obs: torch.Tensor  # (B, N, F) float32
     mask: torch.Tensor  # (B, N) bool
-    actions: torch.Tensor  # (B,) int64
+    actions: torch.Tensor  # (B,) int64: rows of obs
     returns: torch.Tensor  # (B,) float32, the discounted n-step reward sum
-    next_obs: torch.Tensor
+    next_obs: torch.Tensor  # (B, N', F)
     next_mask: torch.Tensor
     discounts: torch.Tensor  # (B,) float32: prod of per-step gammas over the n steps; 0 when terminated
-    valid: torch.Tensor | None = None  # (B, N) bool: real nodes (not padding), for the attention
-    teacher: torch.Tensor | None = None  # (B,) int64: the teacher heuristic's choice in obs, -1 when none
+    valid: torch.Tensor | None = None  # (B, N) bool: real rows (not padding), for the attention
+    teacher: torch.Tensor | None = None  # (B,) int64: the teacher heuristic's choice (a row of obs), -1 when none
+    next_valid: torch.Tensor | None = None  # (B, N') bool; None: ``valid``
+    counts: torch.Tensor | None = None  # (B, N) float32: nodes each row stands for (0: padding); None: one each
+    next_counts: torch.Tensor | None = None
+
+
+#: Odd 64-bit multipliers of :func:`compact_state`'s row hash (fixed: the same rows hash alike in every process).
+_ROW_HASH = np.random.default_rng(0x6A6F756C).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
+
+
+def compact_state(rows: np.ndarray, mask: np.ndarray, dedup: bool = True
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One state as its distinct (row, feasible) pairs: ``(rows, mask, counts, inverse)``, rows in the order
+    of their first node, ``counts`` the nodes each stands for, ``inverse`` each node's row.
+
+    A cluster's empty nodes of one kind and power state have identical rows (1,523 OpenB nodes make about 35
+    distinct ones), and the networks read a row with its count exactly as its copies (:meth:`SetQNetwork.forward`),
+    so the replay stores and trains on these. ``dedup=False``: every node its own row (the layout before)."""
+    n, f = rows.shape
+    if not dedup or n < 2:
+        return rows, mask, np.ones(n, dtype=np.int32), np.arange(n)
+    key = np.empty((n, f + 1), dtype=np.uint16)
+    key[:, :f] = np.ascontiguousarray(rows, dtype=np.float16).view(np.uint16)
+    key[:, f] = mask
+    if f + 1 <= _ROW_HASH.size:  # a 64-bit hash per row, checked below: a collision falls back to the exact sort
+        _, first, inv = np.unique(key.astype(np.uint64) @ _ROW_HASH[:f + 1], return_index=True, return_inverse=True)
+    else:
+        first, inv = np.arange(0), np.arange(0)
+    if first.size == 0 or not np.array_equal(key[first[inv]], key):
+        _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    first, inv = first[order], rank[inv]
+    return rows[first], mask[first], np.bincount(inv, minlength=first.size).astype(np.int32), inv
+
+
+class Transitions(NamedTuple):
+    """One episode's n-step transitions as a rollout returns them: each of its ``T + 1`` states once, compacted
+    (:func:`compact_state`; state ``k`` is ``rows[offsets[k]:offsets[k + 1]]``), the step each n-step target
+    looks at (``next_index``), the actions and teacher's choices as node indices and as rows of their state."""
+
+    rows: np.ndarray  # (R, F) float16
+    row_mask: np.ndarray  # (R,) bool: the row's nodes are feasible
+    row_count: np.ndarray  # (R,) int32: the nodes a row stands for
+    offsets: np.ndarray  # (T + 2,) int64
+    actions: np.ndarray  # (T,) int64 node indices
+    action_rows: np.ndarray  # (T,) int64 rows of their state
+    returns: np.ndarray  # (T,) float32
+    discounts: np.ndarray  # (T,) float32
+    next_index: np.ndarray  # (T,) int64
+    teacher: np.ndarray  # (T,) int64 node indices, -1 none
+    teacher_rows: np.ndarray  # (T,) int64, -1 none
+
+    @property
+    def n_states(self) -> int:
+        return self.offsets.size - 1
+
+    def state(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """State ``k``'s (rows, mask, counts)."""
+        a, b = self.offsets[k], self.offsets[k + 1]
+        return self.rows[a:b], self.row_mask[a:b], self.row_count[a:b]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(getattr(self, f).nbytes) for f in self._fields)
 
 
 class ReplayBuffer:
-    """Circular storage of n-step transitions, observations as float16 (features are bounded in [-1, 4]).
+    """Circular storage of n-step transitions that point at their episode's states (:class:`Transitions`, kept
+    once, float16: features are bounded in [-1, 4]).
 
-    Besides the transition it keeps each one's node count (padding rows are not nodes: the attention must not
+    ``capacity`` transitions; with ``memory_bytes``, the oldest are dropped while the episodes they hold exceed
+    it. Besides the transition it keeps each state's row count (padding rows are not nodes: the attention must not
     read them) and the teacher heuristic's choice in its state (the margin loss, agent/train.py)."""
 
-    obs: np.ndarray
-    mask: np.ndarray
-    size: int
-    pos: int
-
-    def __init__(self, capacity: int, max_nodes: int, n_features: int = N_FEATURES) -> None:
-        if capacity < 1 or max_nodes < 1:
-            raise ValueError("capacity and max_nodes must be >= 1")
-        self.capacity, self.max_nodes = capacity, max_nodes
-        self.obs = np.zeros((capacity, max_nodes, n_features), dtype=np.float16)
-        self.next_obs = np.zeros_like(self.obs)
-        self.mask = np.zeros((capacity, max_nodes), dtype=bool)
-        self.next_mask = np.zeros_like(self.mask)
-        self.actions = np.zeros(capacity, dtype=np.int64)
-        self.returns = np.zeros(capacity, dtype=np.float32)
-        self.discounts = np.zeros(capacity, dtype=np.float32)
-        self.n_nodes = np.zeros(capacity, dtype=np.int32)
-        self.teacher = np.full(capacity, -1, dtype=np.int64)
+    def __init__(self, capacity: int, memory_bytes: int | None = None) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity, self.memory_bytes = capacity, memory_bytes
+        self.episode = np.full(capacity, -1, dtype=np.int64)
+        self.step = np.zeros(capacity, dtype=np.int64)
+        self.episodes: dict[int, Transitions] = {}
+        self._refs: dict[int, int] = {}
+        self.bytes = 0
         self.size = 0
-        self.pos = 0
+        self.pos = 0  # the next slot written
+        self._eid = 0
 
     @staticmethod
     def bytes_per_transition(max_nodes: int, n_features: int) -> int:
+        """Bytes of one transition of uncompacted ``max_nodes`` rows (the state and the next one's share)."""
         return 2 * max_nodes * (2 * n_features + 1) + 48
 
     def __len__(self) -> int:
         return self.size
 
-    def add(self, obs, mask, action, ret, next_obs, next_mask, discount, teacher: int = -1) -> None:
-        i = self.pos
-        n = obs.shape[0]
-        self.obs[i, :n] = obs
-        self.obs[i, n:] = 0
-        self.mask[i, :n] = mask
-        self.mask[i, n:] = False
-        self.next_obs[i, :n] = next_obs
-        self.next_obs[i, n:] = 0
-        self.next_mask[i, :n] = next_mask
-        self.next_mask[i, n:] = False
-        self.actions[i] = action
-        self.returns[i] = ret
-        self.discounts[i] = discount
-        self.n_nodes[i] = n
-        self.teacher[i] = teacher
-        self.pos = (i + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
+    def _release(self, slot: int) -> None:
+        eid = int(self.episode[slot])
+        if eid < 0:
+            return
+        self.episode[slot] = -1
+        self._refs[eid] -= 1
+        if self._refs[eid] == 0:
+            self.bytes -= self.episodes.pop(eid).nbytes
+            del self._refs[eid]
 
-    def add_many(self, t: "Transitions") -> None:
+    def add_many(self, t: Transitions) -> None:
         """Append an episode's transitions (rollout order)."""
-        obs, nxt = t.obs, t.next_index
-        for k in range(t.actions.size):
-            j = nxt[k]
-            terminal = j < 0
-            self.add(obs[k], t.mask[k], int(t.actions[k]), float(t.returns[k]),
-                     np.zeros_like(obs[k]) if terminal else obs[j],
-                     np.zeros_like(t.mask[k]) if terminal else t.mask[j], float(t.discounts[k]),
-                     int(t.teacher[k]))
+        n = int(t.actions.size)
+        if n == 0:
+            return
+        eid, self._eid = self._eid, self._eid + 1
+        self.episodes[eid], self._refs[eid] = t, 0
+        self.bytes += t.nbytes
+        for k in range(n):
+            i = self.pos
+            self._release(i)
+            self.episode[i], self.step[i] = eid, k
+            self._refs[eid] += 1
+            self.pos = (i + 1) % self.capacity
+            self.size = min(self.size + 1, self.capacity)
+        # Over the memory cap: drop the oldest transitions (their episodes go with the last of them).
+        while self.memory_bytes is not None and self.bytes > self.memory_bytes and self.size > 1:
+            self._release((self.pos - self.size) % self.capacity)
+            self.size -= 1
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> ReplayBatch:
-        idx = rng.integers(self.size, size=batch_size)
-        t = torch.from_numpy
-        n = int(self.n_nodes[idx].max())  # the batch's largest cluster: less padding to compute
-        valid = t(np.arange(n)[None, :] < self.n_nodes[idx][:, None])
-        return ReplayBatch(
-            t(self.obs[idx, :n].astype(np.float32)), t(self.mask[idx, :n]), t(self.actions[idx]),
-            t(self.returns[idx]), t(self.next_obs[idx, :n].astype(np.float32)), t(self.next_mask[idx, :n]),
-            t(self.discounts[idx]), valid, t(self.teacher[idx]))
+        r = rng.integers(self.size, size=batch_size)
+        slots = r if self.size == self.capacity else (self.pos - self.size + r) % self.capacity
+        states, nexts, act, ret, disc, teach = [], [], [], [], [], []
+        for i in slots:
+            t, k = self.episodes[int(self.episode[i])], int(self.step[i])
+            states.append(t.state(k))
+            nexts.append(t.state(int(t.next_index[k])))
+            act.append(t.action_rows[k])
+            ret.append(t.returns[k])
+            disc.append(t.discounts[k])
+            teach.append(t.teacher_rows[k])
+        obs, mask, valid, counts = _pad(states)
+        nobs, nmask, nvalid, ncounts = _pad(nexts)
+        uniform = all(int(c.max(initial=1)) == 1 for _, _, c in states + nexts)
+        tt = torch.from_numpy
+        return ReplayBatch(tt(obs), tt(mask), tt(np.asarray(act, dtype=np.int64)), tt(np.asarray(ret, np.float32)),
+                           tt(nobs), tt(nmask), tt(np.asarray(disc, np.float32)), tt(valid),
+                           tt(np.asarray(teach, dtype=np.int64)), tt(nvalid),
+                           None if uniform else tt(counts), None if uniform else tt(ncounts))
 
 
-class Transitions(NamedTuple):
-    """One episode's n-step transitions as a rollout returns them: each step's rows once (float16), the step
-    its n-step target looks at (``next_index``, -1: the episode ended), the teacher's choices."""
-
-    obs: np.ndarray  # (T, N, F) float16
-    mask: np.ndarray  # (T, N) bool
-    actions: np.ndarray  # (T,) int64
-    returns: np.ndarray  # (T,) float32
-    discounts: np.ndarray  # (T,) float32
-    next_index: np.ndarray  # (T,) int64
-    teacher: np.ndarray  # (T,) int64
+def _pad(states: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """States of different row counts as (B, N, F) float32 rows, masks, valid rows and counts (0 on padding)."""
+    n = max(r.shape[0] for r, _, _ in states)
+    f = states[0][0].shape[1]
+    obs = np.zeros((len(states), n, f), dtype=np.float32)
+    mask = np.zeros((len(states), n), dtype=bool)
+    counts = np.zeros((len(states), n), dtype=np.float32)
+    for b, (r, m, c) in enumerate(states):
+        obs[b, :r.shape[0]] = r
+        mask[b, :m.size] = m
+        counts[b, :c.size] = c
+    return obs, mask, counts > 0, counts
 
 
 def margin_loss(q: torch.Tensor, teacher: torch.Tensor, margin: float) -> torch.Tensor:
@@ -438,14 +526,15 @@ class DQN:
         """One gradient step of masked Double DQN with Huber loss, plus ``bc_weight`` times the margin loss
         toward the teacher's choices; returns the loss."""
         with torch.no_grad():
-            nv = b.valid  # the same cluster (a terminal next state is all zeros, and its value unused)
-            next_online = self.q(b.next_obs, b.next_mask, nv)
+            # (a terminal next state is all zeros, and its value unused)
+            nv = b.valid if b.next_valid is None else b.next_valid
+            next_online = self.q(b.next_obs, b.next_mask, nv, b.next_counts)
             best = next_online.argmax(-1, keepdim=True)
-            next_q = self.q_target(b.next_obs, b.next_mask, nv).gather(-1, best).squeeze(-1)
+            next_q = self.q_target(b.next_obs, b.next_mask, nv, b.next_counts).gather(-1, best).squeeze(-1)
             has_next = b.next_mask.any(-1)
             next_q = torch.where(has_next, next_q, torch.zeros_like(next_q))
             target = b.returns + b.discounts * next_q
-        q_all = self.q(b.obs, b.mask, b.valid)
+        q_all = self.q(b.obs, b.mask, b.valid, b.counts)
         q = q_all.gather(-1, b.actions.unsqueeze(-1)).squeeze(-1)
         loss = td_weight * F.huber_loss(q, target, delta=self.cfg.huber_delta)
         if bc_weight > 0 and b.teacher is not None:

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from joulesched.agent.config import AUTO_TEACHER, DQNConfig, RewardConfig
-from joulesched.agent.dqn import DQN, ReplayBuffer, Transitions, discount, limit_threads, make_network
+from joulesched.agent.dqn import (DQN, ReplayBuffer, Transitions, compact_state, discount, limit_threads,
+                                  make_network)
 from joulesched.agent.dqn_policy import DQNPolicy, make_predictor
 from joulesched.agent.env import SchedulingEnv, scale_load
 from joulesched.agent.features import NODE_FEATURES, n_features
@@ -244,7 +245,7 @@ def rollout(task: RolloutTask) -> RolloutResult:
 
     rows = obs["nodes"][:n]
     phi_s = phi(rows)
-    obs_l, mask_l, act, rew, dts, teach = [], [], [], [], [], []
+    obs_l, mask_l, cnt_l, inv_l, act, rew, dts, teach = [], [], [], [], [], [], [], []
     ep_return, terminated = 0.0, False
     while True:
         mask = obs["action_mask"][:n].astype(bool)
@@ -266,8 +267,7 @@ def rollout(task: RolloutTask) -> RolloutResult:
         else:
             feas = np.flatnonzero(mask)
             a = int(feas[0]) if feas.size == 1 else int(feas[int(torch.argmax(_score(net, rows, feas)))])
-        obs_l.append(rows.astype(np.float16))
-        mask_l.append(mask)
+        _keep_state(rows, mask, cfg.compact_replay, obs_l, mask_l, cnt_l, inv_l)
         act.append(a)
         teach.append(ta)
         obs, r, terminated, truncated, info = env.step(a)
@@ -279,8 +279,8 @@ def rollout(task: RolloutTask) -> RolloutResult:
         phi_s = phi_next
         if terminated or truncated:
             break
-    obs_l.append(rows.astype(np.float16))  # the state after the last step (all zeros when terminated)
-    mask_l.append(obs["action_mask"][:n].astype(bool))
+    # the state after the last step (all zeros when terminated)
+    _keep_state(rows, obs["action_mask"][:n].astype(bool), cfg.compact_replay, obs_l, mask_l, cnt_l, inv_l)
     t = len(act)
     r_arr, cum = np.asarray(rew), np.concatenate(([0.0], np.cumsum(dts)))
     returns = np.zeros(t, dtype=np.float32)
@@ -291,9 +291,23 @@ def rollout(task: RolloutTask) -> RolloutResult:
         returns[k] = float(np.dot(np.exp(-(cum[k:e] - cum[k]) / tau), r_arr[k:e]))
         nxt[k] = e
         discounts[k] = 0.0 if (terminated and e == t) else math.exp(-(cum[e] - cum[k]) / tau)
-    tr = Transitions(np.stack(obs_l), np.stack(mask_l), np.asarray(act, dtype=np.int64), returns, discounts, nxt,
-                     np.asarray(teach, dtype=np.int64))
+    actions, teachers = np.asarray(act, dtype=np.int64), np.asarray(teach, dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum([c.size for c in cnt_l]))).astype(np.int64)
+    tr = Transitions(np.concatenate(obs_l), np.concatenate(mask_l), np.concatenate(cnt_l), offsets, actions,
+                     np.asarray([inv_l[k][a] for k, a in enumerate(act)], dtype=np.int64), returns, discounts, nxt,
+                     teachers, np.asarray([inv_l[k][a] if a >= 0 else -1 for k, a in enumerate(teach)],
+                                          dtype=np.int64))
     return RolloutResult(tr, spec.label, ep_return, t, t_spec)
+
+
+def _keep_state(rows: np.ndarray, mask: np.ndarray, dedup: bool, obs_l: list, mask_l: list, cnt_l: list,
+                inv_l: list) -> None:
+    """Append one state, compacted (agent/dqn.py :func:`compact_state`), to a rollout's lists."""
+    r, m, c, inv = compact_state(rows.astype(np.float16), mask, dedup)
+    obs_l.append(r)
+    mask_l.append(m)
+    cnt_l.append(c)
+    inv_l.append(inv)
 
 
 # ---- executors -------------------------------------------------------------------------------------------------
@@ -442,11 +456,14 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
     cfg: DQNConfig = agent.cfg
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    nf = n_features(cfg.feature_schema)[0]
-    max_nodes = max([s.node_count for s in scenarios] + ([cfg.randomize_max_nodes] if cfg.randomize > 0 else []))
-    per = ReplayBuffer.bytes_per_transition(max_nodes, nf)
-    capacity = max(cfg.batch_size, min(cfg.buffer_size, cfg.replay_memory_mb * 2**20 // per))
-    buffer = ReplayBuffer(capacity, max_nodes, nf)
+    if cfg.compact_replay:  # states of any size: the cap is on the bytes held
+        buffer = ReplayBuffer(cfg.buffer_size, memory_bytes=cfg.replay_memory_mb * 2**20)
+    else:  # every node a row: the capacity the largest cluster's rows fit in (the layout before compaction)
+        nf = n_features(cfg.feature_schema)[0]
+        max_nodes = max([s.node_count for s in scenarios]
+                        + ([cfg.randomize_max_nodes] if cfg.randomize > 0 else []))
+        per = ReplayBuffer.bytes_per_transition(max_nodes, nf)
+        buffer = ReplayBuffer(max(cfg.batch_size, min(cfg.buffer_size, cfg.replay_memory_mb * 2**20 // per)))
     eps_start = min(cfg.eps_start, 0.2) if resumed else cfg.eps_start
     learning_starts = min(cfg.learning_starts, 1_000) if resumed else cfg.learning_starts
     log = TrainLog()

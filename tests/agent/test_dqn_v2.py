@@ -233,10 +233,11 @@ def test_rollouts_record_feasible_actions_and_the_teachers_choices():
     res = rollout(RolloutTask(spec, cfg, RewardConfig(), {k: v.clone() for k, v in agent.q.state_dict().items()},
                               0.5))
     tr = res.transitions
-    assert res.steps == 150 and tr.obs.shape[0] == 151
-    assert all(tr.mask[k, a] for k, a in enumerate(tr.actions))
-    assert all(tr.mask[k, t] for k, t in enumerate(tr.teacher))
+    assert res.steps == 150 and tr.n_states == 151
+    assert all(tr.state(k)[1][r] for k, r in enumerate(tr.action_rows))
+    assert all(tr.state(k)[1][r] for k, r in enumerate(tr.teacher_rows))
     assert (tr.next_index > np.arange(150)).all() and (tr.next_index <= 150).all()
+    assert all(int(tr.state(k)[2].sum()) == sc.node_count for k in range(tr.n_states))  # rows stand for every node
 
 
 def _tiny_run(executor) -> dict[str, torch.Tensor]:
