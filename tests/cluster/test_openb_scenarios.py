@@ -26,7 +26,7 @@ def test_openb_three_days_is_the_real_cluster():
 
 def test_the_evaluation_window_is_the_real_tail_and_no_training_window_touches_an_evaluating_one():
     """Issue 27: pods from trace second 12,000,000 on evaluate and are never trained on; the OpenB training
-    windows (scenarios/openb/mini) also stay clear of openb-3days and the schema-3 held-out window."""
+    windows (scenarios/openb/mini, and at full size scenarios/openb/full) also stay clear of openb-3days and the schema-3 held-out window."""
     import importlib.util
 
     sc = load_scenario(SCENARIOS_DIR / "openb" / "openb-eval.yaml")
@@ -40,6 +40,11 @@ def test_the_evaluation_window_is_the_real_tail_and_no_training_window_touches_a
         end = start + mini.DAYS3
         assert all(end <= a or start >= b for a, b in evaluating), name
         assert (SCENARIOS_DIR / "openb" / "mini" / f"openb-mini-{name}.yaml").exists(), name
+        full = load_scenario(SCENARIOS_DIR / "openb" / "full" / f"openb-full-{name}.yaml")  # the same days at full size
+        assert full.node_count == 1523 and full.duration_s == mini.DAYS3
+        rows = {r.split(",")[7]: r for r in (SCENARIOS_DIR / "openb" / "full" / f"{name}.pods.csv").read_text().split()}
+        mini_rows = (SCENARIOS_DIR / "openb" / "mini" / f"{name}.pods.csv").read_text().split()
+        assert len(rows) > 2 * len(mini_rows) and all(rows[r.split(",")[7]] == r for r in mini_rows), name
 
 
 def test_the_fitted_openb_scenarios_draw_from_the_training_days_only():
