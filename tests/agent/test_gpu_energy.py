@@ -86,19 +86,22 @@ def test_an_awake_node_that_fits_is_used_before_waking_a_cheaper_one():
 def test_the_ablation_gpu_arms_train_schema_3_taught_by_each_gpu_heuristic():
     from pathlib import Path
 
-    from bench.dqn_ablation import ARMS, DEFAULT_ARMS, GPU_ARMS, train_command
+    from bench.dqn_ablation import ARMS, DEFAULT_ARMS, GPU_ARMS, GPU_FULL_ARMS, train_command
     from joulesched.agent.config import TrainConfig, with_overrides
     from joulesched.cluster.scenario import load_scenario
 
-    assert not set(GPU_ARMS) & set(DEFAULT_ARMS) and set(GPU_ARMS) <= set(ARMS)
-    teachers = set()
-    for arm, (_, sets) in GPU_ARMS.items():
-        cfg = with_overrides(TrainConfig(), list(sets)).dqn
-        assert cfg.feature_schema == 3
-        make_policy(cfg.teacher)  # the spec builds
-        teachers.add(cfg.teacher)
-        cmd = train_command(arm, 0, 100, Path("m.pt"))
-        files = [cmd[k + 1] for k, x in enumerate(cmd) if x == "-s"]
-        assert any(load_scenario(f).node_count > 100 and "openb-mini" in f for f in files)
-        assert not any("openb-eval" in f or "heldout" in f for f in files)  # never the evaluation's windows
-    assert teachers == {"gpu-packing", "gpu-energy"}
+    for arms, kind, nodes, compact in ((GPU_ARMS, "openb-mini", 164, False), (GPU_FULL_ARMS, "openb-full", 1523, True)):
+        assert not set(arms) & set(DEFAULT_ARMS) and set(arms) <= set(ARMS)
+        teachers = set()
+        for arm, (_, sets) in arms.items():
+            cfg = with_overrides(TrainConfig(), list(sets)).dqn
+            assert cfg.feature_schema == 3
+            # the arms measured before compaction keep the layout they were measured with
+            assert cfg.compact_replay is compact
+            make_policy(cfg.teacher)  # the spec builds
+            teachers.add(cfg.teacher)
+            cmd = train_command(arm, 0, 100, Path("m.pt"))
+            files = [cmd[k + 1] for k, x in enumerate(cmd) if x == "-s"]
+            assert any(load_scenario(f).node_count == nodes and kind in f for f in files)
+            assert not any("openb-eval" in f or "heldout" in f for f in files)  # never the evaluation's windows
+        assert teachers == {"gpu-packing", "gpu-energy"}

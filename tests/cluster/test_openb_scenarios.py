@@ -26,7 +26,8 @@ def test_openb_three_days_is_the_real_cluster():
 
 def test_the_evaluation_window_is_the_real_tail_and_no_training_window_touches_an_evaluating_one():
     """Issue 27: pods from trace second 12,000,000 on evaluate and are never trained on; the OpenB training
-    windows (scenarios/openb/mini, and at full size scenarios/openb/full) also stay clear of openb-3days and the schema-3 held-out window."""
+    windows (scenarios/openb/mini, and at full size scenarios/openb/full) also stay clear of openb-3days and the
+    schema-3 held-out window."""
     import importlib.util
 
     sc = load_scenario(SCENARIOS_DIR / "openb" / "openb-eval.yaml")
