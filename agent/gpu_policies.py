@@ -186,8 +186,8 @@ class FGD(_SleepAware):
 
     name = "fgd"
 
-    def __init__(self, headroom: str | float = "1") -> None:
-        super().__init__(headroom)
+    def __init__(self, headroom: str | float = "1", empty: str = "awake") -> None:
+        super().__init__(headroom, empty)
         self.seen: Counter = Counter()
 
     def reset(self, state: ClusterState, rng: np.random.Generator) -> None:

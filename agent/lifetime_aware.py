@@ -58,6 +58,7 @@ class LifetimeAware(_SleepAware):
     efficient sleeping node only when none fits.
 
     :param headroom: as awake-first's (0 < h <= 1, default 1).
+    :param empty: ``awake`` or ``asleep``, how an awake node without pods ranks (agent/sleep_aware.py).
     :param prediction: 0 drops the predictor (then the policy is awake-first:fit=efficient, the ablation).
     :param horizon_s: the predictor's load horizon (as the DQN's ``prediction_horizon_s``).
     :param fit_classes: how coarse the best fit is before co-location by predicted end decides (1-1000).
@@ -68,8 +69,8 @@ class LifetimeAware(_SleepAware):
     uses_meta = True
 
     def __init__(self, headroom: str | float = "1", prediction: str = "1", horizon_s: str | float = "600",
-                 fit_classes: str | int = "8") -> None:
-        super().__init__(headroom)
+                 fit_classes: str | int = "8", empty: str = "awake") -> None:
+        super().__init__(headroom, empty)
         self.fit_classes = _int_opt(self.name, "fit_classes", str(fit_classes), 1, 1000)
         h = _float_opt(self.name, "horizon_s", str(horizon_s), 0.0, float("inf"))
         use = _int_opt(self.name, "prediction", str(prediction), 0, 1)

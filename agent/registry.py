@@ -209,9 +209,11 @@ BASELINES: list[str] = [e.name for e in BUILTIN if e.family not in NOT_BASELINE_
 HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in HEURISTIC_FAMILIES)
 UPSTREAM_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family in UPSTREAM_FAMILIES)
 SLEEP_AWARE_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "sleep-aware")
-#: Option variants that the headroom table found strongest (docs/PERFORMANCE.md): every comparison that claims
-#: "the best heuristic" runs them too, so they are in :data:`DEFAULT_POLICIES`.
-HEURISTIC_VARIANTS: tuple[str, ...] = ("awake-first:fit=efficient",)
+#: Option variants found strongest (docs/PERFORMANCE.md: the headroom table; "Empty nodes ranked as sleeping
+#: ones"): every comparison that claims "the best heuristic" runs them too, so the CPU ones are in
+#: :data:`DEFAULT_POLICIES` (the GPU one runs where the GPU heuristics do, by name on GPU scenarios).
+HEURISTIC_VARIANTS: tuple[str, ...] = ("awake-first:fit=efficient", "pabfd:empty=asleep", "lifetime-aware:empty=asleep",
+                                       "gpu-energy:empty=asleep")
 #: The policies "the best heuristic" is the best of: every built-in heuristic and every variant.
 BEST_HEURISTIC_CANDIDATES: tuple[str, ...] = tuple(dict.fromkeys((*HEURISTICS, *HEURISTIC_VARIANTS)))
 #: The one default policy set: every baseline, then every variant. ``benchmark``, ``sweep`` (a grid without
@@ -221,7 +223,8 @@ BEST_HEURISTIC_CANDIDATES: tuple[str, ...] = tuple(dict.fromkeys((*HEURISTICS, *
 #: would only repeat as CPU best fit.
 GPU_POLICIES: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "gpu-aware")
 DEFAULT_POLICIES: tuple[str, ...] = tuple(dict.fromkeys((*(b for b in BASELINES if b not in GPU_POLICIES),
-                                                          *HEURISTIC_VARIANTS)))
+                                                          *(v for v in HEURISTIC_VARIANTS
+                                                            if parse_spec(v)[0] not in GPU_POLICIES))))
 
 
 def family_of(spec: str) -> str:

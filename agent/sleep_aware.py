@@ -37,6 +37,18 @@ def _headroom(name: str, value: str | float) -> float:
     return h
 
 
+#: What an awake node without pods is ranked as (option ``empty``): ``awake``, a candidate of the awake tier by the
+#: policy's own keys; or ``asleep``, with the sleeping nodes by the wake key (before a sleeping node of the same
+#: key): an empty node is about to sleep, so keeping it awake for a pod is a choice of which node to wake.
+EMPTY_RANKS = ("awake", "asleep")
+
+
+def _empty(name: str, value: str) -> str:
+    if value not in EMPTY_RANKS:
+        raise PolicyError(f"policy {name!r}: option empty={value!r} is not one of {', '.join(EMPTY_RANKS)}")
+    return value
+
+
 def watts_per_core(st: ClusterState, idx: np.ndarray) -> np.ndarray:
     """Watts per core at full load, the efficiency a sleeping node is woken by (lower is better)."""
     return st.peak_watts[idx] / np.maximum(st.alloc_cpu[idx], 1) * 1000.0
@@ -72,14 +84,17 @@ def _rank(keys: list[np.ndarray]) -> np.ndarray:
 
 class _SleepAware:
     """Shared frame: tiers (awake within headroom, then sleeping, then awake past headroom), a per-policy key
-    inside the tier, the generator for exact ties. :meth:`node_scores` shows the tier and the keys."""
+    inside the tier, the generator for exact ties. :meth:`node_scores` shows the tier and the keys. Every
+    sleep- and GPU-aware policy takes ``headroom`` and ``empty`` (:data:`EMPTY_RANKS`: ``empty=asleep`` ranks an
+    awake node without pods with the sleeping ones, by the wake key)."""
 
     name = "sleep-aware"
     #: What :meth:`_wake_key` measures, as the scores show it.
     wake_label = "WattsPerCore"
 
-    def __init__(self, headroom: str | float = "1") -> None:
+    def __init__(self, headroom: str | float = "1", empty: str = "awake") -> None:
         self.headroom = _headroom(self.name, headroom)
+        self.empty = _empty(self.name, empty)
         self.rng = np.random.default_rng(0)
 
     @property
@@ -98,7 +113,9 @@ class _SleepAware:
         return watts_per_core(st, idx)
 
     def _keys(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> tuple[list[np.ndarray], dict]:
-        asleep = st.power_state[idx] == ASLEEP
+        sleeping = st.power_state[idx] == ASLEEP
+        # ``empty=asleep``: an awake node without pods is ranked with the sleeping ones.
+        asleep = sleeping | (st.pods[idx] == 0) if self.empty == "asleep" else sleeping
         fits = st.req_cpu[idx] + pod.filter_cpu <= self.headroom * st.alloc_cpu[idx]
         # Tier 0: awake (on or waking) within the headroom; 1: asleep (woken only when tier 0 is empty);
         # 2: awake past the headroom, the last resort before leaving a placeable pod unplaced.
@@ -106,10 +123,13 @@ class _SleepAware:
         inner = self._inner(st, pod, idx)
         wpc = self._wake_key(st, pod, idx)
         keys = [tier.astype(np.float64)]
-        # Inside the awake tiers the policy's own keys decide; inside the sleeping tier efficiency, then size.
+        # Inside the awake tiers the policy's own keys decide; inside the sleeping tier efficiency, then (an
+        # empty awake node before a sleeping one) size.
         for v in inner.values():
             keys.append(np.where(asleep, 0.0, v))
         keys.append(np.where(asleep, wpc, 0.0))
+        if self.empty == "asleep":
+            keys.append(np.where(asleep, sleeping.astype(np.float64), 0.0))
         keys.append(np.where(asleep, -st.alloc_cpu[idx].astype(np.float64), 0.0))
         shown = {"Tier": tier, **inner, self.wake_label: wpc}
         return keys, shown
@@ -121,8 +141,9 @@ class _SleepAware:
         plugins = {k: (-1.0, np.asarray(v, dtype=np.float64)) for k, v in shown.items()}
         plugins["AllocatableCpu"] = (1.0, st.alloc_cpu[idx].astype(np.float64))
         inner = [k for k in shown if k not in ("Tier", self.wake_label)]
-        note = (f"Tier first (0 awake, 1 asleep, 2 awake past the headroom); then awake nodes by {', '.join(inner)} "
-                f"and sleeping ones by {self.wake_label}, then AllocatableCpu")
+        asleep = "asleep or empty" if self.empty == "asleep" else "asleep"
+        note = (f"Tier first (0 awake, 1 {asleep}, 2 awake past the headroom); then awake nodes by {', '.join(inner)} "
+                f"and tier 1 by {self.wake_label}, then AllocatableCpu")
         return NodeScores(idx, plugins, total, rule="lexicographic", note=note)
 
     def choose(self, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:
@@ -146,11 +167,11 @@ class AwakeFirst(_SleepAware):
 
     name = "awake-first"
 
-    def __init__(self, fit: str = "tightest", headroom: str | float = "1") -> None:
+    def __init__(self, fit: str = "tightest", headroom: str | float = "1", empty: str = "awake") -> None:
         if fit not in FIT_ORDERS:
             raise PolicyError(f"policy {self.name!r}: option fit={fit!r} is not a fit order; use "
                               f"{' or '.join(FIT_ORDERS)}")
-        super().__init__(headroom)
+        super().__init__(headroom, empty)
         self.fit = fit
 
     def _inner(self, st, pod, idx):

@@ -196,7 +196,11 @@ def fig_energy_vs(doc: Results, colors: dict[str, str], key: str, label: str, sc
     summ, policies = doc.summary, doc.policies
     ref = _reference(policies)
     names = list(summ)
-    fig, axes = _panels(len(names), 2.7, 2.3, 2.6, 0.8)
+    # The legend (a line per policy, outside on the right) sets the least height: a few panels of many
+    # policies would otherwise push it over the x label.
+    legend_h = 0.19 * (len(policies) + 2) + 0.9
+    panels_h = 2.3 * _grid(len(names))[0]
+    fig, axes = _panels(len(names), 2.7, 2.3, 2.6, max(0.8, legend_h - panels_h))
     for ax, n in zip(axes.flat, names):
         rows = summ[n].policies
         vals = _ratios_to_reference(doc, n)

@@ -159,3 +159,29 @@ def test_malformed_options_exit_2_in_the_cli(tmp_path):
                                  "--out", str(out)])
     assert r.exit_code == 2 and "headroom" in r.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("spec", ["pabfd", "awake-first:fit=efficient", "lifetime-aware", "gpu-energy"])
+def test_empty_asleep_wakes_by_efficiency_rather_than_keep_an_empty_inefficient_node(spec):
+    # n0: busy and full; n1: awake, empty, 50 W per core (100-200 W on 4 cores); n2: asleep, 25 W per core.
+    big = [50.0 + 15.0 * k for k in range(11)]  # 200 W at 8 cores
+    st = cluster([4000, 4000, 8000], [LINEAR, LINEAR, big], asleep=[2])
+    st.bind(0, PodRequest(3000, 100), key="a")
+    st.bind(0, PodRequest(1000, 100), key="b")
+    pod = PodRequest(1000, 100)
+    empty = f"{spec}{',' if ':' in spec else ':'}empty=asleep"
+    assert pick(spec, st, pod) == 1  # by default an awake node is kept before any sleeping one is woken
+    assert pick(empty, st, pod) == 2  # empty=asleep: waking's choice, the efficient node
+    # A node with pods stays first, and an empty awake node goes before a sleeping node just like it.
+    st.unbind(0, PodRequest(1000, 100), key="b")
+    assert pick(empty, st, pod) == 0
+    same = cluster([4000, 4000, 4000], asleep=[2])
+    same.bind(0, PodRequest(4000, 100))
+    assert pick(empty, same, pod) == 1
+
+
+def test_empty_must_be_awake_or_asleep():
+    with pytest.raises(PolicyError, match="empty='sleep' is not one of awake, asleep"):
+        make_policy("pabfd:empty=sleep")
+    assert "asleep or empty" in make_policy("gpu-energy:empty=asleep").node_scores(
+        cluster([4000, 4000]), PodRequest(100, 100), np.arange(2)).note
