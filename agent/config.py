@@ -27,8 +27,9 @@ LIMITS = {"hidden": 4096, "batch_size": 65_536, "buffer_size": 10_000_000, "repl
           "randomize_max_nodes": 5_000, "episodes_per_round": 1_024, "pretrain_episodes": 10_000}
 #: What ``teacher: auto`` means, per kind of cluster (the best heuristics of the headroom table).
 AUTO_TEACHER = {"sleep": "awake-first:fit=efficient", "always_on": "pabfd",
-                # a cluster with GPUs (schema 3's training): the heuristic that knows GPU power, the best GPU
-                # heuristic on every OpenB window (docs/dqn.md, "A heuristic that knows GPU power")
+                # a cluster with GPUs (schema 3's training): the heuristic that knows GPU power (docs/dqn.md, "A
+                # heuristic that knows GPU power"); its empty=asleep variant, now the best on the OpenB windows,
+                # taught no better model ("What the models knew"), so the documented recipes keep this one
                 "gpu": "gpu-energy"}
 
 
