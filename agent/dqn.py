@@ -336,7 +336,10 @@ def compact_state(rows: np.ndarray, mask: np.ndarray, dedup: bool = True
 
     A cluster's empty nodes of one kind and power state have identical rows (1,523 OpenB nodes make about 35
     distinct ones), and the networks read a row with its count exactly as its copies (:meth:`SetQNetwork.forward`),
-    so the replay stores and trains on these. ``dedup=False``: every node its own row (the layout before)."""
+    so the replay stores and trains on these. Keyed on the rows themselves, not on
+    :attr:`FeatureBuilder.node_class` (which the decision path uses to skip empty twins): what is merged is then
+    exactly what is stored, busy nodes with equal rows included. ``dedup=False``: every node its own row (the
+    layout before)."""
     n, f = rows.shape
     if not dedup or n < 2:
         return rows, mask, np.ones(n, dtype=np.int32), np.arange(n)

@@ -245,7 +245,7 @@ def rollout(task: RolloutTask) -> RolloutResult:
 
     rows = obs["nodes"][:n]
     phi_s = phi(rows)
-    obs_l, mask_l, cnt_l, inv_l, act, rew, dts, teach = [], [], [], [], [], [], [], []
+    obs_l, mask_l, cnt_l, act, act_rows, rew, dts, teach, teach_rows = [], [], [], [], [], [], [], [], []
     ep_return, terminated = 0.0, False
     while True:
         mask = obs["action_mask"][:n].astype(bool)
@@ -267,9 +267,11 @@ def rollout(task: RolloutTask) -> RolloutResult:
         else:
             feas = np.flatnonzero(mask)
             a = int(feas[0]) if feas.size == 1 else int(feas[int(torch.argmax(_score(net, rows, feas)))])
-        _keep_state(rows, mask, cfg.compact_replay, obs_l, mask_l, cnt_l, inv_l)
+        inv = _keep_state(rows, mask, cfg.compact_replay, obs_l, mask_l, cnt_l)
         act.append(a)
+        act_rows.append(int(inv[a]))
         teach.append(ta)
+        teach_rows.append(int(inv[ta]) if ta >= 0 else -1)
         obs, r, terminated, truncated, info = env.step(a)
         ep_return += r
         rows = obs["nodes"][:n]
@@ -280,7 +282,7 @@ def rollout(task: RolloutTask) -> RolloutResult:
         if terminated or truncated:
             break
     # the state after the last step (all zeros when terminated)
-    _keep_state(rows, obs["action_mask"][:n].astype(bool), cfg.compact_replay, obs_l, mask_l, cnt_l, inv_l)
+    _keep_state(rows, obs["action_mask"][:n].astype(bool), cfg.compact_replay, obs_l, mask_l, cnt_l)
     t = len(act)
     r_arr, cum = np.asarray(rew), np.concatenate(([0.0], np.cumsum(dts)))
     returns = np.zeros(t, dtype=np.float32)
@@ -291,23 +293,22 @@ def rollout(task: RolloutTask) -> RolloutResult:
         returns[k] = float(np.dot(np.exp(-(cum[k:e] - cum[k]) / tau), r_arr[k:e]))
         nxt[k] = e
         discounts[k] = 0.0 if (terminated and e == t) else math.exp(-(cum[e] - cum[k]) / tau)
-    actions, teachers = np.asarray(act, dtype=np.int64), np.asarray(teach, dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum([c.size for c in cnt_l]))).astype(np.int64)
-    tr = Transitions(np.concatenate(obs_l), np.concatenate(mask_l), np.concatenate(cnt_l), offsets, actions,
-                     np.asarray([inv_l[k][a] for k, a in enumerate(act)], dtype=np.int64), returns, discounts, nxt,
-                     teachers, np.asarray([inv_l[k][a] if a >= 0 else -1 for k, a in enumerate(teach)],
-                                          dtype=np.int64))
+    i64 = np.int64
+    tr = Transitions(np.concatenate(obs_l), np.concatenate(mask_l), np.concatenate(cnt_l), offsets,
+                     np.asarray(act, dtype=i64), np.asarray(act_rows, dtype=i64), returns, discounts, nxt,
+                     np.asarray(teach, dtype=i64), np.asarray(teach_rows, dtype=i64))
     return RolloutResult(tr, spec.label, ep_return, t, t_spec)
 
 
-def _keep_state(rows: np.ndarray, mask: np.ndarray, dedup: bool, obs_l: list, mask_l: list, cnt_l: list,
-                inv_l: list) -> None:
-    """Append one state, compacted (agent/dqn.py :func:`compact_state`), to a rollout's lists."""
+def _keep_state(rows: np.ndarray, mask: np.ndarray, dedup: bool, obs_l: list, mask_l: list,
+                cnt_l: list) -> np.ndarray:
+    """Append one state, compacted (agent/dqn.py :func:`compact_state`), to a rollout's lists; each node's row."""
     r, m, c, inv = compact_state(rows.astype(np.float16), mask, dedup)
     obs_l.append(r)
     mask_l.append(m)
     cnt_l.append(c)
-    inv_l.append(inv)
+    return inv
 
 
 # ---- executors -------------------------------------------------------------------------------------------------
