@@ -29,6 +29,7 @@ import math
 import numpy as np
 from numba import njit
 
+from joulesched.core.signals import held_signals
 from joulesched.cluster.state import ASLEEP as _ASLEEP  # module globals: constants in a compiled loop
 from joulesched.cluster.state import WAKING as _WAKING
 
@@ -291,6 +292,12 @@ def warm() -> None:
     global _warm
     if _warm:
         return
+    with held_signals():  # a Ctrl-C mid-compile would be lost in numba's callbacks (core/signals.py)
+        _compile_all()
+    _warm = True
+
+
+def _compile_all() -> None:
     n = 3
     mask = np.ones(n, dtype=np.bool_)
     ps = np.zeros(n, dtype=np.int8)
@@ -304,7 +311,6 @@ def warm() -> None:
     advance_view(1.0, n, f64.copy(), i64 - 1, f64, i64 - 1, np.full(n, -np.inf), np.zeros(n, dtype=np.bool_),
                  np.full(n, -np.inf), np.ones((n, 4)), np.full(n, -np.inf), np.zeros(n), 600.0, f64, 2.0)
     empty_groups(i64 - 1, np.zeros(n, dtype=np.int64), ps, mask)
-    _warm = True
 
 
 @njit(cache=False, nogil=True)
