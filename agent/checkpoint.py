@@ -131,8 +131,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise PolicyError(f"{path}: its feature columns are not schema {schema}'s; re-train with "
                           f"`joulesched train --model {path} --overwrite`")
     try:
-        # Schema-1 files predate the schema knob: the file's schema is the truth.
-        cfg = DQNConfig.from_dict({**(meta.get("config") or {}), "feature_schema": schema})
+        # Schema-1 files predate the schema knob: the file's schema is the truth. A model saved before the replay
+        # kept compacted states trained on the old layout, and --resume goes on with it.
+        cfg = DQNConfig.from_dict({"compact_replay": False, **(meta.get("config") or {}), "feature_schema": schema})
     except (TypeError, ValueError) as e:
         raise PolicyError(f"{path}: bad hyperparameters in model metadata ({e})") from None
     ckpt = Checkpoint(cfg, meta, tensors)

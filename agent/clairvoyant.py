@@ -62,8 +62,8 @@ class Clairvoyant(LifetimeAware):
     reads_twin = True
 
     def __init__(self, headroom: str | float = "1", fit_classes: str | int = "1", r2: str | float = "1",
-                 seed: str | int = "0", extend: str = "median") -> None:
-        super().__init__(headroom, prediction="0", fit_classes=fit_classes)
+                 seed: str | int = "0", extend: str = "median", empty: str = "awake") -> None:
+        super().__init__(headroom, prediction="0", fit_classes=fit_classes, empty=empty)
         self.r2 = _float_opt(self.name, "r2", str(r2), 0.0, 1.0, closed=True)
         self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)
         if extend not in EXTENDS:

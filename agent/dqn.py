@@ -440,9 +440,9 @@ class ReplayBuffer:
         self.bytes += t.nbytes
         for k in range(n):
             i = self.pos
+            self._refs[eid] += 1  # before the release: the slot may hold this episode's own first steps
             self._release(i)
             self.episode[i], self.step[i] = eid, k
-            self._refs[eid] += 1
             self.pos = (i + 1) % self.capacity
             self.size = min(self.size + 1, self.capacity)
         # Over the memory cap: drop the oldest transitions (their episodes go with the last of them).
@@ -487,15 +487,21 @@ def _pad(states: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     return obs, mask, counts > 0, counts
 
 
-def margin_loss(q: torch.Tensor, teacher: torch.Tensor, margin: float) -> torch.Tensor:
+def margin_loss(q: torch.Tensor, teacher: torch.Tensor, margin: float,
+                counts: torch.Tensor | None = None) -> torch.Tensor:
     """DQfD's large-margin loss (Hester et al., AAAI 2018): ``max_a [Q(s, a) + margin 1(a != a_T)] - Q(s, a_T)``
-    over the feasible actions (``q`` holds -1e9 elsewhere), averaged over rows with a teacher action."""
+    over the feasible actions (``q`` holds -1e9 elsewhere), averaged over rows with a teacher action.
+
+    With ``counts`` (compacted states: a row stands for that many identical nodes) the teacher's row keeps the
+    margin when it stands for more than one node: its other nodes are actions other than the teacher's, with
+    the same Q, as they were when each node had its own row."""
     has = teacher >= 0
     if not bool(has.any()):
         return q.sum() * 0.0
-    q, t = q[has], teacher[has]
-    q_t = q.gather(-1, t.unsqueeze(-1)).squeeze(-1)
-    bonus = torch.full_like(q, margin).scatter(-1, t.unsqueeze(-1), 0.0)
+    q, t = q[has], teacher[has].unsqueeze(-1)
+    q_t = q.gather(-1, t).squeeze(-1)
+    own = torch.zeros_like(q_t) if counts is None else margin * (counts[has].gather(-1, t).squeeze(-1) > 1).to(q.dtype)
+    bonus = torch.full_like(q, margin).scatter(-1, t, own.unsqueeze(-1))
     return ((q + bonus).max(-1).values - q_t).mean()
 
 
@@ -541,7 +547,7 @@ class DQN:
         q = q_all.gather(-1, b.actions.unsqueeze(-1)).squeeze(-1)
         loss = td_weight * F.huber_loss(q, target, delta=self.cfg.huber_delta)
         if bc_weight > 0 and b.teacher is not None:
-            loss = loss + bc_weight * margin_loss(q_all, b.teacher, self.cfg.bc_margin)
+            loss = loss + bc_weight * margin_loss(q_all, b.teacher, self.cfg.bc_margin, b.counts)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm)

@@ -39,7 +39,8 @@ def _headroom(name: str, value: str | float) -> float:
 
 #: What an awake node without pods is ranked as (option ``empty``): ``awake``, a candidate of the awake tier by the
 #: policy's own keys; or ``asleep``, with the sleeping nodes by the wake key (before a sleeping node of the same
-#: key): an empty node is about to sleep, so keeping it awake for a pod is a choice of which node to wake.
+#: key): an empty node is about to sleep, so keeping it awake for a pod is a choice of which node to wake. Only a
+#: node that would sleep (``ClusterState.may_sleep``: not protected, in a cluster that sleeps) is ranked so.
 EMPTY_RANKS = ("awake", "asleep")
 
 
@@ -114,8 +115,9 @@ class _SleepAware:
 
     def _keys(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> tuple[list[np.ndarray], dict]:
         sleeping = st.power_state[idx] == ASLEEP
-        # ``empty=asleep``: an awake node without pods is ranked with the sleeping ones.
-        asleep = sleeping | (st.pods[idx] == 0) if self.empty == "asleep" else sleeping
+        # ``empty=asleep``: an awake node without pods is ranked with the sleeping ones, where it would sleep (not
+        # a protected node, nor any node of a cluster that never sleeps).
+        asleep = sleeping | ((st.pods[idx] == 0) & st.may_sleep[idx]) if self.empty == "asleep" else sleeping
         fits = st.req_cpu[idx] + pod.filter_cpu <= self.headroom * st.alloc_cpu[idx]
         # Tier 0: awake (on or waking) within the headroom; 1: asleep (woken only when tier 0 is empty);
         # 2: awake past the headroom, the last resort before leaving a placeable pod unplaced.
@@ -142,8 +144,9 @@ class _SleepAware:
         plugins["AllocatableCpu"] = (1.0, st.alloc_cpu[idx].astype(np.float64))
         inner = [k for k in shown if k not in ("Tier", self.wake_label)]
         asleep = "asleep or empty" if self.empty == "asleep" else "asleep"
+        then = "an empty awake node before a sleeping one, then " if self.empty == "asleep" else ""
         note = (f"Tier first (0 awake, 1 {asleep}, 2 awake past the headroom); then awake nodes by {', '.join(inner)} "
-                f"and tier 1 by {self.wake_label}, then AllocatableCpu")
+                f"and tier 1 by {self.wake_label}, then {then}AllocatableCpu")
         return NodeScores(idx, plugins, total, rule="lexicographic", note=note)
 
     def choose(self, st: ClusterState, pod: PodRequest, mask: np.ndarray) -> int:

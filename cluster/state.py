@@ -130,7 +130,8 @@ class ClusterState:
     def __init__(self, names: Sequence[str], cpu_m: Sequence[int], memory_mib: Sequence[int],
                  max_pods: Sequence[int], curves: Sequence[Sequence[float]], *, sleep_watts: Sequence[float] | None = None,
                  group: Sequence[int] | None = None, group_names: Sequence[str] | None = None,
-                 wake_s: float = 0.0, can_sleep: bool = False, traits: Sequence[NodeTraits] | None = None,
+                 wake_s: float = 0.0, can_sleep: bool = False, may_sleep: Sequence[bool] | None = None,
+                 traits: Sequence[NodeTraits] | None = None,
                  chain: FilterChain = DEFAULT_CHAIN, gpu_count: Sequence[int] | None = None,
                  gpu_model: Sequence[str] | None = None,
                  gpu_curves: Sequence[Sequence[float]] | None = None) -> None:
@@ -158,6 +159,11 @@ class ClusterState:
         self.group_names = list(group_names) if group_names is not None else ["nodes"]
         self.wake_s = float(wake_s)
         self.can_sleep = bool(can_sleep)
+        # Which nodes are put to sleep once idle: every one where the cluster sleeps, but a protected node (a
+        # control plane, never-sleep) stays awake. What `empty=asleep` reads (agent/sleep_aware.py).
+        self.may_sleep = (np.full(n, self.can_sleep) if may_sleep is None else np.asarray(may_sleep, dtype=bool))
+        if self.may_sleep.shape != (n,):
+            raise ValueError(f"may_sleep has {self.may_sleep.size} values for {n} nodes")
         self.req_cpu = np.zeros(n, dtype=np.int64)
         self.req_mem = np.zeros(n, dtype=np.int64)
         self.pods = np.zeros(n, dtype=np.int64)

@@ -102,6 +102,7 @@ def cluster_from_scenario(scenario: Scenario) -> ClusterState:
     return ClusterState(names, cpu, mem, pods, curves, sleep_watts=sleep_w, group=group,
                         group_names=[g.name_prefix for g in scenario.nodes],
                         wake_s=scenario.idle_policy.wake_s if sleeping else 0.0, can_sleep=sleeping,
+                        may_sleep=[sleeping and not scenario.nodes[g].never_sleep for g in group],
                         traits=None if all(t.plain for t in traits) else traits,
                         **({} if not any(gpus) else dict(gpu_count=gpus, gpu_model=models, gpu_curves=gcurves)))
 

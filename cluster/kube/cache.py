@@ -316,6 +316,8 @@ class KubeCache:
         st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
                           [i.max_pods for i in infos], [i.curve for i in infos], traits=[i.traits for i in infos],
                           chain=FilterChain(wake_sleeping=self._sleep_aware),
+                          # With a node power controller an idle node sleeps unless it is protected.
+                          may_sleep=[self._sleep_aware and not (i.never_sleep or i.control_plane) for i in infos],
                           **_gpu_kwargs(infos))
         self._index = {n: k for k, n in enumerate(names)}
         for uid, (node, req) in self._accounted.items():

@@ -12,7 +12,8 @@ import torch
 
 import joulesched.agent.dqn as dqn_mod
 from joulesched.agent.config import DQNConfig, RewardConfig
-from joulesched.agent.dqn import DQN, QNetwork, ReplayBatch, ReplayBuffer, SetQNetwork, Transitions, compact_state
+from joulesched.agent.dqn import (DQN, QNetwork, ReplayBatch, ReplayBuffer, SetQNetwork, Transitions, compact_state,
+                                  margin_loss)
 from joulesched.agent.features import N_FEATURES, n_features
 from joulesched.agent.train import EpisodeSpec, RolloutTask, rollout
 from joulesched.cluster.scenario import load_scenario
@@ -121,6 +122,46 @@ def test_an_update_on_compacted_states_takes_the_full_states_gradient():
     assert float(agents[0].q.value[2].bias.grad.abs()) > 1e-3  # a real step, not two zero gradients
 
 
+def test_the_margin_loss_counts_the_teachers_identical_nodes():
+    """A node identical to the teacher's is another action: uncompacted it takes the margin, so where the teacher's
+    node leads, the loss is the margin and its gradient 0. Compacted, the teacher's row stands for both and must
+    keep that margin (it did not: a margin-only step then pushed the network where the full state's does not)."""
+    q = torch.tensor([[1.0, 1.0, 0.2]])
+    assert margin_loss(q, torch.tensor([0]), 0.5).item() == pytest.approx(0.5)  # node 1 is node 0's twin
+    qc, counts = torch.tensor([[1.0, 0.2]]), torch.tensor([[2.0, 1.0]])
+    assert margin_loss(qc, torch.tensor([0]), 0.5, counts).item() == pytest.approx(0.5)
+    assert margin_loss(qc, torch.tensor([0]), 0.5).item() == 0.0  # what the count restores
+
+    # Through an update: the teacher takes the network's own best node, whose row stands for several nodes.
+    cfg = DQNConfig(feature_schema=3, hidden=16, attention_dim=8, head_hidden=8, batch_size=2, buffer_size=4,
+                    learning_rate=1e-3, bc_margin=0.5)
+    f = n_features(3)[0]
+    rng = np.random.default_rng(7)
+    states = []
+    for n in (40, 30):
+        base = rng.uniform(-1, 3, size=(5, f)).astype(np.float16)
+        rows = base[np.arange(n) % 5].copy()  # every row has copies
+        rows[:, -3:] = rows[0, -3:]
+        states.append((rows, np.ones(n, dtype=bool)))
+
+    def batch(dedup: bool, teacher: list[int]) -> ReplayBatch:
+        a = [compact_state(r, m, dedup) for r, m in states]
+        x, m, v, c = _batch([t[:3] for t in a])
+        t = torch.from_numpy
+        act = t(np.array([a[b][3][teacher[b]] for b in range(2)]))
+        return ReplayBatch(t(x), t(m), act, torch.zeros(2), t(x), torch.zeros_like(t(m)), torch.zeros(2), t(v),
+                           act.clone(), t(v), t(c), t(c))
+
+    agents = [DQN(cfg, seed=3), DQN(cfg, seed=3)]
+    full = batch(False, [0, 0])
+    with torch.no_grad():
+        teacher = agents[0].q(full.obs, full.mask, full.valid).argmax(-1).tolist()
+    losses = [ag.update(batch(d, teacher), bc_weight=1.0, td_weight=0.0) for ag, d in zip(agents, (False, True))]
+    assert losses[0] == pytest.approx(cfg.bc_margin, rel=1e-5) and losses[1] == pytest.approx(losses[0], rel=1e-5)
+    for (k, p0), p1 in zip(agents[0].q.named_parameters(), agents[1].q.parameters()):
+        torch.testing.assert_close(p0.grad, p1.grad, rtol=1e-3, atol=1e-6, msg=k)
+
+
 def _episode(steps: int, rows_per_state: int, mark: float) -> Transitions:
     f = 5
     states = steps + 1
@@ -149,6 +190,16 @@ def test_the_buffer_keeps_the_newest_episodes_under_its_memory_cap():
     assert set(ring.sample(300, np.random.default_rng(1)).returns.tolist()) == {1.0, 2.0}
 
 
+def test_a_ring_shorter_than_an_episode_keeps_its_last_steps():
+    for capacity in (1, 2, 3):
+        ring = ReplayBuffer(capacity)
+        ring.add_many(_episode(5, 2, 1.0))
+        ring.add_many(_episode(4, 2, 2.0))
+        assert len(ring) == capacity and set(ring.episodes) == {1}
+        assert sorted(int(s) for s in ring.step[:capacity]) == list(range(4 - capacity, 4))
+        assert set(ring.sample(20, np.random.default_rng(0)).returns.tolist()) == {2.0}
+
+
 def test_rollouts_store_each_state_once_with_its_node_counts():
     sc = load_scenario(HOMOGENEOUS)
     cfg = DQNConfig(max_episode_decisions=40)
@@ -167,3 +218,34 @@ def test_rollouts_store_each_state_once_with_its_node_counts():
         np.testing.assert_array_equal(r[tr.action_rows[k]], fr[tr.actions[k]])
         np.testing.assert_array_equal(r[tr.teacher_rows[k]], fr[tr.teacher[k]])
         assert m[tr.action_rows[k]] and fm[tr.actions[k]]
+
+
+def test_the_ablation_keeps_the_models_trained_before_compaction(tmp_path):
+    """A pre-compaction arm's model (its recipe without the layout setting) is its arm's, not retrained; a model
+    of an arm trained compacted is matched as written."""
+    import json
+
+    from bench.dqn_ablation import LEGACY, _done, _recipe
+
+    model = tmp_path / "default-s0.pt"
+    model.write_bytes(b"x")
+    recipe = _recipe("default", 0, 40000)
+    assert recipe["sets"][-len(LEGACY):] == list(LEGACY)
+    old = dict(recipe, sets=[s for s in recipe["sets"] if s not in LEGACY])
+    model.with_suffix(".recipe.json").write_text(json.dumps(old))
+    assert _done(model, recipe)
+    assert not _done(model, _recipe("default", 0, 80000))
+    full = _recipe("gpu-full-teach-energy", 0, 1000)
+    model.with_suffix(".recipe.json").write_text(json.dumps(full))
+    assert _done(model, full)
+    model.with_suffix(".recipe.json").write_text(json.dumps(dict(full, sets=[*full["sets"], *LEGACY])))
+    assert not _done(model, full)
+
+
+def test_a_model_saved_before_compaction_resumes_on_the_old_layout(tmp_path):
+    from joulesched.agent.checkpoint import load_checkpoint, save_checkpoint
+
+    assert load_checkpoint(ROOT / "models" / "v2.pt").config.compact_replay is False  # saved before it existed
+    path = tmp_path / "new.pt"
+    save_checkpoint(path, DQN(DQNConfig(feature_schema=3, hidden=16, attention_dim=8, head_hidden=8)), {})
+    assert load_checkpoint(path).config.compact_replay is True

@@ -180,6 +180,35 @@ def test_empty_asleep_wakes_by_efficiency_rather_than_keep_an_empty_inefficient_
     assert pick(empty, same, pod) == 1
 
 
+@pytest.mark.parametrize("spec", ["pabfd:empty=asleep", "gpu-energy:empty=asleep", "clairvoyant:empty=asleep"])
+def test_empty_asleep_keeps_an_empty_node_that_never_sleeps_in_the_awake_tier(spec):
+    # The cluster of the test above: n1 empty and awake, n2 asleep and more efficient. If n1 is protected (or the
+    # cluster never sleeps) it is not about to sleep, so it is an awake node like any other.
+    big = [50.0 + 15.0 * k for k in range(11)]
+    st = cluster([4000, 4000, 8000], [LINEAR, LINEAR, big], asleep=[2])
+    st.bind(0, PodRequest(4000, 100), key="a")
+    pod = PodRequest(1000, 100)
+    if spec.startswith("clairvoyant"):  # it reads the twin's lifetimes: shown here only to take the option
+        make_policy(spec)
+        return
+    assert pick(spec, st, pod) == 2
+    st.may_sleep[1] = False
+    assert pick(spec, st, pod) == 1
+    always_on = ClusterState(["n0", "n1"], [4000, 4000], [65536] * 2, [110] * 2, [LINEAR, big], can_sleep=False)
+    assert not always_on.may_sleep.any()
+    always_on.bind(1, PodRequest(1000, 100), key="a")
+    # n0, empty, adds the fewest watts: the policy's own rule, as without the option (it was n1's, by the wake key).
+    assert pick(spec, always_on, pod) == pick(spec.split(":")[0], always_on, pod) == 0
+
+
+def test_the_twin_marks_protected_nodes_as_never_sleeping():
+    nodes = [{"name_prefix": "cp", "never_sleep": True}, {"name_prefix": "w", "count": 2}]
+    pods = workload((0.0, 10.0, 100, 100, 50.0))
+    sleeping = scenario(nodes, idle={"mode": "sleep", "sleep_after_s": 60, "sleep_watts": 5, "wake_s": 30})
+    assert Twin(sleeping, pods).state.may_sleep.tolist() == [False, True, True]
+    assert Twin(scenario(nodes), pods).state.may_sleep.tolist() == [False, False, False]
+
+
 def test_empty_must_be_awake_or_asleep():
     with pytest.raises(PolicyError, match="empty='sleep' is not one of awake, asleep"):
         make_policy("pabfd:empty=sleep")

@@ -420,3 +420,18 @@ def test_a_resource_filter_is_one_more_object():
     assert cs.feasible(pod).tolist() == [False, False]
     assert chain.names[-2:] == ["NodeResourcesFit", "EvenSlots"]
     assert ClusterState(["a"], [1000], [1024], [3], [LINEAR_100_200]).feasible(pod).tolist() == [True]
+
+
+def test_the_cache_marks_the_nodes_an_idle_spell_would_put_to_sleep():
+    """ClusterState.may_sleep from the cluster: with the node power controller (sleep_aware) every node but a
+    control plane or one annotated never-sleep; without it, none (nothing puts a node to sleep)."""
+    base = {"labels": {}, "taints": [], "unschedulable": False, "cpu": 4000, "mem": 8192, "pods": 110}
+    objs = [node_obj({**base, "name": "cp", "labels": {"node-role.kubernetes.io/control-plane": ""}}),
+            node_obj({**base, "name": "kept"}), node_obj({**base, "name": "w"})]
+    objs[1]["metadata"]["annotations"]["joulesched.io/never-sleep"] = "true"
+    cache = KubeCache(k8s.ApiClient(k8s.Configuration()))
+    cache._replace_nodes(objs)
+    assert not cache.state().may_sleep.any()
+    cache.sleep_aware = True
+    st_ = cache.state()
+    assert dict(zip(st_.names, st_.may_sleep.tolist())) == {"cp": False, "kept": False, "w": True}
