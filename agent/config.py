@@ -113,6 +113,11 @@ class DQNConfig:
     it only where the TD targets say a different node is worth more than bc_margin."""
     bc_margin: float = 0.05
     """Margin of the DQfD loss, in reward units (one large node's peak draw for 10 minutes)."""
+    bc_margin_twins: bool = True
+    """A node identical to the teacher's (an empty node of the same kind) is another action and takes the margin,
+    as in DQfD on node actions; the margin against other kinds of node then vanishes wherever the teacher's node
+    has a twin. False (compacted replay only): identical nodes are one choice, the teacher's, and the margin holds
+    against every other row, as the compacted models trained before 2026-12-06 had it."""
     explore_topk: int = 3
     """Schema 2: a non-teacher exploratory action is drawn from the agent's own top-k nodes ..."""
     explore_uniform: float = 0.25
@@ -206,6 +211,8 @@ class DQNConfig:
             raise ValueError("validation_reference must be sleep-aware or upstream")
         if not self.teacher.strip():
             raise ValueError("teacher must be a policy spec or auto")
+        if not self.bc_margin_twins and not self.compact_replay:
+            raise ValueError("bc_margin_twins=false needs compact_replay (it merges a node with its twins)")
         if isinstance(self.teacher_pool, str):
             raise ValueError("teacher_pool must be a list of policy specs, not one string")
         self.teacher_pool = tuple(str(p) for p in self.teacher_pool)

@@ -488,19 +488,21 @@ def _pad(states: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 def margin_loss(q: torch.Tensor, teacher: torch.Tensor, margin: float,
-                counts: torch.Tensor | None = None) -> torch.Tensor:
+                counts: torch.Tensor | None = None, twins: bool = True) -> torch.Tensor:
     """DQfD's large-margin loss (Hester et al., AAAI 2018): ``max_a [Q(s, a) + margin 1(a != a_T)] - Q(s, a_T)``
     over the feasible actions (``q`` holds -1e9 elsewhere), averaged over rows with a teacher action.
 
-    With ``counts`` (compacted states: a row stands for that many identical nodes) the teacher's row keeps the
-    margin when it stands for more than one node: its other nodes are actions other than the teacher's, with
-    the same Q, as they were when each node had its own row."""
+    With ``counts`` (compacted states: a row stands for that many identical nodes) and ``twins`` the teacher's
+    row keeps the margin when it stands for more than one node: its other nodes are actions other than the
+    teacher's, with the same Q, as they were when each node had its own row (``dqn.bc_margin_twins``)."""
     has = teacher >= 0
     if not bool(has.any()):
         return q.sum() * 0.0
     q, t = q[has], teacher[has].unsqueeze(-1)
     q_t = q.gather(-1, t).squeeze(-1)
-    own = torch.zeros_like(q_t) if counts is None else margin * (counts[has].gather(-1, t).squeeze(-1) > 1).to(q.dtype)
+    own = torch.zeros_like(q_t)
+    if counts is not None and twins:
+        own = margin * (counts[has].gather(-1, t).squeeze(-1) > 1).to(q.dtype)
     bonus = torch.full_like(q, margin).scatter(-1, t, own.unsqueeze(-1))
     return ((q + bonus).max(-1).values - q_t).mean()
 
@@ -547,7 +549,8 @@ class DQN:
         q = q_all.gather(-1, b.actions.unsqueeze(-1)).squeeze(-1)
         loss = td_weight * F.huber_loss(q, target, delta=self.cfg.huber_delta)
         if bc_weight > 0 and b.teacher is not None:
-            loss = loss + bc_weight * margin_loss(q_all, b.teacher, self.cfg.bc_margin, b.counts)
+            loss = loss + bc_weight * margin_loss(q_all, b.teacher, self.cfg.bc_margin, b.counts,
+                                                   self.cfg.bc_margin_twins)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm)

@@ -45,6 +45,9 @@ class CacheOptions:
         :mod:`joulesched.power.energy_sources` (``kepler``), which replaces ``power_query``.
     :param power_profiles: YAML file of named power curves (a ConfigMap in a cluster).
     :param metrics_interval: seconds between Prometheus queries.
+    :param sleep_watts: where a node power controller puts idle nodes to sleep, a sleeping node's watts (with
+        ``wake_s``, the seconds one takes to wake): the cache's :attr:`~KubeCache.sleep_model`. None: nodes
+        never sleep.
     """
 
     kubeconfig: Optional[str] = None
@@ -56,6 +59,8 @@ class CacheOptions:
     power_profiles: Optional[str] = None
     metrics_interval: float = 15.0
     energy_source: str = "joulesched"
+    sleep_watts: Optional[float] = None
+    wake_s: float = 60.0
 
 
 #: The rate window of a preset's watts in the feed (as the default CPU query's 2m: several scrapes).
@@ -92,7 +97,10 @@ def build_cache(opts: CacheOptions) -> KubeCache:
                       interval_s=opts.metrics_interval)
     curves = CurveResolver(load_profiles(opts.power_profiles) if opts.power_profiles else None)
     api = load_api_client(opts.kubeconfig, opts.context)
-    return KubeCache(api, curves=curves, feed=feed)
+    cache = KubeCache(api, curves=curves, feed=feed)
+    if opts.sleep_watts is not None:
+        cache.sleep_model = (opts.sleep_watts, opts.wake_s)
+    return cache
 
 
 def default_namespace() -> str:

@@ -73,6 +73,7 @@ class KubeCache:
         self._state: ClusterState | None = None
         self._index: dict[str, int] = {}
         self._sleep_aware = False
+        self._sleep_model: tuple[float, float] | None = None
         self._dirty = True
         self.epoch = 0
         self._cpu_frac: dict[str, float] = {}
@@ -315,9 +316,7 @@ class KubeCache:
         infos = [self.nodes[n] for n in names]
         st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
                           [i.max_pods for i in infos], [i.curve for i in infos], traits=[i.traits for i in infos],
-                          chain=FilterChain(wake_sleeping=self._sleep_aware),
-                          # With a node power controller an idle node sleeps unless it is protected.
-                          may_sleep=[self._sleep_aware and not (i.never_sleep or i.control_plane) for i in infos],
+                          chain=FilterChain(wake_sleeping=self._sleep_aware), **self._sleep_kwargs(infos),
                           **_gpu_kwargs(infos))
         self._index = {n: k for k, n in enumerate(names)}
         for uid, (node, req) in self._accounted.items():
@@ -332,6 +331,34 @@ class KubeCache:
     def node_info(self, i: int) -> NodeInfo:
         assert self._state is not None
         return self.nodes[self._state.names[i]]
+
+    def _sleep_kwargs(self, infos: list[NodeInfo]) -> dict:
+        if self._sleep_model is None:
+            return {}
+        watts, wake_s = self._sleep_model
+        # A node power controller puts an idle node to sleep unless it is protected (control plane, never-sleep).
+        return dict(sleep_watts=[watts] * len(infos), wake_s=wake_s, can_sleep=True,
+                    may_sleep=[not (i.never_sleep or i.control_plane) for i in infos])
+
+    @property
+    def sleep_model(self) -> tuple[float, float] | None:
+        """(watts of a sleeping node, seconds a node takes to wake) where a node power controller puts idle nodes
+        to sleep; None (the default): nodes never sleep. The state's ``can_sleep``, ``sleep_watts``, ``wake_s``
+        and ``may_sleep`` follow it as the twin's follow its scenario's idle policy, so a policy trained in the
+        twin (the DQN's sleep-saving and wake-time columns, ``empty=asleep``) sees the cluster it was trained on."""
+        return self._sleep_model
+
+    @sleep_model.setter
+    def sleep_model(self, value: tuple[float, float] | None) -> None:
+        if value is not None:
+            watts, wake_s = float(value[0]), float(value[1])
+            if not (watts >= 0.0 and wake_s >= 0.0):
+                raise ValueError(f"sleep model {value!r}: watts and wake seconds must be >= 0")
+            value = (watts, wake_s)
+        with self.lock:
+            if value != self._sleep_model:
+                self._sleep_model = value
+                self._dirty = True
 
     @property
     def sleep_aware(self) -> bool:

@@ -61,6 +61,15 @@ AllowAnnotatedOpt = Annotated[Optional[list[str]], typer.Option(
     "aws=INSTANCE-ID or * (must also match spec.providerID), libvirt=DOMAIN or * (must be the node's name), "
     "metal3/rufio=NAMESPACE or * (the object must carry the node's name). "
     "Default: none; the --addresses map is always used.")]
+NodeSleepWattsOpt = Annotated[Optional[float], typer.Option(
+    "--node-sleep-watts", min=0.0, help="Where a node power controller puts idle nodes to sleep (--node-power here, "
+    "or a node-power Deployment): a sleeping node's watts. The policy then sees a cluster that sleeps, as the twin "
+    "trains and measures it (the DQN's sleep-saving and wake-time columns, empty=asleep). Default: the node power "
+    "controller's estimate (10 W) with --node-power, else nodes never sleep.")]
+NodeWakeOpt = Annotated[float, typer.Option("--node-wake-s", min=0.0, help="Seconds a sleeping node takes to wake "
+                                            "(with --node-sleep-watts or --node-power).")]
+#: A sleeping node's watts the node power controller estimates by default (NodePowerConfig.sleep_watts).
+DEFAULT_SLEEP_WATTS = 10.0
 AllowRedfishHttpOpt = Annotated[bool, typer.Option("--allow-redfish-http", help="Accept redfish+http:// addresses "
                                                    "(the BMC login travels unencrypted).")]
 
@@ -109,8 +118,12 @@ def serve(
     libvirt_uri: LibvirtUriOpt = "qemu:///system",
     allow_annotated: AllowAnnotatedOpt = None,
     allow_redfish_http: AllowRedfishHttpOpt = False,
+    node_sleep_watts: NodeSleepWattsOpt = None,
+    node_wake_s: NodeWakeOpt = 60.0,
 ) -> None:
     """Run POLICY as a secondary scheduler: bind pending pods whose schedulerName matches, until SIGTERM."""
+    if node_sleep_watts is None and node_power:
+        node_sleep_watts = DEFAULT_SLEEP_WATTS
     power = dict(actuator=actuator, sleep_after=sleep_after, min_awake=min_awake, spare_cpu=spare_cpu,
                  consolidate=consolidate, credentials=credentials, addresses=addresses,
                  libvirt_uri=libvirt_uri, allow_annotated=allow_annotated or [],
@@ -121,7 +134,8 @@ def serve(
               seed=seed, log_level=log_level,
               cache=dict(kubeconfig=kubeconfig, context=context, prometheus=prometheus or "", cpu_query=cpu_query,
                          power_query=power_query, node_label=node_label, power_profiles=power_profiles,
-                         metrics_interval=metrics_interval, energy_source=energy_source), node_power=power)
+                         metrics_interval=metrics_interval, energy_source=energy_source,
+                         sleep_watts=node_sleep_watts, wake_s=node_wake_s), node_power=power)
 
 
 def _node_power_daemon(*, actuator: str, sleep_after: float, min_awake: int, spare_cpu: int, consolidate: bool,
@@ -275,13 +289,15 @@ def extender(
     metrics_interval: IntervalOpt = 15.0,
     seed: SeedOpt = 0,
     log_level: LogOpt = "info",
+    node_sleep_watts: NodeSleepWattsOpt = None,
+    node_wake_s: NodeWakeOpt = 60.0,
 ) -> None:
     """Serve POLICY as a kube-scheduler extender (POST /filter, /prioritize; extender v1 JSON), until SIGTERM."""
     run_extender(listen=listen, policy=policy, seed=seed, log_level=log_level,
                  cache=dict(kubeconfig=kubeconfig, context=context, prometheus=prometheus or "",
                             cpu_query=cpu_query, power_query=power_query, node_label=node_label,
                             power_profiles=power_profiles, metrics_interval=metrics_interval,
-                            energy_source=energy_source))
+                            energy_source=energy_source, sleep_watts=node_sleep_watts, wake_s=node_wake_s))
 
 
 def run_extender(*, log_level: str = "info", stop: threading.Event | None = None, cache: dict, **options) -> None:

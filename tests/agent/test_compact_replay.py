@@ -131,6 +131,12 @@ def test_the_margin_loss_counts_the_teachers_identical_nodes():
     qc, counts = torch.tensor([[1.0, 0.2]]), torch.tensor([[2.0, 1.0]])
     assert margin_loss(qc, torch.tensor([0]), 0.5, counts).item() == pytest.approx(0.5)
     assert margin_loss(qc, torch.tensor([0]), 0.5).item() == 0.0  # what the count restores
+    # bc_margin_twins=false: the twins are the teacher's choice; the margin is against the other row only.
+    assert margin_loss(qc, torch.tensor([0]), 0.5, counts, twins=False).item() == 0.0
+    assert margin_loss(torch.tensor([[1.0, 0.7]]), torch.tensor([0]), 0.5, counts, twins=False).item() == \
+        pytest.approx(0.2)
+    with pytest.raises(ValueError, match="bc_margin_twins=false needs compact_replay"):
+        DQNConfig(bc_margin_twins=False, compact_replay=False)
 
     # Through an update: the teacher takes the network's own best node, whose row stands for several nodes.
     cfg = DQNConfig(feature_schema=3, hidden=16, attention_dim=8, head_hidden=8, batch_size=2, buffer_size=4,
@@ -245,7 +251,20 @@ def test_the_ablation_keeps_the_models_trained_before_compaction(tmp_path):
 def test_a_model_saved_before_compaction_resumes_on_the_old_layout(tmp_path):
     from joulesched.agent.checkpoint import load_checkpoint, save_checkpoint
 
-    assert load_checkpoint(ROOT / "models" / "v2.pt").config.compact_replay is False  # saved before it existed
+    old = load_checkpoint(ROOT / "models" / "v2.pt").config  # saved before either knob existed
+    assert old.compact_replay is False and old.bc_margin_twins is True
     path = tmp_path / "new.pt"
     save_checkpoint(path, DQN(DQNConfig(feature_schema=3, hidden=16, attention_dim=8, head_hidden=8)), {})
-    assert load_checkpoint(path).config.compact_replay is True
+    cfg = load_checkpoint(path).config
+    assert cfg.compact_replay is True and cfg.bc_margin_twins is True
+    # A compacted model saved before bc_margin_twins trained without the twins' margin, and resumes so.
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["joulesched"])
+    del meta["config"]["bc_margin_twins"]
+    save_file(load_file(path), str(path), metadata={"joulesched": json.dumps(meta)})
+    assert load_checkpoint(path).config.bc_margin_twins is False

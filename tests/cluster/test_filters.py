@@ -422,16 +422,26 @@ def test_a_resource_filter_is_one_more_object():
     assert ClusterState(["a"], [1000], [1024], [3], [LINEAR_100_200]).feasible(pod).tolist() == [True]
 
 
-def test_the_cache_marks_the_nodes_an_idle_spell_would_put_to_sleep():
-    """ClusterState.may_sleep from the cluster: with the node power controller (sleep_aware) every node but a
-    control plane or one annotated never-sleep; without it, none (nothing puts a node to sleep)."""
+def test_the_cache_states_the_clusters_sleep_model_as_the_twin_does():
+    """With a sleep model (a node power controller puts idle nodes to sleep) the cache's state is a sleeping
+    cluster's, as the twin's is: sleep watts, wake time, and every node but a control plane or one annotated
+    never-sleep may sleep; so the DQN's sleep-saving column is what it was trained on. Without one, none sleeps."""
+    from joulesched.agent.features import FeatureBuilder
+
     base = {"labels": {}, "taints": [], "unschedulable": False, "cpu": 4000, "mem": 8192, "pods": 110}
     objs = [node_obj({**base, "name": "cp", "labels": {"node-role.kubernetes.io/control-plane": ""}}),
             node_obj({**base, "name": "kept"}), node_obj({**base, "name": "w"})]
     objs[1]["metadata"]["annotations"]["joulesched.io/never-sleep"] = "true"
     cache = KubeCache(k8s.ApiClient(k8s.Configuration()))
     cache._replace_nodes(objs)
-    assert not cache.state().may_sleep.any()
-    cache.sleep_aware = True
+    cache.sleep_aware = True  # the scheduler's filter profile: not a statement that nodes sleep
     st_ = cache.state()
+    assert not st_.can_sleep and not st_.may_sleep.any() and st_.wake_s == 0.0
+    assert (FeatureBuilder(st_).static[:, 3] == 0).all()  # sleeping saves nothing
+    cache.sleep_model = (7.5, 45.0)
+    st_ = cache.state()
+    assert st_.can_sleep and st_.wake_s == 45.0 and (st_.sleep_watts == 7.5).all()
     assert dict(zip(st_.names, st_.may_sleep.tolist())) == {"cp": False, "kept": False, "w": True}
+    assert (FeatureBuilder(st_).static[:, 3] > 0).all()
+    with pytest.raises(ValueError, match="must be >= 0"):
+        cache.sleep_model = (-1.0, 45.0)

@@ -58,6 +58,30 @@ def test_bad_prometheus_and_profiles(app, emu, tmp_path):
     assert r.exit_code == 2 and "power profiles" in r.output
 
 
+@pytest.mark.parametrize("args,model", [
+    ([], None),
+    (["--node-power"], (10.0, 60.0)),
+    (["--node-power", "--node-wake-s", "20"], (10.0, 20.0)),
+    (["--node-sleep-watts", "4"], (4.0, 60.0)),
+])
+def test_serve_tells_the_cache_how_nodes_sleep(app, monkeypatch, args, model):
+    """The sleep model the cache gets: none unless nodes are put to sleep (--node-power here, or a node-power
+    Deployment the operator states with --node-sleep-watts)."""
+    import joulesched.pipelines.cli.live as live_cli
+    from joulesched.live.nodepower import NodePowerConfig
+
+    assert live_cli.DEFAULT_SLEEP_WATTS == NodePowerConfig().sleep_watts
+    seen: dict = {}
+    monkeypatch.setattr(live_cli, "run_serve", lambda **kw: seen.update(kw))
+    r = CliRunner().invoke(app, ["serve", *args])
+    assert r.exit_code == 0, r.output
+    got = seen["cache"]["sleep_watts"]
+    assert (None if got is None else (got, seen["cache"]["wake_s"])) == model
+    monkeypatch.setattr(live_cli, "run_extender", lambda **kw: seen.update(kw))
+    assert CliRunner().invoke(app, ["extender", "--node-sleep-watts", "3"]).exit_code == 0
+    assert seen["cache"]["sleep_watts"] == 3.0
+
+
 def test_parse_listen():
     assert parse_listen("127.0.0.1:8888") == ("127.0.0.1", 8888)
     assert parse_listen("[::1]:80") == ("::1", 80)

@@ -108,6 +108,9 @@ def test_scheduler_deployment_matches_serve_flags():
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "serve" and "--scheduler-name=joulesched" in args
     assert dep["spec"]["replicas"] >= 2  # leader election keeps it to one binder
+    # The kustomization deploys the node power controller beside it: the policy is told that nodes sleep.
+    assert "node-power.yaml" in yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    assert "--node-sleep-watts=10" in args
 
 
 def test_sample_kube_scheduler_configuration():
