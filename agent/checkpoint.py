@@ -132,11 +132,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                           f"`joulesched train --model {path} --overwrite`")
     try:
         # Schema-1 files predate the schema knob: the file's schema is the truth. A model saved before the replay
-        # kept compacted states trained on the old layout, and one saved compacted before bc_margin_twins without
-        # the twins' margin: --resume goes on as it was trained.
-        d = {"compact_replay": False, **(meta.get("config") or {}), "feature_schema": schema}
-        d.setdefault("bc_margin_twins", not d["compact_replay"])
-        cfg = DQNConfig.from_dict(d)
+        # kept compacted states trained on the old layout: --resume goes on with it. (One saved compacted before
+        # bc_margin_twins trained without the twins' margin: the default.)
+        cfg = DQNConfig.from_dict({"compact_replay": False, **(meta.get("config") or {}), "feature_schema": schema})
     except (TypeError, ValueError) as e:
         raise PolicyError(f"{path}: bad hyperparameters in model metadata ({e})") from None
     ckpt = Checkpoint(cfg, meta, tensors)

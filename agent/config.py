@@ -113,11 +113,13 @@ class DQNConfig:
     it only where the TD targets say a different node is worth more than bc_margin."""
     bc_margin: float = 0.05
     """Margin of the DQfD loss, in reward units (one large node's peak draw for 10 minutes)."""
-    bc_margin_twins: bool = True
-    """A node identical to the teacher's (an empty node of the same kind) is another action and takes the margin,
-    as in DQfD on node actions; the margin against other kinds of node then vanishes wherever the teacher's node
-    has a twin. False (compacted replay only): identical nodes are one choice, the teacher's, and the margin holds
-    against every other row, as the compacted models trained before 2026-12-06 had it."""
+    bc_margin_twins: bool = False
+    """Compacted replay: whether a node identical to the teacher's (an empty node of the same kind) is another
+    action that takes the margin, as in DQfD on node actions, where the margin against every other kind of node
+    then vanishes wherever the teacher's node has a twin. False (the default): identical nodes are one choice,
+    the teacher's, and the margin holds against every other row; taught by gpu-energy:empty=asleep on the OpenB
+    windows that imitates it better (docs/dqn.md, "Compacted states"). The old layout (every node a row) always
+    counts the twins."""
     explore_topk: int = 3
     """Schema 2: a non-teacher exploratory action is drawn from the agent's own top-k nodes ..."""
     explore_uniform: float = 0.25
@@ -128,6 +130,10 @@ class DQNConfig:
     scenarios. 0 trains on the given scenarios only (the ablation)."""
     randomize_max_nodes: int = 40
     """Largest randomised training cluster."""
+    randomize_hardware: str = "specpower"
+    """How the randomised clusters' power curves are drawn (agent/randomize.py ``HARDWARE``): ``specpower``,
+    around the SPECpower tables; ``wide``, half of the node groups by watts per core (1.5-12 W), so that peaks in
+    one cluster differ by up to 50x. The validation's random clusters are drawn the same way."""
     episodes_per_round: int = 2
     """Schema 2: episodes collected per round (with the weights of two rounds back), then their gradient steps.
     Results depend on this, never on --workers or the executor."""
@@ -198,6 +204,8 @@ class DQNConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.randomize_max_nodes < 3:
             raise ValueError("randomize_max_nodes must be >= 3")
+        if self.randomize_hardware not in ("specpower", "wide"):
+            raise ValueError("randomize_hardware must be specpower or wide")
         for name in ("randomize", "explore_uniform"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
@@ -211,8 +219,6 @@ class DQNConfig:
             raise ValueError("validation_reference must be sleep-aware or upstream")
         if not self.teacher.strip():
             raise ValueError("teacher must be a policy spec or auto")
-        if not self.bc_margin_twins and not self.compact_replay:
-            raise ValueError("bc_margin_twins=false needs compact_replay (it merges a node with its twins)")
         if isinstance(self.teacher_pool, str):
             raise ValueError("teacher_pool must be a list of policy specs, not one string")
         self.teacher_pool = tuple(str(p) for p in self.teacher_pool)

@@ -7,7 +7,8 @@
   or 8 GiB per core;
 * **power curves drawn around the SPECpower tables** (power/curves.py): a table's shape with its peak scaled
   (lognormal, sigma 0.25), its idle share of the peak moved (lognormal, sigma 0.35, kept in [0.12, 0.9]: from
-  modern servers that idle low to old ones that barely scale) and the rise bent by a power in [0.6, 1.6];
+  modern servers that idle low to old ones that barely scale) and the rise bent by a power in [0.6, 1.6]; with
+  ``hardware="wide"`` half the groups instead by watts per core at full load (:data:`HARDWARE`);
 * **idle policy**: sleep with probability 0.7 (sleep after 60-900 s, wake in 10-180 s, 2-20 W asleep), else
   always on;
 * **workload**: 1 to 3 kinds of job, each its own app, owner kind and priority, with its own lifetime
@@ -35,11 +36,25 @@ _PRIORITIES = (0, 0, 100, 1000, 10000)
 _OWNERS = ("Job", "Job", "CronJob", "BorgJob", "")
 
 
-def random_curve(rng: np.random.Generator) -> list[float]:
-    """An 11-point power curve around one of the SPECpower tables (module docstring)."""
+#: How the nodes' curves are drawn (``dqn.randomize_hardware``): ``specpower``, around the SPECpower tables (a
+#: table's peak, whatever the node's size); ``wide``, half the groups so and half by watts per core at full load
+#: (log-uniform 1.5-12 W per core: frugal ARM-class nodes to old Xeons) with the idle share log-uniform in
+#: [0.12, 0.6], so that one cluster can hold nodes whose peaks differ by 50x, as real mixed fleets do.
+HARDWARE = ("specpower", "wide")
+_WIDE_W_PER_CORE = (1.5, 12.0)
+_WIDE_IDLE_SHARE = (0.12, 0.6)
+
+
+def random_curve(rng: np.random.Generator, cores: float | None = None, hardware: str = "specpower") -> list[float]:
+    """An 11-point power curve around one of the SPECpower tables (module docstring); with ``hardware="wide"``
+    and the node's ``cores``, half the time one drawn by watts per core instead (:data:`HARDWARE`)."""
     base = np.asarray(SPECPOWER[sorted(SPECPOWER)[int(rng.integers(len(SPECPOWER)))]], dtype=np.float64)
-    peak = base[10] * math.exp(rng.normal(0.0, 0.25))
-    idle_share = float(np.clip(base[0] / base[10] * math.exp(rng.normal(0.0, 0.35)), 0.12, 0.9))
+    if hardware == "wide" and cores is not None and rng.random() < 0.5:
+        peak = _loguniform(rng, *_WIDE_W_PER_CORE) * cores
+        idle_share = _loguniform(rng, *_WIDE_IDLE_SHARE)
+    else:
+        peak = base[10] * math.exp(rng.normal(0.0, 0.25))
+        idle_share = float(np.clip(base[0] / base[10] * math.exp(rng.normal(0.0, 0.35)), 0.12, 0.9))
     rise = (base - base[0]) / max(base[10] - base[0], 1e-9)
     rise = np.clip(rise, 0.0, 1.0) ** rng.uniform(0.6, 1.6)
     idle = peak * idle_share
@@ -56,8 +71,11 @@ MIN_BURSTS = 20
 
 
 def random_scenario(rng: np.random.Generator, max_nodes: int = 40, name: str = "random",
-                    max_pods: int = 3000) -> Scenario:
-    """One randomised cluster and workload (module docstring), drawn from ``rng``."""
+                    max_pods: int = 3000, hardware: str = "specpower") -> Scenario:
+    """One randomised cluster and workload (module docstring), drawn from ``rng``; ``hardware``: how the curves
+    are (:data:`HARDWARE`; ``specpower`` draws exactly what it drew before the option)."""
+    if hardware not in HARDWARE:
+        raise ValueError(f"hardware {hardware!r} is not one of {', '.join(HARDWARE)}")
     total = int(round(_loguniform(rng, 3, max(3, max_nodes))))
     n_groups = int(min(total, rng.integers(1, 5)))
     counts = 1 + rng.multinomial(total - n_groups, np.ones(n_groups) / n_groups)
@@ -66,7 +84,7 @@ def random_scenario(rng: np.random.Generator, max_nodes: int = 40, name: str = "
         cpu = int(_SIZES_M[int(rng.integers(len(_SIZES_M)))])
         mem = int(cpu // 1000 * _MEM_PER_CORE_MIB[int(rng.integers(len(_MEM_PER_CORE_MIB)))])
         nodes.append({"name_prefix": f"g{g}", "count": int(counts[g]), "cpu_m": cpu, "memory_mib": mem,
-                      "max_pods": 110, "power_watts": random_curve(rng)})
+                      "max_pods": 110, "power_watts": random_curve(rng, cpu / 1000, hardware)})
         cap_m += cpu * int(counts[g])
     duration = float(rng.uniform(2, 8) * 3600)
     if rng.random() < 0.7:
@@ -132,4 +150,4 @@ def random_scenario(rng: np.random.Generator, max_nodes: int = 40, name: str = "
     return scenario(final)
 
 
-__all__ = ["random_curve", "random_scenario"]
+__all__ = ["HARDWARE", "random_curve", "random_scenario"]

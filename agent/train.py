@@ -116,7 +116,7 @@ def episode_specs(cfg: DQNConfig, scenarios: Sequence[Scenario], seed: int, roun
     for k in range(count):
         g = np.random.default_rng([seed, round_ + 1, k])
         if cfg.randomize > 0 and g.random() < cfg.randomize:
-            sc = random_scenario(g, cfg.randomize_max_nodes, name="random")
+            sc = random_scenario(g, cfg.randomize_max_nodes, name="random", hardware=cfg.randomize_hardware)
             scale, label = 1.0, f"random-{sc.node_count}{'s' if isinstance(sc.idle_policy, Sleep) else 'a'}"
         else:
             sc = scenarios[int(g.integers(len(scenarios)))]
@@ -411,7 +411,8 @@ class Validator:
         n_random = cfg.validation_random if random_clusters is None else random_clusters
         for k in range(n_random):
             g = np.random.default_rng([seeds[0], 7, k])  # not a training stream: those are [seed, round, index]
-            sc = random_scenario(g, cfg.randomize_max_nodes, name=f"validation-random-{k}")
+            sc = random_scenario(g, cfg.randomize_max_nodes, name=f"validation-random-{k}",
+                                 hardware=cfg.randomize_hardware)
             plan.append((sc, seeds[0], f"{sc.name} ({sc.node_count} nodes)"))
         self.cases: list[ValidationCase] = []
         for sc, s, label in plan:

@@ -33,7 +33,11 @@ depend on the state and the workload's distribution, not on the run's future).
 The GPU arms (:data:`GPU_ARMS`, by name only): schema 3 on the OpenB mini windows, taught by ``gpu-packing``
 (``gpu-teach-packing``, models/gpu.short.pt's teacher) or by ``gpu-energy`` (``gpu-teach-energy``, the heuristic
 that knows GPU power), benchmarked with ``-- --group extra``; ``gpu-full-teach-packing`` and
-``gpu-full-teach-energy`` train the same recipe on the same days at full size (scenarios/openb/full).
+``gpu-full-teach-energy`` train the same recipe on the same days at full size (scenarios/openb/full);
+``gpu-teach-energy-empty`` (and ``-twins``, the margin loss on node actions) are taught by
+``gpu-energy:empty=asleep``, compacted.
+``wide-hardware`` (:data:`HARDWARE_ARMS`, by name only) is the default recipe with randomised clusters whose
+node peaks differ by up to 50x (``dqn.randomize_hardware=wide``), for the held-out hardware of ``--group sleep``.
 """
 
 from __future__ import annotations
@@ -111,10 +115,25 @@ LEGACY = ("dqn.compact_replay=false",)
 for _arms in (ARMS, SMALL_ARMS, GPU_ARMS):
     for _k, (_sc, _sets) in _arms.items():
         _arms[_k] = (_sc, (*_sets, *LEGACY))
+#: Held-out hardware (issue 27): the default recipe with half the randomised clusters' node groups drawn by watts
+#: per core, so one cluster can mix nodes whose peaks differ by 50x (agent/randomize.py ``HARDWARE``); the old
+#: layout, as ``default``'s, so the two differ in that alone. Benchmarked with ``-- --group sleep``.
+HARDWARE_ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "wide-hardware": (SYNTHETIC, ("dqn.randomize_hardware=wide", *LEGACY)),
+}
+#: Taught by the best heuristic on the OpenB windows (docs/dqn.md, "What the models knew"), compacted, with the
+#: margin loss on rows (the default) or on node actions (``dqn.bc_margin_twins=true``; "Compacted states").
+GPU_EMPTY = "dqn.teacher=gpu-energy:empty=asleep"
+GPU_EMPTY_ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gpu-teach-energy-empty": (GPU_TRAIN, (*GPU_SETS, GPU_EMPTY)),
+    "gpu-teach-energy-empty-twins": (GPU_TRAIN, (*GPU_SETS, GPU_EMPTY, "dqn.bc_margin_twins=true")),
+}
 DEFAULT_ARMS = tuple(ARMS)
+ARMS.update(HARDWARE_ARMS)
 ARMS.update(SMALL_ARMS)
 ARMS.update(GPU_ARMS)
 ARMS.update(GPU_FULL_ARMS)
+ARMS.update(GPU_EMPTY_ARMS)
 EXTRA = ("scenarios/openb/openb-eval.yaml", "scenarios/openb/openb-heldout-11600k.yaml", FITTED)
 
 

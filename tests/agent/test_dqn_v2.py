@@ -212,6 +212,26 @@ def test_random_scenarios_are_valid_varied_and_reproducible():
     assert 0.02 < wl.demand_m_s(draws[0].duration_s) / (cap * draws[0].duration_s) < 1.0
 
 
+def test_wide_hardware_draws_fleets_whose_peaks_differ_as_real_mixed_ones_do():
+    """hardware=wide: half the groups by watts per core, so one cluster may mix a frugal 16-core node with a
+    hungry 64-core one; the default draws are those of before (no extra draw from the generator)."""
+    spec = [random_scenario(np.random.default_rng([3, k]), max_nodes=40) for k in range(60)]
+    wide = [random_scenario(np.random.default_rng([3, k]), max_nodes=40, hardware="wide") for k in range(60)]
+    assert spec == [random_scenario(np.random.default_rng([3, k]), max_nodes=40, hardware="specpower")
+                    for k in range(60)]
+
+    def spread(draws):
+        return max(max(g.curve[10] for g in d.nodes) / min(g.curve[10] for g in d.nodes) for d in draws)
+
+    assert spread(spec) < 5 and spread(wide) > 10  # the largest peak over the smallest in one cluster
+    for d in wide:  # valid curves: rising, idle a share of the peak
+        for g in d.nodes:
+            c = np.asarray(g.curve)
+            assert (np.diff(c) >= 0).all() and 0.1 < c[0] / c[10] < 0.95
+    with pytest.raises(ValueError, match="hardware 'arm' is not one of specpower, wide"):
+        random_scenario(np.random.default_rng(0), hardware="arm")
+
+
 def test_every_random_job_kind_expects_enough_arrivals_to_build_for_any_workload_seed():
     """Where the services' load squeezed a job kind's rate, a draw could leave it a few pods an hour apart, and
     some workload seeds then drew none: the workload was refused and a 400,000-decision training died at seed
