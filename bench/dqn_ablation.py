@@ -109,8 +109,9 @@ GPU_FULL_ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gpu-full-teach-energy": (GPU_FULL_TRAIN, (*GPU_SETS, "dqn.teacher=gpu-energy")),
 }
 # The arms measured before the replay kept compacted states (2026-12-05) train with the layout they were measured
-# with, so their tables reproduce to the joule (compaction is exact, but changes the float rounding). Their models'
-# recipes, written before, lack the setting and are read as having it (_done).
+# with, so their tables reproduce to the joule (compaction changes the float rounding and, by default, the margin
+# loss: docs/dqn.md, "Compacted states"). Their models' recipes, written before, lack the setting and are read as
+# having it (_done).
 LEGACY = ("dqn.compact_replay=false",)
 for _arms in (ARMS, SMALL_ARMS, GPU_ARMS):
     for _k, (_sc, _sets) in _arms.items():
