@@ -133,7 +133,7 @@ class DQNConfig:
     randomize_hardware: str = "specpower"
     """How the randomised clusters' power curves are drawn (agent/randomize.py ``HARDWARE``): ``specpower``,
     around the SPECpower tables; ``wide``, half of the node groups by watts per core (1.5-12 W), so that peaks in
-    one cluster differ by up to 50x. The validation's random clusters are drawn the same way."""
+    one cluster differ by up to about 70x. The validation's random clusters are drawn the same way."""
     episodes_per_round: int = 2
     """Schema 2: episodes collected per round (with the weights of two rounds back), then their gradient steps.
     Results depend on this, never on --workers or the executor."""

@@ -39,7 +39,7 @@ _OWNERS = ("Job", "Job", "CronJob", "BorgJob", "")
 #: How the nodes' curves are drawn (``dqn.randomize_hardware``): ``specpower``, around the SPECpower tables (a
 #: table's peak, whatever the node's size); ``wide``, half the groups so and half by watts per core at full load
 #: (log-uniform 1.5-12 W per core: frugal ARM-class nodes to old Xeons) with the idle share log-uniform in
-#: [0.12, 0.6], so that one cluster can hold nodes whose peaks differ by 50x, as real mixed fleets do.
+#: [0.12, 0.6], so that one cluster can hold nodes whose peaks differ by about 70x, as real mixed fleets do.
 HARDWARE = ("specpower", "wide")
 _WIDE_W_PER_CORE = (1.5, 12.0)
 _WIDE_IDLE_SHARE = (0.12, 0.6)

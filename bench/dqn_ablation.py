@@ -37,7 +37,7 @@ that knows GPU power), benchmarked with ``-- --group extra``; ``gpu-full-teach-p
 ``gpu-teach-energy-empty`` (and ``-twins``, the margin loss on node actions) are taught by
 ``gpu-energy:empty=asleep``, compacted.
 ``wide-hardware`` (:data:`HARDWARE_ARMS`, by name only) is the default recipe with randomised clusters whose
-node peaks differ by up to 50x (``dqn.randomize_hardware=wide``), for the held-out hardware of ``--group sleep``.
+node peaks differ by up to about 70x (``dqn.randomize_hardware=wide``), for the held-out hardware of ``--group sleep``.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ for _arms in (ARMS, SMALL_ARMS, GPU_ARMS):
     for _k, (_sc, _sets) in _arms.items():
         _arms[_k] = (_sc, (*_sets, *LEGACY))
 #: Held-out hardware (issue 27): the default recipe with half the randomised clusters' node groups drawn by watts
-#: per core, so one cluster can mix nodes whose peaks differ by 50x (agent/randomize.py ``HARDWARE``); the old
+#: per core, so one cluster can mix nodes whose peaks differ by about 70x (agent/randomize.py ``HARDWARE``); the old
 #: layout, as ``default``'s, so the two differ in that alone. Benchmarked with ``-- --group sleep``.
 HARDWARE_ARMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "wide-hardware": (SYNTHETIC, ("dqn.randomize_hardware=wide", *LEGACY)),
