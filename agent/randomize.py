@@ -90,6 +90,9 @@ def random_scenario(rng: np.random.Generator, max_nodes: int = 40, name: str = "
     if rng.random() < 0.7:
         idle = {"mode": "sleep", "sleep_after_s": round(_loguniform(rng, 60, 900)),
                 "sleep_watts": round(float(rng.uniform(2, 20)), 1), "wake_s": round(float(rng.uniform(10, 180)))}
+        if hardware == "wide":  # a frugal node may idle below 2 W: asleep it must draw less than idle
+            least_idle = min(float(g["power_watts"][0]) for g in nodes)
+            idle["sleep_watts"] = min(idle["sleep_watts"], math.floor(5.0 * least_idle) / 10.0)
     else:
         idle = {"mode": "always_on"}
     jobs = []

@@ -50,6 +50,7 @@ class SnapNode(_M):
     power_watts: list[float] | str  # 11 watts at 0..100 % CPU, or a SPECpower profile name as in a scenario
     power_state: str = "on"  # on, asleep or waking (what the sleep-aware policies read)
     sleep_watts: float | None = Field(None, ge=0)  # draw while asleep (default: the idle watts)
+    never_sleep: bool = False  # protected (a control plane, never-sleep): never put to sleep when idle
 
     @field_validator("power_watts")
     @classmethod
@@ -72,6 +73,7 @@ class Snapshot(_M):
     nodes: list[SnapNode] = Field(min_length=1)
     pod: SnapPod
     now_s: float = Field(0.0, ge=0)  # the decision's time (a snapshot from a scenario records it)
+    wake_s: float = Field(0.0, ge=0)  # seconds a sleeping node takes to wake (where nodes sleep)
 
 
 def load_snapshot(path: Path) -> tuple[ClusterState, PodRequest]:
@@ -93,7 +95,9 @@ def load_snapshot(path: Path) -> tuple[ClusterState, PodRequest]:
         st = ClusterState(names, [n.allocatable.cpu_m for n in snap.nodes], [n.allocatable.memory_mib for n in snap.nodes],
                           [n.allocatable.pods for n in snap.nodes], [n.power_watts for n in snap.nodes],
                           sleep_watts=[n.power_watts[0] if n.sleep_watts is None else n.sleep_watts
-                                       for n in snap.nodes] if sleeping else None, can_sleep=sleeping)
+                                       for n in snap.nodes] if sleeping else None, can_sleep=sleeping,
+                          wake_s=snap.wake_s if sleeping else 0.0,
+                          may_sleep=[sleeping and not n.never_sleep for n in snap.nodes])
     except ValueError as e:
         raise SnapshotError(f"{path}: {e}") from None
     for i, n in enumerate(snap.nodes):
@@ -129,9 +133,12 @@ def snapshot_of(st: ClusterState, pod: PodRequest) -> dict:
                 "power_state": names[int(st.power_state[i])]}
         if st.can_sleep:
             node["sleep_watts"] = float(st.sleep_watts[i])
+            if not st.may_sleep[i]:
+                node["never_sleep"] = True
         nodes.append(node)
     want = {k: v for k, v in (("cpu_m", pod.cpu_m), ("memory_mib", pod.memory_mib)) if v is not None}
-    return {"now_s": float(st.now), "nodes": nodes, "pod": want}
+    return {"now_s": float(st.now), **({"wake_s": float(st.wake_s)} if st.can_sleep else {}), "nodes": nodes,
+            "pod": want}
 
 
 class _StopAt:

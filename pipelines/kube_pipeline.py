@@ -136,10 +136,11 @@ def _log_to(log_path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: Path,
                   start_timeout_s: float = 30.0, context: str | None = None,
-                  energy_source: str = "joulesched") -> Iterator[None]:
+                  energy_source: str = "joulesched", sleep: dict | None = None) -> Iterator[None]:
     """Run our scheduler with ``policy``, in this process, for the duration of one policy's run (kube-scheduler
     binds the default-k8s pods; every other policy is ours, so it must be the one binding
-    ``schedulerName: joulesched``). Returns once it is ready (caches synced); its log goes to ``log_path``."""
+    ``schedulerName: joulesched``). Returns once it is ready (caches synced); its log goes to ``log_path``.
+    With ``sleep`` (:func:`check_sleep`'s options) it is told that nodes sleep, as ``serve --node-power`` is."""
     if scheduler_name_for(policy) != JOULESCHED_SCHEDULER:
         yield
         return
@@ -148,14 +149,17 @@ def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: P
     daemon = SchedulerDaemon(policy=policy, scheduler_name=JOULESCHED_SCHEDULER, listen="127.0.0.1:0",
                              leader_elect=False,
                              cache=CacheOptions(kubeconfig=kubeconfig, context=context, prometheus=prometheus_url,
-                                                energy_source=energy_source))
+                                                energy_source=energy_source,
+                                                sleep_watts=None if sleep is None else float(sleep["sleep_watts"]),
+                                                wake_s=60.0 if sleep is None else float(sleep["wake_s"])))
     with _log_to(log_path), daemon:
         daemon.wait_ready(start_timeout_s)
         yield
 
 
-#: What ``--sleep`` gives the node power controller unless told otherwise (docs/node-power.md).
-SLEEP_DEFAULTS = {"actuator": "none", "sleep_after_s": 60.0, "min_awake": 1}
+#: What ``--sleep`` gives the node power controller unless told otherwise (docs/node-power.md); ``sleep_watts``
+#: and ``wake_s`` also tell our scheduler that nodes sleep (the cache's sleep model: the view the twin trains on).
+SLEEP_DEFAULTS = {"actuator": "none", "sleep_after_s": 60.0, "min_awake": 1, "sleep_watts": 10.0, "wake_s": 60.0}
 
 
 def check_sleep(sleep: dict | None) -> dict | None:
@@ -173,7 +177,9 @@ def check_sleep(sleep: dict | None) -> dict | None:
         raise KubePipelineError(f"--sleep-actuator {opts['actuator']!r}: known: {', '.join(NAMES)}")
     try:
         PowerPolicy(sleep_after_s=float(opts["sleep_after_s"]), min_awake=int(opts["min_awake"]))
-    except ValueError as e:
+        if not (float(opts["sleep_watts"]) >= 0 and float(opts["wake_s"]) >= 0):
+            raise ValueError(f"sleep_watts and wake_s must be >= 0, got {opts['sleep_watts']} and {opts['wake_s']}")
+    except (TypeError, ValueError) as e:
         raise KubePipelineError(f"--sleep: {e}") from None
     return opts
 
@@ -192,6 +198,7 @@ def node_power_controller(sleep: dict | None, kubeconfig: str, log_path: Path, c
                              policy=PowerPolicy(sleep_after_s=float(sleep["sleep_after_s"]),
                                                 min_awake=int(sleep["min_awake"])),
                              leader_elect=False, status=False, credentials=sleep.get("credentials"),
+                             sleep_watts=float(sleep["sleep_watts"]),
                              addresses=sleep.get("addresses"),
                              actuator_options={"libvirt_uri": sleep["libvirt_uri"]} if sleep.get("libvirt_uri")
                              else None)
@@ -470,7 +477,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
                 t0 = time.perf_counter()
                 log = out / "logs" / f"serve-{policy_key(pol)}.log"
                 sched = (our_scheduler(pol, kubeconfig, prometheus_url, log, context=kube_context,
-                                       energy_source=preset)
+                                       energy_source=preset, sleep=sleep)
                          if start_scheduler else contextlib.nullcontext())
                 power = node_power_controller(sleep, kubeconfig, out / "logs" / f"node-power-{policy_key(pol)}.log",
                                               context=kube_context)

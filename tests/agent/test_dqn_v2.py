@@ -224,10 +224,12 @@ def test_wide_hardware_draws_fleets_whose_peaks_differ_as_real_mixed_ones_do():
         return max(max(g.curve[10] for g in d.nodes) / min(g.curve[10] for g in d.nodes) for d in draws)
 
     assert spread(spec) < 5 and spread(wide) > 10  # the largest peak over the smallest in one cluster
-    for d in wide:  # valid curves: rising, idle a share of the peak
+    for d in wide:  # valid curves: rising, idle a share of the peak; asleep below every node's idle draw
         for g in d.nodes:
             c = np.asarray(g.curve)
             assert (np.diff(c) >= 0).all() and 0.1 < c[0] / c[10] < 0.95
+            if d.idle_policy.mode == "sleep":
+                assert d.idle_policy.sleep_watts <= 0.5 * c[0]
     with pytest.raises(ValueError, match="hardware 'arm' is not one of specpower, wide"):
         random_scenario(np.random.default_rng(0), hardware="arm")
 

@@ -160,6 +160,25 @@ def test_a_snapshot_from_a_scenario_scores_as_the_twin_does(tmp_path):
     assert "asleep" in states  # the sleeping nodes are part of the snapshot
 
 
+def test_a_snapshot_keeps_the_wake_time_and_the_nodes_that_never_sleep(tmp_path):
+    """What empty=asleep and the DQN's wake-time column read: written from the twin, read back alike."""
+    import yaml
+
+    from joulesched.pipelines.explain import load_snapshot
+
+    doc = yaml.safe_load((ROOT / "scenarios" / "heterogeneous-sleep.yaml").read_text())
+    doc["nodes"][0]["never_sleep"] = True
+    sc = tmp_path / "sc.yaml"
+    sc.write_text(yaml.safe_dump(doc))
+    snap = tmp_path / "snap.json"
+    live = _explain("--scenario", sc, "--at", 3600, "-p", "awake-first:empty=asleep", "--save-snapshot", snap)
+    st, _ = load_snapshot(snap)
+    first = doc["nodes"][0]["count"]
+    assert st.wake_s == doc["idle_policy"]["wake_s"] > 0
+    assert not st.may_sleep[:first].any() and st.may_sleep[first:].all()
+    assert _explain("--snapshot", snap, "-p", "awake-first:empty=asleep")["chosen"] == live["chosen"]
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "give --snapshot FILE or --scenario FILE"),
     (["--snapshot", EXAMPLE, "--scenario", ROOT / "scenarios/tiny.yaml"], "one of them"),

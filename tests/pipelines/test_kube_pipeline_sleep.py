@@ -27,11 +27,42 @@ from tests.pipelines.test_kube_pipeline import (  # noqa: F401  (fixtures)
 
 
 def test_sleep_options_are_checked_before_anything_starts():
-    assert check_sleep({}) == {"actuator": "none", "sleep_after_s": 60.0, "min_awake": 1}
+    assert check_sleep({}) == {"actuator": "none", "sleep_after_s": 60.0, "min_awake": 1, "sleep_watts": 10.0,
+                               "wake_s": 60.0}
     with pytest.raises(KubePipelineError, match="--sleep-actuator 'zap'"):
         check_sleep({"actuator": "zap"})
     with pytest.raises(KubePipelineError, match="unknown --sleep option 'colour'"):
         check_sleep({"colour": "blue"})
+    with pytest.raises(KubePipelineError, match="sleep_watts and wake_s must be >= 0"):
+        check_sleep({"wake_s": -1})
+
+
+def test_our_scheduler_is_told_that_nodes_sleep(monkeypatch, tmp_path):
+    """With --sleep the scheduler's cache gets the sleep model (the twin's view of a sleeping cluster, as
+    ``serve --node-power``); without it, none."""
+    import joulesched.live.daemon as daemon_mod
+    from joulesched.pipelines.kube_pipeline import our_scheduler
+
+    seen = []
+
+    class Daemon:
+        def __init__(self, **kw):
+            seen.append(kw["cache"])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait_ready(self, timeout):
+            pass
+
+    monkeypatch.setattr(daemon_mod, "SchedulerDaemon", Daemon)
+    for sleep in (check_sleep({"sleep_watts": 7.0, "wake_s": 30.0}), None):
+        with our_scheduler("energy-greedy", "kc", "", tmp_path / "s.log", sleep=sleep):
+            pass
+    assert (seen[0].sleep_watts, seen[0].wake_s) == (7.0, 30.0) and seen[1].sleep_watts is None
 
 
 def test_the_sampler_counts_nodes_awake_as_the_controller_changes_them(emu, kubeconfig, tmp_path):  # noqa: F811
