@@ -47,6 +47,11 @@ import numpy as np
 from joulesched.cluster.filters import ASLEEP_TAINT, fits_free  # noqa: F401 (ASLEEP_TAINT is re-exported)
 from joulesched.cluster.state import ASLEEP, ON, ClusterState, PodRequest, gpu_take
 
+#: A sleeping node's estimated draw and wake time where nothing better is known: the node power controller's
+#: joules-saved estimate, and the sleep model the scheduler is given beside it (serve --node-power, --sleep runs).
+DEFAULT_SLEEP_WATTS = 10.0
+DEFAULT_WAKE_S = 60.0
+
 #: Node annotation: the node must never be put to sleep (any value but "false").
 NEVER_SLEEP_ANNOTATION = "joulesched.io/never-sleep"
 #: Node annotation: the power address of the node (``libvirt:///domain``, ``redfish://...``, ...).

@@ -17,6 +17,7 @@ from typing import Optional
 
 from joulesched.cluster.kube.cache import KubeCache
 from joulesched.cluster.kube.metrics_feed import DEFAULT_CPU_QUERY, DEFAULT_POWER_QUERY
+from joulesched.cluster.nodepower import DEFAULT_WAKE_S
 from joulesched.core.errors import JouleschedError, UsageError
 from joulesched.core.net import parse_listen
 
@@ -60,7 +61,7 @@ class CacheOptions:
     metrics_interval: float = 15.0
     energy_source: str = "joulesched"
     sleep_watts: Optional[float] = None
-    wake_s: float = 60.0
+    wake_s: float = DEFAULT_WAKE_S
 
 
 #: The rate window of a preset's watts in the feed (as the default CPU query's 2m: several scrapes).

@@ -66,6 +66,7 @@ from joulesched.cluster.kube.objects import (
 from joulesched.cluster.nodepower import (
     ASLEEP_TAINT,
     CORDONED_ANNOTATION,
+    DEFAULT_SLEEP_WATTS,
     POWER_ADDRESS_ANNOTATION,
     POWER_OWNER_ANNOTATION,
     POWER_SINCE_ANNOTATION,
@@ -130,7 +131,7 @@ class NodePowerConfig:
     drain_timeout_s: float = 300.0
     retry_initial_s: float = 10.0
     retry_max_s: float = 600.0
-    sleep_watts: float = 10.0
+    sleep_watts: float = DEFAULT_SLEEP_WATTS
     addresses: dict[str, str] = field(default_factory=dict)
     access: AddressPolicy = field(default_factory=AddressPolicy)
     leader_elect: bool = True
@@ -1147,7 +1148,7 @@ class NodePowerDaemon:
     def __init__(self, *, actuator: str = "none", policy: PowerPolicy | None = None, dry_run: bool = False,
                  listen: str = "127.0.0.1:10262", leader_elect: bool = True, lease_namespace: str | None = None,
                  kubeconfig: str | None = None, context: str | None = None, credentials: str | None = None,
-                 addresses: str | None = None, power_profiles: str | None = None, sleep_watts: float = 10.0,
+                 addresses: str | None = None, power_profiles: str | None = None, sleep_watts: float = DEFAULT_SLEEP_WATTS,
                  resync_s: float = 5.0, wake_timeout_s: float = 600.0, scheduler_name: str = "joulesched",
                  actuator_options: dict | None = None, cache: KubeCache | None = None,
                  identity: str | None = None, allow_annotated: list[str] | tuple[str, ...] = (),

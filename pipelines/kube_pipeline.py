@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from joulesched.cluster.nodepower import DEFAULT_SLEEP_WATTS, DEFAULT_WAKE_S
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_write_text, check_output_dir
 from joulesched.pipelines.benchmark import write_outputs
@@ -151,7 +152,7 @@ def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: P
                              cache=CacheOptions(kubeconfig=kubeconfig, context=context, prometheus=prometheus_url,
                                                 energy_source=energy_source,
                                                 sleep_watts=None if sleep is None else float(sleep["sleep_watts"]),
-                                                wake_s=60.0 if sleep is None else float(sleep["wake_s"])))
+                                                wake_s=DEFAULT_WAKE_S if sleep is None else float(sleep["wake_s"])))
     with _log_to(log_path), daemon:
         daemon.wait_ready(start_timeout_s)
         yield
@@ -159,7 +160,8 @@ def our_scheduler(policy: str, kubeconfig: str, prometheus_url: str, log_path: P
 
 #: What ``--sleep`` gives the node power controller unless told otherwise (docs/node-power.md); ``sleep_watts``
 #: and ``wake_s`` also tell our scheduler that nodes sleep (the cache's sleep model: the view the twin trains on).
-SLEEP_DEFAULTS = {"actuator": "none", "sleep_after_s": 60.0, "min_awake": 1, "sleep_watts": 10.0, "wake_s": 60.0}
+SLEEP_DEFAULTS = {"actuator": "none", "sleep_after_s": 60.0, "min_awake": 1, "sleep_watts": DEFAULT_SLEEP_WATTS,
+                  "wake_s": DEFAULT_WAKE_S}
 
 
 def check_sleep(sleep: dict | None) -> dict | None:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from joulesched.cluster.kube.metrics_feed import DEFAULT_CPU_QUERY, DEFAULT_POWER_QUERY
+from joulesched.cluster.nodepower import DEFAULT_SLEEP_WATTS, DEFAULT_WAKE_S
 from joulesched.pipelines.cli.common import errors
 
 PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="Policy NAME, NAME:key=value,... or dqn=MODEL.")]
@@ -68,8 +69,6 @@ NodeSleepWattsOpt = Annotated[Optional[float], typer.Option(
     "controller's estimate (10 W) with --node-power, else nodes never sleep.")]
 NodeWakeOpt = Annotated[float, typer.Option("--node-wake-s", min=0.0, help="Seconds a sleeping node takes to wake "
                                             "(with --node-sleep-watts or --node-power).")]
-#: A sleeping node's watts the node power controller estimates by default (NodePowerConfig.sleep_watts).
-DEFAULT_SLEEP_WATTS = 10.0
 AllowRedfishHttpOpt = Annotated[bool, typer.Option("--allow-redfish-http", help="Accept redfish+http:// addresses "
                                                    "(the BMC login travels unencrypted).")]
 
@@ -119,7 +118,7 @@ def serve(
     allow_annotated: AllowAnnotatedOpt = None,
     allow_redfish_http: AllowRedfishHttpOpt = False,
     node_sleep_watts: NodeSleepWattsOpt = None,
-    node_wake_s: NodeWakeOpt = 60.0,
+    node_wake_s: NodeWakeOpt = DEFAULT_WAKE_S,
 ) -> None:
     """Run POLICY as a secondary scheduler: bind pending pods whose schedulerName matches, until SIGTERM."""
     if node_sleep_watts is None and node_power:
@@ -290,7 +289,7 @@ def extender(
     seed: SeedOpt = 0,
     log_level: LogOpt = "info",
     node_sleep_watts: NodeSleepWattsOpt = None,
-    node_wake_s: NodeWakeOpt = 60.0,
+    node_wake_s: NodeWakeOpt = DEFAULT_WAKE_S,
 ) -> None:
     """Serve POLICY as a kube-scheduler extender (POST /filter, /prioritize; extender v1 JSON), until SIGTERM."""
     run_extender(listen=listen, policy=policy, seed=seed, log_level=log_level,

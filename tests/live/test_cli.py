@@ -70,7 +70,7 @@ def test_serve_tells_the_cache_how_nodes_sleep(app, monkeypatch, args, model):
     import joulesched.pipelines.cli.live as live_cli
     from joulesched.live.nodepower import NodePowerConfig
 
-    assert live_cli.DEFAULT_SLEEP_WATTS == NodePowerConfig().sleep_watts
+    assert NodePowerConfig().sleep_watts == live_cli.DEFAULT_SLEEP_WATTS == 10.0
     seen: dict = {}
     monkeypatch.setattr(live_cli, "run_serve", lambda **kw: seen.update(kw))
     r = CliRunner().invoke(app, ["serve", *args])
