@@ -25,7 +25,9 @@ LAVA re-predicts: its remaining life is the median of that distribution given it
 exact reference; ``r2=0`` knows only the workload's lifetime distribution and each pod's age. With
 ``extend=expected`` the awake time a pod adds to a node is priced as its expectation under that distribution
 (``E[(L - e)+]`` given the pod's age, ``e`` the node's emptying time) instead of the median's excess: the rule
-that uses the prediction's uncertainty (docs/dqn.md measures both).
+that uses the prediction's uncertainty (docs/dqn.md measures both). ``power=gpu`` puts the lifetimes in front of
+``gpu-energy``'s keys, as ``gpu-lifetime-aware`` does with its predictor (docs/dqn.md, "Lifetimes on the GPU
+cluster").
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 
 from joulesched.agent.baselines import _float_opt, _int_opt
-from joulesched.agent.lifetime_aware import LifetimeAware
+from joulesched.agent.lifetime_aware import POWER_KEYS, LifetimeAware
 from joulesched.agent.policy import PolicyError
 from joulesched.cluster.state import ClusterState
 
@@ -54,6 +56,8 @@ class Clairvoyant(LifetimeAware):
     :param seed: the seed of the oracle's errors (with ``r2`` < 1).
     :param extend: ``median`` (the added awake time of the median life) or ``expected`` (its expectation under
         the oracle's residual distribution; with ``r2`` < 1).
+    :param empty: ``awake`` or ``asleep``, how an awake node without pods ranks (agent/sleep_aware.py).
+    :param power: ``cpu`` (``lifetime-aware``'s keys) or ``gpu`` (``gpu-lifetime-aware``'s: GPU power known).
     """
 
     name = "clairvoyant"
@@ -62,8 +66,13 @@ class Clairvoyant(LifetimeAware):
     reads_twin = True
 
     def __init__(self, headroom: str | float = "1", fit_classes: str | int = "1", r2: str | float = "1",
-                 seed: str | int = "0", extend: str = "median", empty: str = "awake") -> None:
+                 seed: str | int = "0", extend: str = "median", empty: str = "awake", power: str = "cpu") -> None:
         super().__init__(headroom, prediction="0", fit_classes=fit_classes, empty=empty)
+        if power not in POWER_KEYS:
+            raise PolicyError(f"policy {self.name!r}: option power={power!r} is not one of {', '.join(POWER_KEYS)}")
+        self.power = power
+        if power == "gpu":
+            self.wake_label = "WattsPerUnit"
         self.r2 = _float_opt(self.name, "r2", str(r2), 0.0, 1.0, closed=True)
         self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)
         if extend not in EXTENDS:

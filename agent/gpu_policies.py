@@ -238,6 +238,34 @@ def gpu_watts_added(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.nd
     return np.where(fits, add, 0.0)
 
 
+def gpu_energy_keys(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """``gpu-energy``'s keys for awake candidates, lower first: CPU plus GPU watts added, GPU packing's tier,
+    then the free GPU and CPU shares left (best fit)."""
+    cap = _cpu_cap(st, idx)
+    dp = power_increase(st, pod, idx) + gpu_watts_added(st, pod, idx)
+    tier = packing_tier(st, pod, idx) if pod.gpu else np.zeros(len(idx), dtype=np.int64)
+    # Rounded so that equal increases on equal hardware tie and the packing keys decide.
+    return {"PowerIncreaseW": np.round(dp, 6), "GpuPackingTier": tier.astype(np.float64),
+            "FreeGpuShare": (_free_gpu(st, idx) - pod.gpu_share_milli) / _gpu_cap(st, idx) * (st.alloc_gpu[idx] > 0),
+            "FreeCpuShare": (st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu) / cap}
+
+
+def gpu_wake_key(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+    """``gpu-energy``'s waking order, lower first: watts at full load per GPU for a GPU pod (the CPU's and every
+    GPU's peak over the GPUs), per core for a pod without (the CPU's peak and every GPU's idle, which waking
+    turns on, over the cores)."""
+    count = st.alloc_gpu[idx].astype(np.float64)
+    curves = st.gpu_curves[idx]  # zeros on a node without GPUs
+    if pod.gpu:
+        return (st.peak_watts[idx] + count * curves[:, 10]) / np.maximum(count, 1.0)
+    return watts_per_core(st, idx) + count * curves[:, 0] / np.maximum(st.alloc_cpu[idx], 1) * 1000.0
+
+
+def node_idle_watts(st: ClusterState, idx: np.ndarray) -> np.ndarray:
+    """What each node draws awake and idle: its CPU side's idle plus every GPU's idle (0 without GPUs)."""
+    return st.idle_watts[idx] + st.alloc_gpu[idx] * np.asarray(st.gpu_curves[idx], dtype=np.float64)[:, 0]
+
+
 class GpuEnergy(_SleepAware):
     """GPU-aware PABFD: what a power-aware packer does when it knows each node's GPU power, as the schema-3 DQN
     does (its ``gpu_marginal_watts`` and ``gpu_idle_watts`` columns). Among awake nodes the least power increase
@@ -253,17 +281,7 @@ class GpuEnergy(_SleepAware):
     wake_label = "WattsPerUnit"
 
     def _inner(self, st, pod, idx):
-        cap = _cpu_cap(st, idx)
-        dp = power_increase(st, pod, idx) + gpu_watts_added(st, pod, idx)
-        tier = packing_tier(st, pod, idx) if pod.gpu else np.zeros(len(idx), dtype=np.int64)
-        # Rounded so that equal increases on equal hardware tie and the packing keys decide.
-        return {"PowerIncreaseW": np.round(dp, 6), "GpuPackingTier": tier.astype(np.float64),
-                "FreeGpuShare": (_free_gpu(st, idx) - pod.gpu_share_milli) / _gpu_cap(st, idx) * (st.alloc_gpu[idx] > 0),
-                "FreeCpuShare": (st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu) / cap}
+        return gpu_energy_keys(st, pod, idx)
 
     def _wake_key(self, st, pod, idx):
-        count = st.alloc_gpu[idx].astype(np.float64)
-        curves = st.gpu_curves[idx]  # zeros on a node without GPUs
-        if pod.gpu:
-            return (st.peak_watts[idx] + count * curves[:, 10]) / np.maximum(count, 1.0)
-        return watts_per_core(st, idx) + count * curves[:, 0] / np.maximum(st.alloc_cpu[idx], 1) * 1000.0
+        return gpu_wake_key(st, pod, idx)

@@ -28,6 +28,11 @@ Co-location first (no fit class) lost 1.5-3 % to best fit on the suite; inside e
 (docs/PERFORMANCE.md, "The lifetime-aware heuristic"). ``prediction=0`` drops the predictor (every life and
 emptying time is unknown, so keys 1 and 4 tie and the classes only coarsen the best fit): the policy is then
 exactly ``awake-first:fit=efficient``, the ablation that says what the prediction is worth.
+
+``gpu-lifetime-aware`` (:class:`GpuLifetimeAware`) is the same rule on a GPU cluster, where the strongest rule
+without prediction is ``gpu-energy``: keys 2 and 3 become ``gpu-energy``'s (CPU plus GPU watts added, then GPU
+packing), the awake time is priced at the node's CPU and GPU idle draw, and it wakes as ``gpu-energy`` does; with
+``prediction=0`` it is exactly ``gpu-energy``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import numpy as np
 
 from joulesched.agent import fused
 from joulesched.agent.baselines import _float_opt, _int_opt
+from joulesched.agent.gpu_policies import gpu_energy_keys, gpu_wake_key, node_idle_watts
 from joulesched.agent.predictor import PodPredictor, PredictorFeed
 from joulesched.agent.sleep_aware import _SleepAware, free_shares, watts_per_core
 from joulesched.cluster.state import ClusterState, PodRequest
@@ -49,6 +55,12 @@ def log2_class(x: np.ndarray, unit: np.ndarray | float) -> np.ndarray:
     r = np.asarray(x, dtype=np.float64) / np.maximum(unit, 1e-12)
     with np.errstate(divide="ignore"):
         return np.where(r <= 1.0, 0.0, 1.0 + np.floor(np.log2(np.maximum(r, 1.0))))
+
+
+#: What the keys after the lifetime ones know of power: ``cpu`` (``lifetime-aware``), watts per core and best fit
+#: in classes; ``gpu`` (``gpu-lifetime-aware``), ``gpu-energy``'s keys (CPU plus GPU watts added, GPU packing,
+#: best fit) and waking order, with the awake time a pod adds priced at the node's CPU and GPU idle draw.
+POWER_KEYS = ("cpu", "gpu")
 
 
 class LifetimeAware(_SleepAware):
@@ -65,6 +77,8 @@ class LifetimeAware(_SleepAware):
     """
 
     name = "lifetime-aware"
+    #: Which power the keys after the lifetime ones know (:data:`POWER_KEYS`).
+    power = "cpu"
     #: choose() is handed the pod's metadata: the predictor keys lifetimes by app, QoS class and kind.
     uses_meta = True
 
@@ -101,20 +115,30 @@ class LifetimeAware(_SleepAware):
             self._names = list(state.names)
 
     # ---- keys ---------------------------------------------------------------------------------------------
+    def _wake_key(self, st, pod, idx):
+        return gpu_wake_key(st, pod, idx) if self.power == "gpu" else super()._wake_key(st, pod, idx)
+
     def _inner(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, np.ndarray]:
         free_cpu, free_mem = free_shares(st, pod, idx)
         lives = self._lives(st, idx)
+        gpu = self.power == "gpu"
         if lives is None:
             extend = slack = np.zeros(idx.size)
         else:
             e, life = lives
-            idle = st.idle_watts[idx].astype(np.float64)
+            # A node kept awake draws its GPUs' idle too.
+            idle = node_idle_watts(st, idx) if gpu else st.idle_watts[idx].astype(np.float64)
+            top = float(node_idle_watts(st, np.arange(len(st))).max()) if gpu else float(st.idle_watts.max())
             # One unit for the whole cluster (a minute at the largest idle draw), so that an hour on a small node
             # costs less than an hour on a big one.
-            extend = log2_class(self._added(e, life) * idle, CLASS_S * float(st.idle_watts.max()))
+            extend = log2_class(self._added(e, life) * idle, CLASS_S * top)
             # Slack only orders the nodes the pod does not outlive; an extended node's slack is 0 (the extension
             # already ranks it).
             slack = np.where(extend == 0.0, log2_class(np.maximum(e - life, 0.0), CLASS_S), 0.0)
+        if gpu:
+            g = gpu_energy_keys(st, pod, idx)
+            return {"ExtendJ": extend, "PowerIncreaseW": g["PowerIncreaseW"], "GpuPackingTier": g["GpuPackingTier"],
+                    "SlackClass": slack, "FreeGpuShare": g["FreeGpuShare"], "FreeCpuShare": g["FreeCpuShare"]}
         wpc = watts_per_core(st, idx)
         fit_class = np.floor(np.clip(free_cpu, 0.0, 1.0) * self.fit_classes)
         return {"ExtendJ": extend, "WattsPerCoreAwake": wpc, "FitClass": fit_class, "SlackClass": slack,
@@ -141,3 +165,25 @@ class LifetimeAware(_SleepAware):
     def choose(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> int:
         self._meta = meta
         return super().choose(st, pod, mask)
+
+
+class GpuLifetimeAware(LifetimeAware):
+    """``lifetime-aware`` that knows GPU power: the predictor-aware rule with what the schema-3 DQN reads. Among
+    awake nodes, least predicted awake time added (priced at the node's CPU and GPU idle draw), then
+    ``gpu-energy``'s keys: CPU plus GPU watts added, GPU packing's tiers, then the node predicted to empty soonest
+    after the pod, then the least free GPU and CPU share; when no awake node fits, ``gpu-energy``'s waking rule
+    (the fewest watts at full load per GPU, per core for a pod without GPUs).
+
+    :param headroom: as awake-first's (0 < h <= 1, default 1).
+    :param empty: ``awake`` or ``asleep``, how an awake node without pods ranks (agent/sleep_aware.py).
+    :param prediction: 0 drops the predictor: the policy is then exactly ``gpu-energy``, the ablation.
+    :param horizon_s: the predictor's load horizon (as the DQN's ``prediction_horizon_s``).
+    """
+
+    name = "gpu-lifetime-aware"
+    power = "gpu"
+    wake_label = "WattsPerUnit"
+
+    def __init__(self, headroom: str | float = "1", prediction: str = "1", horizon_s: str | float = "600",
+                 empty: str = "awake") -> None:
+        super().__init__(headroom, prediction, horizon_s, empty=empty)  # no best fit in classes: watts decide

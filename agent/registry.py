@@ -120,6 +120,9 @@ BUILTIN: tuple[PolicyEntry, ...] = (
     _builtin("gpu-energy", "gpu_policies:GpuEnergy", "gpu-aware",
              "PABFD that knows GPU power: least CPU + GPU watts added among awake nodes, then GPU packing; wakes "
              "the node with the fewest watts per GPU"),
+    _builtin("gpu-lifetime-aware", "lifetime_aware:GpuLifetimeAware", "gpu-aware",
+             "lifetime-aware on GPU power: least predicted awake time added (CPU + GPU idle), then gpu-energy's keys "
+             "and waking rule"),
     _builtin("round-robin", "baselines:RoundRobin", "reference", "the next feasible node, wrapping around"),
     _builtin("random", "baselines:Random", "reference", "a uniformly random feasible node"),
     _builtin("clairvoyant", "clairvoyant:Clairvoyant", "clairvoyant",
@@ -213,7 +216,7 @@ SLEEP_AWARE_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.fam
 #: ones"): every comparison that claims "the best heuristic" runs them too, so the CPU ones are in
 #: :data:`DEFAULT_POLICIES` (the GPU one runs where the GPU heuristics do, by name on GPU scenarios).
 HEURISTIC_VARIANTS: tuple[str, ...] = ("awake-first:fit=efficient", "pabfd:empty=asleep", "lifetime-aware:empty=asleep",
-                                       "gpu-energy:empty=asleep")
+                                       "gpu-energy:empty=asleep", "gpu-lifetime-aware:empty=asleep")
 #: The policies "the best heuristic" is the best of: every built-in heuristic and every variant.
 BEST_HEURISTIC_CANDIDATES: tuple[str, ...] = tuple(dict.fromkeys((*HEURISTICS, *HEURISTIC_VARIANTS)))
 #: The one default policy set: every baseline, then every variant. ``benchmark``, ``sweep`` (a grid without

@@ -19,6 +19,7 @@ from joulesched.cluster.state import ClusterState, PodRequest
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import PodMeta, build_workload
 from tests.support.decisions import decisions, unseen_durations
+from tests.support.predictor import taught_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 LINEAR = [100.0 + 10.0 * k for k in range(11)]
@@ -33,14 +34,7 @@ def _cluster(n=3):
 
 
 def _policy(st, lives):
-    """lifetime-aware with its predictor taught ``lives`` (meta -> finished lifetimes, seconds)."""
-    pol = make_policy("lifetime-aware")
-    pol.reset(st, np.random.default_rng(0))
-    pred = pol.feed.predictor
-    for meta, ls in lives.items():
-        for life in ls:
-            pred.model.observe(pred.kid_of(meta), life)
-    return pol, pred
+    return taught_policy("lifetime-aware", st, lives)
 
 
 def _bind(st, pred, node, key, meta, cpu):

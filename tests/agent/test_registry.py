@@ -47,7 +47,7 @@ def test_policy_sets_come_from_the_table_metadata():
     assert set(UPSTREAM_HEURISTICS) <= set(HEURISTICS)
     assert set(HEURISTICS) == set(UPSTREAM_HEURISTICS) | set(SLEEP_AWARE_HEURISTICS) | set(GPU_POLICIES)
     assert {"fgd", "gpu-best-fit", "gpu-dot-product", "gpu-packing", "gpu-clustering", "gpu-random",
-            "gpu-energy"} == set(GPU_POLICIES)
+            "gpu-energy", "gpu-lifetime-aware"} == set(GPU_POLICIES)
     assert {"most-allocated", "peaks", "energy-greedy"} <= set(UPSTREAM_HEURISTICS)
     assert not {"default-k8s", "round-robin", "random"} & set(HEURISTICS)
 
@@ -55,7 +55,7 @@ def test_policy_sets_come_from_the_table_metadata():
 def test_the_default_set_holds_every_baseline_and_every_registered_heuristic_variant():
     assert HEURISTIC_VARIANTS, "no registered variant: the test would prove nothing"
     gpu = [v for v in HEURISTIC_VARIANTS if family_of(v) == "gpu-aware"]  # run by name on GPU scenarios
-    assert gpu == ["gpu-energy:empty=asleep"]
+    assert gpu == ["gpu-energy:empty=asleep", "gpu-lifetime-aware:empty=asleep"]
     assert set(HEURISTIC_VARIANTS) - set(gpu) <= set(DEFAULT_POLICIES) and not set(gpu) & set(DEFAULT_POLICIES)
     assert set(HEURISTIC_VARIANTS) <= set(BEST_HEURISTIC_CANDIDATES)
     plain = [b for b in BASELINES if b not in GPU_POLICIES]  # the GPU heuristics run on GPU scenarios by name

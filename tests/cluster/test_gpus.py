@@ -158,7 +158,7 @@ class _Checked:
 
 @pytest.mark.parametrize("policy", ["default-k8s", "most-allocated", "random", "awake-first", "round-robin",
                                     "gpu-random", "gpu-best-fit", "gpu-dot-product", "gpu-packing",
-                                    "gpu-clustering", "fgd", "gpu-energy"])
+                                    "gpu-clustering", "fgd", "gpu-energy", "gpu-lifetime-aware"])
 def test_the_twin_never_breaks_a_gpu_count_share_or_model_constraint(tmp_path, policy):
     sc = load_scenario(_scenario(tmp_path, _random_gpu_pods(400, 7)))
     wl = build_workload(sc)

@@ -1,0 +1,118 @@
+"""``gpu-lifetime-aware``, the predictor-aware packer that knows GPU power (agent/lifetime_aware.py), and
+``clairvoyant:power=gpu``: the keys worked out by hand, the ablation (no prediction is exactly ``gpu-energy``),
+honesty (no decision reads a duration the run has not seen), and its place in every best-heuristic comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from joulesched.agent.policy import PolicyError
+from joulesched.agent.registry import (BEST_HEURISTIC_CANDIDATES, DEFAULT_POLICIES, GPU_POLICIES, HEURISTIC_VARIANTS,
+                                       family_of, make_policy)
+from joulesched.agent.runner import run_policy
+from joulesched.cluster.scenario import load_scenario
+from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
+from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import PodMeta, build_workload
+from tests.support.decisions import decisions, unseen_durations
+from tests.support.predictor import taught_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+MINI_FITTED = ROOT / "scenarios" / "openb" / "mini" / "openb-mini-fitted.yaml"
+CPU = [100.0 + 10.0 * k for k in range(11)]  # linear: equal CPU requests add equal watts everywhere
+T4 = [10.0 + 6.0 * k for k in range(11)]  # linear: a share adds the same watts on any GPU it fits
+V100 = [40.0 + 26.0 * k for k in range(11)]
+LONG = PodMeta(kind="job", owner_kind="Job", app="train", qos_class="Burstable")
+SHORT = PodMeta(kind="job", owner_kind="Job", app="etl", qos_class="Burstable")
+NEW = PodMeta(kind="job", owner_kind="Job", app="infer", qos_class="Burstable")
+
+
+def _cluster(counts=(2, 2), curves=(T4, T4), models=("T4", "T4"), asleep=()):
+    n = len(counts)
+    st = ClusterState([f"n{i}" for i in range(n)], [64000] * n, [262144] * n, [110] * n, [CPU] * n,
+                      sleep_watts=[5.0] * n, can_sleep=True, wake_s=60, gpu_count=list(counts),
+                      gpu_model=list(models), gpu_curves=list(curves))
+    for i in asleep:
+        st.power_state[i] = ASLEEP
+    return st
+
+
+def test_a_long_gpu_pod_joins_the_node_that_stays_awake_where_gpu_energy_packs_the_shared_gpu():
+    st = _cluster()
+    pol, pred = taught_policy("gpu-lifetime-aware", st, {LONG: [36000.0] * 20, SHORT: [300.0] * 20, NEW: [7200.0] * 20})
+    for node, key, meta, pod in ((0, "a", LONG, PodRequest(4000, 100, gpu=1)),  # a whole T4, ~10 h
+                                 (1, "b", SHORT, PodRequest(4000, 100, gpu=1, gpu_milli=500))):  # half a T4, ~5 min
+        st.bind(node, pod, key)
+        pred.bound(st.now, key, node, meta, 4000.0)
+    pod = PodRequest(2000, 100, gpu=1, gpu_milli=300)
+    mask = st.feasible(pod)
+    # Equal watts added on both (linear curves, equal requests); gpu-energy then packs the partly used GPU.
+    assert make_policy("gpu-energy").choose(st, pod, mask) == 1
+    # Two hours on n1 would keep it (and its GPUs) awake ~2 h longer; on n0 it adds nothing.
+    assert pol.choose(st, pod, mask, meta=NEW) == 0
+    scores = pol.node_scores(st, pod, np.flatnonzero(mask), meta=NEW)
+    assert list(scores.plugins)[:4] == ["Tier", "ExtendJ", "PowerIncreaseW", "GpuPackingTier"]
+    extend = scores.plugins["ExtendJ"][1]
+    assert extend[0] == 0.0 and extend[1] > 0.0
+    # A pod that outlives neither node: the lifetime keys tie, and it goes where gpu-energy puts it.
+    assert pol.choose(st, pod, mask, meta=SHORT) == 1
+
+
+def test_it_wakes_as_gpu_energy_does_by_watts_per_gpu():
+    st = _cluster((8, 2), (V100, T4), ("V100", "T4"), asleep=(0, 1))
+    pol, _ = taught_policy("gpu-lifetime-aware", st, {})
+    pod = PodRequest(1000, 100, gpu=1)
+    assert pol.choose(st, pod, st.feasible(pod), meta=NEW) == 1  # 170 W per T4 against 325 per V100
+    assert "WattsPerUnit" in pol.node_scores(st, pod, np.flatnonzero(st.feasible(pod)), meta=NEW).plugins
+
+
+def test_without_prediction_it_is_exactly_gpu_energy():
+    sc = load_scenario(MINI_FITTED)
+    wl = build_workload(sc, sc.seed)
+    a, b, c = Twin(sc, wl), Twin(sc, wl), Twin(sc, wl)
+    ra = run_policy(a, make_policy("gpu-energy:empty=asleep"), 3)
+    rb = run_policy(b, make_policy("gpu-lifetime-aware:prediction=0,empty=asleep"), 3)
+    run_policy(c, make_policy("gpu-lifetime-aware:empty=asleep"), 3)
+    assert list(a.pod_node) == list(b.pod_node) and ra.energy_joules == rb.energy_joules
+    # The prediction moves decisions (else the policy would be a renamed gpu-energy).
+    assert list(c.pod_node) != list(a.pod_node)
+
+
+def test_decisions_never_depend_on_durations_not_yet_seen():
+    # The real trace's three days on the full cluster: enough long-lived pods run across the cut.
+    sc = load_scenario(ROOT / "scenarios" / "openb" / "openb-3days.yaml")
+    wl = build_workload(sc, sc.seed)
+    twin = Twin(sc, wl)
+    base = decisions(twin, make_policy("gpu-lifetime-aware"), 5)
+    t_cut, dur, before = unseen_durations(wl, twin, cut=300)
+    again = decisions(Twin(sc, dataclasses.replace(wl, duration_s=dur)), make_policy("gpu-lifetime-aware"), 5,
+                      until=t_cut)
+    assert [n for n, b in zip(again, before) if b] == [n for n, b in zip(base, before) if b]
+
+
+def test_it_is_a_gpu_aware_heuristic_in_every_best_heuristic_comparison():
+    assert family_of("gpu-lifetime-aware") == "gpu-aware" and "gpu-lifetime-aware" in GPU_POLICIES
+    assert "gpu-lifetime-aware" in BEST_HEURISTIC_CANDIDATES
+    assert "gpu-lifetime-aware:empty=asleep" in HEURISTIC_VARIANTS
+    # Run by name on GPU scenarios, as the other GPU-aware ones: on a CPU cluster it is a lifetime-aware PABFD.
+    assert not {"gpu-lifetime-aware", "gpu-lifetime-aware:empty=asleep"} & set(DEFAULT_POLICIES)
+    with pytest.raises(PolicyError, match="unknown option 'fit_classes'"):
+        make_policy("gpu-lifetime-aware:fit_classes=8")
+
+
+def test_clairvoyant_with_gpu_keys_reads_the_true_end_and_knows_gpu_power():
+    sc = load_scenario(MINI_FITTED)
+    wl = build_workload(sc, sc.seed)
+    runs = {}
+    for spec in ("clairvoyant:power=gpu", "gpu-energy", "clairvoyant"):
+        twin = Twin(sc, wl)
+        runs[spec] = (run_policy(twin, make_policy(spec), 3).energy_joules, list(twin.pod_node))
+    # Not gpu-energy renamed, nor the CPU keys' clairvoyant.
+    assert runs["clairvoyant:power=gpu"][1] != runs["gpu-energy"][1]
+    assert runs["clairvoyant:power=gpu"][1] != runs["clairvoyant"][1]
+    with pytest.raises(PolicyError, match="power='tpu' is not one of cpu, gpu"):
+        make_policy("clairvoyant:power=tpu")
