@@ -72,6 +72,9 @@ class Clairvoyant(LifetimeAware):
             raise PolicyError(f"policy {self.name!r}: option power={power!r} is not one of {', '.join(POWER_KEYS)}")
         self.power = power
         if power == "gpu":
+            if self.fit_classes != 1:  # gpu-energy's keys rank by watts, with no best fit in classes
+                raise PolicyError(f"policy {self.name!r}: option fit_classes={self.fit_classes} has no effect with "
+                                  "power=gpu")
             self.wake_label = "WattsPerUnit"
         self.r2 = _float_opt(self.name, "r2", str(r2), 0.0, 1.0, closed=True)
         self.seed = _int_opt(self.name, "seed", str(seed), 0, 2**63 - 1)

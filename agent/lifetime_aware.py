@@ -119,7 +119,6 @@ class LifetimeAware(_SleepAware):
         return gpu_wake_key(st, pod, idx) if self.power == "gpu" else super()._wake_key(st, pod, idx)
 
     def _inner(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, np.ndarray]:
-        free_cpu, free_mem = free_shares(st, pod, idx)
         lives = self._lives(st, idx)
         gpu = self.power == "gpu"
         if lives is None:
@@ -139,6 +138,7 @@ class LifetimeAware(_SleepAware):
             g = gpu_energy_keys(st, pod, idx)
             return {"ExtendJ": extend, "PowerIncreaseW": g["PowerIncreaseW"], "GpuPackingTier": g["GpuPackingTier"],
                     "SlackClass": slack, "FreeGpuShare": g["FreeGpuShare"], "FreeCpuShare": g["FreeCpuShare"]}
+        free_cpu, free_mem = free_shares(st, pod, idx)
         wpc = watts_per_core(st, idx)
         fit_class = np.floor(np.clip(free_cpu, 0.0, 1.0) * self.fit_classes)
         return {"ExtendJ": extend, "WattsPerCoreAwake": wpc, "FitClass": fit_class, "SlackClass": slack,

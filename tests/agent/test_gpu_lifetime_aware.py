@@ -116,3 +116,5 @@ def test_clairvoyant_with_gpu_keys_reads_the_true_end_and_knows_gpu_power():
     assert runs["clairvoyant:power=gpu"][1] != runs["clairvoyant"][1]
     with pytest.raises(PolicyError, match="power='tpu' is not one of cpu, gpu"):
         make_policy("clairvoyant:power=tpu")
+    with pytest.raises(PolicyError, match="fit_classes=8 has no effect with power=gpu"):
+        make_policy("clairvoyant:power=gpu,fit_classes=8")
