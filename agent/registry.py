@@ -10,6 +10,7 @@ and the benchmark's policy sets are derived from it:
   compared with (reference.md section 7, "Fair baselines");
 * :data:`DEFAULT_POLICIES`: every baseline but the GPU-aware ones (:data:`GPU_POLICIES`) and every variant, what
   ``benchmark``, ``sweep``, ``test``, the sim and kube pipelines and ``make demo`` run when no policy is named;
+  where a scenario has GPUs, :func:`default_policies` adds the GPU-aware ones and their variants;
 * :data:`UPSTREAM_HEURISTICS`: those a kube-scheduler user can deploy today (scheduler-plugins included).
 
 A plugin is one module and one entry point in its own package::
@@ -214,20 +215,30 @@ UPSTREAM_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family
 SLEEP_AWARE_HEURISTICS: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "sleep-aware")
 #: Option variants found strongest (docs/PERFORMANCE.md: the headroom table; "Empty nodes ranked as sleeping
 #: ones"): every comparison that claims "the best heuristic" runs them too, so the CPU ones are in
-#: :data:`DEFAULT_POLICIES` (the GPU one runs where the GPU heuristics do, by name on GPU scenarios).
+#: :data:`DEFAULT_POLICIES` (the GPU ones run where the GPU heuristics do: :func:`default_policies`).
 HEURISTIC_VARIANTS: tuple[str, ...] = ("awake-first:fit=efficient", "pabfd:empty=asleep", "lifetime-aware:empty=asleep",
                                        "gpu-energy:empty=asleep", "gpu-lifetime-aware:empty=asleep")
 #: The policies "the best heuristic" is the best of: every built-in heuristic and every variant.
 BEST_HEURISTIC_CANDIDATES: tuple[str, ...] = tuple(dict.fromkeys((*HEURISTICS, *HEURISTIC_VARIANTS)))
 #: The one default policy set: every baseline, then every variant. ``benchmark``, ``sweep`` (a grid without
 #: ``policies``), ``test``, the sim and kube pipelines and ``make demo`` (which adds the DQN) run it.
-#: The GPU-aware heuristics (the FGD paper's baselines and FGD): best-heuristic candidates, run with
-#: ``--policy`` on GPU scenarios (scenarios/openb-*.yaml); not in the default set, whose CPU scenarios they
-#: would only repeat as CPU best fit.
+#: The GPU-aware heuristics (the FGD paper's baselines, FGD, ``gpu-energy``, ``gpu-lifetime-aware``) and their
+#: variants are best-heuristic candidates that the default set leaves out, since on CPU clusters they would only
+#: repeat CPU best fit; where a scenario has GPUs the default set is :func:`default_policies` ``(gpus=True)``.
 GPU_POLICIES: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "gpu-aware")
 DEFAULT_POLICIES: tuple[str, ...] = tuple(dict.fromkeys((*(b for b in BASELINES if b not in GPU_POLICIES),
                                                           *(v for v in HEURISTIC_VARIANTS
                                                             if parse_spec(v)[0] not in GPU_POLICIES))))
+#: What the default set adds where some scenario has GPUs: every GPU-aware heuristic and variant.
+GPU_DEFAULTS: tuple[str, ...] = tuple(dict.fromkeys((*GPU_POLICIES, *(v for v in HEURISTIC_VARIANTS
+                                                                       if parse_spec(v)[0] in GPU_POLICIES))))
+
+
+def default_policies(gpus: bool = False) -> tuple[str, ...]:
+    """The default policy set: :data:`DEFAULT_POLICIES`, and with ``gpus`` (some scenario of the run has GPUs)
+    :data:`GPU_DEFAULTS` after it, so that "the best heuristic" on a GPU cluster is the best of those that know
+    GPUs."""
+    return (*DEFAULT_POLICIES, *GPU_DEFAULTS) if gpus else DEFAULT_POLICIES
 
 
 def family_of(spec: str) -> str:

@@ -85,14 +85,9 @@ def resolve_teacher(spec: str, scenario: Scenario) -> str:
     """``spec``, or for ``auto`` the best heuristic of ``scenario``'s kind of cluster."""
     if spec != "auto":
         return spec
-    if has_gpus(scenario):
+    if scenario.has_gpus:
         return AUTO_TEACHER["gpu"]
     return AUTO_TEACHER["sleep" if isinstance(scenario.idle_policy, Sleep) else "always_on"]
-
-
-def has_gpus(scenario: Scenario) -> bool:
-    """Some node group of ``scenario`` has GPUs (its teacher and validation references are GPU-aware)."""
-    return any(g.gpu_count for g in scenario.nodes)
 
 
 # ---- episodes and rollouts -------------------------------------------------------------------------------------
@@ -418,7 +413,7 @@ class Validator:
         for sc, s, label in plan:
             twin = _twin(sc, s)
             slo_ref = run_policy(twin, make_policy("default-k8s"), s).slo_violation_rate
-            runs = [run_policy(twin, make_policy(h), s) for h in refs + (GPU_REFERENCES if has_gpus(sc) else ())]
+            runs = [run_policy(twin, make_policy(h), s) for h in refs + (GPU_REFERENCES if sc.has_gpus else ())]
             best = min(runs, key=lambda r: r.energy_joules)
             self.cases.append(ValidationCase(sc, s, best.energy_joules, slo_ref, best.mean_pending_s, label))
         self.last: list[tuple[float, float, float]] = []

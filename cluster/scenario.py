@@ -568,6 +568,11 @@ class Scenario(_Strict):
         return sum(g.count for g in self.nodes)
 
     @property
+    def has_gpus(self) -> bool:
+        """Some node group has GPUs (the GPU-aware heuristics are its references and teachers)."""
+        return any(g.gpu_count for g in self.nodes)
+
+    @property
     def trace_path(self) -> Path | None:
         """The (first) trace file, resolved against the scenario's folder."""
         paths = self.trace_paths

@@ -130,6 +130,12 @@ def _bound(sc: Scenario, seed_offset: int, wl: Workload) -> dict:
             "group_curves": {g.name_prefix: list(g.curve) for g in sc.nodes}}
 
 
+def any_gpus(scenarios: Sequence[Path | Scenario]) -> bool:
+    """Some scenario has GPUs: the default policy set then takes the GPU-aware heuristics too
+    (:func:`~joulesched.agent.registry.default_policies`). Loading a scenario reads no trace."""
+    return any((s if isinstance(s, Scenario) else load_scenario(s)).has_gpus for s in scenarios)
+
+
 def validate_inputs(scenarios: Sequence[Path | Scenario], policies: Sequence[str]) -> list[Scenario]:
     """Load every scenario (and its trace) and build every policy once, so errors surface before any work."""
     return _validated(scenarios, policies)[0]

@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from joulesched.agent.registry import DEFAULT_POLICIES
+from joulesched.agent.registry import default_policies
 from joulesched.cluster.scenario import Scenario, ScenarioError, load_scenario
 from joulesched.core.fsio import check_output_dir, check_output_file
 from joulesched.pipelines.benchmark import load_results, run_benchmark, validate_inputs
@@ -110,7 +110,8 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
         raise ScenarioError("no model to load: give --model PATH of an existing model, or --minutes/--steps to train")
     # Validate everything first: nothing is written for a bad scenario, profile or policy.
     bench_scenarios = _load(scenarios, node_profile)
-    validate_inputs(bench_scenarios, list(DEFAULT_POLICIES) + list(extra_policies))
+    defaults = default_policies(any(sc.has_gpus for sc in bench_scenarios))
+    validate_inputs(bench_scenarios, list(defaults) + list(extra_policies))
     trained_on = _load(train_scenarios, node_profile) if train_scenarios else bench_scenarios
     if train_needed and model is not None:
         check_output_file(model, "--model")
@@ -126,7 +127,7 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
     else:
         model_path = Path(model)
 
-    policies = list(dict.fromkeys([*DEFAULT_POLICIES, f"dqn={_short(model_path)}", *extra_policies]))
+    policies = list(dict.fromkeys([*defaults, f"dqn={_short(model_path)}", *extra_policies]))
     results = out / "results.json"
 
     def do_bench() -> None:

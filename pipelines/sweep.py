@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from joulesched.pipelines.benchmark import BenchmarkInputError, run_benchmark
+from joulesched.pipelines.benchmark import BenchmarkInputError, any_gpus, run_benchmark
 
 
 class GridError(BenchmarkInputError):
@@ -49,9 +49,9 @@ class Grid(BaseModel):
         return v
 
 
-def expand_policies(grid: Grid, base: Path) -> list[str]:
-    """The grid's policy specs: the listed ones (the default set when ``policies`` is absent), then one spec per
-    hyperparameter combination."""
+def expand_policies(grid: Grid, base: Path, gpus: bool = False) -> list[str]:
+    """The grid's policy specs: the listed ones (the default set when ``policies`` is absent, with the GPU-aware
+    heuristics where ``gpus``: some scenario has GPUs), then one spec per hyperparameter combination."""
 
     def resolve(spec: str) -> str:
         name, sep, path = spec.partition("=")
@@ -59,9 +59,9 @@ def expand_policies(grid: Grid, base: Path) -> list[str]:
             return f"{name}={(base / path).resolve()}"
         return spec
 
-    from joulesched.agent.registry import DEFAULT_POLICIES
+    from joulesched.agent.registry import default_policies
 
-    specs = [resolve(p) for p in (DEFAULT_POLICIES if grid.policies is None else grid.policies)]
+    specs = [resolve(p) for p in (default_policies(gpus) if grid.policies is None else grid.policies)]
     for pol, params in grid.hyperparameters.items():
         keys = list(params)
         for combo in itertools.product(*(params[k] for k in keys)):
@@ -88,7 +88,8 @@ def load_grid(path: Path) -> tuple[list[Path], list[str], int]:
         raise GridError(f"{path}: invalid grid: " + "; ".join(parts)) from None
     base = path.parent
     scenarios = [(base / s).resolve() for s in grid.scenarios]
-    return scenarios, expand_policies(grid, base), grid.seeds
+    gpus = grid.policies is None and any_gpus(scenarios)
+    return scenarios, expand_policies(grid, base, gpus), grid.seeds
 
 
 def run_sweep(grid_path: Path, out: Path, *, executor: str = "local", jobs: int = 1, ray_address: str | None = None,

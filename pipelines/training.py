@@ -34,8 +34,8 @@ from joulesched.agent.config import DQNConfig, RewardConfig, TrainConfig
 from joulesched.agent.dqn import DQN
 from joulesched.agent.registry import (
     BEST_HEURISTIC_CANDIDATES,
-    DEFAULT_POLICIES,
     HEURISTIC_FAMILIES,
+    default_policies,
     family_of,
     make_policy,
 )
@@ -345,10 +345,10 @@ def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
 
 
 # ---- evaluation -----------------------------------------------------------------------------------------------
-def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baselines: Sequence[str] = DEFAULT_POLICIES,
+def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baselines: Sequence[str] | None = None,
              lower: bool = True, optimum: bool = True, optimum_time_limit: float = 20.0) -> dict:
-    """Greedy runs of the model beside ``baselines`` (the default set: every baseline and variant) and every
-    sleep-aware heuristic on ``seeds`` workloads of each scenario.
+    """Greedy runs of the model beside ``baselines`` (None: the default set, every baseline and variant, with the
+    GPU-aware ones on a scenario with GPUs) and every sleep-aware heuristic on ``seeds`` workloads of each scenario.
 
     Returns ``{"model", "training", "scenarios": [{"name", "nodes", "seed", "rows": {policy: metrics},
     "ratio_vs_default", "ratio_vs_best_heuristic", "best_heuristic", "ratio_vs_best_sleep_aware",
@@ -368,12 +368,13 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
     model = Path(model)
     meta = load_checkpoint(model).meta  # PolicyError on a bad file, before any work
     spec = f"dqn={model}"
-    policies = [spec] + [b for b in baselines if b != spec]
-    policies += [p for p in SLEEP_AWARE if p not in policies]
     out = {"model": str(model), "training": meta.get("training", {}), "feature_schema": meta.get("feature_schema"),
            "scenarios": []}
     for p in scenarios:
         sc = load_scenario(p)
+        base = default_policies(sc.has_gpus) if baselines is None else baselines
+        policies = [spec] + [b for b in base if b != spec]
+        policies += [h for h in SLEEP_AWARE if h not in policies]
         for k in range(seeds):
             seed = sc.seed + k
             wl = build_workload(sc, seed)

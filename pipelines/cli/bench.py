@@ -33,7 +33,7 @@ ScenarioOpt = Annotated[Optional[list[Path]], typer.Option(
     "--scenario", "-s", help="Scenario YAML (repeatable). Default: the standard suite in scenarios/.")]
 PolicyOpt = Annotated[Optional[list[str]], typer.Option(
     "--policy", "-p", help="Policy NAME, NAME:key=value,... or dqn=MODEL (repeatable). Default: the default set, every "
-    "baseline and variant (policies --long).")]
+    "baseline and variant, the GPU-aware ones too where a scenario has GPUs (policies --long).")]
 
 
 @app.command()
@@ -59,15 +59,15 @@ def benchmark(
     """Run every policy on the same workloads, side by side, and compare with the offline lower bound."""
     from functools import partial
 
-    from joulesched.agent.registry import DEFAULT_POLICIES
-    from joulesched.pipelines.benchmark import run_benchmark
+    from joulesched.agent.registry import default_policies
+    from joulesched.pipelines.benchmark import any_gpus, run_benchmark
     from joulesched.pipelines.report import write_report
 
     scenarios = scenario or standard_suite()
-    policies = policy or list(DEFAULT_POLICIES)
     run = partial(run_benchmark, optimum=optimum, optimum_time_limit=optimum_time_limit, placements=placements,
                   optimum_solver=optimum_solver)
     with errors(), interrupted(out_dir):
+        policies = policy or list(default_policies(any_gpus(scenarios)))
         doc = _run_with_progress(run, scenarios, policies, seeds, out_dir, jobs, not as_json)
         if report:
             write_report(out_dir)
@@ -348,9 +348,12 @@ def policies(
     """List the policy names --policy accepts (NAME, NAME:key=value,..., dqn=MODEL).
 
     With --long: which are in the default set (what benchmark, sweep, test and the pipelines run without
-    --policy) and which are candidates for "the best heuristic" that ×best heur divides by."""
+    --policy; where a scenario has GPUs, the GPU-aware ones too) and which are candidates for "the best
+    heuristic" that ×best heur divides by."""
     from joulesched.agent.policy import parse_spec
-    from joulesched.agent.registry import BEST_HEURISTIC_CANDIDATES, DEFAULT_POLICIES, entries
+    from joulesched.agent.registry import BEST_HEURISTIC_CANDIDATES, DEFAULT_POLICIES, default_policies, entries
+
+    with_gpus = default_policies(gpus=True)
 
     table = entries()
     if not (long or as_json):
@@ -361,9 +364,11 @@ def policies(
         rows = [{"name": e.name, "family": e.family, "summary": e.summary, "description": e.description(),
                  "options": e.options(), "takes_model_file": e.takes_path,
                  "in_default_set": e.name in DEFAULT_POLICIES,
+                 "in_default_set_with_gpus": e.name in with_gpus,
                  "best_heuristic_candidate": e.name in BEST_HEURISTIC_CANDIDATES,
                  # Option variants of this policy that are themselves in the sets (awake-first:fit=efficient).
                  "variants": [{"spec": v, "in_default_set": v in DEFAULT_POLICIES,
+                               "in_default_set_with_gpus": v in with_gpus,
                                "best_heuristic_candidate": v in BEST_HEURISTIC_CANDIDATES}
                               for v in dict.fromkeys((*DEFAULT_POLICIES, *BEST_HEURISTIC_CANDIDATES))
                               if v != e.name and parse_spec(v)[0] == e.name]}
@@ -373,11 +378,13 @@ def policies(
         return
 
     def sets(r: dict) -> str:
-        return ", ".join(k for k, on in (("default", r["in_default_set"]),
+        gpu_only = r["in_default_set_with_gpus"] and not r["in_default_set"]
+        return ", ".join(k for k, on in (("default", r["in_default_set"]), ("default with GPUs", gpu_only),
                                          ("best heur", r["best_heuristic_candidate"])) if on) or "-"
 
-    t = Table(show_lines=True, caption="in: default = run when no --policy is given; best heur = a candidate for "
-                                       "the best heuristic (×best heur)", caption_justify="left")
+    t = Table(show_lines=True, caption="in: default = run when no --policy is given (default with GPUs: where a "
+                                       "scenario has GPUs); best heur = a candidate for the best heuristic (×best "
+                                       "heur)", caption_justify="left")
     t.add_column("policy", overflow="fold", ratio=2)
     t.add_column("family", overflow="fold", ratio=1)
     t.add_column("in", overflow="fold", ratio=2)

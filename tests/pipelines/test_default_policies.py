@@ -49,10 +49,11 @@ def test_test_and_the_pipelines_default_to_the_same_set():
     from joulesched.pipelines.kube_pipeline import run_kube
     from joulesched.pipelines.training import evaluate
 
-    assert inspect.signature(evaluate).parameters["baselines"].default == DEFAULT_POLICIES
+    assert inspect.signature(evaluate).parameters["baselines"].default is None  # None: default_policies(GPUs)
+    assert "default_policies(sc.has_gpus)" in inspect.getsource(evaluate)
     assert inspect.signature(run_kube).parameters["policies"].default is None  # None: DEFAULT_POLICIES
     import joulesched.pipelines.sim_pipeline as sim
-    assert "DEFAULT_POLICIES" in inspect.getsource(sim.run_sim)
+    assert "default_policies(" in inspect.getsource(sim.run_sim)
 
 
 def test_policies_long_marks_the_sets():
@@ -62,8 +63,43 @@ def test_policies_long_marks_the_sets():
     assert rows["pabfd"]["in_default_set"] and rows["pabfd"]["best_heuristic_candidate"]
     assert not rows["dqn"]["in_default_set"]
     assert rows["awake-first"]["variants"] == [{"spec": "awake-first:fit=efficient", "in_default_set": True,
-                                                "best_heuristic_candidate": True}]
+                                                "in_default_set_with_gpus": True, "best_heuristic_candidate": True}]
     assert rows["gpu-energy"]["variants"] == [{"spec": "gpu-energy:empty=asleep", "in_default_set": False,
-                                               "best_heuristic_candidate": True}]
+                                               "in_default_set_with_gpus": True, "best_heuristic_candidate": True}]
+    assert not rows["fgd"]["in_default_set"] and rows["fgd"]["in_default_set_with_gpus"]
     long = runner.invoke(app, ["policies", "--long"]).output
     assert "awake-first:fit=efficient: default," in long and "best heur = a candidate for the best heuristic" in long
+
+
+def test_on_a_gpu_cluster_the_default_set_takes_the_gpu_aware_heuristics(tmp_path):
+    """Without --policy, a run with a GPU scenario compares with the heuristics that know GPUs: "×best heur" there
+    divides by the best of them, not by a CPU packer."""
+    from joulesched.agent.registry import GPU_DEFAULTS, GPU_POLICIES, default_policies, family_of
+
+    assert default_policies() == DEFAULT_POLICIES and not set(GPU_POLICIES) & set(DEFAULT_POLICIES)
+    assert set(GPU_POLICIES) | {v for v in HEURISTIC_VARIANTS if family_of(v) == "gpu-aware"} == set(GPU_DEFAULTS)
+    gpu = ROOT / "scenarios" / "openb" / "mini" / "openb-mini-w10000k.yaml"
+    r = runner.invoke(app, ["benchmark", "-s", str(gpu), "--out", str(tmp_path), "--no-report"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["policies"] == list(default_policies(gpus=True))
+    best = doc["summary"]["openb-mini-w10000k"]["best_heuristics"][0]
+    assert family_of(best) == "gpu-aware", best
+    # A CPU-only run keeps the plain default set.
+    r = runner.invoke(app, ["benchmark", "-s", str(HELDOUT), "-s", str(gpu), "--out", str(tmp_path / "b"),
+                            "--no-report", "--seeds", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["policies"] == list(default_policies(True))
+
+
+def test_a_sweep_grid_without_policies_takes_them_where_a_scenario_has_gpus(tmp_path):
+    from joulesched.agent.registry import default_policies
+    from joulesched.pipelines.sweep import load_grid
+
+    gpu = ROOT / "scenarios" / "openb" / "mini" / "openb-mini-w10000k.yaml"
+    for scenarios, gpus in (([HELDOUT], False), ([HELDOUT, gpu], True)):
+        grid = tmp_path / f"grid-{gpus}.yaml"
+        grid.write_text("scenarios: [" + ", ".join(str(s) for s in scenarios) + "]\n")
+        assert load_grid(grid)[1] == list(default_policies(gpus))
+    grid.write_text(f"scenarios: [{gpu}]\npolicies: [gpu-energy]\n")
+    assert load_grid(grid)[1] == ["gpu-energy"]  # named policies are the grid's own

@@ -1,6 +1,7 @@
 """Sweeps: grid expansion, aggregation across seeds, and a real local Ray cluster giving the local results."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -42,10 +43,11 @@ def test_a_grid_without_policies_runs_the_default_set(tmp_path):
     from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_VARIANTS, family_of
 
     p = tmp_path / "grid.yaml"
-    p.write_text("scenarios: [x.yaml]\nhyperparameters:\n  target-load-packing: {x: [20]}\n")
+    sc = Path(__file__).resolve().parents[2] / "scenarios" / "heterogeneous-sleep.yaml"
+    p.write_text(f"scenarios: [{sc}]\nhyperparameters:\n  target-load-packing: {{x: [20]}}\n")
     _, policies, _ = load_grid(p)
     assert policies == [*DEFAULT_POLICIES, "target-load-packing:x=20"]
-    assert {v for v in HEURISTIC_VARIANTS if family_of(v) != "gpu-aware"} <= set(policies)  # GPU ones: by name
+    assert {v for v in HEURISTIC_VARIANTS if family_of(v) != "gpu-aware"} <= set(policies)  # GPU ones: GPU scenarios
 
 
 def test_local_sweep_aggregates_seeds_with_confidence_intervals(grid, tmp_path):
