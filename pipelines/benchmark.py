@@ -151,8 +151,9 @@ def _validated(scenarios: Sequence[Path | Scenario],
     if dup:
         raise BenchmarkInputError(f"two scenarios share the name {sorted(dup)[0]!r}; names key the results")
     built = {p: make_policy(p) for p in policies}
-    if len(set(policies)) != len(policies):
-        raise BenchmarkInputError("a policy is listed twice")
+    twice = [p for i, p in enumerate(policies) if p in policies[:i]]
+    if twice:
+        raise BenchmarkInputError(f"policy {twice[0]!r} is listed twice")
     return loaded, first, built
 
 

@@ -111,7 +111,7 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
     # Validate everything first: nothing is written for a bad scenario, profile or policy.
     bench_scenarios = _load(scenarios, node_profile)
     defaults = default_policies(any(sc.has_gpus for sc in bench_scenarios))
-    validate_inputs(bench_scenarios, list(defaults) + list(extra_policies))
+    validate_inputs(bench_scenarios, list(dict.fromkeys([*defaults, *extra_policies])))
     trained_on = _load(train_scenarios, node_profile) if train_scenarios else bench_scenarios
     if train_needed and model is not None:
         check_output_file(model, "--model")

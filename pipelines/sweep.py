@@ -68,6 +68,8 @@ def expand_policies(grid: Grid, base: Path, gpus: bool = False) -> list[str]:
             specs.append(f"{pol}:" + ",".join(f"{k}={v}" for k, v in zip(keys, combo)))
     if not specs:
         raise GridError("the grid names no policy: give policies or hyperparameters")
+    # A hyperparameter combination may name a spec the default set already runs (gpu-energy:empty=asleep).
+    specs = list(dict.fromkeys(specs))
     return specs
 
 

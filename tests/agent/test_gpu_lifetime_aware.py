@@ -31,9 +31,9 @@ SHORT = PodMeta(kind="job", owner_kind="Job", app="etl", qos_class="Burstable")
 NEW = PodMeta(kind="job", owner_kind="Job", app="infer", qos_class="Burstable")
 
 
-def _cluster(counts=(2, 2), curves=(T4, T4), models=("T4", "T4"), asleep=()):
+def _cluster(counts=(2, 2), curves=(T4, T4), models=("T4", "T4"), asleep=(), cpu_m=None):
     n = len(counts)
-    st = ClusterState([f"n{i}" for i in range(n)], [64000] * n, [262144] * n, [110] * n, [CPU] * n,
+    st = ClusterState([f"n{i}" for i in range(n)], cpu_m or [64000] * n, [262144] * n, [110] * n, [CPU] * n,
                       sleep_watts=[5.0] * n, can_sleep=True, wake_s=60, gpu_count=list(counts),
                       gpu_model=list(models), gpu_curves=list(curves))
     for i in asleep:
@@ -63,11 +63,34 @@ def test_a_long_gpu_pod_joins_the_node_that_stays_awake_where_gpu_energy_packs_t
 
 
 def test_it_wakes_as_gpu_energy_does_by_watts_per_gpu():
-    st = _cluster((8, 2), (V100, T4), ("V100", "T4"), asleep=(0, 1))
-    pol, _ = taught_policy("gpu-lifetime-aware", st, {})
+    # The V100 node has twice the cores: the CPU rule (watts per core at full load) would wake it.
+    st = _cluster((8, 2), (V100, T4), ("V100", "T4"), asleep=(0, 1), cpu_m=[128000, 64000])
     pod = PodRequest(1000, 100, gpu=1)
-    assert pol.choose(st, pod, st.feasible(pod), meta=NEW) == 1  # 170 W per T4 against 325 per V100
-    assert "WattsPerUnit" in pol.node_scores(st, pod, np.flatnonzero(st.feasible(pod)), meta=NEW).plugins
+    assert make_policy("lifetime-aware").choose(st, pod, st.feasible(pod), meta=NEW) == 0
+    pol, _ = taught_policy("gpu-lifetime-aware", st, {})
+    assert pol.choose(st, pod, st.feasible(pod), meta=NEW) == 1
+    scores = pol.node_scores(st, pod, np.flatnonzero(st.feasible(pod)), meta=NEW)
+    assert np.allclose(scores.plugins["WattsPerUnit"][1], [325.0, 170.0])  # (200 + 8 x 300) / 8, (200 + 140) / 2
+
+
+def test_the_awake_time_it_adds_is_priced_at_the_cpu_and_gpu_idle_draw():
+    """Node 0's four GPUs idle at 60 W each and add little when used; node 1's one GPU idles at 5 W and adds much.
+    Both empty in about five minutes and a two-hour pod would keep either awake as long: priced at the CPU's idle
+    alone the two extensions tie and the smaller watts added (node 0) would win; with the GPUs' idle, keeping
+    node 0 awake costs 340 W against 105, a higher class, and the pod goes to node 1."""
+    flat = [60.0 + 1.0 * k for k in range(11)]  # 3 W for 0.3 of a GPU
+    steep = [5.0 + 20.0 * k for k in range(11)]  # 60 W for 0.3 of a GPU
+    st = _cluster((4, 1), (flat, steep), ("A", "B"))
+    pol, pred = taught_policy("gpu-lifetime-aware", st, {SHORT: [300.0] * 20, NEW: [7200.0] * 20})
+    for node, key in ((0, "a"), (1, "b")):
+        st.bind(node, PodRequest(4000, 100), key)
+        pred.bound(st.now, key, node, SHORT, 4000.0)
+    pod = PodRequest(2000, 100, gpu=1, gpu_milli=300)
+    mask = st.feasible(pod)
+    scores = pol.node_scores(st, pod, np.flatnonzero(mask), meta=NEW)
+    extend, watts = scores.plugins["ExtendJ"][1], scores.plugins["PowerIncreaseW"][1]
+    assert extend[0] > extend[1] > 0 and watts[0] < watts[1]
+    assert pol.choose(st, pod, mask, meta=NEW) == 1
 
 
 def test_without_prediction_it_is_exactly_gpu_energy():
@@ -94,11 +117,28 @@ def test_decisions_never_depend_on_durations_not_yet_seen():
     assert [n for n, b in zip(again, before) if b] == [n for n, b in zip(base, before) if b]
 
 
+def test_joulesched_test_and_the_sim_pipeline_compare_with_it_on_a_gpu_cluster(tmp_path):
+    """``evaluate`` (``joulesched test``) and ``run_sim`` (``pipeline --env sim``) without a policy list run the
+    GPU-aware heuristics where the scenario has GPUs; a policy named again beside them runs once."""
+    from joulesched.agent.registry import GPU_DEFAULTS
+    from joulesched.pipelines.sim_pipeline import run_sim
+    from joulesched.pipelines.training import evaluate
+
+    mini = ROOT / "scenarios" / "openb" / "mini" / "openb-mini-w10000k.yaml"
+    model = ROOT / "models" / "gpu.short.pt"
+    res = evaluate(model, [mini], lower=False, optimum=False)
+    case = res["scenarios"][0]
+    assert set(GPU_DEFAULTS) <= set(case["rows"]) and family_of(case["best_heuristic"]) == "gpu-aware"
+    doc = run_sim([mini], tmp_path / "sim", model=model, extra_policies=["gpu-energy"])
+    assert set(GPU_DEFAULTS) <= set(doc.policies) and doc.policies.count("gpu-energy") == 1
+
+
 def test_it_is_a_gpu_aware_heuristic_in_every_best_heuristic_comparison():
     assert family_of("gpu-lifetime-aware") == "gpu-aware" and "gpu-lifetime-aware" in GPU_POLICIES
     assert "gpu-lifetime-aware" in BEST_HEURISTIC_CANDIDATES
     assert "gpu-lifetime-aware:empty=asleep" in HEURISTIC_VARIANTS
-    # Run by name on GPU scenarios, as the other GPU-aware ones: on a CPU cluster it is a lifetime-aware PABFD.
+    # In the default set where a scenario has GPUs, as the other GPU-aware ones (on a CPU cluster it would be a
+    # lifetime-aware PABFD).
     assert not {"gpu-lifetime-aware", "gpu-lifetime-aware:empty=asleep"} & set(DEFAULT_POLICIES)
     with pytest.raises(PolicyError, match="unknown option 'fit_classes'"):
         make_policy("gpu-lifetime-aware:fit_classes=8")

@@ -54,7 +54,7 @@ def test_policy_sets_come_from_the_table_metadata():
 
 def test_the_default_set_holds_every_baseline_and_every_registered_heuristic_variant():
     assert HEURISTIC_VARIANTS, "no registered variant: the test would prove nothing"
-    gpu = [v for v in HEURISTIC_VARIANTS if family_of(v) == "gpu-aware"]  # run by name on GPU scenarios
+    gpu = [v for v in HEURISTIC_VARIANTS if family_of(v) == "gpu-aware"]  # default_policies(gpus=True) adds them
     assert gpu == ["gpu-energy:empty=asleep", "gpu-lifetime-aware:empty=asleep"]
     assert set(HEURISTIC_VARIANTS) - set(gpu) <= set(DEFAULT_POLICIES) and not set(gpu) & set(DEFAULT_POLICIES)
     assert set(HEURISTIC_VARIANTS) <= set(BEST_HEURISTIC_CANDIDATES)

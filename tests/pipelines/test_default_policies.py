@@ -85,7 +85,7 @@ def test_on_a_gpu_cluster_the_default_set_takes_the_gpu_aware_heuristics(tmp_pat
     assert doc["policies"] == list(default_policies(gpus=True))
     best = doc["summary"]["openb-mini-w10000k"]["best_heuristics"][0]
     assert family_of(best) == "gpu-aware", best
-    # A CPU-only run keeps the plain default set.
+    # A run with a CPU scenario beside the GPU one takes them too (the policy set is the run's).
     r = runner.invoke(app, ["benchmark", "-s", str(HELDOUT), "-s", str(gpu), "--out", str(tmp_path / "b"),
                             "--no-report", "--seeds", "1"])
     assert r.exit_code == 0, r.output
@@ -103,3 +103,7 @@ def test_a_sweep_grid_without_policies_takes_them_where_a_scenario_has_gpus(tmp_
         assert load_grid(grid)[1] == list(default_policies(gpus))
     grid.write_text(f"scenarios: [{gpu}]\npolicies: [gpu-energy]\n")
     assert load_grid(grid)[1] == ["gpu-energy"]  # named policies are the grid's own
+    # A hyperparameter combination that the GPU default set already runs is run once.
+    grid.write_text(f"scenarios: [{gpu}]\nhyperparameters:\n  gpu-energy: {{empty: [awake, asleep]}}\n")
+    specs = load_grid(grid)[1]
+    assert specs.count("gpu-energy:empty=asleep") == 1 and "gpu-energy:empty=awake" in specs
