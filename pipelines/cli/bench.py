@@ -404,20 +404,32 @@ def validate(
     scenario: Annotated[list[Path], typer.Argument(help="Scenario files to check.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
 ) -> None:
-    """Check scenario files (and their traces) without running anything: every error at once, and warnings
-    about pods no node can ever hold and about clusters on which every policy leaves pods waiting long."""
+    """Check scenario files (and their traces) without running anything: every error at once, each file's (exit 2
+    if any file has one), and warnings about pods no node can ever hold and about clusters on which every policy
+    leaves pods waiting long. With --json, a file with an error is ``{"file", "error"}``."""
+    from joulesched.core.errors import JouleschedError
     from joulesched.pipelines.validate import check_scenario
 
-    with errors():
-        found = [check_scenario(p) for p in scenario]
+    found, code = [], 0
+    for p in scenario:
+        try:
+            found.append(check_scenario(p))
+        except JouleschedError as e:  # the next file is checked too: every error at once
+            found.append({"file": str(p), "error": str(e)})
+            code = max(code, e.exit_code)
     if as_json:
         print(json.dumps(found, indent=2))
-        return
-    for f in found:
-        dropped = f"; {f['trace_rows_dropped']} trace rows dropped" if f["trace_rows_dropped"] else ""
-        out.print(f"{f['file']}: ok ({f['nodes']} nodes, {f['pods']} pods{dropped})", soft_wrap=True)
-        for w in f["warnings"]:
-            err.print(f"[yellow]warning:[/yellow] {f['file']}: {escape(w)}", soft_wrap=True)
+    else:
+        for f in found:
+            if "error" in f:
+                err.print(f"[red]error:[/red] {escape(f['error'])}", soft_wrap=True)
+                continue
+            dropped = f"; {f['trace_rows_dropped']} trace rows dropped" if f["trace_rows_dropped"] else ""
+            out.print(f"{f['file']}: ok ({f['nodes']} nodes, {f['pods']} pods{dropped})", soft_wrap=True)
+            for w in f["warnings"]:
+                err.print(f"[yellow]warning:[/yellow] {f['file']}: {escape(w)}", soft_wrap=True)
+    if code:
+        raise typer.Exit(code)
 
 
 trace_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)

@@ -143,3 +143,15 @@ def test_train_help_lists_every_knob_with_its_default():
     for key, default, _ in describe():
         assert f"{key} = {default!r}" in text, key
     assert "Default: 5 when --steps is not given" in text
+
+
+def test_validate_reports_every_file_an_error_in_one_does_not_hide_the_others(tmp_path):
+    sc = yaml.safe_load(Path(TINY).read_text())
+    bad1, bad2 = tmp_path / "typo.yaml", tmp_path / "missing.yaml"
+    bad1.write_text(yaml.safe_dump({**sc, "nodez": sc["nodes"]}))
+    r = runner.invoke(app, ["validate", TINY, str(bad1), str(bad2)])
+    assert r.exit_code == 2, r.output
+    assert f"{TINY}: ok" in r.stdout
+    assert "nodez" in r.output and "missing.yaml" in r.output  # both errors, not only the first
+    found = json.loads(runner.invoke(app, ["validate", str(bad1), TINY, "--json"]).stdout)
+    assert [("error" in f, f["file"]) for f in found] == [(True, str(bad1)), (False, TINY)]
