@@ -223,8 +223,10 @@ BEST_HEURISTIC_CANDIDATES: tuple[str, ...] = tuple(dict.fromkeys((*HEURISTICS, *
 #: The one default policy set: every baseline, then every variant. ``benchmark``, ``sweep`` (a grid without
 #: ``policies``), ``test``, the sim and kube pipelines and ``make demo`` (which adds the DQN) run it.
 #: The GPU-aware heuristics (the FGD paper's baselines, FGD, ``gpu-energy``, ``gpu-lifetime-aware``) and their
-#: variants are best-heuristic candidates that the default set leaves out, since on CPU clusters they would only
-#: repeat CPU best fit; where a scenario has GPUs the default set is :func:`default_policies` ``(gpus=True)``.
+#: variants are best-heuristic candidates that the default set leaves out on CPU clusters, where their GPU keys are
+#: all zero and what is left is a CPU rule the sleep-aware ones already cover (or a worse one); where some scenario
+#: of the run has GPUs the default set is :func:`default_policies` ``(gpus=True)``, on every scenario of the run
+#: (one run, one policy list).
 GPU_POLICIES: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "gpu-aware")
 DEFAULT_POLICIES: tuple[str, ...] = tuple(dict.fromkeys((*(b for b in BASELINES if b not in GPU_POLICIES),
                                                           *(v for v in HEURISTIC_VARIANTS

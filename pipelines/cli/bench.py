@@ -33,7 +33,7 @@ ScenarioOpt = Annotated[Optional[list[Path]], typer.Option(
     "--scenario", "-s", help="Scenario YAML (repeatable). Default: the standard suite in scenarios/.")]
 PolicyOpt = Annotated[Optional[list[str]], typer.Option(
     "--policy", "-p", help="Policy NAME, NAME:key=value,... or dqn=MODEL (repeatable). Default: the default set, every "
-    "baseline and variant, the GPU-aware ones too where a scenario has GPUs (policies --long).")]
+    "baseline and variant, the GPU-aware ones too where any scenario of the run has GPUs (policies --long).")]
 
 
 @app.command()

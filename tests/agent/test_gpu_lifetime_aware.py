@@ -129,6 +129,8 @@ def test_joulesched_test_and_the_sim_pipeline_compare_with_it_on_a_gpu_cluster(t
     res = evaluate(model, [mini], lower=False, optimum=False)
     case = res["scenarios"][0]
     assert set(GPU_DEFAULTS) <= set(case["rows"]) and family_of(case["best_heuristic"]) == "gpu-aware"
+    # The GPU-aware rules are sleep-aware too: on a GPU cluster the sleep-aware reference is the best of them.
+    assert family_of(case["best_sleep_aware"]) == "gpu-aware"
     doc = run_sim([mini], tmp_path / "sim", model=model, extra_policies=["gpu-energy"])
     assert set(GPU_DEFAULTS) <= set(doc.policies) and doc.policies.count("gpu-energy") == 1
 
