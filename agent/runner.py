@@ -29,9 +29,13 @@ def run_policy(backend: Backend[R], policy: Policy, seed: int = 0) -> R:
     (:attr:`~joulesched.cluster.backend.Decision.meta`: the same fields in the twin and on a cluster). A policy
     with ``attach(backend)`` / ``detach(backend)`` is given the backend before and after the run, to subscribe to
     what it reports as the run goes (the DQN's lifetime predictor: the twin's binds and ends, a live cache's pod
-    events).
+    events). A policy with ``warm()`` (compiled decision loops, agent/fused.py) is warmed first, so that the
+    compile is not timed as the first decision.
     """
     rng = np.random.default_rng(seed)
+    warm = getattr(policy, "warm", None)
+    if warm is not None:  # compiled code built before the run: not timed as its first decision (live/scheduler.py)
+        warm()
     attach = getattr(policy, "attach", None)
     if attach is not None:  # a policy that learns from the run's pod events (the DQN's predictor) subscribes
         attach(backend)
