@@ -109,6 +109,8 @@ class DQNPolicy:
             threads = int(threads)
         except ValueError:
             raise PolicyError(f"policy 'dqn': option threads={threads!r} is not an integer") from None
+        if threads < 0:
+            raise PolicyError(f"policy 'dqn': option threads={threads} must be 0 (leave them) or more")
         #: Applied when a run starts (:meth:`reset`, on the thread and in the process that decides), not here:
         #: building a policy only to check its spec, or in one process to run it in another, changes nothing.
         self.threads = threads

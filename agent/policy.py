@@ -129,6 +129,8 @@ def _options(name: str, rest: str) -> dict[str, str]:
         k, v = item.split("=", 1)
         if not k.strip():
             raise PolicyError(f"policy {name!r}: option {item.strip()!r} has no key")
+        if k.strip() in opts:  # the last would silently win
+            raise PolicyError(f"policy {name.strip()!r}: option {k.strip()!r} is given twice")
         opts[k.strip()] = v.strip()
     return opts
 

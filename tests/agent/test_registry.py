@@ -199,3 +199,14 @@ def test_a_policy_failure_reaches_the_backend():
 
     with pytest.raises(ZeroDivisionError):
         run_policy(ListBackend(2, [PodRequest(100, 10)]), Broken())
+
+
+@pytest.mark.parametrize("spec", ["gpu-lifetime-aware:empty=asleep,empty=awake", "dqn=models/v2.pt:sample=auto,sample=5"])
+def test_an_option_given_twice_is_an_error_not_the_last_one_winning(spec):
+    with pytest.raises(PolicyError, match="option '(empty|sample)' is given twice"):
+        make_policy(spec)
+
+
+def test_dqn_threads_must_not_be_negative():
+    with pytest.raises(PolicyError, match="threads=-1 must be 0"):
+        make_policy("dqn=models/v2.pt:threads=-1")
