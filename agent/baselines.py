@@ -147,9 +147,9 @@ class DefaultK8s(ScoringPolicy):
 
 
 class MostAllocated(ScoringPolicy):
-    """NodeResourcesFit with the MostAllocated strategy (bin packing). ``balanced=1`` keeps
-    BalancedAllocation at weight 1, as a real profile that only changes scoringStrategy would; the default
-    (0) is pure packing, the stronger energy baseline.
+    """NodeResourcesFit with the MostAllocated strategy (bin packing). ``balanced=W`` (0-100) keeps
+    BalancedAllocation at weight W beside it: 1 as a real profile that only changes scoringStrategy would; the
+    default (0) is pure packing, the stronger energy baseline.
     """
 
     name = "most-allocated"

@@ -71,14 +71,22 @@ class PolicyEntry:
 
     def options(self) -> dict[str, Any]:
         """The options a spec can give the factory, with their defaults (``path`` is the model file of NAME=PATH)."""
-        return {p.name: None if p.default is p.empty else p.default for p in _spec_params(self.factory())}
+        # As text, as a spec gives them (some factories default to a number, others to its text).
+        return {p.name: None if p.default is p.empty or p.default is None else str(p.default)
+                for p in _spec_params(self.factory())}
 
     def description(self) -> str:
         """The factory's docstring as plain text: what ``policies --long`` prints. Sphinx markup is dropped, and
-        of its ``:param:`` fields only those a spec can set are kept (``path`` as the MODEL of NAME=MODEL)."""
+        of its ``:param:`` fields only those a spec can set are kept (``path`` as the MODEL of NAME=MODEL); an
+        option of the sleep-aware frame that the docstring leaves out is described as :data:`SHARED_OPTIONS`
+        says."""
         factory = self.factory()
-        return plain_doc(inspect.getdoc(factory) or self.summary,
-                         {*(p.name for p in _spec_params(factory)), *(("path",) if self.takes_path else ())})
+        doc = inspect.getdoc(factory) or self.summary
+        names = [p.name for p in _spec_params(factory)]
+        documented = {n.strip() for m in _PARAM.finditer(doc) for n in m.group(1).split(",")}
+        shared = "".join(f"\n:param {n}: {SHARED_OPTIONS[n]}" for n in names
+                         if n in SHARED_OPTIONS and n not in documented)
+        return plain_doc(doc + shared, {*names, *(("path",) if self.takes_path else ())})
 
 
 def _builtin(name: str, target: str, family: str, summary: str, *, takes_path: bool = False) -> PolicyEntry:
@@ -165,6 +173,14 @@ def _spec_params(factory: Callable[..., Any]) -> list[inspect.Parameter]:
 
 
 _PARAM = re.compile(r"^:param ([\w, ]+):\s*", re.M)
+#: Options every policy of the sleep-aware frame takes (agent/sleep_aware.py), for the docstrings that leave them out.
+SHARED_OPTIONS = {
+    "headroom": "0 < h <= 1 (default 1): do not fill a node's CPU requests past h of its allocatable while another "
+                "awake or sleeping node can take the pod.",
+    "empty": "awake (default) or asleep: asleep ranks an awake node without pods with the sleeping ones, by the "
+             "wake key, where it would sleep (an empty node is about to sleep: keeping it awake for a pod is a "
+             "choice of which node to wake).",
+}
 
 
 def plain_doc(doc: str, keep: set[str]) -> str:

@@ -69,7 +69,7 @@ def test_descriptions_are_plain_text_with_only_spec_options():
     d = entry("dqn").description()
     assert ":class:" not in d and ":param" not in d and "``" not in d, d
     assert "QNetwork" in d and "MODEL: a checkpoint" in d and "threads:" in d
-    assert "net, config" not in d and entry("dqn").options() == {"threads": 1, "sample": "off"}  # not code-only ones
+    assert "net, config" not in d and entry("dqn").options() == {"threads": "1", "sample": "off"}  # not code-only ones
     assert "fit=efficient orders" in entry("awake-first").description()
     with pytest.raises(PolicyError, match="unknown option 'config'"):
         make_policy("dqn:config=x")
@@ -210,3 +210,14 @@ def test_an_option_given_twice_is_an_error_not_the_last_one_winning(spec):
 def test_dqn_threads_must_not_be_negative():
     with pytest.raises(PolicyError, match="threads=-1 must be 0"):
         make_policy("dqn=models/v2.pt:threads=-1")
+
+
+def test_every_option_of_the_sleep_aware_frame_is_described():
+    """policies --long: a policy that takes ``empty`` or ``headroom`` says what it does, whether or not its own
+    docstring has the field."""
+    for name in ("awake-first", "pabfd", "gpu-energy", "fgd", "gpu-random", "lifetime-aware", "gpu-lifetime-aware"):
+        d = entry(name).description()
+        assert "empty: awake" in d and "headroom: " in d, (name, d)
+    assert "empty:" not in entry("most-allocated").description()  # only the options a policy takes
+    # Defaults read as a spec gives them: text, whatever type the factory's default has.
+    assert entry("default-k8s").options()["pct"] == "0" and entry("dqn").options()["threads"] == "1"
