@@ -214,7 +214,11 @@ def explain(policy: Policy, st: ClusterState, pod: PodRequest, seed: int = 0, me
             if scores.features is not None:
                 row["features"] = scores.features[k]
         nodes.append(row)
-    out = {"policy": policy.name, "now_s": float(st.now), "pod": {"cpu_m": pod.cpu_m, "memory_mib": pod.memory_mib},
+    want = {"cpu_m": pod.cpu_m, "memory_mib": pod.memory_mib}
+    if pod.gpu:
+        want.update(gpu=pod.gpu, gpu_milli=pod.gpu_milli,
+                    gpu_models=sorted(pod.gpu_models) if pod.gpu_models is not None else None)
+    out = {"policy": policy.name, "now_s": float(st.now), "pod": want,
            "nodes": nodes, "chosen": st.names[chosen] if chosen is not None else None}
     if scores is not None:
         # How the plugins make the total (agent/policy.py NodeScores): "sum" of weight x score, or

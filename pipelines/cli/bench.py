@@ -271,6 +271,8 @@ def explain(
         help="With --scenario: also write that decision as a snapshot file (for --snapshot).")] = None,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Policy spec.")] = "default-k8s",
     seed: Annotated[int, typer.Option(min=0, help="Seed for tie-breaking.")] = 0,
+    top: Annotated[int, typer.Option(min=0, help="Show the N best-scored nodes (and the chosen one), then a count "
+                                               "of the rest; 0 shows every node. --json always has every node.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show each node's feasibility, per-plugin scores, total and the chosen node for one pod (for a DQN: each
@@ -303,9 +305,15 @@ def explain(
     plugins = list(dict.fromkeys(k for n in res["nodes"] for k in n.get("scores", {})))  # the scorer's order
     lexicographic = res.get("rule") == "lexicographic"
     when = f" at t={res['now_s']:g} s" if scenario is not None else ""
-    t = Table(title=f"{res['policy']}: pod cpu={res['pod']['cpu_m']}m memory={res['pod']['memory_mib']}Mi{when}",
+    want = res["pod"]
+    gpus = ""
+    if want.get("gpu"):
+        share = "whole" if want["gpu_milli"] >= 1000 else f"{want['gpu_milli']} milli"
+        models = f", models {'|'.join(want['gpu_models'])}" if want.get("gpu_models") else ""
+        gpus = f" gpu={want['gpu']} ({share}{models})"
+    t = Table(title=f"{res['policy']}: pod cpu={want['cpu_m']}m memory={want['memory_mib']}Mi{gpus}{when}",
               title_justify="left")
-    t.add_column("node")
+    t.add_column("node", overflow="fold")  # a long name wraps whole rather than being cut short
     t.add_column("feasible")
     for k, pl in enumerate(plugins, 1):
         w = next((n["weights"][pl] for n in res["nodes"] if "weights" in n), 1)
@@ -317,7 +325,13 @@ def explain(
     features = any("features" in n for n in res["nodes"])
     if features:
         t.add_column("top features (value: contribution)")
-    for n in res["nodes"]:
+    shown = res["nodes"]
+    if top and len(shown) > top:
+        # The best-scored first (total: higher is better under both rules), then the chosen one if it is not there.
+        ranked = sorted((n for n in shown if "total" in n), key=lambda n: -n["total"])
+        keep = {id(n) for n in ranked[:top]} | {id(n) for n in shown if n["name"] == res["chosen"]}
+        shown = [n for n in shown if id(n) in keep]
+    for n in shown:
         mark = "yes" if n["feasible"] else "no: " + ", ".join(n["reasons"])
         cells = [f"{n['scores'][pl]:.4g}" if isinstance(n["scores"][pl], float) else str(n["scores"][pl])
                  for pl in plugins] if "scores" in n else [""] * len(plugins)
@@ -331,6 +345,10 @@ def explain(
                                  for f in n.get("features", [])))
         t.add_row(*row)
     out.print(t)
+    if len(shown) < len(res["nodes"]):
+        infeasible = sum(not n["feasible"] for n in res["nodes"])
+        out.print(f"{len(res['nodes']) - len(shown)} more nodes not shown ({infeasible} of all {len(res['nodes'])} "
+                  "infeasible); --top 0 shows every node, --json has them all", soft_wrap=True)
     if lexicographic:
         out.print("rank: nodes compared column by column, left to right (0 = best). " + res.get("note", ""),
                   soft_wrap=True)

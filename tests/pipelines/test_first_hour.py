@@ -155,3 +155,20 @@ def test_validate_reports_every_file_an_error_in_one_does_not_hide_the_others(tm
     assert "nodez" in r.output and "missing.yaml" in r.output  # both errors, not only the first
     found = json.loads(runner.invoke(app, ["validate", str(bad1), TINY, "--json"]).stdout)
     assert [("error" in f, f["file"]) for f in found] == [(True, str(bad1)), (False, TINY)]
+
+
+def test_explain_on_a_gpu_cluster_names_the_gpus_and_shows_the_best_nodes_first():
+    mini = str(ROOT / "scenarios" / "openb" / "mini" / "openb-mini-w10000k.yaml")
+    args = ["explain", "-s", mini, "-p", "gpu-energy:empty=asleep", "--at", "80000"]
+    res = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert res["pod"] == {"cpu_m": 3152, "memory_mib": 5600, "gpu": 1, "gpu_milli": 1000, "gpu_models": None}
+    assert len(res["nodes"]) == 164  # --json has every node whatever --top says
+    r = runner.invoke(app, [*args, "--top", "3"])
+    assert r.exit_code == 0, r.output
+    assert "gpu=1 (whole)" in r.stdout and "161 more nodes not shown (37 of all 164 infeasible)" in r.stdout
+    chosen = res["chosen"]
+    assert f"chosen: {chosen}" in r.stdout
+    table = r.stdout.split("more nodes not shown")[0]
+    assert sum(line.startswith("│ openb-") for line in table.splitlines()) == 3  # the 3 best; the chosen is one
+    every = runner.invoke(app, [*args, "--top", "0"]).stdout
+    assert "more nodes not shown" not in every and every.count("│ openb-") >= 164
