@@ -38,7 +38,9 @@ def train_cmd(
     model: Annotated[Path, typer.Option(help="Model file (safetensors, whatever the extension). Created if "
                                         "missing.")] = DEFAULT_MODEL,
     minutes: Annotated[Optional[float], typer.Option(
-        help=f"Train for this many minutes of wall time. Default: {DEFAULT_MINUTES:g} when --steps is not given.")] = None,
+        help=f"Train for this many minutes of wall time (demonstrations and validations included; the episodes in "
+             f"progress and a last validation finish after it). Default: {DEFAULT_MINUTES:g} when --steps is not "
+             "given.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Train for this many decisions (environment steps).")] = None,
     config: Annotated[Optional[Path], typer.Option(
         "--config", help="Training config YAML (dqn: and reward: sections; see the knobs below).")] = None,
