@@ -306,6 +306,8 @@ class NodePowerController:
                                         renew_deadline_s=self.cfg.renew_deadline_s,
                                         retry_period_s=self.cfg.retry_period_s, clock=clock)
         self.cache.add_change_listener(self._kick.set)
+        if not self._own_cache:  # a scheduler on the same cache sees which nodes this controller would sleep
+            self.cache.sleeper = self.may_sleep
 
     # ---- lifecycle ----
     def start(self) -> "NodePowerController":
@@ -392,11 +394,20 @@ class NodePowerController:
         if key != self._resolve_inputs:
             self._resolve_inputs = key
             self._resolved = self.cfg.access.resolve_all(inputs, self.cfg.addresses)
+            self.cache.sleepers_changed()
             for n, r in self._resolved.items():
                 if r.refused:
                     self._announce_once(f"refused:{r.refused}", n, f"node {n}: its power address from the "
                                         f"{r.source} is not used: {r.refused}")
         return self._resolved
+
+    def may_sleep(self, info: NodeInfo) -> bool:
+        """Whether this controller would put ``info``'s node to sleep once idle: not a control plane or never-sleep
+        node, not delegated, and with a power address it may use (the cache's :attr:`KubeCache.sleeper` where a
+        scheduler shares the cache: its states' ``may_sleep``). Until the first reconcile has resolved the
+        addresses, only the ``none`` actuator (cordon only) answers yes."""
+        return not (info.control_plane or info.never_sleep or (self.delegated is not None and self.delegated(info))
+                    or self.address_of(info.name).address is None)
 
     def address_of(self, name: str) -> Resolved:
         if getattr(self.actuator, "name", "") == "none":
@@ -422,7 +433,10 @@ class NodePowerController:
                           sleep_watts=[self.cfg.sleep_watts] * len(names), can_sleep=True)
         protected = np.zeros(len(names), dtype=bool)
         counted = np.zeros(len(names), dtype=bool)  # Ready, schedulable workers: what min_awake counts
-        self._delegated = {i.name for i in infos if self.delegated is not None and self.delegated(i)}
+        delegated = {i.name for i in infos if self.delegated is not None and self.delegated(i)}
+        if delegated != self._delegated:
+            self._delegated = delegated
+            self.cache.sleepers_changed()
         for k, info in enumerate(infos):
             s = info.power_state
             foreign_cordon = info.unschedulable and not info.cordoned_by_us

@@ -74,6 +74,7 @@ class KubeCache:
         self._index: dict[str, int] = {}
         self._sleep_aware = False
         self._sleep_model: tuple[float, float] | None = None
+        self._sleeper: Callable[[NodeInfo], bool] | None = None
         self._dirty = True
         self.epoch = 0
         self._cpu_frac: dict[str, float] = {}
@@ -336,9 +337,11 @@ class KubeCache:
         if self._sleep_model is None:
             return {}
         watts, wake_s = self._sleep_model
-        # A node power controller puts an idle node to sleep unless it is protected (control plane, never-sleep).
+        # A node power controller puts an idle node to sleep unless it is protected (control plane, never-sleep)
+        # or, where one shares this cache, unless that controller says it will not (no power address, delegated).
+        ok = self._sleeper
         return dict(sleep_watts=[watts] * len(infos), wake_s=wake_s, can_sleep=True,
-                    may_sleep=[not (i.never_sleep or i.control_plane) for i in infos])
+                    may_sleep=[not (i.never_sleep or i.control_plane) and (ok is None or ok(i)) for i in infos])
 
     @property
     def sleep_model(self) -> tuple[float, float] | None:
@@ -359,6 +362,24 @@ class KubeCache:
             if value != self._sleep_model:
                 self._sleep_model = value
                 self._dirty = True
+
+    @property
+    def sleeper(self) -> Callable[[NodeInfo], bool] | None:
+        """Which nodes the node power controller sharing this cache would put to sleep (``NodeInfo -> bool``; None:
+        every node not protected): the state's ``may_sleep`` reads it. The controller sets it and calls
+        :meth:`sleepers_changed` when its answer changes (a node's power address resolved or refused)."""
+        return self._sleeper
+
+    @sleeper.setter
+    def sleeper(self, fn: Callable[[NodeInfo], bool] | None) -> None:
+        with self.lock:
+            self._sleeper = fn
+            self._dirty = True
+
+    def sleepers_changed(self) -> None:
+        """The :attr:`sleeper`'s answers changed: the next state is built anew."""
+        with self.lock:
+            self._dirty = True
 
     @property
     def sleep_aware(self) -> bool:

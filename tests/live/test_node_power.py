@@ -474,3 +474,41 @@ def test_a_pod_whose_volume_is_pinned_to_a_node_wakes_that_node(emu, machines, k
     wait_until(lambda: awake(emu, machines, "small"), 10, "small woken for its volume")
     time.sleep(0.5)
     assert awake(emu, machines, "small") and asleep(emu, machines, "big")
+
+
+def test_a_scheduler_on_the_same_cache_sees_which_nodes_the_controller_would_sleep(emu, machines):
+    """serve --node-power: the controller and the scheduler share one cache. A node without a power address the
+    controller may use (here: not in the operator's map) never sleeps, and the scheduler's state says so; so
+    does a node that gains an address later, once the controller has resolved it, and one delegated to another
+    controller."""
+    from joulesched.cluster.kube.cache import KubeCache
+
+    add_nodes(emu, machines, ["mapped"])
+    emu.add_node("unmapped", cpu="4", memory="8Gi")  # no machine, no address
+    emu.add_node("cp", cpu="4", memory="8Gi", labels={"node-role.kubernetes.io/control-plane": ""})
+    cache = KubeCache(api_client_for(emu.url)).start()
+    try:
+        assert cache.wait_synced(10)
+        cache.sleep_model = (10.0, 60.0)
+        before = dict(zip(cache.state().names, cache.state().may_sleep.tolist()))
+        assert before == {"cp": False, "mapped": True, "unmapped": True}  # no controller: every unprotected node
+        cfg = NodePowerConfig(policy=PowerPolicy(sleep_after_s=60.0),
+                              **{**CTL_FAST, "leader_elect": False, "addresses": machines.addresses})
+        ctl = NodePowerController(cache, make_actuator("libvirt", ActuatorOptions(libvirt_uri="test:///default")),
+                                  cfg).start()
+        try:
+            def may_sleep():
+                st = cache.state()
+                return dict(zip(st.names, st.may_sleep.tolist()))
+
+            wait_until(lambda: may_sleep() == {"cp": False, "mapped": True, "unmapped": False}, 5.0)
+            machines.add("unmapped")  # the operator maps it: the controller resolves it on its next pass
+            wait_until(lambda: may_sleep()["unmapped"], 5.0)
+            # Handed to another controller (the cluster-autoscaler provider's node groups): no node object
+            # changes, so only the controller's word makes the scheduler's state anew.
+            ctl.delegated = lambda info: info.name == "mapped"
+            wait_until(lambda: may_sleep() == {"cp": False, "mapped": False, "unmapped": True}, 5.0)
+        finally:
+            ctl.stop()
+    finally:
+        cache.stop()
