@@ -502,9 +502,8 @@ class Scheduler:
             # OpenMP's thread count is per thread: what was set on the thread that built the scheduler holds here
             # too (the DQN sets its own when the run starts, DQNPolicy.reset, which runs on this thread).
             torch.set_num_threads(self._torch_threads)
-        warm = getattr(self.policy, "warm", None)
-        if warm is not None:  # compiled code built now, not under the cache lock in the first decision's reset
-            warm()
+        # run_policy warms the policy first (compiled code built on this thread before begin(), not under the
+        # cache lock in the first decision's reset).
         run_policy(self, self.policy, self.cfg.seed)
 
     def begin(self) -> None:
