@@ -4,6 +4,8 @@ workload, the optimum's refusal, and bad input."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dataclasses
 
 import numpy as np
@@ -183,7 +185,9 @@ def test_services_never_scale(tmp_path):
 @pytest.mark.parametrize("cmd", [["validate"], ["benchmark", "-p", "gpu-packing", "-o", "out", "-s"]])
 def test_a_misspelt_slo_class_exits_2_naming_the_classes_there_are(tmp_path, monkeypatch, cmd):
     monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(app, [*cmd, str(_file(tmp_path, "gpu_runtime: {slo: [be]}\n"))])
+    path = _file(tmp_path, "gpu_runtime: {slo: [be]}\n")
+    r = CliRunner().invoke(app, [*cmd, str(path)])
     assert r.exit_code == 2, r.output
     assert "matches no pod's service class" in r.output and "BE, LS" in r.output
+    assert str(Path(path).resolve()) in " ".join(r.output.split())  # the file, as every scenario error names it
 
