@@ -4,9 +4,8 @@ workload, the optimum's refusal, and bad input."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
