@@ -373,7 +373,16 @@ class NodePowerController:
                 self._leading_since = None
             elif self._leading_since is None:
                 self._leading_since = self.clock()
-            if self._stop.is_set() or not self.synced or not leading:
+            if self._stop.is_set() or not self.synced:
+                continue
+            if not leading:
+                # A standby acts on nothing, but a scheduler sharing its cache still asks which nodes would sleep
+                # (may_sleep): keep the addresses resolved (reads only; a refusal is logged once, as a leader's).
+                if not self._own_cache:
+                    try:
+                        self._resolve(self._snapshot()[0])
+                    except Exception:
+                        log.exception("resolving power addresses failed")
                 continue
             try:
                 self.reconcile()
@@ -404,8 +413,8 @@ class NodePowerController:
     def may_sleep(self, info: NodeInfo) -> bool:
         """Whether this controller would put ``info``'s node to sleep once idle: not a control plane or never-sleep
         node, not delegated, and with a power address it may use (the cache's :attr:`KubeCache.sleeper` where a
-        scheduler shares the cache: its states' ``may_sleep``). Until the first reconcile has resolved the
-        addresses, only the ``none`` actuator (cordon only) answers yes."""
+        scheduler shares the cache: its states' ``may_sleep``). The addresses are resolved on every pass, by a
+        leader or a standby; before the first, only the ``none`` actuator (cordon only) answers yes."""
         return not (info.control_plane or info.never_sleep or (self.delegated is not None and self.delegated(info))
                     or self.address_of(info.name).address is None)
 

@@ -327,8 +327,9 @@ def explain(
         t.add_column("top features (value: contribution)")
     shown = res["nodes"]
     if top and len(shown) > top:
-        # The best-scored first (total: higher is better under both rules), then the chosen one if it is not there.
-        ranked = sorted((n for n in shown if "total" in n), key=lambda n: -n["total"])
+        # The best-scored first (total: higher is better under both rules), then feasible nodes a scorer-less
+        # policy (random, round-robin) gives no total, then infeasible ones with their reasons; and the chosen one.
+        ranked = sorted(shown, key=lambda n: ("total" not in n, -n.get("total", 0.0), not n["feasible"]))
         keep = {id(n) for n in ranked[:top]} | {id(n) for n in shown if n["name"] == res["chosen"]}
         shown = [n for n in shown if id(n) in keep]
     for n in shown:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
@@ -476,7 +477,8 @@ def test_a_pod_whose_volume_is_pinned_to_a_node_wakes_that_node(emu, machines, k
     assert awake(emu, machines, "small") and asleep(emu, machines, "big")
 
 
-def test_a_scheduler_on_the_same_cache_sees_which_nodes_the_controller_would_sleep(emu, machines):
+@pytest.mark.parametrize("standby", [False, True], ids=["leader", "standby"])
+def test_a_scheduler_on_the_same_cache_sees_which_nodes_the_controller_would_sleep(emu, machines, standby):
     """serve --node-power: the controller and the scheduler share one cache. A node without a power address the
     controller may use (here: not in the operator's map) never sleeps, and the scheduler's state says so; so
     does a node that gains an address later, once the controller has resolved it, and one delegated to another
@@ -492,10 +494,12 @@ def test_a_scheduler_on_the_same_cache_sees_which_nodes_the_controller_would_sle
         cache.sleep_model = (10.0, 60.0)
         before = dict(zip(cache.state().names, cache.state().may_sleep.tolist()))
         assert before == {"cp": False, "mapped": True, "unmapped": True}  # no controller: every unprotected node
+        # A standby (the node-power Lease held by another replica) acts on nothing but still answers.
         cfg = NodePowerConfig(policy=PowerPolicy(sleep_after_s=60.0),
-                              **{**CTL_FAST, "leader_elect": False, "addresses": machines.addresses})
+                              **{**CTL_FAST, "leader_elect": standby, "addresses": machines.addresses})
+        leader = SimpleNamespace(is_leader=lambda: False) if standby else None
         ctl = NodePowerController(cache, make_actuator("libvirt", ActuatorOptions(libvirt_uri="test:///default")),
-                                  cfg).start()
+                                  cfg, leader=leader).start()
         try:
             def may_sleep():
                 st = cache.state()
@@ -504,6 +508,9 @@ def test_a_scheduler_on_the_same_cache_sees_which_nodes_the_controller_would_sle
             wait_until(lambda: may_sleep() == {"cp": False, "mapped": True, "unmapped": False}, 5.0)
             machines.add("unmapped")  # the operator maps it: the controller resolves it on its next pass
             wait_until(lambda: may_sleep()["unmapped"], 5.0)
+            if standby:
+                assert ctl.actions == [] and not emu.node_patches  # it resolved addresses, and wrote nothing
+                return
             # Handed to another controller (the cluster-autoscaler provider's node groups): no node object
             # changes, so only the controller's word makes the scheduler's state anew.
             ctl.delegated = lambda info: info.name == "mapped"

@@ -172,3 +172,13 @@ def test_explain_on_a_gpu_cluster_names_the_gpus_and_shows_the_best_nodes_first(
     assert sum(line.startswith("│ openb-") for line in table.splitlines()) == 3  # the 3 best; the chosen is one
     every = runner.invoke(app, [*args, "--top", "0"]).stdout
     assert "more nodes not shown" not in every and every.count("│ openb-") >= 164
+
+
+def test_explain_top_shows_nodes_for_a_policy_without_scores():
+    """random scores nothing: --top still shows N feasible nodes (and the chosen one), not the chosen one alone."""
+    large = str(ROOT / "scenarios" / "large.yaml")
+    r = runner.invoke(app, ["explain", "-s", large, "--at", "100", "-p", "random", "--top", "5"])
+    assert r.exit_code == 0, r.output
+    rows = sum(line.startswith("│ ") and " yes " in line for line in r.stdout.splitlines())
+    assert rows in (5, 6)  # five, and the chosen one if it is not among them
+    assert f"{240 - rows} more nodes not shown (0 of all 240 infeasible)" in r.stdout
