@@ -15,30 +15,23 @@ from joulesched.agent.registry import (BEST_HEURISTIC_CANDIDATES, DEFAULT_POLICI
                                        family_of, make_policy)
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import load_scenario
-from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
+from joulesched.cluster.state import PodRequest
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import PodMeta, build_workload
+from tests.agent.test_gpu_energy import T4, V100, cluster
 from tests.support.decisions import decisions, unseen_durations
 from tests.support.predictor import taught_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 MINI_FITTED = ROOT / "scenarios" / "openb" / "mini" / "openb-mini-fitted.yaml"
-CPU = [100.0 + 10.0 * k for k in range(11)]  # linear: equal CPU requests add equal watts everywhere
-T4 = [10.0 + 6.0 * k for k in range(11)]  # linear: a share adds the same watts on any GPU it fits
-V100 = [40.0 + 26.0 * k for k in range(11)]
 LONG = PodMeta(kind="job", owner_kind="Job", app="train", qos_class="Burstable")
 SHORT = PodMeta(kind="job", owner_kind="Job", app="etl", qos_class="Burstable")
 NEW = PodMeta(kind="job", owner_kind="Job", app="infer", qos_class="Burstable")
 
 
 def _cluster(counts=(2, 2), curves=(T4, T4), models=("T4", "T4"), asleep=(), cpu_m=None):
-    n = len(counts)
-    st = ClusterState([f"n{i}" for i in range(n)], cpu_m or [64000] * n, [262144] * n, [110] * n, [CPU] * n,
-                      sleep_watts=[5.0] * n, can_sleep=True, wake_s=60, gpu_count=list(counts),
-                      gpu_model=list(models), gpu_curves=list(curves))
-    for i in asleep:
-        st.power_state[i] = ASLEEP
-    return st
+    """Two 2-T4 nodes by default; the CPU and GPU curves are linear, so equal requests add equal watts."""
+    return cluster(counts, curves, models, asleep, cpu_m)
 
 
 def test_a_long_gpu_pod_joins_the_node_that_stays_awake_where_gpu_energy_packs_the_shared_gpu():
