@@ -70,12 +70,12 @@ def gpu_runtime_scales(sc: Scenario, wl: Workload) -> np.ndarray | None:
         codes = [k for k, n in enumerate(wl.slo_names) if n in rt.slo]
         if not codes:
             have = ", ".join(sorted(n for n in wl.slo_names if n)) or "none"
-            raise ScenarioError(f"{sc.source or sc.name}: gpu_runtime.slo {rt.slo} matches no pod's service class; the "
-                                f"workload's classes: {have}")
+            raise ScenarioError(f"{sc.source or sc.name}: gpu_runtime.slo {rt.slo} matches no pod's service class; "
+                                f"the workload's classes: {have}")
         scales &= np.isin(wl.slo, codes)
     if (scales & (wl.profile >= 0)).any():
-        raise ScenarioError(f"{sc.source or sc.name}: gpu_runtime scales GPU jobs with a usage profile; the twin scales "
-                            "constant-usage jobs only (limit gpu_runtime.slo to the others)")
+        raise ScenarioError(f"{sc.source or sc.name}: gpu_runtime scales GPU jobs with a usage profile; the twin "
+                            "scales constant-usage jobs only (limit gpu_runtime.slo to the others)")
     return scales
 
 

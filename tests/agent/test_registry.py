@@ -201,7 +201,8 @@ def test_a_policy_failure_reaches_the_backend():
         run_policy(ListBackend(2, [PodRequest(100, 10)]), Broken())
 
 
-@pytest.mark.parametrize("spec", ["gpu-lifetime-aware:empty=asleep,empty=awake", "dqn=models/v2.pt:sample=auto,sample=5"])
+@pytest.mark.parametrize("spec", ["gpu-lifetime-aware:empty=asleep,empty=awake",
+                                  "dqn=models/v2.pt:sample=auto,sample=5"])
 def test_an_option_given_twice_is_an_error_not_the_last_one_winning(spec):
     with pytest.raises(PolicyError, match="option '(empty|sample)' is given twice"):
         make_policy(spec)
