@@ -490,26 +490,30 @@ MIP's, the LP's or the clairvoyant fluid relaxation of <code>docs/lower-bound.md
 <h2>Energy relative to {{ ref }}</h2>
 {% for img in summary_images %}<img src="plots/{{ img.file }}" alt="{{ img.alt }}">{% endfor %}
 {% if headroom %}<h2>Headroom</h2>
-<p class="note">Energy / default-k8s, per seed then averaged. Optimum: the MIP's schedule, replayed in the twin (*
+{% set solved = headroom|selectattr("solved")|list %}
+{% if solved %}<p class="note">Energy / default-k8s, per seed then averaged. Optimum: the MIP's schedule, replayed in the twin (*
 = not proven optimal on every seed: the best schedule found). <em>Bound, bind-on-arrival</em>: the largest
 proven lower bound for the runs that bind every pod when it arrives (the MIP's own, the bind-on-arrival LP's);
 <em>bound, every run</em>: the LP or fluid bound, which queued and throttled runs obey too (the two are equal
 where nothing assumes bind-on-arrival). Gap: (optimum &minus; bound) / optimum, per seed. The last column, and
 the table below it for every policy, is the share of the best heuristic's distance to the optimum (where none
 was solved, to the best bound: then a lower estimate of the share) that a policy closes; negative: it uses more
-than the best heuristic.</p>
+than the best heuristic.</p>{% else %}<p class="note">Energy / default-k8s, per seed then averaged, beside the
+clairvoyant fluid bound (<code>docs/lower-bound.md</code>): no policy can use less. The optimum, the MIP's and
+LP's bounds and each policy's share of the best heuristic's distance to them come with <code>--optimum</code>
+(small clusters).</p>{% endif %}
 <table><tr><th>scenario</th><th>default-k8s</th><th>best upstream heuristic</th><th>best sleep-aware heuristic</th>
-<th>learned</th><th>optimum</th><th>bound, bind-on-arrival</th><th>bound, every run</th><th>fluid bound</th>
-<th>gap</th><th>gap closed by learned</th></tr>
+<th>learned</th>{% if solved %}<th>optimum</th><th>bound, bind-on-arrival</th><th>bound, every run</th>{% endif %}<th>fluid bound</th>
+{% if solved %}<th>gap</th><th>gap closed by learned</th>{% endif %}</tr>
 {% for h in headroom %}<tr><td>{{ h.name }}</td><td>1.000</td><td class="wrap">{{ h.up|breakable }}</td><td class="wrap">{{ h.sa|breakable }}</td><td class="wrap">{{ h.learned|breakable }}</td>
-<td>{{ h.opt }}</td><td>{{ h.boa }}</td><td>{{ h.every }}</td><td>{{ h.fluid }}</td><td>{{ h.gap }}</td>
-<td>{{ h.share }}</td></tr>
+{% if solved %}<td>{{ h.opt }}</td><td>{{ h.boa }}</td><td>{{ h.every }}</td>{% endif %}<td>{{ h.fluid }}</td>
+{% if solved %}<td>{{ h.gap }}</td><td>{{ h.share }}</td>{% endif %}</tr>
 {% endfor %}</table>
-<table id="gap-shares"><tr><th class="pol">share of the gap to</th>
+{% if solved %}<table id="gap-shares"><tr><th class="pol">share of the gap to</th>
 {% for h in headroom %}<th class="wrap">{{ h.name|breakable }}<br>{{ h.target|breakable }}</th>{% endfor %}</tr>
 {% for p in headroom_policies %}<tr><td class="pol"><span class="sw" style="background:{{ colors[p] }}"></span>{{ p|breakable }}</td>
 {% for h in headroom %}<td>{{ h.shares.get(p, "—") }}</td>{% endfor %}</tr>
-{% endfor %}</table>{% endif %}
+{% endfor %}</table>{% endif %}{% endif %}
 {% if training_curve %}<h2>Training curve</h2>
 <img src="plots/training_curve.png" alt="DQN training curve">{% endif %}
 {% for s in scenarios %}
@@ -568,7 +572,7 @@ def _headroom_rows(doc: Results) -> list[dict]:
         if h.get("optimum") is not None and not h.get("optimal"):
             opt += "*"
         shares = h.get("share_of_gap") or {}
-        rows.append({"name": name, "up": f(h["best_upstream"], h["best_upstream_policy"]),
+        rows.append({"name": name, "solved": "target" in h, "up": f(h["best_upstream"], h["best_upstream_policy"]),
                      "sa": f(h["best_sleep_aware"], h["best_sleep_aware_policy"]),
                      "learned": f(h["learned"], h["learned_policy"]), "opt": opt, "boa": f(h.get("boa_bound")),
                      "every": f(h.get("every_run_bound")), "fluid": f(h["fluid_bound"]),

@@ -236,6 +236,22 @@ def test_the_verdict_table_comes_first_and_names_the_least_energy_policy_within_
         assert any(c.startswith(f"{ratio:.3f} ± ") and c.endswith("(fluid bound)") for c in cells)
 
 
+def test_without_the_optimum_the_headroom_shows_the_fluid_bound_and_no_empty_columns(run):
+    # A run without --optimum has no optimum, no MIP/LP bound and no share of a gap: columns and a table of
+    # dashes only (tests/agent/test_optimum.py checks them with --optimum).
+    html = (run / "report.html").read_text()
+    section = html[html.index("<h2>Headroom</h2>"):html.index("<h2>", html.index("<h2>Headroom</h2>") + 1)]
+    assert "<th>fluid bound</th>" in section and "--optimum" in section
+    assert 'id="gap-shares"' not in section and "bound, bind-on-arrival" not in section
+    assert "gap closed by learned" not in section
+    doc = load_results(run / "results.json")
+    for name in doc.summary:
+        row = re.search(rf"<tr><td>{re.escape(name)}</td>(.*?)</tr>", section, re.S)
+        assert row, name
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+        assert len(cells) == 5 and all(c.strip() not in ("", "—") for c in cells), cells  # each column has a figure
+
+
 def test_the_verdict_takes_the_optimum_where_solved_else_the_best_proven_bound():
     def run(lower_bound, **optimum):
         opt = OptimumRun(name="s", seed=0, nodes=2, pods=3, **optimum) if optimum else None
