@@ -20,7 +20,10 @@ rufio      namespaces of Rufio Machines, or ``*``; and always the Machine must c
 
 Whatever the source: ``redfish+http`` (a BMC login over plain HTTP) only with ``allow_redfish_http``; an
 ``aws://`` address must match ``spec.providerID`` where the node has one; and one machine belongs to one node:
-an annotation naming a machine the map gives another node, or one that two nodes claim, is refused.
+an annotation naming a machine the map gives another node, or one that two nodes claim, is refused, however
+it is spelled (:func:`machine_keys`: a BMC is its host, whatever the port; a Wake-on-LAN machine also the SSH
+host that suspends it). A BMC serving several systems (a chassis manager) therefore serves one annotated node:
+list such systems in the address map.
 """
 
 from __future__ import annotations
@@ -84,17 +87,35 @@ def instance_of(provider_id: str) -> str:
     return provider_id.rsplit("/", 1)[-1] if provider_id.startswith("aws://") else ""
 
 
-def machine_key(addr: PowerAddress) -> tuple[str, str]:
-    """What identifies the machine an address switches (two nodes must never share one)."""
+def _machine_host(hostport: str) -> str:
+    """A host as an identity: no port (one BMC or SSH host is one machine, whichever port is written),
+    lower case, no trailing dot, an IP in its canonical form (an IPv4-mapped IPv6 address as the IPv4)."""
+    host = _split_host(hostport)[0].rstrip(".").lower()
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
+def machine_keys(addr: PowerAddress, node: str) -> tuple[tuple[str, str], ...]:
+    """What identifies the machine an address switches (two nodes must never share one), spelling aside:
+    a BMC by its host (ports, case and IP notation ignored; IPMI and Redfish on one BMC are one machine),
+    Wake-on-LAN by its MAC *and* the SSH host that runs the suspend (the machine switched off), a libvirt
+    domain, an instance, a Kubernetes object."""
+    if addr.actuator in ("redfish", "ipmi"):
+        return (("bmc", _machine_host(addr.host)),)
     if addr.actuator == "wol":
-        return "wol", addr.host.lower().replace("-", ":")
+        mac = "".join(c for c in addr.host.lower() if c in "0123456789abcdef")
+        return ("wol", mac), ("ssh", _machine_host(addr.params.get("ssh") or node))
     if addr.actuator == "libvirt":
-        return "libvirt", addr.path
+        return (("libvirt", addr.path),)
     if addr.actuator == "aws":
-        return "aws", addr.host
-    if addr.actuator in ("redfish", "ipmi", "metal3", "rufio"):
-        return addr.actuator, f"{addr.host.lower()}/{addr.path}"
-    return addr.scheme, addr.raw
+        return (("aws", addr.host),)
+    if addr.actuator in ("metal3", "rufio"):
+        return ((addr.actuator, f"{addr.host.lower()}/{addr.path}"),)
+    return ((addr.scheme, addr.raw),)
 
 
 @dataclass(frozen=True)
@@ -174,7 +195,8 @@ class AddressPolicy:
             except AddressError as e:
                 out[name] = Resolved(None, "map", str(e))
                 continue
-            mapped[machine_key(a)] = name
+            for key in machine_keys(a, name):
+                mapped[key] = name
             parsed[name] = a
         for name, (text, provider_id) in nodes.items():
             if name in parsed:
@@ -194,16 +216,19 @@ class AddressPolicy:
                 out[name] = Resolved(None, "annotation", str(e))
                 continue
             why = self._annotation_refusal(name, a, provider_id)
-            key = machine_key(a)
-            if not why and mapped.get(key, name) != name:
-                why = f"the address map gives that machine to node {mapped[key]}"
+            keys = machine_keys(a, name)
+            owner = next((mapped[k] for k in keys if mapped.get(k, name) != name), None)
+            if not why and owner is not None:
+                why = f"the address map gives that machine to node {owner}"
             if why:
                 out[name] = Resolved(None, "annotation", why)
                 continue
-            claims.setdefault(key, []).append(name)
+            for key in keys:
+                claims.setdefault(key, []).append(name)
             out[name] = Resolved(a, "annotation")
         for key, names in claims.items():
-            if len(names) > 1:
+            if len(set(names)) > 1:
                 for n in names:
-                    out[n] = Resolved(None, "annotation", f"nodes {', '.join(sorted(names))} claim the same machine")
+                    out[n] = Resolved(None, "annotation", f"nodes {', '.join(sorted(set(names)))} claim the same "
+                                      "machine")
         return out
