@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from joulesched.core.errors import JouleschedError
+from joulesched.core.errors import JouleschedError, UsageError
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOKS = REPO / "playbooks"
@@ -17,6 +17,10 @@ PLAYBOOKS = REPO / "playbooks"
 
 class ProvisionError(JouleschedError, RuntimeError):
     pass
+
+
+class InventoryError(ProvisionError, UsageError):
+    """The inventory is not one Ansible can use (malformed, or it gives the playbook no host): bad input, exit 2."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,13 @@ def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None 
               extravars: dict | None = None, envvars: dict[str, str] | None = None, tags: str | None = None,
               check: bool = False, quiet: bool = True, timeout_s: int = 3600) -> ProvisionResult:
     """Run `playbook` from playbooks/ against `inventory`; return per-host counts (never raises on a failed
-    play: look at `.succeeded`). Raises ProvisionError when ansible-runner is missing or cannot start."""
+    play: look at `.succeeded`). Raises ProvisionError when ansible-runner is missing or cannot start, and
+    bad input (a RemoteError or InventoryError, both UsageErrors) when the inventory does not parse, `limit`
+    matches none of its hosts, or no play of the playbook targets any of them.
+
+    Ansible itself only warns about an inventory it cannot parse and then runs against no host, "successfully":
+    the inventory is read first with the same check `joulesched pipeline --hosts` uses, and the run is told to
+    fail on an unparsed source, so a bad inventory never reads as a successful run with an empty summary."""
     try:
         import ansible_runner
     except ImportError:
@@ -63,6 +73,9 @@ def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None 
         raise ProvisionError(f"inventory {inventory} does not exist")
     if not (PLAYBOOKS / playbook).is_file():
         raise ProvisionError(f"playbook {PLAYBOOKS / playbook} does not exist")
+    from joulesched.infra.remote import hosts_from_inventory
+
+    hosts_from_inventory(inventory, limit)  # RemoteError naming the file: not a valid Ansible inventory: ...
     cmdline = []
     if check:
         cmdline.append("--check")
@@ -76,6 +89,7 @@ def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None 
         # `-o StrictHostKeyChecking=no` ahead of the inventory's ssh args, where it wins. Host keys are always
         # checked here, whatever a caller's envvars say.
         env["ANSIBLE_HOST_KEY_CHECKING"] = "True"
+        env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "True"  # an inventory source that does not parse is an error
         saved_path = os.environ.get("PATH", "")
         os.environ["PATH"] = env["PATH"]  # ansible-runner looks the binary up in this process's PATH
         try:
@@ -88,6 +102,10 @@ def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None 
         stdout = r.stdout.read() if r.stdout else ""
         stats = r.stats or {}
     names = sorted({h for v in stats.values() if isinstance(v, dict) for h in v})
+    if not names and r.status == "successful":
+        raise InventoryError(f"{inventory}: no play of {playbook} matched any of its hosts"
+                             + (f" (--limit {limit!r})" if limit else "")
+                             + "; put them in the groups the playbook targets (see inventory/hosts.yml)")
     hosts = [HostResult(h, ok=stats.get("ok", {}).get(h, 0), changed=stats.get("changed", {}).get(h, 0),
                         failed=stats.get("failures", {}).get(h, 0), unreachable=stats.get("dark", {}).get(h, 0),
                         skipped=stats.get("skipped", {}).get(h, 0)) for h in names]

@@ -177,6 +177,7 @@ def provision(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream Ansible's output.")] = False,
 ) -> None:
     """Run playbooks/site.yml through ansible-runner and print a changed/failed summary per host."""
+    from joulesched.core.errors import UsageError
     from joulesched.infra.provision import ProvisionError
     from joulesched.infra.provision import provision as run
 
@@ -184,7 +185,7 @@ def provision(
         _fail(f"--inventory {inventory} does not exist")
     try:
         result = run(inventory, limit=limit, tags=tags, check=check, quiet=not verbose)
-    except ProvisionError as e:
+    except (ProvisionError, UsageError) as e:  # no ansible-runner, or an inventory it cannot use: exit 2
         _fail(str(e))
     table = Table("host", "ok", "changed", "failed", "unreachable", "skipped")
     for h in result.hosts:
