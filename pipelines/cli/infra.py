@@ -88,12 +88,29 @@ KeyOpt = Annotated[Optional[Path], typer.Option(
     "--ssh-public-key", help="Public key for the guests' admin user (overrides sshPublicKey in --config).")]
 
 
+def _stack_config(config: Path) -> dict:
+    """The ``config:`` block of a stack file. A file that is missing, unreadable, not YAML or not a mapping is
+    bad input: one line naming the file, exit 2."""
+    if not config.is_file():
+        _fail(f"--config {config} does not exist")
+    try:
+        with config.open(encoding="utf-8") as f:
+            doc = yaml.safe_load(f)  # a stream: YAML's errors name the file and line
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        _fail(f"--config {config}: not a readable YAML stack file: {' '.join(str(e).split())}")
+    doc = {} if doc is None else doc  # an empty file: every setting at its default
+    if not isinstance(doc, dict):
+        _fail(f"--config {config}: the top level must be a mapping with a config: block, not a {type(doc).__name__}")
+    values = {} if doc.get("config") is None else doc["config"]
+    if not isinstance(values, dict):
+        _fail(f"--config {config}: config: must be a mapping of settings, not a {type(values).__name__}")
+    return values
+
+
 def _kvm_config(config: Path, ssh_public_key: Path | None, prefix: str | None):
     from joulesched.infra.config import DictReader, InfraConfigError, load
 
-    if not config.is_file():
-        _fail(f"--config {config} does not exist")
-    values = (yaml.safe_load(config.read_text()) or {}).get("config", {})
+    values = _stack_config(config)
     if ssh_public_key is not None:
         if not ssh_public_key.is_file():
             _fail(f"--ssh-public-key {ssh_public_key} does not exist")
@@ -151,9 +168,7 @@ def kvm_down(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", prefix: PrefixOpt = N
     from joulesched.infra.config import DictReader
     from joulesched.infra.libvirt_guests import GuestError, delete_guest, list_guests
 
-    if not config.is_file():
-        _fail(f"--config {config} does not exist")
-    r = DictReader((yaml.safe_load(config.read_text()) or {}).get("config", {}))
+    r = DictReader(_stack_config(config))
     uri = r.get("libvirtUri") or "qemu:///system"
     pool = r.get("poolDir") or "/var/lib/libvirt/images/joulesched"
     pfx = prefix or r.get("namePrefix") or "joulesched"
