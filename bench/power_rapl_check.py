@@ -19,9 +19,22 @@ import platform
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+def _alias_checkout_as_joulesched() -> None:
+    """Make ``import joulesched.power...`` find this checkout without the installed package: the package maps the
+    repository root itself (pyproject's package-dir), so there is no ``joulesched/`` folder to put on sys.path.
+    An empty package whose ``__path__`` is the root stands in; its submodules then import as usual. At module
+    level so that the burner's spawned workers, which re-run this file as ``__mp_main__``, get it too."""
+    if "joulesched" not in sys.modules:
+        pkg = types.ModuleType("joulesched", "This checkout, aliased by bench/power_rapl_check.py.")
+        pkg.__path__ = [str(Path(__file__).resolve().parents[1])]
+        sys.modules["joulesched"] = pkg
+
+
+_alias_checkout_as_joulesched()
 
 from joulesched.power.burner import measure  # noqa: E402
 from joulesched.power.meter import MeterError  # noqa: E402
