@@ -110,14 +110,16 @@ def run(
     workdir: Path | None = None,
 ) -> LoadResult:
     """Run `plan` against `target` for `duration_s` seconds and summarise what JMeter recorded."""
-    if not Path(plan).is_file():
+    # Absolute: JMeter runs in the work folder, where a path relative to ours names nothing (or the wrong file).
+    plan = Path(plan).absolute()
+    if not plan.is_file():
         raise DriverError(f"plan {plan} not found")
     if threads < 1 or rampup_s < 0 or duration_s < 1:
         raise DriverError("need threads >= 1, rampup >= 0 and duration >= 1")
     props = split_target(target) | {"threads": str(threads), "rampup": str(rampup_s), "duration": str(duration_s)}
     argv = command(jmeter_bin, launcher)
     own_dir = workdir is None
-    wd = Path(tempfile.mkdtemp(prefix="joulesched-jmeter-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
+    wd = Path(tempfile.mkdtemp(prefix="joulesched-jmeter-")) if workdir is None else Path(workdir).absolute()
     try:  # a folder of our own is removed however the run ends; a --workdir is the caller's to keep
         wd.mkdir(parents=True, exist_ok=True)
         return _run(argv, plan, props, wd, target, rampup_s + duration_s + STARTUP_GRACE_S, own_dir)

@@ -42,7 +42,9 @@ def run(
     host = f"{u.scheme}://{u.netloc}"
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     own_dir = workdir is None
-    wd = Path(tempfile.mkdtemp(prefix="joulesched-locust-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
+    # Absolute: Locust runs in the work folder, where a path relative to ours names nothing (or the wrong file).
+    wd = Path(tempfile.mkdtemp(prefix="joulesched-locust-")) if workdir is None else Path(workdir).absolute()
+    locustfile = Path(locustfile).absolute()
     try:  # a folder of our own is removed however the run ends; a --workdir is the caller's to keep
         wd.mkdir(parents=True, exist_ok=True)
         return _run(wd, target, host, path, users, spawn_rate, duration_s, locustfile)
