@@ -57,6 +57,8 @@ def _zone_dirs(root: str) -> list[tuple[str, str]]:
         entries = sorted(os.listdir(root))
     except FileNotFoundError:
         raise MeterUnavailable(f"{root} does not exist (no powercap/RAPL driver, or a VM)") from None
+    except NotADirectoryError:  # a wrong root, not a missing driver: not skipped as merely unavailable
+        raise MeterError(f"{root} is not a directory (give the powercap tree, /sys/class/powercap)") from None
     for entry in entries:
         path = os.path.join(root, entry)
         if not _ZONE_DIR.match(entry) or not os.path.isdir(path):
@@ -124,8 +126,9 @@ class PowercapMeter(LoggedMeter):
         self._clock = clock
         self._read_fn = read_fn
         found, self.notes = discover_zones(root, read_fn)
-        if not found:
-            raise MeterUnavailable(f"no RAPL zones with energy_uj under {root}")
+        if not found:  # the notes say why each zone there was dropped
+            raise MeterUnavailable(f"no usable RAPL zones under {root}: {'; '.join(self.notes)}" if self.notes
+                                   else f"no RAPL zones with energy_uj under {root}")
         self._zones = found
         self.zones = tuple(z.label for z in found)
         packages = tuple(z.label for z in found if z.top_level and z.name.startswith("package"))

@@ -61,6 +61,9 @@ def _open(meter: MeterKind, powercap_root: Path, proc_root: Path, dev_root: Path
     from joulesched.power.model import DEFAULT_CURVE_NAME
 
     kinds = order if (meter is MeterKind.auto and order) else (meter.value,)
+    # A file given as the tree is a typo to report, not an absent driver for auto to skip quietly.
+    if {"auto", "powercap"} & set(kinds) and powercap_root.exists() and not powercap_root.is_dir():
+        _fail(f"--powercap-root {powercap_root} is not a directory (give the powercap tree, /sys/class/powercap)")
     skipped: list[str] = []
     for kind in kinds:
         try:
@@ -74,12 +77,19 @@ def _open(meter: MeterKind, powercap_root: Path, proc_root: Path, dev_root: Path
             _fail(str(e))
         for note in (*skipped, *choice.skipped):
             err.print(f"[yellow]note:[/yellow] meter {note}", soft_wrap=True)
+        for note in _meter_notes(choice.meter):
+            err.print(f"[yellow]note:[/yellow] {choice.meter.source}: {note}", soft_wrap=True)
         if choice.meter.source == "model" and curve is None:
             err.print(f"[yellow]note:[/yellow] model meter uses the uncalibrated {DEFAULT_CURVE_NAME} curve; "
                       "pass --profile from `joulesched power calibrate`", soft_wrap=True)
         return choice.meter
     _fail("no hardware meter works here (" + "; ".join(skipped) + "); use --from-samples with wall-meter "
           "data, or --meter model for a smoke test")
+
+
+def _meter_notes(m) -> list[str]:
+    """What the meter dropped while opening (a powercap zone without a usable counter range, an MMIO duplicate)."""
+    return list(getattr(m, "notes", ()))
 
 
 def _gpu_meter(mode: str):
@@ -176,6 +186,7 @@ def read(
         "pods": [{"pod_uid": r.pod_uid, "container_id": r.container_id, "watts": round(e.watts, 3)}
                  for r, e in sorted(s.pods.items())],
         "processes": [{"pid": p.pid, "comm": p.comm, "watts": round(p.watts, 3)} for p in s.processes],
+        "notes": _meter_notes(m),
     }
     if json_:
         print(json.dumps(result, indent=2))
