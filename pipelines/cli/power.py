@@ -146,7 +146,9 @@ def exporter(
         exp.start()
     except OSError as e:
         _fail(f"cannot listen on {listen}: {e.strerror or e}")
-    err.print(f"serving {m.source} meter zones {', '.join(m.zones)} on http://{listen}/metrics every {interval} s")
+    shown = f"[{host}]" if ":" in host else host  # the bound port: --listen HOST:0 asked for any free one
+    err.print(f"serving {m.source} meter zones {', '.join(m.zones)} on http://{shown}:{exp.port}/metrics "
+              f"every {interval} s", soft_wrap=True)
     try:
         exp.wait()
     except KeyboardInterrupt:

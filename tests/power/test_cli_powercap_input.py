@@ -1,9 +1,14 @@
-"""`power read|exporter` and the powercap tree: a file given as the tree, the notes on skipped zones."""
+"""`power read|exporter` and the powercap tree: a file given as the tree, the notes on skipped zones, the bound port."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -11,6 +16,7 @@ from typer.testing import CliRunner
 from joulesched.pipelines.cli import app
 from joulesched.power.meter import MeterError, MeterUnavailable
 from joulesched.power.powercap import PowercapMeter
+from tests.support.procs import stop_process
 
 runner = CliRunner()
 
@@ -61,3 +67,21 @@ def test_every_zone_dropped_says_why(powercap, proc, tmp_path):
     r = runner.invoke(app, ["power", "read", "--meter", "powercap", *_roots(powercap.root, proc, tmp_path)])
     assert r.exit_code == 2 and "intel-rapl:0: no usable max_energy_range_uj" in r.output
     assert "with energy_uj" not in r.output  # the zone has its energy_uj: that was not the reason
+
+
+def test_exporter_on_port_0_prints_the_bound_port(powercap, proc, tmp_path):
+    powercap.add("intel-rapl:0", "package-0")
+    exe = Path(sys.executable).parent / "joulesched"
+    p = subprocess.Popen([str(exe), "power", "exporter", "--listen", "127.0.0.1:0", "--gpu", "off",
+                          *_roots(powercap.root, proc, tmp_path)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, line = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and not line.startswith("serving"):
+            line = p.stderr.readline()
+            assert line or p.poll() is None, "exporter ended before serving"
+        url = line.split(" on ", 1)[1].split()[0]
+        assert url.startswith("http://127.0.0.1:") and not url.startswith("http://127.0.0.1:0/"), line
+        assert "joulesched_node_joules_total" in urllib.request.urlopen(url, timeout=5).read().decode()
+    finally:
+        stop_process(p, timeout=10)
+    assert p.returncode == 0
