@@ -27,10 +27,23 @@ def emu():
         e.stop()
 
 
-def test_workers_power_addresses_go_to_the_map_and_a_second_run_changes_nothing(emu, tmp_path):
+def _needs_kubectl_and_runner():
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed (apt install kubernetes-client)")
     pytest.importorskip("ansible_runner", reason="ansible-runner not installed (pip install -e '.[infra]')")
+
+
+def _inventory(emu, tmp_path, workers: dict) -> str:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "ansible_become": False, "kube_node_admin_kubeconfig": emu.kubeconfig(str(tmp_path / "admin.conf"))},
+        "children": {"kube_master": {"hosts": {"master-1": {}}}, "kube_workers": {"hosts": workers}}}}))
+    return inv
+
+
+def test_workers_power_addresses_go_to_the_map_and_a_second_run_changes_nothing(emu, tmp_path):
+    _needs_kubectl_and_runner()
     from joulesched.infra.provision import provision
 
     emu.add_node("master-1")
@@ -70,3 +83,45 @@ def test_workers_power_addresses_go_to_the_map_and_a_second_run_changes_nothing(
 
     second = provision(inv, tags="kube_node_power_address", timeout_s=300)
     assert second.succeeded and second.changed == 0, second.stdout[-4000:]
+
+
+def test_the_node_name_comes_from_the_inventory_not_the_hosts_own_hostname(emu, tmp_path):
+    """No kube_node_name given: the key is the inventory name, lower-cased (the host here reports another)."""
+    _needs_kubectl_and_runner()
+    from joulesched.infra.provision import provision
+
+    inv = _inventory(emu, tmp_path, {"Worker-4": {"kube_node_power_address": "ipmi://bmc-worker-4:623"}})
+    r = provision(inv, tags="kube_node_power_address", timeout_s=300)
+    assert r.succeeded, r.stdout[-4000:]
+    assert emu.get("configmaps", MAP[1], MAP[0])["data"] == {"worker-4": "ipmi://bmc-worker-4:623"}
+
+
+@pytest.mark.parametrize("existing, message", [
+    ({"worker-1": "ipmi://bmc-old:623"}, "refusing to overwrite the power address of node worker-1"),
+    ({"worker-9": "ipmi://bmc-worker-1:623"}, "refusing to map ipmi://bmc-worker-1:623 to node worker-1"),
+])
+def test_an_entry_is_never_overwritten_nor_a_machine_given_to_a_second_node(emu, tmp_path, existing, message):
+    """The map decides which machine the controller switches off: a run that would move an entry, or point a
+    second node at a machine already in the map, fails and leaves the map as it was."""
+    _needs_kubectl_and_runner()
+    from joulesched.infra.provision import provision
+
+    emu.add_object("configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": MAP[1], "namespace": MAP[0]}, "data": dict(existing)},
+                   namespace=MAP[0])
+    inv = _inventory(emu, tmp_path, {"worker-1": {"kube_node_power_address": "ipmi://bmc-worker-1:623"}})
+    r = provision(inv, tags="kube_node_power_address", timeout_s=300)
+    assert not r.succeeded and message in " ".join(r.stdout.split()), r.stdout[-4000:]
+    assert emu.get("configmaps", MAP[1], MAP[0])["data"] == existing
+
+
+def test_one_address_for_two_hosts_of_a_run_is_refused_before_anything_is_written(emu, tmp_path):
+    _needs_kubectl_and_runner()
+    from joulesched.infra.provision import provision
+
+    inv = _inventory(emu, tmp_path, {"worker-1": {"kube_node_power_address": "ipmi://bmc-1:623"},
+                                     "worker-2": {"kube_node_power_address": "ipmi://bmc-1:623"}})
+    r = provision(inv, tags="kube_node_power_address", timeout_s=300)
+    assert not r.succeeded and "all have kube_node_power_address ipmi://bmc-1:623" in " ".join(r.stdout.split()), \
+        r.stdout[-4000:]
+    assert emu.get("configmaps", MAP[1], MAP[0]) is None
