@@ -25,8 +25,15 @@ def test_rbac_is_what_the_provider_uses_and_the_lease_is_node_powers():
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in _one("ClusterRole")["rules"]}
     assert rules == {(("",), ("nodes",)): ["get", "list", "patch", "watch"],
                      (("",), ("pods",)): ["get", "list", "watch"],
-                     (("coordination.k8s.io",), ("leases",)): ["get"],
                      (("",), ("events",)): ["create"]}
+    # Node heartbeats are read in kube-node-lease only, not every Lease of the cluster.
+    beats = _one("Role", "kube-node-lease")
+    assert beats["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}]
+    binding = _one("RoleBinding", "kube-node-lease")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": beats["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "joulesched-autoscaler-provider",
+                                    "namespace": "joulesched"}]
     named = [r for r in _one("Role")["rules"] if "resourceNames" in r]
     assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                       "resourceNames": ["joulesched-node-power"], "verbs": ["get", "update"]}]
