@@ -188,6 +188,10 @@ class LeaderElector:
         return self._won(t0)
 
     def _won(self, t0: float) -> bool:
+        if self._leading and not self.is_leader():
+            # Renewed after the renew deadline had passed: another replica may have led in between, so this is
+            # a new term (transitions moves on), and an action begun in the old one must not go on.
+            self._set_leading(False)
         if not self.is_leader():
             self.terms.append([self.clock(), t0 + self.renew_deadline_s])
         self._renewed_at = t0

@@ -161,7 +161,7 @@ class NodePowerMetrics:
         self.wake_latency = Histogram("joulesched_node_power_wake_latency_seconds",
                                       "From the wake request to the node Ready and uncordoned.",
                                       buckets=WAKE_BUCKETS, registry=registry)
-        self.failures = Counter("joulesched_node_power_failures", "Failed sleeps and wakes.", ["op"],
+        self.failures = Counter("joulesched_node_power_failures", "Failed sleeps, wakes and drains.", ["op"],
                                 registry=registry)
         for op in ("sleep", "wake", "drain"):
             self.failures.labels(op)
@@ -186,6 +186,9 @@ class _NodeRec:
     retry_at: float = 0.0
     failures: int = 0
     drain_started: float = 0.0
+    #: wall-clock time of the first failed sleep the actuator could not confirm (the node stays cordoned):
+    #: a kubelet still renewing its Lease ``sleep_timeout_s`` later shows the machine kept running.
+    sleep_failed_at: float | None = None
 
 
 def _now_rfc3339() -> str:
@@ -296,6 +299,7 @@ class NodePowerController:
         self._resolve_inputs: tuple | None = None
         self._pv_cache: dict[tuple[str, str], list | None] = {}  # per reconcile: claims -> PV node terms
         self._leading_since: float | None = None
+        self._leading_term = -1
         #: (monotonic time, action, node) of every action taken, or announced in dry-run (tests read it).
         self.actions: list[tuple[float, str, str]] = []
         self._own_leader = leader is None and self.cfg.leader_elect and not self.cfg.dry_run
@@ -371,8 +375,10 @@ class NodePowerController:
             self.metrics.leader.set(1 if leading else 0)
             if not leading:
                 self._leading_since = None
-            elif self._leading_since is None:
-                self._leading_since = self.clock()
+            elif self._leading_since is None or self._leading_term != self._term():
+                # A new term, also one regained between two passes: the grace before resuming others' work
+                # starts again.
+                self._leading_since, self._leading_term = self.clock(), self._term()
             if self._stop.is_set() or not self.synced:
                 continue
             if not leading:
@@ -499,8 +505,13 @@ class NodePowerController:
             if len(self.core.counted) == len(names):
                 self.core.counted[going] = False
         self._adopt_addresses(infos)
-        self._recover(names, infos, workload, busy, now)
+        self._recover(names, infos, busy, now, (WAKING_STATE, DRAINING))
         wanted = self._wake_pass(st, names, infos, pending, busy, now)
+        # A sleep left half-done is resumed only after the wake pass: a pending pod that needs the node wakes it
+        # instead (a sleep the actuator could not confirm leaves the node cordoned; retrying it must not win).
+        with self._lock:
+            after_wakes = dict(self._busy)
+        self._recover(names, infos, after_wakes, now, (SLEEPING,))
         self._sleep_pass(st, names, states, workload, busy, now, wanted)
         if self.cfg.policy.consolidate and now >= self._next_consolidation:
             self._next_consolidation = now + self.cfg.policy.consolidate_interval_s
@@ -536,17 +547,23 @@ class NodePowerController:
         if dt > 0 and asleep.any():
             self.metrics.joules_saved.inc(float(np.maximum(st.idle_watts[asleep] - self.cfg.sleep_watts, 0).sum()) * dt)
 
-    def _recover(self, names, infos, workload, busy, now) -> None:
-        """Resume or roll back intermediate states no action of ours is working on."""
+    def _in_grace(self, info: NodeInfo, now: float) -> bool:
+        """A replica's action on the node may still be on the wire: it names an owner and this replica has led
+        for less than ``takeover_grace_s``. Nothing is resumed, rolled back or woken until it has ended."""
+        return bool(info.power_owner) and (self._leading_since is None
+                                           or now - self._leading_since < self.cfg.takeover_grace_s)
+
+    def _recover(self, names, infos, busy, now, kinds=INTERMEDIATE) -> None:
+        """Resume or roll back intermediate states (of ``kinds``) no action of ours is working on."""
         if self._leading_since is None:
             return
         for k, info in enumerate(infos):
             name = names[k]
-            if info.power_state not in INTERMEDIATE or name in busy:
+            if info.power_state not in kinds or name in busy:
                 continue
             if info.power_state == DRAINING and info.power_owner == self.cfg.identity:
                 continue  # our own drain: the sleep pass follows it (sleep once empty, undrain on timeout)
-            if info.power_owner and now - self._leading_since < self.cfg.takeover_grace_s:
+            if self._in_grace(info, now):
                 continue  # another replica's request may still be on the wire
             if self._recs[name].retry_at > now:
                 continue
@@ -617,9 +634,12 @@ class NodePowerController:
                 st.power_state[j] = WAKING  # on its way: its room counts, nothing more to wake for it
                 info, usable = info.awake_view(), True
             elif st.power_state[j] == ASLEEP:  # gate it as it will be once awake: without our taint and cordon
-                info = info.awake_view()
+                # (Not a node another replica may still be putting to sleep: waking it now would find its kubelet
+                # alive, uncordon it, and leave it marked awake once the machine is off.)
                 usable = (self._recs[names[j]].retry_at <= now and names[j] not in busy
-                          and names[j] not in self._delegated)
+                          and names[j] not in self._delegated
+                          and not (info.power_state == SLEEPING and self._in_grace(info, now)))
+                info = info.awake_view()
             else:
                 usable = st.power_state[j] == ON
             if not usable:
@@ -833,8 +853,22 @@ class NodePowerController:
             if power == OFF or (power == UNKNOWN and target.address.actuator == "wol" and info is not None
                                 and not info.ready):
                 self._recs[name].failures = 0  # it went down after all
+                self._recs[name].sleep_failed_at = None
                 self._patch_node(name, state=ASLEEP_STATE)
                 self._event(name, "Normal", "NodeAsleep", f"Node {name} is asleep ({self.actuator.name})")
+                return
+            failed_at = self._recs[name].sleep_failed_at
+            if failed_at is not None and info is not None and info.ready and self._renewed_since(
+                    name, failed_at + self.cfg.sleep_timeout_s):
+                # The kubelet outlived a whole sleep's deadline after the failure: the machine kept running (a
+                # BMC that cannot be reached, an SSH suspend that never ran). Uncordon it rather than keep it
+                # cordoned for as long as the actuator stays broken; the next sleep waits out the backoff.
+                self._recs[name].sleep_failed_at = None
+                delay = self._backoff(name)
+                self._patch_node(name, state=AWAKE, cordon=False, taint=False)
+                self._event(name, "Warning", "NodeSleepFailed", f"Node {name} kept running after a failed sleep "
+                            f"(its kubelet still renews its Lease {self.cfg.sleep_timeout_s:g} s later): "
+                            f"uncordoned, next sleep in {delay:g} s at the earliest")
                 return
         target.check()
         left = self._workload_pods_on(name)
@@ -854,6 +888,7 @@ class NodePowerController:
             self._sleep_failed(name, target, e)
             return
         self._recs[name].failures = 0
+        self._recs[name].sleep_failed_at = None
         self._patch_node(name, state=ASLEEP_STATE)
         self._event(name, "Normal", "NodeAsleep", f"Node {name} is asleep ({self.actuator.name})")
         log.info("node %s asleep", name)
@@ -880,9 +915,20 @@ class NodePowerController:
             self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
                         f"sleep; it reports the machine on: uncordoned, retrying in {delay:g} s")
         else:
+            rec = self._recs[name]
+            if rec.sleep_failed_at is None:
+                rec.sleep_failed_at = time.time()
             self._patch_node(name, state=SLEEPING, owner=False)
             self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
                         f"sleep and cannot confirm it is on: kept cordoned and tainted, retrying in {delay:g} s")
+
+    def _renewed_since(self, name: str, wall: float) -> bool:
+        """The node's Lease (its kubelet's heartbeat) was renewed at or after ``wall`` (epoch seconds)."""
+        renew = self._heartbeat(name)[1]
+        try:
+            return datetime.fromisoformat(renew.replace("Z", "+00:00")).timestamp() >= wall
+        except ValueError:
+            return False
 
     def _heartbeat(self, name: str) -> tuple[str, str]:
         """What changes when the node's kubelet is alive: its Ready condition's times, and its node Lease's
@@ -927,6 +973,7 @@ class NodePowerController:
             return
         self._recs[name].failures = 0
         self._recs[name].empty_since = None
+        self._recs[name].sleep_failed_at = None
         self.metrics.wake_latency.observe(self.clock() - t0)
         self._event(name, "Normal", "NodeAwake", f"Node {name} is Ready: untainted and uncordoned")
         log.info("node %s awake after %.1f s", name, self.clock() - t0)

@@ -67,3 +67,20 @@ def test_conflicting_writes_give_one_winner(emu):
     emu.faults.add("409", "update:leases", times=1)
     assert a.try_acquire_or_renew() is False  # a stale resourceVersion is a lost round, not an error
     assert a.try_acquire_or_renew() is True
+
+
+def test_a_renewal_after_the_renew_deadline_starts_a_new_term(emu):
+    # A leader whose renewals stalled past its renew deadline (a long GC pause, a slow apiserver) and then
+    # succeed has not led in between: what it began before must not pass the term guard (live/nodepower.py).
+    now = [0.0]
+    seen: list[bool] = []
+    a = LeaderElector(api_client_for(emu.url), "default", "lk", identity="a", clock=lambda: now[0],
+                      on_change=seen.append, **T)
+    assert a.try_acquire_or_renew() and a.transitions == 1
+    now[0] += T["renew_deadline_s"] / 2
+    assert a.try_acquire_or_renew() and a.transitions == 1  # in time: the same term
+    now[0] += T["renew_deadline_s"] * 2
+    assert not a.is_leader()
+    assert a.try_acquire_or_renew() and a.is_leader()
+    assert a.transitions == 2 and seen == [True, False, True]
+    assert len(a.terms) == 2 and a.terms[0][1] <= a.terms[1][0]

@@ -22,10 +22,12 @@ from joulesched.cluster.nodepower import (
     ASLEEP_TAINT,
     NEVER_SLEEP_ANNOTATION,
     POWER_ADDRESS_ANNOTATION,
+    POWER_OWNER_ANNOTATION,
     POWER_STATE_ANNOTATION,
     PowerPolicy,
 )
 from joulesched.live.actuators import ActuatorOptions, make_actuator
+from joulesched.live.actuators.base import UNKNOWN, ActuatorError
 from joulesched.live.nodepower import NodePowerConfig, NodePowerController, NodePowerStatusServer
 from tests.live.conftest import wait_until
 from tests.support.machines import Kubelets, Machines
@@ -519,3 +521,75 @@ def test_a_scheduler_on_the_same_cache_sees_which_nodes_the_controller_would_sle
             ctl.stop()
     finally:
         cache.stop()
+
+
+class _SleepFails:
+    """An actuator whose sleep fails and whose state() cannot say (a BMC that cannot be reached, an SSH suspend
+    refused): the machine stays on, the controller cannot know it."""
+
+    name = "libvirt"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def sleep(self, target) -> None:
+        self.calls.append(("sleep", target.node))
+        raise ActuatorError(f"{target.node}: the management interface did not answer")
+
+    def wake(self, target) -> None:
+        self.calls.append(("wake", target.node))
+
+    def state(self, target) -> str:
+        return UNKNOWN
+
+
+def _failed_sleep(emu, make_controller, **kw):
+    """Two nodes, one of which idles into a sleep that fails unconfirmed: (controller, actuator, it, the other)."""
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=1), start=False, **kw)
+    act = ctl.actuator = _SleepFails()
+    ctl.start()
+    wait_until(lambda: act.calls, 10, "a sleep attempted")
+    victim = act.calls[0][1]
+    wait_until(lambda: events(emu, "NodeSleepFailed"), 5, "the failure reported")
+    assert pstate(emu, victim) == "sleeping" and emu.get("nodes", victim)["spec"].get("unschedulable") is True
+    return ctl, act, victim, "b" if victim == "a" else "a"
+
+
+def test_a_pending_pod_wakes_a_node_whose_sleep_failed_instead_of_another_retry(emu, machines, kubelets,
+                                                                                make_controller):
+    # Kept cordoned (pods must not land on a machine that may be going down), the node was retried to sleep
+    # before the wake pass could look at it, for as long as the actuator failed: a pod needing it waited.
+    add_nodes(emu, machines, ["a", "b"], cpu="4")
+    ctl, act, victim, other = _failed_sleep(emu, make_controller, sleep_timeout_s=60.0, retry_max_s=0.5)
+    emu.add_pod("filler", cpu="3", memory="64Mi", node_name=other, owner="ReplicaSet")
+    emu.add_pod("p", cpu="3500m", memory="64Mi", scheduler_name="default-scheduler", owner="ReplicaSet")
+    wait_until(lambda: pstate(emu, victim) == "awake" and not emu.get("nodes", victim)["spec"].get("unschedulable"),
+               6, "the node the pending pod needs, uncordoned")
+    assert ("wake", victim) in act.calls  # woken for the pod (the sleep's 60 s deadline is far away)
+
+
+def test_a_node_that_keeps_running_after_a_failed_sleep_is_uncordoned(emu, machines, kubelets, make_controller):
+    # No pod needs it: its kubelet still renewing the node's Lease a whole sleep deadline after the failure
+    # shows that the machine did not go down, so the cordon ends (it would otherwise last as long as the
+    # actuator fails). retry_max_s keeps the next attempt away long enough to see it.
+    add_nodes(emu, machines, ["a", "b"], cpu="4")
+    ctl, act, victim, _ = _failed_sleep(emu, make_controller, sleep_timeout_s=1.0, retry_max_s=30.0)
+    wait_until(lambda: any("kept running" in e["message"] for e in events(emu, "NodeSleepFailed")), 10,
+               "the node uncordoned for it kept running")
+    obj = emu.get("nodes", victim)
+    assert pstate(emu, victim) == "awake" and not obj["spec"].get("unschedulable")
+    assert not any(t["key"] == ASLEEP_TAINT for t in obj["spec"].get("taints") or [])
+    assert ("wake", victim) not in act.calls
+
+
+def test_a_new_leader_wakes_no_node_another_replica_may_still_be_putting_to_sleep(emu, machines, kubelets,
+                                                                                 make_controller):
+    # The old leader's soft-off may be on its way: the machine is still on, its kubelet alive, so a wake would
+    # "succeed", uncordon the node and mark it awake, and the machine then goes off, never to be woken again.
+    add_nodes(emu, machines, ["a"], cpu="4", annotations={POWER_STATE_ANNOTATION: "sleeping",
+                                                          POWER_OWNER_ANNOTATION: "old-leader"})
+    emu.add_pod("p", cpu="3", memory="64Mi", scheduler_name="default-scheduler", owner="ReplicaSet")
+    ctl = make_controller(PowerPolicy(sleep_after_s=100), takeover_grace_s=1.5)
+    t0 = time.monotonic()
+    wait_until(lambda: any(a == "wake" for _, a, _ in ctl.actions), 8, "the wake, after the grace")
+    assert min(t for t, a, _ in ctl.actions if a == "wake") - t0 >= 1.0
