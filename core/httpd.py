@@ -3,8 +3,13 @@ endpoint, the power exporter and the workload apps (werkzeug's server, with the 
 
 What it enforces, whatever the handler does (:class:`Limits`):
 
-- a socket timeout on every connection, so an idle or trickling client gives its thread back after
-  ``timeout_s`` without a byte;
+- a time limit on every request (:class:`_RequestClock`): the wait for its first byte is at most ``timeout_s``,
+  and from that byte its request line, headers and body must arrive within ``timeout_s``, however the client
+  paces them (one byte every half second no longer holds a thread). Past it the connection is closed, after a
+  ``408`` when the request was cut off in its head or in :meth:`HardenedHandlerMixin.read_body` (a WSGI app
+  answers a cut-off body itself). On a keep-alive connection each request has its own limit. An endpoint that
+  swallows a stream by design lifts it for its request (:func:`lift_deadline`), each read still bounded by
+  ``timeout_s``. Writes are bounded by the socket timeout, ``timeout_s``;
 - at most ``max_connections`` connections served at once (one thread each); one more is answered
   ``503`` with ``Retry-After`` and closed at once, so the thread count stays bounded whatever clients do;
 - ``Content-Length`` checked before the handler runs: not a non-negative decimal integer (``-1``, ``1e3``,
@@ -21,10 +26,12 @@ written without it (``live/scheduler.py``'s StatusServer) gets all of the above 
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -34,7 +41,8 @@ log = logging.getLogger("joulesched.http")
 
 @dataclass(frozen=True)
 class Limits:
-    """:param timeout_s: socket timeout of each connection (reads and writes).
+    """:param timeout_s: socket timeout of each connection (reads and writes), the longest wait for a request's first
+        byte and the time from that byte by which the whole request (line, headers, body) must have arrived.
     :param max_connections: connections served at once; each has one thread.
     :param max_body: largest request body in bytes; ``None`` leaves the cap to the application (Flask's
         ``MAX_CONTENT_LENGTH``), the header is still checked for syntax.
@@ -53,6 +61,62 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
          b"Retry-After: 1\r\nConnection: close\r\n\r\nbusy\n")
+_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain\r\nContent-Length: 16\r\n"
+              b"Connection: close\r\n\r\nrequest timeout\n")
+#: WSGI environ key of the callable that lifts the current request's deadline (see :func:`lift_deadline`).
+LIFT_DEADLINE_KEY = "joulesched.lift_deadline"
+
+
+class _RequestClock(io.RawIOBase):
+    """The connection's socket as the raw stream under ``rfile``, with a deadline per request: every ``recv``
+    waits at most the time left (``timeout_s`` while no byte of the request has come), then the socket timeout
+    goes back to ``timeout_s`` for the writes. Once a read has timed out, every later one fails at once."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        super().__init__()
+        self._sock, self._timeout = sock, timeout_s
+        self.deadline: float | None = None  # by when this request must have arrived; None until its first byte
+        self.got = False  # a byte of this request came from the socket
+        self.lifted = False
+        self.timed_out = False
+
+    def next_request(self) -> None:
+        self.deadline, self.got, self.lifted = None, False, False
+
+    def lift(self) -> None:
+        self.lifted = True
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.timed_out:
+            raise TimeoutError("request timed out")
+        left = self._timeout
+        if self.deadline is not None and not self.lifted:
+            left = min(left, self.deadline - time.monotonic())
+            if left <= 0:
+                self.timed_out = True
+                raise TimeoutError("request deadline passed")
+        self._sock.settimeout(left)
+        try:
+            n = self._sock.recv_into(b)
+        except TimeoutError:
+            self.timed_out = True
+            raise
+        finally:
+            self._sock.settimeout(self._timeout)
+        if n and not self.got:
+            self.got, self.deadline = True, time.monotonic() + self._timeout
+        return n
+
+
+def lift_deadline(environ: dict) -> None:
+    """Lift the current request's deadline (each read stays bounded by ``timeout_s``): for a WSGI endpoint that
+    reads a stream for as long as it lasts, such as the blockers' ``/sink``. A no-op outside these servers."""
+    lift = environ.get(LIFT_DEADLINE_KEY)
+    if lift is not None:
+        lift()
 
 
 def _methods(handler: BaseHTTPRequestHandler) -> str:
@@ -71,6 +135,25 @@ class HardenedHandlerMixin:
     app_reads_body = False
     _framing: bool | None = None
     _body_read = False
+    _clock: _RequestClock | None = None
+
+    def setup(self) -> None:
+        super().setup()  # type: ignore[misc]
+        limits: Limits = getattr(self.server, "limits", DEFAULT_LIMITS)  # type: ignore[attr-defined]
+        self.rfile.close()  # type: ignore[has-type]
+        self._clock = _RequestClock(self.connection, limits.timeout_s)  # type: ignore[attr-defined]
+        self.rfile = io.BufferedReader(self._clock)
+
+    def lift_deadline(self) -> None:
+        """Lift this request's deadline (see :func:`lift_deadline`)."""
+        if self._clock is not None:
+            self._clock.lift()
+
+    def make_environ(self) -> dict:
+        # The WSGI server's (werkzeug) environ, with the request's lift_deadline.
+        environ = super().make_environ()  # type: ignore[misc]
+        environ[LIFT_DEADLINE_KEY] = self.lift_deadline
+        return environ
 
     def _refuse(self, code: int, message: str, extra: dict[str, str] | None = None) -> bool:
         data = (message + "\n").encode()
@@ -88,7 +171,20 @@ class HardenedHandlerMixin:
 
     def handle_one_request(self) -> None:
         self.body_length, self._body_read, self._framing = 0, False, None
-        super().handle_one_request()  # type: ignore[misc]
+        clock = self._clock
+        if clock is not None:
+            clock.next_request()
+        try:
+            super().handle_one_request()  # type: ignore[misc]
+        except TimeoutError:  # the standard library catches it itself; werkzeug lets it out
+            self.close_connection = True
+        if clock is not None and clock.timed_out:
+            self.close_connection = True
+            if clock.got and self._framing is None:  # cut off in its head: nothing was answered yet
+                try:
+                    self.connection.sendall(_TIMED_OUT)  # type: ignore[attr-defined]
+                except OSError:
+                    pass
         if self.body_length and not self._body_read and not self.app_reads_body:
             self.close_connection = True
 
@@ -137,10 +233,18 @@ class HardenedHandlerMixin:
         return True
 
     def read_body(self) -> bytes:
-        """The request body: exactly the checked Content-Length (the socket timeout bounds a slow sender)."""
+        """The request body: exactly the checked Content-Length. A body that does not arrive within the request's
+        time limit is answered ``408`` and the ``TimeoutError`` goes on (the connection is closed)."""
         n = self.body_length
         self._body_read = True
-        return self.rfile.read(n) if n else b""  # type: ignore[attr-defined]
+        try:
+            return self.rfile.read(n) if n else b""  # type: ignore[attr-defined]
+        except TimeoutError:
+            try:
+                self._refuse(408, "request body not received in time")
+            except OSError:
+                pass
+            raise
 
 
 def harden(handler: type[BaseHTTPRequestHandler]) -> type[BaseHTTPRequestHandler]:
