@@ -159,8 +159,8 @@ class NodeExporter(pulumi.ComponentResource):
                     "metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true",
                                                                    "prometheus.io/port": "9100"}},
                     "spec": {
+                        # No hostPID: node_exporter reads the host's processes through /host/proc (--path.procfs).
                         "automountServiceAccountToken": False,
-                        "hostPID": True,
                         "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
                         "securityContext": {"runAsNonRoot": True, "runAsUser": 65534,
                                             "seccompProfile": {"type": "RuntimeDefault"}},

@@ -84,8 +84,10 @@ def test_network_policies_guard_the_scheduler_and_exporter_ports(rec):
             assert set(names) <= {"prometheus", "joulesched-prometheus"} and "ipBlock" not in peer, key
 
 
-def test_power_exporter_has_no_host_pid_and_no_token(rec):
-    pod = _pod(rec.by_k8s_name(DS, "joulesched-power-exporter"))
+@pytest.mark.parametrize("name", ["joulesched-power-exporter", "joulesched-node-exporter"])
+def test_exporters_have_no_host_pid_and_no_token(rec, name):
+    """Both read the host's /proc through a read-only hostPath mount: neither needs the host's PID namespace."""
+    pod = _pod(rec.by_k8s_name(DS, name))
     assert "hostPID" not in pod and pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
 
