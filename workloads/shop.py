@@ -31,7 +31,7 @@ import requests
 from flask import Blueprint, Flask, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from joulesched.core.errors import JouleschedError
+from joulesched.core.errors import JouleschedError, UsageError
 
 PARTS = ("all", "catalogue", "cart", "orders")
 CATALOGUE = [(f"Item {i:02d}", 199 + 150 * i, 1000) for i in range(1, 21)]
@@ -303,7 +303,8 @@ def orders_routes(orders: Orders) -> Blueprint:
 
 def create_app(db_path: Path | None = None, part: str = "all", catalogue_url: str | None = None,
                cart_url: str | None = None) -> Flask:
-    """The Flask app of one shop service (or all three). Raises ValueError for a missing neighbour URL."""
+    """The Flask app of one shop service (or all three). Raises ValueError (a :class:`UsageError` for the
+    database) for an unknown part, a missing neighbour URL or a database file that cannot be opened."""
     if part not in PARTS:
         raise ValueError(f"unknown shop part {part!r}; expected one of {', '.join(PARTS)}")
     if part in ("cart", "orders") and not catalogue_url:
@@ -311,7 +312,12 @@ def create_app(db_path: Path | None = None, part: str = "all", catalogue_url: st
     if part == "orders" and not cart_url:
         raise ValueError("the orders service needs --cart-url")
     path = Path(db_path) if db_path else Path(tempfile.mkdtemp(prefix="joulesched-shop-")) / "shop.db"
-    init_db(path, part)
+    try:
+        init_db(path, part)
+    except sqlite3.Error as exc:  # a missing folder, a directory, a file that is not SQLite, a read-only one
+        if not path.parent.is_dir():
+            raise UsageError(f"--db {path}: its folder {path.parent} does not exist") from None
+        raise UsageError(f"--db {path}: cannot use it as the shop's SQLite database: {exc}") from None
     app = Flask(f"joulesched-shop-{part}")
     app.config["MAX_CONTENT_LENGTH"] = MAX_CONTENT_LENGTH
     if part == "all":

@@ -62,6 +62,7 @@ def serve(
         host, port = parse_listen(listen)
     except ValueError as exc:
         _fail(str(exc))
+    _check_can_listen(host, port, listen)  # before any app is built: nothing to undo
     if scratch_dir is not None and not scratch_dir.is_dir():
         _fail(f"--scratch-dir {scratch_dir} is not a directory")
     on_exit: Any = lambda: None
@@ -75,9 +76,9 @@ def serve(
     elif app.value == "shop":
         from joulesched.workloads.shop import create_app as create_shop
 
-        for url in (catalogue_url, cart_url):
+        for option, url in (("--catalogue-url", catalogue_url), ("--cart-url", cart_url)):
             if url is not None:
-                _check_target(url)
+                _check_target(url, option)
         try:
             flask_app = create_shop(db, part, catalogue_url, cart_url)
         except ValueError as exc:
@@ -96,14 +97,30 @@ def serve(
     try:
         run_server(flask_app, host, port, on_exit=on_exit, access_log=access_log)
     except OSError as exc:
-        _fail(f"cannot listen on {listen}: {exc.strerror or exc}", code=1)
+        _fail(f"cannot listen on {listen}: {exc.strerror or exc}")
 
 
-def _check_target(url: str) -> None:
+def _check_can_listen(host: str, port: int, listen: str) -> None:
+    """Exit 2 when HOST:PORT cannot be bound (in use, an address not on this host), as `power exporter` does.
+
+    Tried here because werkzeug's server prints its own text and exits 1 when its bind fails. Bound with
+    SO_REUSEADDR as werkzeug binds, so a port left in TIME_WAIT passes and one that a listener holds does not."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as exc:
+        _fail(f"cannot listen on {listen}: {exc.strerror or exc}")
+
+
+def _check_target(url: str, option: str = "--target") -> None:
     from joulesched.workloads.load.results import check_url
 
     try:
-        check_url(url)
+        check_url(url, option)
     except ValueError as exc:
         _fail(str(exc))
 

@@ -18,11 +18,11 @@ class DriverError(JouleschedError, RuntimeError):
     """A load driver could not run or produced no results; the message says what to fix."""
 
 
-def check_url(url: str) -> str:
-    """`url` if it is http(s) with a host, else ValueError with a one-line reason."""
+def check_url(url: str, option: str = "--target") -> str:
+    """`url` if it is http(s) with a host, else ValueError with a one-line reason naming `option`."""
     u = urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"--target {url!r}: expected http(s)://HOST[:PORT][/PATH]")
+        raise ValueError(f"{option} {url!r}: expected http(s)://HOST[:PORT][/PATH]")
     return url
 
 
