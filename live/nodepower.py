@@ -112,6 +112,9 @@ class NodePowerConfig:
     :param retry_initial_s, retry_max_s: backoff after a failed sleep or wake of a node (doubling).
     :param sleep_watts: estimated draw of a sleeping node (for the joules-saved estimate).
     :param addresses: node name -> power address: the operator's map (a ConfigMap), authoritative.
+    :param addresses_file: where the map was read from; re-read when it changes (a ConfigMap update, the
+        inventory's role adding a node), checked before each pass. A change that does not load keeps the last good
+        map (logged); an action already under way keeps the address it started with.
     :param access: which annotated addresses may be used (by default none).
     :param settle_s: after cordoning and tainting a node, wait this long (more than the schedulers' informer
         latency) before the last check that it is empty, so a binding decided before the taint was seen lands first.
@@ -133,6 +136,7 @@ class NodePowerConfig:
     retry_max_s: float = 600.0
     sleep_watts: float = DEFAULT_SLEEP_WATTS
     addresses: dict[str, str] = field(default_factory=dict)
+    addresses_file: str | None = None
     access: AddressPolicy = field(default_factory=AddressPolicy)
     leader_elect: bool = True
     lease_namespace: str = "joulesched"
@@ -300,6 +304,7 @@ class NodePowerController:
         self._pv_cache: dict[tuple[str, str], list | None] = {}  # per reconcile: claims -> PV node terms
         self._leading_since: float | None = None
         self._leading_term = -1
+        self._addresses_stamp = _files_stamp(self.cfg.addresses_file) if self.cfg.addresses_file else None
         #: (monotonic time, action, node) of every action taken, or announced in dry-run (tests read it).
         self.actions: list[tuple[float, str, str]] = []
         self._own_leader = leader is None and self.cfg.leader_elect and not self.cfg.dry_run
@@ -371,6 +376,7 @@ class NodePowerController:
             self._kick.wait(self.cfg.resync_s)
             self._kick.clear()
             self._alive = self.clock()
+            self._reload_addresses()
             leading = self.is_leader()
             self.metrics.leader.set(1 if leading else 0)
             if not leading:
@@ -395,6 +401,31 @@ class NodePowerController:
             except Exception:  # an unexpected error must not stop the controller
                 log.exception("reconcile failed")
             time.sleep(0.01)  # coalesce bursts of events
+
+    def _reload_addresses(self) -> None:
+        """Re-read ``addresses_file`` when its files changed (size, time, inode: a mounted ConfigMap is swapped
+        in whole by the kubelet); a map that does not load leaves the last good one in force."""
+        path = self.cfg.addresses_file
+        if not path:
+            return
+        stamp = _files_stamp(path)
+        if stamp == self._addresses_stamp:
+            return
+        self._addresses_stamp = stamp
+        from joulesched.live.daemon import DaemonInputError
+
+        try:
+            new = load_addresses(path, self.cfg.access)
+        except DaemonInputError as e:
+            log.error("the address map changed but does not load, the last good one stays in force: %s", e)
+            return
+        if new == self.cfg.addresses:
+            return
+        changed = {n for n in set(new) | set(self.cfg.addresses) if new.get(n) != self.cfg.addresses.get(n)}
+        log.info("address map reloaded from %s: %d entries, changed for %s", path, len(new),
+                 ", ".join(sorted(changed)[:10]) + (" ..." if len(changed) > 10 else ""))
+        self._announced -= {("adopt", n) for n in changed}  # show the new address on the node
+        self.cfg.addresses = new  # one assignment: a pass sees the old map or the new one whole
 
     # ---- the view the core decides on ----
     def _snapshot(self) -> tuple[dict[str, NodeInfo], list[PodInfo]]:
@@ -1159,6 +1190,27 @@ class NodePowerStatusServer(BackgroundHTTPServer):
 
 
 # ---- the daemon: options checked, then started and stopped together -----------------------------------------
+def _files_stamp(path: str) -> tuple:
+    """What changes when the map file, or any file of the map directory, changes (stat follows the kubelet's
+    ``..data`` links, whose targets are new files on each update)."""
+    import os
+
+    def one(p: str) -> tuple:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return (p, None)
+        return (p, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    if os.path.isdir(path):
+        try:
+            names = sorted(os.listdir(path))
+        except OSError:
+            return (path, None)
+        return tuple(one(os.path.join(path, n)) for n in names if not n.startswith(".."))
+    return (one(path),)
+
+
 def load_addresses(path: str | None, access: AddressPolicy | None = None) -> dict[str, str]:
     """The operator's node -> power address map: a YAML/JSON mapping file, or a directory (a ConfigMap mounted
     with one key per node, as the kube_node role writes it: file name = node, content = address; a ``.yaml``
@@ -1244,7 +1296,8 @@ class NodePowerDaemon:
         self.actuator = make_actuator(actuator, opts)
         self.cfg = NodePowerConfig(policy=policy or PowerPolicy(), dry_run=dry_run, resync_s=resync_s,
                                    wake_timeout_s=wake_timeout_s, sleep_watts=sleep_watts,
-                                   addresses=load_addresses(addresses, access), access=access,
+                                   addresses=load_addresses(addresses, access), addresses_file=addresses,
+                                   access=access,
                                    leader_elect=leader_elect, lease_namespace=lease_namespace or default_namespace(),
                                    scheduler_name=scheduler_name, **({"identity": identity} if identity else {}))
         if cache is None:

@@ -593,3 +593,52 @@ def test_a_new_leader_wakes_no_node_another_replica_may_still_be_putting_to_slee
     t0 = time.monotonic()
     wait_until(lambda: any(a == "wake" for _, a, _ in ctl.actions), 8, "the wake, after the grace")
     assert min(t for t, a, _ in ctl.actions if a == "wake") - t0 >= 1.0
+
+
+def test_the_address_map_is_read_again_when_its_file_changes(emu, machines, kubelets, make_controller, tmp_path):
+    # The inventory's role adds a node's entry to the ConfigMap as the node joins: the controller must use it
+    # without a restart, and a broken edit must not take the map away (or swap in half of it).
+    import yaml
+
+    from joulesched.live.nodepower import load_addresses
+
+    add_nodes(emu, machines, ["a", "b"], cpu="4")
+    amap = tmp_path / "addresses.yaml"
+    amap.write_text(yaml.safe_dump({"a": machines.addresses["a"]}))
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=0), addresses=load_addresses(str(amap)),
+                          addresses_file=str(amap))
+    wait_until(lambda: asleep(emu, machines, "a"), 10, "a, in the map, asleep")
+    time.sleep(0.5)
+    assert awake(emu, machines, "b") and ctl.address_of("b").address is None  # no entry: never touched
+    amap.write_text(yaml.safe_dump({"a": machines.addresses["a"], "b": machines.addresses["b"]}))
+    wait_until(lambda: asleep(emu, machines, "b"), 10, "b asleep once the map names its machine")
+    good = dict(ctl.cfg.addresses)
+    amap.write_text("a: [unclosed\n")
+    time.sleep(0.5)
+    assert ctl.cfg.addresses == good and ctl.address_of("b").address is not None
+
+
+def test_a_mounted_configmap_swapped_by_the_kubelet_changes_the_maps_stamp(tmp_path):
+    # The kubelet updates a ConfigMap volume by writing a new ..<timestamp> directory and swapping ..data:
+    # the names seen in the mount stay the same links, their targets are new files.
+    import os
+
+    from joulesched.live.nodepower import _files_stamp, load_addresses
+
+    def publish(version: str, entries: dict[str, str]) -> None:
+        d = tmp_path / f"..{version}"
+        d.mkdir()
+        for k, v in entries.items():
+            (d / k).write_text(v)
+        os.symlink(d.name, tmp_path / "..data_tmp")
+        os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+        for k in entries:
+            if not (tmp_path / k).is_symlink():
+                os.symlink(f"..data/{k}", tmp_path / k)
+
+    publish("v1", {"a": "libvirt:///a", "b": "libvirt:///b"})
+    before = _files_stamp(str(tmp_path))
+    assert load_addresses(str(tmp_path)) == {"a": "libvirt:///a", "b": "libvirt:///b"}
+    publish("v2", {"a": "libvirt:///a", "b": "libvirt:///b2"})
+    assert _files_stamp(str(tmp_path)) != before
+    assert load_addresses(str(tmp_path))["b"] == "libvirt:///b2"
