@@ -225,7 +225,30 @@ def blocker(
                 st = client.wait_idle(target, duration + 30)
     except DriverError as exc:
         _fail(str(exc), code=2 if " 400:" in str(exc) else 1)
-    typer.echo(json.dumps(st, indent=2) if as_json else f"{st['kind']} blocker at {target}: {st['state']}")
+    last = st.get("last_run") if wait and not stop and st["state"] == "idle" else None
+    line = f"{st['kind']} blocker at {target}: {st['state']}"
+    if last is not None:  # how the load ended, as --json shows it: a load cut short must not read as done
+        line += f"; the load ended: {last.get('end_reason')} after {last.get('elapsed_s')} s"
+        line += "".join(f"; {e}" for e in _load_errors(last, retried_too=True))
+    typer.echo(json.dumps(st, indent=2) if as_json else line)
+    if wait and not stop:  # `--stop --wait` stops: it waits for nothing
+        if last is None:
+            _fail(f"{target} has no record of the load it was given (was the app restarted?)", code=1)
+        if last.get("end_reason") != BLOCKER_COMPLETED or _load_errors(last):
+            _fail("; ".join([f"the load did not run its course: {last.get('end_reason')} after "
+                             f"{last.get('elapsed_s')} s of {duration:g}", *_load_errors(last)]), code=1)
+
+
+#: The blocker app's end_reason of a load that ran its whole --duration (workloads/service.py); the others,
+#: "stopped by request" and "server shutting down", cut it short.
+BLOCKER_COMPLETED = "duration elapsed"
+
+
+def _load_errors(run: dict[str, Any], retried_too: bool = False) -> list[str]:
+    """``load: error`` for each of a blocker run's loads that an error ended (memory, disk); ``retried_too``
+    adds a network load's ``last_error``, a connection that failed and was retried."""
+    keys = ("error", "last_error") if retried_too else ("error",)
+    return [f"{name}: {stats[k]}" for name, stats in (run.get("loads") or {}).items() for k in keys if stats.get(k)]
 
 
 @workload_app.command()

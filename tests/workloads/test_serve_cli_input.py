@@ -1,9 +1,11 @@
-"""`workload serve` refuses what it cannot serve with exit 2 and one line naming the option."""
+"""`workload serve` refuses what it cannot serve with exit 2 and one line naming the option; `load blocker --wait`
+says how the load ended and exits 1 when it was cut short."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -48,3 +50,36 @@ def test_a_busy_port_exits_2_like_the_exporter():
         listen = f"127.0.0.1:{held.getsockname()[1]}"
         cp = _serve("cpu", "--listen", listen)
     _one_error_line(cp, f"error: cannot listen on {listen}: Address already in use")
+
+
+def _blocker(app, *args: str) -> list[str]:
+    return [str(BIN), "load", "blocker", "--target", app.url, "--cpu-m", "100", *args]
+
+
+@pytest.mark.slow
+def test_blocker_wait_says_the_load_ran_its_course(serve):
+    app = serve("cpu")
+    cp = subprocess.run(_blocker(app, "--duration", "0.5", "--wait"), capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.startswith(f"cpu blocker at {app.url}: idle; the load ended: duration elapsed after 0.")
+
+
+@pytest.mark.slow
+def test_blocker_wait_on_a_load_cut_short_exits_1(serve):
+    app = serve("cpu")
+    p = subprocess.Popen(_blocker(app, "--duration", "30", "--wait"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while app.get("/status").json()["state"] != "running":
+            assert time.monotonic() < deadline and p.poll() is None, "the load never started"
+            time.sleep(0.05)
+        app.post("/stop")
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 1, out + err
+    assert f"cpu blocker at {app.url}: idle; the load ended: stopped by request after " in out
+    assert "error: the load did not run its course: stopped by request after " in err and " s of 30" in err
