@@ -165,6 +165,9 @@ class AutoscalerProvider:
         self.ctl, self.cfg = controller, cfg
         self.groups = {g.id: g for g in cfg.groups}
         self._lock = threading.Lock()
+        # One resize at a time: the size checks (min, max) and the sleeps or wakes they allow are one step, or two
+        # of cluster-autoscaler's concurrent DeleteNodes calls could each pass the min-size check.
+        self._resize = threading.Lock()
         self._wake_requested: dict[str, float] = {}  # nodes this provider woke -> when (their failures are reported)
         self._warned: set[str] = set()
         controller.delegated = self.delegated
@@ -233,6 +236,10 @@ class AutoscalerProvider:
 
     def increase_size(self, group_id: str, delta: int) -> list[str]:
         """Wake ``delta`` sleeping nodes of the group, most efficient first; the names woken."""
+        with self._resize:
+            return self._increase_size(group_id, delta)
+
+    def _increase_size(self, group_id: str, delta: int) -> list[str]:
         if delta <= 0:
             raise ProviderError("INVALID_ARGUMENT", f"delta must be positive, got {delta}")
         target, top = self.target_size(group_id), self.max_size(group_id)
@@ -267,6 +274,10 @@ class AutoscalerProvider:
 
     def delete_nodes(self, group_id: str, nodes: list[tuple[str, str]]) -> list[str]:
         """Put the named nodes (``(providerID, name)`` pairs) of the group to sleep; the names."""
+        with self._resize:
+            return self._delete_nodes(group_id, nodes)
+
+    def _delete_nodes(self, group_id: str, nodes: list[tuple[str, str]]) -> list[str]:
         members = self.members(group_id)
         by_pid = {i.provider_id: n for n, i in members.items()}
         names: list[str] = []

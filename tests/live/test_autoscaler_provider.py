@@ -205,6 +205,44 @@ def test_delete_nodes_sleeps_them_and_increase_size_wakes_the_most_efficient(pro
     assert sorted(acts[:2]) == [("sleep", "w2"), ("sleep", "w3")] and acts[2:] == [("wake", woken)]
 
 
+def test_concurrent_deletes_never_take_a_group_below_its_min_size(provider):
+    # cluster-autoscaler deletes nodes of a group concurrently; each call alone keeps min_size, together they
+    # must too. The barrier lets every call read the group's size before any of them acts.
+    import threading
+
+    from joulesched.live.autoscaler import ProviderError
+
+    emu, machines, ctl, prov, *_ = provider
+    barrier, read = threading.Barrier(3), prov.target_size
+
+    def target_size(gid):
+        n = read(gid)
+        try:
+            barrier.wait(timeout=1.0)
+        except threading.BrokenBarrierError:
+            pass
+        return n
+
+    prov.target_size = target_size
+    results: dict[str, str] = {}
+
+    def delete(n):
+        try:
+            prov.delete_nodes("general", [(f"joulesched://{n}", n)])
+            results[n] = "deleted"
+        except ProviderError as e:
+            results[n] = e.code
+
+    threads = [threading.Thread(target=delete, args=(n,)) for n in ("w1", "w2", "w3")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sorted(results.values()) == ["FAILED_PRECONDITION", "deleted", "deleted"], results  # min_size 1
+    kept = next(n for n, r in results.items() if r != "deleted")
+    assert ctl.action_of(kept) is None and pstate(emu, kept) == "awake"
+
+
 def test_increase_size_wakes_in_order_of_efficiency(cluster, tmp_path):
     emu, machines = cluster
     # A group of two sizes: the 16-core node at 12.5 mW/m wakes before the 4-core ones at 30 mW/m.
