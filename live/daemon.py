@@ -83,7 +83,8 @@ def feed_power_query(opts: CacheOptions) -> str:
 
 def check_url(url: str, option: str = "--prometheus") -> str:
     if url and not (url.startswith("http://") or url.startswith("https://")):
-        raise DaemonInputError(f"{option} {url!r} must be an http:// or https:// URL")
+        # Not echoed: a user:password@ typed into it must not reach the terminal's or a log's copy of the error.
+        raise DaemonInputError(f"{option} must be an http:// or https:// URL (like http://prometheus:9090)")
     return url.rstrip("/")
 
 

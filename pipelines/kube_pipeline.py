@@ -414,6 +414,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
 
     from joulesched.agent.registry import DEFAULT_POLICIES, make_policy
     from joulesched.cluster.kube.client import load_api_client
+    from joulesched.live.actuators.base import redact
     from joulesched.workloads.load.results import check_url
     from joulesched.workloads.manifests import APPS
 
@@ -422,8 +423,14 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
         raise KubePipelineError("--env kube needs --kubeconfig FILE")
     if not prometheus_url:
         raise KubePipelineError("--env kube needs --prometheus URL (the Prometheus that scrapes the exporter)")
+    # Messages and records show the URL without its user-info: a password in it must not reach a log, an error
+    # or the stage records. The value itself is echoed only once it parses as a URL.
     if not prometheus_url.startswith(("http://", "https://")):
-        raise KubePipelineError(f"--prometheus {prometheus_url!r} must be an http:// or https:// URL")
+        raise KubePipelineError("--prometheus must be an http:// or https:// URL (like http://prometheus:9090)")
+    try:
+        shown = redact(prometheus_url)
+    except ValueError:
+        raise KubePipelineError("--prometheus is not a valid URL") from None
     if not target:
         raise KubePipelineError("--env kube needs --target URL (the test app's Service) to drive load against")
     try:
@@ -453,10 +460,10 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
         have = prom.custom_query(f"count({source.fresh})")
     except Exception as e:  # requests' connection errors, PrometheusApiClientException
         api.close()
-        raise KubePipelineError(f"cannot query Prometheus at {prometheus_url}: {e}") from None
+        raise KubePipelineError(f"cannot query Prometheus at {shown}: {e}") from None
     if not have:
         api.close()
-        raise KubePipelineError(f"Prometheus at {prometheus_url} has no {source.fresh} series; "
+        raise KubePipelineError(f"Prometheus at {shown} has no {source.fresh} series; "
                                 "is the power exporter running and scraped?")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -466,7 +473,8 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     if on_plan:
         on_plan([f"measure {pol}" for pol in policies] + ["report"])
     # What a measurement depends on: the same cluster, load and selection re-measured is a cache hit.
-    common = {"cluster": api.configuration.host, "namespace": namespace, "prometheus": prometheus_url,
+    command = command.replace(prometheus_url, shown)  # the command line as typed goes into results.json
+    common = {"cluster": api.configuration.host, "namespace": namespace, "prometheus": shown,
               "target": target, "pods": pods, "apps": list(apps), "load_seconds": load_seconds, "users": users,
               "driver": driver, "energy_selector": energy_selector if isinstance(energy_selector, str) else source.name,
               "image": image,
