@@ -15,7 +15,7 @@ from pathlib import Path
 
 from joulesched.agent.registry import default_policies
 from joulesched.cluster.scenario import Scenario, ScenarioError, load_scenario
-from joulesched.core.fsio import check_output_dir, check_output_file
+from joulesched.core.fsio import atomic_path, check_output_dir, check_output_file
 from joulesched.pipelines.benchmark import load_results, run_benchmark, validate_inputs
 from joulesched.pipelines.results import Results
 from joulesched.pipelines.report import write_report
@@ -85,6 +85,18 @@ def train_stage(out: Path, *, model: Path | None, minutes: float | None, steps: 
     return model_path
 
 
+def copy_training_curve(model_path: Path, out: Path) -> Path | None:
+    """The model's training curve (``MODEL.curve.png``, when there is one) as ``out/plots/training_curve.png``,
+    written atomically: an interrupted or failed copy leaves the old plot or none, never half of one."""
+    curve = Path(str(model_path.with_suffix("")) + ".curve.png")
+    if not curve.is_file():
+        return None
+    dest = out / "plots" / "training_curve.png"
+    with atomic_path(dest) as tmp:
+        shutil.copyfile(curve, tmp)
+    return dest
+
+
 def _short(path: Path) -> str:
     """The path relative to the working directory when it is below it: results and plots name the policy."""
     rel = os.path.relpath(Path(path).resolve())
@@ -139,10 +151,7 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
                      [results], do_bench))
 
     def do_report() -> None:
-        curve = Path(str(model_path.with_suffix("")) + ".curve.png")
-        if curve.is_file():
-            (out / "plots").mkdir(exist_ok=True)
-            shutil.copyfile(curve, out / "plots" / "training_curve.png")
+        copy_training_curve(model_path, out)
         write_report(out)
 
     runner.run(Stage("report", [results], {}, [out / "report.html"], do_report))
