@@ -15,6 +15,7 @@ import math
 import re
 import textwrap
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_FAMILIES, family_of  # noqa: E402
 from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
-from joulesched.pipelines.results import PolicySummary, Results, ScenarioRun, load_results  # noqa: E402
+from joulesched.pipelines.results import PolicySummary, Results, ResultsError, ScenarioRun, load_results  # noqa: E402
 from joulesched.pipelines.stats import t_halfwidth  # noqa: E402
 
 #: "Equal service" as the project's goals state it (docs/dqn.md, docs/PERFORMANCE.md): at most default-k8s's SLO
@@ -601,25 +602,58 @@ def _scenario_tables(doc: Results) -> list[dict]:
     return scen
 
 
-def write_report(out: Path, header: str = "Measured on the embedded twin (simulated cluster).") -> Path:
-    """Render ``out/report.html`` and ``out/plots/*.png`` from ``out/results.json`` and its timelines."""
-    out = Path(out)
+#: The files :func:`figures` draws: the only ones in plots/ that a render replaces or, when it no longer draws
+#: them, removes (``training_curve.png`` is the training's).
+_FIGURE_FILE = re.compile(r"(energy_ratio|energy_vs_service|energy_vs_slo"
+                          r"|(power|util|gpu_energy|node_power|awake|placement)_\d+)\.png")
+
+
+def _read_inputs(out: Path) -> tuple[Results, dict, dict]:
+    """results.json, timelines.npz (``{}`` when absent) and nodes.json (``{}`` when absent) of ``out``, each
+    checked before anything is drawn: a :class:`ResultsError` names the file that cannot be read."""
+    if out.exists() and not out.is_dir():
+        raise ResultsError(f"{out} is a file; give the folder that holds results.json")
     doc = load_results(out / "results.json")
     tl_path = out / "timelines.npz"
-    tl = dict(np.load(tl_path)) if tl_path.exists() else {}
+    try:
+        tl = dict(np.load(tl_path)) if tl_path.exists() else {}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated, or not an npz at all
+        why = "not an .npz archive" if isinstance(e, ValueError) else str(e)  # numpy's ValueError talks pickles
+        raise ResultsError(f"{tl_path}: cannot read the timelines ({why}); remove it to render the report "
+                           "without the power and utilisation plots") from None
     nodes_path = out / "nodes.json"
-    nodes = json.loads(nodes_path.read_text()) if nodes_path.exists() else {}
+    try:
+        nodes = json.loads(nodes_path.read_text()) if nodes_path.exists() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{nodes_path}: not valid JSON: {e}") from None
+    if not isinstance(nodes, dict):
+        raise ResultsError(f"{nodes_path}: expected a JSON object (timeline key -> node groups)")
+    return doc, tl, nodes
+
+
+def write_report(out: Path, header: str = "Measured on the embedded twin (simulated cluster).") -> Path:
+    """Render ``out/report.html`` and ``out/plots/*.png`` from ``out/results.json`` and its timelines.
+
+    Without ``timelines.npz`` the power and utilisation plots are left out; plots an earlier render drew and this
+    one does not are removed, so plots/ never shows a figure of other data than the page's."""
+    out = Path(out)
+    doc, tl, nodes = _read_inputs(out)
     plots = out / "plots"
     plots.mkdir(exist_ok=True)
     scen = _scenario_tables(doc)
     by_name = {s["name"]: s for s in scen}
     summary_images = []
+    drawn = set()
     for fname, name, fig in figures(doc, tl, nodes):
         _save(fig, plots / fname)
+        drawn.add(fname)
         if name is None:
             summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
         else:
             by_name[name]["images"].append(fname)
+    for stale in plots.iterdir():
+        if _FIGURE_FILE.fullmatch(stale.name) and stale.name not in drawn:
+            stale.unlink(missing_ok=True)
     pols = doc.policies
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["breakable"] = _breakable

@@ -248,13 +248,19 @@ def _stage_item(prog, task, name: str, seed: int):
 
 @app.command("report")
 def report_cmd(
-    out_dir: Annotated[Path, typer.Argument(help="A folder written by `joulesched benchmark` or `demo`.")],
+    out_dir: Annotated[Path, typer.Argument(
+        help="A folder written by `joulesched benchmark` or `demo` (or its results.json).")],
 ) -> None:
     """Re-render report.html and its plots from a results folder."""
     from joulesched.pipelines.report import write_report
 
+    if out_dir.name == "results.json" and out_dir.is_file():  # the file named instead of its folder
+        out_dir = out_dir.parent
     with errors():
         path = write_report(out_dir)
+    if not (out_dir / "timelines.npz").exists():
+        err.print(f"[yellow]note:[/yellow] no {out_dir / 'timelines.npz'}: the power and utilisation plots are "
+                  "left out", soft_wrap=True)
     out.print(f"report: {path}")
 
 

@@ -1,0 +1,72 @@
+"""`joulesched report` on what a user may hand it: the results.json instead of its folder, another file, a broken
+nodes.json or timelines.npz (exit 2 naming the file, nothing rewritten), and a folder without timelines (a note;
+no plot of an earlier render is left beside a page that no longer shows it)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from joulesched.pipelines.benchmark import run_benchmark
+from joulesched.pipelines.cli import app
+from joulesched.pipelines.report import write_report
+from joulesched.pipelines.suite import SCENARIOS_DIR
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("rendered")
+    run_benchmark([SCENARIOS_DIR / "tiny.yaml"], ["default-k8s", "most-allocated"], 1, out)
+    write_report(out)
+    assert {"power_0.png", "util_0.png"} <= {p.name for p in (out / "plots").iterdir()}
+    return out
+
+
+@pytest.fixture
+def out(rendered, tmp_path) -> Path:
+    return Path(shutil.copytree(rendered, tmp_path / "out"))
+
+
+def test_the_results_file_stands_for_its_folder(out):
+    (out / "report.html").unlink()
+    r = runner.invoke(app, ["report", str(out / "results.json")])
+    assert r.exit_code == 0, r.output
+    assert (out / "report.html").is_file() and f"report: {out / 'report.html'}" in r.stdout
+
+
+def test_another_file_exits_2(out):
+    r = runner.invoke(app, ["report", str(out / "nodes.json")])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == f"error: {out / 'nodes.json'} is a file; give the folder that holds results.json"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("nodes.json", "{not json", "nodes.json: not valid JSON"),
+    ("nodes.json", "[1, 2]", "nodes.json: expected a JSON object"),
+    ("timelines.npz", "not an archive", "timelines.npz: cannot read the timelines (not an .npz archive)"),
+])
+def test_a_broken_input_exits_2_naming_it_and_writes_nothing(out, name, text, message):
+    (out / name).write_text(text)
+    shutil.rmtree(out / "plots")
+    (out / "report.html").unlink()
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {out / message}") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (out / "plots").exists() and not (out / "report.html").exists()
+
+
+def test_without_timelines_the_plots_are_left_out_and_said_so(out):
+    (out / "timelines.npz").unlink()
+    (out / "plots" / "training_curve.png").write_bytes(b"")  # not the report's own: it stays
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "no " + str(out / "timelines.npz") + ": the power and utilisation plots are left out" in r.stderr
+    left = {p.name for p in (out / "plots").iterdir()}
+    assert left == {"energy_ratio.png", "energy_vs_service.png", "training_curve.png"}
+    page = (out / "report.html").read_text()
+    assert "power_0.png" not in page and "util_0.png" not in page
