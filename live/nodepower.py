@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -123,6 +124,8 @@ class NodePowerConfig:
     :param takeover_grace_s: a new leader resumes another replica's intermediate state only this long after it
         became leader: longer than one actuator request (connect plus read timeout), so the old leader's last
         request has ended (it sends no other: it checks the Lease before each).
+    :param own_node: the node this process runs on (the downward API's ``spec.nodeName`` in
+        ``JOULESCHED_NODE_NAME``): never put to sleep, or nothing would be left to wake the others.
     :param wake_workers, sleep_workers: the bounded pools of wakes and of sleeps (drains and recoveries too).
     """
 
@@ -147,6 +150,7 @@ class NodePowerConfig:
     identity: str = field(default_factory=default_identity)
     request_timeout_s: float = 10.0
     takeover_grace_s: float = 25.0
+    own_node: str = field(default_factory=lambda: os.environ.get("JOULESCHED_NODE_NAME", ""))
     wake_workers: int = 4
     sleep_workers: int = 4
     settle_s: float = 2.0
@@ -304,6 +308,7 @@ class NodePowerController:
         self._pv_cache: dict[tuple[str, str], list | None] = {}  # per reconcile: claims -> PV node terms
         self._leading_since: float | None = None
         self._leading_term = -1
+        self._keep_awake: frozenset[str] = frozenset()  # control planes by their static pods, our own node
         self._addresses_stamp = _files_stamp(self.cfg.addresses_file) if self.cfg.addresses_file else None
         #: (monotonic time, action, node) of every action taken, or announced in dry-run (tests read it).
         self.actions: list[tuple[float, str, str]] = []
@@ -453,7 +458,7 @@ class NodePowerController:
         scheduler shares the cache: its states' ``may_sleep``). The addresses are resolved on every pass, by a
         leader or a standby; before the first, only the ``none`` actuator (cordon only) answers yes."""
         return not (info.control_plane or info.never_sleep or (self.delegated is not None and self.delegated(info))
-                    or self.address_of(info.name).address is None)
+                    or info.name in self._keep_awake or self.address_of(info.name).address is None)
 
     def address_of(self, name: str) -> Resolved:
         if getattr(self.actuator, "name", "") == "none":
@@ -470,6 +475,7 @@ class NodePowerController:
     def _view(self):
         """(state, names, infos, workload pods per node, pending pods, pods by node index, counted)."""
         nodes, pods = self._snapshot()
+        self._keep_awake = _keep_awake(pods, self.cfg.own_node)
         self._resolve(nodes)
         names = sorted(nodes)
         infos = [nodes[n] for n in names]
@@ -491,7 +497,7 @@ class NodePowerController:
             elif s in (WAKING_STATE, DRAINING) or not info.ready or foreign_cordon:
                 st.power_state[k] = WAKING  # awake but not a place for pods (or for our decisions)
             if (info.control_plane or info.never_sleep or foreign_cordon or info.name in self._delegated
-                    or self.address_of(info.name).address is None):
+                    or info.name in self._keep_awake or self.address_of(info.name).address is None):
                 protected[k] = True
             counted[k] = (s == AWAKE and info.ready and not info.unschedulable and not info.control_plane
                           and not any(t.key == ASLEEP_TAINT for t in info.taints))
@@ -795,6 +801,7 @@ class NodePowerController:
         with self._lock:
             busy = name in self._busy
         if (info is None or info.power_state != AWAKE or busy or info.control_plane or info.never_sleep
+                or name in _keep_awake(self._snapshot()[1], self.cfg.own_node)
                 or self.address_of(name).address is None):
             return False
         self._start(name, "sleep", self._do_sleep)
@@ -1189,11 +1196,24 @@ class NodePowerStatusServer(BackgroundHTTPServer):
         super().__init__(H, host, port, "node-power-status")
 
 
+#: The static pods of a control plane (kubeadm's, k3s's and most distributions' names and labels).
+CONTROL_PLANE_COMPONENTS = frozenset({"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"})
+
+
+def _keep_awake(pods, own_node: str) -> frozenset[str]:
+    """Nodes never put to sleep whatever their labels say: those running a control plane's static pods (a
+    control plane without its role label looks empty, its pods being mirror pods) and ``own_node``."""
+    keep = {p.node_name for p in pods if p.mirror and p.node_name and p.namespace == "kube-system"
+            and (p.labels.get("tier") == "control-plane" or p.labels.get("component") in CONTROL_PLANE_COMPONENTS)}
+    if own_node:
+        keep.add(own_node)
+    return frozenset(keep)
+
+
 # ---- the daemon: options checked, then started and stopped together -----------------------------------------
 def _files_stamp(path: str) -> tuple:
     """What changes when the map file, or any file of the map directory, changes (stat follows the kubelet's
     ``..data`` links, whose targets are new files on each update)."""
-    import os
 
     def one(p: str) -> tuple:
         try:
@@ -1218,7 +1238,6 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None) -> dic
     e.g. redfish+http without its flag), so a bad one is named before anything starts."""
     if not path:
         return {}
-    import os
 
     import yaml
 

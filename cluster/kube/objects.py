@@ -211,6 +211,7 @@ class PodInfo:
     owner_name: str = ""  # the workload's name (a ReplicaSet's Deployment, see pod_meta)
     nominated_node: str = ""  # status.nominatedNodeName
     daemon: bool = False  # a DaemonSet or mirror (static) pod: keeps no node awake, is never evicted
+    mirror: bool = False  # a static pod's mirror (the kubelet's own manifests: on a control plane, etcd and the API)
     safe_to_evict: str = ""  # the cluster-autoscaler / joulesched safe-to-evict annotation, lower-cased
     local_storage: bool = False  # an emptyDir or hostPath volume
     claims: tuple[str, ...] = ()  # names of its PersistentVolumeClaims (their PVs may pin it to nodes)
@@ -260,6 +261,7 @@ def _pod_power_fields(meta: dict, spec: dict, status: dict) -> dict:
     return dict(nominated_node=status.get("nominatedNodeName") or "",
                 daemon=any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
                 or MIRROR_ANNOTATION in ann,
+                mirror=MIRROR_ANNOTATION in ann,
                 safe_to_evict=next((str(ann[k]).lower() for k in pw.SAFE_TO_EVICT_ANNOTATIONS if k in ann), ""),
                 local_storage=any("emptyDir" in v or "hostPath" in v for v in volumes),
                 claims=tuple(str((v.get("persistentVolumeClaim") or {}).get("claimName") or "") for v in volumes

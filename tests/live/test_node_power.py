@@ -642,3 +642,23 @@ def test_a_mounted_configmap_swapped_by_the_kubelet_changes_the_maps_stamp(tmp_p
     publish("v2", {"a": "libvirt:///a", "b": "libvirt:///b2"})
     assert _files_stamp(str(tmp_path)) != before
     assert load_addresses(str(tmp_path))["b"] == "libvirt:///b2"
+
+
+def test_a_control_plane_known_by_its_static_pods_and_the_controllers_own_node_never_sleep(emu, machines, kubelets,
+                                                                                          make_controller):
+    # A control plane without its role label looks empty (its pods are mirror pods, which keep no node awake),
+    # and a controller whose own node sleeps leaves nobody to wake the others.
+    add_nodes(emu, machines, ["cp", "mine", "w"], cpu="4")
+    emu.add_pod("kube-apiserver-cp", "kube-system", cpu="250m", node_name="cp",
+                labels={"component": "kube-apiserver", "tier": "control-plane"},
+                annotations={"kubernetes.io/config.mirror": "0123abcd"})
+    emu.add_pod("etcd-lookalike", "default", cpu="100m", node_name="w", labels={"component": "etcd"},
+                annotations={"kubernetes.io/config.mirror": "x"})  # not kube-system: an ordinary static pod
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=0), own_node="mine")
+    wait_until(lambda: asleep(emu, machines, "w"), 10, "the worker asleep")
+    time.sleep(0.5)
+    assert awake(emu, machines, "cp") and awake(emu, machines, "mine")
+    assert [n for _, a, n in ctl.actions if a == "sleep"] == ["w"]
+    infos = ctl.node_infos()
+    assert not ctl.may_sleep(infos["cp"]) and not ctl.may_sleep(infos["mine"])
+    assert not ctl.request_sleep("cp") and not ctl.request_sleep("mine")
