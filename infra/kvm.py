@@ -63,9 +63,11 @@ def guest_spec(prefix: str, cfg: KvmConfig, g: PlannedGuest, master: PlannedGues
 
 
 def power_addresses(planned: list[PlannedGuest]) -> dict[str, str]:
-    """``node -> libvirt:///DOMAIN``: a guest's domain is named after its hostname, which is its node name. The
-    stack exports it; as the node power controller's address map (``--addresses``) it annotates each node."""
-    return {g.hostname: f"libvirt:///{g.hostname}" for g in planned}
+    """``worker -> libvirt:///DOMAIN``: a guest's domain is named after its hostname, which is its node name. The
+    stack exports it; as the node power controller's address map (``--addresses``) it annotates each node. The
+    master has none: a control plane is never put to sleep, and a map without it cannot switch it whatever its
+    labels say."""
+    return {g.hostname: f"libvirt:///{g.hostname}" for g in planned if g.role != "master"}
 
 
 class KvmTarget(pulumi.ComponentResource):
