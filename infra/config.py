@@ -51,8 +51,11 @@ class ConfigReader(Protocol):
 class DictReader:
     """A ConfigReader over a plain dict (the `config:` block of a stack file, keys without the project prefix)."""
 
-    def __init__(self, values: dict[str, Any]):
+    def __init__(self, values: dict[str, Any], where: str = "", hints: dict[str, str] | None = None):
         self._values = {k.split(":", 1)[1] if k.startswith(PROJECT + ":") else k: v for k, v in values.items()}
+        #: where the values come from (a stack file the CLI reads), and key -> how a missing required setting is
+        #: given there (a CLI option): what an error tells the user instead of `pulumi config set`.
+        self.where, self.hints = where, dict(hints or {})
 
     def get(self, key: str) -> str | None:
         v = self._values.get(key)
@@ -211,7 +214,10 @@ class _Collector:
     def required(self, key: str, hint: str) -> str:
         v = self.r.get(key)
         if v is None or v == "":
-            self.problems.append(f"{PROJECT}:{key} is required: pulumi config set {key} {hint}")
+            where = getattr(self.r, "where", "")
+            how = (getattr(self.r, "hints", {}).get(key) or (f"set {PROJECT}:{key} in {where}, e.g. {hint}" if where
+                                                              else f"pulumi config set {key} {hint}"))
+            self.problems.append(f"{PROJECT}:{key} is required: {how}")
             return ""
         return v
 

@@ -108,7 +108,7 @@ def _stack_config(config: Path) -> dict:
 
 
 def _kvm_config(config: Path, ssh_public_key: Path | None, prefix: str | None):
-    from joulesched.infra.config import DictReader, InfraConfigError, load
+    from joulesched.infra.config import PROJECT, DictReader, InfraConfigError, load
 
     values = _stack_config(config)
     if ssh_public_key is not None:
@@ -119,7 +119,8 @@ def _kvm_config(config: Path, ssh_public_key: Path | None, prefix: str | None):
         values["joulesched:namePrefix"] = prefix
     values["joulesched:target"] = "kvm"
     try:
-        return load(DictReader(values))
+        return load(DictReader(values, where=str(config), hints={
+            "sshPublicKey": f"pass --ssh-public-key ~/.ssh/id_ed25519.pub, or set {PROJECT}:sshPublicKey in {config}"}))
     except InfraConfigError as e:
         _fail(str(e))
 

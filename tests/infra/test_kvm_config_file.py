@@ -24,3 +24,14 @@ def test_a_bad_stack_file_exits_2_naming_it(tmp_path, command, text, message):
     assert r.exit_code == 2, (r.output, r.exception)
     assert f"--config {cfg}: {message}" in " ".join(r.output.split())
     assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_a_missing_setting_is_named_with_how_to_give_it_here_not_with_pulumi(tmp_path):
+    # `infra kvm up` runs without Pulumi: the fix for a missing key is an option or the stack file.
+    cfg = tmp_path / "kvm.yaml"
+    cfg.write_text("config:\n  joulesched:target: kvm\n")
+    r = runner.invoke(app, ["kvm", "up", "--config", str(cfg)])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "pulumi config set" not in text, text
+    assert "sshPublicKey is required: pass --ssh-public-key" in text
+    assert f"baseImage is required: set joulesched:baseImage in {cfg}" in text
