@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from joulesched.core.errors import JouleschedError, UsageError
@@ -51,6 +51,12 @@ class ProvisionResult:
     @property
     def succeeded(self) -> bool:
         return self.rc == 0 and self.failed == 0
+
+    def summary(self) -> dict:
+        """What `joulesched infra provision --json` prints: the overall status and the per-host counts (not
+        Ansible's output, which goes to stderr)."""
+        return {"status": self.status, "rc": self.rc, "succeeded": self.succeeded, "changed": self.changed,
+                "failed": self.failed, "hosts": [asdict(h) for h in self.hosts]}
 
 
 def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None = None,

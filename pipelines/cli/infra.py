@@ -2,7 +2,7 @@
 
     joulesched infra preview|up|destroy --stack cluster|kvm|aws
     joulesched infra kvm up|down [--config Pulumi.kvm.yaml] [--ssh-public-key ~/.ssh/id_ed25519.pub]
-    joulesched infra provision --inventory inventory/hosts.yml [--limit HOST]
+    joulesched infra provision --inventory inventory/hosts.yml [--limit HOST] [--json]
     joulesched infra wheelhouse --out DIR
 
 Bad input prints one red line and exits 2; a failed run (play, guest, Pulumi update) exits 1.
@@ -10,6 +10,9 @@ Bad input prints one red line and exits 2; a failed run (play, guest, Pulumi upd
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -190,7 +193,10 @@ def provision(
     tags: Annotated[Optional[str], typer.Option(help="Only tasks with these tags (e.g. power_exporter_configure).")]
     = None,
     check: Annotated[bool, typer.Option(help="Dry run (ansible --check).")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream Ansible's output.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream Ansible's output (to stderr with --json).")]
+    = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the status and the per-host counts as JSON on stdout.")] = False,
 ) -> None:
     """Run playbooks/site.yml through ansible-runner and print a changed/failed summary per host."""
     from joulesched.core.errors import UsageError
@@ -199,15 +205,20 @@ def provision(
 
     if not inventory.exists():
         _fail(f"--inventory {inventory} does not exist")
-    try:
-        result = run(inventory, limit=limit, tags=tags, check=check, quiet=not verbose)
-    except (ProvisionError, UsageError) as e:  # no ansible-runner, or an inventory it cannot use: exit 2
-        _fail(str(e))
-    table = Table("host", "ok", "changed", "failed", "unreachable", "skipped")
-    for h in result.hosts:
-        table.add_row(h.host, str(h.ok), str(h.changed), str(h.failed), str(h.unreachable), str(h.skipped))
-    out.print(table)
-    out.print(f"changed={result.changed} failed={result.failed} status={result.status}")
+    # With --json stdout holds the one JSON document: Ansible's streamed output (--verbose) goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        try:
+            result = run(inventory, limit=limit, tags=tags, check=check, quiet=not verbose)
+        except (ProvisionError, UsageError) as e:  # no ansible-runner, or an inventory it cannot use: exit 2
+            _fail(str(e))
+    if as_json:
+        print(json.dumps({"inventory": str(inventory), **result.summary()}, indent=2))
+    else:
+        table = Table("host", "ok", "changed", "failed", "unreachable", "skipped")
+        for h in result.hosts:
+            table.add_row(h.host, str(h.ok), str(h.changed), str(h.failed), str(h.unreachable), str(h.skipped))
+        out.print(table)
+        out.print(f"changed={result.changed} failed={result.failed} status={result.status}")
     if not result.succeeded:
         if not verbose:
             err.print(result.stdout[-4000:], highlight=False, markup=False)

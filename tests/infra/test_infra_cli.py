@@ -3,6 +3,7 @@ and the provision summary (ansible-runner patched: the real run is tests/infra/t
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -58,6 +59,37 @@ def test_provision_failure_exits_1(monkeypatch, tmp_path):
         2, "failed", [HostResult("h1", ok=3, failed=1)], stdout="TASK [x] fatal: boom"))
     r = runner.invoke(app, ["provision", "--inventory", str(inv)])
     assert r.exit_code == 1 and "provisioning failed" in r.output and "boom" in r.output
+
+
+def test_provision_json_is_one_document_on_stdout(monkeypatch, tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+
+    def fake(inventory, **kw):
+        print("PLAY [power_hosts] ***")  # what ansible-runner streams with --verbose: on stderr under --json
+        return ProvisionResult(0, "successful", [HostResult("h1", ok=10, changed=3, skipped=2), HostResult("h2", ok=9)])
+
+    monkeypatch.setattr("joulesched.infra.provision.provision", fake)
+    r = runner.invoke(app, ["provision", "--inventory", str(inv), "--json", "--verbose"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {
+        "inventory": str(inv), "status": "successful", "rc": 0, "succeeded": True, "changed": 3, "failed": 0,
+        "hosts": [{"host": "h1", "ok": 10, "changed": 3, "failed": 0, "unreachable": 0, "skipped": 2},
+                  {"host": "h2", "ok": 9, "changed": 0, "failed": 0, "unreachable": 0, "skipped": 0}]}
+    assert "PLAY [power_hosts]" in r.stderr
+
+
+def test_provision_json_of_a_failed_run_exits_1_with_the_counts(monkeypatch, tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+    monkeypatch.setattr("joulesched.infra.provision.provision", lambda inventory, **kw: ProvisionResult(
+        4, "failed", [HostResult("h1", ok=3, failed=1), HostResult("h2", unreachable=1)], stdout="fatal: boom"))
+    r = runner.invoke(app, ["provision", "--inventory", str(inv), "--json"])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "failed" and doc["rc"] == 4 and doc["succeeded"] is False and doc["failed"] == 2
+    assert [(h["host"], h["failed"], h["unreachable"]) for h in doc["hosts"]] == [("h1", 1, 0), ("h2", 0, 1)]
+    assert "boom" in r.stderr and "provisioning failed (ansible rc 4)" in r.stderr
 
 
 def test_provision_missing_inventory(tmp_path):

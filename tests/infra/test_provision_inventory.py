@@ -4,6 +4,7 @@ are local connections. Ansible only warns about an inventory it cannot parse and
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -49,3 +50,18 @@ def test_ansible_itself_is_told_to_fail_on_an_unparsed_inventory(monkeypatch, tm
     inv.write_text("all:\n  children: [power_hosts]\n")
     r = provision(inv, check=True, timeout_s=120)
     assert r.rc != 0 and not r.succeeded and r.status == "failed", r.stdout[-3000:]
+
+
+def test_json_with_verbose_keeps_ansibles_stream_off_stdout(tmp_path):
+    """The real ansible-runner streams the play to stdout with --verbose; under --json it goes to stderr and stdout
+    is one JSON document (a tag no task has: the play gathers facts on the local host and nothing else)."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    power_hosts:\n      hosts:\n        lone: {ansible_connection: local, "
+                   f"ansible_python_interpreter: {sys.executable}}}\n")
+    r = runner.invoke(app, ["provision", "--inventory", str(inv), "--check", "--tags", "no_such_tag", "--json",
+                            "--verbose"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "successful" and doc["succeeded"] is True and doc["failed"] == 0
+    assert [h["host"] for h in doc["hosts"]] == ["lone"] and doc["hosts"][0]["ok"] >= 1
+    assert "PLAY RECAP" in r.stderr
