@@ -228,6 +228,9 @@ def calibrate(
     max_pods: Annotated[int, typer.Option(help="Pod limit per node.")] = 110,
     profile: ProfileOpt = None,
     curve: CurveOpt = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the fit (RMSE, MAPE, each knot's watts) and the profile written as JSON on stdout.")]
+    = False,
 ) -> None:
     """Fit an 11-point power curve (0..100 % CPU) and write it as a node group scenarios can include."""
     import socket
@@ -269,8 +272,18 @@ def calibrate(
         write_profile(out_path, group, header)
     except CalibrationError as e:
         _fail(str(e))
-    out.print(fit.summary())
+    if not as_json:
+        out.print(fit.summary())
     if fit.unsupported_knots and from_samples is None:
         err.print("[yellow]note:[/yellow] no sample reached some load steps, so their watts are extrapolated; "
                   "other load on the host moves utilisation: calibrate on an otherwise idle host", soft_wrap=True)
+    if as_json:
+        print(json.dumps({
+            "profile": str(out_path), "source": origin, "samples": fit.samples, "rmse_w": round(fit.rmse_w, 4),
+            "mape_pct": round(fit.mape_pct, 4), "max_abs_w": round(fit.max_abs_w, 4),
+            # Knot k is at k * 10 % utilisation; extrapolated: no sample came within 5 % of it.
+            "knots": [{"utilization_pct": k * 10, "watts": w, "extrapolated": k in fit.unsupported_knots}
+                      for k, w in enumerate(group["power_watts"])],
+            "node_group": group}, indent=2))
+        return
     out.print(f"wrote {out_path}: power_watts {group['power_watts']}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -95,6 +96,22 @@ def test_cli_from_samples_writes_an_includable_node_group(tmp_path):
                         "workload:\n  synthetic: {pods: 5, mean_interarrival_s: 1}\n")
     sc = load_scenario(scenario)
     assert sc.nodes[0].count == 3 and sc.nodes[0].curve == tuple(group["power_watts"])
+
+
+def test_cli_json_is_the_fit_and_the_profile_written(tmp_path):
+    # A straight line measured from 20 to 60 %: exact there, the other knots extrapolated and flagged.
+    csv_path = _csv(tmp_path, "utilization,watts\n" + "".join(f"{u / 100},{50 + u}\n" for u in range(20, 61, 5)))
+    out = tmp_path / "node-profile.yaml"
+    r = runner.invoke(app, ["power", "calibrate", "--from-samples", str(csv_path), "--out", str(out),
+                            "--name-prefix", "line", "--cpu-m", "4000", "--memory-mib", "8192", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["profile"] == str(out) and doc["source"] == f"samples from {csv_path}" and doc["samples"] == 9
+    assert doc["rmse_w"] < 0.5 and doc["mape_pct"] < 0.5 and doc["max_abs_w"] < 1.0
+    assert [k["utilization_pct"] for k in doc["knots"]] == list(range(0, 101, 10))
+    assert [k["watts"] for k in doc["knots"]] == pytest.approx([50 + 10 * k for k in range(11)], abs=0.5)
+    assert [k["utilization_pct"] for k in doc["knots"] if k["extrapolated"]] == [0, 10, 70, 80, 90, 100]
+    assert doc["node_group"] == yaml.safe_load(out.read_text())
 
 
 def test_cli_bad_input_exits_2_and_leaves_the_old_profile(tmp_path):
