@@ -468,6 +468,9 @@ def trace(
                                                      help="Scenario whose workload to export.")] = None,
     out_file: Annotated[Optional[Path], typer.Option("--out", "-o", help="Trace CSV to write; - for stdout.")] = None,
     seed: Annotated[Optional[int], typer.Option(min=0, help="Workload seed (default: the scenario's).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print a summary (pods written, the file, their span) as JSON on stdout; needs an --out "
+                       "file.")] = False,
 ) -> None:
     """Export a scenario's workload (synthetic or trace) as a trace CSV: trace -s SCENARIO -o OUT.
 
@@ -475,7 +478,8 @@ def trace(
     import sys
 
     if ctx.invoked_subcommand is not None:
-        given = [o for o, v in (("--scenario", scenario), ("--out", out_file), ("--seed", seed)) if v is not None]
+        given = [o for o, v in (("--scenario", scenario), ("--out", out_file), ("--seed", seed),
+                                ("--json", as_json or None)) if v is not None]
         if given:
             ctx.fail(f"{', '.join(given)}: an option of the export (trace -s ... -o ...), not of "
                      f"`trace {ctx.invoked_subcommand}`; put the subcommand's options after its name")
@@ -489,13 +493,33 @@ def trace(
     from joulesched.core.fsio import check_output_file
 
     to_stdout = str(out_file) == "-"
+    if to_stdout and as_json:
+        fail("--json needs an --out file: with -o - the trace CSV itself is stdout")
     with errors():
         if not to_stdout:
             check_output_file(out_file, "--out")
-        wl = build_workload(load_scenario(scenario), seed, pod_model=True)
+        sc = load_scenario(scenario)
+        wl = build_workload(sc, seed, pod_model=True)
         write_trace(wl, sys.stdout if to_stdout else out_file)
-    if not to_stdout:
+    if as_json:
+        print(json.dumps({"pods_file": str(out_file), "scenario": str(scenario), "seed": sc.seed if seed is None
+                          else seed, "pods": len(wl), "services": int(wl.is_service.sum()),
+                          "span": _workload_span(wl)}, indent=2))
+    elif not to_stdout:
         out.print(f"{out_file}: {len(wl)} pods")
+
+
+def _workload_span(wl) -> dict | None:
+    """When the exported pods are submitted and end, in the twin's seconds, with the keys `trace import` uses;
+    ``last_end_s`` is None when no pod ends (services only), and the span None for a workload without pods."""
+    import numpy as np
+
+    if not len(wl):
+        return None
+    ends = wl.submit_s + wl.duration_s
+    ends = ends[np.isfinite(ends)]
+    return {"first_submit_s": float(wl.submit_s.min()), "last_submit_s": float(wl.submit_s.max()),
+            "last_end_s": float(ends.max()) if len(ends) else None}
 
 
 def _trace_formats() -> type[Enum]:

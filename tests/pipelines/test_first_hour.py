@@ -72,6 +72,23 @@ def test_trace_to_stdout_and_into_a_new_folder(tmp_path):
     assert r.exit_code == 0 and deep.read_text() == runner.invoke(app, ["trace", "-s", TINY, "-o", "-"]).stdout
 
 
+def test_trace_export_json_summarises_the_file_written(tmp_path):
+    import csv
+
+    dest = tmp_path / "p.csv"
+    r = runner.invoke(app, ["trace", "-s", TINY, "-o", str(dest), "--seed", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    rows = list(csv.DictReader(dest.open()))
+    submits = [float(row["submit_s"]) for row in rows]
+    ends = [float(row["submit_s"]) + float(row["duration_s"]) for row in rows]
+    assert doc["pods_file"] == str(dest) and doc["scenario"] == TINY and doc["seed"] == 3
+    assert doc["pods"] == len(rows) > 0 and doc["services"] == 0
+    assert doc["span"] == pytest.approx({"first_submit_s": min(submits), "last_submit_s": max(submits),
+                                         "last_end_s": max(ends)}, abs=1e-3)
+    _one_line_exit_2(runner.invoke(app, ["trace", "-s", TINY, "-o", "-", "--json"]), "--json needs an --out file")
+
+
 def test_no_report_prints_no_report_path(tmp_path):
     r = runner.invoke(app, ["benchmark", "-s", TINY, "-p", "default-k8s", "--out", str(tmp_path), "--no-report"])
     assert r.exit_code == 0 and "report:" not in r.stdout and "results:" in r.stdout
