@@ -608,6 +608,13 @@ _FIGURE_FILE = re.compile(r"(energy_ratio|energy_vs_service|energy_vs_slo"
                           r"|(power|util|gpu_energy|node_power|awake|placement)_\d+)\.png")
 
 
+def report_plots(out: Path) -> list[Path]:
+    """The plots of ``out/plots`` that :func:`write_report` draws, sorted: after a render, exactly the ones it
+    wrote (it removes those it no longer draws); ``training_curve.png``, the training's, is not among them."""
+    plots = Path(out) / "plots"
+    return sorted(p for p in plots.iterdir() if _FIGURE_FILE.fullmatch(p.name)) if plots.is_dir() else []
+
+
 def _read_inputs(out: Path) -> tuple[Results, dict, dict]:
     """results.json, timelines.npz (``{}`` when absent) and nodes.json (``{}`` when absent) of ``out``, each
     checked before anything is drawn: a :class:`ResultsError` names the file that cannot be read."""

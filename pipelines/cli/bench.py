@@ -250,17 +250,24 @@ def _stage_item(prog, task, name: str, seed: int):
 def report_cmd(
     out_dir: Annotated[Path, typer.Argument(
         help="A folder written by `joulesched benchmark` or `demo` (or its results.json).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report's path and the plots written as JSON on "
+                                                         "stdout.")] = False,
 ) -> None:
     """Re-render report.html and its plots from a results folder."""
-    from joulesched.pipelines.report import write_report
+    from joulesched.pipelines.report import report_plots, write_report
 
     if out_dir.name == "results.json" and out_dir.is_file():  # the file named instead of its folder
         out_dir = out_dir.parent
     with errors():
         path = write_report(out_dir)
-    if not (out_dir / "timelines.npz").exists():
+    timelines = (out_dir / "timelines.npz").exists()
+    if not timelines:
         err.print(f"[yellow]note:[/yellow] no {out_dir / 'timelines.npz'}: the power and utilisation plots are "
                   "left out", soft_wrap=True)
+    if as_json:
+        print(json.dumps({"report": str(path), "plots": [str(p) for p in report_plots(out_dir)],
+                          "timelines": timelines}, indent=2))
+        return
     out.print(f"report: {path}")
 
 

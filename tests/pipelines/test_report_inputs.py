@@ -4,6 +4,7 @@ no plot of an earlier render is left beside a page that no longer shows it)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -70,3 +71,21 @@ def test_without_timelines_the_plots_are_left_out_and_said_so(out):
     assert left == {"energy_ratio.png", "energy_vs_service.png", "training_curve.png"}
     page = (out / "report.html").read_text()
     assert "power_0.png" not in page and "util_0.png" not in page
+
+
+def test_json_names_the_report_and_the_plots_it_wrote(out):
+    (out / "plots" / "training_curve.png").write_bytes(b"")  # the training's: not one this render wrote
+    r = runner.invoke(app, ["report", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["report"] == str(out / "report.html") and doc["timelines"] is True
+    assert {Path(p).name for p in doc["plots"]} >= {"energy_ratio.png", "power_0.png", "util_0.png"}
+    assert "training_curve.png" not in r.stdout and all(Path(p).is_file() for p in doc["plots"])
+
+    (out / "timelines.npz").unlink()  # the power and utilisation plots are left out, and removed
+    r = runner.invoke(app, ["report", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc == {"report": str(out / "report.html"), "timelines": False,
+                   "plots": [str(out / "plots" / n) for n in ("energy_ratio.png", "energy_vs_service.png")]}
+    assert "the power and utilisation plots are left out" in r.stderr
