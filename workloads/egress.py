@@ -17,6 +17,7 @@ point up to 100 Gbit/s for an hour at any address, the cloud metadata service in
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
@@ -31,6 +32,15 @@ DENIED = tuple(ipaddress.ip_network(n) for n in (
     "fd00:ec2::254/128"))
 
 Resolver = Callable[[str, int], list[str]]
+
+#: A host name as RFC 1123 has it (matched lowercased, without a trailing dot): dot-separated labels of letters,
+#: digits and '-', none starting or ending with '-'.
+_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+
+
+def _is_hostname(name: str) -> bool:
+    return len(name) <= 253 and _HOSTNAME.fullmatch(name) is not None
 
 
 class EgressError(UsageError):
@@ -62,7 +72,9 @@ def system_resolver(host: str, port: int) -> list[str]:
 class NetAllow:
     """A parsed allow-list (see the module docstring); raises EgressError for a pattern it cannot read."""
 
-    def __init__(self, patterns: Iterable[str] = DEFAULT_ALLOW, resolver: Resolver = system_resolver) -> None:
+    def __init__(self, patterns: Iterable[str] = DEFAULT_ALLOW, resolver: Resolver = system_resolver,
+                 what: str = "net allow-list") -> None:
+        """``what`` names the list in errors (the CLI passes its option, ``--net-allow``)."""
         self.patterns = tuple(p.strip() for p in patterns if p.strip())
         self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
         self.names: set[str] = set()
@@ -71,8 +83,9 @@ class NetAllow:
         for p in self.patterns:
             if p.startswith("*."):
                 rest = p[2:].lower().rstrip(".")
-                if not rest or "*" in rest:
-                    raise EgressError(f"net allow-list: bad suffix pattern {p!r} (expected *.example)")
+                if not _is_hostname(rest):
+                    raise EgressError(f"{what}: bad suffix pattern {p!r} (expected *.example, a host name after "
+                                      "'*.')")
                 self.suffixes.append("." + rest)
                 continue
             try:
@@ -80,9 +93,11 @@ class NetAllow:
                 continue
             except ValueError:
                 pass
-            if "*" in p or "/" in p or ":" in p:
-                raise EgressError(f"net allow-list: {p!r} is neither an IP network, a host name nor *.suffix")
-            self.names.add(p.lower().rstrip("."))
+            name = p.lower().rstrip(".")
+            if not _is_hostname(name):
+                raise EgressError(f"{what}: {p!r} is neither an IP network (10.0.0.0/8, ::1), an RFC 1123 host name "
+                                  "(letters, digits, '-' and dots) nor *.suffix")
+            self.names.add(name)
 
     def describe(self) -> str:
         return ", ".join(self.patterns) or "(empty: no stream target allowed)"

@@ -88,7 +88,7 @@ def serve(
         from joulesched.workloads.service import BlockerService, create_app
 
         try:
-            allow = NetAllow(net_allow if net_allow else DEFAULT_ALLOW)
+            allow = NetAllow(net_allow if net_allow else DEFAULT_ALLOW, what="--net-allow")
         except EgressError as exc:
             _fail(str(exc))
         service = BlockerService(app.value, scratch_dir, net_allow=allow)

@@ -6,6 +6,7 @@ fuzzing of every app: random methods, paths, headers and bodies, each answered 2
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -89,7 +90,7 @@ def test_a_bad_allow_list_pattern_exits_2():
 
     r = subprocess.run([str(BIN), "workload", "serve", "network", "--net-allow", "10.*.0.1", "--listen",
                         "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "net allow-list" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--net-allow: '10.*.0.1' is neither an IP network" in r.stderr, r.stderr
 
 
 def test_in_cluster_service_names_pass_and_resolve_is_checked_again():
@@ -107,6 +108,14 @@ def test_in_cluster_service_names_pass_and_resolve_is_checked_again():
             allow.check_url(bad)
     with pytest.raises(EgressError, match="neither"):
         NetAllow(["10.0.0.0/8", "a*b"])
+
+
+@pytest.mark.parametrize("bad", ["not a net!!", "under_score", "-sink", "sink-", "a..b", "*.svc!", "*.-x"])
+def test_a_pattern_that_is_no_host_name_is_refused(bad):
+    with pytest.raises(EgressError, match=f"net allow-list: (bad suffix pattern )?{re.escape(repr(bad))}"):
+        NetAllow(["127.0.0.0/8", bad])
+    allow = NetAllow(["Sink.NS.svc.", "sink-1", "*.svc.cluster.local", "fd00::/8"])  # what stays valid
+    assert allow.check_url("http://sink.ns.svc/") == "sink.ns.svc" and allow.check_url("http://SINK-1/")
 
 
 # ----------------------------------------------------------------------------------------------- bodies

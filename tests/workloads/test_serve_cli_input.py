@@ -43,6 +43,12 @@ def test_a_bad_neighbour_url_names_its_own_option(option):
     _one_error_line(cp, f"error: {option} 'notaurl': expected http(s)://HOST[:PORT][/PATH]")
 
 
+def test_a_net_allow_that_is_no_network_nor_host_name_exits_2_naming_the_option():
+    cp = _serve("cpu", "--net-allow", "not a net!!", "--listen", "127.0.0.1:0")
+    _one_error_line(cp, "error: --net-allow: 'not a net!!' is neither an IP network (10.0.0.0/8, ::1), an RFC 1123 "
+                        "host name (letters, digits, '-' and dots) nor *.suffix")
+
+
 def test_a_busy_port_exits_2_like_the_exporter():
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
