@@ -83,6 +83,38 @@ def check_quantity(value: str, what: str) -> str:
     return value
 
 
+#: A namespace (any DNS label Kubernetes takes as an object's namespace): an RFC 1123 label.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_namespace(value: str, what: str = "--namespace") -> str:
+    """``value`` if Kubernetes takes it as a namespace (an RFC 1123 label), else ValueError naming ``what``."""
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(f"{what} {value!r} is not a valid namespace: an RFC 1123 label of at most 63 characters, "
+                         "lowercase letters, digits and '-', starting and ending with a letter or digit")
+    return value
+
+
+# An image reference as the container runtimes parse it (github.com/distribution/reference):
+# [HOST[:PORT]/]PATH[:TAG][@DIGEST], where the repository PATH is lowercase.
+_HOST_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"^(?P<name>(?:{_HOST}/)?{_PATH_PART}(?:/{_PATH_PART})*)(?::[\w][\w.-]{{0,127}})?"
+                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+
+
+def check_image(value: str, what: str = "--image") -> str:
+    """``value`` if it is a valid image reference (``joulesched/cpu:latest``, ``registry.example:5000/team/cpu:1``,
+    ``...@sha256:HEX``), else ValueError naming ``what``."""
+    m = _IMAGE.match(value)
+    if m is None or len(m["name"]) > 255:
+        raise ValueError(f"{what} {value!r} is not a valid image reference: [HOST[:PORT]/]PATH[:TAG][@DIGEST] "
+                         "without spaces, the repository PATH in lowercase (e.g. joulesched/cpu:latest or "
+                         "registry.example:5000/team/cpu:1.0)")
+    return value
+
+
 def render(
     app: str,
     *,
@@ -97,6 +129,9 @@ def render(
         raise ValueError(f"unknown app {app!r}; expected one of {', '.join(APPS)}")
     if not scheduler_name:
         raise ValueError("scheduler_name must not be empty")
+    check_namespace(namespace)
+    if image is not None:
+        check_image(image)
     if cpu_request is not None:
         check_quantity(cpu_request, "--cpu-request")
     if memory_request is not None:

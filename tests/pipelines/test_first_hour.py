@@ -41,6 +41,9 @@ def test_version():
     (["benchmark", "-s", TINY, "-p", "target-load-packing:y=3"], "unknown option 'y'; its options: pct, x"),
     (["demo", "--model", "typo.pt"], "--model typo.pt does not exist"),
     (["workload", "manifest", "cpu", "--cpu-request", "lots"], "is not a Kubernetes quantity"),
+    (["workload", "manifest", "cpu", "--namespace", "Bad_NS"], "--namespace 'Bad_NS' is not a valid namespace"),
+    (["workload", "manifest", "cpu", "--image", "UPPER CASE:bad"],
+     "--image 'UPPER CASE:bad' is not a valid image reference"),
     (["load", "jmeter", "--target", "http://127.0.0.1:9/x", "--jmeter", "/nonexistent"], "--jmeter '/nonexistent'"),
 ])
 def test_bad_options_exit_2_naming_the_option(args, needle, tmp_path, monkeypatch):

@@ -102,6 +102,23 @@ def test_manifest_shape(app):
             assert any(arg.startswith(m) for m in mounts), arg
 
 
+def test_an_invalid_image_reference_is_refused_naming_the_option():
+    for image in ("UPPER CASE:bad", "joulesched/CPU:1", "cpu:", "cpu:-x", "a//b", "cpu@sha256:abc", " cpu",
+                  "cpu:" + "1" * 129):
+        with pytest.raises(ValueError, match=f"--image {re.escape(repr(image))} is not a valid image reference"):
+            render("cpu", image=image)
+    for image in ("joulesched/cpu:latest", "img:1", "nginx", "registry.example:5000/team/cpu:1.0",
+                  "localhost:5000/a/b_c.d-e", "ghcr.io/org/app@sha256:" + "ab" * 32, "[::1]:5000/x"):
+        assert render("cpu", image=image)[0]["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
+@pytest.mark.parametrize("namespace", ["Bad_NS", "-ns", "ns-", "a.b", "", "n" * 64])
+def test_a_namespace_that_is_no_rfc1123_label_is_refused(namespace):
+    with pytest.raises(ValueError, match=f"--namespace {re.escape(repr(namespace))} is not a valid namespace"):
+        render("cpu", namespace=namespace)
+    assert render("cpu", namespace="team-a1")[1]["metadata"]["namespace"] == "team-a1"
+
+
 @pytest.mark.parametrize("app", APPS)
 def test_committed_manifests_match_renderer(app):
     assert (ROOT / "workloads" / "k8s" / f"{app}.yaml").read_text() == render_yaml(app)
