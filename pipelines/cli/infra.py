@@ -142,8 +142,13 @@ def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt 
     from joulesched.infra.pki import new_token
 
     cfg = _kvm_config(config, ssh_public_key, prefix)
+    base = Path(cfg.kvm.base_image)
+    if not base.is_file():  # before anything is created: nothing to undo
+        _fail(f"--config {config}: baseImage {base} does not exist (download a cloud image there, or set "
+              "joulesched:baseImage to one)")
     planned = plan(cfg.name_prefix, cfg.kvm)
     token = new_token()
+    new_dirs = _missing_dirs(Path(cfg.kvm.pool_dir))  # what the first guest creates: removed again on failure
     made = []
     ca_hash = ""
     table = Table("guest", "role", "address", "virt type", "console log")
@@ -160,10 +165,25 @@ def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt 
     except (GuestError, CaHashTimeout) as e:
         for name in made:  # all or nothing
             delete_guest(cfg.kvm.uri, name, cfg.kvm.pool_dir)
+        for d in new_dirs:  # the poolDir (and its parents) this run created, unless something else is in it now
+            try:
+                d.rmdir()
+            except OSError:
+                break
         _fail(str(e), 1)
     out.print(table)
     if ca_hash:
         out.print(f"CA pin for joins: {ca_hash}")
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 @kvm_app.command("down")

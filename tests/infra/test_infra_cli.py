@@ -147,3 +147,48 @@ def test_kvm_up_config_errors_are_one_red_line(tmp_path):
     r = runner.invoke(app, ["kvm", "up", "--config", str(cfg)])
     assert r.exit_code == 2
     assert "sshPublicKey is required" in r.output and "virtType must be one of" in r.output
+
+
+def _kvm_files(tmp_path, base, pool):
+    cfg = tmp_path / "kvm.yaml"
+    cfg.write_text(yaml.safe_dump({"config": {
+        "joulesched:libvirtUri": "test:///default", "joulesched:baseImage": str(base),
+        "joulesched:poolDir": str(pool), "joulesched:virtType": "qemu", "joulesched:workers": "0"}}))
+    pub = tmp_path / "id.pub"
+    pub.write_text(KEY + "\n")
+    return cfg, pub
+
+
+def test_kvm_up_without_its_base_image_exits_2_and_creates_nothing(tmp_path):
+    base, pool = tmp_path / "no-such.qcow2", tmp_path / "images" / "pool"
+    cfg, pub = _kvm_files(tmp_path, base, pool)
+    r = runner.invoke(app, ["kvm", "up", "--config", str(cfg), "--ssh-public-key", str(pub), "--prefix", "jsb"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == (f"error: --config {cfg}: baseImage {base} does not exist (download a cloud image "
+                                "there, or set joulesched:baseImage to one)")
+    assert not (tmp_path / "images").exists()
+
+
+def test_a_failed_kvm_up_leaves_no_pool_dir_it_created(monkeypatch, tmp_path):
+    libvirt = pytest.importorskip("libvirt", reason="libvirt-python not installed")
+    pytest.importorskip("cryptography", reason="infra extra not installed")
+    from joulesched.infra.libvirt_guests import GuestError
+
+    def no_overlay(base, overlay, size_gib):
+        raise GuestError("qemu-img create failed: no space left on device")
+
+    monkeypatch.setattr("joulesched.infra.libvirt_guests.make_overlay", no_overlay)
+    base, pool = tmp_path / "base.raw", tmp_path / "images" / "pool"
+    base.write_bytes(b"\0" * 1024)
+    cfg, pub = _kvm_files(tmp_path, base, pool)
+    keep = libvirt.open("test:///default")
+    try:
+        r = runner.invoke(app, ["kvm", "up", "--config", str(cfg), "--ssh-public-key", str(pub), "--prefix", "jsf"])
+        assert r.exit_code == 1 and "no space left on device" in r.stderr, r.output
+        assert not (tmp_path / "images").exists()  # poolDir and its parent: both made by this run
+        pool.mkdir(parents=True)  # a folder that was there before stays, as empty as it was
+        r = runner.invoke(app, ["kvm", "up", "--config", str(cfg), "--ssh-public-key", str(pub), "--prefix", "jsf"])
+        assert r.exit_code == 1, r.output
+        assert pool.is_dir() and not any(pool.iterdir())
+    finally:
+        keep.close()
