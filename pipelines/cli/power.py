@@ -28,6 +28,12 @@ class MeterKind(str, Enum):
     model = "model"
 
 
+class GpuMode(str, Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 PowercapRoot = Annotated[Path, typer.Option(help="Root of the powercap tree (a synthetic tree in tests).")]
 ProcRoot = Annotated[Path, typer.Option(help="Root of procfs.")]
 DevRoot = Annotated[Path, typer.Option(help="Root of /dev (for /dev/cpu/N/msr).")]
@@ -92,11 +98,9 @@ def _meter_notes(m) -> list[str]:
     return list(getattr(m, "notes", ()))
 
 
-def _gpu_meter(mode: str):
+def _gpu_meter(mode: GpuMode):
     """The NVML meter for --gpu: None when off, or (auto) when no GPU works here; on: required (exit 2)."""
-    if mode not in ("auto", "on", "off"):
-        _fail(f"--gpu {mode!r}: use auto, on or off")
-    if mode == "off":
+    if mode is GpuMode.off:
         return None
     from joulesched.power.meter import MeterError
     from joulesched.power.nvml import NvmlMeter
@@ -104,7 +108,7 @@ def _gpu_meter(mode: str):
     try:
         return NvmlMeter()
     except MeterError as e:
-        if mode == "on":
+        if mode is GpuMode.on:
             _fail(f"--gpu on: {e}")
         logging.getLogger(__name__).info("no GPU energy: %s", e)
         return None
@@ -122,9 +126,9 @@ def exporter(
     top_n: Annotated[int, typer.Option(help="Processes exported, by energy.", min=0)] = 20,
     profile: ProfileOpt = None,
     curve: CurveOpt = None,
-    gpu: Annotated[str, typer.Option(help="GPU energy through NVML (joulesched_node_gpu_joules_total per GPU): "
-                                          "auto (when a GPU and its driver are there), on (required) or off.")]
-    = "auto",
+    gpu: Annotated[GpuMode, typer.Option(
+        help="GPU energy through NVML (joulesched_node_gpu_joules_total per GPU): auto (when a GPU and its driver "
+             "are there), on (required) or off.")] = GpuMode.auto,
 ) -> None:
     """Serve joulesched_* power metrics to Prometheus (GPUs too, through NVML, where there are any)."""
     from joulesched.core.net import parse_listen

@@ -49,6 +49,9 @@ def test_read_model_fallback_says_it_is_uncalibrated(proc, tmp_path):
     (["read", "--curve", "nope"], "--curve 'nope' is unknown"),
     (["read", "--curve", "hp-ml110-g4", "--profile", "x.yaml"], "not both"),
     (["read", "--meter", "msr"], "not found"),
+    # Checked before any meter opens: msr, missing here, would fail first.
+    (["exporter", "--gpu", "yes", "--meter", "msr"], "Invalid value for '--gpu': 'yes' is not one of 'auto', 'on', "
+                                                     "'off'"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message, powercap, proc, tmp_path):
     r = runner.invoke(app, ["power", *args, *_roots(powercap, proc, tmp_path)])
