@@ -36,6 +36,8 @@ class ActuatorOptions:
         one does not finish in ``graceful_timeout_s``. :param ssh_key, known_hosts, ssh_user, suspend_command:
         the Wake-on-LAN actuator's SSH side. :param aws_region, aws_endpoint: EC2.
     :param allow_redfish_http: accept ``redfish+http://`` (the BMC login travels unencrypted); off by default.
+    :param allow_libvirt_insecure: accept a ``libvirt_uri`` that is unencrypted (``+tcp``) or skips checking the
+        peer (``no_verify=1``, ``known_hosts_verify=ignore``); off by default, such a URI is then bad input.
     :param connect_timeout_s, request_timeout_s: bounds of each request to a BMC (the action's deadline may
         cut them shorter).
     :param kube_api, kubeconfig, kube_context: the Kubernetes API of the metal3 and rufio actuators (an
@@ -55,11 +57,17 @@ class ActuatorOptions:
     aws_region: str | None = None
     aws_endpoint: str | None = None
     allow_redfish_http: bool = False
+    allow_libvirt_insecure: bool = False
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 15.0
     kube_api: object = None
     kubeconfig: str | None = None
     kube_context: str | None = None
+
+    def __post_init__(self) -> None:
+        from joulesched.live.actuators.libvirt import check_uri
+
+        check_uri(self.libvirt_uri, self.allow_libvirt_insecure)  # at startup, whichever actuator is used
 
 
 def _build(name: str, o: ActuatorOptions):
@@ -69,7 +77,7 @@ def _build(name: str, o: ActuatorOptions):
     except ImportError as e:
         raise ActuatorError(f"actuator {name!r} needs a library that is not installed ({e.name}); "
                             "pip install 'joulesched[node-power]'") from None
-    kw = {"none": {}, "libvirt": dict(uri=o.libvirt_uri),
+    kw = {"none": {}, "libvirt": dict(uri=o.libvirt_uri, allow_insecure=o.allow_libvirt_insecure),
           "redfish": dict(credentials=o.credentials, ca_bundle=o.redfish_ca, force_off=o.force_off,
                           graceful_timeout_s=o.graceful_timeout_s, poll_s=o.poll_s, allow_http=o.allow_redfish_http,
                           connect_timeout_s=o.connect_timeout_s, request_timeout_s=o.request_timeout_s),

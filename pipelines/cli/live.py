@@ -55,7 +55,8 @@ CredentialsOpt = Annotated[Optional[str], typer.Option(
 AddressesOpt = Annotated[Optional[str], typer.Option(
     "--addresses", help="YAML map of node name to power address, for nodes without the joulesched.io/power "
                         "annotation (mount a ConfigMap here).")]
-LibvirtUriOpt = Annotated[str, typer.Option("--libvirt-uri", help="libvirt connection of the libvirt actuator.")]
+LibvirtUriOpt = Annotated[str, typer.Option("--libvirt-uri", help="libvirt connection of the libvirt actuator "
+                                             "(+tcp and no_verify=1 need --allow-libvirt-insecure).")]
 AllowAnnotatedOpt = Annotated[Optional[list[str]], typer.Option(
     "--allow-annotated", help="SCHEME=PATTERN (repeatable): let a node's own joulesched.io/power annotation name "
     "this target: redfish/ipmi/wol=HOST, HOST:PORT or CIDR (wol: the SSH host and the broadcast address), "
@@ -71,6 +72,9 @@ NodeWakeOpt = Annotated[float, typer.Option("--node-wake-s", min=0.0, help="Seco
                                             "(with --node-sleep-watts or --node-power).")]
 AllowRedfishHttpOpt = Annotated[bool, typer.Option("--allow-redfish-http", help="Accept redfish+http:// addresses "
                                                    "(the BMC login travels unencrypted).")]
+AllowLibvirtInsecureOpt = Annotated[bool, typer.Option(
+    "--allow-libvirt-insecure", help="Accept a --libvirt-uri that is unencrypted (qemu+tcp://) or skips checking "
+    "the peer (no_verify=1, known_hosts_verify=ignore).")]
 
 
 def serve(
@@ -117,6 +121,7 @@ def serve(
     libvirt_uri: LibvirtUriOpt = "qemu:///system",
     allow_annotated: AllowAnnotatedOpt = None,
     allow_redfish_http: AllowRedfishHttpOpt = False,
+    allow_libvirt_insecure: AllowLibvirtInsecureOpt = False,
     node_sleep_watts: NodeSleepWattsOpt = None,
     node_wake_s: NodeWakeOpt = DEFAULT_WAKE_S,
 ) -> None:
@@ -126,7 +131,8 @@ def serve(
     power = dict(actuator=actuator, sleep_after=sleep_after, min_awake=min_awake, spare_cpu=spare_cpu,
                  consolidate=consolidate, credentials=credentials, addresses=addresses,
                  libvirt_uri=libvirt_uri, allow_annotated=allow_annotated or [],
-                 allow_redfish_http=allow_redfish_http) if node_power else None
+                 allow_redfish_http=allow_redfish_http,
+                 allow_libvirt_insecure=allow_libvirt_insecure) if node_power else None
     run_serve(scheduler_name=scheduler_name, policy=policy, listen=listen, leader_elect=leader_elect,
               lease_namespace=lease_namespace, bind_workers=bind_workers, batch=batch, event_writer=event_writer,
               sample_pct=sample_pct,
@@ -138,7 +144,7 @@ def serve(
 
 
 def _node_power_daemon(*, actuator: str, sleep_after: float, min_awake: int, spare_cpu: int, consolidate: bool,
-                       credentials, addresses, libvirt_uri: str, **kw):
+                       credentials, addresses, libvirt_uri: str, allow_libvirt_insecure: bool = False, **kw):
     from joulesched.cluster.nodepower import PowerPolicy, parse_budget
     from joulesched.core.errors import UsageError
     from joulesched.live.nodepower import NodePowerDaemon
@@ -154,7 +160,9 @@ def _node_power_daemon(*, actuator: str, sleep_after: float, min_awake: int, spa
     kube = ({"kube_api": kw["cache"].api} if kw.get("cache") is not None
             else {"kubeconfig": kw.get("kubeconfig"), "kube_context": kw.get("context")})
     return NodePowerDaemon(actuator=actuator, policy=policy, credentials=credentials, addresses=addresses,
-                           actuator_options={"libvirt_uri": libvirt_uri, **kube, **kw.pop("actuator_options", {})},
+                           actuator_options={"libvirt_uri": libvirt_uri,
+                                             "allow_libvirt_insecure": allow_libvirt_insecure,
+                                             **kube, **kw.pop("actuator_options", {})},
                            **kw)
 
 
@@ -237,6 +245,7 @@ def node_power(
     aws_endpoint: Annotated[Optional[str], typer.Option("--aws-endpoint", help="EC2 endpoint URL.")] = None,
     allow_annotated: AllowAnnotatedOpt = None,
     allow_redfish_http: AllowRedfishHttpOpt = False,
+    allow_libvirt_insecure: AllowLibvirtInsecureOpt = False,
     log_level: LogOpt = "info",
 ) -> None:
     """Put idle nodes to sleep, wake them for pending pods, optionally consolidate, until SIGTERM."""
@@ -250,6 +259,7 @@ def node_power(
                    scheduler_name=scheduler_name, credentials=credentials, addresses=addresses,
                    power_profiles=power_profiles, libvirt_uri=libvirt_uri,
                    allow_annotated=allow_annotated or [], allow_redfish_http=allow_redfish_http,
+                   allow_libvirt_insecure=allow_libvirt_insecure,
                    actuator_options=dict(redfish_ca=redfish_ca, force_off=force_off, ssh_key=ssh_key,
                                          known_hosts=known_hosts, ssh_user=ssh_user, suspend_command=suspend_command,
                                          aws_region=aws_region, aws_endpoint=aws_endpoint))
