@@ -28,6 +28,7 @@ from flask import Flask, Response, jsonify, request
 from pydantic import ValidationError
 
 from joulesched.core.errors import UsageError
+from joulesched.core.httpd import lift_deadline
 from joulesched.workloads.cpu import CpuLoad
 from joulesched.workloads.disk import DiskLoad
 from joulesched.workloads.egress import EgressError, NetAllow
@@ -274,8 +275,10 @@ def create_app(service: BlockerService) -> Flask:
             if not service.stream_slots.acquire(blocking=False):
                 return _busy()
             try:
-                # A sink swallows streams by design: the most one load can send, bounded in count by max_streams.
+                # A sink swallows streams by design: the most one load can send, bounded in count by max_streams,
+                # for as long as the load lasts (each read is still bounded by the server's timeout).
                 request.max_content_length = SINK_MAX_BYTES
+                lift_deadline(request.environ)
                 got = 0
                 while True:
                     block = request.stream.read(1 << 16)

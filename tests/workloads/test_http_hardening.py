@@ -240,3 +240,33 @@ def test_apps_survive_the_fuzzing(apps):
         assert app.get("/healthz").status_code == 200, kind
         with socket.create_connection(("127.0.0.1", _port(app)), timeout=3):
             pass
+
+
+def test_sink_takes_a_stream_longer_than_the_servers_request_deadline():
+    # The server cuts a request whose head and body take longer than timeout_s (slow clients must not hold
+    # a slot); a load's stream into /sink lasts as long as the load, so /sink lifts that limit for itself.
+    import dataclasses
+
+    from joulesched.workloads.server import make_server
+    from joulesched.workloads.service import BlockerService, create_app
+
+    srv = make_server("127.0.0.1", 0, create_app(BlockerService("network")),
+                      dataclasses.replace(APP_LIMITS, timeout_s=1.0))
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.server_port), timeout=10) as s:
+            s.sendall(b"POST /sink HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(8):  # 2.4 s of stream, a chunk every 0.3 s: each read well within 1 s
+                time.sleep(0.3)
+                s.sendall(b"400\r\n" + b"x" * 1024 + b"\r\n")
+            s.sendall(b"0\r\n\r\n")
+            out = b""
+            while data := s.recv(4096):
+                out += data
+        assert out.startswith(b"HTTP/1.1 200"), out[:200]
+        assert json.loads(out.split(b"\r\n\r\n", 1)[1]) == {"received": 8 * 1024}
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
