@@ -37,11 +37,20 @@ ProfilesOpt = Annotated[Optional[str], typer.Option(
     "--power-profiles", help="YAML file of power curves (name: [11 watts]); mount a ConfigMap here in a cluster.")]
 IntervalOpt = Annotated[float, typer.Option("--metrics-interval", min=1.0, help="Seconds between Prometheus queries.")]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the policy's tie breaks.")]
-LogOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _log_level(value: str) -> str:
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
+
+
+LogOpt = Annotated[str, typer.Option("--log-level", callback=_log_level, help="debug, info, warning or error.")]
 # The node power controller's options, shared by `node-power` and `serve --node-power`.
 ActuatorOpt = Annotated[str, typer.Option(
-    "--actuator", help="How nodes are powered: none (cordon only), auto (by each node's joulesched.io/power "
-                       "address), libvirt, redfish, ipmi, wol, aws, metal3 (BareMetalHost spec.online), rufio "
+    "--actuator", help="How nodes are powered: none (cordon only), auto (by each node's power address: its "
+                       "--addresses entry, or an annotation --allow-annotated admits), libvirt, redfish, ipmi, wol, aws, metal3 (BareMetalHost spec.online), rufio "
                        "(Tinkerbell Machine power Jobs).")]
 SleepAfterOpt = Annotated[float, typer.Option("--sleep-after", min=0.0, help="Seconds a node must be empty "
                                               "(DaemonSet and mirror pods do not count) before it sleeps.")]
@@ -53,8 +62,9 @@ ConsolidateOpt = Annotated[bool, typer.Option("--consolidate/--no-consolidate", 
 CredentialsOpt = Annotated[Optional[str], typer.Option(
     "--credentials", help="BMC logins (Redfish, IPMI): a YAML file or a mounted Secret; never on the command line.")]
 AddressesOpt = Annotated[Optional[str], typer.Option(
-    "--addresses", help="YAML map of node name to power address, for nodes without the joulesched.io/power "
-                        "annotation (mount a ConfigMap here).")]
+    "--addresses", help="YAML map of node name to power address, or a mounted ConfigMap (a key per node): "
+                        "authoritative, it wins over a node's joulesched.io/power annotation; read again when it "
+                        "changes.")]
 LibvirtUriOpt = Annotated[str, typer.Option("--libvirt-uri", help="libvirt connection of the libvirt actuator "
                                              "(+tcp and no_verify=1 need --allow-libvirt-insecure).")]
 AllowAnnotatedOpt = Annotated[Optional[list[str]], typer.Option(

@@ -136,3 +136,12 @@ def test_extender_command_serves_and_stops(emu, tmp_path):
         out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, out
     time.sleep(0)
+
+
+@pytest.mark.parametrize("command", ["serve", "extender", "node-power", "autoscaler-provider"])
+def test_an_unknown_log_level_exits_2_naming_it(command):
+    # It used to be taken silently as info.
+    from joulesched.pipelines.cli import app as joulesched
+
+    r = CliRunner().invoke(joulesched, [command, "--log-level", "loud"])
+    assert r.exit_code == 2 and "--log-level" in r.output and "'loud' is not one of" in r.output, r.output
