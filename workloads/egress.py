@@ -34,8 +34,9 @@ DENIED = tuple(ipaddress.ip_network(n) for n in (
 Resolver = Callable[[str, int], list[str]]
 
 #: A host name as RFC 1123 has it (matched lowercased, without a trailing dot): dot-separated labels of letters,
-#: digits and '-', none starting or ending with '-'.
-_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+#: digits and '-', none starting or ending with '-'; '_' inside a label too, as Docker Compose service names and
+#: DNS SRV-style names use it and resolvers look them up.
+_LABEL = r"[a-z0-9](?:[-_a-z0-9]{0,61}[a-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 
 

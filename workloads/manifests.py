@@ -84,12 +84,12 @@ def check_quantity(value: str, what: str) -> str:
 
 
 #: A namespace (any DNS label Kubernetes takes as an object's namespace): an RFC 1123 label.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
 
 
 def check_namespace(value: str, what: str = "--namespace") -> str:
     """``value`` if Kubernetes takes it as a namespace (an RFC 1123 label), else ValueError naming ``what``."""
-    if len(value) > 63 or not _DNS_LABEL.match(value):
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
         raise ValueError(f"{what} {value!r} is not a valid namespace: an RFC 1123 label of at most 63 characters, "
                          "lowercase letters, digits and '-', starting and ending with a letter or digit")
     return value
@@ -100,14 +100,14 @@ def check_namespace(value: str, what: str = "--namespace") -> str:
 _HOST_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _HOST = rf"(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE = re.compile(rf"^(?P<name>(?:{_HOST}/)?{_PATH_PART}(?:/{_PATH_PART})*)(?::[\w][\w.-]{{0,127}})?"
-                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+_IMAGE = re.compile(rf"(?P<name>(?:{_HOST}/)?{_PATH_PART}(?:/{_PATH_PART})*)(?::[\w][\w.-]{{0,127}})?"
+                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?", re.ASCII)
 
 
 def check_image(value: str, what: str = "--image") -> str:
     """``value`` if it is a valid image reference (``joulesched/cpu:latest``, ``registry.example:5000/team/cpu:1``,
     ``...@sha256:HEX``), else ValueError naming ``what``."""
-    m = _IMAGE.match(value)
+    m = _IMAGE.fullmatch(value)
     if m is None or len(m["name"]) > 255:
         raise ValueError(f"{what} {value!r} is not a valid image reference: [HOST[:PORT]/]PATH[:TAG][@DIGEST] "
                          "without spaces, the repository PATH in lowercase (e.g. joulesched/cpu:latest or "

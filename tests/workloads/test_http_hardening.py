@@ -110,12 +110,13 @@ def test_in_cluster_service_names_pass_and_resolve_is_checked_again():
         NetAllow(["10.0.0.0/8", "a*b"])
 
 
-@pytest.mark.parametrize("bad", ["not a net!!", "under_score", "-sink", "sink-", "a..b", "*.svc!", "*.-x"])
+@pytest.mark.parametrize("bad", ["not a net!!", "_sink", "sink_", "-sink", "sink-", "a..b", "*.svc!", "*.-x"])
 def test_a_pattern_that_is_no_host_name_is_refused(bad):
     with pytest.raises(EgressError, match=f"net allow-list: (bad suffix pattern )?{re.escape(repr(bad))}"):
         NetAllow(["127.0.0.0/8", bad])
-    allow = NetAllow(["Sink.NS.svc.", "sink-1", "*.svc.cluster.local", "fd00::/8"])  # what stays valid
+    allow = NetAllow(["Sink.NS.svc.", "sink-1", "my_sink", "*.svc.cluster.local", "fd00::/8"])  # what stays valid
     assert allow.check_url("http://sink.ns.svc/") == "sink.ns.svc" and allow.check_url("http://SINK-1/")
+    assert allow.check_url("http://my_sink:8080/sink") == "my_sink"  # a Docker Compose service name
 
 
 # ----------------------------------------------------------------------------------------------- bodies

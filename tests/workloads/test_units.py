@@ -104,7 +104,7 @@ def test_manifest_shape(app):
 
 def test_an_invalid_image_reference_is_refused_naming_the_option():
     for image in ("UPPER CASE:bad", "joulesched/CPU:1", "cpu:", "cpu:-x", "a//b", "cpu@sha256:abc", " cpu",
-                  "cpu:" + "1" * 129):
+                  "cpu:" + "1" * 129, "img:1\n", "img:tägé"):
         with pytest.raises(ValueError, match=f"--image {re.escape(repr(image))} is not a valid image reference"):
             render("cpu", image=image)
     for image in ("joulesched/cpu:latest", "img:1", "nginx", "registry.example:5000/team/cpu:1.0",
@@ -112,7 +112,7 @@ def test_an_invalid_image_reference_is_refused_naming_the_option():
         assert render("cpu", image=image)[0]["spec"]["template"]["spec"]["containers"][0]["image"] == image
 
 
-@pytest.mark.parametrize("namespace", ["Bad_NS", "-ns", "ns-", "a.b", "", "n" * 64])
+@pytest.mark.parametrize("namespace", ["Bad_NS", "-ns", "ns-", "a.b", "", "n" * 64, "ns\n", "nş"])
 def test_a_namespace_that_is_no_rfc1123_label_is_refused(namespace):
     with pytest.raises(ValueError, match=f"--namespace {re.escape(repr(namespace))} is not a valid namespace"):
         render("cpu", namespace=namespace)
