@@ -68,8 +68,8 @@ def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None 
     matches none of its hosts, or no play of the playbook targets any of them.
 
     Ansible itself only warns about an inventory it cannot parse and then runs against no host, "successfully":
-    the inventory is read first with the same check `joulesched pipeline --hosts` uses, and the run is told to
-    fail on an unparsed source, so a bad inventory never reads as a successful run with an empty summary."""
+    the inventory's hosts and groups are read first (not its variables, which may be vault-encrypted), and the run
+    is told to fail on an unparsed source, so a bad inventory never reads as a successful run with an empty summary."""
     try:
         import ansible_runner
     except ImportError:
@@ -79,9 +79,12 @@ def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None 
         raise ProvisionError(f"inventory {inventory} does not exist")
     if not (PLAYBOOKS / playbook).is_file():
         raise ProvisionError(f"playbook {PLAYBOOKS / playbook} does not exist")
-    from joulesched.infra.remote import hosts_from_inventory
+    from joulesched.infra.remote import RemoteError, inventory_host_names
 
-    hosts_from_inventory(inventory, limit)  # RemoteError naming the file: not a valid Ansible inventory: ...
+    try:  # hosts and groups only: host vars (vault-encrypted ones too) are ansible-playbook's to read
+        inventory_host_names(inventory, limit)
+    except RemoteError as e:  # names the file: not a valid Ansible inventory: ...
+        raise InventoryError(str(e)) from None
     cmdline = []
     if check:
         cmdline.append("--check")

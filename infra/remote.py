@@ -144,6 +144,19 @@ def hosts_from_inventory(path: str | Path, limit: Optional[str] = None) -> list[
     Read in a child process: importing ansible-core patches interpreter globals (``sys.intern``), after which
     torch can no longer be imported in the same process, and the pipeline trains after reading hosts.
     """
+    return _in_child(_hosts_from_inventory, path, limit)
+
+
+def inventory_host_names(path: str | Path, limit: Optional[str] = None) -> list[str]:
+    """The names of the hosts ``ansible-playbook -i path [--limit limit]`` would target, in inventory order,
+    from the inventory's hosts and groups alone: no host or group variable is read or templated, so
+    vault-encrypted group_vars/host_vars (which only ansible-playbook, given the vault password, can decrypt)
+    do not stand in the way. The up-front check of `joulesched infra provision`; raises :class:`RemoteError`
+    naming the file when the inventory does not parse or `limit` matches no host."""
+    return _in_child(_host_names, path, limit)
+
+
+def _in_child(fn: Callable, path: str | Path, limit: Optional[str]):
     import importlib.util
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -151,12 +164,11 @@ def hosts_from_inventory(path: str | Path, limit: Optional[str] = None) -> list[
     if importlib.util.find_spec("ansible") is None:  # say so here rather than from a child's traceback
         raise RemoteError(_NO_ANSIBLE)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_hosts_from_inventory, str(path), limit).result()
+        return pool.submit(fn, str(path), limit).result()
 
 
-def _hosts_from_inventory(path: str | Path, limit: Optional[str] = None) -> list[HostSpec]:
-    AnsibleError, Inventory, DataLoader, Templar, VariableManager = _ansible()
-    path = Path(path)
+def _targeted(path: Path, limit: Optional[str], AnsibleError, Inventory, DataLoader):
+    """The parsed inventory, its loader and the hosts `limit` selects (all of them without one)."""
     if not path.exists():
         raise RemoteError(f"{path}: inventory does not exist")
     loader = DataLoader()
@@ -169,18 +181,34 @@ def _hosts_from_inventory(path: str | Path, limit: Optional[str] = None) -> list
     every = [h.name for h in inventory.get_hosts()]
     if not every:
         raise RemoteError(f"{path}: the inventory lists no hosts")
-    if limit:
-        try:
-            inventory.subset(limit)
-            hosts = inventory.get_hosts()
-        except AnsibleError as e:
-            raise RemoteError(f"{path}: --limit {limit!r}: {e}".replace("\n", " ")) from None
-        if not hosts:
-            groups = sorted(g for g in inventory.groups if g not in ("all", "ungrouped"))
-            raise RemoteError(f"{path}: --limit {limit!r} matches no host; hosts: {', '.join(every)}"
-                              + (f"; groups: {', '.join(groups)}" if groups else ""))
-    else:
+    if not limit:
+        return inventory, loader, inventory.get_hosts()
+    try:
+        inventory.subset(limit)
         hosts = inventory.get_hosts()
+    except AnsibleError as e:
+        raise RemoteError(f"{path}: --limit {limit!r}: {e}".replace("\n", " ")) from None
+    if not hosts:
+        groups = sorted(g for g in inventory.groups if g not in ("all", "ungrouped"))
+        raise RemoteError(f"{path}: --limit {limit!r} matches no host; hosts: {', '.join(every)}"
+                          + (f"; groups: {', '.join(groups)}" if groups else ""))
+    return inventory, loader, hosts
+
+
+def _host_names(path: str | Path, limit: Optional[str] = None) -> list[str]:
+    AnsibleError, Inventory, DataLoader, _, _ = _ansible()
+    path = Path(path)
+    try:
+        _, _, hosts = _targeted(path, limit, AnsibleError, Inventory, DataLoader)
+    except AnsibleError as e:  # anything else ansible raises: a RemoteError, which pickles without ansible
+        raise RemoteError(f"{path}: not a valid Ansible inventory: {e}".replace("\n", " ")) from None
+    return [str(h.name) for h in hosts]
+
+
+def _hosts_from_inventory(path: str | Path, limit: Optional[str] = None) -> list[HostSpec]:
+    AnsibleError, Inventory, DataLoader, Templar, VariableManager = _ansible()
+    path = Path(path)
+    inventory, loader, hosts = _targeted(path, limit, AnsibleError, Inventory, DataLoader)
     variables = VariableManager(loader=loader, inventory=inventory)
     return [_spec(path, h.name, variables.get_vars(host=h), loader, Templar, AnsibleError) for h in hosts]
 
@@ -499,5 +527,6 @@ def collect_logs(conn: Connection, spec: HostSpec, out_dir: Path, units: Sequenc
     return written
 
 
-__all__ = ["HostSpec", "HostConnection", "RemoteError", "hosts_from_inventory", "connect", "run", "calibrate",
-           "read_exporter", "collect_logs", "DEFAULT_JOULESCHED", "DEFAULT_UNITS", "DEFAULT_EXPORTER_PORT"]
+__all__ = ["HostSpec", "HostConnection", "RemoteError", "hosts_from_inventory", "inventory_host_names", "connect",
+           "run", "calibrate", "read_exporter", "collect_logs", "DEFAULT_JOULESCHED", "DEFAULT_UNITS",
+           "DEFAULT_EXPORTER_PORT"]

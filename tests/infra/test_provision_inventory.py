@@ -5,7 +5,9 @@ are local connections. Ansible only warns about an inventory it cannot parse and
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -45,7 +47,7 @@ def test_ansible_itself_is_told_to_fail_on_an_unparsed_inventory(monkeypatch, tm
     """Past the up-front check (patched out here), the run itself fails rather than running against no host."""
     from joulesched.infra.provision import provision
 
-    monkeypatch.setattr("joulesched.infra.remote.hosts_from_inventory", lambda path, limit=None: [])
+    monkeypatch.setattr("joulesched.infra.remote.inventory_host_names", lambda path, limit=None: [])
     inv = tmp_path / "bad.yml"
     inv.write_text("all:\n  children: [power_hosts]\n")
     r = provision(inv, check=True, timeout_s=120)
@@ -65,3 +67,25 @@ def test_json_with_verbose_keeps_ansibles_stream_off_stdout(tmp_path):
     assert doc["status"] == "successful" and doc["succeeded"] is True and doc["failed"] == 0
     assert [h["host"] for h in doc["hosts"]] == ["lone"] and doc["hosts"][0]["ok"] >= 1
     assert "PLAY RECAP" in r.stderr
+
+
+def test_vault_encrypted_group_vars_pass_the_up_front_check(monkeypatch, tmp_path):
+    """The up-front check reads hosts and groups only: group_vars that only ansible-playbook can decrypt (given
+    ANSIBLE_VAULT_PASSWORD_FILE) do not stop the run. The vault is made with the ansible-vault CLI, so this
+    process never imports ansible (which would break a later torch import)."""
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("all:\n  children:\n    power_hosts:\n      hosts:\n        lone: {}\n")
+    (inv / "group_vars" / "all.yml").write_text(
+        f"ansible_connection: local\nansible_python_interpreter: {sys.executable}\nsecret_token: s3cret\n")
+    password = tmp_path / "vault-pass"
+    password.write_text("correct horse\n")
+    subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "encrypt", "--vault-password-file",
+                    str(password), str(inv / "group_vars" / "all.yml")], check=True, capture_output=True)
+    assert (inv / "group_vars" / "all.yml").read_text().startswith("$ANSIBLE_VAULT;")
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(password))
+    r = runner.invoke(app, ["provision", "--inventory", str(inv), "--limit", "power_hosts", "--check", "--tags",
+                            "no_such_tag", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["succeeded"] is True and [h["host"] for h in doc["hosts"]] == ["lone"]
