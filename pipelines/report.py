@@ -635,7 +635,44 @@ def _read_inputs(out: Path) -> tuple[Results, dict, dict]:
         raise ResultsError(f"{nodes_path}: not valid JSON: {e}") from None
     if not isinstance(nodes, dict):
         raise ResultsError(f"{nodes_path}: expected a JSON object (timeline key -> node groups)")
+    for key, entry in nodes.items():
+        lists = isinstance(entry, dict) and all(
+            isinstance(entry.get(f), list) and all(isinstance(v, str) for v in entry[f]) for f in _NODE_LISTS)
+        if not lists:
+            raise ResultsError(f"{nodes_path}: scenario {key!r}: expected an object whose node_names and node_groups "
+                               f"are lists of strings, got {_clip(json.dumps(entry))}")
     return doc, tl, nodes
+
+
+#: What each scenario's entry of nodes.json must hold: one name and one group per node (:func:`fig_util`).
+_NODE_LISTS = ("node_names", "node_groups")
+
+
+def _clip(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def report_summary(out: Path) -> dict:
+    """What `joulesched report --json` prints after :func:`write_report`: the page, the plots this render drew,
+    the training curve the page shows (``None`` when there is none) and whether there were timelines to draw the
+    power and utilisation plots from."""
+    out = Path(out)
+    curve = out / "plots" / "training_curve.png"
+    return {"report": str(out / "report.html"), "plots": [str(p) for p in report_plots(out)],
+            "training_curve": str(curve) if curve.is_file() else None, "timelines": has_timelines(out)}
+
+
+def has_timelines(out: Path) -> bool:
+    """Whether ``out/timelines.npz`` holds any array (a kube run writes an empty one): whether the power and
+    utilisation plots can be drawn."""
+    tl_path = Path(out) / "timelines.npz"
+    if not tl_path.is_file():
+        return False
+    try:
+        with np.load(tl_path) as tl:
+            return bool(tl.files)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return False
 
 
 def write_report(out: Path, header: str = "Measured on the embedded twin (simulated cluster).") -> Path:

@@ -254,7 +254,7 @@ def report_cmd(
                                                          "stdout.")] = False,
 ) -> None:
     """Re-render report.html and its plots from a results folder."""
-    from joulesched.pipelines.report import report_plots, write_report
+    from joulesched.pipelines.report import report_summary, write_report
 
     if out_dir.name == "results.json" and out_dir.is_file():  # the file named instead of its folder
         out_dir = out_dir.parent
@@ -265,8 +265,7 @@ def report_cmd(
         err.print(f"[yellow]note:[/yellow] no {out_dir / 'timelines.npz'}: the power and utilisation plots are "
                   "left out", soft_wrap=True)
     if as_json:
-        print(json.dumps({"report": str(path), "plots": [str(p) for p in report_plots(out_dir)],
-                          "timelines": timelines}, indent=2))
+        print(json.dumps({**report_summary(out_dir), "report": str(path)}, indent=2))
         return
     out.print(f"report: {path}")
 

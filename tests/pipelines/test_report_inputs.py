@@ -50,6 +50,9 @@ def test_another_file_exits_2(out):
     ("nodes.json", "{not json", "nodes.json: not valid JSON"),
     ("nodes.json", "[1, 2]", "nodes.json: expected a JSON object"),
     ("timelines.npz", "not an archive", "timelines.npz: cannot read the timelines (not an .npz archive)"),
+    ("nodes.json", '{"tiny": 5}', "nodes.json: scenario 'tiny': expected an object whose node_names and node_groups"),
+    ("nodes.json", '{"tiny": {"node_names": ["a"], "node_groups": "big"}}',
+     "nodes.json: scenario 'tiny': expected an object whose node_names and node_groups"),
 ])
 def test_a_broken_input_exits_2_naming_it_and_writes_nothing(out, name, text, message):
     (out / name).write_text(text)
@@ -80,12 +83,40 @@ def test_json_names_the_report_and_the_plots_it_wrote(out):
     doc = json.loads(r.stdout)
     assert doc["report"] == str(out / "report.html") and doc["timelines"] is True
     assert {Path(p).name for p in doc["plots"]} >= {"energy_ratio.png", "power_0.png", "util_0.png"}
-    assert "training_curve.png" not in r.stdout and all(Path(p).is_file() for p in doc["plots"])
+    assert "training_curve.png" not in {Path(p).name for p in doc["plots"]}
+    assert all(Path(p).is_file() for p in doc["plots"])
 
     (out / "timelines.npz").unlink()  # the power and utilisation plots are left out, and removed
     r = runner.invoke(app, ["report", str(out), "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc == {"report": str(out / "report.html"), "timelines": False,
+                   "training_curve": str(out / "plots" / "training_curve.png"),
                    "plots": [str(out / "plots" / n) for n in ("energy_ratio.png", "energy_vs_service.png")]}
     assert "the power and utilisation plots are left out" in r.stderr
+
+
+def test_json_names_the_training_curve_the_page_shows(out):
+    r = runner.invoke(app, ["report", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["training_curve"] is None
+    assert "training_curve.png" not in (out / "report.html").read_text()
+
+    (out / "plots" / "training_curve.png").write_bytes(b"")
+    r = runner.invoke(app, ["report", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["training_curve"] == str(out / "plots" / "training_curve.png")
+    assert 'src="plots/training_curve.png"' in (out / "report.html").read_text()
+
+
+def test_json_says_no_timelines_when_the_archive_holds_no_array(out):
+    """A kube run writes an empty timelines.npz: no power or utilisation plot is drawn from it."""
+    import numpy as np
+
+    with open(out / "timelines.npz", "wb") as fh:
+        np.savez_compressed(fh)
+    r = runner.invoke(app, ["report", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["timelines"] is False
+    assert not {"power_0.png", "util_0.png"} & {Path(p).name for p in doc["plots"]}
