@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import re
+import shlex
 import threading
 import time
 import uuid
@@ -379,6 +380,19 @@ def _write_json(path: Path, doc: dict) -> None:
     atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
+def _redact_command(command: str, url: str, shown: str) -> str:
+    """``command`` with ``url`` shown as ``shown`` (its user-info redacted) in each argument. The line is
+    shell-quoted argument by argument (``cli.common.command_line``), so a password with a quote or a space in it
+    is not spelled in the line as in the URL: each argument is redacted, then quoted again."""
+    if url == shown:
+        return command
+    try:
+        argv = shlex.split(command)
+    except ValueError:  # not a shell-quoted line (unbalanced quotes): the text as it is
+        return command.replace(url, shown)
+    return shlex.join(a.replace(url, shown) for a in argv)
+
+
 def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
              policies: Sequence[str] | None = None, pods: int = 4,
              apps: Sequence[str] = ("testapp",), load_seconds: int = 30, users: int = 4,
@@ -473,7 +487,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     if on_plan:
         on_plan([f"measure {pol}" for pol in policies] + ["report"])
     # What a measurement depends on: the same cluster, load and selection re-measured is a cache hit.
-    command = command.replace(prometheus_url, shown)  # the command line as typed goes into results.json
+    command = _redact_command(command, prometheus_url, shown)  # the command line as typed goes into results.json
     common = {"cluster": api.configuration.host, "namespace": namespace, "prometheus": shown,
               "target": target, "pods": pods, "apps": list(apps), "load_seconds": load_seconds, "users": users,
               "driver": driver, "energy_selector": energy_selector if isinstance(energy_selector, str) else source.name,

@@ -3,6 +3,8 @@ pipeline against the API emulator, with Prometheus unreachable or faked and the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from joulesched.live.daemon import DaemonInputError, check_url
@@ -40,6 +42,11 @@ def test_a_url_that_is_not_http_is_refused_without_echoing_it(kubeconfig, tmp_pa
     assert SECRET not in str(e.value) and SECRET not in str(d.value)
 
 
+_METRICS = {"energy_joules": 10.0, "slo_violation_rate": 0.0, "unschedulable_pods": 0, "mean_pending_s": 0.1,
+            "placements": 1, "decision_us_p99": None, "mean_throttling": None, "end_s": 1.0, "completed_pods": 1,
+            "latency_p99_ms": 5.0}
+
+
 class _Prometheus:
     def __init__(self, url, **kw):
         self.url = url
@@ -51,14 +58,11 @@ class _Prometheus:
 def test_the_stage_records_and_results_hold_the_url_without_its_password(kubeconfig, tmp_path, monkeypatch):
     url = f"http://alice:{SECRET}@prometheus.example:9090"
     monkeypatch.setattr("prometheus_api_client.PrometheusConnect", _Prometheus)
-    metrics = {"energy_joules": 10.0, "slo_violation_rate": 0.0, "unschedulable_pods": 0, "mean_pending_s": 0.1,
-               "placements": 1, "decision_us_p99": None, "mean_throttling": None, "end_s": 1.0,
-               "completed_pods": 1, "latency_p99_ms": 5.0}
     seen = []
 
     def run_policy(core, prom, policy, **kw):
         seen.append(prom.url)
-        return metrics
+        return dict(_METRICS)
 
     monkeypatch.setattr(kube_pipeline, "run_policy", run_policy)
     out = tmp_path / "out"
@@ -70,3 +74,24 @@ def test_the_stage_records_and_results_hold_the_url_without_its_password(kubecon
     for f in [*records, out / "results.json"]:
         assert SECRET not in f.read_text(), f
     assert any("http://<redacted>@prometheus.example:9090" in f.read_text() for f in records)
+
+
+def test_a_password_with_a_quote_is_redacted_from_the_command_line(kubeconfig, tmp_path, monkeypatch):
+    """The command line shell-quotes each argument, so ``it's`` is spelled ``'...it'"'"'s...'`` there: each
+    argument is redacted before it is quoted, not the joined line."""
+    from joulesched.pipelines.cli.common import command_line
+
+    url = "http://admin:it's@prom:9090"
+    out = tmp_path / "out"
+    monkeypatch.setattr("prometheus_api_client.PrometheusConnect", _Prometheus)
+    monkeypatch.setattr(kube_pipeline, "run_policy", lambda core, prom, policy, **kw: dict(_METRICS))
+    monkeypatch.setattr("sys.argv", ["joulesched", "pipeline", "--env", "kube", "--prometheus", url, "--out",
+                                     str(out)])
+    command = command_line()
+    assert "it'\"'\"'s" in command  # how the shell-quoted line spells the password
+    run_kube(out, kubeconfig=kubeconfig, prometheus_url=url, target="http://127.0.0.1:1/", policies=["default-k8s"],
+             start_scheduler=False, command=command)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["command"] == f"joulesched pipeline --env kube --prometheus 'http://<redacted>@prom:9090' --out {out}"
+    for f in [*(out / ".stages").glob("*.json"), out / "results.json"]:
+        assert "admin" not in f.read_text(), f
