@@ -62,7 +62,7 @@ def serve(
         host, port = parse_listen(listen)
     except ValueError as exc:
         _fail(str(exc))
-    _check_can_listen(host, port, listen)  # before any app is built: nothing to undo
+    host = _check_can_listen(host, port, listen)  # before any app is built: nothing to undo
     if scratch_dir is not None and not scratch_dir.is_dir():
         _fail(f"--scratch-dir {scratch_dir} is not a directory")
     on_exit: Any = lambda: None
@@ -100,20 +100,25 @@ def serve(
         _fail(f"cannot listen on {listen}: {exc.strerror or exc}")
 
 
-def _check_can_listen(host: str, port: int, listen: str) -> None:
-    """Exit 2 when HOST:PORT cannot be bound (in use, an address not on this host), as `power exporter` does.
+def _check_can_listen(host: str, port: int, listen: str) -> str:
+    """Exit 2 when HOST:PORT cannot be bound (in use, an address not on this host, a name that does not
+    resolve), as `power exporter` does; return the host to serve on.
 
     Tried here because werkzeug's server prints its own text and exits 1 when its bind fails. Bound with
-    SO_REUSEADDR as werkzeug binds, so a port left in TIME_WAIT passes and one that a listener holds does not."""
+    SO_REUSEADDR as werkzeug binds, so a port left in TIME_WAIT passes and one that a listener holds does not.
+    The address family is the first one the host resolves to; werkzeug picks IPv6 only for a host with a ':' in
+    it, so a name that resolves to IPv6 is served on the IPv6 address it resolved to."""
     import socket
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-    except OSError as exc:
+            s.bind(address)
+    except OSError as exc:  # socket.gaierror too: a name that does not resolve
         _fail(f"cannot listen on {listen}: {exc.strerror or exc}")
+    return str(address[0]) if family == socket.AF_INET6 and ":" not in host else host
 
 
 def _check_target(url: str, option: str = "--target") -> None:
