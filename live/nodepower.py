@@ -194,9 +194,11 @@ class _NodeRec:
     retry_at: float = 0.0
     failures: int = 0
     drain_started: float = 0.0
-    #: wall-clock time of the first failed sleep the actuator could not confirm (the node stays cordoned):
-    #: a kubelet still renewing its Lease ``sleep_timeout_s`` later shows the machine kept running.
+    #: when (our monotonic clock) the first sleep failed that the actuator could not confirm (the node stays
+    #: cordoned): a kubelet renewing its Lease after ``sleep_timeout_s`` more shows the machine kept running.
     sleep_failed_at: float | None = None
+    #: the node Lease's renewTime once that window had passed (a later, different one is a renewal after it)
+    lease_after_window: str | None = None
 
 
 def _now_rfc3339() -> str:
@@ -309,6 +311,7 @@ class NodePowerController:
         self._leading_since: float | None = None
         self._leading_term = -1
         self._keep_awake: frozenset[str] = frozenset()  # control planes by their static pods, our own node
+        self._resolve_lock = threading.Lock()
         self._addresses_stamp = _files_stamp(self.cfg.addresses_file) if self.cfg.addresses_file else None
         #: (monotonic time, action, node) of every action taken, or announced in dry-run (tests read it).
         self.actions: list[tuple[float, str, str]] = []
@@ -381,7 +384,10 @@ class NodePowerController:
             self._kick.wait(self.cfg.resync_s)
             self._kick.clear()
             self._alive = self.clock()
-            self._reload_addresses()
+            try:
+                self._reload_addresses()
+            except Exception:  # whatever the file holds, the loop goes on with the last good map
+                log.exception("the address map changed but could not be read; the last good one stays in force")
             leading = self.is_leader()
             self.metrics.leader.set(1 if leading else 0)
             if not leading:
@@ -397,7 +403,9 @@ class NodePowerController:
                 # (may_sleep): keep the addresses resolved (reads only; a refusal is logged once, as a leader's).
                 if not self._own_cache:
                     try:
-                        self._resolve(self._snapshot()[0])
+                        nodes, pods = self._snapshot()
+                        self._refresh_keep_awake(pods)
+                        self._resolve(nodes)
                     except Exception:
                         log.exception("resolving power addresses failed")
                 continue
@@ -437,14 +445,25 @@ class NodePowerController:
         with self.cache.lock:
             return dict(self.cache.nodes), list(self.cache.pods.values())
 
+    def _refresh_keep_awake(self, pods) -> None:
+        keep = _keep_awake(pods, self.cfg.own_node)
+        if keep != self._keep_awake:
+            self._keep_awake = keep
+            self.cache.sleepers_changed()
+
     def _resolve(self, nodes: dict[str, NodeInfo]) -> dict[str, Resolved]:
         """Each node's usable power address (the operator's map, or an annotation its policy allows); refusals
-        are logged once per node and reason."""
+        are logged once per node and reason. (The loop and the autoscaler's requests both call it.)"""
+        with self._resolve_lock:
+            return self._resolve_locked(nodes)
+
+    def _resolve_locked(self, nodes: dict[str, NodeInfo]) -> dict[str, Resolved]:
         inputs = {n: (i.power_address, i.provider_id) for n, i in nodes.items()}
-        key = (inputs, dict(self.cfg.addresses))
+        addresses = self.cfg.addresses  # one map for the whole resolution, whatever a reload does meanwhile
+        key = (inputs, dict(addresses))
         if key != self._resolve_inputs:
+            self._resolved = self.cfg.access.resolve_all(inputs, addresses)
             self._resolve_inputs = key
-            self._resolved = self.cfg.access.resolve_all(inputs, self.cfg.addresses)
             self.cache.sleepers_changed()
             for n, r in self._resolved.items():
                 if r.refused:
@@ -475,7 +494,7 @@ class NodePowerController:
     def _view(self):
         """(state, names, infos, workload pods per node, pending pods, pods by node index, counted)."""
         nodes, pods = self._snapshot()
-        self._keep_awake = _keep_awake(pods, self.cfg.own_node)
+        self._refresh_keep_awake(pods)
         self._resolve(nodes)
         names = sorted(nodes)
         infos = [nodes[n] for n in names]
@@ -674,7 +693,7 @@ class NodePowerController:
                 # (Not a node another replica may still be putting to sleep: waking it now would find its kubelet
                 # alive, uncordon it, and leave it marked awake once the machine is off.)
                 usable = (self._recs[names[j]].retry_at <= now and names[j] not in busy
-                          and names[j] not in self._delegated
+                          and names[j] not in self._delegated and self.address_of(names[j]).address is not None
                           and not (info.power_state == SLEEPING and self._in_grace(info, now)))
                 info = info.awake_view()
             else:
@@ -895,18 +914,7 @@ class NodePowerController:
                 self._patch_node(name, state=ASLEEP_STATE)
                 self._event(name, "Normal", "NodeAsleep", f"Node {name} is asleep ({self.actuator.name})")
                 return
-            failed_at = self._recs[name].sleep_failed_at
-            if failed_at is not None and info is not None and info.ready and self._renewed_since(
-                    name, failed_at + self.cfg.sleep_timeout_s):
-                # The kubelet outlived a whole sleep's deadline after the failure: the machine kept running (a
-                # BMC that cannot be reached, an SSH suspend that never ran). Uncordon it rather than keep it
-                # cordoned for as long as the actuator stays broken; the next sleep waits out the backoff.
-                self._recs[name].sleep_failed_at = None
-                delay = self._backoff(name)
-                self._patch_node(name, state=AWAKE, cordon=False, taint=False)
-                self._event(name, "Warning", "NodeSleepFailed", f"Node {name} kept running after a failed sleep "
-                            f"(its kubelet still renews its Lease {self.cfg.sleep_timeout_s:g} s later): "
-                            f"uncordoned, next sleep in {delay:g} s at the earliest")
+            if self._roll_back_if_running(name):
                 return
         target.check()
         left = self._workload_pods_on(name)
@@ -955,18 +963,38 @@ class NodePowerController:
         else:
             rec = self._recs[name]
             if rec.sleep_failed_at is None:
-                rec.sleep_failed_at = time.time()
+                rec.sleep_failed_at, rec.lease_after_window = self.clock(), None
             self._patch_node(name, state=SLEEPING, owner=False)
             self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
                         f"sleep and cannot confirm it is on: kept cordoned and tainted, retrying in {delay:g} s")
 
-    def _renewed_since(self, name: str, wall: float) -> bool:
-        """The node's Lease (its kubelet's heartbeat) was renewed at or after ``wall`` (epoch seconds)."""
-        renew = self._heartbeat(name)[1]
-        try:
-            return datetime.fromisoformat(renew.replace("Z", "+00:00")).timestamp() >= wall
-        except ValueError:
+    def _roll_back_if_running(self, name: str) -> bool:
+        """After a sleep that failed unconfirmed: if the kubelet outlived a whole sleep's deadline, the machine
+        kept running (a BMC that cannot be reached, an SSH suspend that never ran). Uncordon it rather than keep
+        it cordoned for as long as the actuator stays broken; the next sleep waits out the backoff."""
+        info = self._node(name)
+        if info is None or not info.ready or not self._alive_after_failed_sleep(name):
             return False
+        self._recs[name].sleep_failed_at = None
+        delay = self._backoff(name)
+        self._patch_node(name, state=AWAKE, cordon=False, taint=False, wake_failed=False)
+        self._event(name, "Warning", "NodeSleepFailed", f"Node {name} kept running after a failed sleep (its "
+                    f"kubelet still renews its Lease {self.cfg.sleep_timeout_s:g} s later): uncordoned, next sleep "
+                    f"in {delay:g} s at the earliest")
+        return True
+
+    def _alive_after_failed_sleep(self, name: str) -> bool:
+        """The node's kubelet renewed its Lease after ``sleep_timeout_s`` had passed since its failed sleep: the
+        machine kept running. Two reads on our own clock (the Lease as it was once the window had passed, then a
+        different one), so a node's clock ahead of ours cannot make it look alive early."""
+        rec = self._recs[name]
+        if rec.sleep_failed_at is None or self.clock() - rec.sleep_failed_at < self.cfg.sleep_timeout_s:
+            return False
+        renew = self._heartbeat(name)[1]
+        if rec.lease_after_window is None:
+            rec.lease_after_window = renew
+            return False
+        return bool(renew) and renew != rec.lease_after_window
 
     def _heartbeat(self, name: str) -> tuple[str, str]:
         """What changes when the node's kubelet is alive: its Ready condition's times, and its node Lease's
@@ -985,7 +1013,11 @@ class NodePowerController:
     def _do_wake(self, name: str) -> None:
         term = self._term()
         target = self._target(name, self.cfg.wake_timeout_s, term)
-        if target is None or not self._may_write():
+        if target is None:
+            self._announce_once("no-address-wake", name, f"node {name} is asleep and pods wait for it, but it has "
+                                f"no usable power address ({self.address_of(name).refused or 'none given'})")
+            return
+        if not self._may_write():
             return
         t0 = self.clock()
         before = self._heartbeat(name)
@@ -1001,7 +1033,13 @@ class NodePowerController:
         except Exception as e:
             delay = self._backoff(name)
             self.metrics.failures.labels("wake").inc()
-            self._patch_node(name, state=ASLEEP_STATE, wake_failed=True)  # schedulers stop waiting for it
+            # Schedulers stop waiting for it. A node whose sleep failed unconfirmed stays `sleeping` (its machine
+            # may be on): resumed, it is uncordoned once its kubelet outlives the sleep's deadline.
+            failed_sleep = self._recs[name].sleep_failed_at is not None
+            if failed_sleep and self._roll_back_if_running(name):
+                return
+            self._patch_node(name, state=SLEEPING if failed_sleep else ASLEEP_STATE, wake_failed=True,
+                             **({"owner": False} if failed_sleep else {}))
             self._event(name, "Warning", "NodeWakeFailed", f"{self.actuator.name} could not wake node {name}; "
                         f"trying another node, retrying this one in {delay:g} s")
             log.warning("wake of %s failed: %s", name, e)
@@ -1028,7 +1066,10 @@ class NodePowerController:
                 if not fresh:
                     now = self._heartbeat(name)
                     fresh = (now[0] != before[0]) or (bool(now[1]) and now[1] != before[1])
-                if fresh and self._power(target) in (POWER_ON, UNKNOWN):
+                # After a sleep that failed unconfirmed, the machine may still be going down with its kubelet alive:
+                # it counts as awake only once it renews its Lease after that sleep's deadline has passed.
+                settled = self._recs[name].sleep_failed_at is None or self._alive_after_failed_sleep(name)
+                if fresh and settled and self._power(target) in (POWER_ON, UNKNOWN):
                     return
             if self.clock() >= target.deadline:
                 raise TimeoutError(f"no fresh heartbeat within {self.cfg.wake_timeout_s:g} s")
@@ -1262,6 +1303,11 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None) -> dic
         raise DaemonInputError(f"--addresses {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise DaemonInputError(f"--addresses {path}: not YAML: {e}".replace("\n", " ")) from None
+    except UnicodeDecodeError:
+        raise DaemonInputError(f"--addresses {path}: not UTF-8 text") from None
+    except (TypeError, ValueError):  # a .yaml key of the directory that is no mapping
+        raise DaemonInputError(f"--addresses {path}: every .yaml file in it must be a mapping of node name to "
+                               "power address") from None
     if not isinstance(data, dict):
         raise DaemonInputError(f"--addresses {path}: expected a mapping of node name to power address")
     out = {}

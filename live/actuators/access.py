@@ -21,9 +21,8 @@ rufio      namespaces of Rufio Machines, or ``*``; and always the Machine must c
 Whatever the source: ``redfish+http`` (a BMC login over plain HTTP) only with ``allow_redfish_http``; an
 ``aws://`` address must match ``spec.providerID`` where the node has one; and one machine belongs to one node:
 an annotation naming a machine the map gives another node, or one that two nodes claim, is refused, however
-it is spelled (:func:`machine_keys`: a BMC is its host, whatever the port; a Wake-on-LAN machine also the SSH
-host that suspends it). A BMC serving several systems (a chassis manager) therefore serves one annotated node:
-list such systems in the address map.
+it is spelled (:func:`machine_keys`: case, IP notation, default ports, trailing slashes; a Wake-on-LAN
+machine is also the SSH endpoint that suspends it).
 """
 
 from __future__ import annotations
@@ -87,28 +86,37 @@ def instance_of(provider_id: str) -> str:
     return provider_id.rsplit("/", 1)[-1] if provider_id.startswith("aws://") else ""
 
 
-def _machine_host(hostport: str) -> str:
-    """A host as an identity: no port (one BMC or SSH host is one machine, whichever port is written),
-    lower case, no trailing dot, an IP in its canonical form (an IPv4-mapped IPv6 address as the IPv4)."""
-    host = _split_host(hostport)[0].rstrip(".").lower()
+#: The port an endpoint has when none is written.
+DEFAULT_PORTS = {"ipmi": "623", "redfish": "443", "redfish+http": "80", "ssh": "22"}
+
+
+def _endpoint(hostport: str, default_port: str) -> str:
+    """An endpoint as an identity, spelling aside: lower case, no trailing dot, an IP in its canonical form
+    (an IPv4-mapped IPv6 address as the IPv4), the default port written out."""
+    host, port = _split_host(hostport)
+    host = host.rstrip(".").lower()
     try:
         ip = ipaddress.ip_address(host)
+        host = str(getattr(ip, "ipv4_mapped", None) or ip)
     except ValueError:
-        return host
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return str(mapped or ip)
+        pass
+    return f"{host}:{port or default_port}"
 
 
 def machine_keys(addr: PowerAddress, node: str) -> tuple[tuple[str, str], ...]:
-    """What identifies the machine an address switches (two nodes must never share one), spelling aside:
-    a BMC by its host (ports, case and IP notation ignored; IPMI and Redfish on one BMC are one machine),
-    Wake-on-LAN by its MAC *and* the SSH host that runs the suspend (the machine switched off), a libvirt
-    domain, an instance, a Kubernetes object."""
-    if addr.actuator in ("redfish", "ipmi"):
-        return (("bmc", _machine_host(addr.host)),)
+    """What identifies the machine an address switches (two nodes must never share one), however it is
+    written (case, IP notation, a default port written out or not, a trailing slash): a BMC endpoint (and
+    Redfish system), Wake-on-LAN's MAC *and* the SSH endpoint that runs the suspend (the machine switched off),
+    a libvirt domain, an instance, a Kubernetes object. Ports that differ are different machines (VirtualBMC
+    serves one VM per port, a gateway forwards one SSH port per machine)."""
+    if addr.actuator == "ipmi":
+        return (("ipmi", _endpoint(addr.host, DEFAULT_PORTS["ipmi"])),)
+    if addr.actuator == "redfish":
+        path = "/".join(p for p in addr.path.lower().split("/") if p)
+        return (("redfish", f"{_endpoint(addr.host, DEFAULT_PORTS[addr.scheme])}/{path}"),)
     if addr.actuator == "wol":
         mac = "".join(c for c in addr.host.lower() if c in "0123456789abcdef")
-        return ("wol", mac), ("ssh", _machine_host(addr.params.get("ssh") or node))
+        return ("wol", mac), ("ssh", _endpoint(addr.params.get("ssh") or node, DEFAULT_PORTS["ssh"]))
     if addr.actuator == "libvirt":
         return (("libvirt", addr.path),)
     if addr.actuator == "aws":

@@ -559,13 +559,16 @@ def test_a_pending_pod_wakes_a_node_whose_sleep_failed_instead_of_another_retry(
                                                                                 make_controller):
     # Kept cordoned (pods must not land on a machine that may be going down), the node was retried to sleep
     # before the wake pass could look at it, for as long as the actuator failed: a pod needing it waited.
+    # Woken, it counts as awake only once its kubelet renews its Lease after that sleep's deadline (the machine
+    # may have been going down, its kubelet still alive): here 1.5 s.
     add_nodes(emu, machines, ["a", "b"], cpu="4")
-    ctl, act, victim, other = _failed_sleep(emu, make_controller, sleep_timeout_s=60.0, retry_max_s=0.5)
+    ctl, act, victim, other = _failed_sleep(emu, make_controller, sleep_timeout_s=1.5, retry_max_s=30.0)
     emu.add_pod("filler", cpu="3", memory="64Mi", node_name=other, owner="ReplicaSet")
     emu.add_pod("p", cpu="3500m", memory="64Mi", scheduler_name="default-scheduler", owner="ReplicaSet")
     wait_until(lambda: pstate(emu, victim) == "awake" and not emu.get("nodes", victim)["spec"].get("unschedulable"),
-               6, "the node the pending pod needs, uncordoned")
-    assert ("wake", victim) in act.calls  # woken for the pod (the sleep's 60 s deadline is far away)
+               8, "the node the pending pod needs, uncordoned")
+    assert ("wake", victim) in act.calls and any(e["involvedObject"]["name"] == victim
+                                                 for e in events(emu, "NodeAwake"))
 
 
 def test_a_node_that_keeps_running_after_a_failed_sleep_is_uncordoned(emu, machines, kubelets, make_controller):
@@ -662,3 +665,60 @@ def test_a_control_plane_known_by_its_static_pods_and_the_controllers_own_node_n
     infos = ctl.node_infos()
     assert not ctl.may_sleep(infos["cp"]) and not ctl.may_sleep(infos["mine"])
     assert not ctl.request_sleep("cp") and not ctl.request_sleep("mine")
+
+
+
+def test_a_failed_wake_after_a_failed_sleep_does_not_leave_the_node_cordoned(emu, machines, kubelets,
+                                                                            make_controller):
+    # The BMC is unreachable for both: the node stays `sleeping` (not `asleep`), so once its kubelet outlives
+    # the sleep's deadline it is uncordoned, pod or no pod.
+    class Unreachable(_SleepFails):
+        def wake(self, target):
+            self.calls.append(("wake", target.node))
+            raise ActuatorError(f"{target.node}: the management interface did not answer")
+
+    add_nodes(emu, machines, ["a", "b"], cpu="4")
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=1), start=False, sleep_timeout_s=1.5,
+                          retry_max_s=0.5)
+    act = ctl.actuator = Unreachable()
+    ctl.start()
+    wait_until(lambda: events(emu, "NodeSleepFailed"), 10, "the sleep failed")
+    victim = act.calls[0][1]
+    other = "b" if victim == "a" else "a"
+    emu.add_pod("filler", cpu="3", memory="64Mi", node_name=other, owner="ReplicaSet")
+    emu.add_pod("p", cpu="3500m", memory="64Mi", scheduler_name="default-scheduler", owner="ReplicaSet")
+    wait_until(lambda: ("wake", victim) in act.calls, 5, "a wake tried")
+    wait_until(lambda: any("kept running" in e["message"] for e in events(emu, "NodeSleepFailed")), 10,
+               "uncordoned for its kubelet kept running")
+    assert pstate(emu, victim) == "awake" and not emu.get("nodes", victim)["spec"].get("unschedulable")
+
+
+def test_a_sleeping_node_without_a_usable_address_is_not_woken_in_a_loop(emu, machines, kubelets,
+                                                                        make_controller):
+    # Its map entry was removed (or its annotation is refused): nothing can wake it, so the wake pass must not
+    # pick it again and again (each failed start kicked the loop: a busy spin of full reconciles).
+    add_nodes(emu, machines, ["gone"], cpu="4", annotations={POWER_STATE_ANNOTATION: "asleep"})
+    machines.addresses.pop("gone")
+    emu.add_pod("p", cpu="3", memory="64Mi", scheduler_name="default-scheduler", owner="ReplicaSet")
+    ctl = make_controller(PowerPolicy(sleep_after_s=100))
+    wait_until(lambda: ctl.synced, 5, "synced")
+    time.sleep(1.0)
+    assert [a for _, a, n in ctl.actions if n == "gone"] == []
+
+
+def test_an_address_map_that_cannot_be_read_leaves_the_loop_running_on_the_last_good_one(emu, machines, kubelets,
+                                                                                        make_controller, tmp_path):
+    amap = tmp_path / "addresses"
+    amap.mkdir()
+    add_nodes(emu, machines, ["a"], cpu="4")
+    (amap / "a").write_text(machines.addresses["a"])
+    from joulesched.live.nodepower import load_addresses
+
+    ctl = make_controller(PowerPolicy(sleep_after_s=100), addresses=load_addresses(str(amap)),
+                          addresses_file=str(amap))
+    wait_until(lambda: ctl.synced, 5, "synced")
+    (amap / "more.yaml").write_text("- a list, not a mapping\n")
+    (amap / "b").write_bytes(b"\xff\xfe not utf-8")
+    alive = ctl._alive
+    wait_until(lambda: ctl._alive > alive + 0.3, 5, "the loop still turning")
+    assert ctl._thread.is_alive() and ctl.cfg.addresses == {"a": machines.addresses["a"]}

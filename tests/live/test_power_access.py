@@ -55,33 +55,46 @@ def test_the_map_wins_and_owns_its_machines():
     assert aws["m"].address is None and "providerID" in aws["m"].refused and aws["n"].address.host == "i-3"
 
 
+POLICY = ["ipmi=10.0.9.0/24", "ipmi=::ffff:0:0/96", "redfish=10.0.9.0/24", "wol=10.0.2.0/24",
+          "wol=255.255.255.255"]
+MAP = {"z": "ipmi://10.0.9.7", "r": "redfish://10.0.9.8/redfish/v1/Systems/1",
+       "w": "wol://52:54:00:00:00:0a?ssh=10.0.2.9"}
+
+
 @pytest.mark.parametrize("claim", [
     "ipmi://10.0.9.7:623",  # the map's BMC with its default port written out
-    "ipmi://10.0.9.7:6230",  # any port: one BMC host is one machine
-    "redfish://10.0.9.7/redfish/v1/Systems/1/",  # the same BMC over Redfish
-    "redfish://[::ffff:10.0.9.7]:443/redfish/v1/Systems/1",  # IPv4-mapped IPv6
-    "wol://52:54:00:00:00:01?ssh=10.0.2.9",  # another MAC, but the SSH host that suspends z
+    "ipmi://[::ffff:10.0.9.7]",  # IPv4-mapped IPv6
+    "redfish://10.0.9.8:443/redfish/v1/Systems/1/",  # default port, trailing slash
+    "redfish://10.0.9.8/redfish/v1/Systems//1",
+    "wol://52:54:00:00:00:01?ssh=10.0.2.9",  # another MAC, but the SSH endpoint that suspends w
     "wol://52:54:00:00:00:02?ssh=10.0.2.9:22",
-    "wol://52-54-00-00-00-0A?ssh=10.0.2.200",  # z's MAC in another spelling
+    "wol://52-54-00-00-00-0A?ssh=10.0.2.200",  # w's MAC in another spelling
 ])
 def test_no_spelling_of_a_mapped_machine_lets_another_node_claim_it(claim):
-    pol = AddressPolicy.from_options(["ipmi=10.0.9.0/24", "redfish=10.0.9.0/24", "redfish=::ffff:0:0/96",
-                                      "wol=10.0.2.0/24", "wol=255.255.255.255"])
-    amap = {"z": "ipmi://10.0.9.7", "w": "wol://52:54:00:00:00:0a?ssh=10.0.2.9"}
-    out = resolve(pol, {"y": (claim, ""), "z": ("", ""), "w": ("", "")}, amap)
+    out = resolve(AddressPolicy.from_options(POLICY), {"y": (claim, ""), **{n: ("", "") for n in MAP}}, MAP)
     assert out["y"].address is None and "gives that machine to node" in out["y"].refused, out["y"]
-    assert out["z"].address.host == "10.0.9.7" and out["w"].address is not None  # the map's own stand
+    assert all(out[n].address is not None for n in MAP)  # the map's own stand
+
+
+@pytest.mark.parametrize("claim", [
+    "ipmi://10.0.9.7:6230",  # VirtualBMC: one port per VM on one host
+    "redfish://10.0.9.8/redfish/v1/Systems/2",  # a chassis manager or sushy-tools: one system per path
+    "wol://52:54:00:00:00:0b?ssh=10.0.2.9:2202",  # one SSH port per machine forwarded by a gateway
+])
+def test_other_machines_behind_one_host_are_not_refused(claim):
+    out = resolve(AddressPolicy.from_options(POLICY), {"y": (claim, ""), **{n: ("", "") for n in MAP}}, MAP)
+    assert out["y"].address is not None and out["y"].source == "annotation", out["y"]
 
 
 def test_two_annotations_naming_one_machine_differently_are_both_refused():
     pol = AddressPolicy.from_options(["ipmi=10.0.9.0/24", "wol=10.0.2.0/24", "wol=255.255.255.255"])
     out = resolve(pol, {"a": ("ipmi://10.0.9.5", ""), "b": ("ipmi://10.0.9.5:623", ""),
                         "c": ("wol://52:54:00:00:00:03?ssh=10.0.2.4", ""),
-                        "d": ("wol://52:54:00:00:00:04?ssh=10.0.2.4", ""),
-                        "e": ("ipmi://10.0.9.6", "")})
+                        "d": ("wol://52:54:00:00:00:04?ssh=10.0.2.4:22", ""),
+                        "e": ("ipmi://10.0.9.6", ""), "f": ("ipmi://10.0.9.6:6230", "")})
     for n in "abcd":
         assert out[n].address is None and "claim the same machine" in out[n].refused, (n, out[n])
-    assert out["e"].address is not None  # a machine nobody else names
+    assert out["e"].address is not None and out["f"].address is not None  # machines nobody else names
 
 
 def test_redfish_http_only_with_the_flag():
