@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -69,16 +71,33 @@ def test_every_zone_dropped_says_why(powercap, proc, tmp_path):
     assert "with energy_uj" not in r.output  # the zone has its energy_uj: that was not the reason
 
 
+def _lines(stream) -> queue.Queue:
+    """The lines of ``stream`` as a reader thread reads them, then ``""`` at its end: read with a deadline."""
+    q: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            q.put(line)
+        q.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
 def test_exporter_on_port_0_prints_the_bound_port(powercap, proc, tmp_path):
     powercap.add("intel-rapl:0", "package-0")
     exe = Path(sys.executable).parent / "joulesched"
     p = subprocess.Popen([str(exe), "power", "exporter", "--listen", "127.0.0.1:0", "--gpu", "off",
                           *_roots(powercap.root, proc, tmp_path)], stderr=subprocess.PIPE, text=True)
     try:
+        lines = _lines(p.stderr)
         deadline, line = time.monotonic() + 20, ""
-        while time.monotonic() < deadline and not line.startswith("serving"):
-            line = p.stderr.readline()
-            assert line or p.poll() is None, "exporter ended before serving"
+        while not line.startswith("serving"):
+            try:  # a stalled exporter fails the test here, in 20 s, not at pytest's global timeout
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail("the exporter did not say it was serving within 20 s")
+            assert line, "exporter ended before serving"
         url = line.split(" on ", 1)[1].split()[0]
         assert url.startswith("http://127.0.0.1:") and not url.startswith("http://127.0.0.1:0/"), line
         assert "joulesched_node_joules_total" in urllib.request.urlopen(url, timeout=5).read().decode()
