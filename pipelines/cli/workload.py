@@ -106,13 +106,14 @@ def _check_can_listen(host: str, port: int, listen: str) -> str:
 
     Tried here because werkzeug's server prints its own text and exits 1 when its bind fails. Bound with
     SO_REUSEADDR as werkzeug binds, so a port left in TIME_WAIT passes and one that a listener holds does not.
-    The address family is the first one the host resolves to; werkzeug picks IPv6 only for a host with a ':' in
-    it, so a name that resolves to IPv6 is served on the IPv6 address it resolved to."""
+    A name is bound as werkzeug binds it, IPv4 where it resolves to IPv4 (``localhost`` stays 127.0.0.1 where
+    /etc/hosts also gives it ::1); a name that resolves to IPv6 only is served on the IPv6 address it resolved to
+    (werkzeug would take it for IPv4)."""
     import socket
 
     try:
-        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                      flags=socket.AI_PASSIVE)[0]
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, address = next((a for a in found if a[0] == socket.AF_INET or ":" in host), found[0])
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(address)

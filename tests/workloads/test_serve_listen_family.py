@@ -45,3 +45,18 @@ def test_a_name_that_resolves_to_ipv6_only_passes_and_is_served_on_ipv6(ipv6_onl
 def test_an_ipv4_name_and_address_are_served_as_given():
     assert _check_can_listen("localhost", 0, "localhost:0") == "localhost"
     assert _check_can_listen("127.0.0.1", 0, "127.0.0.1:0") == "127.0.0.1"
+
+
+def test_a_name_that_resolves_to_both_families_is_served_on_ipv4_as_before(monkeypatch):
+    # Where /etc/hosts gives localhost ::1 too, glibc may list it first: the app must stay on 127.0.0.1, where
+    # werkzeug has always bound it and where its users reach it.
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == "localhost":
+            return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("::1", port, 0, 0)),
+                    (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    assert _check_can_listen("localhost", 0, "localhost:0") == "localhost"
