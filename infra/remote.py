@@ -209,8 +209,31 @@ def _hosts_from_inventory(path: str | Path, limit: Optional[str] = None) -> list
     AnsibleError, Inventory, DataLoader, Templar, VariableManager = _ansible()
     path = Path(path)
     inventory, loader, hosts = _targeted(path, limit, AnsibleError, Inventory, DataLoader)
+    _vault_secrets(loader, path)
     variables = VariableManager(loader=loader, inventory=inventory)
-    return [_spec(path, h.name, variables.get_vars(host=h), loader, Templar, AnsibleError) for h in hosts]
+    try:
+        return [_spec(path, h.name, variables.get_vars(host=h), loader, Templar, AnsibleError) for h in hosts]
+    except AnsibleError as e:  # a vault it cannot open, a vars file that does not parse
+        raise RemoteError(f"{path}: its host or group variables cannot be read: {e}".replace("\n", " ")) from None
+
+
+def _vault_secrets(loader, path: Path) -> None:
+    """Give ``loader`` the vault secrets ansible-playbook would use (ANSIBLE_VAULT_PASSWORD_FILE,
+    ANSIBLE_VAULT_IDENTITY_LIST, ansible.cfg; never a prompt), so vault-encrypted group_vars read as they do in
+    the playbook run."""
+    from ansible import constants as C
+    from ansible.cli import CLI
+    from ansible.errors import AnsibleError
+
+    files = [C.DEFAULT_VAULT_PASSWORD_FILE] if C.DEFAULT_VAULT_PASSWORD_FILE else []
+    if not files and not C.DEFAULT_VAULT_IDENTITY_LIST:
+        return
+    try:
+        secrets = CLI.setup_vault_secrets(loader, vault_ids=list(C.DEFAULT_VAULT_IDENTITY_LIST),
+                                          vault_password_files=files, ask_vault_pass=False, auto_prompt=False)
+    except AnsibleError as e:
+        raise RemoteError(f"{path}: the vault password cannot be read: {e}".replace("\n", " ")) from None
+    loader.set_vault_secrets(secrets)
 
 
 def _spec(path: Path, name: str, hostvars: dict, loader, Templar, AnsibleError) -> HostSpec:

@@ -433,3 +433,22 @@ def test_without_ansible_core_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ansible", None)  # import fails as if not installed
     with pytest.raises(RemoteError, match=r"needs ansible-core; .*pip install 'joulesched\[infra\]'"):
         hosts_from_inventory(REPO / "inventory/hosts.yml")
+
+
+def test_vault_encrypted_group_vars_are_read_with_the_playbooks_vault_password(monkeypatch, tmp_path):
+    # ansible-playbook decrypts them with ANSIBLE_VAULT_PASSWORD_FILE: the hosts the pipeline reads must too
+    # (an ansible_host kept in a vault is common). Without the password: an error naming the file, no traceback.
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    a: {}\n")
+    (inv / "group_vars" / "all.yml").write_text("ansible_host: 10.0.0.9\nansible_user: ops\n")
+    password = tmp_path / "vault-pass"
+    password.write_text("correct horse\n")
+    subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "encrypt", "--vault-password-file",
+                    str(password), str(inv / "group_vars" / "all.yml")], check=True, capture_output=True)
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    with pytest.raises(RemoteError, match=f"^{inv}: its host or group variables cannot be read: .*vault"):
+        hosts_from_inventory(inv)
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(password))
+    (a,) = hosts_from_inventory(inv)
+    assert (a.name, a.address, a.user) == ("a", "10.0.0.9", "ops")
