@@ -2,6 +2,11 @@
 
 Refreshing runs on its own timer, decoupled from scrapes (as in Kepler), so scrape frequency changes neither
 the numbers nor the overhead. Counters are cumulative from the monitor and never decrease, wraps included.
+
+A refresh that fails leaves the previous snapshot served; ``joulesched_exporter_refresh_errors_total{part}``
+counts the failures (``node``: the whole refresh, ``gpu``: the GPU reading alone, the CPU side going on),
+``joulesched_exporter_last_refresh_timestamp_seconds`` says when the last one succeeded, and ``/healthz``
+answers 503 once that is older than ``max_age_s``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -25,17 +31,42 @@ from joulesched.power.monitor import PowerMonitor, Snapshot
 log = logging.getLogger(__name__)
 
 
+class RefreshStatus(NamedTuple):
+    """The exporter's own health: when the last refresh succeeded (Unix seconds) and how many failed whole."""
+
+    last_refresh_unix: float
+    refresh_errors: int
+
+
 class SnapshotCollector(Collector):
     """Builds every ``joulesched_*`` metric from one snapshot, so one scrape is always self-consistent."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, get_snapshot: Callable[[], Snapshot],
+                 get_status: Callable[[], RefreshStatus] | None = None) -> None:
         self._get = get_snapshot
+        self._status = get_status
 
     def describe(self) -> Iterator[Metric]:
-        return iter(self._families(None))
+        return iter(self._families(None) + self._health(None))
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._families(self._get()))
+        s = self._get()
+        return iter(self._families(s) + self._health(s))
+
+    def _health(self, s: Snapshot | None) -> list[Metric]:
+        if self._status is None:
+            return []
+        last = GaugeMetricFamily("joulesched_exporter_last_refresh_timestamp_seconds",
+                                 "Unix time of the last successful refresh (the snapshot /metrics shows).")
+        errors = CounterMetricFamily("joulesched_exporter_refresh_errors",
+                                     "Failed refreshes: node (the whole refresh; the previous snapshot is served) "
+                                     "or gpu (the GPU reading only; the CPU metrics went on).", labels=["part"])
+        if s is not None:
+            st = self._status()
+            last.add_metric([], st.last_refresh_unix)
+            errors.add_metric(["node"], st.refresh_errors)
+            errors.add_metric(["gpu"], s.gpu_errors)
+        return [last, errors]
 
     @staticmethod
     def _families(s: Snapshot | None) -> list[Metric]:
@@ -84,9 +115,11 @@ class SnapshotCollector(Collector):
 EXPORTER_LIMITS = Limits(timeout_s=10.0, max_connections=16, max_body=64 << 10)
 
 
-def metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
-    """``GET /metrics`` (text or OpenMetrics as the scraper's Accept asks, gzip when accepted), ``GET /healthz``;
-    anything else is 404, any other method 405 (the hardened base)."""
+def metrics_handler(registry: CollectorRegistry,
+                    stale: Callable[[], str] = lambda: "") -> type[BaseHTTPRequestHandler]:
+    """``GET /metrics`` (text or OpenMetrics as the scraper's Accept asks, gzip when accepted), ``GET /healthz``
+    (503 with the reason when ``stale()`` gives one); anything else is 404, any other method 405 (the hardened
+    base)."""
 
     class H(HardenedHandlerMixin, BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -103,7 +136,8 @@ def metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]
                     data, extra = gzip.compress(data, compresslevel=5), {"Content-Encoding": "gzip"}
                 reply(self, 200, data, ctype, extra)
             elif path in ("/healthz", "/livez", "/readyz"):
-                reply(self, 200, b"ok\n", "text/plain")
+                why = stale()
+                reply(self, 503 if why else 200, f"{why}\n".encode() if why else b"ok\n", "text/plain")
             else:
                 reply(self, 404, b"not found; metrics are at /metrics\n", "text/plain")
 
@@ -113,16 +147,24 @@ def metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]
 
 
 class Exporter:
-    """Refreshes ``monitor`` every ``interval_s`` and serves /metrics on ``host:port`` (port 0 picks one)."""
+    """Refreshes ``monitor`` every ``interval_s`` and serves /metrics on ``host:port`` (port 0 picks one).
+
+    ``max_age_s`` (default: five intervals, at least 10 s) is how old the last successful refresh may be before
+    /healthz answers 503. ``clock`` (monotonic) and ``wall`` (Unix time) are injected for tests."""
 
     def __init__(self, monitor: PowerMonitor, *, host: str = "127.0.0.1", port: int = 9102,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, max_age_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         if not interval_s > 0:
             raise ValueError("interval must be > 0 seconds")
         self.monitor = monitor
         self.interval_s = interval_s
+        self.max_age_s = max_age_s if max_age_s is not None else max(5 * interval_s, 10.0)
+        self._clock, self._wall = clock, wall
+        self._last_ok: float | None = None  # on clock
+        self._status = RefreshStatus(0.0, 0)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(SnapshotCollector(lambda: self.monitor.snapshot))
+        self.registry.register(SnapshotCollector(lambda: self.monitor.snapshot, lambda: self._status))
         self._host, self._port = host, port
         self._stop = threading.Event()
         self._http: BackgroundHTTPServer | None = None
@@ -133,10 +175,33 @@ class Exporter:
     def port(self) -> int:
         return self._server.server_address[1] if self._server else self._port
 
+    def refresh(self) -> bool:
+        """One refresh; a failure is logged and counted, and the previous snapshot stays served."""
+        try:
+            self.monitor.refresh()
+        except Exception:  # keep serving the last good snapshot; the log says what broke
+            self._status = self._status._replace(refresh_errors=self._status.refresh_errors + 1)
+            log.exception("power refresh failed; serving the previous snapshot")
+            return False
+        self._last_ok = self._clock()
+        self._status = self._status._replace(last_refresh_unix=self._wall())
+        return True
+
+    def stale(self) -> str:
+        """Why the served snapshot is too old to be healthy, or "" when it is fresh."""
+        if self._last_ok is None:
+            return "no successful refresh yet"
+        age = self._clock() - self._last_ok
+        if age > self.max_age_s:
+            return (f"stale: the last successful refresh was {age:.1f} s ago (over {self.max_age_s:g} s); "
+                    "see the exporter's log")
+        return ""
+
     def start(self) -> "Exporter":
         """Take the baseline reading, start serving, and start the refresh loop in a daemon thread."""
         self.monitor.refresh()
-        self._http = BackgroundHTTPServer(metrics_handler(self.registry), self._host, self._port,
+        self._last_ok, self._status = self._clock(), RefreshStatus(self._wall(), 0)
+        self._http = BackgroundHTTPServer(metrics_handler(self.registry, self.stale), self._host, self._port,
                                           "joulesched-power-http", EXPORTER_LIMITS).start()
         self._server = self._http.httpd
         self._thread = threading.Thread(target=self._loop, name="joulesched-power-refresh", daemon=True)
@@ -151,10 +216,7 @@ class Exporter:
             deadline = max(deadline + self.interval_s, time.monotonic())
             if self._stop.wait(max(0.0, deadline - time.monotonic())):
                 return
-            try:
-                self.monitor.refresh()
-            except Exception:  # keep serving the last good snapshot; the log says what broke
-                log.exception("power refresh failed; serving the previous snapshot")
+            self.refresh()
 
     def stop(self) -> None:
         self._stop.set()

@@ -13,13 +13,16 @@ and VMs are sums of their processes; their counters outlive the processes until 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
-from joulesched.power.meter import Clock, PowerMeter, ReadFn, default_read
+from joulesched.power.meter import Clock, MeterError, PowerMeter, ReadFn, default_read
 from joulesched.power.procfs import CpuTimes, PodRef, ProcScanner, ProcStat, read_cpu_times, usage_ratio
+
+log = logging.getLogger(__name__)
 
 
 class ZoneEnergy(NamedTuple):
@@ -60,6 +63,8 @@ class Snapshot:
     vms: Mapping[str, WorkloadEnergy] = field(default_factory=_empty)
     #: Per GPU (``gpu0``, ...): joules since the exporter started and watts over the last interval (GPU meter).
     gpus: Mapping[str, WorkloadEnergy] = field(default_factory=_empty)
+    #: GPU readings that failed since the monitor started (the CPU side went on; the GPUs' series held).
+    gpu_errors: int = 0
 
     @property
     def primary_watts(self) -> float:
@@ -92,7 +97,8 @@ class PowerMonitor:
     stale_after_s: float = 300.0
     read_fn: ReadFn = default_read
     gpu_meter: PowerMeter | None = None
-    _gpu_prev: dict[str, float] | None = field(init=False, default=None)
+    _gpu_prev: tuple[float, dict[str, float]] | None = field(init=False, default=None)  # (instant, joules)
+    _gpu_errors: int = field(init=False, default=0)
     _gpu_total: dict[str, float] = field(init=False, default_factory=dict)
     _gpu_watts: dict[str, float] = field(init=False, default_factory=dict)
     _scanner: ProcScanner = field(init=False)
@@ -114,22 +120,32 @@ class PowerMonitor:
         """The latest snapshot. Replaced whole on refresh, so a scrape never sees half an update."""
         return self._snapshot
 
-    def _refresh_gpus(self, dt: float) -> None:
-        """GPU joules since the first reading (never decreasing) and watts over the last interval."""
-        e = self.gpu_meter.read()
-        prev, self._gpu_prev = self._gpu_prev, e
+    def _refresh_gpus(self, now: float) -> None:
+        """GPU joules since the first reading (never decreasing) and watts since the last good reading.
+
+        Read after the CPU side and on its own: a GPU that cannot be read (an NVML call failing) is counted in
+        ``gpu_errors`` and its series hold their last values, while the CPU zones, pods and VMs go on."""
+        try:
+            e = self.gpu_meter.read()
+        except MeterError as err:
+            self._gpu_errors += 1
+            log.warning("GPU energy not read this time (CPU metrics go on): %s", err)
+            return
+        prev, self._gpu_prev = self._gpu_prev, (now, e)
+        dt = now - prev[0] if prev is not None else 0.0
         for g, j in e.items():
-            d = 0.0 if prev is None else max(j - prev.get(g, j), 0.0)
+            d = 0.0 if prev is None else max(j - prev[1].get(g, j), 0.0)
             self._gpu_total[g] = self._gpu_total.get(g, 0.0) + d
             self._gpu_watts[g] = d / dt if dt > 0 else 0.0
 
     def refresh(self) -> Snapshot:
         now = self.clock()
-        if self.gpu_meter is not None:
-            self._refresh_gpus(now - self._prev[0] if self._prev is not None else 0.0)
+        # The CPU side first: a GPU that fails must not stop the RAPL counters from being sampled (they wrap).
         energy = self.meter.read()
         cpu = read_cpu_times(self.proc_root, self.read_fn)
         procs = self._scanner.scan()
+        if self.gpu_meter is not None:
+            self._refresh_gpus(now)
         prev, self._prev = self._prev, (now, energy, cpu, procs)
         if prev is None:
             # The first reading is the baseline: counters start at zero.
@@ -211,4 +227,5 @@ class PowerMonitor:
             vms=MappingProxyType({k: WorkloadEnergy(a.joules, w(a.last_delta)) for k, a in self._vms.items()}),
             gpus=MappingProxyType({g: WorkloadEnergy(j, self._gpu_watts.get(g, 0.0))
                                    for g, j in sorted(self._gpu_total.items())}),
+            gpu_errors=self._gpu_errors,
         )

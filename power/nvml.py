@@ -2,7 +2,9 @@
 
 One zone per GPU, ``gpu<index>`` (its name and UUID in :attr:`NvmlMeter.devices`). The counter preferred is
 ``nvmlDeviceGetTotalEnergyConsumption``: millijoules since the driver loaded, on Volta and later; the meter
-reports joules since it was opened. A GPU without it (``NVML_ERROR_NOT_SUPPORTED``: Pascal and older) is read
+reports joules since it was opened. When that counter goes back (the driver reloaded) the joules counted so far
+are carried forward and the new reading becomes the baseline, so what the meter returns never decreases (the
+interval of the reload counts nothing). A GPU without it (``NVML_ERROR_NOT_SUPPORTED``: Pascal and older) is read
 through ``nvmlDeviceGetPowerUsage`` (milliwatts) and integrated by the trapezoid rule between readings, so
 its energy is as good as the reading rate. Every GPU is a primary zone: boards are disjoint.
 
@@ -12,11 +14,14 @@ The NVML module is injected (``nvml=``), so that the logic is tested with record
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from joulesched.power.meter import Clock, Joules, LoggedMeter, MeterError, MeterUnavailable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,9 @@ class NvmlMeter(LoggedMeter):
             devices.append(GpuDevice(i, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)), counter))
         self.devices = tuple(devices)
         self.zones = self.primary_zones = tuple(f"gpu{d.index}" for d in devices)
-        self._mj0: dict[int, int] = {}  # counter GPUs: the first reading, mJ
+        self._mj0: dict[int, int] = {}  # counter GPUs: the baseline reading, mJ (rebased when the counter goes back)
+        self._mj_last: dict[int, int] = {}  # counter GPUs: the last reading, mJ
+        self._carried: dict[int, float] = {}  # counter GPUs: joules counted before the last rebase
         self._last: dict[int, tuple[float, float, float]] = {}  # power GPUs: (t, watts, joules so far)
         self.read()
 
@@ -79,12 +86,7 @@ class NvmlMeter(LoggedMeter):
         nv, h = self._nvml, self._handles[d.index]
         try:
             if d.counter:
-                mj = int(nv.nvmlDeviceGetTotalEnergyConsumption(h))
-                first = self._mj0.setdefault(d.index, mj)
-                if mj < first:
-                    raise MeterError(f"gpu{d.index}: the energy counter went back from {first} to {mj} mJ "
-                                     "(the driver reloaded?)")
-                return (mj - first) / 1000.0
+                return self._counted(d.index, int(nv.nvmlDeviceGetTotalEnergyConsumption(h)))
             w = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
         except nv.NVMLError as e:
             raise MeterError(f"gpu{d.index}: NVML read failed: {e}") from None
@@ -92,6 +94,20 @@ class NvmlMeter(LoggedMeter):
         j = 0.0 if last is None else last[2] + (now - last[0]) * (w + last[1]) / 2.0
         self._last[d.index] = (now, w, j)
         return j
+
+    def _counted(self, i: int, mj: int) -> float:
+        """Joules since the meter opened from a reading of the counter (mJ since the driver loaded)."""
+        last = self._mj_last.get(i)
+        if last is None:
+            self._mj0[i] = mj
+        elif mj < last:
+            # The driver reloaded and its counter restarted: keep what was counted, count on from the new value.
+            self._carried[i] = self._carried.get(i, 0.0) + (last - self._mj0[i]) / 1000.0
+            self._mj0[i] = mj
+            log.warning("gpu%d: the energy counter went back from %d to %d mJ (the driver reloaded?); the total "
+                        "is carried forward from the new reading", i, last, mj)
+        self._mj_last[i] = mj
+        return self._carried.get(i, 0.0) + (mj - self._mj0[i]) / 1000.0
 
     def read(self) -> dict[str, Joules]:
         now = self._clock()

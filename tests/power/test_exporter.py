@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 
 import pytest
@@ -94,5 +95,43 @@ def test_exporter_serves_on_loopback_and_refreshes(powercap, proc):
                 break
             time.sleep(0.05)
         assert value == pytest.approx(3.0)
+    finally:
+        exp.stop()
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_failed_refreshes_are_counted_and_a_stale_snapshot_fails_healthz(powercap, proc, clock):
+    """The refresh loop is held off (a one-hour interval); the test refreshes by hand on its own clock."""
+    powercap.add("intel-rapl:0", "package-0")
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock)
+    exp = Exporter(mon, port=0, interval_s=3600, max_age_s=10, clock=clock,
+                   wall=lambda: 1_700_000_000.0 + clock.now).start()
+    try:
+        assert _get(exp.port, "/healthz") == (200, b"ok\n")
+        clock.advance(5)
+        powercap.advance("intel-rapl:0", 2_000_000)
+        assert exp.refresh()
+        powercap.energy_path("intel-rapl:0").write_text("garbage\n")  # the meter now fails
+        clock.advance(5)
+        assert not exp.refresh()
+        got = _samples(_get(exp.port, "/metrics")[1].decode())
+        assert got["joulesched_node_joules_total"][0][1] == pytest.approx(2.0)  # the last good snapshot
+        assert got["joulesched_exporter_last_refresh_timestamp_seconds"] == [({}, 1_700_001_005.0, "gauge")]
+        errors = {lab["part"]: (v, typ) for lab, v, typ in got["joulesched_exporter_refresh_errors_total"]}
+        assert errors == {"node": (1.0, "counter"), "gpu": (0.0, "counter")}
+        assert _get(exp.port, "/healthz")[0] == 200  # 5 s old: within max_age_s
+        clock.advance(6)
+        code, body = _get(exp.port, "/healthz")
+        assert code == 503 and b"stale: the last successful refresh was 11.0 s ago" in body
+        assert _get(exp.port, "/readyz")[0] == 503
+        powercap.set("intel-rapl:0", 3_000_000)  # the meter reads again
+        assert exp.refresh() and _get(exp.port, "/healthz") == (200, b"ok\n")
     finally:
         exp.stop()

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from joulesched.power.exporter import SnapshotCollector
+from joulesched.power.exporter import RefreshStatus, SnapshotCollector
 from joulesched.power.meter import MeterError, MeterUnavailable
 from joulesched.power.monitor import PowerMonitor
 from joulesched.power.nvml import NvmlMeter
@@ -106,10 +106,62 @@ def test_no_gpu_and_a_counter_that_goes_back():
         NvmlMeter(nvml=FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     with pytest.raises(MeterUnavailable, match="sees no GPU"):
         NvmlMeter(nvml=FakeNvml([]))
-    dev = {"name": "A10", "uuid": "GPU-a", "energy_mj": [5_000, 5_000, 10]}
-    m = NvmlMeter(nvml=FakeNvml([dev]), clock=Clock())
-    with pytest.raises(MeterError, match="went back"):
-        m.read()
+
+
+def test_a_counter_that_goes_back_is_carried_forward(caplog):
+    """A driver reload restarts NVML's counter: the total so far is kept and counting goes on from the new value
+    (the reload's own interval counts nothing), so the meter, like a Prometheus counter, never goes back."""
+    dev = {"name": "A10", "uuid": "GPU-a", "energy_mj": [5_000, 5_000, 9_000, 10, 2_010, 1_000, 1_500]}
+    m = NvmlMeter(nvml=FakeNvml([dev]), clock=Clock())  # the probe and the baseline at open
+    assert m.read()["gpu0"] == pytest.approx(4.0)
+    with caplog.at_level("WARNING", logger="joulesched.power.nvml"):
+        assert m.read()["gpu0"] == pytest.approx(4.0)  # went back from 9000 to 10 mJ: carried, rebased
+    assert "went back from 9000 to 10 mJ" in caplog.text
+    assert m.read()["gpu0"] == pytest.approx(6.0)  # +2 J after the reload
+    assert m.read()["gpu0"] == pytest.approx(6.0)  # back again, to above the first baseline: still detected
+    assert m.read()["gpu0"] == pytest.approx(6.5)
+
+
+class FailingNvml(FakeNvml):
+    """A scripted energy reading that is an NVML error code is raised, as a failing call would."""
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        v = super().nvmlDeviceGetTotalEnergyConsumption(h)
+        if isinstance(v, pynvml.NVMLError):
+            raise v
+        return v
+
+
+def test_a_failing_gpu_leaves_the_cpu_metrics_updating(powercap, proc, clock, caplog):
+    """An NVML call that fails (or a GPU lost) is counted and the GPU's series hold, while the RAPL zones are
+    still read every refresh (their counters wrap: an unsampled one would lose joules)."""
+    powercap.add("intel-rapl:0", "package-0")
+    lost = pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    dev = {"name": "Tesla V100-SXM2-32GB", "uuid": "GPU-1", "energy_mj": [1_000_000, 1_000_000, 1_000_000,
+                                                                             1_200_000, lost, lost, 1_800_000]}
+    gpus = NvmlMeter(nvml=FailingNvml([dev]), clock=clock)
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock, gpu_meter=gpus)
+    mon.refresh()
+    totals = []
+    for _ in range(4):
+        clock.advance(1)
+        powercap.advance("intel-rapl:0", 100_000_000)
+        proc.tick(user=50, idle=50)
+        with caplog.at_level("WARNING", logger="joulesched.power.monitor"):
+            s = mon.refresh()
+        totals.append((s.zones["package-0"].joules_total, s.gpus["gpu0"], s.gpu_errors))
+    assert [t[0] for t in totals] == pytest.approx([100.0, 200.0, 300.0, 400.0])  # every refresh
+    assert totals[0][1] == (pytest.approx(200.0), pytest.approx(200.0)) and totals[0][2] == 0
+    assert totals[1][1] == totals[0][1] and totals[2][1] == totals[0][1]  # held while NVML fails
+    assert [t[2] for t in totals] == [0, 1, 2, 2]
+    assert "GPU energy not read" in caplog.text and "gpu0: NVML read failed: GPU is lost" in caplog.text
+    # Back: the 600 J since the last good reading, over the 3 s since it.
+    assert totals[3][1] == (pytest.approx(800.0), pytest.approx(200.0))
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector(lambda: mon.snapshot, lambda: RefreshStatus(1_700_000_000.0, 0)))
+    errors = [(s.labels["part"], s.value) for fam in text_string_to_metric_families(generate_latest(reg).decode())
+              for s in fam.samples if s.name == "joulesched_exporter_refresh_errors_total"]
+    assert sorted(errors) == [("gpu", 2.0), ("node", 0.0)]
 
 
 def test_the_exporter_exports_gpu_joules(powercap, proc, clock):
