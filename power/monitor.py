@@ -8,7 +8,8 @@ For each refresh interval::
 
 The denominator is the sum of all processes' CPU time deltas, as in Kepler 0.10 (``ProcessTotalCPUTimeDelta``),
 so the processes share exactly the node's active energy and idle energy goes to no workload. Containers, pods
-and VMs are sums of their processes; their counters outlive the processes until ``stale_after_s``.
+and VMs are sums of their processes; their counters live while any of their processes does (idle or not) and
+outlive the last one by ``stale_after_s``.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class PowerMonitor:
     :param proc_root: where /proc is (a synthetic tree in tests).
     :param clock: monotonic seconds; injected so tests control elapsed time.
     :param top_n: how many processes a snapshot keeps (by cumulative joules); all are still attributed.
-    :param stale_after_s: how long pod and VM counters survive their last process.
+    :param stale_after_s: how long pod and VM counters survive their last process (not their last CPU tick).
     :param gpu_meter: the GPUs' energy source (:class:`joulesched.power.nvml.NvmlMeter`), or None.
     """
 
@@ -191,6 +192,15 @@ class PowerMonitor:
                 if ident.vm_name is not None:
                     self._add(self._vms, ident.vm_name, share, now)
 
+        if self._pods or self._vms:
+            # A pod or VM lives while any of its processes does, busy or not: an idle one keeps its series (a
+            # series dropped and reborn at zero loses its joules to increase()). Identity is cached per process.
+            for pid, st in procs.items():
+                ident = self._scanner.identity(pid, st)
+                for table, key in ((self._pods, ident.pod), (self._vms, ident.vm_name)):
+                    acc = table.get(key) if key is not None else None
+                    if acc is not None:
+                        acc.last_seen = now
         live = {(pid, st.start_time) for pid, st in procs.items()}
         self._procs = {k: v for k, v in self._procs.items() if k in live}
         for table in (self._pods, self._vms):

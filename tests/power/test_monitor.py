@@ -144,3 +144,40 @@ def test_snapshot_is_immutable(powercap, proc, clock):
         s.zones["x"] = None  # type: ignore[index]
     with pytest.raises(AttributeError):
         s.usage_ratio = 1.0  # type: ignore[misc]
+
+
+def test_an_idle_pod_or_vm_keeps_its_series_while_a_process_lives(powercap, proc, clock):
+    """Staleness counts from the last process, not the last CPU tick: a pod (or VM) that sits idle for longer than
+    ``stale_after_s`` keeps its counter, so it never comes back from zero (increase() would lose its joules)."""
+    _setup(powercap, proc)
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock, stale_after_s=5)
+    mon.refresh()
+    clock.advance(1)
+    powercap.advance("intel-rapl:0", 4_000_000)
+    proc.tick(user=100)
+    proc.run(100, utime=10)
+    proc.run(200, utime=10)  # pod A's container C1
+    proc.run(400, utime=20)  # vm-7
+    s = mon.refresh()
+    pod, vm = s.pods[PodRef(UID_A, C1)].joules_total, s.vms["vm-7"].joules_total
+    assert (pod, vm) == (pytest.approx(1.0), pytest.approx(2.0))
+    for _ in range(4):  # 20 s idle, four times the staleness window, the processes alive
+        clock.advance(5)
+        powercap.advance("intel-rapl:0", 1_000_000)
+        proc.tick(user=100)
+        proc.run(100, utime=10)
+        s = mon.refresh()
+        assert s.pods[PodRef(UID_A, C1)] == (pytest.approx(pod), 0.0) and s.vms["vm-7"] == (pytest.approx(vm), 0.0)
+    clock.advance(1)
+    powercap.advance("intel-rapl:0", 4_000_000)
+    proc.tick(user=100)
+    proc.run(200, utime=10)
+    s = mon.refresh()
+    assert s.pods[PodRef(UID_A, C1)].joules_total == pytest.approx(pod + 4.0)  # counting on, not from zero
+    proc.remove(200)  # its last process gone: kept for the window, then dropped
+    clock.advance(5)
+    proc.tick(idle=100)
+    assert PodRef(UID_A, C1) in mon.refresh().pods
+    clock.advance(1)
+    proc.tick(idle=100)
+    assert PodRef(UID_A, C1) not in mon.refresh().pods
