@@ -4,6 +4,12 @@ The curve is piecewise linear with knots at 0, 10, ..., 100 %, so fitting it is 
 basis functions. A small second-difference penalty fills knots that no sample reaches by linear
 extrapolation instead of leaving the system singular; the result is then made non-decreasing (pool adjacent
 violators), because the twin rejects curves that fall with load.
+
+Samples must cover the curve: spanning less than :data:`MIN_SPAN` of utilisation, or leaving more than
+:data:`MAX_EXTRAPOLATED` knots with no sample near them, is refused unless extrapolation is allowed (the CLI
+allows it for its own live steps, which cover 0..100 % unless other load interferes, and flags it). Then the
+unsupported knots continue the fitted line of their measured neighbours (power keeps rising with load, so a
+held end value would make the load above the measured range look free), and are listed in the fit.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ from joulesched.power.burner import Sample, measure  # noqa: F401  (re-exported:
 from joulesched.power.curves import N_POINTS, SPECPOWER, interp, validate_curve
 
 KNOTS = np.linspace(0.0, 1.0, N_POINTS)
+#: Without ``allow_extrapolation``: the least spread of utilisation the samples must cover, and the most knots
+#: that may lack a sample within 5 % (0 and 10 % on a host that never idles, say).
+MIN_SPAN = 0.5
+MAX_EXTRAPOLATED = 2
 
 
 class CalibrationError(UsageError):
@@ -73,14 +83,28 @@ def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(c, m) for m, _, c in blocks])
 
 
-def fit_curve(samples: Sequence[Sample]) -> Fit:
-    """Least-squares 11-point curve through ``samples``. Needs two distinct utilisations at least."""
+def _unsupported(u: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(k) for k in range(N_POINTS) if not np.any(np.abs(u - KNOTS[k]) <= 0.05))
+
+
+def fit_curve(samples: Sequence[Sample], *, allow_extrapolation: bool = False) -> Fit:
+    """Least-squares 11-point curve through ``samples``. Needs two distinct utilisations at least, and (unless
+    ``allow_extrapolation``) samples over :data:`MIN_SPAN` of utilisation leaving at most
+    :data:`MAX_EXTRAPOLATED` knots unsupported."""
     if len(samples) < 2:
         raise CalibrationError(f"need at least 2 samples to fit a curve, got {len(samples)}")
     u = np.array([s.utilization for s in samples], dtype=float)
     y = np.array([s.watts for s in samples], dtype=float)
     if np.ptp(u) < 0.05:
         raise CalibrationError("all samples sit at one utilisation (spread < 5 %); nothing to fit a curve to")
+    unsupported = _unsupported(u)
+    if not allow_extrapolation and (np.ptp(u) < MIN_SPAN or len(unsupported) > MAX_EXTRAPOLATED):
+        raise CalibrationError(
+            f"the samples cover {u.min() * 100:.0f}-{u.max() * 100:.0f} % utilisation and leave "
+            f"{len(unsupported)} of {N_POINTS} load steps ({', '.join(f'{k * 10}%' for k in unsupported)}) with no "
+            f"sample within 5 %: too little to fit a power curve to (need a spread of {MIN_SPAN * 100:.0f} % and "
+            f"at most {MAX_EXTRAPOLATED} such steps). Measure more of the range (an otherwise idle host), or pass "
+            "--allow-extrapolation to continue the fitted line there (flagged in the profile)")
     a = _hat_matrix(u)
     d2 = np.diff(np.eye(N_POINTS), n=2, axis=0)
     # Small enough not to bias supported knots, large enough to pin the unsupported ones.
@@ -93,7 +117,6 @@ def fit_curve(samples: Sequence[Sample]) -> Fit:
     err = pred - y
     nonzero = np.abs(y) > 1e-9
     mape = float(np.mean(np.abs(err[nonzero] / y[nonzero])) * 100) if nonzero.any() else 0.0
-    unsupported = tuple(int(k) for k in range(N_POINTS) if not np.any(np.abs(u - KNOTS[k]) <= 0.05))
     return Fit(validate_curve(curve), float(np.sqrt(np.mean(err**2))), mape, float(np.max(np.abs(err))),
                len(samples), unsupported)
 

@@ -235,6 +235,10 @@ def calibrate(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the fit (RMSE, MAPE, each knot's watts) and the profile written as JSON on stdout.")]
     = False,
+    allow_extrapolation: Annotated[bool, typer.Option(
+        help="With --from-samples: fit samples that span under 50 % utilisation or leave more than 2 load steps "
+             "unmeasured (refused with exit 2 otherwise); those steps continue the fitted line and are flagged.")]
+    = False,
 ) -> None:
     """Fit an 11-point power curve (0..100 % CPU) and write it as a node group scenarios can include."""
     import socket
@@ -266,7 +270,9 @@ def calibrate(
             samples = measure(m, step_s=step_seconds, settle_s=settle_seconds, sample_s=sample_seconds,
                               workers=workers, proc_root=str(proc_root), progress=lambda s: err.print(s))
             origin = f"{m.source} meter on {socket.gethostname()}, {step_seconds:g} s per step"
-        fit = fit_curve(samples)
+        # A live run steps the burner through 0..100 % itself: what other load keeps it from reaching is flagged
+        # (the note below), not refused after minutes of measuring.
+        fit = fit_curve(samples, allow_extrapolation=allow_extrapolation or from_samples is None)
         group = node_group(fit, name_prefix=name_prefix or str(facts["name_prefix"]), count=count,
                            cpu_m=cpu_m or int(facts["cpu_m"]), memory_mib=memory_mib or int(facts["memory_mib"]),
                            max_pods=max_pods)

@@ -33,9 +33,9 @@ def test_fit_recovers_a_known_curve_from_noisy_samples():
 def test_fit_is_exact_on_noise_free_knots_and_extrapolates_gaps():
     exact = fit_curve([Sample(k / 10, TRUE[k]) for k in range(11)])
     assert exact.curve == pytest.approx(TRUE, abs=0.05) and exact.rmse_w < 0.05
-    # Only 20..60 % measured on a straight line: the rest is extrapolated linearly and flagged.
+    # Only 20..60 % measured on a straight line: allowed, the rest is extrapolated linearly and flagged.
     line = [Sample(u / 100, 50 + u) for u in range(20, 61, 5)]
-    fit = fit_curve(line)
+    fit = fit_curve(line, allow_extrapolation=True)
     assert fit.curve == pytest.approx([50 + 10 * k for k in range(11)], abs=0.5)
     assert fit.unsupported_knots == (0, 1, 7, 8, 9, 10)
     assert "extrapolated at 0%" in fit.summary()
@@ -53,6 +53,24 @@ def test_fit_rejects_degenerate_input():
         fit_curve([Sample(0.5, 100)])
     with pytest.raises(CalibrationError, match="one utilisation"):
         fit_curve([Sample(0.5, 100), Sample(0.51, 101)])
+
+
+@pytest.mark.parametrize("samples", [
+    [Sample(0.0, 100), Sample(0.06, 106)],  # two noisy samples: 9 of 11 knots would be made up
+    [Sample(0.30, 150), Sample(0.36, 160), Sample(0.33, 140)],
+    [Sample(u / 100, 50 + u) for u in range(0, 46, 5)],  # dense, but over 45 % only
+])
+def test_fit_refuses_samples_that_do_not_cover_the_curve(samples):
+    with pytest.raises(CalibrationError, match="too little to fit a power curve to.*--allow-extrapolation"):
+        fit_curve(samples)
+    assert len(fit_curve(samples, allow_extrapolation=True).curve) == 11
+
+
+def test_fit_allows_two_unmeasured_steps_not_three():
+    fit = fit_curve([Sample(u / 100, 50 + u) for u in range(20, 101, 5)])  # a busy host never below 20 %
+    assert fit.unsupported_knots == (0, 1) and fit.curve == pytest.approx([50 + 10 * k for k in range(11)], abs=0.5)
+    with pytest.raises(CalibrationError, match=r"leave 3 of 11 load steps \(0%, 10%, 20%\)"):
+        fit_curve([Sample(u / 100, 50 + u) for u in range(30, 101, 5)])
 
 
 def _csv(tmp_path, text):
@@ -103,7 +121,8 @@ def test_cli_json_is_the_fit_and_the_profile_written(tmp_path):
     csv_path = _csv(tmp_path, "utilization,watts\n" + "".join(f"{u / 100},{50 + u}\n" for u in range(20, 61, 5)))
     out = tmp_path / "node-profile.yaml"
     r = runner.invoke(app, ["power", "calibrate", "--from-samples", str(csv_path), "--out", str(out),
-                            "--name-prefix", "line", "--cpu-m", "4000", "--memory-mib", "8192", "--json"])
+                            "--name-prefix", "line", "--cpu-m", "4000", "--memory-mib", "8192", "--json",
+                            "--allow-extrapolation"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["profile"] == str(out) and doc["source"] == f"samples from {csv_path}" and doc["samples"] == 9
@@ -128,6 +147,19 @@ def test_cli_bad_input_exits_2_and_leaves_the_old_profile(tmp_path):
     assert r.exit_code == 2 and "file not found" in r.output
     r = runner.invoke(app, ["power", "calibrate", "--from-samples", str(bad), "--out", str(tmp_path / "no/dir.yaml")])
     assert r.exit_code == 2
+
+
+def test_cli_refuses_too_few_samples_with_exit_2_unless_extrapolation_is_allowed(tmp_path):
+    few = _csv(tmp_path, "utilization,watts\n0,100\n0.06,106\n")
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["power", "calibrate", "--from-samples", str(few), "--out", str(out)])
+    assert r.exit_code == 2 and "too little to fit a power curve" in r.output, r.output
+    assert "Traceback" not in r.output and not out.exists()
+    r = runner.invoke(app, ["power", "calibrate", "--from-samples", str(few), "--out", str(out),
+                            "--allow-extrapolation", "--json"])
+    assert r.exit_code == 0, r.output
+    assert sum(k["extrapolated"] for k in json.loads(r.stdout)["knots"]) == 9
+    assert "extrapolated at 20%" in out.read_text()
 
 
 def test_cli_live_calibration_needs_a_hardware_meter(tmp_path):
