@@ -4,6 +4,12 @@ An :class:`EnergySource` is the one definition of a source's PromQL: the joules 
 window (the kube pipeline's meter), each node's watts (``serve``'s power feed, the report's plots), and the
 series whose scrapes say the window's end is in. ``--energy-source NAME`` picks one (:func:`energy_source`).
 
+**joulesched** (``joulesched``, the default). A node's energy is its RAPL packages and DRAM (or the model
+meter's ``platform`` zone) from ``joulesched_node_joules_total``, plus every GPU's
+``joulesched_node_gpu_joules_total`` (the NVML meter; boards are disjoint from the CPU zones), as Kepler's
+package + DRAM + GPU below. The two families carry different labels (``zone`` against ``gpu``), so ``or``
+unites their series and the sum counts each once; a node without GPUs has only the CPU series.
+
 **Kepler 0.11** (``kepler``). Node metrics carry the constant label ``node_name``; the ones read are
 
 - ``kepler_node_cpu_joules_total{zone, path}``: RAPL zones ``package``, ``core``, ``uncore``, ``dram``,
@@ -32,6 +38,8 @@ from joulesched.core.errors import UsageError
 #: Whole-node energy without double counting: RAPL packages and DRAM (core/uncore sit inside a package, psys
 #: contains everything), or the model meter's platform zone. Hosts with psys only: pass another selector.
 ENERGY_METRIC = 'joulesched_node_joules_total{zone=~"package-.*|dram-.*|platform.*"}'
+#: Each GPU's energy (the NVML meter), added to :data:`ENERGY_METRIC` by the ``joulesched`` source.
+GPU_ENERGY_METRIC = "joulesched_node_gpu_joules_total"
 
 KEPLER_NODE_LABEL = "node_name"
 KEPLER_CPU = 'kepler_node_cpu_joules_total{zone=~"package.*|dram.*"}'
@@ -89,7 +97,14 @@ def _kepler(fn: str, w: str) -> str:
 KEPLER = EnergySource("kepler", KEPLER_NODE_LABEL,
                       f'{{__name__=~"kepler_node_cpu_joules_total|{KEPLER_GPU}|{KEPLER_PLATFORM}"}}',
                       lambda w: _kepler("increase", w), lambda w: _kepler("rate", w))
-JOULESCHED = selector_source(ENERGY_METRIC)
+def _joulesched(fn: str, w: str) -> str:
+    """The CPU zones' and the GPUs' series of ``fn`` (increase or rate) over ``w``, united (module docstring)."""
+    return f"{fn}({ENERGY_METRIC}[{w}]) or {fn}({GPU_ENERGY_METRIC}[{w}])"
+
+
+# Freshness from the CPU series: every node has them, and the GPUs' come in the same scrape.
+JOULESCHED = EnergySource("joulesched", "node", ENERGY_METRIC, lambda w: _joulesched("increase", w),
+                          lambda w: f"sum by (node, instance) ({_joulesched('rate', w)})")
 SOURCES = {"joulesched": JOULESCHED, "kepler": KEPLER}
 
 

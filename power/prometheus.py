@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from joulesched.core.errors import JouleschedError
-from joulesched.power.energy_sources import ENERGY_METRIC, EnergySource, selector_source
+from joulesched.power.energy_sources import ENERGY_METRIC, JOULESCHED, EnergySource, selector_source
 
 __all__ = ["ENERGY_METRIC", "PrometheusMeter", "PrometheusMeterError", "as_source"]
 
@@ -28,8 +28,11 @@ def _dt(unix: float) -> datetime.datetime:
 
 
 def as_source(selector: str | EnergySource) -> EnergySource:
-    """A source as given, or the counters a PromQL selector matches."""
-    return selector if isinstance(selector, EnergySource) else selector_source(selector)
+    """A source as given, or the counters a PromQL selector matches; the default selector, :data:`ENERGY_METRIC`,
+    is the ``joulesched`` source (its CPU zones and its GPUs)."""
+    if isinstance(selector, EnergySource):
+        return selector
+    return JOULESCHED if selector == ENERGY_METRIC else selector_source(selector)
 
 
 class PrometheusMeter:

@@ -1,0 +1,64 @@
+"""The ``joulesched`` energy source's PromQL, evaluated by Prometheus's own engine (``promtool test rules``, no
+server, no scrapes: input series at fixed steps, so the expected joules are exact), and the meter's default."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from joulesched.power.energy_sources import JOULESCHED, energy_source
+from joulesched.power.prometheus import ENERGY_METRIC, PrometheusMeter, as_source
+
+#: Joules per minute (whole watts: promtool compares values exactly): node n1 has GPUs, n2 none. core-0 lies
+#: inside package-0 and psys contains everything: neither may be summed.
+CPU = {("n1", "package-0"): 120, ("n1", "core-0"): 60, ("n1", "dram-0"): 60, ("n1", "psys"): 600,
+       ("n2", "package-0"): 60, ("n2", "dram-0"): 60}
+GPU = {("n1", "gpu0"): 240, ("n1", "gpu1"): 60}
+#: What a whole node used per minute: packages + DRAM + GPUs.
+NODE = {"n1": 120 + 60 + 240 + 60, "n2": 60 + 60}
+
+
+def _series() -> list[dict]:
+    cpu = [{"series": f'joulesched_node_joules_total{{instance="{n}:9102",zone="{z}",source="powercap"}}',
+            "values": f"0+{j}x10"} for (n, z), j in CPU.items()]
+    gpu = [{"series": f'joulesched_node_gpu_joules_total{{instance="{n}:9102",gpu="{g}"}}', "values": f"0+{j}x10"}
+           for (n, g), j in GPU.items()]
+    return cpu + gpu
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+def test_the_joulesched_source_sums_cpu_zones_and_gpus(tmp_path):
+    tests = [{"interval": "1m", "input_series": _series(), "promql_expr_test": [
+        # Ten minutes of samples, a window that starts on the first: increase() needs no extrapolation.
+        {"expr": JOULESCHED.joules(600), "eval_time": "10m",
+         "exp_samples": [{"labels": "{}", "value": 10 * sum(NODE.values())}]},
+        {"expr": JOULESCHED.watts(300), "eval_time": "10m",
+         "exp_samples": [{"labels": f'{{instance="{n}:9102"}}', "value": j / 60} for n, j in NODE.items()]},
+    ]}]
+    f = tmp_path / "test.yml"
+    f.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": tests}))
+    r = subprocess.run([shutil.which("promtool"), "test", "rules", str(f)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+class _Prometheus:
+    """Answers every query with one sample; keeps the queries."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def custom_query(self, query, params=None):
+        self.queries.append(query)
+        return [{"metric": {}, "value": [0, "2e9" if "timestamp" in query else "42"]}]
+
+
+def test_the_default_meter_and_the_named_source_count_gpus():
+    assert as_source(ENERGY_METRIC) is JOULESCHED is energy_source("joulesched")
+    prom = _Prometheus()
+    assert PrometheusMeter(prom, scrape_wait_s=0).joules(0.0, 60.0) == 42.0
+    assert prom.queries[-1] == ('sum(increase(joulesched_node_joules_total{zone=~"package-.*|dram-.*|platform.*"}'
+                                '[60000ms]) or increase(joulesched_node_gpu_joules_total[60000ms]))')
