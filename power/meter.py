@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from joulesched.core.errors import JouleschedError
-from joulesched.power.units import Joules, wrap_delta
+from joulesched.power.units import PEAK_ZONE_WATTS, Joules, max_read_interval_s, wrap_delta
 
 log = logging.getLogger(__name__)
 
@@ -138,21 +138,35 @@ class LoggedMeter:
     """Mixin for cumulative meters: logs every reading so the meter is also an :class:`EnergyMeter`.
 
     Subclasses set ``self._clock`` and ``self.primary_zones`` and call :meth:`_logged` on what ``read``
-    returns.
+    returns. A meter of wrapping counters sets ``wrap_joules``, the smallest range of its counters in joules: a
+    reading that comes later than a wrap at :data:`~joulesched.power.units.PEAK_ZONE_WATTS` takes is logged
+    as a warning (wraps in between cannot be told apart from one).
     """
 
     _clock: Clock
     primary_zones: tuple[str, ...]
     _log: ReadingLog
+    wrap_joules: float | None = None
 
     def _logged(self, zones: dict[str, Joules]) -> dict[str, Joules]:
         if not hasattr(self, "_log"):
             self._log = ReadingLog()
-        self._log.record(self._clock(), float(sum(zones[z] for z in self.primary_zones)))
+        now = self._clock()
+        if self.wrap_joules and self._log._t and (gap := now - self._log._t[-1]) * PEAK_ZONE_WATTS > self.wrap_joules:
+            log.warning("%s meter: %.1f s between readings, longer than a counter wrap at %.0f W (its range is "
+                        "%.0f J): wraps may have been missed, and their joules with them; read at least every %.0f s",
+                        getattr(self, "source", "energy"), gap, PEAK_ZONE_WATTS, self.wrap_joules,
+                        max_read_interval_s(self.wrap_joules))
+        self._log.record(now, float(sum(zones[z] for z in self.primary_zones)))
         return zones
 
     def read(self) -> dict[str, Joules]:  # pragma: no cover - every meter defines it
         raise NotImplementedError
+
+    def max_read_interval_s(self) -> float | None:
+        """The longest safe time between readings (:func:`~joulesched.power.units.max_read_interval_s`), or None
+        for a meter whose counters do not wrap."""
+        return max_read_interval_s(self.wrap_joules) if self.wrap_joules else None
 
     def mark(self) -> float:
         self.read()

@@ -130,6 +130,7 @@ class MsrMeter(LoggedMeter):
         self._cpu_pkg = {c.number: c.package for c in cpus}
         self.zones = tuple(dict.fromkeys(label for label, _, _ in self._counters))
         self.primary_zones = tuple(z for z in self.zones if z.startswith("package-"))
+        self.wrap_joules = COUNTER_RANGE * min(self._units.values()) if self._units else None
         if not self.zones:
             self.close()
             raise MeterUnavailable("no RAPL energy MSR could be read")

@@ -26,7 +26,7 @@ from joulesched.power.meter import (
     ReadFn,
     default_read,
 )
-from joulesched.power.units import Joules, uj_to_j
+from joulesched.power.units import UJ_PER_J, Joules, uj_to_j
 
 _ZONE_DIR = re.compile(r"^(intel-rapl(?:-mmio)?):(\d+)(?::(\d+))?$")
 
@@ -135,6 +135,7 @@ class PowercapMeter(LoggedMeter):
         psys = tuple(z.label for z in found if z.top_level and z.name == "psys")
         # Packages are disjoint sockets; psys covers the platform and contains them, so it is the fallback only.
         self.primary_zones = packages or psys or tuple(z.label for z in found if z.top_level)
+        self.wrap_joules = min(z.max_range_uj for z in found) / UJ_PER_J
         self._bank = CounterBank()
         self.read()
 

@@ -15,6 +15,10 @@ Seconds = NewType("Seconds", float)
 
 UJ_PER_J = 1_000_000
 
+#: A high power for one RAPL zone (a top-bin server package is 350-400 W), used to bound how long a counter may go
+#: unread: two wraps between readings look like one and lose a whole range of joules.
+PEAK_ZONE_WATTS = 500.0
+
 
 def uj_to_j(uj: int) -> Joules:
     return Joules(uj / UJ_PER_J)
@@ -34,8 +38,14 @@ def wrap_delta(cur: int, prev: int, max_range: int) -> int:
 
     RAPL counters are 32-bit underneath and wrap; sysfs exposes the wrap point as ``max_energy_range_uj``. A
     reading below the previous one means the counter wrapped once, so the caller must sample well inside one
-    wrap period (minutes at full load).
+    wrap period (minutes at full load): :func:`max_read_interval_s`.
     """
     if cur >= prev:
         return cur - prev
     return (max_range - prev) + cur
+
+
+def max_read_interval_s(range_j: float, peak_w: float = PEAK_ZONE_WATTS) -> float:
+    """The longest time between readings of a counter that wraps every ``range_j`` joules: half the time
+    ``peak_w`` takes to go round it, so that even at that power at most one wrap falls between two readings."""
+    return range_j / (2.0 * peak_w)

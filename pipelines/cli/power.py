@@ -98,6 +98,12 @@ def _meter_notes(m) -> list[str]:
     return list(getattr(m, "notes", ()))
 
 
+def _max_interval(m) -> Optional[float]:
+    """The longest safe time between two readings of ``m`` (its counters' wrap at a high power), None: no wrap."""
+    fn = getattr(m, "max_read_interval_s", None)
+    return fn() if fn is not None else None
+
+
 def _gpu_meter(mode: GpuMode):
     """The NVML meter for --gpu: None when off, or (auto) when no GPU works here; on: required (exit 2)."""
     if mode is GpuMode.off:
@@ -118,7 +124,9 @@ def _gpu_meter(mode: GpuMode):
 def exporter(
     listen: Annotated[str, typer.Option(help="HOST:PORT to serve /metrics on. Loopback by default.")]
     = "127.0.0.1:9102",
-    interval: Annotated[float, typer.Option(help="Seconds between readings.", min=0.05)] = 1.0,
+    interval: Annotated[float, typer.Option(
+        help="Seconds between readings; at most the time a 500 W zone takes to go round half its counter's range "
+             "(RAPL: about 260 s).", min=0.05)] = 1.0,
     powercap_root: PowercapRoot = Path("/sys/class/powercap"),
     proc_root: ProcRoot = Path("/proc"),
     dev_root: DevRoot = Path("/dev"),
@@ -134,6 +142,7 @@ def exporter(
     from joulesched.core.net import parse_listen
     from joulesched.power.exporter import Exporter
     from joulesched.power.monitor import PowerMonitor
+    from joulesched.power.units import PEAK_ZONE_WATTS
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -141,6 +150,11 @@ def exporter(
     except ValueError as e:
         _fail(str(e))
     m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve))
+    limit = _max_interval(m)
+    if limit is not None and interval > limit:
+        _fail(f"--interval {interval:g} s is too long for the {m.source} meter: its counters wrap every "
+              f"{m.wrap_joules:.0f} J, which {PEAK_ZONE_WATTS:.0f} W goes round in {2 * limit:.0f} s, and two wraps "
+              f"between readings look like one; give at most {limit:.0f} s")
     exp = Exporter(PowerMonitor(m, proc_root=str(proc_root), top_n=top_n, gpu_meter=_gpu_meter(gpu)),
                    host=host, port=port, interval_s=interval)
     # SIGTERM is a clean stop (exit 0, as systemd expects) from before the first request can be answered: with the
@@ -179,7 +193,13 @@ def read(
     m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve))
     mon = PowerMonitor(m, proc_root=str(proc_root), top_n=top_n)
     mon.refresh()
-    time.sleep(duration)
+    # A long --duration is read in steps inside the counters' wrap period, so every wrap is caught.
+    step, slept = _max_interval(m) or duration, 0.0
+    while duration - slept > step:
+        time.sleep(step)
+        slept += step
+        m.read()
+    time.sleep(duration - slept)
     s = mon.refresh()
     result = {
         "source": s.source,
