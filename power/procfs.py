@@ -66,6 +66,9 @@ def parse_pid_stat(data: bytes) -> ProcStat:
 
 
 _POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+#: A cgroupfs driver's pod directory, the whole path component (``pod<uid>``): recognised without "kubepods" in
+#: the path, which a reader in a private cgroup namespace does not see (``0::/../../burstable/pod<uid>/<id>``).
+_POD_DIR = re.compile(r"pod([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})")
 _CONTAINER = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-|libpod-)?([0-9a-f]{64})(?:\.scope)?$")
 
 
@@ -78,17 +81,18 @@ def parse_cgroup(text: str | bytes) -> PodRef | None:
     """Pod UID and container id from /proc/PID/cgroup, cgroup v1 or v2, systemd or cgroupfs driver.
 
     systemd: ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/
-    cri-containerd-<id>.scope``; cgroupfs: ``/kubepods/burstable/pod<uid>/<id>``.
+    cri-containerd-<id>.scope``; cgroupfs: ``/kubepods/burstable/pod<uid>/<id>``. Seen from a private cgroup
+    namespace the cgroupfs path is relative and may lack "kubepods" (``/../../burstable/pod<uid>/<id>``): a
+    component that is exactly ``pod<uid>`` is then enough.
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     for line in text.splitlines():
         path = line.split(":", 2)[-1]
-        if "kubepods" not in path:
-            continue
+        kube = "kubepods" in path
         parts = path.strip("/").split("/")
         for i, part in enumerate(parts):
-            m = _POD.search(part)
+            m = _POD.search(part) if kube else _POD_DIR.fullmatch(part)
             if not m:
                 continue
             uid = m.group(1).replace("_", "-").lower()

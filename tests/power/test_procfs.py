@@ -56,6 +56,12 @@ def test_usage_ratio_is_keplers_and_clamped():
      f"crio-{CID}.scope\n", PodRef(UID, CID)),
     # A process in the pod cgroup itself, no container yet.
     (f"0::/kubepods/burstable/pod{UID}\n", PodRef(UID, "")),
+    # Read from a private cgroup namespace (the cgroupfs driver): relative, no "kubepods" in sight.
+    (f"0::/../../burstable/pod{UID}/{CID}\n", PodRef(UID, CID)),
+    (f"0::/../../pod{UID}/{CID}\n", PodRef(UID, CID)),
+    (f"11:cpu,cpuacct:/../besteffort/pod{UID}\n", PodRef(UID, "")),
+    # Without "kubepods", only a whole pod<uid> component counts: not a name that merely contains one.
+    (f"0::/user.slice/mypod{UID}.scope\n", None),
     ("0::/user.slice/user-0.slice/session-3.scope\n", None),
     ("0::/\n", None),
     ("12:memory:/system.slice/containerd.service\n", None),
