@@ -164,6 +164,12 @@ class EventRecorder:
         self._put(("nominate", uid), (ns, name, uid, node))
         self._record(ns, name, uid, "Normal", "WaitingForNode", f"Node {node} is asleep; waiting for it to wake up")
 
+    def unnominated(self, ns: str, name: str, uid: str) -> None:
+        """The pod no longer waits for the node it was nominated for: ``status.nominatedNodeName`` cleared (a
+        nomination still queued is replaced, never written after this), so the node power controller stops
+        waking that node for it."""
+        self._put(("nominate", uid), (ns, name, uid, ""))
+
     def failed(self, ns: str, name: str, uid: str, message: str, condition: bool) -> None:
         self._record(ns, name, uid, "Warning", "FailedScheduling", message)
         if condition:
@@ -337,8 +343,9 @@ class EventRecorder:
         return r.status
 
     def _nominate(self, ns: str, name: str, uid: str, node: str) -> int:
+        """``nominatedNodeName: node``, or ``null`` (removed, as kube-scheduler clears it) when ``node`` is ""."""
         return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status",
-                                 compact_json({"status": {"nominatedNodeName": node}}),
+                                 compact_json({"status": {"nominatedNodeName": node or None}}),
                                  content_type="application/merge-patch+json", timeout=self.timeout_s).status
 
     def _condition(self, ns: str, name: str, uid: str, message: str) -> int:
@@ -444,6 +451,11 @@ class EventWriterProcess:
         self._series_of(uid)
         self._send(("nominated", ns, name, uid, node), "nominate", uid)
 
+    def unnominated(self, ns: str, name: str, uid: str) -> None:
+        if self._local is not None:
+            return self._local.unnominated(ns, name, uid)
+        self._send(("unnominated", ns, name, uid), "nominate", uid)
+
     def failed(self, ns: str, name: str, uid: str, message: str, condition: bool) -> None:
         if self._local is not None:
             return self._local.failed(ns, name, uid, message, condition)
@@ -518,7 +530,7 @@ class EventWriterProcess:
         except OSError:  # the child is gone: go on in this process
             self._fall_back("its pipe is closed")
             local = self._local
-            if local is not None and msg[0] in ("scheduled", "nominated", "failed", "forget"):
+            if local is not None and msg[0] in ("scheduled", "nominated", "unnominated", "failed", "forget"):
                 getattr(local, msg[0])(*msg[1:])
             return
         if kind != "lead":  # a lost heartbeat: the next one says it again

@@ -6,7 +6,13 @@ names: ``Pod``, ``Nodes`` (a NodeList, unless the extender is ``nodeCacheCapable
 
 - ``/filter`` answers ``{"Nodes"|"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}``. Nodes that
   fail on resources go to FailedNodes (preemption may help); unschedulable, tainted or non-matching nodes go
-  to FailedAndUnresolvableNodes.
+  to FailedAndUnresolvableNodes. A node the cache does not know yet (just added, the watch behind) passes:
+  kube-scheduler's own filters have already passed it, and rejecting it would send kube-scheduler preempting
+  for nothing.
+- While the cache is not synced, or has had no answer from the apiserver for ``stale_s`` (60 s), ``/filter``
+  answers with its ``Error`` set and ``/prioritize`` with HTTP 503, and ``/healthz`` (= ``/readyz``) fails: with
+  ``ignorable: true`` (deploy/kubernetes/scheduler-config.yaml) kube-scheduler then schedules without the
+  extender instead of with a view of the cluster that may be minutes old.
 - ``/prioritize`` answers ``[{"Host": name, "Score": 0..10}]``: the policy's own node scores (kube plugin
   totals, DQN advantages, negative marginal watts) scaled linearly so its favourite node gets 10 and its least
   favourite 0. A policy that only picks gives its pick 10 and the others 0.
@@ -44,10 +50,17 @@ MAX_EXTENDER_SCORE = 10
 #: scheduler configured without nodeCacheCapable still works up to ~800 nodes.
 EXTENDER_LIMITS = Limits(timeout_s=10.0, max_connections=32, max_body=4 << 20)
 VERBS = ("filter", "prioritize")
+#: Seconds without an answer from the apiserver after which the cache counts as stale (``serve``'s
+#: ``informer_stale_s``): the extender then answers with an error, which an ``ignorable`` extender's caller skips.
+STALE_S = 60.0
 
 
 class ExtenderError(UsageError):
     """A request that is not valid ExtenderArgs."""
+
+
+class CacheUnavailable(Exception):
+    """The cache is not synced yet, or stale: the extender cannot judge the cluster now."""
 
 
 def _candidates(args: dict) -> tuple[list[str], list[dict] | None, bool]:
@@ -94,8 +107,8 @@ def scale_scores(raw: np.ndarray) -> np.ndarray:
 class Extender:
     """Filter and prioritize with a policy over the cache's cluster state."""
 
-    def __init__(self, cache: KubeCache, policy: Policy, seed: int = 0) -> None:
-        self.cache, self.policy = cache, policy
+    def __init__(self, cache: KubeCache, policy: Policy, seed: int = 0, stale_s: float = STALE_S) -> None:
+        self.cache, self.policy, self.stale_s = cache, policy, stale_s
         self.rng = np.random.default_rng(seed)
         self._epoch = -1
         attach = getattr(policy, "attach", None)
@@ -110,6 +123,21 @@ class Extender:
         self.duration = Histogram("joulesched_extender_request_duration_seconds", "Extender request time.",
                                   ["verb"], buckets=ATTEMPT_BUCKETS, registry=reg)
 
+    def unavailable(self) -> str:
+        """Why the cache cannot be trusted now ("" when it can): not synced yet, or no answer from the apiserver
+        for more than :attr:`stale_s`."""
+        if not self.cache.synced:
+            return "the joulesched cache is not synced yet"
+        stale = self.cache.stale_for()
+        if stale > self.stale_s:
+            return f"the joulesched cache has had no answer from the apiserver for {stale:.0f} s"
+        return ""
+
+    def _check(self) -> None:
+        why = self.unavailable()
+        if why:
+            raise CacheUnavailable(why)
+
     def _state(self) -> ClusterState | None:
         st = self.cache.state()
         if st is not None and self.cache.epoch != self._epoch:
@@ -120,6 +148,7 @@ class Extender:
     def filter(self, args: dict) -> dict:
         names, items, by_name = _candidates(args)
         pod = _pod(args)
+        self._check()
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -129,9 +158,7 @@ class Extender:
             index = {n: i for i, n in enumerate(st.names)} if st is not None else {}
             for name in names:
                 i = index.get(name)
-                if i is None:
-                    failed[name] = "node(s) not found in the joulesched cache"
-                elif mask[i]:
+                if i is None or mask[i]:  # unknown to the cache yet: kube-scheduler's filters passed it
                     passed.append(name)
                 else:
                     gate = node_gate_reason(self.cache.nodes[name], pod)
@@ -149,6 +176,7 @@ class Extender:
     def prioritize(self, args: dict) -> list[dict]:
         names, _, _ = _candidates(args)
         pod = _pod(args)
+        self._check()
         with self.cache.lock:
             st = self._state()
             if st is None:
@@ -186,8 +214,8 @@ class Extender:
             if verb == "filter":
                 try:
                     return 200, self.filter(args)
-                except ExtenderError as e:  # filter errors travel in the Error field
-                    result = "error"
+                except (ExtenderError, CacheUnavailable) as e:  # filter errors travel in the Error field
+                    result = "error" if isinstance(e, ExtenderError) else "unavailable"
                     return 200, {"Nodes": None, "NodeNames": None, "FailedNodes": {},
                                  "FailedAndUnresolvableNodes": {}, "Error": str(e)}
             try:
@@ -195,6 +223,9 @@ class Extender:
             except ExtenderError as e:
                 result = "error"
                 return 400, {"Error": str(e)}
+            except CacheUnavailable as e:  # a HostPriorityList has no Error field: kube-scheduler ignores the scores
+                result = "unavailable"
+                return 503, {"Error": str(e)}
         finally:
             self.requests.labels(verb, result).inc()
             self.duration.labels(verb).observe(time.perf_counter() - t0)
@@ -235,8 +266,8 @@ class ExtenderServer(BackgroundHTTPServer):
                 if path == "/metrics":
                     self._send(200, generate_latest(ext.cache.registry), CONTENT_TYPE_LATEST)
                 elif path in ("/healthz", "/readyz", "/livez"):
-                    ok = ext.cache.synced
-                    self._send(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
+                    why = ext.unavailable()
+                    self._send(503 if why else 200, why.encode() if why else b"ok", "text/plain")
                 else:
                     self._send(404, b"not found", "text/plain")
 

@@ -19,7 +19,11 @@ What happens to a pod, whatever fails:
 - the policy chose a node that is asleep or waking (the node power controller's taint): the pod is not bound;
   its ``status.nominatedNodeName`` names the node (which tells the controller to wake it), and it waits in
   the queue, without backoff, until the node is Ready and untainted, then is bound there (the nominated node
-  is tried first, as kube-scheduler does). No binding ever goes to a node that is not Ready;
+  is tried first, as kube-scheduler does). No binding ever goes to a node that is not Ready, and a node that is
+  NotReady without being asleep (down, booting, a failed wake) is no candidate at all, even for a pod that
+  tolerates every taint: nothing would wake it, so waiting for it could last for ever. A pod decided away
+  from its nominated node (bound elsewhere, waiting for another node, or unschedulable) has the nomination
+  cleared (``nominatedNodeName: null``), so the controller stops waking that node for it;
 - bind answers 201: done; the watch confirms it;
 - bind answers 409: the pod is already bound (by us, when an earlier answer was lost, or by anyone else) or
   its uid changed. Re-read it; bound → done, never bound again; still pending → back off and retry;
@@ -30,7 +34,9 @@ What happens to a pod, whatever fails:
   the queue until the cache or a read shows it bound or deleted.
 
 With leader election on, only the replica holding the Lease decides and binds (checked again right before
-each binding request).
+each binding request, whose timeout is capped so that it ends before this replica's leadership would: a binding
+cannot land after a successor has taken over and read the pods; with too little of the term left the pod is
+requeued without backoff).
 
 The scheduler is the cluster's :class:`~joulesched.cluster.backend.Backend`: its loop thread is
 ``run_policy(scheduler, policy, seed)``, the same loop that drives the twin. :meth:`Scheduler.next_decision`
@@ -52,6 +58,7 @@ binding requests, an LRU of Event series (bench/soak.py).
 
 from __future__ import annotations
 
+import collections
 import heapq
 import http.client
 import itertools
@@ -77,7 +84,7 @@ from joulesched.agent.kube_scoring import num_nodes_to_score
 from joulesched.agent.policy import Policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.backend import Decision
-from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.cache import KubeCache, kube_unschedulable_message
 from joulesched.cluster.kube.client import FastClient, client_source
 from joulesched.cluster.kube.objects import PodInfo
 from joulesched.live.events import EVENT_WRITERS, EventRecorder, EventWriterProcess, compact_json
@@ -89,9 +96,14 @@ log = logging.getLogger("joulesched.serve")
 
 #: kube-scheduler's scheduling_attempt_duration_seconds buckets: 1 ms * 2^k, k = 0..14.
 ATTEMPT_BUCKETS = tuple(0.001 * 2**k for k in range(15))
+#: The FailedScheduling reason for a node that passed the filters but is NotReady without being asleep.
+NOT_READY_REASON = "node(s) were not ready"
 #: A batch (``ServeConfig.batch``) ends once the loop has held the cache lock this long, so that a slow policy
 #: keeps the informer waiting no longer than about one decision plus this.
 HOLD_MAX_S = 0.01
+#: A binding request must be over this fraction of the renew deadline (0.5 s of kube's 10 s) before the leader's
+#: term would end, and is not sent with less than that left (:meth:`Scheduler._bind_timeout`).
+FENCE_MARGIN = 0.05
 
 
 @dataclass
@@ -153,6 +165,7 @@ class _Attempt:
     entry: "_Entry"
     t0: float
     locked: bool = True
+    nominated: str = ""  # the pod's nominatedNodeName when it was decided
 
     def unlock(self, lock: Any) -> None:
         if self.locked:
@@ -173,6 +186,9 @@ class _Entry:
     uncertain_node: str = ""  # a binding to this node may have happened: capacity stays reserved until we know
     waiting_for: str = ""  # the sleeping node the policy chose: the pod waits until it is awake
     waiting_since: float = 0.0
+    #: the pod's nominatedNodeName as this replica last wrote it; None: not written since it became leader (the
+    #: cache's copy of the pod says)
+    nominated: str | None = None
 
 
 class SchedulerMetrics:
@@ -307,6 +323,7 @@ class Scheduler:
         self._resync_needed = False
         self._held = 0  # decisions made under the loop's current hold of the cache lock (0: not held)
         self._held_since = 0.0
+        self._unready: tuple[int, np.ndarray | None] = (-1, None)  # (cache epoch, nodes NotReady and not asleep)
         cache.sleep_aware = True  # sleeping nodes are candidates: choosing one makes the pod wait for it
         #: Set while this replica decides and binds (caches synced, leader or no election); cleared on losing it.
         self.ready = threading.Event()
@@ -414,6 +431,7 @@ class Scheduler:
                 now = time.monotonic()
                 for e in self._entries.values():
                     e.ready_at = min(e.ready_at, now)
+                    e.nominated = None  # another leader may have nominated it meanwhile: the cache says
                     heapq.heappush(self._heap, (e.ready_at, next(self._seq), e.uid))
             self._cv.notify_all()
 
@@ -580,23 +598,64 @@ class Scheduler:
             if not (0 <= node < len(decision.mask) and decision.mask[node]):
                 raise RuntimeError(f"policy {self.policy.name!r} chose infeasible node {node}")
             name = decision.state.names[node]
-            awake = self.cache.node_awake(name)
+            info = self.cache.nodes.get(name)
+            awake = info is not None and info.ready and not info.asleep  # KubeCache.node_awake
+            asleep = info is not None and info.asleep
             if awake:
                 self.cache.assume(p.entry.uid, name)
         finally:
             p.unlock(self.cache.lock)
-        if not awake:  # asleep or waking: nominate it, wait for it, lose nothing
-            self._wait_for_node(p.entry, name)
+        e = p.entry
+        if not awake:
+            if asleep:  # asleep or waking: nominate it, wait for it, lose nothing
+                self._wait_for_node(e, name)
+            else:  # NotReady and not asleep: never a candidate (_decision), so this is a policy's bug
+                log.error("scheduling %s/%s: node %s is not ready; retrying", e.namespace, e.name, name)
+                self.metrics.attempts.labels("error").inc()
+                self._requeue(e, backoff=True)
             self._slots.release()
             return
-        self._bind_q.put((p.entry, name, p.t0))
+        if p.nominated and p.nominated != name:  # decided away from the node it was nominated for
+            self._unnominate(e)
+        self._bind_q.put((e, name, p.t0))
 
     def _wait_for_node(self, e: _Entry, node: str) -> None:
         if e.waiting_for != node:
             e.waiting_for, e.waiting_since = node, time.monotonic()
-            self.recorder.nominated(e.namespace, e.name, e.uid, node)
             self.metrics.waiting.inc()
+        if e.nominated != node:
+            e.nominated = node
+            self.recorder.nominated(e.namespace, e.name, e.uid, node)
         self._requeue(e, backoff=False, delay=self.cfg.node_wait_poll_s)
+
+    def _unnominate(self, e: _Entry) -> None:
+        """Clear the pod's ``status.nominatedNodeName`` (as kube-scheduler does when a nomination no longer holds),
+        so that the node power controller stops waking that node for it."""
+        e.nominated = ""
+        self.recorder.unnominated(e.namespace, e.name, e.uid)
+
+    def _unready_nodes(self, st: Any) -> np.ndarray | None:
+        """The nodes that are NotReady without being asleep (down, booting, a failed wake), once per cache epoch;
+        None when there is none. The filters let a pod that tolerates every taint (the not-ready one included)
+        through to them, as kube-scheduler's would; this scheduler binds only to Ready nodes, and nothing wakes
+        such a node, so they are taken out of the policy's candidates."""
+        epoch = self.cache.epoch
+        if self._unready[0] != epoch:
+            nodes = self.cache.nodes
+            bad = np.fromiter((not (i is not None and (i.ready or i.asleep)) for i in map(nodes.get, st.names)),
+                              dtype=bool, count=len(st.names))
+            self._unready = (epoch, bad if bad.any() else None)
+        return self._unready[1]
+
+    def _unschedulable_message(self, pod: PodInfo, st: Any, unready: np.ndarray | None) -> str:
+        """kube's FitError message, with the NotReady nodes that passed the filters counted as such."""
+        if st is None or unready is None:
+            return self.cache.unschedulable_message(pod)
+        counts: collections.Counter[str] = collections.Counter()
+        for i in range(len(st)):
+            reasons = st.filter_reasons(i, pod.request)
+            counts.update(reasons if reasons or not unready[i] else (NOT_READY_REASON,))
+        return kube_unschedulable_message(len(st), counts)
 
     def abandon(self, decision: Decision, error: BaseException) -> None:
         """The policy (or the hand-off) failed: a policy bug must not kill the scheduler or lose the pod."""
@@ -652,6 +711,10 @@ class Scheduler:
                 return None
             st = self.cache.state()
             mask = self.cache.feasible(pod, st)
+            unready = self._unready_nodes(st) if st is not None else None
+            if unready is not None:
+                mask &= ~unready
+            nominated = pod.nominated_node if e.nominated is None else e.nominated
             if e.waiting_for and st is not None:
                 w = e.waiting_for
                 k = st.names.index(w) if w in self.cache.nodes else -1
@@ -667,13 +730,15 @@ class Scheduler:
             if st is not None and self.cfg.sample_pct is not None and not getattr(self.policy, "kube_sampling", False):
                 mask = self._sample(mask)
             if st is not None and mask.any():
-                attempt = _Attempt(e, t0)
+                attempt = _Attempt(e, t0, nominated=nominated)
                 lock = None  # handed over: bind() or abandon() releases it
                 return Decision(st, pod.request, mask, attempt, pod.meta)  # meta: as the twin's (pod_meta)
-            message = self.cache.unschedulable_message(pod)
+            message = self._unschedulable_message(pod, st, unready)
         finally:
             if lock is not None:
                 lock.release()
+        if nominated:  # it waits for no node now
+            self._unnominate(e)
         dt = time.perf_counter() - t0
         self.metrics.attempts.labels("unschedulable").inc()
         self.metrics.duration.labels("unschedulable").observe(dt)
@@ -737,16 +802,38 @@ class Scheduler:
             self._done(e)
         elif outcome == "standby":
             self._requeue(e, backoff=False)
+        elif outcome == "fenced":  # too little of the term left: by then leadership is renewed or lost
+            self._requeue(e, backoff=False, delay=self.cfg.retry_period_s)
         else:
             self.metrics.attempts.labels("error").inc()
             self.metrics.duration.labels("error").observe(dt)
             self._requeue(e, backoff=True)
 
+    def _bind_timeout(self) -> float:
+        """The binding request's timeout: ``request_timeout_s``, capped so that the request is over (answered or
+        given up) a margin (:data:`FENCE_MARGIN` of the renew deadline) before this replica's leadership ends; 0
+        when not leading, or when that would leave the request less than the margin itself.
+
+        A successor takes over no earlier than ``lease_duration_s - renew_deadline_s`` after that end (5 s by
+        default) and then reads the pods afresh; a binding sent with the full 10 s timeout just before the
+        deadline could still be answered after that read, and the successor would decide the pod on a cache
+        without it (its own binding would get a 409, but the room it counted on may be gone)."""
+        le = self.leader
+        if le is None:
+            return self.cfg.request_timeout_s
+        margin = FENCE_MARGIN * le.renew_deadline_s
+        left = le.leading_until() - le.clock() - margin
+        return min(self.cfg.request_timeout_s, left) if left >= margin else 0.0
+
     def _bind_once(self, e: _Entry, node: str) -> str:
         """POST the binding; returns bound / gone (deleted or bound elsewhere) / retry (certainly not bound) /
-        unknown (no answer and no successful re-read) / standby (not the leader any more)."""
+        unknown (no answer and no successful re-read) / standby (not the leader any more) / fenced (too little
+        of this replica's term left to send it)."""
         if not self.is_leader():
             return "standby"
+        timeout = self._bind_timeout()
+        if timeout <= 0.0:
+            return "fenced" if self.is_leader() else "standby"
         if not self.cache.node_awake(node):  # it went to sleep (or NotReady) since the decision
             return "retry"
         body = compact_json({"apiVersion": "v1", "kind": "Binding",
@@ -755,7 +842,7 @@ class Scheduler:
         self.bind_sent.append((time.monotonic(), e.uid))
         try:
             r = self.http.request("POST", f"/api/v1/namespaces/{_q(e.namespace)}/pods/{_q(e.name)}/binding", body,
-                                  timeout=self.cfg.request_timeout_s)
+                                  timeout=timeout)
         except (OSError, http.client.HTTPException) as ex:  # dropped, timed out: it may or may not have happened
             code = "timeout" if isinstance(ex, (socket.timeout, TimeoutError)) else "connection"
             self.metrics.bind_errors.labels(code).inc()
