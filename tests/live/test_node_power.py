@@ -562,11 +562,12 @@ def test_a_pending_pod_wakes_a_node_whose_sleep_failed_instead_of_another_retry(
     # Woken, it counts as awake only once its kubelet renews its Lease after that sleep's deadline (the machine
     # may have been going down, its kubelet still alive): here 1.5 s.
     add_nodes(emu, machines, ["a", "b"], cpu="4")
-    ctl, act, victim, other = _failed_sleep(emu, make_controller, sleep_timeout_s=1.5, retry_max_s=30.0)
+    # (retry_max_s short: the retried sleeps' backoff must not keep the node out of the wake pass's reach.)
+    ctl, act, victim, other = _failed_sleep(emu, make_controller, sleep_timeout_s=1.5, retry_max_s=0.5)
     emu.add_pod("filler", cpu="3", memory="64Mi", node_name=other, owner="ReplicaSet")
     emu.add_pod("p", cpu="3500m", memory="64Mi", scheduler_name="default-scheduler", owner="ReplicaSet")
     wait_until(lambda: pstate(emu, victim) == "awake" and not emu.get("nodes", victim)["spec"].get("unschedulable"),
-               8, "the node the pending pod needs, uncordoned")
+               15, "the node the pending pod needs, uncordoned")
     assert ("wake", victim) in act.calls and any(e["involvedObject"]["name"] == victim
                                                  for e in events(emu, "NodeAwake"))
 
