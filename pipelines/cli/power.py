@@ -104,8 +104,11 @@ def _max_interval(m) -> Optional[float]:
     return fn() if fn is not None else None
 
 
-def _gpu_meter(mode: GpuMode):
-    """The NVML meter for --gpu: None when off, or (auto) when no GPU works here; on: required (exit 2)."""
+def _gpu_meter(mode: GpuMode, proc_root: Path = Path("/proc")):
+    """The NVML meter for --gpu: None when off, or (auto) when no GPU works here; on: required (exit 2).
+
+    auto on a host whose NVIDIA driver is loaded (``/proc/driver/nvidia``) but whose NVML does not open warns:
+    the GPUs go unmetered, most often because the hardened unit's PrivateDevices=yes hides /dev/nvidia*."""
     if mode is GpuMode.off:
         return None
     from joulesched.power.meter import MeterError
@@ -116,7 +119,14 @@ def _gpu_meter(mode: GpuMode):
     except MeterError as e:
         if mode is GpuMode.on:
             _fail(f"--gpu on: {e}")
-        logging.getLogger(__name__).info("no GPU energy: %s", e)
+        log = logging.getLogger(__name__)
+        if (proc_root / "driver" / "nvidia").is_dir():
+            log.warning("an NVIDIA driver is loaded (%s) but NVML cannot open, so no GPU energy is exported: %s. "
+                        "Under the hardened systemd unit install its GPU drop-in (deploy/systemd/"
+                        "joulesched-power-exporter.service.d/gpu.conf): PrivateDevices=yes hides /dev/nvidia*",
+                        proc_root / "driver" / "nvidia", e)
+        else:
+            log.info("no GPU energy: %s", e)
         return None
 
 
@@ -155,7 +165,7 @@ def exporter(
         _fail(f"--interval {interval:g} s is too long for the {m.source} meter: its counters wrap every "
               f"{m.wrap_joules:.0f} J, which {PEAK_ZONE_WATTS:.0f} W goes round in {2 * limit:.0f} s, and two wraps "
               f"between readings look like one; give at most {limit:.0f} s")
-    exp = Exporter(PowerMonitor(m, proc_root=str(proc_root), top_n=top_n, gpu_meter=_gpu_meter(gpu)),
+    exp = Exporter(PowerMonitor(m, proc_root=str(proc_root), top_n=top_n, gpu_meter=_gpu_meter(gpu, proc_root)),
                    host=host, port=port, interval_s=interval)
     # SIGTERM is a clean stop (exit 0, as systemd expects) from before the first request can be answered: with the
     # handler set after start(), a SIGTERM in between met the CLI's default handler and exited 130.

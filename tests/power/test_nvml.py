@@ -185,6 +185,27 @@ def test_the_exporter_exports_gpu_joules(powercap, proc, clock):
     assert got["joulesched_node_joules_total"][""][0] == pytest.approx(4.0)  # the CPU side is untouched
 
 
+@pytest.mark.parametrize("driver_loaded, level", [(True, "WARNING"), (False, "INFO")])
+def test_gpu_auto_warns_where_a_driver_is_loaded_but_nvml_does_not_open(proc, monkeypatch, caplog, driver_loaded,
+                                                                       level):
+    """--gpu auto on a GPU host whose NVML cannot open (the unit's PrivateDevices=yes hides /dev/nvidia*) must not
+    pass quietly: the GPUs would go unmetered. Without a driver, no GPU is the normal case."""
+    import joulesched.power.nvml
+    from joulesched.pipelines.cli.power import GpuMode, _gpu_meter
+
+    def no_nvml(*args, **kwargs):
+        raise MeterUnavailable("NVML cannot start: Insufficient Permissions (no NVIDIA driver or GPU here)")
+
+    monkeypatch.setattr(joulesched.power.nvml, "NvmlMeter", no_nvml)
+    if driver_loaded:
+        (proc.root / "driver" / "nvidia").mkdir(parents=True)
+    with caplog.at_level("INFO", logger="joulesched.pipelines.cli.power"):
+        assert _gpu_meter(GpuMode.auto, proc.root) is None
+    [rec] = caplog.records
+    assert rec.levelname == level and "Insufficient Permissions" in rec.getMessage()
+    assert ("gpu.conf" in rec.getMessage()) is driver_loaded
+
+
 def _live_nvml() -> str:
     try:
         pynvml.nvmlInit()

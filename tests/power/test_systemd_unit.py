@@ -12,22 +12,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "deploy" / "systemd" / "joulesched-power-exporter.service"
+GPU_DROPIN = UNIT.parent / f"{UNIT.name}.d" / "gpu.conf"
 INSTALLED_BIN = "/opt/joulesched/.venv/bin/joulesched"
 
 
-def _unit_copy(tmp_path: Path) -> Path:
-    """The unit with ExecStart pointing at this checkout's joulesched, since verify checks the binary exists."""
+def _unit_copy(tmp_path: Path, gpu: bool = False) -> Path:
+    """The unit with ExecStart pointing at this checkout's joulesched, since verify checks the binary exists; with
+    ``gpu``, the GPU drop-in beside it (UNIT.d/gpu.conf, where systemd looks for it)."""
     local = Path(sys.executable).parent / "joulesched"
     if not local.exists():
         pytest.skip(f"{local} not installed (pip install -e .)")
     copy = tmp_path / UNIT.name
     copy.write_text(UNIT.read_text().replace(INSTALLED_BIN, str(local)))
+    if gpu:
+        (tmp_path / f"{UNIT.name}.d").mkdir()
+        (tmp_path / f"{UNIT.name}.d" / GPU_DROPIN.name).write_text(GPU_DROPIN.read_text())
     return copy
 
 
-def _directives() -> dict[str, list[str]]:
+def _directives(path: Path = UNIT) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for line in UNIT.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if "=" in line and not line.lstrip().startswith(("#", "[")):
             k, v = line.split("=", 1)
             out.setdefault(k.strip(), []).append(v.strip())
@@ -49,19 +54,36 @@ def test_hardening_directives():
     assert "u joulesched-power" in sysusers
 
 
+def test_gpu_dropin_opens_the_nvidia_devices_only():
+    """PrivateDevices=yes hides /dev/nvidia*, so NVML cannot start: the drop-in gives the host's /dev back under a
+    closed device policy that allows NVIDIA's character major (195: nvidia-frontend before driver 545, nvidia and
+    nvidiactl since) and nothing CUDA or MIG would need."""
+    d = _directives(GPU_DROPIN)
+    assert d["PrivateDevices"] == ["no"] and d["DevicePolicy"] == ["closed"]
+    assert set(d["DeviceAllow"]) == {"/dev/nvidiactl rw", "char-nvidia-frontend rw", "char-nvidia rw",
+                                     "char-nvidiactl rw"}
+    assert set(d) == {"PrivateDevices", "DevicePolicy", "DeviceAllow"}, "the rest of the sandbox stays as shipped"
+    assert "[Service]" in GPU_DROPIN.read_text()
+    role_copy = REPO / "playbooks" / "roles" / "power_exporter" / "files" / "joulesched-power-exporter-gpu.conf"
+    assert role_copy.resolve() == GPU_DROPIN.resolve()  # the Ansible role installs this very file
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_systemd_analyze_verify(tmp_path):
-    unit = _unit_copy(tmp_path)
+@pytest.mark.parametrize("gpu", [False, True], ids=["unit", "unit+gpu.conf"])
+def test_systemd_analyze_verify(tmp_path, gpu):
+    unit = _unit_copy(tmp_path, gpu)
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
-    problems = [line for line in (r.stdout + r.stderr).splitlines() if unit.name in line]
+    problems = [line for line in (r.stdout + r.stderr).splitlines() if unit.name in line]  # gpu.conf's too
     assert r.returncode == 0 and not problems, r.stdout + r.stderr
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_systemd_security_exposure_is_low(tmp_path):
-    unit = _unit_copy(tmp_path)
+@pytest.mark.parametrize("gpu", [False, True], ids=["unit", "unit+gpu.conf"])
+def test_systemd_security_exposure_is_low(tmp_path, gpu):
+    unit = _unit_copy(tmp_path, gpu)
     r = subprocess.run(["systemd-analyze", "security", "--offline=true", "--threshold=20", str(unit)],
                        capture_output=True, text=True, timeout=60)
     if "--offline" in r.stderr and "unrecognized" in r.stderr:
         pytest.skip("systemd-analyze too old for --offline (needs systemd >= 252)")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr  # exposure 2.0 or less out of 10
+    assert ("char-nvidia-frontend:rw" in r.stdout) is gpu  # the drop-in was read (its device ACL is scored)
