@@ -13,10 +13,13 @@ first failing one giving the node's reason in kube's words.
 * ``PowerState`` decides how a sleeping node is judged: under a profile that wakes nodes (the twin; the live
   scheduler with node power) as it will be once awake, without the node power controller's taint and cordon;
   otherwise as it is, gated by them.
-* Resource filters look at the free capacity a :class:`ClusterState` keeps: ``NodeResourcesFit`` (cpu, memory
-  and the pod count, kube's ``Insufficient cpu`` / ``Insufficient memory`` / ``Too many pods``) and ``GpuFit``
-  (whole GPUs, a shared GPU's milli-share on one GPU, the allowed GPU models; docs/twin.md, "GPUs"). A new
-  resource is one more object with the same methods in :data:`RESOURCE_FILTERS`.
+* Resource filters look at the free capacity a :class:`ClusterState` keeps: ``NodePorts`` (host ports, kube's
+  plugin of that name), ``NodeResourcesFit`` (cpu, memory and the pod count, kube's ``Insufficient cpu`` /
+  ``Insufficient memory`` / ``Too many pods``), ``GpuFit`` (whole GPUs, a shared GPU's milli-share on one GPU,
+  the allowed GPU models; docs/twin.md, "GPUs") and ``NamedResourcesFit`` (every other requested resource:
+  extended resources, ``ephemeral-storage``, ``hugepages-*``). The last three are kube's one NodeResourcesFit
+  plugin (their reasons are listed together); only a pod that asks host ports or named resources pays for
+  their two filters. A new resource is one more object with the same methods in :data:`RESOURCE_FILTERS`.
 
 :class:`FilterChain` composes them once per profile; :meth:`FilterChain.bind` gives a state its ``feasible``
 function. Policies only ever choose among the nodes of that mask, so a filter a policy does not know about
@@ -56,6 +59,17 @@ REASON_GPU_SHARE = f"Insufficient {GPU_SHARE_ANNOTATION}"
 REASON_GPU_MODEL = "node(s) didn't match Pod's GPU model"
 #: One GPU's whole share, milli-GPU.
 GPU_MILLI = 1000
+REASON_PORTS = "node(s) didn't have free ports for the requested pod ports"
+#: Resources a pod's ``named`` requests never list: the ones NodeResourcesFit and GpuFit model.
+MODELLED_RESOURCES = frozenset({"cpu", "memory", "pods", GPU_RESOURCE})
+#: A host port's IP that binds every address (kube's DefaultBindAllHostIP; an empty hostIP means it too).
+ANY_HOST_IP = "0.0.0.0"
+_BY_ANY = "*"  # NodeExtras.ports' key for a port's use by any IP
+
+
+def insufficient(resource: str) -> str:
+    """kube's NodeResourcesFit reason for ``resource``."""
+    return f"Insufficient {resource}"
 
 
 def untolerated_taint_reason(taint: "Taint") -> str:
@@ -274,6 +288,7 @@ class ClusterState(Protocol):
     alloc_gpu: np.ndarray
     gpu_whole_free: np.ndarray
     gpu_max_free: np.ndarray
+    extras: "NodeExtras"
 
     def __len__(self) -> int: ...
 
@@ -289,11 +304,17 @@ class PodRequest(Protocol):
     gpu: int
     gpu_milli: int
     gpu_models: frozenset[str] | None
+    named: tuple[tuple[str, int], ...]
+    host_ports: tuple[tuple[str, str, int], ...]
+    extra: bool
 
 
 class ResourceFilter(Protocol):
     """A filter over a ClusterState's free capacity: a mask over nodes, one node's reasons, and (for pods
-    that fit no node even when the cluster is empty) the fit against empty nodes, vectorised over pods."""
+    that fit no node even when the cluster is empty) the fit against empty nodes, vectorised over pods.
+
+    Optional: ``plugin``, the kube plugin it is part of (default its ``name``: the chain lists the reasons of
+    the first plugin a node fails, as kube does)."""
 
     name: str
 
@@ -310,7 +331,7 @@ class ResourceFilter(Protocol):
 class NodeResourcesFit:
     """kube's NodeResourcesFit on real requests (absent = 0), and the pod-count limit."""
 
-    name = "NodeResourcesFit"
+    name = plugin = "NodeResourcesFit"
 
     @staticmethod
     def mask(st: ClusterState, pod: PodRequest) -> np.ndarray:
@@ -378,6 +399,7 @@ class GpuFit:
     A pod without GPUs passes every node (the chain never calls this for it, see :meth:`FilterChain.bind`)."""
 
     name = "GpuFit"
+    plugin = "NodeResourcesFit"
 
     @staticmethod
     def mask(st: ClusterState, pod: PodRequest) -> np.ndarray:
@@ -427,7 +449,136 @@ class GpuFit:
         return ok
 
 
-RESOURCE_FILTERS: tuple[ResourceFilter, ...] = (NodeResourcesFit(), GpuFit())
+class NodeExtras:
+    """What a state keeps per node beyond cpu, memory, pods and GPUs, updated as pods are bound and unbound
+    (:meth:`add`): each named resource's allocatable and requested sum (an int64 array over nodes per resource
+    name; a resource a node does not list is 0 there, as in kube), and the host ports in use, per
+    ``(protocol, port)`` as counts per node: by any IP (key ``*``), and by each IP (the any-address one too)."""
+
+    def __init__(self, n: int, alloc: Sequence[Mapping[str, int]] | None = None) -> None:
+        self.n = n
+        self.alloc: dict[str, np.ndarray] = {}
+        for i, a in enumerate(alloc or ()):
+            for r, v in a.items():
+                self._row(self.alloc, r)[i] = v
+        self.used: dict[str, np.ndarray] = {}
+        self.ports: dict[tuple[str, int], dict[str, np.ndarray]] = {}  # (protocol, port) -> ip or "" -> counts
+
+    def _row(self, d: dict[str, np.ndarray], key: str) -> np.ndarray:
+        a = d.get(key)
+        if a is None:
+            a = d[key] = np.zeros(self.n, dtype=np.int64)
+        return a
+
+    def add(self, i: int, pod: PodRequest, sign: int) -> None:
+        """Account (``sign`` 1) or release (-1) ``pod``'s named requests and host ports on node ``i``."""
+        for r, q in pod.named:
+            self._row(self.used, r)[i] += sign * q
+        for proto, ip, port in pod.host_ports:
+            use = self.ports.setdefault((proto, port), {})
+            self._row(use, _BY_ANY)[i] += sign
+            self._row(use, ip or ANY_HOST_IP)[i] += sign
+
+    def free(self, resource: str) -> np.ndarray:
+        """Allocatable minus requested of ``resource``, per node."""
+        a, u = self.alloc.get(resource), self.used.get(resource)
+        if a is None:
+            return np.zeros(self.n, dtype=np.int64) if u is None else -u
+        return a if u is None else a - u
+
+    def free_at(self, resource: str, i: int) -> int:
+        a, u = self.alloc.get(resource), self.used.get(resource)
+        return (0 if a is None else int(a[i])) - (0 if u is None else int(u[i]))
+
+    def port_conflicts(self, pod: PodRequest) -> np.ndarray | None:
+        """Nodes where one of ``pod``'s host ports is taken (kube's ``HostPortInfo.CheckConflict``: the same
+        protocol and port, and IPs that overlap; the any-address IP overlaps every IP); None: no node."""
+        out = None
+        for use, keys in self._port_uses(pod):
+            for key in keys:
+                a = use.get(key)
+                if a is not None:
+                    out = a > 0 if out is None else out | (a > 0)
+        return out
+
+    def port_taken_at(self, pod: PodRequest, i: int) -> bool:
+        """:meth:`port_conflicts` on node ``i`` alone."""
+        return any(use[key][i] > 0 for use, keys in self._port_uses(pod) for key in keys if key in use)
+
+    def _port_uses(self, pod: PodRequest) -> Iterable[tuple[dict[str, np.ndarray], tuple[str, ...]]]:
+        """Per host port of ``pod`` that some node uses: its counts, and which of them conflict with it."""
+        for proto, ip, port in pod.host_ports:
+            use = self.ports.get((proto, port))
+            if use is not None:
+                ip = ip or ANY_HOST_IP
+                yield use, ((_BY_ANY,) if ip == ANY_HOST_IP else (ANY_HOST_IP, ip))
+
+
+class NodePorts:
+    """kube's NodePorts: every host port of the pod free on the node, counting the pods bound (or assumed)
+    there. A pod without host ports passes every node (the chain never calls this for it)."""
+
+    name = plugin = "NodePorts"
+
+    @staticmethod
+    def mask(st: ClusterState, pod: PodRequest) -> np.ndarray:
+        taken = st.extras.port_conflicts(pod) if pod.host_ports else None
+        return np.ones(len(st), dtype=bool) if taken is None else ~taken
+
+    @classmethod
+    def reasons(cls, st: ClusterState, i: int, pod: PodRequest) -> list[str]:
+        return [] if cls.fits_node(st, i, pod) else [REASON_PORTS]
+
+    @staticmethod
+    def fits_node(st: ClusterState, i: int, pod: PodRequest) -> bool:
+        return not (pod.host_ports and st.extras.port_taken_at(pod, i))
+
+    @staticmethod
+    def fits_empty(st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
+                   gpu: GpuDemand | None = None) -> np.ndarray:
+        return np.ones(len(cpu), dtype=bool)  # an empty node holds no port (vectorised demands carry none)
+
+
+class NamedResourcesFit:
+    """kube's NodeResourcesFit for every requested resource the other filters do not model (extended resources
+    such as ``example.com/foo``, ``ephemeral-storage``, ``hugepages-2Mi``): the node's allocatable minus its
+    pods' requests at least the pod's request; a node that does not list the resource has none of it. A pod
+    without such requests passes every node (the chain never calls this for it)."""
+
+    name = "NamedResourcesFit"
+    plugin = "NodeResourcesFit"
+
+    @staticmethod
+    def mask(st: ClusterState, pod: PodRequest) -> np.ndarray:
+        ok = np.ones(len(st), dtype=bool)
+        for r, q in pod.named:
+            ok &= st.extras.free(r) >= q
+        return ok
+
+    @staticmethod
+    def reasons(st: ClusterState, i: int, pod: PodRequest) -> list[str]:
+        return [insufficient(r) for r, q in pod.named if st.extras.free_at(r, i) < q]
+
+    @staticmethod
+    def fits_node(st: ClusterState, i: int, pod: PodRequest) -> bool:
+        return all(st.extras.free_at(r, i) >= q for r, q in pod.named)
+
+    @staticmethod
+    def beyond_allocatable(alloc: Mapping[str, int], pod: PodRequest) -> str:
+        """The reason when ``pod`` asks more of a named resource than a node with allocatable ``alloc`` has at
+        all, whatever runs there (kube's unresolvable NodeResourcesFit: no eviction makes room); "" otherwise."""
+        return next((insufficient(r) for r, q in pod.named if q > alloc.get(r, 0)), "")
+
+    @staticmethod
+    def fits_empty(st: ClusterState, nodes: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
+                   gpu: GpuDemand | None = None) -> np.ndarray:
+        return np.ones(len(cpu), dtype=bool)  # vectorised demands (the twin's) carry no named resources
+
+
+#: In kube's plugin order: NodePorts, then NodeResourcesFit (cpu, memory, pods; GPUs; the named resources).
+RESOURCE_FILTERS: tuple[ResourceFilter, ...] = (NodePorts(), NodeResourcesFit(), GpuFit(), NamedResourcesFit())
+#: The filters a pod pays for only when it asks for what they check (GPUs, host ports, named resources).
+_ON_DEMAND = (GpuFit, NodePorts, NamedResourcesFit)
 
 
 # ---- composition --------------------------------------------------------------------------------------------
@@ -496,16 +647,23 @@ class FilterChain:
     def bind(self, st: ClusterState, table: NodeTable) -> Callable[[PodRequest], np.ndarray]:
         """``feasible(pod) -> mask`` over ``st``'s nodes: the resource filters on its free capacity, then the
         node filters' cached verdict for the pod's constraints (skipped when every node passes)."""
-        first, *rest = self.resources
-        gpu_fit = rest[0] if len(rest) == 1 and isinstance(rest[0], GpuFit) else None
+        res = self.resources
+        gpu_fit, ports, named = (next((r for r in res if isinstance(r, kind)), None) for kind in _ON_DEMAND)
 
-        if (not rest or gpu_fit is not None) and isinstance(first, NodeResourcesFit):
+        if any(isinstance(r, NodeResourcesFit) for r in res) and all(isinstance(r, (NodeResourcesFit, *_ON_DEMAND))
+                                                                     for r in res):
             # The common chain, flattened: today's three comparisons, the GPU filter only for a pod with GPUs,
-            # then one lookup when anything can fail.
+            # host ports and named resources only for a pod that asks them, then one lookup when anything can
+            # fail.
             def feasible(pod: PodRequest) -> np.ndarray:
                 ok = fits_free(st.free_cpu, st.free_mem, st.free_pods, pod, st.full_nodes)
                 if pod.gpu and gpu_fit is not None:
                     ok &= gpu_fit.mask(st, pod)
+                if pod.extra:
+                    if pod.host_ports and ports is not None:
+                        ok &= ports.mask(st, pod)
+                    if pod.named and named is not None:
+                        ok &= named.mask(st, pod)
                 k = pod.constraints
                 s = table.open if k is None else table.mask(k)
                 if s is not None:
@@ -519,13 +677,25 @@ class FilterChain:
             return ok if s is None else ok & s
         return feasible_all
 
+    def _plugins(self) -> list[list[ResourceFilter]]:
+        """The resource filters grouped by kube plugin (``plugin``, default ``name``), in chain order."""
+        groups: dict[str, list[ResourceFilter]] = {}
+        for f in self.resources:
+            groups.setdefault(getattr(f, "plugin", f.name), []).append(f)
+        return list(groups.values())
+
     def reasons(self, st: ClusterState, table: NodeTable, i: int, pod: PodRequest) -> list[str]:
-        """Why node ``i`` fails ``pod``, kube's words: the first node filter that fails, else every resource
-        that is short; empty when it fits."""
+        """Why node ``i`` fails ``pod``, kube's words: the first node filter that fails, else the reasons of the
+        first resource plugin that fails (NodePorts, then every resource NodeResourcesFit finds short); empty
+        when it fits."""
         r = table.reason(i, pod.constraints)
         if r:
             return [r]
-        return [x for f in self.resources for x in f.reasons(st, i, pod)]
+        for group in self._plugins():
+            out = [x for f in group for x in f.reasons(st, i, pod)]
+            if out:
+                return out
+        return []
 
     def placeable(self, st: ClusterState, table: NodeTable, cpu: np.ndarray, mem: np.ndarray,
                   constraints: np.ndarray, table_of: Sequence[PodConstraints | None],
@@ -553,10 +723,11 @@ class FilterChain:
             return pending, []
         keep, retry = [], []
         res = self.resources
-        plain = tuple(f for f in res if not isinstance(f, GpuFit))  # a pod without GPUs passes GpuFit anyway
+        plain = tuple(f for f in res if not isinstance(f, _ON_DEMAND))  # what a pod that asks none of them meets
         for p in pending:
             r = reqs[p]
-            ok = all(f.fits_node(st, i, r) for f in (res if r.gpu else plain)) and self.admits(table, i, r)
+            ok = all(f.fits_node(st, i, r) for f in (res if r.gpu or r.extra else plain)) and \
+                self.admits(table, i, r)
             (retry if ok else keep).append(p)
         return keep, retry
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from joulesched.cluster.filters import DEFAULT_CHAIN, GPU_MILLI, FilterChain, NodeTraits, PodConstraints
+from joulesched.cluster.filters import DEFAULT_CHAIN, GPU_MILLI, FilterChain, NodeExtras, NodeTraits, PodConstraints
 from joulesched.power.curves import interp_many, validate_curve
 
 # Node power states.
@@ -29,7 +29,9 @@ class PodRequest:
     ``constraints``: its nodeSelector, tolerations and required node affinity (``None``: it asks nothing), which
     the filter chain (:mod:`joulesched.cluster.filters`) reads. GPUs: ``gpu`` GPUs of ``gpu_milli`` milli-GPU
     each (1000: whole GPUs; below 1000 only with ``gpu`` 1, a share of one GPU), on a node whose model is in
-    ``gpu_models`` (``None``: any model).
+    ``gpu_models`` (``None``: any model). ``named``: ``(resource, quantity)`` of every other resource it requests
+    (extended resources, ``ephemeral-storage``, ``hugepages-*``; integers as kube's ``Quantity.Value()``), and
+    ``host_ports``: ``(protocol, host IP, port)`` of its host ports; both sorted, empty for most pods.
 
     The derived views are computed once: the filter's (absent = 0) and kube-scheduler's scoring defaults
     (absent = 100m / 200 MiB). They are plain attributes because the twin reads them on every placement.
@@ -41,18 +43,22 @@ class PodRequest:
     gpu: int = 0
     gpu_milli: int = GPU_MILLI
     gpu_models: frozenset[str] | None = None
+    named: tuple[tuple[str, int], ...] = ()
+    host_ports: tuple[tuple[str, str, int], ...] = ()
     filter_cpu: int = field(init=False, repr=False, compare=False)
     filter_mem: int = field(init=False, repr=False, compare=False)
     nz_cpu: int = field(init=False, repr=False, compare=False)
     nz_mem: int = field(init=False, repr=False, compare=False)
     best_effort: bool = field(init=False, repr=False, compare=False)
+    extra: bool = field(init=False, repr=False, compare=False)  # asks named resources or host ports
 
     def __post_init__(self) -> None:
         c, m = self.cpu_m, self.memory_mib
         for name, v in (("filter_cpu", c or 0), ("filter_mem", m or 0),
                         ("nz_cpu", DEFAULT_CPU_REQUEST_M if c is None else c),
                         ("nz_mem", DEFAULT_MEMORY_REQUEST_MIB if m is None else m),
-                        ("best_effort", c is None and m is None)):
+                        ("best_effort", c is None and m is None),
+                        ("extra", bool(self.named or self.host_ports))):
             object.__setattr__(self, name, v)
         if self.gpu:
             check_gpu_request(self.gpu, self.gpu_milli)
@@ -123,6 +129,10 @@ class ClusterState:
     gpu_model : list[str]
         Each node's GPU model ("" without GPUs); ``gpu_curves`` (N, 11) one GPU's watts at 0..100 % of it.
 
+    extras : :class:`~joulesched.cluster.filters.NodeExtras`
+        Per node: allocatable of the resources a :class:`PodRequest` lists as ``named`` (``named_alloc``; one a
+        node does not list is 0 there), its pods' requests of them, and the host ports its pods hold.
+
     ``traits`` (labels, taints, cordon, Ready, asleep per node; default: none) and ``chain`` (the filter
     profile) make :meth:`feasible`, composed once here (:mod:`joulesched.cluster.filters`).
     """
@@ -134,7 +144,8 @@ class ClusterState:
                  traits: Sequence[NodeTraits] | None = None,
                  chain: FilterChain = DEFAULT_CHAIN, gpu_count: Sequence[int] | None = None,
                  gpu_model: Sequence[str] | None = None,
-                 gpu_curves: Sequence[Sequence[float]] | None = None) -> None:
+                 gpu_curves: Sequence[Sequence[float]] | None = None,
+                 named_alloc: Sequence[Mapping[str, int]] | None = None) -> None:
         n = len(names)
         if n == 0:
             raise ValueError("a cluster needs at least one node")
@@ -179,6 +190,7 @@ class ClusterState:
         self.next_departure_at = np.full(n, np.inf)
         self.now = 0.0
         self._init_gpus(n, gpu_count, gpu_model, gpu_curves)
+        self.extras = NodeExtras(n, named_alloc)
         self.chain = chain
         self.filter_table = chain.table(self.names, traits)
         self.feasible = chain.bind(self, self.filter_table)  # shadows the method below: one call per decision
@@ -316,6 +328,8 @@ class ClusterState:
             self.full_nodes += 1
         self.nz_cpu[i] += pod.nz_cpu
         self.nz_mem[i] += pod.nz_mem
+        if pod.extra:
+            self.extras.add(i, pod, 1)
 
     def unbind(self, i: int, pod: PodRequest, key: object = None, strict: bool = True) -> None:
         """Release ``pod``'s requests from node ``i`` (its GPUs by the ``key`` it was bound with)."""
@@ -332,3 +346,5 @@ class ClusterState:
         self.free_pods[i] += 1
         self.nz_cpu[i] -= pod.nz_cpu
         self.nz_mem[i] -= pod.nz_mem
+        if pod.extra:
+            self.extras.add(i, pod, -1)

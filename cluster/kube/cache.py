@@ -318,7 +318,7 @@ class KubeCache:
         st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
                           [i.max_pods for i in infos], [i.curve for i in infos], traits=[i.traits for i in infos],
                           chain=FilterChain(wake_sleeping=self._sleep_aware), **self._sleep_kwargs(infos),
-                          **_gpu_kwargs(infos))
+                          **_gpu_kwargs(infos), named_alloc=[dict(i.named) for i in infos])
         self._index = {n: k for k, n in enumerate(names)}
         for uid, (node, req) in self._accounted.items():
             if node in self._index:
@@ -397,8 +397,9 @@ class KubeCache:
 
     def feasible(self, pod: PodInfo, st: ClusterState | None = None) -> np.ndarray:
         """Nodes that pass the filter chain for ``pod`` (:mod:`joulesched.cluster.filters`): NodeUnschedulable,
-        TaintToleration, NodeAffinity (nodeSelector and required node affinity), PowerState and
-        NodeResourcesFit (cpu, memory, pod count). ``st``: :meth:`state`'s answer, if the caller just had it."""
+        TaintToleration, NodeAffinity (nodeSelector and required node affinity), PowerState, NodePorts and
+        NodeResourcesFit (cpu, memory, pod count, GPUs, every other requested resource). ``st``: :meth:`state`'s
+        answer, if the caller just had it."""
         st = self.state() if st is None else st
         if st is None:
             return np.zeros(0, dtype=bool)

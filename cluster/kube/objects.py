@@ -1,10 +1,15 @@
 """Kubernetes objects (as the JSON dicts the API returns) turned into what the scheduler needs.
 
-Pod requests follow kube-scheduler's ``pkg/scheduler/util/pod_resources.go`` at pod level: the sum of the
-containers' requests, raised to the largest init container's request, plus ``spec.overhead``. A resource no
-container requests is ``None`` (kube-scheduler's non-zero default applies when scoring); an explicit 0 stays 0.
-The per-container non-zero rule (100m / 200 MiB for each container without a request) is approximated at pod
-level, because :class:`~cluster.state.PodRequest` carries one value per resource.
+Pod requests are kube's ``PodRequests`` (``k8s.io/component-helpers/resource``), resource by resource: the sum
+of the containers' and sidecars' (init containers with ``restartPolicy: Always``, KEP-753) requests, raised to
+the largest ``init container + the sidecars declared before it``; a pod-level request
+(``spec.resources.requests``, KEP-2837: cpu, memory, ``hugepages-*``) replaces that sum; then
+``spec.overhead`` is added. A resource nothing requests is ``None`` (kube-scheduler's non-zero default applies
+when scoring); an explicit 0 stays 0. The per-container non-zero rule (100m / 200 MiB for each container
+without a request) is approximated at pod level, because :class:`~cluster.state.PodRequest` carries one value
+per resource. Every other requested resource (extended resources, ``ephemeral-storage``, ``hugepages-*``; a
+container's limit stands for its missing request, as the apiserver defaults it) goes to ``named``, and the
+host ports of the containers and sidecars to ``host_ports``: the filter chain checks both.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import functools
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
@@ -20,10 +26,13 @@ from kubernetes.utils import parse_quantity
 
 from joulesched.cluster import nodepower as pw  # the node power controller's annotations and labels
 from joulesched.cluster.filters import (
+    ANY_HOST_IP,
     GPU_MODEL_ANNOTATION,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     GPU_SHARE_ANNOTATION,
+    MODELLED_RESOURCES,
+    NamedResourcesFit,
     NodeSelectorTerm,
     NodeTraits,
     PodConstraints,
@@ -84,8 +93,24 @@ def _memory_mib(q: str | int | float | None, round_up: bool = True) -> int:
     return int(math.ceil(mib)) if round_up else int(math.floor(mib))
 
 
+def quantity_value(q: str | int | float | None) -> int:
+    """A quantity as kube's ``Quantity.Value()``: the integer, rounded up (``"1Gi"`` -> 1073741824)."""
+    if isinstance(q, str):
+        return _cached_quantity(q, "value", True)
+    return _value(q)
+
+
+def _value(q: str | int | float | None) -> int:
+    try:
+        return int(math.ceil(parse_quantity(q)))
+    except ValueError as e:
+        raise ObjectError(f"bad quantity {q!r}: {e}") from None
+
+
 @functools.lru_cache(maxsize=4096)
 def _cached_quantity(q: str, res: str, round_up: bool) -> int:
+    if res == "value":
+        return _value(q)
     return _cpu_millis(q) if res == "cpu" else _memory_mib(q, round_up)  # errors propagate, uncached
 
 
@@ -93,25 +118,90 @@ def _requests(container: dict) -> dict:
     return ((container.get("resources") or {}).get("requests") or {})
 
 
+def _is_sidecar(container: dict) -> bool:
+    """An init container that keeps running beside the containers (KEP-753: ``restartPolicy: Always``)."""
+    return container.get("restartPolicy") == "Always"
+
+
+def _pod_level(resource: str) -> bool:
+    """A resource kube takes from pod-level requests (component-helpers' ``IsSupportedPodLevelResource``)."""
+    return resource in ("cpu", "memory") or resource.startswith("hugepages-")
+
+
+def _aggregate(spec: dict, res: str, conv: Callable[[str | int | float], int], from_limit: bool) -> int | None:
+    """kube's ``AggregateContainerRequests`` for one resource: containers and sidecars summed, raised to the
+    largest regular init container plus the sidecars declared before it. ``from_limit``: a container's limit
+    stands for its missing request (the apiserver's defaulting). None when no container requests it."""
+    def request(c: dict) -> str | int | float | None:
+        q = _requests(c).get(res)
+        return _limits(c).get(res) if q is None and from_limit else q
+
+    seen, total = False, 0
+    for c in spec.get("containers") or []:
+        q = request(c)
+        if q is not None:
+            seen, total = True, total + conv(q)
+    sidecars = init = 0
+    for c in spec.get("initContainers") or []:
+        q = request(c)
+        v = 0 if q is None else conv(q)
+        seen = seen or q is not None
+        if _is_sidecar(c):
+            sidecars += v
+            total += v
+        else:
+            init = max(init, v + sidecars)
+    return max(total, init) if seen else None
+
+
+def _resource_request(spec: dict, res: str, conv: Callable[[str | int | float], int],
+                      from_limit: bool = False) -> int | None:
+    """One resource of kube's ``PodRequests``: the pod-level request if set, else the containers'; plus overhead."""
+    pod_level = (spec.get("resources") or {}).get("requests") or {}
+    v = conv(pod_level[res]) if res in pod_level and _pod_level(res) else _aggregate(spec, res, conv, from_limit)
+    over = (spec.get("overhead") or {}).get(res)
+    return v if over is None else (v or 0) + conv(over)
+
+
+def _named_requests(spec: dict) -> tuple[tuple[str, int], ...]:
+    """Every requested resource the chain does not model on its own, with its non-zero request (sorted)."""
+    names: set[str] = set()
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        names.update(_requests(c), _limits(c))
+    names.update(r for r in (spec.get("resources") or {}).get("requests") or {} if _pod_level(r))
+    names.update(spec.get("overhead") or {})
+    out = []
+    for r in sorted(names - MODELLED_RESOURCES):
+        v = _resource_request(spec, r, quantity_value, from_limit=True)
+        if v:
+            out.append((r, v))
+    return tuple(out)
+
+
+def pod_host_ports(spec: dict) -> tuple[tuple[str, str, int], ...]:
+    """``(protocol, host IP, port)`` of the host ports of the pod's containers and sidecars (kube's
+    ``GetHostPorts``), with kube's defaults: TCP, and the any-address IP for an empty ``hostIP``. Sorted."""
+    out: set[tuple[str, str, int]] = set()
+    for c in [*(c for c in spec.get("initContainers") or [] if _is_sidecar(c)), *(spec.get("containers") or [])]:
+        for p in c.get("ports") or []:
+            try:
+                port = int(p.get("hostPort") or 0)
+            except (TypeError, ValueError):
+                continue
+            if port > 0:
+                out.add((str(p.get("protocol") or "TCP"), str(p.get("hostIP") or ANY_HOST_IP), port))
+    return tuple(sorted(out))
+
+
 def pod_request(pod: dict) -> PodRequest:
     """The pod's effective requests as a :class:`PodRequest` (see module docstring)."""
     spec = pod.get("spec") or {}
-    out: dict[str, int | None] = {}
-    for res, conv in (("cpu", cpu_millis), ("memory", memory_mib)):
-        vals = [conv(_requests(c)[res]) for c in spec.get("containers") or [] if res in _requests(c)]
-        init = [conv(_requests(c)[res]) for c in spec.get("initContainers") or [] if res in _requests(c)]
-        over = (spec.get("overhead") or {}).get(res)
-        if not vals and not init and over is None:
-            out[res] = None
-            continue
-        total = max(sum(vals), max(init, default=0))
-        if over is not None:
-            total += conv(over)
-        out[res] = total
+    cpu, mem = _resource_request(spec, "cpu", cpu_millis), _resource_request(spec, "memory", memory_mib)
+    extra = dict(named=_named_requests(spec), host_ports=pod_host_ports(spec))
     gpu, milli, models = pod_gpus(pod)
     if gpu:
-        return PodRequest(cpu_m=out["cpu"], memory_mib=out["memory"], gpu=gpu, gpu_milli=milli, gpu_models=models)
-    return PodRequest(cpu_m=out["cpu"], memory_mib=out["memory"])
+        return PodRequest(cpu_m=cpu, memory_mib=mem, gpu=gpu, gpu_milli=milli, gpu_models=models, **extra)
+    return PodRequest(cpu_m=cpu, memory_mib=mem, **extra)
 
 
 def pod_gpus(pod: dict) -> tuple[int, int, frozenset[str] | None]:
@@ -175,9 +265,16 @@ class NodeInfo:
     cordoned_by_us: bool = False  # joulesched.io/cordoned: the cordon is the controller's own
     gpu_count: int = 0  # allocatable nvidia.com/gpu
     gpu_model: str = ""  # label nvidia.com/gpu.product (GPU feature discovery)
+    #: allocatable of every other resource (extended, ephemeral-storage, hugepages-*), as Quantity.Value(), sorted
+    named: tuple[tuple[str, int], ...] = ()
     # Changes on every kubelet heartbeat: not compared, so a heartbeat alone does not rebuild the cache's state.
     heartbeat: str = field(default="", compare=False)  # the Ready condition's heartbeat and transition times
     rv: int = field(default=0, compare=False)
+
+    @functools.cached_property
+    def named_alloc(self) -> dict[str, int]:
+        """:attr:`named` as a mapping."""
+        return dict(self.named)
 
     @functools.cached_property
     def traits(self) -> NodeTraits:
@@ -234,8 +331,7 @@ def parse_pod(pod: dict) -> PodInfo:
         req = PodRequest(None, None)  # a malformed request cannot come from a real apiserver; count it as none
     where = parse_constraints(spec)
     if where is not None:
-        req = PodRequest(req.cpu_m, req.memory_mib, where, gpu=req.gpu, gpu_milli=req.gpu_milli,
-                         gpu_models=req.gpu_models)
+        req = replace(req, constraints=where)
     try:
         rv = int(meta.get("resourceVersion") or 0)
     except ValueError:
@@ -510,6 +606,12 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
         gpus = max(0, int(parse_quantity(alloc.get(GPU_RESOURCE, 0))))
     except ValueError:
         gpus = 0
+    named = []
+    for r in sorted(set(alloc) - MODELLED_RESOURCES):
+        try:
+            named.append((str(r), max(0, quantity_value(alloc[r]))))
+        except ObjectError:
+            continue  # unusable: the node has none of it
     taints = tuple(Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
                    for t in spec.get("taints") or [])
     cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
@@ -535,6 +637,7 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
                     wake_failed=WAKE_FAILED_ANNOTATION in annotations,
                     cordoned_by_us=pw.CORDONED_ANNOTATION in annotations,
                     gpu_count=gpus, gpu_model=str(labels.get(GPU_PRODUCT_LABEL, "")) if gpus else "",
+                    named=tuple(named),
                     heartbeat="" if cond is None else f"{cond.get('lastHeartbeatTime', '')}|"
                                                       f"{cond.get('lastTransitionTime', '')}|{cond.get('status')}",
                     rv=rv)
@@ -562,5 +665,11 @@ def parse_constraints(spec: dict) -> PodConstraints | None:
 def node_gate_reason(node: NodeInfo, pod: PodInfo) -> str:
     """The first node filter of the chain (:mod:`joulesched.cluster.filters`: NodeUnschedulable,
     TaintToleration with the not-ready taint, NodeAffinity with nodeSelector and required node affinity) that
-    ``node`` fails for ``pod``, in kube's words; "" when it passes. Resources are not looked at."""
-    return node_reason(node.traits, pod.request.constraints, node.name)
+    ``node`` fails for ``pod``, in kube's words; "" when it passes. Resources are not looked at, except a named
+    resource (an extended one, ``ephemeral-storage``, ``hugepages-*``) the pod asks more of than the node has
+    at all (:meth:`NamedResourcesFit.beyond_allocatable`): as in kube, no eviction makes room for it, and waking
+    the node or moving the pod there would not help."""
+    r = node_reason(node.traits, pod.request.constraints, node.name)
+    if r or not pod.request.named:
+        return r
+    return NamedResourcesFit.beyond_allocatable(node.named_alloc, pod.request)

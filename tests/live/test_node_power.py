@@ -30,6 +30,7 @@ from joulesched.live.actuators import ActuatorOptions, make_actuator
 from joulesched.live.actuators.base import UNKNOWN, ActuatorError
 from joulesched.live.nodepower import NodePowerConfig, NodePowerController, NodePowerStatusServer
 from tests.live.conftest import wait_until
+from tests.support.kube_emulator import make_pod
 from tests.support.machines import Kubelets, Machines
 
 CTL_FAST = dict(resync_s=0.05, settle_s=0.1, retry_initial_s=0.3, retry_max_s=1.0, wake_timeout_s=5.0,
@@ -167,6 +168,24 @@ def test_pods_of_another_scheduler_that_fit_no_awake_node_wake_the_most_efficien
     emu.bind("default", "k", {"target": {"name": "big"}}, None)  # as kube-scheduler would
     time.sleep(0.3)
     assert awake(emu, machines, "big") and asleep(emu, machines, "small")
+
+
+def test_a_pod_asking_an_extended_resource_wakes_a_node_that_has_it(emu, machines, kubelets, make_controller):
+    """The wake question is the filter chain's: a node without the pod's extended resource would never take it
+    (the kubelet would refuse it), however efficient."""
+    add_nodes(emu, machines, ["small"], cpu="2")
+    add_nodes(emu, machines, ["big"], cpu="16")  # the more efficient one, without example.com/foo
+    small = emu.get("nodes", "small")
+    small["status"]["allocatable"]["example.com/foo"] = "1"
+    emu.replace("nodes", "", "small", small)
+    make_controller(PowerPolicy(sleep_after_s=0.2))
+    wait_until(lambda: asleep(emu, machines, "small") and asleep(emu, machines, "big"), 10)
+    k = make_pod("k", cpu="1", scheduler_name="default-scheduler")
+    k["spec"]["containers"][0]["resources"]["requests"]["example.com/foo"] = "1"
+    emu.add_object("pods", k, "default")
+    wait_until(lambda: awake(emu, machines, "small"), 10, "small woken")
+    time.sleep(0.5)
+    assert awake(emu, machines, "small") and asleep(emu, machines, "big")
 
 
 def test_control_plane_and_never_sleep_nodes_are_never_touched_and_min_awake_holds(emu, machines, kubelets,
