@@ -29,6 +29,7 @@ still applies.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -314,7 +315,8 @@ class ResourceFilter(Protocol):
     that fit no node even when the cluster is empty) the fit against empty nodes, vectorised over pods.
 
     Optional: ``plugin``, the kube plugin it is part of (default its ``name``: the chain lists the reasons of
-    the first plugin a node fails, as kube does)."""
+    the first plugin a node fails, as kube does); ``reason_masks(st, pod)``, every node's reasons at once as
+    ``[(reason, mask)]`` (else :meth:`FilterChain.reason_counts` asks :meth:`reasons` node by node)."""
 
     name: str
 
@@ -336,6 +338,15 @@ class NodeResourcesFit:
     @staticmethod
     def mask(st: ClusterState, pod: PodRequest) -> np.ndarray:
         return fits_free(st.free_cpu, st.free_mem, st.free_pods, pod, st.full_nodes)
+
+    @staticmethod
+    def reason_masks(st: ClusterState, pod: PodRequest) -> list[tuple[str, np.ndarray]]:
+        out = []
+        if pod.filter_cpu:
+            out.append((REASON_CPU, st.free_cpu < pod.filter_cpu))
+        if pod.filter_mem:
+            out.append((REASON_MEMORY, st.free_mem < pod.filter_mem))
+        return out + [(REASON_PODS, st.free_pods <= 0)]
 
     @staticmethod
     def reasons(st: ClusterState, i: int, pod: PodRequest) -> list[str]:
@@ -412,6 +423,19 @@ class GpuFit:
         if pod.gpu_models is not None:
             ok &= st.gpu_model_mask(pod.gpu_models)
         return ok
+
+    @staticmethod
+    def reason_masks(st: ClusterState, pod: PodRequest) -> list[tuple[str, np.ndarray]]:
+        if not pod.gpu:
+            return []
+        model = None if pod.gpu_models is None else st.gpu_model_mask(pod.gpu_models)
+        if pod.gpu_milli >= GPU_MILLI:
+            short, reason = st.gpu_whole_free < pod.gpu, REASON_GPU
+        else:
+            short, reason = st.gpu_max_free < pod.gpu_milli, REASON_GPU_SHARE
+        if model is None:
+            return [(reason, short)]
+        return [(REASON_GPU_MODEL, ~model), (reason, short & model)]
 
     @staticmethod
     def reasons(st: ClusterState, i: int, pod: PodRequest) -> list[str]:
@@ -525,6 +549,11 @@ class NodePorts:
         taken = st.extras.port_conflicts(pod) if pod.host_ports else None
         return np.ones(len(st), dtype=bool) if taken is None else ~taken
 
+    @staticmethod
+    def reason_masks(st: ClusterState, pod: PodRequest) -> list[tuple[str, np.ndarray]]:
+        taken = st.extras.port_conflicts(pod) if pod.host_ports else None
+        return [] if taken is None else [(REASON_PORTS, taken)]
+
     @classmethod
     def reasons(cls, st: ClusterState, i: int, pod: PodRequest) -> list[str]:
         return [] if cls.fits_node(st, i, pod) else [REASON_PORTS]
@@ -554,6 +583,10 @@ class NamedResourcesFit:
         for r, q in pod.named:
             ok &= st.extras.free(r) >= q
         return ok
+
+    @staticmethod
+    def reason_masks(st: ClusterState, pod: PodRequest) -> list[tuple[str, np.ndarray]]:
+        return [(insufficient(r), st.extras.free(r) < q) for r, q in pod.named]
 
     @staticmethod
     def reasons(st: ClusterState, i: int, pod: PodRequest) -> list[str]:
@@ -601,6 +634,7 @@ class NodeTable:
         self.filters = tuple(filters)
         self.plain = self.classes == [_PLAIN] or not n
         self._cache: dict[PodConstraints | None, np.ndarray | None] = {}
+        self._reasons: dict[PodConstraints | None, tuple[Counter[str], np.ndarray | None]] = {}
         self.open = self.mask(None)  # the verdict for a pod that asks nothing
 
     def mask(self, pod: PodConstraints | None) -> np.ndarray | None:
@@ -626,6 +660,29 @@ class NodeTable:
 
     def reason(self, i: int, pod: PodConstraints | None) -> str:
         return node_reason(self.classes[int(self.ids[i])], pod, self.names[i], self.filters)
+
+    def reason_counts(self, pod: PodConstraints | None) -> tuple[Counter[str], np.ndarray | None]:
+        """Every node's :meth:`reason` counted, and the nodes that pass (None: all): from the cached verdict,
+        asking only the failing nodes' distinct traits; cached per distinct constraints too (a pod that fits
+        nowhere is asked again and again)."""
+        try:
+            return self._reasons[pod]
+        except KeyError:
+            pass
+        ok = self.verdict(pod)
+        counts: Counter[str] = Counter()
+        if ok is not None:
+            bad = np.flatnonzero(~ok)
+            if pod is not None and pod.uses_fields:  # matchFields read each node's name
+                counts.update(self.reason(i, pod) for i in bad.tolist())
+            else:
+                ids, hits = np.unique(self.ids[bad], return_counts=True)
+                for c, k in zip(ids.tolist(), hits.tolist()):
+                    counts[node_reason(self.classes[c], pod, "", self.filters)] += k
+        if len(self._reasons) >= self.MAX_CACHED:
+            self._reasons.clear()
+        self._reasons[pod] = counts, ok
+        return counts, ok
 
 
 @dataclass(frozen=True)
@@ -696,6 +753,34 @@ class FilterChain:
             if out:
                 return out
         return []
+
+    def reason_counts(self, st: ClusterState, table: NodeTable, pod: PodRequest) -> Counter[str]:
+        """:meth:`reasons` of every node, counted (what kube's "0/N nodes are available" message lists), in
+        one pass: the node filters from the table (:meth:`NodeTable.reason_counts`), the resource filters as
+        masks over the nodes that pass them."""
+        gated, ok = table.reason_counts(pod.constraints)
+        counts = Counter(gated)
+        left = np.ones(len(st), dtype=bool) if ok is None else ok.copy()
+        for group in self._plugins():
+            if not left.any():
+                break
+            failed = np.zeros(len(st), dtype=bool)
+            for f in group:
+                masks = getattr(f, "reason_masks", None)
+                if masks is None:  # a filter without masks: asked node by node
+                    for i in np.flatnonzero(left).tolist():
+                        rs = f.reasons(st, i, pod)
+                        counts.update(rs)
+                        failed[i] |= bool(rs)
+                    continue
+                for r, m in masks(st, pod):
+                    m = m & left
+                    c = int(np.count_nonzero(m))
+                    if c:
+                        counts[r] += c
+                        failed |= m
+            left &= ~failed
+        return counts
 
     def placeable(self, st: ClusterState, table: NodeTable, cpu: np.ndarray, mem: np.ndarray,
                   constraints: np.ndarray, table_of: Sequence[PodConstraints | None],

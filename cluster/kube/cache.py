@@ -417,13 +417,12 @@ class KubeCache:
         return st.filter_reasons(i, pod.request)
 
     def unschedulable_message(self, pod: PodInfo) -> str:
+        """kube's FailedScheduling message for ``pod``: every node's :meth:`reasons`, counted in one pass over
+        one state (:meth:`ClusterState.filter_reason_counts`)."""
         st = self.state()
         if st is None:
             return NO_NODES_MESSAGE
-        counts: Counter[str] = Counter()
-        for i in range(len(st)):
-            counts.update(self.reasons(pod, i))
-        return kube_unschedulable_message(len(st), counts)
+        return kube_unschedulable_message(len(st), st.filter_reason_counts(pod.request))
 
     def get_pod(self, uid: str) -> PodInfo | None:
         with self.lock:

@@ -1,14 +1,16 @@
-"""Pod requests as kube computes them (sidecars, pod-level requests), and the resources and host ports the
-kubelet admits by (named resources, NodePorts)."""
+"""Pod requests as kube computes them (sidecars, pod-level requests), the resources and host ports the kubelet
+admits by (named resources, NodePorts), and the unschedulable message counted in one pass."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
 from kubernetes import client as k8s
 
-from joulesched.cluster.filters import REASON_PORTS
-from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.filters import REASON_PORTS, FilterChain
+from joulesched.cluster.kube.cache import KubeCache, kube_unschedulable_message
 from joulesched.cluster.kube.objects import CurveResolver, node_gate_reason, parse_node, parse_pod, pod_request
 from joulesched.cluster.state import ClusterState, PodRequest
 from tests.live.conftest import wait_until
@@ -290,3 +292,93 @@ def test_a_pod_asking_nothing_extra_skips_the_extra_filters(monkeypatch):
     assert st.feasible(PodRequest(100, 100)).tolist() == [True, True]
     st.bind(0, PodRequest(100, 100))
     assert not st.extras.used and not st.extras.ports
+
+
+# ---- 3. the unschedulable message, one pass -----------------------------------------------------------------
+def _mixed_cluster() -> tuple[KubeCache, list[dict]]:
+    nodes, pods = [], []
+    for k in range(40):
+        n = make_node(f"n{k:02d}", cpu="4", memory="8Gi", pods="3" if k % 7 == 0 else "110",
+                      labels={"zone": f"z{k % 3}"})
+        if k % 5 == 0:
+            n["spec"]["taints"] = [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]
+        if k % 11 == 0:
+            n["spec"]["unschedulable"] = True
+        if k % 4 == 0:
+            n["status"]["allocatable"]["example.com/foo"] = "2"
+        if k % 9 == 0:
+            n["status"]["allocatable"] |= {"nvidia.com/gpu": "1"}
+        nodes.append(n)
+        for j in range(3 if k % 7 == 0 else 1 + k % 3):
+            p = _uid(make_pod(f"b{k}-{j}", cpu="1", memory="2Gi"), f"u{k}-{j}", f"n{k:02d}")
+            if (k + j) % 6 == 0:
+                p["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 80}]
+            if k % 8 == 0 and j == 0:
+                p["spec"]["containers"][0]["resources"]["requests"]["example.com/foo"] = "2"
+            pods.append(p)
+    return _cache(nodes, pods), nodes
+
+
+def _pending(**kw) -> dict:
+    p = _ported("p", **kw)
+    p["spec"]["containers"][0]["resources"]["requests"] |= {"cpu": "2", "memory": "5Gi", "example.com/foo": "1"}
+    return p
+
+
+@pytest.mark.parametrize("shape", ["plain", "selector", "fields", "gpu"])
+def test_the_unschedulable_message_counts_what_each_node_says_in_one_state(shape, monkeypatch):
+    c, nodes = _mixed_cluster()
+    pod = _pending()
+    if shape == "selector":
+        pod["spec"]["nodeSelector"] = {"zone": "z1"}
+        pod["spec"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    if shape == "fields":
+        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "NotIn",
+                                                    "values": ["n01", "n02"]}]}]}}}
+    if shape == "gpu":
+        pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1"
+        pod["metadata"]["annotations"] = {"alibabacloud.com/gpu-card-model": "H100"}
+    info = parse_pod(pod)
+
+    def node_by_node() -> str:
+        st = c.state()
+        expect = Counter()
+        for i in range(len(st)):
+            expect.update(st.filter_reasons(i, info.request))
+        assert len(expect) >= 4  # a mixed answer: several filters speak
+        return kube_unschedulable_message(len(nodes), expect)
+    with c.lock:
+        expect = node_by_node()
+        built = []
+        real = c.state
+        monkeypatch.setattr(c, "state", lambda: built.append(1) or real())
+        assert c.unschedulable_message(info) == expect
+        assert len(built) == 1  # one state for all 40 nodes (it was one per node, each refreshing the usage)
+        assert c.unschedulable_message(info) == expect  # asked again (the node filters' counts are cached)
+        for uid in [u for u in c.pods if u.endswith("-0")]:  # pods leave: the resources' counts follow
+            c._set_pod(uid, None)
+        monkeypatch.setattr(c, "state", real)
+        assert node_by_node() != expect
+        assert c.unschedulable_message(info) == node_by_node()
+
+
+def test_a_filter_without_masks_is_asked_node_by_node():
+    from joulesched.cluster.filters import NodeResourcesFit
+
+    class Odd:
+        name = "Odd"
+
+        def mask(self, st, pod):
+            return np.arange(len(st)) % 2 == 0
+
+        def reasons(self, st, i, pod):
+            return [] if i % 2 == 0 else ["node(s) were odd"]
+
+    st = ClusterState(list("abcd"), [1000, 100, 1000, 100], [1024] * 4, [10] * 4, [CURVE] * 4,
+                      chain=FilterChain(resources=(NodeResourcesFit(), Odd())))
+    pod = PodRequest(500, 10)
+    assert st.filter_reason_counts(pod) == Counter({"Insufficient cpu": 2})  # b, d: NodeResourcesFit comes first
+    st.bind(0, PodRequest(600, 10))
+    assert st.filter_reason_counts(pod) == Counter({"Insufficient cpu": 3})
+    assert st.filter_reason_counts(PodRequest(1, 1)) == Counter({"node(s) were odd": 2})
