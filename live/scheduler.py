@@ -58,7 +58,6 @@ binding requests, an LRU of Event series (bench/soak.py).
 
 from __future__ import annotations
 
-import collections
 import heapq
 import http.client
 import itertools
@@ -651,10 +650,11 @@ class Scheduler:
         """kube's FitError message, with the NotReady nodes that passed the filters counted as such."""
         if st is None or unready is None:
             return self.cache.unschedulable_message(pod)
-        counts: collections.Counter[str] = collections.Counter()
-        for i in range(len(st)):
-            reasons = st.filter_reasons(i, pod.request)
-            counts.update(reasons if reasons or not unready[i] else (NOT_READY_REASON,))
+        # One pass over the nodes (per node, a 5,000-node cluster took a tenth of a second per attempt).
+        counts = st.filter_reason_counts(pod.request)
+        passed_unready = int((st.feasible(pod.request) & unready).sum())
+        if passed_unready:
+            counts[NOT_READY_REASON] += passed_unready
         return kube_unschedulable_message(len(st), counts)
 
     def abandon(self, decision: Decision, error: BaseException) -> None:
