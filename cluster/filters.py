@@ -500,8 +500,11 @@ class NodeExtras:
             self._row(self.used, r)[i] += sign * q
         for proto, ip, port in pod.host_ports:
             use = self.ports.setdefault((proto, port), {})
-            self._row(use, _BY_ANY)[i] += sign
+            by_any = self._row(use, _BY_ANY)
+            by_any[i] += sign
             self._row(use, ip or ANY_HOST_IP)[i] += sign
+            if sign < 0 and not by_any.any():  # the port's last user left: free its arrays (n int64 each)
+                del self.ports[(proto, port)]
 
     def free(self, resource: str) -> np.ndarray:
         """Allocatable minus requested of ``resource``, per node."""

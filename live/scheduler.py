@@ -841,8 +841,10 @@ class Scheduler:
                        "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         self.bind_sent.append((time.monotonic(), e.uid))
         try:
+            # whole: the timeout bounds the request from connect to answer, not each socket operation, so that a
+            # binding is over before the leader's term ends (see _bind_timeout).
             r = self.http.request("POST", f"/api/v1/namespaces/{_q(e.namespace)}/pods/{_q(e.name)}/binding", body,
-                                  timeout=timeout)
+                                  timeout=timeout, whole=self.leader is not None)
         except (OSError, http.client.HTTPException) as ex:  # dropped, timed out: it may or may not have happened
             code = "timeout" if isinstance(ex, (socket.timeout, TimeoutError)) else "connection"
             self.metrics.bind_errors.labels(code).inc()

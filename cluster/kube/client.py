@@ -11,9 +11,11 @@ import os
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import should_bypass_proxies
@@ -116,6 +118,7 @@ class _Conn:
         self.sock = sock
         self.rfile = sock.makefile("rb", buffering=65536)
         self._timeout = sock.gettimeout()
+        self._deadline: float | None = None
 
     def close(self) -> None:
         for c in (self.rfile, self.sock):
@@ -124,7 +127,17 @@ class _Conn:
             except OSError:
                 pass
 
+    def _arm(self) -> None:
+        """Under a whole-request deadline: the time left as the next socket operation's timeout."""
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the request's deadline passed")
+            self.sock.settimeout(left)
+            self._timeout = left
+
     def _line(self) -> bytes:
+        self._arm()
         line = self.rfile.readline(65537)
         if not line:
             raise http.client.RemoteDisconnected("the apiserver closed the connection without an answer")
@@ -132,9 +145,19 @@ class _Conn:
             raise http.client.LineTooLong("header line")
         return line
 
-    def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
-        """Send ``request`` (head and body); returns (status, body, keep-alive)."""
-        if timeout != self._timeout:  # set only when it changes: the call releases the GIL (an ioctl)
+    def exchange(self, request: bytes, timeout: float, deadline: float | None = None) -> tuple[int, bytes, bool]:
+        """Send ``request`` (head and body); returns (status, body, keep-alive). ``timeout`` bounds each socket
+        operation; ``deadline`` (monotonic), where given, the whole exchange."""
+        self._deadline = deadline
+        try:
+            return self._exchange(request, timeout)
+        finally:
+            self._deadline = None
+
+    def _exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
+        if self._deadline is not None:
+            self._arm()
+        elif timeout != self._timeout:  # set only when it changes: the call releases the GIL (an ioctl)
             self.sock.settimeout(timeout)
             self._timeout = timeout
         self.sock.sendall(request)
@@ -167,9 +190,11 @@ class _Conn:
             return status, b"".join(out), not close
         if length >= 0:
             return status, self._read(length), not close
+        self._arm()
         return status, self.rfile.read(), False  # no length: the body ends with the connection
 
     def _read(self, n: int) -> bytes:
+        self._arm()
         data = self.rfile.read(n)
         if len(data) < n:
             raise http.client.IncompleteRead(data, n - len(data))
@@ -240,14 +265,19 @@ class FastClient:
         return _Conn(sock)
 
     def request(self, method: str, path: str, body: bytes | None = None, *,
-                content_type: str = "application/json", timeout: float = 10.0) -> Response:
-        """``method path`` with ``body`` (JSON bytes); returns the status and raw body, whatever the status."""
+                content_type: str = "application/json", timeout: float = 10.0,
+                whole: bool = False) -> Response:
+        """``method path`` with ``body`` (JSON bytes); returns the status and raw body, whatever the status.
+        ``timeout`` bounds each socket operation, or with ``whole`` the request from connect to the last byte
+        (what a caller that must be answered by a given time needs: the scheduler's fenced bindings)."""
+        deadline = time.monotonic() + timeout if whole else None
         headers = {**self._headers, **self._auth()}
         if body is not None:
             headers["Content-Type"] = content_type
         if self._pool_manager is not None:
             r = self._pool_manager.request(method, f"{self.cfg.host}{path}", body=body, headers=headers,
-                                           timeout=timeout, retries=False, preload_content=True)
+                                           timeout=urllib3.Timeout(total=timeout) if whole else timeout,
+                                           retries=False, preload_content=True)
             return Response(r.status, r.data)
         head = [f"{method} {self._base}{path} HTTP/1.1", f"Host: {self._host_header}"]
         head += [f"{k}: {v}" for k, v in headers.items()]
@@ -258,7 +288,7 @@ class FastClient:
         if conn is None:
             conn = self._connect(timeout)
         try:
-            status, data, keep = conn.exchange(request, timeout)
+            status, data, keep = conn.exchange(request, timeout, deadline)
         except BaseException:
             conn.close()
             raise

@@ -51,6 +51,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif self.path.endswith("/drop"):
             self.close_connection = True  # no answer at all
+        elif self.path.endswith("/drip"):  # an answer that keeps coming, a part every 0.3 s for 2.4 s
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for _ in range(8):
+                time.sleep(0.3)
+                try:
+                    self.wfile.write(b"1\r\nx\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    return
+            self.wfile.write(b"0\r\n\r\n")
         elif self.path.endswith("/slow"):
             time.sleep(0.4)
             data = b"{}"
@@ -128,6 +140,20 @@ def test_each_requests_timeout_holds_on_a_reused_connection(plain):
     assert fc.opened == 1
     with pytest.raises(OSError):  # TimeoutError: down to 0.1 s
         fc.request("GET", "/api/v1/slow", timeout=0.1)
+    fc.close()
+
+
+def test_a_whole_request_timeout_bounds_an_answer_that_keeps_coming(plain):
+    """Per socket operation, an answer that arrives a part every 0.3 s never times out at 1 s; with ``whole``
+    the 1 s bounds the request (the scheduler's bindings must be over before its leadership ends)."""
+    url, _ = plain
+    fc = FastClient(api_client_for(url))
+    assert fc.request("GET", "/api/v1/drip", timeout=1.0).data == b"x" * 8
+    t0 = time.monotonic()
+    with pytest.raises(OSError):  # TimeoutError
+        fc.request("GET", "/api/v1/drip", timeout=1.0, whole=True)
+    assert time.monotonic() - t0 < 2.0
+    assert fc.request("GET", "/api/v1/slow", timeout=5.0).status == 200  # per operation again afterwards
     fc.close()
 
 

@@ -382,3 +382,19 @@ def test_a_filter_without_masks_is_asked_node_by_node():
     st.bind(0, PodRequest(600, 10))
     assert st.filter_reason_counts(pod) == Counter({"Insufficient cpu": 3})
     assert st.filter_reason_counts(PodRequest(1, 1)) == Counter({"node(s) were odd": 2})
+
+
+def test_a_host_ports_counts_go_when_its_last_user_leaves():
+    # Each (protocol, port) seen holds an array over the nodes; a port nobody uses any more must not keep one
+    # (host-network pods make every container port a host port: over time, many ports come and go).
+    c = _cache([make_node("n"), make_node("m")], [])
+    with c.lock:
+        for k, node in enumerate(("n", "m")):
+            c._set_pod(f"u-{k}", parse_pod(_ported(f"p{k}", 8080)))
+            c.assume(f"u-{k}", node)
+        st = c.state()
+        assert ("TCP", 8080) in st.extras.ports
+        c.forget("u-0")
+        assert ("TCP", 8080) in c.state().extras.ports and _names(c, _ported("q", 8080)) == ["n"]
+        c.forget("u-1")
+        assert ("TCP", 8080) not in c.state().extras.ports and _names(c, _ported("q", 8080)) == ["m", "n"]
