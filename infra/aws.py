@@ -62,8 +62,10 @@ class AwsTarget(pulumi.ComponentResource):
                            policy=self.ca_key.arn.apply(lambda arn: master_policy(arn, region)), opts=child)
         self.master_profile = aws.iam.InstanceProfile(f"{name}-master-profile", role=self.master_role.name,
                                                       opts=child)
-        self.key_pair = aws.ec2.KeyPair(f"{name}-key", key_name=f"{prefix}-key", public_key=cfg.ssh_public_key,
-                                        opts=child)
+        # A name AWS completes (prefix + suffix): a new key replaces the old before it is deleted without a name
+        # clash, and two stacks with one namePrefix in an account do not collide.
+        self.key_pair = aws.ec2.KeyPair(f"{name}-key", key_name_prefix=f"{prefix}-key-",
+                                        public_key=cfg.ssh_public_key, tags=tags, opts=child)
         self.security_group = aws.ec2.SecurityGroup(
             f"{name}-sg", description="joulesched kubeadm nodes",
             ingress=[

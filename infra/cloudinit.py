@@ -63,10 +63,17 @@ def render_kube_node(*, role: str, hostname: str, ssh_authorized_keys: list[str]
                    master_address=master_address, advertise_address=advertise_address)
 
 
+#: SHA-256 of no bytes: what the console line reads when the CA's key could not be read (a failed init).
+EMPTY_SHA256 = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
 def ca_hash_from_console(text: str) -> str | None:
-    """The CA hash a master printed on its serial console (:data:`CA_HASH_MARKER`), or None if not yet."""
-    m = _CA_HASH.search(text)
-    return m.group(1) if m else None
+    """The CA hash a master printed on its serial console (:data:`CA_HASH_MARKER`), or None if not yet (the
+    hash of nothing, which a failed ``kubeadm init`` printed before, is not a CA's)."""
+    for m in _CA_HASH.finditer(text):
+        if m.group(1) != EMPTY_SHA256:
+            return m.group(1)
+    return None
 
 
 def wait_for_ca_hash(console_log: str | Path, timeout_s: float, alive=lambda: True, poll_s: float = 1.0) -> str:

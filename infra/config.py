@@ -425,8 +425,15 @@ def _aws(c: _Collector) -> AwsConfig:
     ssh_cidr = c.required("sshCidr", "203.0.113.7/32")
     if ssh_cidr:
         c.cidr("sshCidr", ssh_cidr)
-        if ssh_cidr in ("0.0.0.0/0", "::/0"):
-            c.problems.append(f"{PROJECT}:sshCidr must not open SSH to the whole internet; give your address/32")
+        try:
+            net = ipaddress.ip_network(ssh_cidr, strict=False)
+        except ValueError:
+            net = None  # c.cidr has said why
+        if net is not None and net.version == 6:
+            c.problems.append(f"{PROJECT}:sshCidr {ssh_cidr}: IPv4 only (the security group's SSH rule is IPv4)")
+        elif net is not None and net.prefixlen < 8:
+            c.problems.append(f"{PROJECT}:sshCidr must not open SSH to the whole internet (or a /{net.prefixlen} "
+                              "of it); give your address/32")
     return AwsConfig(
         ami=c.required("ami", "ami-0123456789abcdef0  # a Debian 12 or Ubuntu 22.04 AMI in aws:region"),
         ssh_public_key=c.ssh_key("sshPublicKey"),

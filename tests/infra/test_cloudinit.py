@@ -59,6 +59,23 @@ def test_master_makes_its_own_ca_and_prints_only_its_hash(pki):
     assert "containerd" in d["packages"] and "python3-boto3" not in d["packages"]
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI (the guests' image has it)")
+def test_the_ca_hash_line_prints_the_cas_hash_and_nothing_without_a_ca(pki, tmp_path):
+    # runcmd goes on after a failed `kubeadm init`: the line must then print nothing (it printed the hash of no
+    # bytes, and the workers were pinned to a CA that does not exist). Run as the guest runs it, on paths here.
+    import subprocess
+
+    d = yaml.safe_load(_docs(pki)["master"])
+    (line,) = [c[2] for c in d["runcmd"] if c[:2] == ["sh", "-c"] and "JOULESCHED-CA-CERT-HASH" in c[2]]
+    ca, console = tmp_path / "ca.crt", tmp_path / "console"
+    line = line.replace("/etc/kubernetes/pki/ca.crt", str(ca)).replace("/dev/console", str(console))
+    r = subprocess.run(["sh", "-c", line], capture_output=True, text=True)
+    assert r.returncode != 0 and "JOULESCHED-CA-CERT-HASH" not in r.stdout and not console.exists()
+    ca.write_text(pki.ca_cert_pem)
+    r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
+    assert ca_hash_from_console(r.stdout) == pki.ca_cert_hash == ca_hash_from_console(console.read_text())
+
+
 def test_aws_master_fetches_the_key_through_its_role(pki):
     d = yaml.safe_load(_docs(pki)["aws-master"])
     files = {f["path"]: f for f in d["write_files"]}
@@ -109,6 +126,9 @@ def test_console_parsers():
     console = f"[  12.3] cloud-init[99]: JOULESCHED-CA-CERT-HASH {h}\r\nlogin:"
     assert ca_hash_from_console(console) == h
     assert ca_hash_from_console("JOULESCHED-CA-CERT-HASH sha256:\n") is None
+    empty = "JOULESCHED-CA-CERT-HASH sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\n"
+    assert ca_hash_from_console(empty) is None  # the hash of no bytes: a failed init, not a CA
+    assert ca_hash_from_console(empty + console) == h
     keys = ("-----BEGIN SSH HOST KEY KEYS-----\r\necdsa-sha2-nistp256 AAAAE2Vj= root@h\r\n"
             "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHk root@h\r\n-----END SSH HOST KEY KEYS-----\r\n")
     assert host_keys_from_console("noise\n" + keys) == ["ecdsa-sha2-nistp256 AAAAE2Vj=",

@@ -150,7 +150,20 @@ def test_aws_ssh_only_from_the_operator(aws_rec):
     assert all("0.0.0.0/0" not in r.get("cidrBlocks", []) for r in sg.inputs["ingress"])
 
 
-def test_aws_refuses_ssh_from_everywhere():
+@pytest.mark.parametrize("cidr, message", [
+    ("0.0.0.0/0", "must not open SSH to the whole internet"),
+    ("0.0.0.0/1", "must not open SSH to the whole internet"),  # half of it
+    ("2001:db8::/64", "IPv4 only"),
+])
+def test_aws_refuses_ssh_from_everywhere(cidr, message):
     pytest.importorskip("pulumi_aws", reason="pulumi-aws not installed")
-    with pytest.raises(InfraConfigError, match="must not open SSH to the whole internet"):
-        run_main(stack_config("aws", sshPublicKey=KEY, sshCidr="0.0.0.0/0"))
+    with pytest.raises(InfraConfigError, match=message):
+        run_main(stack_config("aws", sshPublicKey=KEY, sshCidr=cidr))
+
+
+def test_aws_key_pair_name_is_completed_by_aws(aws_rec):
+    # A fixed name made a changed key fail (the new pair is created before the old is deleted) and collided
+    # between stacks sharing a namePrefix in one account.
+    (kp,) = aws_rec.of_type("aws:ec2/keyPair:KeyPair")
+    assert "keyName" not in kp.inputs and kp.inputs["keyNamePrefix"].endswith("-key-")
+    assert kp.inputs["tags"]["app.kubernetes.io/part-of"] == "joulesched"
