@@ -67,3 +67,12 @@ def test_ansible_lint_production_profile():
                        env={"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(Path.home())})
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
 
+
+
+@pytest.mark.parametrize("role", ["node_exporter", "prometheus"])
+def test_a_package_that_starts_on_every_interface_is_restarted_on_our_settings_at_once(role):
+    # Debian's prometheus packages listen on every interface until their /etc/default file and drop-in take
+    # effect: the restart must come right after configuring, not at the end of the play.
+    tasks = yaml.safe_load((ROLES / role / "tasks" / "configure.yml").read_text())
+    assert tasks[-1].get("ansible.builtin.meta") == "flush_handlers"
+    assert any(t.get("notify") for t in tasks[:-1])
