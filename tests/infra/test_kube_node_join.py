@@ -6,12 +6,10 @@ command (no kubeadm or kubelet can run here)."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-import yaml
 
-JOIN = "kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash sha256:" + "c4" * 32
+from tests.infra.kube_node_kit import stand_in_kubeadm
 
 
 def test_init_and_join_name_the_nodes_from_the_inventory(tmp_path):
@@ -20,19 +18,8 @@ def test_init_and_join_name_the_nodes_from_the_inventory(tmp_path):
         pytest.skip("this machine is a Kubernetes node: init and join (creates: ...) would not run")
     from joulesched.infra.provision import provision
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "kubeadm.calls"
-    (bin_dir / "kubeadm").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
-                                     f'[ "$1" = token ] && echo "{JOIN}"\nexit 0\n')
-    (bin_dir / "kubeadm").chmod(0o755)
-    inv = tmp_path / "hosts.yml"
-    inv.write_text(yaml.safe_dump({"all": {
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                 "ansible_become": False, "kube_node_cni": "none"},
-        "children": {"kube_master": {"hosts": {"Master-1": {}}}, "kube_workers": {"hosts": {"Worker-7": {}}}}}}))
-    path = f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
-    r = provision(inv, tags="kube_node_init,kube_node_join", envvars={"PATH": path}, timeout_s=300)
+    inv, calls, env = stand_in_kubeadm(tmp_path)
+    r = provision(inv, tags="kube_node_init,kube_node_join", envvars=env, timeout_s=300)
     assert r.succeeded, r.stdout[-4000:]
     init, join = (c.split() for c in calls.read_text().splitlines() if c.split()[0] in ("init", "join"))
     assert init[init.index("--node-name") + 1] == "master-1", init

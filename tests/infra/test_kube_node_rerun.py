@@ -8,13 +8,12 @@ flushed) before kubeadm runs."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-JOIN = "kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash sha256:" + "c4" * 32
+from tests.infra.kube_node_kit import stand_in_kubeadm
 ROLE = Path(__file__).resolve().parents[2] / "playbooks" / "roles" / "kube_node"
 
 
@@ -24,21 +23,9 @@ def test_a_joined_worker_rerun_with_limit_joins_nothing_and_mints_no_token(tmp_p
         pytest.skip("this machine is a Kubernetes control plane: init (creates: ...) would not run")
     from joulesched.infra.provision import provision
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "kubeadm.calls"
     kubelet_conf = tmp_path / "kubelet.conf"
-    (bin_dir / "kubeadm").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
-                                     f'[ "$1" = token ] && echo "{JOIN}"\n'
-                                     f'[ "$1" = join ] && touch {kubelet_conf}\nexit 0\n')
-    (bin_dir / "kubeadm").chmod(0o755)
-    inv = tmp_path / "hosts.yml"
-    inv.write_text(yaml.safe_dump({"all": {
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                 "ansible_become": False, "kube_node_cni": "none"},
-        "children": {"kube_master": {"hosts": {"Master-1": {}}}, "kube_workers": {"hosts": {"Worker-7": {}}}}}}))
-    path = f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
-    kw = dict(tags="kube_node_init,kube_node_join", envvars={"PATH": path},
+    inv, calls, env = stand_in_kubeadm(tmp_path, kubelet_conf)
+    kw = dict(tags="kube_node_init,kube_node_join", envvars=env,
               extravars={"_kube_node_kubelet_conf": str(kubelet_conf)}, timeout_s=300)
 
     r = provision(inv, **kw)

@@ -1,0 +1,31 @@
+"""The kube_node role's test harness: a stand-in ``kubeadm`` that records its arguments (and prints a join command
+for ``token create``; with ``kubelet_conf``, ``join`` writes it, as a real join writes the kubelet's config),
+and a one-master, one-worker inventory of local connections. No kubeadm or kubelet can run here."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+JOIN = "kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash sha256:" + "c4" * 32
+
+
+def stand_in_kubeadm(tmp_path: Path, kubelet_conf: Path | None = None) -> tuple[Path, Path, dict[str, str]]:
+    """(inventory, the file the calls are appended to, the env vars that put the stand-in first on PATH)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "kubeadm.calls"
+    joined = f'[ "$1" = join ] && touch {kubelet_conf}\n' if kubelet_conf is not None else ""
+    (bin_dir / "kubeadm").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = token ] && echo "{JOIN}"\n'
+                                     f"{joined}exit 0\n")
+    (bin_dir / "kubeadm").chmod(0o755)
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "ansible_become": False, "kube_node_cni": "none"},
+        "children": {"kube_master": {"hosts": {"Master-1": {}}}, "kube_workers": {"hosts": {"Worker-7": {}}}}}}))
+    path = f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
+    return inv, calls, {"PATH": path}
