@@ -814,13 +814,13 @@ class NodePowerController:
         """Put ``name`` to sleep as the controller's own sleeps do (cordon, taint, settle, a fresh check that no
         workload pod is left, the actuator with its deadline). False when it is not awake, is protected (control
         plane, never-sleep), has an action in flight, or has no usable power address."""
-        nodes = self.node_infos()
+        nodes, pods = self._snapshot()  # one copy of the cache for the whole check
         self._resolve(nodes)  # the addresses as of now (a reconcile may not have run since the cache changed)
         info = nodes.get(name)
         with self._lock:
             busy = name in self._busy
         if (info is None or info.power_state != AWAKE or busy or info.control_plane or info.never_sleep
-                or name in _keep_awake(self._snapshot()[1], self.cfg.own_node)
+                or name in _keep_awake(pods, self.cfg.own_node)
                 or self.address_of(name).address is None):
             return False
         self._start(name, "sleep", self._do_sleep)

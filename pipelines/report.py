@@ -695,8 +695,8 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
             summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
         else:
             by_name[name]["images"].append(fname)
-    for stale in plots.iterdir():
-        if _FIGURE_FILE.fullmatch(stale.name) and stale.name not in drawn:
+    for stale in report_plots(out):
+        if stale.name not in drawn:
             stale.unlink(missing_ok=True)
     pols = doc.policies
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))

@@ -318,7 +318,7 @@ class KubeCache:
         st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
                           [i.max_pods for i in infos], [i.curve for i in infos], traits=[i.traits for i in infos],
                           chain=FilterChain(wake_sleeping=self._sleep_aware), **self._sleep_kwargs(infos),
-                          **_gpu_kwargs(infos), named_alloc=[dict(i.named) for i in infos])
+                          **_gpu_kwargs(infos), named_alloc=[i.named_alloc for i in infos])
         self._index = {n: k for k, n in enumerate(names)}
         for uid, (node, req) in self._accounted.items():
             if node in self._index:

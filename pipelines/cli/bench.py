@@ -254,18 +254,17 @@ def report_cmd(
                                                          "stdout.")] = False,
 ) -> None:
     """Re-render report.html and its plots from a results folder."""
-    from joulesched.pipelines.report import report_summary, write_report
+    from joulesched.pipelines.report import has_timelines, report_summary, write_report
 
     if out_dir.name == "results.json" and out_dir.is_file():  # the file named instead of its folder
         out_dir = out_dir.parent
     with errors():
         path = write_report(out_dir)
-    timelines = (out_dir / "timelines.npz").exists()
-    if not timelines:
+    if not has_timelines(out_dir):  # also a kube run's empty archive
         err.print(f"[yellow]note:[/yellow] no {out_dir / 'timelines.npz'}: the power and utilisation plots are "
                   "left out", soft_wrap=True)
     if as_json:
-        print(json.dumps({**report_summary(out_dir), "report": str(path)}, indent=2))
+        print(json.dumps(report_summary(out_dir), indent=2))
         return
     out.print(f"report: {path}")
 
