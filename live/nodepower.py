@@ -313,6 +313,7 @@ class NodePowerController:
         self._keep_awake: frozenset[str] = frozenset()  # control planes by their static pods, our own node
         self._resolve_lock = threading.Lock()
         self._addresses_stamp = _files_stamp(self.cfg.addresses_file) if self.cfg.addresses_file else None
+        self._addresses_pending: tuple[tuple, float] | None = None
         #: (monotonic time, action, node) of every action taken, or announced in dry-run (tests read it).
         self.actions: list[tuple[float, str, str]] = []
         self._own_leader = leader is None and self.cfg.leader_elect and not self.cfg.dry_run
@@ -423,8 +424,23 @@ class NodePowerController:
             return
         stamp = _files_stamp(path)
         if stamp == self._addresses_stamp:
+            self._addresses_pending = None
             return
+        # An edit is read once it has stood still for _MAP_SETTLE_S: a file rewritten in place is empty, then
+        # half-written, for a moment, and a map read then would take machines from their nodes (an empty map
+        # is written as ``{}``, never as an empty file).
+        now = time.monotonic()
+        if self._addresses_pending is None or self._addresses_pending[0] != stamp:
+            self._addresses_pending = (stamp, now)
+            return
+        if now - self._addresses_pending[1] < _MAP_SETTLE_S:
+            return
+        self._addresses_pending = None
         self._addresses_stamp = stamp
+        if not os.path.isdir(path) and len(stamp[0]) == 4 and stamp[0][2] == 0:
+            log.error("the address map %s is empty (being written?): the last good one stays in force; "
+                      "write {} for an empty map", path)
+            return  # read again when it is written: its size changes
         from joulesched.live.daemon import DaemonInputError
 
         try:
@@ -1252,6 +1268,9 @@ def _keep_awake(pods, own_node: str) -> frozenset[str]:
 
 
 # ---- the daemon: options checked, then started and stopped together -----------------------------------------
+_MAP_SETTLE_S = 0.5  # how long an edited address map must stand still before it is read
+
+
 def _files_stamp(path: str) -> tuple:
     """What changes when the map file, or any file of the map directory, changes (stat follows the kubelet's
     ``..data`` links, whose targets are new files on each update)."""

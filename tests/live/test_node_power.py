@@ -637,8 +637,13 @@ def test_the_address_map_is_read_again_when_its_file_changes(emu, machines, kube
     wait_until(lambda: asleep(emu, machines, "b"), 10, "b asleep once the map names its machine")
     good = dict(ctl.cfg.addresses)
     amap.write_text("a: [unclosed\n")
-    time.sleep(0.5)
+    time.sleep(1.5)  # past the settle time (0.5 s): read, refused
     assert ctl.cfg.addresses == good and ctl.address_of("b").address is not None
+    amap.write_text("")  # an editor's rewrite caught between truncating and writing
+    time.sleep(1.5)
+    assert ctl.cfg.addresses == good
+    amap.write_text(yaml.safe_dump({"b": machines.addresses["b"]}))
+    wait_until(lambda: set(ctl.cfg.addresses) == {"b"}, 10, "the map's next whole version read")
 
 
 def test_a_mounted_configmap_swapped_by_the_kubelet_changes_the_maps_stamp(tmp_path):
