@@ -4,7 +4,9 @@ One zone per GPU, ``gpu<index>`` (its name and UUID in :attr:`NvmlMeter.devices`
 ``nvmlDeviceGetTotalEnergyConsumption``: millijoules since the driver loaded, on Volta and later; the meter
 reports joules since it was opened. When that counter goes back (the driver reloaded) the joules counted so far
 are carried forward and the new reading becomes the baseline, so what the meter returns never decreases (the
-interval of the reload counts nothing). A GPU without it (``NVML_ERROR_NOT_SUPPORTED``: Pascal and older) is read
+interval of the reload counts nothing). A read that finds NVML uninitialised, the driver gone or a GPU lost (a
+driver upgrade, a GPU reset) re-opens NVML, at most every :data:`REOPEN_EVERY_S`, and finds each GPU again by its
+UUID (indices may change), so a long-running exporter recovers without a restart. A GPU without it (``NVML_ERROR_NOT_SUPPORTED``: Pascal and older) is read
 through ``nvmlDeviceGetPowerUsage`` (milliwatts) and integrated by the trapezoid rule between readings, so
 its energy is as good as the reading rate. Every GPU is a primary zone: boards are disjoint.
 
@@ -23,6 +25,9 @@ from joulesched.power.meter import Clock, Joules, LoggedMeter, MeterError, Meter
 
 log = logging.getLogger(__name__)
 
+#: The least time between two attempts to re-open NVML after reads failed with a stale handle.
+REOPEN_EVERY_S = 30.0
+
 
 @dataclass(frozen=True)
 class GpuDevice:
@@ -30,6 +35,14 @@ class GpuDevice:
     name: str
     uuid: str
     counter: bool  # reads nvmlDeviceGetTotalEnergyConsumption (else integrates nvmlDeviceGetPowerUsage)
+
+
+class _ReadFailed(Exception):
+    """An NVML read of one GPU failed (``error``: the NVMLError)."""
+
+    def __init__(self, device: GpuDevice, error: Exception) -> None:
+        super().__init__(str(error))
+        self.device, self.error = device, error
 
 
 def _text(v: Any) -> str:
@@ -79,7 +92,11 @@ class NvmlMeter(LoggedMeter):
         self._mj0: dict[int, int] = {}  # counter GPUs: the baseline reading, mJ (rebased when the counter goes back)
         self._mj_last: dict[int, int] = {}  # counter GPUs: the last reading, mJ
         self._carried: dict[int, float] = {}  # counter GPUs: joules counted before the last rebase
-        self._last: dict[int, tuple[float, float, float]] = {}  # power GPUs: (t, watts, joules so far)
+        self._last: dict[int, tuple[float, float | None, float]] = {}  # power GPUs: (t, watts, joules so far)
+        self._reopened_at: float | None = None
+        # The codes after which the handles are stale: a re-open may mend them.
+        self._stale = {nv.NVML_ERROR_UNINITIALIZED, nv.NVML_ERROR_DRIVER_NOT_LOADED, nv.NVML_ERROR_GPU_IS_LOST,
+                       nv.NVML_ERROR_RESET_REQUIRED}
         self.read()
 
     def _energy(self, d: GpuDevice, now: float) -> float:
@@ -89,9 +106,14 @@ class NvmlMeter(LoggedMeter):
                 return self._counted(d.index, int(nv.nvmlDeviceGetTotalEnergyConsumption(h)))
             w = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
         except nv.NVMLError as e:
-            raise MeterError(f"gpu{d.index}: NVML read failed: {e}") from None
+            raise _ReadFailed(d, e) from None
         last = self._last.get(d.index)
-        j = 0.0 if last is None else last[2] + (now - last[0]) * (w + last[1]) / 2.0
+        if last is None:
+            j = 0.0
+        elif last[1] is None:  # the first reading after NVML was re-opened
+            j = last[2]
+        else:
+            j = last[2] + (now - last[0]) * (w + last[1]) / 2.0
         self._last[d.index] = (now, w, j)
         return j
 
@@ -111,7 +133,42 @@ class NvmlMeter(LoggedMeter):
 
     def read(self) -> dict[str, Joules]:
         now = self._clock()
-        return self._logged({f"gpu{d.index}": self._energy(d, now) for d in self.devices})
+        try:
+            return self._logged({f"gpu{d.index}": self._energy(d, now) for d in self.devices})
+        except _ReadFailed as f:
+            if getattr(f.error, "value", None) not in self._stale or not self._reopen(now):
+                raise MeterError(f"gpu{f.device.index}: NVML read failed: {f.error}") from None
+        try:
+            return self._logged({f"gpu{d.index}": self._energy(d, now) for d in self.devices})
+        except _ReadFailed as f:
+            raise MeterError(f"gpu{f.device.index}: NVML read failed after re-opening NVML: {f.error}") from None
+
+    def _reopen(self, now: float) -> bool:
+        """Open NVML again and find each GPU by its UUID; False when it was tried too recently. The zones keep
+        their names (``gpu<index at open>``); a GPU that is gone is a :class:`MeterError` naming it."""
+        if self._reopened_at is not None and now - self._reopened_at < REOPEN_EVERY_S:
+            return False
+        self._reopened_at = now
+        nv = self._nvml
+        log.warning("NVML handles are stale (the driver reloaded or a GPU was reset?): re-opening NVML")
+        try:
+            nv.nvmlShutdown()
+        except nv.NVMLError:
+            pass  # already shut down with the driver
+        try:
+            nv.nvmlInit()
+            handles = []
+            for d in self.devices:
+                try:
+                    handles.append(nv.nvmlDeviceGetHandleByUUID(d.uuid))
+                except nv.NVMLError as e:
+                    raise MeterError(f"gpu{d.index} ({d.name}, {d.uuid}) is gone after re-opening NVML: {e}") from None
+        except nv.NVMLError as e:
+            raise MeterError(f"NVML cannot be re-opened: {e}") from None
+        self._handles = handles
+        # Power-only GPUs: the gap is not integrated, the joules so far are kept (counters rebase on their own).
+        self._last = {i: (t, None, j) for i, (t, _w, j) in self._last.items()}
+        return True
 
     def close(self) -> None:
         try:

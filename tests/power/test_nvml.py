@@ -32,6 +32,10 @@ class FakeNvml(SimpleNamespace):
 
     NVMLError = pynvml.NVMLError
     NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_UNINITIALIZED = pynvml.NVML_ERROR_UNINITIALIZED
+    NVML_ERROR_DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    NVML_ERROR_GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+    NVML_ERROR_RESET_REQUIRED = pynvml.NVML_ERROR_RESET_REQUIRED
 
     def __init__(self, devices: list[dict], init_error: int | None = None) -> None:
         super().__init__()
@@ -49,6 +53,12 @@ class FakeNvml(SimpleNamespace):
 
     def nvmlDeviceGetHandleByIndex(self, i):
         return self.devices[i]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for d in self.devices:
+            if d["uuid"] == uuid:
+                return d
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetName(self, h):
         return h["name"]
@@ -132,13 +142,77 @@ class FailingNvml(FakeNvml):
         return v
 
 
+class ReloadingNvml(FakeNvml):
+    """A driver reload: the handles taken before it answer NVML_ERROR_UNINITIALIZED, nvmlInit gives new ones,
+    found by UUID, the GPUs in another order; the counters restart."""
+
+    def __init__(self, devices):
+        super().__init__(devices)
+        self.generation, self.inits = 0, 0
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return {**self.devices[i], "gen": self.generation, "dev": self.devices[i]}
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for d in self.devices:
+            if d["uuid"] == uuid:
+                return {**d, "gen": self.generation, "dev": d}
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def _live(self, h):
+        if h["gen"] != self.generation:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        return h["dev"]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return super().nvmlDeviceGetTotalEnergyConsumption(self._live(h))
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return super().nvmlDeviceGetPowerUsage(self._live(h))
+
+    def reload(self):
+        self.generation += 1
+        self.devices.reverse()
+
+
+def test_a_driver_reload_reopens_nvml_and_finds_each_gpu_by_its_uuid(caplog):
+    clock = Clock()
+    a = {"name": "A10", "uuid": "GPU-a", "energy_mj": [5_000, 5_000, 9_000, 100, 1_100]}
+    b = {"name": "P4", "uuid": "GPU-b", "energy_mj": None, "power_mw": [20_000, 20_000, 30_000, 30_000]}
+    nv = ReloadingNvml([a, b])
+    m = NvmlMeter(nvml=nv, clock=clock)
+    clock.t += 1.0
+    assert m.read() == pytest.approx({"gpu0": 4.0, "gpu1": 20.0})
+    nv.reload()
+    clock.t += 10.0  # the gap of the reload counts nothing for either kind
+    with caplog.at_level("WARNING", logger="joulesched.power.nvml"):
+        r = m.read()
+    assert nv.inits == 2 and "re-opening NVML" in caplog.text
+    assert r == pytest.approx({"gpu0": 4.0, "gpu1": 20.0})  # zones keep their names though the indices swapped
+    clock.t += 1.0
+    assert m.read() == pytest.approx({"gpu0": 5.0, "gpu1": 50.0})  # +1 J; 30 W x 1 s
+    # A GPU gone after the reload is named; a stale handle again within REOPEN_EVERY_S is not retried in a loop.
+    nv.devices.pop()  # GPU-a
+    nv.generation += 1
+    clock.t += 100.0
+    with pytest.raises(MeterError, match="gpu0 .*GPU-a.* is gone"):
+        m.read()
+    with pytest.raises(MeterError, match="NVML read failed: .*Uninitialized"):
+        m.read()
+    assert nv.inits == 3
+
+
 def test_a_failing_gpu_leaves_the_cpu_metrics_updating(powercap, proc, clock, caplog):
     """An NVML call that fails (or a GPU lost) is counted and the GPU's series hold, while the RAPL zones are
     still read every refresh (their counters wrap: an unsampled one would lose joules)."""
     powercap.add("intel-rapl:0", "package-0")
     lost = pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    # Lost for two refreshes: the first re-opens NVML and reads again (lost twice), the second does not re-open.
     dev = {"name": "Tesla V100-SXM2-32GB", "uuid": "GPU-1", "energy_mj": [1_000_000, 1_000_000, 1_000_000,
-                                                                             1_200_000, lost, lost, 1_800_000]}
+                                                                             1_200_000, lost, lost, lost, 1_800_000]}
     gpus = NvmlMeter(nvml=FailingNvml([dev]), clock=clock)
     mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock, gpu_meter=gpus)
     mon.refresh()
