@@ -66,7 +66,7 @@ def test_twin_and_live_controller_make_the_same_sleep_and_wake_sequence(emu, mak
                                                   **{**CTL_FAST, "leader_elect": False, "settle_s": 0.05,
                                                      "addresses": machines.addresses}))
         ctl.start()
-        wait_until(lambda: ctl.synced, 5)
+        wait_until(lambda: ctl.synced, 10)
         t0 = time.monotonic()
         stop = threading.Event()
 

@@ -138,7 +138,7 @@ def test_sigkill_in_each_intermediate_state_then_another_replica_settles_the_nod
         conf = {"url": emu.url, "addresses": {"n1": f"ipmi://{host}"}, "credentials": str(cred),
                 "policy": policy, "config": config}
         with FileKubelet(emu, "n1", power):
-            wait_until(lambda: emu.get("nodes", "n1")["status"]["conditions"], 5)
+            wait_until(lambda: emu.get("nodes", "n1")["status"]["conditions"], 10)
             a = Replica(tmp_path, "a", {**conf, "config": {**config, "identity": "a"}})
             b = None
             try:

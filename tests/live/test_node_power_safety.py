@@ -139,7 +139,7 @@ def test_unlisted_annotated_targets_get_nothing_and_the_same_addresses_in_the_ma
                           sleep_timeout_s=1.0, access=AddressPolicy())
         ctl.start()
         try:
-            wait_until(lambda: ctl.synced, 5)
+            wait_until(lambda: ctl.synced, 10)
             time.sleep(2.0)  # twenty times sleep_after: every node would have slept by now
         finally:
             ctl.stop()
@@ -255,7 +255,7 @@ def test_a_redfish_bmc_that_never_answers_fails_one_wake_within_its_deadline_and
                       wake_timeout_s=deadline)
     try:
         ctl.start()
-        wait_until(lambda: ctl.synced, 5)
+        wait_until(lambda: ctl.synced, 10)
         t0 = time.monotonic()
         for n in ("dead", "alive"):  # each pod fits only its node
             emu.add_pod(f"for-{n}", cpu="100m", node_selector={"kubernetes.io/hostname": n},
@@ -288,7 +288,10 @@ def _serve_requests(emu, tmp_path, node_power: dict | None) -> dict[str, int]:
     try:
         wait_until(lambda: emu.requests["watch:nodes"] > before.get("watch:nodes", 0)
                    and emu.requests["watch:pods"] > before.get("watch:pods", 0), 20, "the watches")
-        emu.add_pod(f"p-{time.monotonic_ns()}", cpu="100m")
+        pod = f"p-{time.monotonic_ns()}"
+        emu.add_pod(pod, cpu="100m")
+        # Bound: this replica leads and has made its resync list (once per term), whenever its election ended.
+        wait_until(lambda: emu.get("pods", pod, "default")["spec"].get("nodeName"), 30, "the pod bound")
         time.sleep(2.0)  # reconciles and decisions go on; no informer is added
     finally:
         stop.set()

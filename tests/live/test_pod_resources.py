@@ -111,7 +111,7 @@ def test_a_pod_with_a_sidecar_is_not_bound_where_it_does_not_fit(emu, make_sched
     emu.add_node("n", cpu="1500m", memory="4Gi")
     emu.add_object("pods", _with(make_pod("s", cpu="1"), init=[_container("side", "1", sidecar=True)]), "default")
     make_scheduler()
-    wait_until(lambda: [e for e in emu.list("events") if e["reason"] == "FailedScheduling"], 5, "FailedScheduling")
+    wait_until(lambda: [e for e in emu.list("events") if e["reason"] == "FailedScheduling"], 10, "FailedScheduling")
     assert not emu.get("pods", "s", "default")["spec"].get("nodeName")
     ev = [e for e in emu.list("events") if e["reason"] == "FailedScheduling"][0]
     assert ev["message"] == "0/1 nodes are available: 1 Insufficient cpu."
@@ -241,10 +241,10 @@ def test_the_reviewers_pods_land_only_where_the_kubelet_admits_them(emu, make_sc
 
     def where() -> dict:
         return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in emu.list("pods")}
-    wait_until(lambda: where()["ext"] and (where()["hp1"] or where()["hp2"]), 5, "ext and one host-port pod bound")
+    wait_until(lambda: where()["ext"] and (where()["hp1"] or where()["hp2"]), 10, "ext and one host-port pod bound")
     failed = lambda: {e["involvedObject"]["name"]: e["message"] for e in emu.list("events")  # noqa: E731
                       if e["reason"] == "FailedScheduling"}
-    wait_until(lambda: "eph" in failed() and len({"hp1", "hp2"} & set(failed())) == 1, 5, "eph and a port refused")
+    wait_until(lambda: "eph" in failed() and len({"hp1", "hp2"} & set(failed())) == 1, 10, "eph and a port refused")
     assert where()["ext"] == "foo" and not where()["eph"]
     assert sorted([where()["hp1"], where()["hp2"]]) == ["", "n"]
     assert failed()["eph"] == ("0/2 nodes are available: 1 Insufficient ephemeral-storage, "
