@@ -21,6 +21,7 @@ from joulesched.cluster.kube.client import api_client_for
 from joulesched.core.httpd import Limits
 from joulesched.live.extender import EXTENDER_LIMITS, Extender, ExtenderServer
 from joulesched.live.scheduler import StatusServer
+from tests.live.conftest import wait_until
 from tests.support.httpfuzz import NoAnswer, Req, open_idle, requests, send
 from tests.support.kube_emulator import KubeEmulator, make_pod
 
@@ -160,8 +161,8 @@ def test_a_short_body_times_out_and_frees_its_thread(extender):
     base = threading.active_count()
     with socket.create_connection(("127.0.0.1", extender.port), timeout=5) as s:
         s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
-        time.sleep(0.2)
-        assert in_use(extender) == 1 and threading.active_count() <= base + 1 + SLACK
+        wait_until(lambda: in_use(extender) == 1, 5, "the connection served")  # for the timeout (1 s)
+        assert threading.active_count() <= base + 1 + SLACK
         t0 = time.monotonic()
         s.settimeout(5)
         try:
@@ -180,8 +181,9 @@ def test_idle_connections_cannot_exhaust_threads(extender):
     base = threading.active_count()
     socks = open_idle(extender.port, 3 * limit)
     try:
-        time.sleep(0.3)
-        assert in_use(extender) == limit and threading.active_count() <= base + limit + SLACK
+        # Taken one by one, each slot held for the socket timeout (1 s).
+        wait_until(lambda: in_use(extender) == limit, 5, "every slot taken")
+        assert threading.active_count() <= base + limit + SLACK
         busy = 0
         for s in socks:
             s.settimeout(0.2)
