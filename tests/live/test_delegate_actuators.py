@@ -91,7 +91,8 @@ def test_metal3_reports_transitioning_and_stops_at_the_deadline(emu):
     _add_host(emu)
     act = _actuator(emu, "metal3")
     with pytest.raises(ActionAborted):  # no operator: poweredOn never follows
-        act.sleep(_target("metal3://metal3/worker-1", within_s=0.3))
+        # (1 s: room for the host's read and the patch on a loaded machine, before the deadline runs out)
+        act.sleep(_target("metal3://metal3/worker-1", within_s=1.0))
     assert emu.get(BMH, "worker-1", "metal3")["spec"]["online"] is False
     assert act.state(_target("metal3://metal3/worker-1")) == TRANSITIONING
 

@@ -205,16 +205,19 @@ def test_bindings_are_logged_at_info_rate_limited(emu, make_scheduler, caplog):
     assert name.startswith("default/p") and _bound(emu)[name.split("/")[1]] == node
 
 
-def test_the_held_back_bindings_are_counted_in_the_next_line(caplog):
+def test_the_held_back_bindings_are_counted_in_the_next_line(caplog, monkeypatch):
     import logging
-    import time
+    from types import SimpleNamespace
 
+    from joulesched.live import ratelog
     from joulesched.live.ratelog import RateLimitedLog
 
+    now = [100.0]  # the log's clock, moved by hand: a stalled test thread cannot let an interval pass
+    monkeypatch.setattr(ratelog, "time", SimpleNamespace(monotonic=lambda: now[0]))
     caplog.set_level(logging.INFO, logger="test.bound")
     rl = RateLimitedLog(logging.getLogger("test.bound"), interval_s=0.2, level=logging.INFO)
     written = [rl.warn("bound", "bound %s to %s", f"p{i}", "n0") for i in range(5)]
-    time.sleep(0.25)
+    now[0] += 0.25
     assert rl.warn("bound", "bound %s to %s", "p5", "n0") and written == [True, False, False, False, False]
     msgs = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert msgs == [(logging.INFO, "bound p0 to n0"),

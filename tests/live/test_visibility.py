@@ -155,12 +155,13 @@ def test_lease_errors_are_warned_and_readyz_reports_them(emu, make_scheduler, ca
         try:
             wait_until(lambda: s.cache.synced)
             time.sleep(1.0)  # about 20 failed rounds at retry_period 0.05 s, past lease_duration 0.6 s
-            code, body = _get(f"http://127.0.0.1:{srv.port}/readyz")
-            assert code == 503
+            # (a loaded machine may have run fewer: the first failed round past lease_duration is awaited)
+            code, body = wait_until(lambda: (r := _get(f"http://127.0.0.1:{srv.port}/readyz"))[0] == 503 and r,
+                                    10, "/readyz failing")
             assert "[-]leader-election failed" in body and "HTTP 403" in body and "[+]informer-sync ok" in body
             assert _get(f"http://127.0.0.1:{srv.port}/healthz") == (200, "ok")  # alive: restarting would not help
             emu.faults.clear()
-            wait_until(s.is_leader, timeout=5, what="leadership once the Lease is readable")
+            wait_until(s.is_leader, timeout=10, what="leadership once the Lease is readable")
             code, body = _get(f"http://127.0.0.1:{srv.port}/readyz?verbose")
             assert code == 200 and "[+]leader-election ok: leading as r1" in body
         finally:
@@ -204,14 +205,21 @@ def test_healthz_fails_when_the_informer_is_stale(emu, make_scheduler):
         srv.stop()
 
 
-def test_rate_limited_log_holds_back_and_then_says_how_many(caplog):
+def test_rate_limited_log_holds_back_and_then_says_how_many(caplog, monkeypatch):
+    from types import SimpleNamespace
+
+    from joulesched.live import ratelog
+
+    now = [100.0]  # the log's clock, moved by hand: a stalled test thread cannot let an interval pass
+    monkeypatch.setattr(ratelog, "time", SimpleNamespace(monotonic=lambda: now[0]))
     log = logging.getLogger("joulesched.test.ratelog")
     rl = RateLimitedLog(log, interval_s=0.2)
     with caplog.at_level(logging.WARNING, logger="joulesched.test.ratelog"):
         assert rl.warn("k", "lease %s: failed", "x") is True
+        now[0] += 0.19
         assert not any(rl.warn("k", "lease %s: failed", "x") for _ in range(9))
         assert rl.warn("other", "another kind") is True  # kinds are limited separately
-        time.sleep(0.25)
+        now[0] += 0.06
         assert rl.warn("k", "lease %s: failed", "x") is True
     msgs = [r.getMessage() for r in caplog.records]
     assert msgs == ["lease x: failed", "another kind", "lease x: failed (9 similar suppressed in the last 0 s)"]
