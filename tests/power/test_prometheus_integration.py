@@ -78,9 +78,11 @@ def test_increase_matches_injected_joules_through_a_wrap(exporter, prometheus):
     injected = {zones[d]: uj * 10 / 1e6 for d, uj in per_step.items()}
     assert int(pc.energy_path("intel-rapl:0").read_text()) < MAX_RANGE - 20_000_000, "package counter wrapped"
 
-    # (3) hold still until Prometheus has scraped the final value twice.
+    # (3) hold still until Prometheus has scraped the final value twice (the final value: two scrapes of an
+    # earlier one, the exporter's refresh starved on a loaded machine, would cut the window short).
     def settled():
-        return all(len(s := _raw(prometheus, z)) >= 2 and s[-1][1] == s[-2][1] > 0 for z in zones.values())
+        return all(len(s := _raw(prometheus, z)) >= 2 and s[-1][1] == s[-2][1] == pytest.approx(injected[z])
+                   for z in zones.values())
 
     wait_for(settled, 20, "two scrapes of the final counters")
 
