@@ -6,7 +6,9 @@ first failing one giving the node's reason in kube's words.
 
 * Node filters look only at what a node *is* (its :class:`NodeTraits`: labels, taints, cordon, Ready, asleep)
   and what a pod *asks* (its :class:`PodConstraints`: nodeSelector, tolerations, required node affinity):
-  ``NodeUnschedulable``, ``TaintToleration``, ``NodeAffinity``. They are judged once per distinct node traits
+  ``NodeUnschedulable``, ``TaintToleration``, ``NodeAffinity``, then ``NodeReady`` (a node that is NotReady
+  without being asleep, down, booting or failed to wake, takes no pod: nothing would wake it; kube-scheduler
+  has no such filter, see :func:`node_ready`). They are judged once per distinct node traits
   (nodes are encoded as integer ids of their distinct traits, :class:`NodeTable`) and cached per distinct pod
   constraints, so a pod's cost is a dict lookup and one ``&``; a pod without constraints on nodes that admit
   it costs nothing at all.
@@ -49,6 +51,7 @@ SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 # kube-scheduler's words (pkg/scheduler/framework/plugins/*): the FailedScheduling message counts these.
 REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+REASON_NOT_READY = "node(s) were not ready"  # kube's old CheckNodeCondition predicate's words
 REASON_CPU, REASON_MEMORY, REASON_PODS = "Insufficient cpu", "Insufficient memory", "Too many pods"
 # Extended resources read as kube's NodeResourcesFit names them ("Insufficient <resource name>").
 GPU_RESOURCE = "nvidia.com/gpu"  # whole GPUs (the NVIDIA device plugin)
@@ -229,7 +232,7 @@ _NOT_READY = Taint(NOT_READY_TAINT, "", "NoSchedule")
 def taint_toleration(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[str, str]) -> str:
     """TaintToleration: every NoSchedule/NoExecute taint tolerated. A NotReady node counts as tainted
     ``node.kubernetes.io/not-ready`` (the node lifecycle controller's taint) even before the taint appears, so
-    that nothing lands on a node that is off or booting."""
+    that nothing lands on a node that is off or booting (a pod tolerating that taint meets :func:`node_ready`)."""
     tols = pod.tolerations if pod else ()
     taints = node.taints if node.ready else (*node.taints, _NOT_READY)
     for taint in taints:
@@ -250,10 +253,25 @@ def node_affinity(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[
     return ""
 
 
+def node_ready(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[str, str]) -> str:
+    """NodeReady: a node that is NotReady without being asleep (down, booting, a wake that failed) takes no pod,
+    even one that tolerates every taint, the not-ready one included: nothing would wake it, ``serve`` binds
+    only to Ready nodes, and a policy looking for empty nodes would favour exactly the dead ones. A sleeping
+    node passes (judged awake under a profile that wakes nodes, else gated by the controller's taint and
+    cordon), and so does every node for a pod that names its nodes (``matchFields`` on ``metadata.name``: the
+    DaemonSet controller pins its pods so), as kube-scheduler lets it: a booting node's CNI and kube-proxy pods
+    tolerate everything and must land there before it can become Ready. Runs after kube's node filters, so
+    a node they reject keeps their reason."""
+    if node.ready or node.asleep or (pod is not None and pod.uses_fields):
+        return ""
+    return REASON_NOT_READY
+
+
 NODE_FILTERS: tuple[tuple[str, NodeFilter], ...] = (
     ("NodeUnschedulable", node_unschedulable),
     ("TaintToleration", taint_toleration),
     ("NodeAffinity", node_affinity),
+    ("NodeReady", node_ready),
 )
 
 

@@ -282,7 +282,7 @@ class ClusterState:
     def feasible(self, pod: PodRequest) -> np.ndarray:  # replaced per instance by the chain's composed function
         """Nodes that pass every filter of the chain for ``pod`` (:meth:`FilterChain.bind
         <joulesched.cluster.filters.FilterChain.bind>`): NodeUnschedulable, TaintToleration, NodeAffinity,
-        PowerState and NodeResourcesFit with the pod count."""
+        NodeReady, PowerState and NodeResourcesFit with the pod count."""
         return self.chain.bind(self, self.filter_table)(pod)
 
     def utilization(self) -> np.ndarray:

@@ -6,9 +6,11 @@ names: ``Pod``, ``Nodes`` (a NodeList, unless the extender is ``nodeCacheCapable
 
 - ``/filter`` answers ``{"Nodes"|"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}``. Nodes that
   fail on resources go to FailedNodes (preemption may help); unschedulable, tainted or non-matching nodes go
-  to FailedAndUnresolvableNodes. A node the cache does not know yet (just added, the watch behind) passes:
-  kube-scheduler's own filters have already passed it, and rejecting it would send kube-scheduler preempting
-  for nothing.
+  to FailedAndUnresolvableNodes, and so do nodes NotReady without being asleep ("node(s) were not ready": the
+  filter chain's NodeReady, as ``serve`` decides, except for a pod that names its node by ``matchFields``, a
+  DaemonSet's, which kube-scheduler must be able to place on a booting node). A node the cache does not know
+  yet (just added, the watch behind) passes: kube-scheduler's own filters have already passed it, and
+  rejecting it would send kube-scheduler preempting for nothing.
 - While the cache is not synced, or has had no answer from the apiserver for ``stale_s`` (60 s), ``/filter``
   answers with its ``Error`` set and ``/prioritize`` with HTTP 503, and ``/healthz`` (= ``/readyz``) fails: with
   ``ignorable: true`` (deploy/kubernetes/scheduler-config.yaml) kube-scheduler then schedules without the

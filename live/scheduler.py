@@ -21,9 +21,12 @@ What happens to a pod, whatever fails:
   the queue, without backoff, until the node is Ready and untainted, then is bound there (the nominated node
   is tried first, as kube-scheduler does). No binding ever goes to a node that is not Ready, and a node that is
   NotReady without being asleep (down, booting, a failed wake) is no candidate at all, even for a pod that
-  tolerates every taint: nothing would wake it, so waiting for it could last for ever. A pod decided away
-  from its nominated node (bound elsewhere, waiting for another node, or unschedulable) has the nomination
-  cleared (``nominatedNodeName: null``), so the controller stops waking that node for it;
+  tolerates every taint: nothing would wake it, so waiting for it could last for ever. That is the filter
+  chain's NodeReady (the extender's answer too; FailedScheduling counts such nodes as ``node(s) were not
+  ready``), which passes a pod that names its node by ``matchFields`` (a DaemonSet's): that one is retried
+  with backoff until its node is Ready. A pod decided away from its nominated node (bound elsewhere, waiting
+  for another node, or unschedulable) has the nomination cleared (``nominatedNodeName: null``), so the
+  controller stops waking that node for it;
 - bind answers 201: done; the watch confirms it;
 - bind answers 409: the pod is already bound (by us, when an earlier answer was lost, or by anyone else) or
   its uid changed. Re-read it; bound → done, never bound again; still pending → back off and retry;
@@ -83,7 +86,7 @@ from joulesched.agent.kube_scoring import num_nodes_to_score
 from joulesched.agent.policy import Policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.backend import Decision
-from joulesched.cluster.kube.cache import KubeCache, kube_unschedulable_message
+from joulesched.cluster.kube.cache import KubeCache
 from joulesched.cluster.kube.client import FastClient, client_source
 from joulesched.cluster.kube.objects import PodInfo
 from joulesched.live.events import EVENT_WRITERS, EventRecorder, EventWriterProcess, compact_json
@@ -95,8 +98,6 @@ log = logging.getLogger("joulesched.serve")
 
 #: kube-scheduler's scheduling_attempt_duration_seconds buckets: 1 ms * 2^k, k = 0..14.
 ATTEMPT_BUCKETS = tuple(0.001 * 2**k for k in range(15))
-#: The FailedScheduling reason for a node that passed the filters but is NotReady without being asleep.
-NOT_READY_REASON = "node(s) were not ready"
 #: A batch (``ServeConfig.batch``) ends once the loop has held the cache lock this long, so that a slow policy
 #: keeps the informer waiting no longer than about one decision plus this.
 HOLD_MAX_S = 0.01
@@ -322,7 +323,6 @@ class Scheduler:
         self._resync_needed = False
         self._held = 0  # decisions made under the loop's current hold of the cache lock (0: not held)
         self._held_since = 0.0
-        self._unready: tuple[int, np.ndarray | None] = (-1, None)  # (cache epoch, nodes NotReady and not asleep)
         cache.sleep_aware = True  # sleeping nodes are candidates: choosing one makes the pod wait for it
         #: Set while this replica decides and binds (caches synced, leader or no election); cleared on losing it.
         self.ready = threading.Event()
@@ -608,9 +608,9 @@ class Scheduler:
         if not awake:
             if asleep:  # asleep or waking: nominate it, wait for it, lose nothing
                 self._wait_for_node(e, name)
-            else:  # NotReady and not asleep: never a candidate (_decision), so this is a policy's bug
-                log.error("scheduling %s/%s: node %s is not ready; retrying", e.namespace, e.name, name)
-                self.metrics.attempts.labels("error").inc()
+            else:  # NotReady and not asleep: the chain's NodeReady passes it only for a pod that names it
+                log.info("scheduling %s/%s: node %s is not Ready; retrying", e.namespace, e.name, name)
+                self.metrics.attempts.labels("unschedulable").inc()
                 self._requeue(e, backoff=True)
             self._slots.release()
             return
@@ -632,30 +632,6 @@ class Scheduler:
         so that the node power controller stops waking that node for it."""
         e.nominated = ""
         self.recorder.unnominated(e.namespace, e.name, e.uid)
-
-    def _unready_nodes(self, st: Any) -> np.ndarray | None:
-        """The nodes that are NotReady without being asleep (down, booting, a failed wake), once per cache epoch;
-        None when there is none. The filters let a pod that tolerates every taint (the not-ready one included)
-        through to them, as kube-scheduler's would; this scheduler binds only to Ready nodes, and nothing wakes
-        such a node, so they are taken out of the policy's candidates."""
-        epoch = self.cache.epoch
-        if self._unready[0] != epoch:
-            nodes = self.cache.nodes
-            bad = np.fromiter((not (i is not None and (i.ready or i.asleep)) for i in map(nodes.get, st.names)),
-                              dtype=bool, count=len(st.names))
-            self._unready = (epoch, bad if bad.any() else None)
-        return self._unready[1]
-
-    def _unschedulable_message(self, pod: PodInfo, st: Any, unready: np.ndarray | None) -> str:
-        """kube's FitError message, with the NotReady nodes that passed the filters counted as such."""
-        if st is None or unready is None:
-            return self.cache.unschedulable_message(pod)
-        # One pass over the nodes (per node, a 5,000-node cluster took a tenth of a second per attempt).
-        counts = st.filter_reason_counts(pod.request)
-        passed_unready = int((st.feasible(pod.request) & unready).sum())
-        if passed_unready:
-            counts[NOT_READY_REASON] += passed_unready
-        return kube_unschedulable_message(len(st), counts)
 
     def abandon(self, decision: Decision, error: BaseException) -> None:
         """The policy (or the hand-off) failed: a policy bug must not kill the scheduler or lose the pod."""
@@ -710,10 +686,7 @@ class Scheduler:
                 self._done(e)
                 return None
             st = self.cache.state()
-            mask = self.cache.feasible(pod, st)
-            unready = self._unready_nodes(st) if st is not None else None
-            if unready is not None:
-                mask &= ~unready
+            mask = self.cache.feasible(pod, st)  # NotReady nodes that are not asleep are out (NodeReady)
             nominated = pod.nominated_node if e.nominated is None else e.nominated
             if e.waiting_for and st is not None:
                 w = e.waiting_for
@@ -733,7 +706,7 @@ class Scheduler:
                 attempt = _Attempt(e, t0, nominated=nominated)
                 lock = None  # handed over: bind() or abandon() releases it
                 return Decision(st, pod.request, mask, attempt, pod.meta)  # meta: as the twin's (pod_meta)
-            message = self._unschedulable_message(pod, st, unready)
+            message = self.cache.unschedulable_message(pod, st)
         finally:
             if lock is not None:
                 lock.release()

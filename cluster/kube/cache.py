@@ -384,7 +384,8 @@ class KubeCache:
     @property
     def sleep_aware(self) -> bool:
         """Sleeping nodes pass the filters as they will be once awake (the scheduler then waits for them);
-        False (the default): they are gated by their taint, cordon and Ready condition like any other node.
+        False (the default): they are gated by their taint, cordon and Ready condition like any other node
+        (NodeReady keeps out only the NotReady nodes that are not asleep, in both profiles).
         The filter chain's PowerState profile: changing it rebuilds the state."""
         return self._sleep_aware
 
@@ -397,7 +398,8 @@ class KubeCache:
 
     def feasible(self, pod: PodInfo, st: ClusterState | None = None) -> np.ndarray:
         """Nodes that pass the filter chain for ``pod`` (:mod:`joulesched.cluster.filters`): NodeUnschedulable,
-        TaintToleration, NodeAffinity (nodeSelector and required node affinity), PowerState, NodePorts and
+        TaintToleration, NodeAffinity (nodeSelector and required node affinity), NodeReady (a node NotReady
+        without being asleep, down or booting, passes only a pod that names it), PowerState, NodePorts and
         NodeResourcesFit (cpu, memory, pod count, GPUs, every other requested resource). ``st``: :meth:`state`'s
         answer, if the caller just had it."""
         st = self.state() if st is None else st
@@ -416,10 +418,10 @@ class KubeCache:
         assert st is not None
         return st.filter_reasons(i, pod.request)
 
-    def unschedulable_message(self, pod: PodInfo) -> str:
+    def unschedulable_message(self, pod: PodInfo, st: ClusterState | None = None) -> str:
         """kube's FailedScheduling message for ``pod``: every node's :meth:`reasons`, counted in one pass over
-        one state (:meth:`ClusterState.filter_reason_counts`)."""
-        st = self.state()
+        one state (:meth:`ClusterState.filter_reason_counts`); ``st`` as for :meth:`feasible`."""
+        st = self.state() if st is None else st
         if st is None:
             return NO_NODES_MESSAGE
         return kube_unschedulable_message(len(st), st.filter_reason_counts(pod.request))

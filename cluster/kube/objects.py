@@ -664,11 +664,11 @@ def parse_constraints(spec: dict) -> PodConstraints | None:
 
 def node_gate_reason(node: NodeInfo, pod: PodInfo) -> str:
     """The first node filter of the chain (:mod:`joulesched.cluster.filters`: NodeUnschedulable,
-    TaintToleration with the not-ready taint, NodeAffinity with nodeSelector and required node affinity) that
-    ``node`` fails for ``pod``, in kube's words; "" when it passes. Resources are not looked at, except a named
-    resource (an extended one, ``ephemeral-storage``, ``hugepages-*``) the pod asks more of than the node has
-    at all (:meth:`NamedResourcesFit.beyond_allocatable`): as in kube, no eviction makes room for it, and waking
-    the node or moving the pod there would not help."""
+    TaintToleration with the not-ready taint, NodeAffinity with nodeSelector and required node affinity,
+    NodeReady) that ``node`` fails for ``pod``, in kube's words; "" when it passes. Resources are not looked
+    at, except a named resource (an extended one, ``ephemeral-storage``, ``hugepages-*``) the pod asks more of
+    than the node has at all (:meth:`NamedResourcesFit.beyond_allocatable`): as in kube, no eviction makes
+    room for it, and waking the node or moving the pod there would not help."""
     r = node_reason(node.traits, pod.request.constraints, node.name)
     if r or not pod.request.named:
         return r

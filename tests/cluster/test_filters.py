@@ -288,6 +288,36 @@ def test_a_node_woken_for_a_pod_is_one_the_filter_accepts_there(nodes, pod, data
                                                      "effect": "NoSchedule"}]}, pod)
 
 
+@pytest.mark.parametrize("wake_sleeping", [True, False])
+def test_a_notready_node_that_is_not_asleep_takes_no_pod(wake_sleeping):
+    """NodeReady: a node down or booting (NotReady, not asleep) passes no pod, not even one tolerating every
+    taint, with kube's "node(s) were not ready" counted once per node in the same pass as the other reasons; a
+    sleeping node keeps its PowerState treatment in both profiles; a pod that names its node by matchFields
+    (a DaemonSet's, such as a booting node's CNI pod) passes, as kube-scheduler lets it."""
+    from joulesched.cluster.filters import (REASON_NOT_READY, FilterChain, NodeSelectorTerm, Requirement,
+                                            Toleration, pod_constraints)
+
+    names = ["up", "down", "down2", "asleep", "full"]
+    asleep_taint = Taint("joulesched.io/asleep", "true", "NoSchedule")
+    traits = [NodeTraits.of(), NodeTraits.of(ready=False), NodeTraits.of(ready=False),
+              NodeTraits.of(taints=[asleep_taint], unschedulable=True, ready=False, asleep=True), NodeTraits.of()]
+    cs = ClusterState(names, [1000, 8000, 8000, 8000, 100], [1024] * 5, [10] * 5, [LINEAR_100_200] * 5,
+                      traits=traits, chain=FilterChain(wake_sleeping=wake_sleeping))
+    everything = pod_constraints(tolerations=[Toleration(operator="Exists")])
+    pod = PodRequest(500, 100, everything)
+    assert cs.feasible(pod).tolist() == [True, False, False, True, False]
+    assert cs.filter_reasons(1, pod) == [REASON_NOT_READY] and cs.filter_reasons(3, pod) == []
+    assert cs.unschedulable_message(PodRequest(2000, 100, everything)) == (
+        "0/5 nodes are available: 2 Insufficient cpu, 2 node(s) were not ready.")
+    # Kube's reasons first: a pod that does not tolerate the not-ready taint reads it as before.
+    plain = PodRequest(500, 100)
+    assert cs.filter_reasons(1, plain) == ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"]
+    # A pod pinned to "down" by name: NodeReady steps aside, kube's filters decide.
+    pinned = pod_constraints(tolerations=[Toleration(operator="Exists")], required_terms=[NodeSelectorTerm(
+        match_fields=(Requirement("metadata.name", "In", ("down",)),))])
+    assert cs.feasible(PodRequest(500, 100, pinned)).tolist() == [False, True, False, False, False]
+
+
 # ---- the scenario's fields --------------------------------------------------------------------------------------
 def test_existing_scenarios_have_plain_nodes_and_unconstrained_pods():
     """Every shipped scenario keeps the twin's plain chain: no node traits, no pod constraints."""

@@ -1,17 +1,20 @@
-"""Review fixes in the live path: NotReady nodes that are not asleep are no candidates, nominations are cleared
-when a pod is decided away from its node, a stale extender steps aside, and a binding ends before the term."""
+"""Review fixes in the live path: NotReady nodes that are not asleep are no candidates (for serve and the
+extender alike), nominations are cleared when a pod is decided away from its node, a stale extender steps
+aside, and a binding ends before the term."""
 
 from __future__ import annotations
 
+import contextlib
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from joulesched.agent.registry import make_policy
 from joulesched.cluster.kube.cache import KubeCache
 from joulesched.cluster.kube.client import api_client_for
-from joulesched.cluster.kube.objects import ASLEEP_TAINT, WAKE_FAILED_ANNOTATION
+from joulesched.cluster.kube.objects import ASLEEP_TAINT, WAKE_FAILED_ANNOTATION, parse_pod
 from joulesched.live.extender import Extender, ExtenderServer
 from tests.live.conftest import wait_until
 from tests.live.test_extender import _post
@@ -61,6 +64,74 @@ def test_a_pod_that_fits_only_a_notready_node_is_unschedulable_and_says_why(emu,
     assert _events(emu, "FailedScheduling")[0]["message"] == (
         "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were not ready.")
     assert not _pod(emu)["spec"].get("nodeName") and not _pod(emu)["status"].get("nominatedNodeName")
+    assert not _events(emu, "WaitingForNode")
+
+
+@contextlib.contextmanager
+def _extender_on(emu) -> Iterator[tuple[KubeCache, Callable[[dict, list[str]], dict]]]:
+    """An extender over the emulator, synced: its cache, and ``filter(pod, node_names)`` -> its /filter answer."""
+    cache = KubeCache(api_client_for(emu.url))
+    srv = ExtenderServer(Extender(cache, make_policy("most-allocated")), "127.0.0.1", 0).start()
+    cache.start()
+
+    def filter_(pod: dict, names: list[str]) -> dict:
+        code, out = _post(f"http://127.0.0.1:{srv.port}/filter", {"Pod": pod, "NodeNames": names})
+        assert code == 200 and out["Error"] == ""
+        return out
+    try:
+        assert cache.wait_synced(10)
+        yield cache, filter_
+    finally:
+        srv.stop()
+        cache.stop()
+
+
+def test_the_extender_and_the_scheduler_drop_a_notready_node_with_one_answer(emu, make_scheduler):
+    """The rule lives in the filter chain (NodeReady): kube-scheduler asking the extender and ``serve`` deciding
+    for itself get the same answer for a pod that tolerates every taint, with the same reason."""
+    emu.add_node("good", cpu="4", memory="8Gi")
+    emu.add_node("dead", cpu="64", memory="256Gi")
+    emu.set_node_ready("dead", False)
+    pod = make_pod("p", cpu="100m", memory="100Mi", tolerations=TOLERATE_ALL)
+    with _extender_on(emu) as (cache, filter_):
+        out = filter_(pod, ["good", "dead"])
+        assert out["NodeNames"] == ["good"] and out["FailedNodes"] == {}
+        assert out["FailedAndUnresolvableNodes"] == {"dead": "node(s) were not ready"}
+        sched = make_scheduler()  # serve's cache: the sleep-aware profile of the same chain
+        assert sched.cache.wait_synced(10) and sched.cache.sleep_aware
+        info = parse_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}})
+        big = parse_pod({**make_pod("q", cpu="8", tolerations=TOLERATE_ALL), "metadata": {"uid": "q"}})
+        for c in (cache, sched.cache):
+            with c.lock:
+                st = c.state()
+                assert c.feasible(info, st).tolist() == [n == "good" for n in st.names]
+                assert c.reasons(info, st.names.index("dead")) == ["node(s) were not ready"]
+                assert c.unschedulable_message(big) == (
+                    "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were not ready.")
+
+
+def test_a_pod_that_names_a_notready_node_may_go_there_once_it_is_ready(emu, make_scheduler):
+    """A DaemonSet's pod (pinned by matchFields, tolerating everything, as a CNI plugin's): the extender passes
+    its booting node, as kube-scheduler must bind it there for the node to become Ready; ``serve`` binds only
+    to Ready nodes, so it retries until then, never parking it elsewhere or nominating anything."""
+    emu.add_node("good", cpu="4", memory="8Gi")
+    emu.add_node("boot", cpu="4", memory="8Gi")
+    emu.set_node_ready("boot", False)
+    pin = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["boot"]}]}]}}}
+    kw = dict(cpu="100m", tolerations=TOLERATE_ALL, affinity=pin, owner="DaemonSet")
+    with _extender_on(emu) as (_, filter_):
+        out = filter_(make_pod("p", **kw), ["good", "boot"])
+        assert out["NodeNames"] == ["boot"]
+        assert out["FailedAndUnresolvableNodes"] == {"good": "node(s) didn't match Pod's node affinity/selector"}
+    emu.add_pod("p", **kw)
+    s = make_scheduler()
+    tries = {"result": "unschedulable"}
+    wait_until(lambda: s.registry.get_sample_value("joulesched_schedule_attempts_total", tries) >= 2, 5, "retries")
+    assert s.registry.get_sample_value("joulesched_schedule_attempts_total", {"result": "error"}) == 0
+    assert not _pod(emu)["spec"].get("nodeName") and not _pod(emu)["status"].get("nominatedNodeName")
+    emu.set_node_ready("boot", True)
+    wait_until(lambda: _pod(emu)["spec"].get("nodeName") == "boot", 5, "p bound to boot once it is Ready")
     assert not _events(emu, "WaitingForNode")
 
 
