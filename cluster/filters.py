@@ -108,7 +108,7 @@ class Toleration:
         return self.operator == "Exists" or self.value == taint.value
 
 
-_INT = re.compile(r"^[-+]?[0-9]+$")
+_INT = re.compile(r"^[-+]?[0-9]+\Z")
 
 
 @dataclass(frozen=True, slots=True)

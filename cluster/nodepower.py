@@ -70,10 +70,7 @@ CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kube
 #: Pod annotations that forbid evicting it (cluster-autoscaler's and ours).
 SAFE_TO_EVICT_ANNOTATIONS = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "joulesched.io/safe-to-evict")
 
-
-
-
-_BUDGET_NODES = re.compile(r"^(\d+)(%?)$")
+_BUDGET_NODES = re.compile(r"^(\d+)(%?)\Z")
 
 
 @dataclass(frozen=True)
@@ -120,7 +117,7 @@ class DisruptionBudget:
 #: The twin's clock on the wall: its time 0 is Monday 2024-01-01 00:00 UTC, so scheduled budgets (cron, UTC) fall
 #: on the days and hours a scenario's diurnal load has.
 TWIN_EPOCH_S = 1_704_067_200.0
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)\Z")
 
 
 def parse_budget(text: str) -> DisruptionBudget:

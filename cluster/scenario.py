@@ -26,6 +26,7 @@ from joulesched.cluster.filters import (
 )
 from joulesched.cluster.nodepower import DisruptionBudget, PowerPolicy
 from joulesched.core.errors import UsageError
+from joulesched.core.names import is_dns_label, is_label_key, is_label_value
 from joulesched.power.curves import SPECPOWER, validate_curve
 from joulesched.power.gpu import gpu_curve, gpu_speed
 
@@ -108,26 +109,16 @@ class Sleep(_Strict):
 
 IdlePolicy = Annotated[Union[AlwaysOn, Sleep], Field(discriminator="mode")]
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-# Kubernetes' syntax for label keys (an optional DNS-subdomain prefix and a name of at most 63 characters) and
-# values (at most 63, alphanumeric at both ends): a scenario's labels are ones a real node could carry.
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
 
 def _label_key(k: str) -> str:
-    prefix, _, name = k.rpartition("/")
-    if not _LABEL_NAME.match(name) or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))):
+    if not is_label_key(k):
         raise ValueError(f"{k!r} is not a Kubernetes label key ([prefix/]name, name at most 63 characters of "
                          "a-z, A-Z, 0-9, '-', '_', '.')")
     return k
 
 
 def _label_value(v: str) -> str:
-    if not _LABEL_VALUE.match(v):
+    if not is_label_value(v):
         raise ValueError(f"{v!r} is not a Kubernetes label value (at most 63 characters of a-z, A-Z, 0-9, '-', "
                          "'_', '.', alphanumeric at both ends)")
     return v
@@ -284,7 +275,7 @@ class NodeGroup(_Strict):
     @field_validator("name_prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        if not _DNS_LABEL.match(v) or len(v) > 50:
+        if not is_dns_label(v, 50):
             raise ValueError("must be a lowercase DNS label prefix (a-z, 0-9, '-'), at most 50 characters")
         return v
 
@@ -363,7 +354,7 @@ class Synthetic(PodPlacement):
 
 
 def _namespace(v: str) -> str:
-    if not _DNS_LABEL.match(v) or len(v) > 63:
+    if not is_dns_label(v):
         raise ValueError("must be a Kubernetes namespace name (a lowercase DNS label, at most 63 characters)")
     return v
 
@@ -438,8 +429,9 @@ class Services(PodPlacement):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _DNS_LABEL.match(v):
-            raise ValueError("must be a lowercase DNS label (a-z, 0-9, '-'): it names the services' Deployments")
+        if not is_dns_label(v):
+            raise ValueError("must be a lowercase DNS label (a-z, 0-9, '-'), at most 63 characters: it names the "
+                             "services' Deployments")
         return v
 
     @field_validator("namespace")

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from joulesched.core.errors import UsageError
+from joulesched.core.names import is_dns_label
 
 PROJECT = "joulesched"
 TARGETS = ("cluster", "kvm", "aws")
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 #: An image reference (the distribution grammar, simplified): [registry[:port]/]path[:tag][@sha256:digest].
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 IMAGE_REF = re.compile(rf"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*"
-                       r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+                       r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z")
 
 
 def check_image(value: str) -> str | None:
@@ -126,7 +126,7 @@ CNI_URLS = {
     "calico": "https://raw.githubusercontent.com/projectcalico/calico/{version}/manifests/calico.yaml",
     "flannel": "https://raw.githubusercontent.com/flannel-io/flannel/{version}/Documentation/kube-flannel.yml",
 }
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ class _Collector:
 
     def ssh_key(self, key: str) -> str:
         v = self.required(key, '"$(cat ~/.ssh/id_ed25519.pub)"')
-        if v and not re.match(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?$", v.strip()):
+        if v and not re.match(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?\Z", v.strip()):
             self.problems.append(f"{PROJECT}:{key} must be an OpenSSH public key line (ssh-ed25519 AAAA...)")
         if "PRIVATE KEY" in v:
             self.problems.append(f"{PROJECT}:{key} looks like a private key; give the .pub file")
@@ -283,10 +283,10 @@ class _Collector:
             flannel_version=self.opt("flannelVersion", d.flannel_version),
             cni_sha256=self.opt("cniManifestSha256", "").lower(),
         )
-        if not re.match(r"^v1\.\d+$", k.kubernetes_minor):
+        if not re.match(r"^v1\.\d+\Z", k.kubernetes_minor):
             self.problems.append(f"{PROJECT}:kubernetesVersion must look like v1.30, got {k.kubernetes_minor!r}")
         for key, v in (("calicoVersion", k.calico_version), ("flannelVersion", k.flannel_version)):
-            if not re.match(r"^v\d+\.\d+\.\d+$", v):
+            if not re.match(r"^v\d+\.\d+\.\d+\Z", v):
                 self.problems.append(f"{PROJECT}:{key} must be a release like v3.28.1, got {v!r}")
         if k.cni_sha256 and not SHA256.match(k.cni_sha256):
             self.problems.append(f"{PROJECT}:cniManifestSha256 must be 64 hex digits")
@@ -334,10 +334,10 @@ def _workload_images(c: _Collector) -> tuple[tuple[str, str], ...]:
 def _cluster(c: _Collector) -> ClusterConfig:
     image = c.required("image", "registry.example.com/joulesched:0.1.0")
     ns = c.opt("namespace", "joulesched")
-    if not DNS_LABEL.match(ns):
+    if not is_dns_label(ns):
         c.problems.append(f"{PROJECT}:namespace must be a DNS label, got {ns!r}")
     power_ns = c.opt("powerNamespace", f"{ns}-power")
-    if c.r.get("powerNamespace") and (not DNS_LABEL.match(power_ns) or power_ns == ns):
+    if c.r.get("powerNamespace") and (not is_dns_label(power_ns) or power_ns == ns):
         c.problems.append(f"{PROJECT}:powerNamespace must be a DNS label other than the namespace, got {power_ns!r}")
     sched_args = c.r.get_object("schedulerExtraArgs")
     if sched_args is not None and not (isinstance(sched_args, list) and all(isinstance(a, str) for a in sched_args)):
@@ -353,7 +353,7 @@ def _cluster(c: _Collector) -> ClusterConfig:
         interval_s = 1.0
     d = ClusterConfig(namespace="", image="", power_exporter=PowerExporterConfig(image=""))
     name = c.opt("schedulerName", d.scheduler_name)
-    if not DNS_LABEL.match(name):
+    if not is_dns_label(name):
         c.problems.append(f"{PROJECT}:schedulerName must be a DNS label, got {name!r}")
     prometheus_url = c.opt_none("prometheusUrl")
     if prometheus_url and not re.match(r"^https?://", prometheus_url):
@@ -387,7 +387,7 @@ def _cluster(c: _Collector) -> ClusterConfig:
                      ("prometheusImage", cfg.prometheus_image), ("nodeExporterImage", cfg.node_exporter_image)):
         if ref and (why := check_image(ref)) is not None:
             c.problems.append(f"{PROJECT}:{key}: {why}")
-    if not re.match(r"^[\w][\w.-]{0,127}$", cfg.workload_tag):
+    if not re.match(r"^[\w][\w.-]{0,127}\Z", cfg.workload_tag):
         c.problems.append(f"{PROJECT}:workloadTag must be a tag such as 0.1.0 (pin digests with workloadImages), "
                           f"got {cfg.workload_tag!r}")
     return cfg
@@ -449,7 +449,7 @@ def load(reader: ConfigReader) -> StackConfig:
     c = _Collector(reader)
     target = c.required("target", "|".join(TARGETS))
     prefix = c.opt("namePrefix", "joulesched")
-    if not DNS_LABEL.match(prefix):
+    if not is_dns_label(prefix):
         c.problems.append(f"{PROJECT}:namePrefix must be a DNS label, got {prefix!r}")
     cfg: StackConfig | None = None
     if target == "cluster":

@@ -28,7 +28,7 @@ from joulesched.power.meter import (
 )
 from joulesched.power.units import UJ_PER_J, Joules, uj_to_j
 
-_ZONE_DIR = re.compile(r"^(intel-rapl(?:-mmio)?):(\d+)(?::(\d+))?$")
+_ZONE_DIR = re.compile(r"^(intel-rapl(?:-mmio)?):(\d+)(?::(\d+))?\Z")
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ _POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0
 #: A cgroupfs driver's pod directory, the whole path component (``pod<uid>``): recognised without "kubepods" in
 #: the path, which a reader in a private cgroup namespace does not see (``0::/../../burstable/pod<uid>/<id>``).
 _POD_DIR = re.compile(r"pod([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})")
-_CONTAINER = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-|libpod-)?([0-9a-f]{64})(?:\.scope)?$")
+_CONTAINER = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-|libpod-)?([0-9a-f]{64})(?:\.scope)?\Z")
 
 
 class PodRef(NamedTuple):

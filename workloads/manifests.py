@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from joulesched.core.names import is_dns_label
+
 #: Apps with an image of their own (workloads/docker/Dockerfile.APP).
 IMAGES = ("cpu", "memory", "disk", "network", "combined", "testapp", "shop")
 #: The shop split into its three services; they run the shop image with --part.
@@ -72,7 +74,7 @@ def container_args(app: str) -> list[str]:
 
 #: A Kubernetes resource quantity (apimachinery's resource.Quantity): a decimal number with an optional
 #: binary (Ki..Ei), decimal (m, k, M..E) or exponent suffix.
-_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?\Z")
 
 
 def check_quantity(value: str, what: str) -> str:
@@ -83,13 +85,9 @@ def check_quantity(value: str, what: str) -> str:
     return value
 
 
-#: A namespace (any DNS label Kubernetes takes as an object's namespace): an RFC 1123 label.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
-
-
 def check_namespace(value: str, what: str = "--namespace") -> str:
     """``value`` if Kubernetes takes it as a namespace (an RFC 1123 label), else ValueError naming ``what``."""
-    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+    if not is_dns_label(value):
         raise ValueError(f"{what} {value!r} is not a valid namespace: an RFC 1123 label of at most 63 characters, "
                          "lowercase letters, digits and '-', starting and ending with a letter or digit")
     return value

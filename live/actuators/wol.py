@@ -15,7 +15,7 @@ import wakeonlan
 from joulesched.infra import remote
 from joulesched.live.actuators.base import UNKNOWN, ActuatorError, Target
 
-_MAC = re.compile(r"^[0-9A-Fa-f]{2}([:-][0-9A-Fa-f]{2}){5}$")
+_MAC = re.compile(r"^[0-9A-Fa-f]{2}([:-][0-9A-Fa-f]{2}){5}\Z")
 
 
 class WolActuator:

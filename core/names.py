@@ -1,0 +1,31 @@
+"""Kubernetes' syntax for names and labels, checked in one place (namespaces, name prefixes, label keys and
+values). Every pattern is matched whole (``fullmatch``, ASCII only): a ``$`` anchor would let a trailing newline
+through, and Kubernetes takes none."""
+
+from __future__ import annotations
+
+import re
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", re.ASCII)
+
+
+def is_dns_label(value: str, max_len: int = 63) -> bool:
+    """An RFC 1123 label of at most ``max_len`` characters: lowercase letters, digits and '-', a letter or digit
+    at both ends (a namespace, a Service's name)."""
+    return len(value) <= max_len and _DNS_LABEL.fullmatch(value) is not None
+
+
+def is_label_key(key: str) -> bool:
+    """``[prefix/]name``: a name of at most 63 characters, a prefix that is a DNS subdomain of at most 253."""
+    prefix, slash, name = key.rpartition("/")
+    if _LABEL_NAME.fullmatch(name) is None:
+        return False
+    return not slash or (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix) is not None)
+
+
+def is_label_value(value: str) -> bool:
+    """At most 63 characters of letters, digits, '-', '_' and '.', alphanumeric at both ends; or empty."""
+    return _LABEL_VALUE.fullmatch(value) is not None
