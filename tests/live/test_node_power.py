@@ -600,8 +600,10 @@ def test_a_pending_pod_wakes_a_node_whose_sleep_failed_instead_of_another_retry(
     emu.add_pod("p", cpu="3500m", memory="64Mi", scheduler_name="default-scheduler", owner="ReplicaSet")
     wait_until(lambda: pstate(emu, victim) == "awake" and not emu.get("nodes", victim)["spec"].get("unschedulable"),
                15, "the node the pending pod needs, uncordoned")
-    assert ("wake", victim) in act.calls and any(e["involvedObject"]["name"] == victim
-                                                 for e in events(emu, "NodeAwake"))
+    assert ("wake", victim) in act.calls
+    # Its NodeAwake is posted after the uncordon seen above.
+    wait_until(lambda: any(e["involvedObject"]["name"] == victim for e in events(emu, "NodeAwake")), 10,
+               "its NodeAwake")
 
 
 def test_a_node_that_keeps_running_after_a_failed_sleep_is_uncordoned(emu, machines, kubelets, make_controller):

@@ -89,8 +89,8 @@ def test_failed_scheduling_events_are_aggregated_with_a_count(emu, make_schedule
 
     wait_until(lambda: all(c and c[0] >= 5 for c in (counts().get("huge"), counts().get("big"))) and patched(),
                what="counts of 5, updated")
-    attempts = s.metrics.attempts.labels("unschedulable")._value.get()
     s.stop()  # the recorder writes the last count before it stops
+    attempts = s.metrics.attempts.labels("unschedulable")._value.get()  # read once no attempt can follow
     c = counts()
     assert len(c["huge"]) == 1 and len(c["big"]) == 1  # one Event per pod and reason
     assert c["huge"][0] + c["big"][0] == attempts  # every attempt counted, none lost
