@@ -149,6 +149,15 @@ class NodeSelectorTerm:
             all(r.matches(fields) for r in self.match_fields)
 
 
+def _pinned_to(terms: tuple[NodeSelectorTerm, ...] | None) -> str | None:
+    names = {r.values[0] if r.operator == "In" and len(r.values) == 1 else None
+             for t in terms or () for r in t.match_fields if r.key == "metadata.name"}
+    named = {t for t in terms or () if any(r.key == "metadata.name" for r in t.match_fields)}
+    if len(names) != 1 or None in names or len(named) != len(terms or ()):
+        return None
+    return names.pop()
+
+
 @dataclass(frozen=True, slots=True)
 class PodConstraints:
     """What a pod asks of a node beyond resources. ``required_terms`` is
@@ -159,10 +168,14 @@ class PodConstraints:
     tolerations: tuple[Toleration, ...] = ()
     required_terms: tuple[NodeSelectorTerm, ...] | None = None
     uses_fields: bool = field(default=False, init=False, compare=False, repr=False)
+    #: The one node the pod can go to by name (every required term asks ``metadata.name In [node]``, as the
+    #: DaemonSet controller pins its pods), else None.
+    pinned_to: str | None = field(default=None, init=False, compare=False, repr=False)
     _hash: int = field(default=0, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uses_fields", any(t.match_fields for t in self.required_terms or ()))
+        object.__setattr__(self, "pinned_to", _pinned_to(self.required_terms) if self.uses_fields else None)
         # Hashed once: the chain looks a pod's constraints up in its verdict cache on every decision.
         object.__setattr__(self, "_hash", hash((self.node_selector, self.tolerations, self.required_terms)))
 
@@ -258,11 +271,13 @@ def node_ready(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[str
     even one that tolerates every taint, the not-ready one included: nothing would wake it, ``serve`` binds
     only to Ready nodes, and a policy looking for empty nodes would favour exactly the dead ones. A sleeping
     node passes (judged awake under a profile that wakes nodes, else gated by the controller's taint and
-    cordon), and so does every node for a pod that names its nodes (``matchFields`` on ``metadata.name``: the
-    DaemonSet controller pins its pods so), as kube-scheduler lets it: a booting node's CNI and kube-proxy pods
-    tolerate everything and must land there before it can become Ready. Runs after kube's node filters, so
+    cordon), and so does a node for a pod pinned to it alone (every required term ``metadata.name In [it]``,
+    as the DaemonSet controller pins its pods), as kube-scheduler lets it: a booting node's CNI pod tolerates
+    everything and must land there before the node can become Ready (the extender must not refuse it; ``serve``
+    itself binds only to Ready nodes and reports such a pod unschedulable). Runs after kube's node filters, so
     a node they reject keeps their reason."""
-    if node.ready or node.asleep or (pod is not None and pod.uses_fields):
+    if node.ready or node.asleep or (pod is not None and pod.pinned_to is not None
+                                     and pod.pinned_to == fields.get("metadata.name")):
         return ""
     return REASON_NOT_READY
 

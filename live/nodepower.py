@@ -437,14 +437,10 @@ class NodePowerController:
             return
         self._addresses_pending = None
         self._addresses_stamp = stamp
-        if not os.path.isdir(path) and len(stamp[0]) == 4 and stamp[0][2] == 0:
-            log.error("the address map %s is empty (being written?): the last good one stays in force; "
-                      "write {} for an empty map", path)
-            return  # read again when it is written: its size changes
         from joulesched.live.daemon import DaemonInputError
 
-        try:
-            new = load_addresses(path, self.cfg.access)
+        try:  # read again when it changes (its stamp does)
+            new = load_addresses(path, self.cfg.access, allow_blank=False)
         except DaemonInputError as e:
             log.error("the address map changed but does not load, the last good one stays in force: %s", e)
             return
@@ -1291,11 +1287,14 @@ def _files_stamp(path: str) -> tuple:
     return (one(path),)
 
 
-def load_addresses(path: str | None, access: AddressPolicy | None = None) -> dict[str, str]:
+def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
+                   allow_blank: bool = True) -> dict[str, str]:
     """The operator's node -> power address map: a YAML/JSON mapping file, or a directory (a ConfigMap mounted
     with one key per node, as the kube_node role writes it: file name = node, content = address; a ``.yaml``
     file in it is read as a mapping). Every address is parsed (and checked against what no map entry may do,
-    e.g. redfish+http without its flag), so a bad one is named before anything starts."""
+    e.g. redfish+http without its flag), so a bad one is named before anything starts. A map file without a
+    document (empty, blank, comments only) is an empty map only with ``allow_blank``: a map read again while
+    it is rewritten in place must not become one (``{}`` is an empty map either way)."""
     if not path:
         return {}
 
@@ -1317,7 +1316,11 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None) -> dic
                         data[entry] = f.read().strip()
         else:
             with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
+                data = yaml.safe_load(f)
+            if data is None and not allow_blank:
+                raise DaemonInputError(f"--addresses {path}: holds no mapping (being written?); an empty map is "
+                                       "written {}")
+            data = {} if data is None else data
     except OSError as e:
         raise DaemonInputError(f"--addresses {path}: {e.strerror}") from None
     except yaml.YAMLError as e:

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from joulesched.cluster.kube.informer import Informer
 from joulesched.cluster.kube.metrics_feed import FeedConfig, PrometheusFeed
-from joulesched.cluster.filters import FilterChain
+from joulesched.cluster.filters import REASON_NOT_READY, FilterChain
 from joulesched.cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, parse_node, parse_pod
 from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
 from joulesched.power.gpu import gpu_curve
@@ -418,13 +418,17 @@ class KubeCache:
         assert st is not None
         return st.filter_reasons(i, pod.request)
 
-    def unschedulable_message(self, pod: PodInfo, st: ClusterState | None = None) -> str:
+    def unschedulable_message(self, pod: PodInfo, st: ClusterState | None = None, not_ready: int = 0) -> str:
         """kube's FailedScheduling message for ``pod``: every node's :meth:`reasons`, counted in one pass over
-        one state (:meth:`ClusterState.filter_reason_counts`); ``st`` as for :meth:`feasible`."""
+        one state (:meth:`ClusterState.filter_reason_counts`); ``st`` as for :meth:`feasible`. ``not_ready``:
+        nodes the filters passed that the caller will not bind to because they are NotReady."""
         st = self.state() if st is None else st
         if st is None:
             return NO_NODES_MESSAGE
-        return kube_unschedulable_message(len(st), st.filter_reason_counts(pod.request))
+        counts = st.filter_reason_counts(pod.request)
+        if not_ready:
+            counts[REASON_NOT_READY] += not_ready
+        return kube_unschedulable_message(len(st), counts)
 
     def get_pod(self, uid: str) -> PodInfo | None:
         with self.lock:

@@ -292,8 +292,8 @@ def test_a_node_woken_for_a_pod_is_one_the_filter_accepts_there(nodes, pod, data
 def test_a_notready_node_that_is_not_asleep_takes_no_pod(wake_sleeping):
     """NodeReady: a node down or booting (NotReady, not asleep) passes no pod, not even one tolerating every
     taint, with kube's "node(s) were not ready" counted once per node in the same pass as the other reasons; a
-    sleeping node keeps its PowerState treatment in both profiles; a pod that names its node by matchFields
-    (a DaemonSet's, such as a booting node's CNI pod) passes, as kube-scheduler lets it."""
+    sleeping node keeps its PowerState treatment in both profiles; a pod pinned to that node alone by
+    matchFields (a DaemonSet's, such as a booting node's CNI pod) passes, as kube-scheduler lets it."""
     from joulesched.cluster.filters import (REASON_NOT_READY, FilterChain, NodeSelectorTerm, Requirement,
                                             Toleration, pod_constraints)
 
@@ -312,10 +312,23 @@ def test_a_notready_node_that_is_not_asleep_takes_no_pod(wake_sleeping):
     # Kube's reasons first: a pod that does not tolerate the not-ready taint reads it as before.
     plain = PodRequest(500, 100)
     assert cs.filter_reasons(1, plain) == ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"]
-    # A pod pinned to "down" by name: NodeReady steps aside, kube's filters decide.
-    pinned = pod_constraints(tolerations=[Toleration(operator="Exists")], required_terms=[NodeSelectorTerm(
-        match_fields=(Requirement("metadata.name", "In", ("down",)),))])
+    # A pod pinned to "down" alone by name (a DaemonSet's): NodeReady steps aside, kube's filters decide.
+    def fields(*reqs, terms=1):
+        return pod_constraints(tolerations=[Toleration(operator="Exists")],
+                               required_terms=[NodeSelectorTerm(match_fields=tuple(reqs))] * terms)
+
+    pinned = fields(Requirement("metadata.name", "In", ("down",)))
+    assert pinned.pinned_to == "down"
     assert cs.feasible(PodRequest(500, 100, pinned)).tolist() == [False, True, False, False, False]
+    # Naming more nodes, or naming nodes to avoid, pins to none: the down nodes stay out.
+    for loose, ok in ((fields(Requirement("metadata.name", "In", ("up", "down"))), [True, False, False, False, False]),
+                      (fields(Requirement("metadata.name", "NotIn", ("full",))), [True, False, False, True, False])):
+        assert loose.pinned_to is None
+        assert cs.feasible(PodRequest(500, 100, loose)).tolist() == ok
+    either = pod_constraints(tolerations=[Toleration(operator="Exists")], required_terms=[
+        NodeSelectorTerm(match_fields=(Requirement("metadata.name", "In", ("down",)),)),
+        NodeSelectorTerm(match_expressions=(Requirement("zone", "DoesNotExist"),))])
+    assert either.pinned_to is None and not cs.feasible(PodRequest(500, 100, either))[1]
 
 
 # ---- the scenario's fields --------------------------------------------------------------------------------------

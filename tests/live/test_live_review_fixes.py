@@ -113,7 +113,9 @@ def test_the_extender_and_the_scheduler_drop_a_notready_node_with_one_answer(emu
 def test_a_pod_that_names_a_notready_node_may_go_there_once_it_is_ready(emu, make_scheduler):
     """A DaemonSet's pod (pinned by matchFields, tolerating everything, as a CNI plugin's): the extender passes
     its booting node, as kube-scheduler must bind it there for the node to become Ready; ``serve`` binds only
-    to Ready nodes, so it retries until then, never parking it elsewhere or nominating anything."""
+    to Ready nodes, so it reports the pod unschedulable (FailedScheduling, PodScheduled=False) until then,
+    never parking it elsewhere or nominating anything. A pod naming several nodes is no DaemonSet's: the
+    NotReady one stays out and it goes to the Ready one at once."""
     emu.add_node("good", cpu="4", memory="8Gi")
     emu.add_node("boot", cpu="4", memory="8Gi")
     emu.set_node_ready("boot", False)
@@ -130,9 +132,20 @@ def test_a_pod_that_names_a_notready_node_may_go_there_once_it_is_ready(emu, mak
     wait_until(lambda: s.registry.get_sample_value("joulesched_schedule_attempts_total", tries) >= 2, 5, "retries")
     assert s.registry.get_sample_value("joulesched_schedule_attempts_total", {"result": "error"}) == 0
     assert not _pod(emu)["spec"].get("nodeName") and not _pod(emu)["status"].get("nominatedNodeName")
+    wait_until(lambda: _events(emu, "FailedScheduling"), 5, "a FailedScheduling event")
+    assert _events(emu, "FailedScheduling")[0]["message"] == (
+        "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) were not ready.")
+    cond = {c["type"]: c for c in _pod(emu)["status"].get("conditions", [])}
+    assert cond["PodScheduled"]["status"] == "False" and cond["PodScheduled"]["reason"] == "Unschedulable"
     emu.set_node_ready("boot", True)
-    wait_until(lambda: _pod(emu)["spec"].get("nodeName") == "boot", 5, "p bound to boot once it is Ready")
+    wait_until(lambda: _pod(emu)["spec"].get("nodeName") == "boot", 15, "p bound to boot once it is Ready")
     assert not _events(emu, "WaitingForNode")
+    emu.add_node("big", cpu="64", memory="256Gi")  # down, big and empty: least-allocated's favourite
+    emu.set_node_ready("big", False)
+    both = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["big", "good"]}]}]}}}
+    emu.add_pod("q", cpu="100m", tolerations=TOLERATE_ALL, affinity=both)
+    wait_until(lambda: _pod(emu, "q")["spec"].get("nodeName") == "good", 5, "q bound to the Ready node")
 
 
 def _waiting_for_sleepy(emu, make_scheduler, good_cpu: str, pod_cpu: str) -> None:
