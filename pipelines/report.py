@@ -621,6 +621,8 @@ def _read_inputs(out: Path) -> tuple[Results, dict, dict]:
     if out.exists() and not out.is_dir():
         raise ResultsError(f"{out} is a file; give the folder that holds results.json")
     doc = load_results(out / "results.json")
+    if not doc.scenarios:
+        raise ResultsError(f"{out / 'results.json'}: holds no scenario run; nothing to report")
     tl_path = out / "timelines.npz"
     try:
         tl = dict(np.load(tl_path)) if tl_path.exists() else {}

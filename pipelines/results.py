@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from joulesched.core.errors import UsageError
 
@@ -180,6 +180,28 @@ class Results(_Strict):
     summary: dict[str, ScenarioSummary]
     _read_version: int = PrivateAttr(SCHEMA_VERSION)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Results:
+        """Every run holds every policy of ``policies``, and the summary has exactly the runs' scenarios, each
+        with every policy: what the report and the CLI index by (a partial or hand-edited file is refused here,
+        naming what is missing, instead of failing halfway through a render)."""
+        for k, e in enumerate(self.scenarios):
+            missing = [p for p in self.policies if p not in e.policies]
+            if missing:
+                raise ValueError(f"scenarios.{k} ({e.name!r}, seed {e.seed}) has no run of policy {missing[0]!r}, "
+                                 "which policies lists")
+        names = list(dict.fromkeys(e.name for e in self.scenarios))
+        for name in names:
+            if name not in self.summary:
+                raise ValueError(f"summary has no entry for scenario {name!r}")
+            missing = [p for p in self.policies if p not in self.summary[name].policies]
+            if missing:
+                raise ValueError(f"summary.{name}.policies has no entry for policy {missing[0]!r}")
+        extra = [n for n in self.summary if n not in names]
+        if extra:
+            raise ValueError(f"summary has scenario {extra[0]!r}, which no entry of scenarios runs")
+        return self
+
     @property
     def read_version(self) -> int:
         """The schema version of the file this came from (1: its timelines are keyed by scenario position)."""
@@ -229,7 +251,10 @@ def from_dict(doc: object, where: str = "results") -> Results:
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
-        raise ResultsError(f"{where}: not valid results (schema version {version}): {loc}: {first['msg']}"
+        # A cross-field check (Results._consistent) says what is wrong itself, without pydantic's "Value error, ".
+        msg = str(first["ctx"]["error"]) if first["type"] == "value_error" and "error" in first.get("ctx", {}) \
+            else first["msg"]
+        raise ResultsError(f"{where}: not valid results (schema version {version}): {loc}: {msg}"
                            + (f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else "")) from None
     res._read_version = version
     return res

@@ -120,3 +120,49 @@ def test_json_says_no_timelines_when_the_archive_holds_no_array(out):
     doc = json.loads(r.stdout)
     assert doc["timelines"] is False
     assert not {"power_0.png", "util_0.png"} & {Path(p).name for p in doc["plots"]}
+
+
+def _drop_run(doc):
+    del doc["scenarios"][0]["policies"]["most-allocated"]
+
+
+def _drop_summary_policy(doc):
+    del doc["summary"]["tiny"]["policies"]["most-allocated"]
+
+
+def _add_policy(doc):
+    doc["policies"].append("random")
+
+
+def _ghost_summary(doc):
+    doc["summary"]["ghost"] = doc["summary"]["tiny"]
+
+
+def _no_summary(doc):
+    doc["summary"].clear()
+
+
+def _no_scenario(doc):
+    doc["scenarios"], doc["summary"] = [], {}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_drop_run, "scenarios.0 ('tiny', seed 5) has no run of policy 'most-allocated', which policies lists"),
+    (_drop_summary_policy, "summary.tiny.policies has no entry for policy 'most-allocated'"),
+    (_add_policy, "scenarios.0 ('tiny', seed 5) has no run of policy 'random'"),
+    (_ghost_summary, "summary has scenario 'ghost', which no entry of scenarios runs"),
+    (_no_summary, "summary has no entry for scenario 'tiny'"),
+    (_no_scenario, "holds no scenario run; nothing to report"),
+])
+def test_a_partial_or_inconsistent_results_file_exits_2_naming_what_is_missing(out, edit, message):
+    """A results.json that lost a policy's run, a summary row or every scenario (an interrupted hand merge, an
+    edit) is refused before anything is drawn, instead of a KeyError or ZeroDivisionError traceback mid-render."""
+    doc = json.loads((out / "results.json").read_text())
+    edit(doc)
+    (out / "results.json").write_text(json.dumps(doc))
+    (out / "report.html").unlink()
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {out / 'results.json'}") and message in r.stderr, r.stderr
+    assert "Value error" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (out / "report.html").exists()
