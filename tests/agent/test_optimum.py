@@ -263,6 +263,25 @@ def test_the_optimum_command_reports_bounds_replay_and_every_heuristic(tmp_path)
         assert {"awake-first", "pabfd", "most-allocated"} <= set(row["policies"])
 
 
+def test_the_optimum_commands_best_heuristic_is_the_best_candidate_never_default_k8s_or_a_learned_policy():
+    """``joulesched optimum`` runs every best-heuristic candidate by default (the variants too: on this trace
+    pabfd:empty=asleep beats every plain heuristic) and its "best heuristic" is the least-energy heuristic among
+    the policies, not default-k8s, a reference or a learned policy that happens to use less."""
+    from joulesched.agent.registry import BEST_HEURISTIC_CANDIDATES, HEURISTIC_FAMILIES, family_of
+    from joulesched.pipelines.cli.bench import best_heuristic
+
+    r = CliRunner().invoke(app, ["optimum", "-s", str(SMALL / "trace-sleep.yaml"), "--max-nodes", "1",
+                                 "--time-limit", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(r.stdout)
+    assert set(BEST_HEURISTIC_CANDIDATES) <= set(row["policies"])
+    heur = {p: e for p, e in row["policies"].items() if family_of(p) in HEURISTIC_FAMILIES}
+    assert row["best_heuristic"] == min(heur, key=heur.get)
+    assert best_heuristic({"default-k8s": 1.0, "random": 1.5, "dqn=m.pt": 0.5, "most-allocated": 2.0}) \
+        == "most-allocated"
+    assert best_heuristic({"default-k8s": 1.0}) is None
+
+
 def test_benchmark_optimum_row_and_the_headroom_table(tmp_path):
     from joulesched.pipelines.benchmark import headroom, load_results
 
