@@ -134,7 +134,7 @@ def _bound_ratios(doc: Results, name: str) -> dict[str, float]:
     lb = [e.lower_bound_joules for e in entries]
     if all(v for v in lb):  # a measured run (the kube path) has no lower bound: null there
         out["fluid lower bound"] = float(np.mean([v / b for v, b in zip(lb, base)]))
-    opt = [e.optimum.optimum_joules if e.optimum else None for e in entries]
+    opt = [e.optimum.schedule_energy if e.optimum else None for e in entries]
     if all(v for v in opt):
         out["optimum (MIP)"] = float(np.mean([v / b for v, b in zip(opt, base)]))
     return out
@@ -407,13 +407,21 @@ def _mean_ci(values: list[float]) -> dict:
 
 
 def _target_joules(e: ScenarioRun) -> tuple[float | None, str]:
-    """The seed's optimum where the MIP ran and found one, else its best proven bound (the MIP's own, the LP's or
-    the fluid one, whichever is highest), with what it is."""
+    """The seed's optimum where the MIP ran and found one (its schedule as the twin replays it; ``optimum*``
+    unless proven optimal and replayed to its energy), else its best proven bound (the MIP's own, the
+    bind-on-arrival LP's, the LP's or the fluid one, whichever is highest), with what it is: ``bound,
+    bind-on-arrival`` where the highest holds only for the runs that bind every pod when it arrives."""
     o = e.optimum
-    if o and o.optimum_joules is not None:
-        return o.optimum_joules, "optimum" if o.status == "optimal" else "optimum*"
-    bounds = [v for v in ((o.bound_joules, o.lp_bound_joules) if o else ()) + (e.lower_bound_joules,) if v is not None]
-    return (max(bounds), "bound" if o else "fluid bound") if bounds else (None, "")
+    if o and o.schedule_energy is not None:
+        return o.schedule_energy, "optimum" if o.proven_optimal else "optimum*"
+    lp, boa = o.bounds if o else (None, None)
+    every = [v for v in (lp, e.lower_bound_joules) if v is not None]
+    best = max(every + ([boa] if boa is not None else []), default=None)
+    if best is None:
+        return None, ""
+    if not o:
+        return best, "fluid bound"
+    return best, "bound" if every and best <= max(every) else "bound, bind-on-arrival"
 
 
 def verdict(doc: Results) -> list[dict]:
@@ -486,8 +494,10 @@ run in {{ "%.1f"|format(wall_s) }} s. Generated {{ when }}.{% if command %}<br>C
 project's goals define it). Ratios are per seed, then averaged; &plusmn; is the half-width of a 95% Student-t
 interval over the n seeds (none with one seed). The best heuristic is the least-energy heuristic on each seed,
 whatever its SLO (named: the one best on most seeds). The optimum is the MIP of <code>docs/optimum.md</code>
-(<code>--optimum</code>; * = not proven optimal in its time limit); a bound is the largest proven lower bound (the
-MIP's, the LP's or the clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>): no policy can use less.</p>
+(<code>--optimum</code>; its schedule as the twin replays it; * = not proven optimal in its time limit); a bound is
+the largest proven lower bound (the LP's or the clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no
+policy can use less; <em>bound, bind-on-arrival</em>: the MIP's own or the bind-on-arrival LP's, which only the
+runs that bind every pod when it arrives cannot beat: one that queues pods may use less).</p>
 <h2>Energy relative to {{ ref }}</h2>
 {% for img in summary_images %}<img src="plots/{{ img.file }}" alt="{{ img.alt }}">{% endfor %}
 {% if headroom %}<h2>Headroom</h2>

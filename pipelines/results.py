@@ -101,6 +101,32 @@ class OptimumRun(BaseModel):
     replay_rel_error: float | None = None
     message: str = ""
 
+    @property
+    def schedule_energy(self) -> float | None:
+        """The joules of the MIP's schedule as the twin meters it: its replay (``schedule_joules``, or
+        ``replay_joules``), else, in a row that was not replayed, the MIP's own figure."""
+        extra = self.model_extra or {}
+        if self.optimum_joules is None:
+            return None
+        for key in ("schedule_joules", "replay_joules"):
+            if extra.get(key) is not None:
+                return float(extra[key])
+        return self.optimum_joules
+
+    @property
+    def proven_optimal(self) -> bool:
+        """The schedule is proven optimal: the solver closed the gap *and*, where the row has a certificate,
+        the twin replayed it to the MIP's energy (``certificate: optimal``, agent/optimum.py ``_certify``)."""
+        cert = (self.model_extra or {}).get("certificate")
+        return self.status == "optimal" and cert in (None, "optimal")
+
+    @property
+    def bounds(self) -> tuple[float | None, float | None]:
+        """(the best bound for every run: the LP's, or None; the best for the runs that bind each pod on arrival:
+        the MIP's own or the bind-on-arrival LP's, or None). The fluid bound is the entry's ``lower_bound_joules``."""
+        boa = [v for v in (self.bound_joules, (self.model_extra or {}).get("boa_bound_joules")) if v is not None]
+        return self.lp_bound_joules, (max(boa) if boa else None)
+
 
 class ScenarioRun(_Strict):
     """Every policy on one scenario and workload seed."""

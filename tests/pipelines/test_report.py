@@ -267,6 +267,51 @@ def test_the_verdict_takes_the_optimum_where_solved_else_the_best_proven_bound()
     assert report._target_joules(run(None)) == (None, "")
 
 
+def test_the_verdict_says_which_runs_a_bound_holds_for_and_an_optimum_only_when_the_twin_replayed_it():
+    """The MIP's own bound and the bind-on-arrival LP's hold only for runs that bind every pod when it arrives (a
+    run that queues may use less, docs/optimum.md): the verdict names such a target so instead of calling it a
+    bound no policy can beat. An optimum is the schedule as the twin replays it, and proven only where the row's
+    certificate says so (a replay that differs from the MIP's claim leaves it feasible)."""
+    def run(**optimum):
+        opt = OptimumRun(name="s", seed=0, nodes=2, pods=3, **optimum)
+        return ScenarioRun(name="s", seed=0, nodes=2, pods=3, lower_bound_joules=80.0, optimum=opt, policies={})
+
+    mip_bound = {"status": "time_limit", "optimum_joules": None, "bound_joules": 93.0, "lp_bound_joules": 88.0}
+    assert report._target_joules(run(**mip_bound)) == (93.0, "bound, bind-on-arrival")
+    boa_lp = {"status": "skipped", "optimum_joules": None, "bound_joules": None, "lp_bound_joules": 88.0,
+              "boa_bound_joules": 91.0}
+    assert report._target_joules(run(**boa_lp)) == (91.0, "bound, bind-on-arrival")
+    assert report._target_joules(run(**{**boa_lp, "boa_bound_joules": 85.0})) == (88.0, "bound")
+    # The MIP said optimal, but the twin meters its schedule at 96 J: the twin's figure, not proven.
+    replayed = {"status": "optimal", "optimum_joules": 95.0, "bound_joules": 95.0, "lp_bound_joules": 90.0,
+                "replay_joules": 96.0, "schedule_joules": 96.0, "certificate": "feasible"}
+    assert report._target_joules(run(**replayed)) == (96.0, "optimum*")
+    agreed = {**replayed, "replay_joules": 95.0, "schedule_joules": 95.0, "certificate": "optimal"}
+    assert report._target_joules(run(**agreed)) == (95.0, "optimum")
+    note = " ".join(report._TEMPLATE.split())
+    assert "<em>bound, bind-on-arrival</em>: the MIP's own or the bind-on-arrival LP's, which only the runs" in note
+
+
+def test_the_headroom_optimum_is_the_replayed_schedule_and_proven_only_with_its_certificate():
+    from joulesched.pipelines.benchmark import headroom
+
+    metrics = {"slo_violation_rate": 0.0, "unschedulable_pods": 0, "mean_pending_s": 0.0, "placements": 3,
+               "decision_us_p99": 1.0, "mean_throttling": 0.0, "end_s": 100.0, "completed_pods": 3}
+    opt = {"name": "s", "seed": 0, "nodes": 2, "pods": 3, "status": "optimal", "optimum_joules": 95.0,
+           "bound_joules": 95.0, "lp_bound_joules": 90.0, "gap": 0.0, "replay_joules": 96.0,
+           "schedule_joules": 96.0, "certificate": "feasible"}
+    doc = {"schema_version": 2, "command": "", "created_unix": 0.0, "wall_s": 0.0,
+           "policies": ["default-k8s", "most-allocated"], "seeds": 1,
+           "scenarios": [{"name": "s", "seed": 0, "nodes": 2, "pods": 3, "lower_bound_joules": 80.0, "optimum": opt,
+                          "policies": {"default-k8s": {"energy_joules": 200.0, **metrics},
+                                       "most-allocated": {"energy_joules": 100.0, **metrics}}}]}
+    doc["summary"] = summarize(doc)
+    row = headroom(from_dict(doc))["s"]
+    assert row["optimum"] == pytest.approx(96.0 / 200.0) and row["optimal"] is False
+    assert row["target_kind"] == "best schedule"
+    assert row["optimum_gap"] == pytest.approx((96.0 - 95.0) / 96.0)
+
+
 _PROBE = """<script>
 window.addEventListener('load', () => {
   const d = document.documentElement;
