@@ -241,7 +241,7 @@ class OptimumResult:
     seed: int
     nodes: int
     pods: int
-    status: str  # optimal | time_limit | infeasible | no_solution
+    status: str  # optimal | time_limit | infeasible | no_solution | bound_conflict
     energy_joules: float | None  # the best schedule's energy as the model states it (None: none found)
     bound_joules: float | None  # the solver's proven lower bound on every schedule of the model
     gap: float | None  # (energy - bound) / energy
@@ -1171,11 +1171,21 @@ def solve(inst: Instance, *, time_limit: float = 60.0, threads: int | None = Non
             assignment[int(inst.pod[p])] = b.units[i][0]
             starts[int(inst.pod[p])] = b.modes[p][k][0]
     optimal = best.optimal
-    if bound is None or bound > energy:
-        bound = energy  # the solver proved this schedule optimal (within its tolerance)
-        bound_by = best.solver
-    g = (energy - bound) / energy if energy > 0 else 0.0
-    return OptimumResult(**base, status="optimal" if optimal or g <= gap else "time_limit", energy_joules=energy,
+    if bound is not None and bound > energy * (1 + BOUND_TOL) + 1e-9:
+        # No bound of every run (nor of the MIP's class) can exceed a schedule of the class: a bound or the model
+        # is wrong. Neither is evidence then, and the schedule is not called optimal.
+        return OptimumResult(**base, status="bound_conflict", energy_joules=energy, bound_joules=None, gap=None,
+                             wall_s=time.perf_counter() - t0, **sizes, assignment=assignment, starts=starts,
+                             solver=best.solver, schedule_solver=best.solver, bound_solver=bound_by,
+                             message=f"the {bound_by} bound {bound:.9g} J is above the schedule's {energy:.9g} J: "
+                                     "a bound or the model is wrong; no gap is reported")
+    if bound is None and optimal or bound is not None and bound > energy:
+        bound = energy  # the solver proved this schedule optimal, or a bound meets it within the tolerances
+        bound_by = best.solver if bound_by is None else bound_by
+    # Without any bound (with_bounds=False and no dual bound from the solver) nothing is proven: no gap.
+    g = None if bound is None else (energy - bound) / energy if energy > 0 else 0.0
+    return OptimumResult(**base, status="optimal" if optimal or (g is not None and g <= gap) else "time_limit",
+                         energy_joules=energy,
                          bound_joules=bound, gap=g, wall_s=time.perf_counter() - t0, **sizes,
                          assignment=assignment, starts=starts,
                          solver=best.solver if bound_by == best.solver else f"{best.solver} (bound: {bound_by})",
@@ -1810,6 +1820,10 @@ def replay(scenario: Scenario, seed_offset: int, assignment: dict[int, int],
     return twin.result()
 
 
+#: How far (relative) a proven bound may sit above a schedule's energy and still be read as meeting it: the
+#: solvers' tolerances (the interior point's 1e-8, HiGHS's MIP feasibility). Further above, the two contradict.
+BOUND_TOL = 1e-6
+
 #: Instances larger than this get the LP and fluid bounds only: the MIP would not get far in minutes.
 MIP_MAX_NODES = 16
 MIP_MAX_PODS = 200
@@ -1949,7 +1963,14 @@ def _certify(out: dict, replayed: bool) -> dict:
     else:
         cert = "feasible"
     every = max(lp_fl) if lp_fl else None
-    gap = None if energy is None or bound is None or energy <= 0 else max(0.0, (energy - bound) / energy)
+    gap = None if energy is None or bound is None or energy <= 0 else (energy - bound) / energy
+    if gap is not None and gap < -BOUND_TOL:
+        # A bound above the schedule it bounds: a bound or the model is wrong, so neither proves anything.
+        cert, gap = ("feasible" if cert == "optimal" else cert), None
+        out["message"] = "; ".join(m for m in (out.get("message"), f"a bound ({bound:.9g} J) is above the "
+                                               f"schedule's {energy:.9g} J: no gap is reported") if m)
+    elif gap is not None:
+        gap = max(0.0, gap)  # a bound that meets the schedule within the solvers' tolerances
     out.update(certificate=cert, schedule_joules=energy, best_bound_joules=bound, best_gap=gap,
                bound_every_run_joules=every,
                # The MIP's own bound holds for the schedules that bind each pod on arrival without overloading a

@@ -144,3 +144,47 @@ def test_a_child_that_cannot_start_leaves_the_relaxation(monkeypatch):
 
     monkeypatch.setattr(mpc.SpawnProcess, "start", refuse)
     assert opt._mip_until(M, time.perf_counter() + 60, relax, status) == (relax, highspy.HighsModelStatus.kTimeLimit)
+
+
+def _twins(tmp_path: Path):
+    from tests.agent.test_optimum import sleeping_twins
+
+    return opt.instance(sleeping_twins(tmp_path, 3), 0)
+
+
+def test_a_bound_above_the_schedule_is_a_conflict_never_a_proof_of_optimality(tmp_path):
+    """A bound can never exceed a schedule of the model's class: if one does, a bound or the model is wrong. The
+    schedule is then not called optimal with a gap of 0 (as a bound clamped to it made it before)."""
+    inst = _twins(tmp_path)
+    good = opt.lp_bound(inst, time_limit=10)
+    bogus = opt.LPBound(3 * good.fluid_joules + 1e6, good.fluid_joules, 0.0, 0, 0, "optimal")
+    res = opt.solve(inst, time_limit=10, lp=bogus, warm=("awake-first:fit=efficient",))
+    assert res.status == "bound_conflict" and res.gap is None and res.bound_joules is None, res
+    assert res.energy_joules is not None and "is above the schedule's" in res.message
+    # The row's certificate: a bound above the (replayed) schedule gives no gap and no optimality.
+    row = opt._certify({"status": "optimal", "optimum_joules": 100.0, "gap": 0.0, "bound_joules": 100.0,
+                        "lp_bound_joules": 90.0, "fluid_joules": 80.0, "boa_bound_joules": 120.0,
+                        "replay_joules": 100.0, "replay_rel_error": 0.0, "message": ""}, True)
+    assert row["certificate"] == "feasible" and row["best_gap"] is None and "above the schedule" in row["message"]
+    # Within the solvers' tolerances a bound meets the schedule: optimal, gap 0.
+    row = opt._certify({"status": "optimal", "optimum_joules": 100.0, "gap": 0.0, "bound_joules": 100.0,
+                        "lp_bound_joules": 100.0 * (1 + 1e-9), "fluid_joules": 80.0, "replay_joules": 100.0,
+                        "replay_rel_error": 0.0, "message": ""}, True)
+    assert row["certificate"] == "optimal" and row["best_gap"] == 0.0
+
+
+def test_without_any_bound_a_schedule_is_not_called_optimal(tmp_path, monkeypatch):
+    """``with_bounds=False`` (the optimum teacher's labels) and a solver stopped before it proved any bound: the
+    schedule has no gap and the status says time_limit, not optimal (on small-trace-sleep at 1 s it said optimal)."""
+    inst = _twins(tmp_path)
+    real = opt._run_highs
+
+    def unproven(*args, **kwargs):
+        run = real(*args, **kwargs)
+        run.bound, run.optimal = None, False  # as when the time limit stops HiGHS before its root
+        return run
+
+    monkeypatch.setattr(opt, "_run_highs", unproven)
+    res = opt.solve(inst, time_limit=10, with_bounds=False, warm=("awake-first:fit=efficient",))
+    assert res.energy_joules is not None and res.assignment
+    assert res.status == "time_limit" and res.gap is None and res.bound_joules is None, res
