@@ -898,19 +898,33 @@ def _fix(b: _Built, sched: Schedule) -> tuple[list[int], list[float]] | None:
     lab = [relabel[sched.assignment[pod]] for pod in inst.pod.tolist()]
     if inst.can_sleep and b.wake_order:
         _wake_relabel(inst, lab, [sched.starts[pod] for pod in inst.pod.tolist()])
+    starts = [sched.starts[pod] for pod in inst.pod.tolist()]
     ones = set()
     for p, pod in enumerate(inst.pod.tolist()):
-        i, st = unit_of[lab[p]], sched.starts[pod]
+        i, st = unit_of[lab[p]], starts[p]
         ks = [k for k, (s0, _) in enumerate(b.modes[p]) if abs(s0 - st) <= 1e-6 * max(1.0, abs(st))]
         ks = [k for k in ks if (p, i, k) in b.y]
         if not ks:
             return None
-        # On arrival with wake_s = 0, "on" and "woken" start at the same time: the twin's state decides, and
-        # the solver picks the one consistent with it.
+        if len(ks) > 1:
+            # With wake_s = 0, "on" and "woken at a_p" both start on arrival: the twin's state decides, the node
+            # asleep just before the arrivals at a_p (the "on" mode is infeasible then, the warm start lost).
+            woken = _asleep_before(inst, lab, starts, p)
+            ks = [k for k in ks if (b.modes[p][k][1] >= 0) == woken] or ks
         ones.update((p, i, k) for k in ks[:1])
     cols = list(b.y.values())
     vals = [1.0 if key in ones else 0.0 for key in b.y]
     return cols, vals
+
+
+def _asleep_before(inst: Instance, lab: list[int], starts: list[float], p: int) -> bool:
+    """Whether pod ``p``'s node (``lab``: node per modelled pod) is asleep just before the arrivals at ``a_p`` in
+    the schedule ``starts``: the model's ``aw`` = 0, the node awake on ``[0, sleep_after_s)`` and on every
+    ``[bind, end + sleep_after_s)`` of its pods, a departure or sleep at t before an arrival at t."""
+    a, d, Z, t = inst.a, inst.d, inst.sleep_after, float(inst.a[p])
+    if not inst.can_sleep or t < Z - TOL or (inst.never_sleep is not None and inst.never_sleep[lab[p]]):
+        return False
+    return not any(lab[q] == lab[p] and a[q] < t - TOL and t < starts[q] + d[q] + Z - TOL for q in range(len(lab)))
 
 
 def _first_use(inst: Instance, nodes: list[int]) -> dict[int, int]:

@@ -102,6 +102,34 @@ def test_the_model_prices_every_heuristic_schedule_at_the_twins_energy(name):
     assert checked >= 5
 
 
+@pytest.mark.parametrize("seed", [7, 8])
+def test_with_instant_wake_ups_the_model_prices_heuristic_schedules_and_keeps_their_warm_start(tmp_path, seed):
+    """wake_s = 0: a pod that wakes its node starts on arrival, as one on an awake node does, so two of the
+    model's modes share its start. The twin's state picks one (the node was asleep or not); taking the first
+    always made most heuristic schedules infeasible in the model (evaluate None, the warm start refused)."""
+    rng = np.random.default_rng(seed)
+    pods, t = [], 0.0
+    for _ in range(8):
+        t += float(rng.choice([0.0, 10.0, 40.0]))
+        cpu = int(rng.choice([250, 500]))
+        pods.append((t, float(rng.choice([30.0, 80.0])), cpu, 128, 0.8 * cpu))
+    idle = {"mode": "sleep", "sleep_after_s": 20.0, "sleep_watts": 5.0, "wake_s": 0.0}
+    curve = [60.0 + 8.0 * k for k in range(11)]
+    sc = make(tmp_path, pods, [{"count": 2}, {"cpu_m": 2000, "memory_mib": 2048, "power_watts": curve}], idle, 300.0)
+    inst = opt.instance(sc, 0)
+    checked = 0
+    for spec in ("default-k8s", "most-allocated", "energy-greedy", "awake-first:fit=efficient"):
+        sched = opt.twin_schedule(inst, spec)
+        if sched is None:
+            continue
+        assert opt.evaluate(inst, sched) == pytest.approx(sched.twin_joules, rel=1e-9), spec
+        checked += 1
+    assert checked >= 3
+    b = opt._build(inst)
+    fixed = opt._fix(b, sched)
+    assert opt._price(b, *fixed)[0] == pytest.approx(sched.twin_joules, rel=1e-9)  # the warm start HiGHS gets
+
+
 def test_the_clairvoyant_rollout_seeds_the_mip_below_every_heuristic():
     """The MIP's warm starts include a parallel rollout on the true future (agent/planner.py): on
     small-sleep-mixed seed 102 its schedule is in the model's class, priced by the model at the twin's energy,
