@@ -43,16 +43,16 @@ def make(tmp: Path, pods: list[tuple], nodes: list[dict], idle: dict | None = No
                                     "workload": {"trace": f"{name}.csv"}, "source": tmp / f"{name}.yaml"})
 
 
-def sleeping_twins(tmp: Path, seed: int) -> Scenario:
-    """Three nodes (two identical), six random pods, sleep with a wake-up: instances the MIP proves in about a
+def sleeping_twins(tmp: Path, seed: int, n: int = 6, wake_s: float = 15.0) -> Scenario:
+    """Three nodes (two identical), ``n`` random pods, sleep with a wake-up: instances the MIP proves in about a
     second."""
     rng = np.random.default_rng(seed)
     pods, t = [], 0.0
-    for _ in range(6):
+    for _ in range(n):
         t += float(rng.choice([0.0, 10.0, 40.0]))
         cpu = int(rng.choice([250, 500]))
         pods.append((t, float(rng.choice([30.0, 80.0])), cpu, 128, 0.8 * cpu))
-    idle = {"mode": "sleep", "sleep_after_s": 20.0, "sleep_watts": 5.0, "wake_s": 15.0}
+    idle = {"mode": "sleep", "sleep_after_s": 20.0, "sleep_watts": 5.0, "wake_s": wake_s}
     curve = [60.0 + 8.0 * k for k in range(11)]
     return make(tmp, pods, [{"count": 2}, {"cpu_m": 2000, "memory_mib": 2048, "power_watts": curve}], idle, 300.0)
 
@@ -107,16 +107,7 @@ def test_with_instant_wake_ups_the_model_prices_heuristic_schedules_and_keeps_th
     """wake_s = 0: a pod that wakes its node starts on arrival, as one on an awake node does, so two of the
     model's modes share its start. The twin's state picks one (the node was asleep or not); taking the first
     always made most heuristic schedules infeasible in the model (evaluate None, the warm start refused)."""
-    rng = np.random.default_rng(seed)
-    pods, t = [], 0.0
-    for _ in range(8):
-        t += float(rng.choice([0.0, 10.0, 40.0]))
-        cpu = int(rng.choice([250, 500]))
-        pods.append((t, float(rng.choice([30.0, 80.0])), cpu, 128, 0.8 * cpu))
-    idle = {"mode": "sleep", "sleep_after_s": 20.0, "sleep_watts": 5.0, "wake_s": 0.0}
-    curve = [60.0 + 8.0 * k for k in range(11)]
-    sc = make(tmp_path, pods, [{"count": 2}, {"cpu_m": 2000, "memory_mib": 2048, "power_watts": curve}], idle, 300.0)
-    inst = opt.instance(sc, 0)
+    inst = opt.instance(sleeping_twins(tmp_path, seed, n=8, wake_s=0.0), 0)
     checked = 0
     for spec in ("default-k8s", "most-allocated", "energy-greedy", "awake-first:fit=efficient"):
         sched = opt.twin_schedule(inst, spec)
