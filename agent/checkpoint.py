@@ -31,6 +31,7 @@ from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import DQN, make_network
 from joulesched.agent.features import feature_names as schema_feature_names
 from joulesched.agent.policy import PolicyError
+from joulesched.core.errors import JouleschedError
 from joulesched.core.fsio import atomic_path, atomic_write_text
 
 FORMAT = "joulesched-dqn"
@@ -39,6 +40,10 @@ FORMAT_VERSION = 1
 KNOWN_SCHEMAS = (1, 2, 3)
 META_KEY = "joulesched"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
+
+
+class CheckpointError(JouleschedError):
+    """A model that must not be written (non-finite weights: training diverged); the file is left as it was."""
 
 
 @dataclass
@@ -59,11 +64,15 @@ def feature_names(schema: int = 1) -> list[str]:
 def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict | None = None) -> Path:
     """Write ``agent`` atomically to ``path`` (and the readable ``.json`` copy). Returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     for prefix, net in (("q", agent.q), ("target", agent.q_target)):
         for name, t in net.state_dict().items():
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                # The loader refuses such a file: writing it would replace a model that loads with one that does not.
+                raise CheckpointError(f"{path}: not written: {prefix}.{name} holds non-finite weights (training "
+                                      "diverged; try a smaller dqn.learning_rate or dqn.max_grad_norm)")
             tensors[f"{prefix}.{name}"] = t.detach().contiguous().clone()
+    path.parent.mkdir(parents=True, exist_ok=True)
     opt = agent.optimizer.state_dict()
     for pid, st in opt["state"].items():
         for key, val in st.items():
@@ -168,24 +177,68 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, DQNConfig, dict]:
 def load_agent(path: str | Path, seed: int = 0) -> tuple[DQN, dict]:
     """A :class:`DQN` restored for further training (online, target and optimizer state when present)."""
     ckpt = load_checkpoint(path)
+    training, reward = _training_record(path, ckpt.meta)
     agent = DQN(ckpt.config, seed=seed)
     agent.q.load_state_dict(ckpt.state("q"))
     target = ckpt.state("target")
-    agent.q_target.load_state_dict(target if target else ckpt.state("q"))
+    try:
+        agent.q_target.load_state_dict(target if target else ckpt.state("q"), strict=True)
+    except RuntimeError as e:
+        raise PolicyError(f"{path}: target network does not fit ({str(e).splitlines()[0]}); "
+                          "train without --resume") from None
+    if not all(torch.isfinite(t).all() for t in target.values()):
+        raise PolicyError(f"{path}: corrupt model file (non-finite target weights); train without --resume")
     optim = ckpt.state("optim")
     if optim:
         sd = agent.optimizer.state_dict()
+        params = [p for group in agent.optimizer.param_groups for p in group["params"]]
         state: dict[int, dict] = {}
-        for key, t in optim.items():
-            pid, name = key.split(".", 1)
-            state.setdefault(int(pid), {})[name] = t
         try:
+            for key, t in optim.items():
+                pid, name = key.split(".", 1)
+                state.setdefault(int(pid), {})[name] = t
             for pid, st in state.items():
-                if "step" in st:
-                    st["step"] = st["step"].reshape(())
+                # Adam does not check its state against the parameters: a wrong shape would fail at the first step.
+                if not 0 <= pid < len(params) or set(st) != {"step", "exp_avg", "exp_avg_sq"}:
+                    raise ValueError(f"unexpected optimizer state {pid}: {sorted(st)}")
+                st["step"] = st["step"].reshape(())
+                for name in ("exp_avg", "exp_avg_sq"):
+                    if st[name].shape != params[pid].shape:
+                        raise ValueError(f"optim.{pid}.{name} has shape {tuple(st[name].shape)}, its parameter "
+                                         f"{tuple(params[pid].shape)}")
+                if not all(torch.isfinite(v).all() for v in st.values()):
+                    raise ValueError(f"optim.{pid} holds non-finite values")
             sd["state"] = state
             agent.optimizer.load_state_dict(sd)
         except (ValueError, KeyError, RuntimeError) as e:
             raise PolicyError(f"{path}: optimizer state does not fit ({e}); train without --resume") from None
-    agent.updates = int(ckpt.meta.get("training", {}).get("updates", 0))
-    return agent, ckpt.meta
+    agent.updates = training.get("updates", 0)
+    return agent, {**ckpt.meta, "training": training, "reward": reward}
+
+
+#: The training record's counters and their types (what --resume adds to).
+_COUNTERS = {"steps": int, "episodes": int, "updates": int, "wall_s": (int, float)}
+
+
+def _training_record(path: Path, meta: dict) -> tuple[dict, dict]:
+    """The metadata's ``training`` record and ``reward`` weights, checked: --resume adds to the one and trains
+    with the other, so a garbled file is refused here (PolicyError) rather than failing halfway."""
+    from joulesched.agent.config import RewardConfig
+
+    training = meta.get("training", {})
+    if not isinstance(training, dict):
+        raise PolicyError(f"{path}: corrupt model metadata (training is {type(training).__name__}, not a mapping)")
+    for key, kind in _COUNTERS.items():
+        v = training.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, kind) or not v >= 0 or v == float("inf"):
+            raise PolicyError(f"{path}: corrupt model metadata (training.{key} = {v!r})")
+    if not isinstance(training.get("runs", []), list):
+        raise PolicyError(f"{path}: corrupt model metadata (training.runs is not a list)")
+    reward = meta.get("reward") or {}
+    try:
+        if not isinstance(reward, dict):
+            raise TypeError(f"a {type(reward).__name__}, not a mapping")
+        RewardConfig(**reward)
+    except (TypeError, ValueError) as e:
+        raise PolicyError(f"{path}: bad reward weights in model metadata ({e})") from None
+    return training, reward

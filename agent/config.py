@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import textwrap
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -31,6 +32,20 @@ AUTO_TEACHER = {"sleep": "awake-first:fit=efficient", "always_on": "pabfd",
                 # heuristic that knows GPU power"); its empty=asleep variant, now the best on the OpenB windows,
                 # taught no better model ("What the models knew"), so the documented recipes keep this one
                 "gpu": "gpu-energy"}
+
+
+#: The load factors an episode may run at (agent/env.py ``SchedulingEnv`` checks the same range).
+LOAD_SCALE_RANGE = (0.05, 20.0)
+
+
+def _check_finite(obj: Any) -> None:
+    """Refuse NaN and infinite numbers in a config (YAML's ``.nan``/``.inf``, or a model file's metadata): every
+    comparison with NaN is false, so the range checks would let one through into the optimizer or the reward."""
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ValueError(f"{f.name} must be a finite number, got {x}")
 
 
 class ConfigError(UsageError):
@@ -168,6 +183,7 @@ class DQNConfig:
     """Validation adds this times the mean pending time's excess over the reference's + 10 %, relative to it."""
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         if self.hidden < 1 or self.batch_size < 1 or self.buffer_size < self.batch_size:
             raise ValueError("hidden, batch_size must be >= 1 and buffer_size >= batch_size")
         # Upper bounds: a model file's metadata builds the network and the buffer, so it must not be able to ask
@@ -185,8 +201,17 @@ class DQNConfig:
         self.validation_load_scales = tuple(float(f) for f in self.validation_load_scales)
         if not self.load_scales or not self.validation_load_scales:
             raise ValueError("load_scales and validation_load_scales must not be empty")
+        lo_f, hi_f = LOAD_SCALE_RANGE
+        if any(not lo_f <= f <= hi_f for f in self.load_scales + self.validation_load_scales):
+            raise ValueError(f"load_scales and validation_load_scales must be factors in [{lo_f:g}, {hi_f:g}]")
         if self.gamma_tau_s <= 0 or self.learning_rate <= 0:
             raise ValueError("gamma_tau_s and learning_rate must be > 0")
+        # 0 or less: clip_grad_norm_ zeroes every gradient (0) or flips its sign (< 0: gradient ascent on the loss);
+        # F.huber_loss refuses delta <= 0 at the first update; eval_every_steps <= 0 validates forever.
+        if self.max_grad_norm <= 0 or self.huber_delta <= 0:
+            raise ValueError("max_grad_norm and huber_delta must be > 0")
+        if self.eval_every_steps < 1 or self.learning_starts < 0:
+            raise ValueError("eval_every_steps must be >= 1 and learning_starts >= 0")
         self.train_seed_range = tuple(int(v) for v in self.train_seed_range)  # type: ignore[assignment]
         self.validation_seeds = tuple(int(v) for v in self.validation_seeds)
         lo, hi = self.train_seed_range
@@ -230,11 +255,19 @@ class DQNConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DQNConfig":
+        """A config from plain data (a model file's metadata), every field's type checked as ``--config``'s are:
+        ``hidden: 48.5`` or ``attention: "no"`` is refused (ValueError), not handed to torch."""
+        if not isinstance(d, dict):
+            raise ValueError(f"hyperparameters must be a mapping, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
-        return cls(**d)
+        try:
+            return TypeAdapter(cls).validate_python(d)
+        except ValidationError as e:
+            raise ValueError("; ".join((f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
+                                       + err["msg"].removeprefix("Value error, ") for err in e.errors())) from None
 
 
 @dataclass(frozen=True)
@@ -251,6 +284,7 @@ class RewardConfig:
     """Subtracted when an infeasible node is asked for (only blind samplers do that)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         if self.slo_joules_per_pod_s < 0 or self.pending_joules_per_pod_s < 0 or self.invalid_action_penalty < 0:
             raise ValueError("reward penalties must be >= 0")
         if self.scale_seconds <= 0:

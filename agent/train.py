@@ -45,6 +45,7 @@ from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import Scenario, Sleep
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
+from joulesched.core.errors import JouleschedError
 
 WATTS_NOW = NODE_FEATURES.index("watts_now")  # the same column in every schema
 #: On a cluster with GPUs the validation reference is the best of these too (the FGD paper's heuristics that
@@ -107,12 +108,13 @@ class EpisodeSpec:
 
 
 def episode_specs(cfg: DQNConfig, scenarios: Sequence[Scenario], seed: int, round_: int,
-                  count: int) -> list[EpisodeSpec]:
-    """The episodes of one round, each drawn from ``(seed, round, index)`` alone (round -1: demonstrations)."""
+                  count: int, salt: tuple[int, ...] = ()) -> list[EpisodeSpec]:
+    """The episodes of one round, each drawn from ``(seed, round, index)`` alone (round -1: demonstrations);
+    ``salt`` (a resumed run's: :func:`run_salt`) gives another stream of the same seed."""
     out = []
     lo, hi = cfg.train_seed_range
     for k in range(count):
-        g = np.random.default_rng([seed, round_ + 1, k])
+        g = np.random.default_rng([seed, round_ + 1, k, *salt])
         if cfg.randomize > 0 and g.random() < cfg.randomize:
             sc = random_scenario(g, cfg.randomize_max_nodes, name="random", hardware=cfg.randomize_hardware)
             scale, label = 1.0, f"random-{sc.node_count}{'s' if isinstance(sc.idle_policy, Sleep) else 'a'}"
@@ -434,6 +436,17 @@ class Validator:
 
 
 # ---- the loop --------------------------------------------------------------------------------------------------
+class TrainingDiverged(JouleschedError):
+    """The TD loss became NaN or infinite: the weights are lost, so the run stops before anything is written."""
+
+
+def run_salt(agent: DQN, resumed: bool) -> tuple[int, ...]:
+    """What keeps a resumed run's episodes and replay draws apart from the runs before it: the number of gradient
+    steps the model has had (from its file, so a resume is as reproducible as the first run). A fresh run has none:
+    its streams are the seed's alone, as they always were."""
+    return (1, agent.updates) if resumed else ()
+
+
 def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total_seconds: float | None = None,
           seed: int = 0, resumed: bool = False, validator: Validator | None = None,
           progress: Callable[[int, float, float], None] | None = None, reward: RewardConfig | None = None,
@@ -454,7 +467,10 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
     reward = reward or RewardConfig()
     executor = executor or SerialExecutor()
     cfg: DQNConfig = agent.cfg
-    rng = np.random.default_rng(seed)
+    # A resumed run with the same --seed would otherwise replay the first run's workloads, exploration and replay
+    # draws, round for round.
+    salt = run_salt(agent, resumed)
+    rng = np.random.default_rng([seed, *salt] if salt else seed)
     torch.manual_seed(seed)
     if cfg.compact_replay:  # states of any size: the cap is on the bytes held
         buffer = ReplayBuffer(cfg.buffer_size, memory_bytes=cfg.replay_memory_mb * 2**20)
@@ -500,6 +516,10 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
     def learn(n_updates: int, bc: float) -> None:
         for _ in range(n_updates):
             state["loss"] = agent.update(buffer.sample(cfg.batch_size, rng), bc_weight=bc)
+            if not math.isfinite(state["loss"]):
+                raise TrainingDiverged(f"training diverged: the loss is {state['loss']} at gradient step "
+                                       f"{agent.updates:,}; nothing was written. Try a smaller dqn.learning_rate "
+                                       "or dqn.max_grad_norm")
             if agent.updates % sync_every == 0:
                 agent.sync_target()
 
@@ -530,7 +550,7 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
 
     # 2-4. Rounds: collect round r + 1 with the current weights while learning from round r.
     def submit(r: int, eps: float) -> Pending:
-        specs = episode_specs(cfg, scenarios, seed, r, cfg.episodes_per_round)
+        specs = episode_specs(cfg, scenarios, seed, r, cfg.episodes_per_round, salt)
         return executor.map_async(rollout, [RolloutTask(s, cfg, reward, _weights(agent), eps) for s in specs])
 
     round_ = 0

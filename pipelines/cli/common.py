@@ -60,8 +60,9 @@ def _forget_caught_interrupt() -> None:
 
 
 @contextlib.contextmanager
-def interrupted(out_dir: Path) -> Iterator[None]:
-    """Ctrl-C: say what was kept and how to resume, exit 130 (stages record themselves only when complete)."""
+def interrupted(out_dir: Path, message: str | None = None) -> Iterator[None]:
+    """Ctrl-C: say what was kept and how to resume (``message``: the command's own words), exit 130 (stages
+    record themselves only when complete)."""
     try:
         yield
     except KeyboardInterrupt:
@@ -69,7 +70,9 @@ def interrupted(out_dir: Path) -> Iterator[None]:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
         _forget_caught_interrupt()
-        err.print(f"[yellow]interrupted:[/yellow] {escape(str(out_dir))} is consistent: nothing half-written is "
-                  "left (results are written only when complete; a pipeline keeps its finished stages, and a cluster "
-                  "run deleted its pods). Re-run the same command to resume.", soft_wrap=True)
+        if message is None:
+            message = (f"{out_dir} is consistent: nothing half-written is left (results are written only when "
+                       "complete; a pipeline keeps its finished stages, and a cluster run deleted its pods). "
+                       "Re-run the same command to resume.")
+        err.print(f"[yellow]interrupted:[/yellow] {escape(message)}", soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None

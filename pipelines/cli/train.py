@@ -31,6 +31,15 @@ def knobs_epilog() -> str:
     return "\n\n".join(lines)
 
 
+def _interrupted_message(model: Path, resume: bool) -> str:
+    """What Ctrl-C leaves: a model is written once, when its run ends, so the interrupted run's training is lost."""
+    hint = ("Re-run the same command to train it again from there." if resume else
+            "Re-run with a smaller --steps or --minutes to keep a shorter run, and --resume it to go on.")
+    was = "is as it was before this run" if model.exists() else "was not created"
+    return (f"nothing was written: {model} {was} (a model is saved only when its run ends), and this run's "
+            f"training is lost. {hint}")
+
+
 def train_cmd(
     scenario: Annotated[Optional[list[Path]], typer.Option(
         "--scenario", "-s", help="Scenario YAML to train on (repeat for a mix; a repeated file gets more episodes). "
@@ -69,7 +78,7 @@ def train_cmd(
         fail("give --minutes or --steps, not both")
     if executor not in ("local", "ray"):
         fail(f"--executor must be local or ray, got {executor!r}")
-    with errors(), interrupted(model.parent):
+    with errors(), interrupted(model.parent, _interrupted_message(model, resume)):
         cfg = load_config(config) if config is not None else None
         if set_:
             cfg = with_overrides(cfg or TrainConfig(), set_)

@@ -1,0 +1,200 @@
+"""What `joulesched train` and the checkpoint loader refuse, and what a run never writes (a review, 2026-12-06).
+
+Knobs that would hang the loop or quietly break the update, a model file whose metadata or training state is
+garbled (refused with its reason, exit 2, before any work), weights that are not finite (never written over a
+model), a resumed run's own episodes, and the Ctrl-C message of `train`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from joulesched.agent.checkpoint import CheckpointError, load_agent, load_checkpoint, save_checkpoint
+from joulesched.agent.config import ConfigError, DQNConfig, TrainConfig, with_overrides
+from joulesched.agent.dqn import DQN
+from joulesched.agent.policy import PolicyError
+from joulesched.agent.train import SerialExecutor, TrainingDiverged, episode_specs, train
+from joulesched.cluster.scenario import load_scenario
+from joulesched.pipelines.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "scenarios" / "tiny.yaml"
+runner = CliRunner()
+SMALL_NET = dict(hidden=8, attention_dim=4, head_hidden=4, inducing_points=2)
+
+
+@pytest.mark.parametrize("override", [
+    "dqn.eval_every_steps=0",  # validated forever: `while steps >= next_eval: next_eval += 0`
+    "dqn.eval_every_steps=-5",
+    "dqn.max_grad_norm=-1",  # clip_grad_norm_ scaled every gradient by a negative factor: ascent on the loss
+    "dqn.max_grad_norm=0",  # ... or zeroed it: no learning at all
+    "dqn.huber_delta=0",  # F.huber_loss refused it at the first update, a traceback after the demonstrations
+    "dqn.learning_rate=.nan",  # NaN passed `<= 0`; Adam then raised a traceback (exit 1)
+    "dqn.bc_weight=.nan",
+    "reward.scale_seconds=.inf",
+    "reward.slo_joules_per_pod_s=.nan",
+    "dqn.load_scales=[0]",  # ZeroDivisionError in scale_load
+    "dqn.validation_load_scales=[1.0, 30]",
+    "dqn.learning_starts=-1",
+])
+def test_config_refuses_knobs_that_break_training(override):
+    with pytest.raises(ConfigError, match=override.split(".")[1].split("=")[0]):
+        with_overrides(TrainConfig(), [override])
+    r = runner.invoke(app, ["train", "--set", override, "--show-config"])
+    assert r.exit_code == 2 and "invalid training config" in r.output, r.output
+
+
+def _model(tmp_path: Path, name: str = "m.pt", **cfg) -> Path:
+    """A small schema-2 model with optimizer state, as `joulesched train` writes it."""
+    agent = DQN(DQNConfig(**SMALL_NET, **cfg), seed=0)
+    agent.optimizer.zero_grad()
+    sum(p.sum() for p in agent.q.parameters()).backward()
+    agent.optimizer.step()  # Adam state for every parameter
+    return save_checkpoint(tmp_path / name, agent, {"steps": 10, "episodes": 1, "wall_s": 1.0, "runs": []},
+                           reward={"slo_joules_per_pod_s": 200.0})
+
+
+def _rewrite(src: Path, dst: Path, meta_edit=None, tensor_edit=None) -> Path:
+    with safe_open(str(src), "pt") as f:
+        meta = json.loads(f.metadata()["joulesched"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if meta_edit:
+        meta_edit(meta)
+    if tensor_edit:
+        tensor_edit(tensors)
+    save_file(tensors, str(dst), metadata={"joulesched": json.dumps(meta)})
+    return dst
+
+
+def test_metadata_hyperparameters_are_type_checked(tmp_path):
+    src = _model(tmp_path)
+    bad = _rewrite(src, tmp_path / "bad.pt", meta_edit=lambda m: m["config"].update(hidden=8.5))
+    # Was a TypeError from torch's empty() (a traceback, exit 1) in `test`, `explain` and --resume.
+    with pytest.raises(PolicyError, match="hidden"):
+        load_checkpoint(bad)
+    r = runner.invoke(app, ["test", "--model", str(bad), "-s", str(TINY), "--no-bound", "--no-optimum"])
+    assert r.exit_code == 2 and "bad hyperparameters" in r.output, r.output
+    with pytest.raises(ValueError, match="attention"):
+        DQNConfig.from_dict({"attention": "perhaps"})
+    assert DQNConfig.from_dict({"load_scales": [1, 2]}).load_scales == (1.0, 2.0)
+
+
+def _set_target_nan(t: dict) -> None:
+    t["target.embed.0.weight"] = torch.full_like(t["target.embed.0.weight"], float("nan"))
+
+
+def _shrink_optim(t: dict) -> None:
+    t["optim.1.exp_avg"] = t["optim.1.exp_avg"][:1].clone()
+
+
+def _shrink_target(t: dict) -> None:
+    t["target.embed.0.weight"] = t["target.embed.0.weight"][:3].clone()
+
+
+@pytest.mark.parametrize("what, meta_edit, tensor_edit, match", [
+    ("training record", lambda m: m.update(training=[1]), None, "training is list"),
+    ("step counter", lambda m: m["training"].update(steps="many"), None, "training.steps"),
+    ("reward weights", lambda m: m.update(reward={"bogus": 1.0}), None, "reward weights"),
+    ("target weights", None, _set_target_nan, "non-finite target"),
+    ("target shape", None, _shrink_target, "target network does not fit"),
+    ("optimizer state", None, _shrink_optim, "optimizer state does not fit"),
+])
+def test_resume_refuses_a_garbled_training_state(tmp_path, what, meta_edit, tensor_edit, match):
+    """Each was a traceback (AttributeError, TypeError, or a RuntimeError at Adam's first step, exit 1), or for
+    NaN target weights a run that trained on NaN targets and then could not save or load its model."""
+    bad = _rewrite(_model(tmp_path), tmp_path / "bad.pt", meta_edit, tensor_edit)
+    load_checkpoint(bad)  # inference needs none of it: `test` and `dqn=PATH` still load the model
+    with pytest.raises(PolicyError, match=match):
+        load_agent(bad)
+    before = bad.read_bytes()
+    r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(bad), "--resume", "--steps", "1",
+                            "--no-progress"])
+    assert r.exit_code == 2 and match.split()[0] in r.output, r.output
+    assert bad.read_bytes() == before
+
+
+def test_non_finite_weights_are_never_written_over_a_model(tmp_path):
+    path = _model(tmp_path)
+    before, meta_before = path.read_bytes(), path.with_suffix(".json").read_text()
+    agent, _ = load_agent(path)
+    with torch.no_grad():
+        next(agent.q.parameters()).fill_(float("nan"))
+    with pytest.raises(CheckpointError, match="non-finite"):
+        save_checkpoint(path, agent, {"steps": 1})
+    assert path.read_bytes() == before and path.with_suffix(".json").read_text() == meta_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "m.pt"]  # no temp file left
+
+
+def test_a_diverged_loss_stops_the_run(monkeypatch):
+    cfg = DQNConfig(**SMALL_NET, pretrain_episodes=1, pretrain_updates=5, randomize=0.0, max_episode_decisions=50)
+    agent = DQN(cfg, seed=0)
+    monkeypatch.setattr(agent, "update", lambda *a, **k: float("nan"))
+    with pytest.raises(TrainingDiverged, match="nan"):
+        train([load_scenario(TINY)], agent, total_steps=50)
+
+
+class _Recording(SerialExecutor):
+    def __init__(self) -> None:
+        self.seeds: list[tuple[int, int]] = []
+
+    def map_async(self, fn, tasks):
+        self.seeds += [(t.spec.workload_seed, t.spec.seed) for t in tasks if hasattr(t, "spec")]
+        return super().map_async(fn, tasks)
+
+
+def test_a_resumed_run_draws_its_own_episodes():
+    """A resumed run with the same --seed replayed the first run's workloads and exploration, round for round."""
+    cfg = DQNConfig(**SMALL_NET, pretrain_episodes=0, randomize=0.0, max_episode_decisions=40, learning_starts=10,
+                    batch_size=8, episodes_per_round=1)
+    sc = [load_scenario(TINY)]
+    runs = []
+    for resumed in (False, True, True):
+        agent = DQN(cfg, seed=0)
+        agent.updates = 0 if not resumed else 7 * len(runs)  # a resumed model has had updates (its file says)
+        ex = _Recording()
+        train(sc, agent, total_steps=80, seed=0, resumed=resumed, executor=ex)
+        runs.append(ex.seeds)
+    assert runs[0] and runs[1] and runs[2]
+    assert not set(runs[0]) & set(runs[1]) and not set(runs[1]) & set(runs[2])
+    # A fresh run's stream is the seed's alone, as it always was: the recipes of the shipped models reproduce.
+    assert runs[0][0] == (episode_specs(cfg, sc, 0, 0, 1)[0].workload_seed, episode_specs(cfg, sc, 0, 0, 1)[0].seed)
+    # ... and a resume is as reproducible as a first run.
+    agent = DQN(cfg, seed=0)
+    agent.updates = 7
+    ex = _Recording()
+    train(sc, agent, total_steps=80, seed=0, resumed=True, executor=ex)
+    assert ex.seeds == runs[1]
+
+
+def test_ctrl_c_in_train_says_what_was_lost(tmp_path, monkeypatch):
+    import joulesched.pipelines.training as training
+
+    def interrupted_run(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", interrupted_run)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        model = tmp_path / "new.pt"
+        r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(model), "--steps", "10", "--no-progress"])
+        assert r.exit_code == 130
+        text = " ".join(r.output.split())
+        # Was "Re-run the same command to resume", which starts over: nothing of the run is kept.
+        assert "nothing was written" in text and "was not created" in text and "training is lost" in text, text
+        old = _model(tmp_path, "old.pt")
+        r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(old), "--steps", "10", "--resume",
+                                "--no-progress"])
+        assert r.exit_code == 130
+        assert "is as it was before this run" in " ".join(r.output.split())
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert not model.exists()
