@@ -21,7 +21,7 @@ def progress_bar(enabled: bool = True, *, percent: bool = False) -> Progress:
     the elapsed time and the current item (``item=`` field of each task)."""
     cols = [TextColumn("[bold]{task.description}"), BarColumn()]
     cols += [TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn()] if percent else [MofNCompleteColumn()]
-    cols += [TimeElapsedColumn(), TextColumn("{task.fields[item]}")]
+    cols += [TimeElapsedColumn(), TextColumn("{task.fields[item]}", markup=False)]  # items name the user's files
     return _Progress(*cols, console=err, disable=not enabled, transient=False)
 
 

@@ -700,13 +700,16 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
     by_name = {s["name"]: s for s in scen}
     summary_images = []
     drawn = set()
-    for fname, name, fig in figures(doc, tl, nodes):
-        _save(fig, plots / fname)
-        drawn.add(fname)
-        if name is None:
-            summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
-        else:
-            by_name[name]["images"].append(fname)
+    # Scenario and policy names are the user's text: a '$' in one must not start matplotlib's mathtext (an
+    # unbalanced '$\frac{' raised a ParseSyntaxException mid-render); every Text takes the setting when created.
+    with matplotlib.rc_context({"text.parse_math": False}):
+        for fname, name, fig in figures(doc, tl, nodes):
+            _save(fig, plots / fname)
+            drawn.add(fname)
+            if name is None:
+                summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
+            else:
+                by_name[name]["images"].append(fname)
     for stale in report_plots(out):
         if stale.name not in drawn:
             stale.unlink(missing_ok=True)

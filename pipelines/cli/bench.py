@@ -95,7 +95,7 @@ def print_summary(doc: Results, as_json: bool, out_dir: Path, report: bool = Tru
         best = s.best_heuristics or []
         divides = (f"×best heur = / {best[0]}" + (f" (per seed: {', '.join(best)})" if len(best) > 1 else "")
                    if best else "×best heur: no heuristic among the policies")
-        t = Table(title=f"{name} (lower bound {s.lower_bound_joules / 3.6e6:.2f} kWh; {escape(divides)})",
+        t = Table(title=f"{escape(name)} (lower bound {s.lower_bound_joules / 3.6e6:.2f} kWh; {escape(divides)})",
                   title_justify="left")
         for col in ("policy", "kWh", "×default", "×best heur", "×bound", "SLO viol", "pend s", "unplaced", "p99 µs"):
             t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
@@ -209,16 +209,16 @@ def optimum(
             ratio = f"{r['policies'][best] / r['best_bound_joules']:.3f}"
         gap = "—" if r["best_gap"] is None else f"{100 * r['best_gap']:.2f}%"
         status = r["certificate"] + (" (time limit)" if r.get("bound_status") == "time_limit" else "")
-        t.add_row(r["name"], str(r["seed"]), str(r["nodes"]), str(r["pods"]), status,
+        t.add_row(escape(r["name"]), str(r["seed"]), str(r["nodes"]), str(r["pods"]), status,
                   kwh(r["schedule_joules"]), kwh(r["best_bound_joules"]), gap,
                   kwh(r["lp_bound_joules"]), kwh(r["fluid_joules"]),
-                  f"{best} {kwh(r['policies'][best])}" if best else "— (no heuristic run)", ratio,
+                  f"{escape(best)} {kwh(r['policies'][best])}" if best else "— (no heuristic run)", ratio,
                   "—" if r["replay_rel_error"] is None else f"{r['replay_rel_error']:.1e}",
                   "—" if (secs := r.get("bound_wall_s") or r.get("time_s")) is None else f"{secs:.0f}")
     out.print(t)
     for r in rows:
         if r["message"]:
-            out.print(f"{r['name']} seed {r['seed']}: {escape(r['message'])}")
+            out.print(f"{escape(r['name'])} seed {r['seed']}: {escape(r['message'])}")
 
 
 def best_heuristic(energies: dict[str, float]) -> str | None:

@@ -166,3 +166,26 @@ def test_a_partial_or_inconsistent_results_file_exits_2_naming_what_is_missing(o
     assert r.stderr.startswith(f"error: {out / 'results.json'}") and message in r.stderr, r.stderr
     assert "Value error" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (out / "report.html").exists()
+
+
+def test_a_scenario_name_is_text_in_the_page_the_plots_and_the_terminal(tmp_path):
+    """A scenario's name is the user's text: HTML in it is escaped on the page, a '$' does not start matplotlib's
+    mathtext in the plots (an unbalanced one raised mid-render) and rich markup in it ('[/]') is printed as is
+    by benchmark and optimum (it raised MarkupError after the results were written)."""
+    name = 'x[/]y <img src=x onerror=alert(1)> $\\frac{a}{$ 50%'
+    text = (SCENARIOS_DIR / "tiny.yaml").read_text()
+    path = tmp_path / "odd.yaml"
+    path.write_text("\n".join(f"name: {json.dumps(name)}" if line.startswith("name:") else line
+                              for line in text.splitlines()) + "\n")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["benchmark", "-s", str(path), "-p", "default-k8s", "-p", "most-allocated", "--seeds", "1",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert name in r.stdout
+    page = (out / "report.html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert {"energy_ratio.png", "power_0.png", "util_0.png"} <= {p.name for p in (out / "plots").iterdir()}
+    r = runner.invoke(app, ["optimum", "-s", str(path), "--max-nodes", "1", "--time-limit", "2", "-p", "default-k8s",
+                            "-p", "most-allocated"])
+    assert r.exit_code == 0, r.output
+    assert f"{name} seed 5: " in " ".join(r.stdout.split())
