@@ -1,0 +1,39 @@
+"""bench/optimum_solvers.py: a row is 'met' only when the gap is closed *and* the twin replays the schedule to the
+model's energy, and a schedule the twin does not follow is a replay_failed row, not a crash of the whole bench."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from joulesched.agent.optimum import ReplayError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import optimum_solvers
+
+    fields = ("variables", "binaries", "rows", "bound_joules", "solver", "schedule_solver", "bound_solver",
+              "warm_joules", "mip_dual_bound", "cpsat_bound", "cpsat", "mip_nodes")
+    proven = SimpleNamespace(status="optimal", energy_joules=100.0, gap=0.0, assignment={0: 0}, wall_s=1.0,
+                             **{k: None for k in fields})
+    monkeypatch.setattr(optimum_solvers, "solve", lambda *a, **k: proven)
+    return optimum_solvers
+
+
+@pytest.mark.parametrize("replayed, status, met", [(100.0, "optimal", True), (101.0, "optimal", False),
+                                                   (None, "replay_failed", False)])
+def test_met_needs_the_twins_replay_to_agree(bench, monkeypatch, replayed, status, met):
+    def replay(*args, **kwargs):
+        if replayed is None:
+            raise ReplayError("pod 0 was queued")
+        return SimpleNamespace(energy_joules=replayed)
+
+    monkeypatch.setattr(bench, "replay", replay)
+    row = bench.run(ROOT / "scenarios" / "small" / "trace-always-on.yaml", 0, "highs", 1.0, 1)
+    assert (row["status"], row["met"], row["twin_joules"]) == (status, met, replayed)
