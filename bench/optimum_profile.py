@@ -36,7 +36,11 @@ def profile(path: Path, seed: int, time_limit: float, wake_order: bool = True) -
     h = M.highs(integral=False, time_limit=time_limit, threads=None, gap=1e-6)
     t1 = time.perf_counter()
     h.run()
-    root = float(h.getInfo().objective_function_value)
+    import highspy
+
+    # A root the time limit stopped has no value (HiGHS reports the simplex's objective where it stopped).
+    solved = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    root = float(h.getInfo().objective_function_value) if solved else None
     root_s = time.perf_counter() - t1
     res = solve(inst, time_limit=time_limit, wake_order=wake_order)
     e = res.energy_joules
@@ -45,7 +49,8 @@ def profile(path: Path, seed: int, time_limit: float, wake_order: bool = True) -
             "columns": M.ncols, "binaries": int(sum(M.integer)), "rows": M.nrows, "build_s": build_s,
             "root_lp_joules": root, "root_lp_s": root_s, "warm_joules": warm, "status": res.status,
             "energy_joules": e, "mip_dual_bound": res.mip_dual_bound, "bound_joules": res.bound_joules,
-            "gap": res.gap, "root_gap": (e - root) / e if e else None, "mip_nodes": res.mip_nodes,
+            "gap": res.gap, "root_gap": (e - root) / e if e and root is not None else None,
+            "root_lp_status": h.modelStatusToString(h.getModelStatus()), "mip_nodes": res.mip_nodes,
             "wall_s": res.wall_s, "load_avg": os.getloadavg()[0], "wake_order": wake_order,
             "certificate": "optimal" if res.status == "optimal" else "feasible"}
 

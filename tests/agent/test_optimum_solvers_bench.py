@@ -37,3 +37,14 @@ def test_met_needs_the_twins_replay_to_agree(bench, monkeypatch, replayed, statu
     monkeypatch.setattr(bench, "replay", replay)
     row = bench.run(ROOT / "scenarios" / "small" / "trace-always-on.yaml", 0, "highs", 1.0, 1)
     assert (row["status"], row["met"], row["twin_joules"]) == (status, met, replayed)
+
+
+def test_the_profile_gives_no_root_gap_for_a_root_lp_the_time_limit_stopped(bench, monkeypatch):
+    """bench/optimum_profile.py read the root LP's objective whatever HiGHS's status: on small-trace-sleep, whose
+    root takes over a minute, a time-limited root gave a 'root LP gap' of the simplex's objective where it stopped."""
+    import optimum_profile
+
+    monkeypatch.setattr(optimum_profile, "solve", bench.solve)  # the fake full solve: only the root LP runs
+    row = optimum_profile.profile(ROOT / "scenarios" / "small" / "trace-sleep.yaml", 0, 0.5)
+    assert row["root_lp_joules"] is None and row["root_gap"] is None
+    assert row["root_lp_status"] == "Time limit reached"
