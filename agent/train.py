@@ -502,10 +502,15 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
         f = min(1.0, p / cfg.exploration_fraction)
         return cfg.bc_weight + f * (cfg.bc_weight_end - cfg.bc_weight)
 
+    validated_at: tuple[int, int] | None = None
+
     def validate() -> None:
-        nonlocal best_state
-        if validator is None:
+        nonlocal best_state, validated_at
+        # Once per set of weights: the same weights score the same (a round that crossed several validation steps,
+        # or the last one, validated them again, each a full set of greedy runs).
+        if validator is None or validated_at == (log.steps, agent.updates):
             return
+        validated_at = (log.steps, agent.updates)
         score = validator.score(agent, executor)
         log.rows.append(EpisodeLog(log.steps, log.episodes, time.perf_counter() - t_start, "validation",
                                    math.nan, state["eps"], state["loss"], score))
@@ -571,8 +576,8 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
         if len(buffer) >= max(learning_starts, cfg.batch_size):
             n_up, carry = divmod(carry, cfg.train_frequency)
             learn(n_up, bc_weight(progress_frac(log.steps)))
-        while validator is not None and log.steps >= next_eval:
-            next_eval += cfg.eval_every_steps
+        if log.steps >= next_eval:
+            next_eval += cfg.eval_every_steps * (1 + (log.steps - next_eval) // cfg.eval_every_steps)
             validate()
         if progress is not None:
             progress(log.steps, float(np.mean(recent)) if recent else math.nan, eps)

@@ -40,6 +40,16 @@ def _interrupted_message(model: Path, resume: bool) -> str:
             f"training is lost. {hint}")
 
 
+def _resumed_config(model: Path):
+    """What ``--resume`` trains with: the hyperparameters and reward weights stored in the model, not the defaults
+    (``--resume --show-config`` printed those)."""
+    from joulesched.agent.checkpoint import load_agent
+    from joulesched.agent.config import RewardConfig, TrainConfig
+
+    agent, meta = load_agent(model)  # refuses a missing or garbled file with its reason
+    return TrainConfig(dqn=agent.cfg, reward=RewardConfig(**meta["reward"]))
+
+
 def train_cmd(
     scenario: Annotated[Optional[list[Path]], typer.Option(
         "--scenario", "-s", help="Scenario YAML to train on (repeat for a mix; a repeated file gets more episodes). "
@@ -83,7 +93,9 @@ def train_cmd(
         if set_:
             cfg = with_overrides(cfg or TrainConfig(), set_)
         if show_config:
-            out.print(dump_config(cfg or TrainConfig()), end="", soft_wrap=True)
+            if resume and cfg is not None:
+                fail("--resume keeps the model's hyperparameters; do not pass a config")
+            out.print(dump_config(_resumed_config(model) if resume else cfg or TrainConfig()), end="", soft_wrap=True)
             return
         if minutes is None and steps is None:
             minutes = DEFAULT_MINUTES

@@ -198,3 +198,29 @@ def test_ctrl_c_in_train_says_what_was_lost(tmp_path, monkeypatch):
         for s, h in handlers.items():
             signal.signal(s, h)
     assert not model.exists()
+
+
+def test_each_set_of_weights_is_validated_once():
+    """A round that crossed several validation steps validated the same weights once per step crossed (and the
+    last one again at the end): identical rows, each a full set of greedy runs."""
+    from joulesched.agent.train import Validator
+
+    cfg = DQNConfig(**SMALL_NET, pretrain_episodes=0, randomize=0.0, max_episode_decisions=40, learning_starts=10,
+                    batch_size=8, episodes_per_round=1, eval_every_steps=15, validation_random=0,
+                    validation_load_scales=(1.0,))
+    sc = [load_scenario(TINY)]
+    log = train(sc, DQN(cfg, seed=0), total_steps=80, seed=0, validator=Validator(sc, cfg))
+    at = [r.step for r in log.rows if r.scenario == "validation"]
+    assert at == sorted(set(at)) and at[0] == 0 and at[-1] == log.steps, at
+
+
+def test_resume_show_config_prints_the_models_config(tmp_path):
+    """`--resume --show-config` printed the defaults, not the hyperparameters the resumed run trains with."""
+    model = _model(tmp_path, eval_every_steps=300, learning_starts=100)
+    r = runner.invoke(app, ["train", "--model", str(model), "--resume", "--show-config"])
+    assert r.exit_code == 0, r.output
+    assert "eval_every_steps: 300" in r.output and "learning_starts: 100" in r.output and "hidden: 8" in r.output
+    r = runner.invoke(app, ["train", "--model", str(model), "--resume", "--show-config", "--set", "dqn.hidden=3"])
+    assert r.exit_code == 2 and "keeps the model's hyperparameters" in r.output, r.output
+    r = runner.invoke(app, ["train", "--model", str(tmp_path / "none.pt"), "--resume", "--show-config"])
+    assert r.exit_code == 2 and "not found" in r.output, r.output
