@@ -1883,6 +1883,7 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
     out = {"name": scenario.name, "seed": inst.seed, "nodes": inst.nodes, "pods": inst.pods,
            "overload_free": inst.overload_free, "fluid_joules": lp.fluid_joules,
            "lp_bound_joules": lp.joules if math.isfinite(lp.joules) else None, "lp_wall_s": lp.wall_s,
+           "lp_status": lp.status,  # why lp_bound_joules is null, when it is (time_limit: an interrupted IPM)
            "status": "skipped", "optimum_joules": None, "bound_joules": None, "gap": None, "wall_s": None,
            "replay_joules": None, "replay_rel_error": None, "message": ""}
     boa = lp_bound(inst, time_limit=max(10.0, time_limit), fluid_joules=lp.fluid_joules, bind_on_arrival=True)

@@ -188,3 +188,21 @@ def test_without_any_bound_a_schedule_is_not_called_optimal(tmp_path, monkeypatc
     res = opt.solve(inst, time_limit=10, with_bounds=False, warm=("awake-first:fit=efficient",))
     assert res.energy_joules is not None and res.assignment
     assert res.status == "time_limit" and res.gap is None and res.bound_joules is None, res
+
+
+def test_a_row_says_why_its_lp_bound_is_missing(tmp_path, monkeypatch):
+    """An LP bound the time limit stopped is null (an interrupted interior point proves nothing): the MIP's row
+    says so in lp_status, as the --bound-only rows do, instead of a bare null."""
+    from tests.agent.test_optimum import sleeping_twins
+
+    real = opt.lp_bound
+
+    def stopped(inst, **kw):
+        b = real(inst, **kw)
+        return b if kw.get("bind_on_arrival") else opt.LPBound(float("nan"), b.fluid_joules, b.wall_s, b.variables,
+                                                                b.rows, "time_limit", b.coarse)
+
+    monkeypatch.setattr(opt, "lp_bound", stopped)
+    row = opt.optimum_entry(sleeping_twins(tmp_path, 3), 0, time_limit=5)
+    assert row["lp_bound_joules"] is None and row["lp_status"] == "time_limit"
+    assert row["boa_status"] == "optimal" and row["certificate"] in ("optimal", "feasible")
