@@ -292,13 +292,15 @@ def test_the_verdict_says_which_runs_a_bound_holds_for_and_an_optimum_only_when_
     assert "<em>bound, bind-on-arrival</em>: the MIP's own or the bind-on-arrival LP's, which only the runs" in note
 
 
-def _made_up(energies: list[dict[str, float]], optimum: dict | None = None) -> Results:
+def _made_up(energies: list[dict[str, float]], optimum: dict | list[dict] | None = None) -> Results:
     """Results of scenario ``s`` with one seed per dict of ``energies`` (policy -> joules), every other metric
-    alike; ``optimum``: each seed's optimum row."""
+    alike; ``optimum``: each seed's optimum row (or one per seed)."""
+    if isinstance(optimum, dict):
+        optimum = [optimum] * len(energies)
     metrics = {"slo_violation_rate": 0.0, "unschedulable_pods": 0, "mean_pending_s": 0.0, "placements": 3,
                "decision_us_p99": 1.0, "mean_throttling": 0.0, "end_s": 100.0, "completed_pods": 3}
     runs = [{"name": "s", "seed": k, "nodes": 2, "pods": 3, "lower_bound_joules": 80.0,
-             **({"optimum": {"name": "s", "seed": k, "nodes": 2, "pods": 3, **optimum}} if optimum else {}),
+             **({"optimum": {"name": "s", "seed": k, "nodes": 2, "pods": 3, **optimum[k]}} if optimum else {}),
              "policies": {p: {"energy_joules": e, **metrics} for p, e in seed.items()}}
             for k, seed in enumerate(energies)]
     doc = {"schema_version": 2, "command": "", "created_unix": 0.0, "wall_s": 0.0, "policies": list(energies[0]),
@@ -375,3 +377,11 @@ def test_a_per_seed_best_is_not_shown_as_the_named_policys_own_figure():
     assert row["up"] == "0.525 (per-seed best; most-allocated 0.575)"
     res = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0, "target-load-packing": 125.0}])
     assert report._headroom_rows(res)[0]["up"] == "0.500 (most-allocated)"
+
+
+def test_an_optimum_proven_on_some_seeds_only_is_an_unproven_optimum_in_the_verdict():
+    solved = {"optimum_joules": 95.0, "bound_joules": 90.0, "lp_bound_joules": 90.0}
+    res = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}] * 2,
+                   [{"status": "optimal", **solved}, {"status": "time_limit", **solved}])
+    (v,) = report.verdict(res)
+    assert v["target_kind"] == "optimum*" and v["target"]["mean"] == pytest.approx(0.95)
