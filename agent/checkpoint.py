@@ -61,9 +61,19 @@ def feature_names(schema: int = 1) -> list[str]:
     return schema_feature_names(schema)
 
 
+def check_model_path(path: str | Path) -> Path:
+    """Refuse a model path that its own readable copy, ``NAME.json``, would overwrite (a ``.json`` model: the
+    metadata was written over the weights, and the run reported success)."""
+    path = Path(path)
+    if path.with_suffix(".json") == path:
+        raise PolicyError(f"{path}: a model file cannot end in .json (its readable metadata copy, NAME.json, would "
+                          f"overwrite it); use e.g. {path.with_suffix('.pt')}")
+    return path
+
+
 def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict | None = None) -> Path:
     """Write ``agent`` atomically to ``path`` (and the readable ``.json`` copy). Returns the path."""
-    path = Path(path)
+    path = check_model_path(path)
     tensors: dict[str, torch.Tensor] = {}
     for prefix, net in (("q", agent.q), ("target", agent.q_target)):
         for name, t in net.state_dict().items():

@@ -224,3 +224,17 @@ def test_resume_show_config_prints_the_models_config(tmp_path):
     assert r.exit_code == 2 and "keeps the model's hyperparameters" in r.output, r.output
     r = runner.invoke(app, ["train", "--model", str(tmp_path / "none.pt"), "--resume", "--show-config"])
     assert r.exit_code == 2 and "not found" in r.output, r.output
+
+
+def test_a_json_model_path_is_refused_before_training(tmp_path):
+    """`--model NAME.json` trained, wrote the model, then wrote its metadata copy NAME.json over it and reported
+    success: the file no longer loaded."""
+    model = tmp_path / "m.json"
+    r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(model), "--steps", "10", "--no-progress",
+                            "--set", "dqn.pretrain_episodes=1", "--set", "dqn.pretrain_updates=5", "--set",
+                            "dqn.randomize=0", "--set", "dqn.validation_random=0"])
+    assert r.exit_code == 2 and "cannot end in .json" in r.output, r.output
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(PolicyError, match=r"\.json"):
+        save_checkpoint(model, DQN(DQNConfig(**SMALL_NET)), {})
+    assert list(tmp_path.iterdir()) == []
