@@ -107,8 +107,9 @@ class DQNConfig:
     exploration_fraction: float = 0.4
     """Share of the training budget over which epsilon decays linearly from eps_start to eps_end."""
     heuristic_explore: float = 0.5
-    """Probability that an exploratory action is the teacher's choice (schema 1: most-allocated or energy-greedy,
-    alternating per episode) instead of a node drawn by explore_topk / explore_uniform."""
+    """Probability that an exploratory action is the teacher's choice (``teacher``; models/small.pt's run
+    alternated most-allocated and energy-greedy per episode) instead of a node drawn by explore_topk /
+    explore_uniform."""
     teacher: str = "auto"
     """Schema 2: the heuristic that pretrains the agent, guides exploration and labels the margin loss: a policy
     spec, or auto (awake-first:fit=efficient where nodes sleep, pabfd where they are always on)."""
