@@ -13,7 +13,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from joulesched.pipelines.cli.common import errors, fail, interrupted, out
+from rich.markup import escape
+
+from joulesched.pipelines.cli.common import err, errors, fail, interrupted, out
 from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite, train_scenarios
 
 DEFAULT_MODEL = Path("models/dqn.pt")
@@ -38,6 +40,15 @@ def _interrupted_message(model: Path, resume: bool) -> str:
     was = "is as it was before this run" if model.exists() else "was not created"
     return (f"nothing was written: {model} {was} (a model is saved only when its run ends), and this run's "
             f"training is lost. {hint}")
+
+
+def _warn_gpu_blind(scenarios, schema: int) -> None:
+    """A new model of feature schema 1 or 2 sees no GPU columns (schema 3 does, docs/dqn.md): on a cluster with
+    GPUs it trains blind to them, which the default schema (2) did without a word."""
+    gpu = [sc.name for sc in scenarios if sc.has_gpus]
+    if gpu and schema < 3:
+        err.print(f"[yellow]warning:[/yellow] {escape(', '.join(dict.fromkeys(gpu)))} has GPUs, but a schema-{schema} "
+                  "model sees no GPU columns; --set dqn.feature_schema=3 trains one that does", soft_wrap=True)
 
 
 def _resumed_config(model: Path):
@@ -83,6 +94,7 @@ def train_cmd(
     """Train the DQN scheduler on the twin; writes the model, NAME.json, NAME.curve.csv and NAME.curve.png."""
     from joulesched.agent.checkpoint import check_model_path
     from joulesched.agent.config import TrainConfig, dump_config, load_config, with_overrides
+    from joulesched.cluster.scenario import load_scenario
     from joulesched.pipelines.training import train
 
     if minutes is not None and steps is not None:
@@ -101,7 +113,10 @@ def train_cmd(
             return
         if minutes is None and steps is None:
             minutes = DEFAULT_MINUTES
-        s = train(scenario or train_scenarios(), model, minutes=minutes, steps=steps, resume=resume,
+        scenarios = [load_scenario(p) for p in scenario or train_scenarios()]  # errors name the file and field
+        if not resume:
+            _warn_gpu_blind(scenarios, (cfg or TrainConfig()).dqn.feature_schema)
+        s = train(scenarios, model, minutes=minutes, steps=steps, resume=resume,
                   overwrite=overwrite, seed=seed, progress=progress, config=cfg, workers=workers, executor=executor,
                   ray_address=ray_address)
     out.print(f"wrote {s.model} ({s.steps:,} steps this run, {s.total_steps:,} in all, {s.episodes} episodes, "

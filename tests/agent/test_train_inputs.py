@@ -238,3 +238,31 @@ def test_a_json_model_path_is_refused_before_training(tmp_path):
     with pytest.raises(PolicyError, match=r"\.json"):
         save_checkpoint(model, DQN(DQNConfig(**SMALL_NET)), {})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_training_a_gpu_blind_model_on_gpus_is_warned(tmp_path, monkeypatch):
+    """The default feature schema (2) has no GPU columns: `train -s <a GPU cluster>` trained a model blind to the
+    GPUs without a word."""
+    import joulesched.pipelines.training as training
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", stop)
+    gpu = str(ROOT / "scenarios" / "openb" / "mini" / "openb-mini-w10000k.yaml")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        outs = {}
+        for schema in (2, 3):
+            r = runner.invoke(app, ["train", "-s", gpu, "--model", str(tmp_path / "m.pt"), "--steps", "10",
+                                    "--no-progress", "--set", f"dqn.feature_schema={schema}"])
+            assert r.exit_code == 130, r.output
+            outs[schema] = " ".join(r.output.split())
+        r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(tmp_path / "m.pt"), "--steps", "10",
+                                "--no-progress"])
+        assert r.exit_code == 130 and "warning" not in r.output, r.output
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert "has GPUs, but a schema-2 model sees no GPU columns" in outs[2] and "feature_schema=3" in outs[2]
+    assert "warning" not in outs[3]
