@@ -1,5 +1,7 @@
-"""bench/optimum_solvers.py: a row is 'met' only when the gap is closed *and* the twin replays the schedule to the
-model's energy, and a schedule the twin does not follow is a replay_failed row, not a crash of the whole bench."""
+"""The benches' own arithmetic: bench/optimum_solvers.py's row is 'met' only when the gap is closed *and* the twin
+replays the schedule to the model's energy (a schedule the twin does not follow is a replay_failed row, not a
+crash of the whole bench); bench/optimum_profile.py gives no root gap for an unsolved root; bench/suite_table.py's
+bound row is a mean of per-seed ratios like its other cells."""
 
 from __future__ import annotations
 
@@ -48,3 +50,13 @@ def test_the_profile_gives_no_root_gap_for_a_root_lp_the_time_limit_stopped(benc
     row = optimum_profile.profile(ROOT / "scenarios" / "small" / "trace-sleep.yaml", 0, 0.5)
     assert row["root_lp_joules"] is None and row["root_gap"] is None
     assert row["root_lp_status"] == "Time limit reached"
+
+
+def test_the_suite_tables_bound_row_is_a_mean_of_per_seed_ratios_as_its_other_cells():
+    """bench/suite_table.py divided the bounds' mean by default-k8s's mean energy, unlike every other cell of the
+    table (per seed, then averaged)."""
+    from bench.suite_table import bound_ratio
+    from tests.pipelines.test_report import _made_up
+
+    res = _made_up([{"default-k8s": 100.0, "most-allocated": 90.0}, {"default-k8s": 300.0, "most-allocated": 250.0}])
+    assert bound_ratio(res, "s") == pytest.approx((80.0 / 100.0 + 80.0 / 300.0) / 2)  # not 80 / 200
