@@ -516,7 +516,9 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
                                    math.nan, state["eps"], state["loss"], score))
         if score < log.best_score:
             log.best_score, log.best_step = score, log.steps
-            best_state = copy.deepcopy(agent.q.state_dict())
+            # The optimizer's moments with the weights they belong to: the file keeps both, and --resume goes on
+            # from the best weights with their own moments, not those of the last update.
+            best_state = (copy.deepcopy(agent.q.state_dict()), copy.deepcopy(agent.optimizer.state_dict()))
 
     def learn(n_updates: int, bc: float) -> None:
         for _ in range(n_updates):
@@ -585,7 +587,8 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
             break
     validate()
     if best_state is not None:
-        agent.q.load_state_dict(best_state)
+        agent.q.load_state_dict(best_state[0])
+        agent.optimizer.load_state_dict(best_state[1])
         agent.sync_target()
     log.wall_s = time.perf_counter() - t_start
     return log

@@ -266,3 +266,28 @@ def test_training_a_gpu_blind_model_on_gpus_is_warned(tmp_path, monkeypatch):
             signal.signal(s, h)
     assert "has GPUs, but a schema-2 model sees no GPU columns" in outs[2] and "feature_schema=3" in outs[2]
     assert "warning" not in outs[3]
+
+
+def test_the_best_weights_keep_their_own_optimizer_state():
+    """The best validated weights were restored with the optimizer moments of the last update, so the file (and
+    --resume) paired weights with another point's Adam state."""
+    import copy
+
+    cfg = DQNConfig(**SMALL_NET, pretrain_episodes=1, pretrain_updates=5, randomize=0.0, max_episode_decisions=40,
+                    learning_starts=10, batch_size=8, episodes_per_round=1, eval_every_steps=40)
+    agent = DQN(cfg, seed=0)
+    seen = []
+
+    class FirstIsBest:  # the weights after the demonstrations score best; every later set worse
+        def score(self, agent_, executor=None):
+            seen.append((copy.deepcopy(agent_.q.state_dict()), copy.deepcopy(agent_.optimizer.state_dict())))
+            return 0.5 if len(seen) == 1 else 1.0
+
+    log = train([load_scenario(TINY)], agent, total_steps=80, seed=0, validator=FirstIsBest())
+    assert log.best_step == 0 and len(seen) > 1
+    weights, opt = seen[0]
+    assert all(torch.equal(v, agent.q.state_dict()[k]) for k, v in weights.items())
+    now = agent.optimizer.state_dict()["state"]
+    assert now.keys() == opt["state"].keys()
+    for pid, st in opt["state"].items():
+        assert all(torch.equal(st[name], now[pid][name]) for name in ("step", "exp_avg", "exp_avg_sq"))
