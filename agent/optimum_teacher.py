@@ -34,7 +34,7 @@ from joulesched.agent.runner import Pinned
 from joulesched.cluster.state import ASLEEP, ClusterState, PodRequest
 
 #: Bumped when the MIP or the key changes what a cached schedule means.
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: statuses certified (6d04c96), instant-wake warm starts (ff4a862)
 _PLANS: dict[str, dict[int, int] | None] = {}  # per process: key -> the schedule (None: the MIP found none)
 _SIZED = False  # this process's HiGHS scheduler has one thread (a teacher runs inside one training worker)
 
