@@ -20,6 +20,8 @@ from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite, t
 
 DEFAULT_MODEL = Path("models/dqn.pt")
 DEFAULT_MINUTES = 5.0
+#: torch.manual_seed's largest seed (one above it was a traceback after the scenarios had loaded).
+MAX_SEED = 2**64 - 1
 
 
 def knobs_epilog() -> str:
@@ -81,7 +83,8 @@ def train_cmd(
     resume: Annotated[bool, typer.Option("--resume", help="Continue training an existing model.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing model instead of "
                                             "refusing.")] = False,
-    seed: Annotated[int, typer.Option(min=0, help="Seed for the network, exploration and episode sampling.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed for the network, exploration and episode "
+                                      "sampling.")] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
     workers: Annotated[int, typer.Option(min=1, help="Processes collecting rollouts and running validation "
                                          "(the same model for any number).")] = 1,

@@ -291,3 +291,10 @@ def test_the_best_weights_keep_their_own_optimizer_state():
     assert now.keys() == opt["state"].keys()
     for pid, st in opt["state"].items():
         assert all(torch.equal(st[name], now[pid][name]) for name in ("step", "exp_avg", "exp_avg_sq"))
+
+
+def test_a_seed_beyond_torchs_range_is_refused(tmp_path):
+    """`--seed 99999999999999999999` was a ValueError traceback from torch.manual_seed (exit 1)."""
+    r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(tmp_path / "m.pt"), "--steps", "5",
+                            "--no-progress", "--seed", str(2**64)])
+    assert r.exit_code == 2 and "--seed" in r.output, r.output
