@@ -86,8 +86,8 @@ def train_cmd(
     seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed for the network, exploration and episode "
                                       "sampling.")] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
-    workers: Annotated[int, typer.Option(min=1, help="Processes collecting rollouts and running validation "
-                                         "(the same model for any number).")] = 1,
+    workers: Annotated[int, typer.Option(min=1, max=256, help="Processes collecting rollouts and running "
+                                         "validation (the same model for any number).")] = 1,
     executor: Annotated[str, typer.Option(help="Where the rollouts run: local (a process pool of --workers) or "
                                           "ray (Ray tasks; a local Ray with --workers CPUs unless --ray-address).")]
     = "local",
@@ -132,7 +132,8 @@ def test_cmd(
     = SHIPPED_MODEL,
     scenario: Annotated[Optional[list[Path]], typer.Option(
         "--scenario", "-s", help="Scenario YAML (repeat). Default: the standard suite in scenarios/.")] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="Workloads per scenario (seeds scenario.seed + 0..N-1).")] = 1,
+    seeds: Annotated[int, typer.Option(min=1, max=1000, help="Workloads per scenario (seeds scenario.seed + "
+                                       "0..N-1).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     bound: Annotated[bool, typer.Option("--bound/--no-bound", help="Also compute the offline lower bound.")] = True,
     optimum: Annotated[bool, typer.Option(

@@ -298,3 +298,25 @@ def test_a_seed_beyond_torchs_range_is_refused(tmp_path):
     r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(tmp_path / "m.pt"), "--steps", "5",
                             "--no-progress", "--seed", str(2**64)])
     assert r.exit_code == 2 and "--seed" in r.output, r.output
+
+
+def test_worker_and_seed_counts_are_bounded_as_the_benchmarks_are(tmp_path, monkeypatch):
+    """`train --workers` and `test --seeds` had no upper bound (benchmark's --jobs stops at 256, --seeds at 1000):
+    `--workers 100000` went on to start that many processes."""
+    import joulesched.pipelines.training as training
+
+    def stop(*a, **k):  # what the unbounded option reached: never the pool itself here
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", stop)
+    monkeypatch.setattr(training, "evaluate", stop)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(tmp_path / "m.pt"), "--steps", "5",
+                                "--no-progress", "--workers", "257"])
+        assert r.exit_code == 2 and "--workers" in r.output, r.output
+        r = runner.invoke(app, ["test", "-s", str(TINY), "--seeds", "1001"])
+        assert r.exit_code == 2 and "--seeds" in r.output, r.output
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
