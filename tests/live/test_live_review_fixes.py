@@ -48,7 +48,7 @@ def test_a_pod_tolerating_every_taint_is_not_parked_on_a_notready_node(emu, make
     emu.add_pod("filler", cpu="3", memory="6Gi", node_name="good")
     emu.add_pod("p", cpu="100m", memory="100Mi", tolerations=TOLERATE_ALL)
     make_scheduler()
-    wait_until(lambda: _pod(emu)["spec"].get("nodeName"), 5, "p bound")
+    wait_until(lambda: _pod(emu)["spec"].get("nodeName"), 10, "p bound")
     assert _pod(emu)["spec"]["nodeName"] == "good"
     assert not _pod(emu)["status"].get("nominatedNodeName")
     assert not _events(emu, "WaitingForNode")
@@ -60,7 +60,7 @@ def test_a_pod_that_fits_only_a_notready_node_is_unschedulable_and_says_why(emu,
     emu.set_node_ready("dead", False)
     emu.add_pod("p", cpu="2", memory="100Mi", tolerations=TOLERATE_ALL)
     make_scheduler()
-    wait_until(lambda: _events(emu, "FailedScheduling"), 5, "a FailedScheduling event")
+    wait_until(lambda: _events(emu, "FailedScheduling"), 10, "a FailedScheduling event")
     assert _events(emu, "FailedScheduling")[0]["message"] == (
         "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were not ready.")
     assert not _pod(emu)["spec"].get("nodeName") and not _pod(emu)["status"].get("nominatedNodeName")
@@ -129,10 +129,10 @@ def test_a_pod_that_names_a_notready_node_may_go_there_once_it_is_ready(emu, mak
     emu.add_pod("p", **kw)
     s = make_scheduler()
     tries = {"result": "unschedulable"}
-    wait_until(lambda: s.registry.get_sample_value("joulesched_schedule_attempts_total", tries) >= 2, 5, "retries")
+    wait_until(lambda: s.registry.get_sample_value("joulesched_schedule_attempts_total", tries) >= 2, 10, "retries")
     assert s.registry.get_sample_value("joulesched_schedule_attempts_total", {"result": "error"}) == 0
     assert not _pod(emu)["spec"].get("nodeName") and not _pod(emu)["status"].get("nominatedNodeName")
-    wait_until(lambda: _events(emu, "FailedScheduling"), 5, "a FailedScheduling event")
+    wait_until(lambda: _events(emu, "FailedScheduling"), 10, "a FailedScheduling event")
     assert _events(emu, "FailedScheduling")[0]["message"] == (
         "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) were not ready.")
     cond = {c["type"]: c for c in _pod(emu)["status"].get("conditions", [])}
@@ -145,7 +145,7 @@ def test_a_pod_that_names_a_notready_node_may_go_there_once_it_is_ready(emu, mak
     both = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["big", "good"]}]}]}}}
     emu.add_pod("q", cpu="100m", tolerations=TOLERATE_ALL, affinity=both)
-    wait_until(lambda: _pod(emu, "q")["spec"].get("nodeName") == "good", 5, "q bound to the Ready node")
+    wait_until(lambda: _pod(emu, "q")["spec"].get("nodeName") == "good", 10, "q bound to the Ready node")
 
 
 def _waiting_for_sleepy(emu, make_scheduler, good_cpu: str, pod_cpu: str) -> None:
@@ -156,7 +156,7 @@ def _waiting_for_sleepy(emu, make_scheduler, good_cpu: str, pod_cpu: str) -> Non
     emu.add_pod("filler", cpu=f"{4000 - int(good_cpu)}m", memory="64Mi", node_name="good")
     emu.add_pod("p", cpu=pod_cpu, memory="100Mi")
     make_scheduler(node_wait_poll_s=0.05)
-    wait_until(lambda: _pod(emu)["status"].get("nominatedNodeName") == "sleepy", 5, "p nominated for sleepy")
+    wait_until(lambda: _pod(emu)["status"].get("nominatedNodeName") == "sleepy", 10, "p nominated for sleepy")
     assert not _pod(emu)["spec"].get("nodeName")
 
 
@@ -168,8 +168,8 @@ def test_a_sleeping_notready_node_is_still_waited_for(emu, make_scheduler):
 def test_the_nomination_is_cleared_when_the_pod_is_bound_elsewhere(emu, make_scheduler):
     _waiting_for_sleepy(emu, make_scheduler, good_cpu="1000", pod_cpu="100m")
     emu.delete_node("sleepy")  # the node it waited for is gone: decided afresh, bound to the awake one
-    wait_until(lambda: _pod(emu)["spec"].get("nodeName") == "good", 5, "p bound to good")
-    wait_until(lambda: "nominatedNodeName" not in _pod(emu)["status"], 5, "the nomination cleared")
+    wait_until(lambda: _pod(emu)["spec"].get("nodeName") == "good", 10, "p bound to good")
+    wait_until(lambda: "nominatedNodeName" not in _pod(emu)["status"], 10, "the nomination cleared")
 
 
 def test_the_nomination_is_cleared_when_the_pod_gives_up_waiting_and_stays_pending(emu, make_scheduler):
@@ -178,9 +178,9 @@ def test_the_nomination_is_cleared_when_the_pod_gives_up_waiting_and_stays_pendi
     node = emu.get("nodes", "sleepy")
     node["metadata"]["annotations"][WAKE_FAILED_ANNOTATION] = "true"
     emu.replace("nodes", "", "sleepy", node)
-    wait_until(lambda: "nominatedNodeName" not in _pod(emu)["status"], 5, "the nomination cleared")
+    wait_until(lambda: "nominatedNodeName" not in _pod(emu)["status"], 10, "the nomination cleared")
     assert not _pod(emu)["spec"].get("nodeName")
-    wait_until(lambda: _events(emu, "FailedScheduling"), 5, "a FailedScheduling event")
+    wait_until(lambda: _events(emu, "FailedScheduling"), 10, "a FailedScheduling event")
 
 
 # ---- 3. the extender: unknown nodes pass, a stale cache steps aside --------------------------------------------
@@ -289,9 +289,9 @@ def test_a_binding_is_not_sent_with_too_little_of_the_term_left_and_its_timeout_
     s.http.request = spy
     s.start()
     emu.add_pod("p", cpu="100m")
-    wait_until(lambda: outcomes.count("fenced") >= 2, 5, "the binding held back")
+    wait_until(lambda: outcomes.count("fenced") >= 2, 10, "the binding held back")
     assert timeouts == [] and emu.bind_requests == 0 and not _pod(emu)["spec"].get("nodeName")
     assert s.registry.get_sample_value("joulesched_schedule_attempts_total", {"result": "error"}) == 0
     elector.left = 3.0  # renewed: 3 s left, so the request may take 2.5 s, not 10
-    wait_until(lambda: _pod(emu)["spec"].get("nodeName") == "n", 5, "p bound")
+    wait_until(lambda: _pod(emu)["spec"].get("nodeName") == "n", 10, "p bound")
     assert timeouts and all(0 < t <= 2.5 for t in timeouts)
