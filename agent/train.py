@@ -561,17 +561,20 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
         return executor.map_async(rollout, [RolloutTask(s, cfg, reward, _weights(agent), eps) for s in specs])
 
     round_ = 0
-    pending = submit(round_, epsilon(0.0))
+    pending_eps = epsilon(0.0)
+    pending = submit(round_, pending_eps)
     next_eval = cfg.eval_every_steps
     carry = 0
     while True:
-        eps = state["eps"] = epsilon(progress_frac(log.steps))
+        # The epsilon the round ran with (with --minutes, one computed now would be later on the clock than that).
+        eps = state["eps"] = pending_eps
         results = pending.get()
         steps = sum(r.steps for r in results)
         finishing = progress_frac(log.steps + steps) >= 1.0
         if not finishing:
             round_ += 1
-            pending = submit(round_, epsilon(progress_frac(log.steps + steps)))
+            pending_eps = epsilon(progress_frac(log.steps + steps))
+            pending = submit(round_, pending_eps)
         record(results, eps)
         log.steps += steps
         carry += steps

@@ -320,3 +320,33 @@ def test_worker_and_seed_counts_are_bounded_as_the_benchmarks_are(tmp_path, monk
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
+
+
+class _Eps(SerialExecutor):
+    def __init__(self) -> None:
+        self.eps: list[float] = []
+
+    def map_async(self, fn, tasks):
+        self.eps += [t.epsilon for t in tasks]
+        return super().map_async(fn, tasks)
+
+
+def test_the_curve_logs_the_epsilon_each_episode_ran_with(monkeypatch):
+    """With a time budget the curve logged an epsilon computed after the round's updates, later on the clock (so
+    lower) than the one its episodes explored with."""
+    import joulesched.agent.train as train_mod
+
+    class Clock:  # every reading is a second later: the schedule moves between submit and record
+        t = 0.0
+
+        def perf_counter(self) -> float:
+            self.t += 1.0
+            return self.t
+
+    monkeypatch.setattr(train_mod, "time", Clock())
+    cfg = DQNConfig(**SMALL_NET, pretrain_episodes=0, randomize=0.0, max_episode_decisions=30, learning_starts=10,
+                    batch_size=8, episodes_per_round=1, eps_start=1.0, eps_end=0.0, exploration_fraction=1.0)
+    ex = _Eps()
+    log = train([load_scenario(TINY)], DQN(cfg, seed=0), total_seconds=150.0, seed=0, executor=ex)
+    logged = [r.epsilon for r in log.rows if r.scenario != "validation"]
+    assert len(logged) >= 3 and logged == ex.eps[:len(logged)], (logged, ex.eps)
