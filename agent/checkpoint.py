@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from joulesched.agent.config import DQNConfig
+from joulesched.agent.config import DQNConfig, RewardConfig
 from joulesched.agent.dqn import DQN, make_network
 from joulesched.agent.features import feature_names as schema_feature_names
 from joulesched.agent.policy import PolicyError
@@ -233,8 +233,6 @@ _COUNTERS = {"steps": int, "episodes": int, "updates": int, "wall_s": (int, floa
 def _training_record(path: Path, meta: dict) -> tuple[dict, dict]:
     """The metadata's ``training`` record and ``reward`` weights, checked: --resume adds to the one and trains
     with the other, so a garbled file is refused here (PolicyError) rather than failing halfway."""
-    from joulesched.agent.config import RewardConfig
-
     training = meta.get("training", {})
     if not isinstance(training, dict):
         raise PolicyError(f"{path}: corrupt model metadata (training is {type(training).__name__}, not a mapping)")
