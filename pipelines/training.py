@@ -20,6 +20,8 @@ are collected in order, so a run gives the same model on any of them (agent/trai
 from __future__ import annotations
 
 import csv
+import io
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -46,10 +48,12 @@ from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import UsageError
-from joulesched.core.fsio import atomic_savefig, check_output_file
+from joulesched.core.fsio import atomic_savefig, atomic_write_text, check_output_file
 from joulesched.pipelines.progress import progress_bar
 from joulesched.pipelines.stats import mean_ci
 from joulesched.pipelines.suite import REPO_ROOT
+
+logger = logging.getLogger(__name__)
 
 
 class TrainError(UsageError):
@@ -253,7 +257,7 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
     }
     save_checkpoint(model, agent, training, reward=asdict(reward))
     csv_path, png_path = _curve_paths(model)
-    _write_curve(csv_path, log.rows, append=resume)
+    _write_curve(csv_path, log.rows, append=resume, offset=total_steps - log.steps)
     png = _plot_curve(csv_path, png_path)
     return TrainSummary(str(model), log.steps, total_steps, log.episodes, round(wall, 1),
                         log.best_score, log.best_step, str(csv_path), str(png) if png else None, resume)
@@ -278,23 +282,31 @@ def _progress_bar(enabled: bool, steps: int | None, minutes: float | None):
     return cb, prog
 
 
-def _write_curve(path: Path, rows, append: bool) -> None:
-    fields = ["step", "episode", "wall_s", "scenario", "episode_return", "epsilon", "loss", "eval_score"]
-    offset = 0
+_CURVE_FIELDS = ["step", "episode", "wall_s", "scenario", "episode_return", "epsilon", "loss", "eval_score"]
+
+
+def _write_curve(path: Path, rows, append: bool, offset: int = 0) -> None:
+    """The training curve, written whole through a temp file: on a resumed run, the earlier runs' rows (kept
+    only if the file is a curve: one that is not is replaced, with a warning, never half-appended to), then
+    this run's, whose steps count on from the model's ``offset`` (steps trained before this run)."""
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(_CURVE_FIELDS)
     if append and path.exists():
-        with path.open(encoding="utf-8") as fh:
-            last = list(csv.DictReader(fh))
-        offset = int(last[-1]["step"]) if last else 0
-    mode = "a" if append and path.exists() else "w"
-    with path.open(mode, newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        if mode == "w":
-            w.writerow(fields)
-        for r in rows:
-            d = asdict(r)
-            d["step"] += offset
-            w.writerow(["" if isinstance(d[k], float) and math.isnan(d[k]) else
-                        (round(d[k], 5) if isinstance(d[k], float) else d[k]) for k in fields])
+        try:
+            with path.open(encoding="utf-8", newline="") as fh:
+                old = list(csv.reader(fh))
+            if not old or old[0] != _CURVE_FIELDS or any(len(r) != len(_CURVE_FIELDS) for r in old[1:]):
+                raise ValueError("not a training curve")
+            w.writerows(old[1:])
+        except (OSError, UnicodeDecodeError, ValueError, csv.Error) as e:
+            logger.warning("%s: %s; it is replaced by this run's curve", path, e)
+    for r in rows:
+        d = asdict(r)
+        d["step"] += offset
+        w.writerow(["" if isinstance(d[k], float) and math.isnan(d[k]) else
+                    (round(d[k], 5) if isinstance(d[k], float) else d[k]) for k in _CURVE_FIELDS])
+    atomic_write_text(path, out.getvalue())
 
 
 def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:

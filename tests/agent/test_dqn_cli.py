@@ -44,6 +44,15 @@ def test_train_resume_and_test(tmp_path):
     with (tmp_path / "m.curve.csv").open() as fh:
         steps = [int(row["step"]) for row in csv.DictReader(fh)]
     assert steps == sorted(steps) and steps[-1] == total
+    # A curve file that is no curve (edited, truncated by a crash) is replaced, the model still saved and
+    # plotted; the steps still count on from the model's.
+    (tmp_path / "m.curve.csv").write_text("step,episode\n1,\n")
+    r = runner.invoke(app, ["train", "-s", TINY, "--model", str(model), "--steps", "100", "--resume", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    total2 = json.loads((tmp_path / "m.json").read_text())["training"]["steps"]
+    with (tmp_path / "m.curve.csv").open() as fh:
+        steps = [int(row["step"]) for row in csv.DictReader(fh)]
+    assert steps and steps[0] >= total and steps[-1] == total2
 
     r = runner.invoke(app, ["test", "--model", str(model), "-s", TINY, "-s", SMALL_SLEEP, "--json", "--no-bound",
                             "--optimum-time-limit", "5"])
