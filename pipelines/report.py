@@ -721,9 +721,6 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
                 summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
             else:
                 by_name[name]["images"].append(fname)
-    for stale in report_plots(out):
-        if stale.name not in drawn:
-            stale.unlink(missing_ok=True)
     pols = doc.policies
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["breakable"] = _breakable
@@ -734,4 +731,9 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
         colors=policy_colors(pols), fmt_ci=_fmt_ci, summary_images=summary_images, headroom=_headroom_rows(doc),
         headroom_policies=[p for p in pols if p != "default-k8s"],
         training_curve=(plots / "training_curve.png").is_file())
-    return atomic_write_text(out / "report.html", page)
+    written = atomic_write_text(out / "report.html", page)
+    # Only once the new page is in place: a render that fails leaves the old page with every plot it shows.
+    for stale in report_plots(out):
+        if stale.name not in drawn:
+            stale.unlink(missing_ok=True)
+    return written

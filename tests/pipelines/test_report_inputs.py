@@ -189,3 +189,21 @@ def test_a_scenario_name_is_text_in_the_page_the_plots_and_the_terminal(tmp_path
                             "-p", "most-allocated"])
     assert r.exit_code == 0, r.output
     assert f"{name} seed 5: " in " ".join(r.stdout.split())
+
+
+def test_a_render_that_fails_keeps_the_old_page_and_its_plots(out, monkeypatch):
+    # The stale plots go only once the new page is written: a failing render (here the template) must not
+    # leave the old page pointing at plots it removed.
+    import joulesched.pipelines.report as report
+
+    before = (out / "report.html").read_text()
+    (out / "timelines.npz").unlink()  # this render would draw no power plots, so they are stale to it
+
+    def broken(*a, **kw):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(report, "atomic_write_text", broken)
+    with pytest.raises(RuntimeError):
+        write_report(out)
+    assert (out / "report.html").read_text() == before
+    assert "power_0.png" in before and (out / "plots" / "power_0.png").is_file()
