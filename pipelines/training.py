@@ -246,7 +246,7 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         "wall_s": round(float(prev_training.get("wall_s", 0.0)) + wall, 1),
         "runs": list(prev_training.get("runs", [])) + [{
             "steps": log.steps, "wall_s": round(wall, 1), "resumed": resume, "seed": seed,
-            "workers": workers, "executor": executor,
+            "workers": workers, "executor": executor, "scenarios": [s.name for s in loaded],
             "budget": {"minutes": minutes, "steps": steps}, "best_step": log.best_step,
             "best_validation_score": None if math.isinf(log.best_score) else round(log.best_score, 5),
             "teachers": dict(log.teachers),
@@ -257,7 +257,8 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
     }
     save_checkpoint(model, agent, training, reward=asdict(reward))
     csv_path, png_path = _curve_paths(model)
-    _write_curve(csv_path, log.rows, append=resume, offset=total_steps - log.steps)
+    _write_curve(csv_path, log.rows, append=resume, offset=total_steps - log.steps,
+                 wall_offset=float(prev_training.get("wall_s", 0.0)))
     png = _plot_curve(csv_path, png_path)
     return TrainSummary(str(model), log.steps, total_steps, log.episodes, round(wall, 1),
                         log.best_score, log.best_step, str(csv_path), str(png) if png else None, resume)
@@ -285,10 +286,11 @@ def _progress_bar(enabled: bool, steps: int | None, minutes: float | None):
 _CURVE_FIELDS = ["step", "episode", "wall_s", "scenario", "episode_return", "epsilon", "loss", "eval_score"]
 
 
-def _write_curve(path: Path, rows, append: bool, offset: int = 0) -> None:
+def _write_curve(path: Path, rows, append: bool, offset: int = 0, wall_offset: float = 0.0) -> None:
     """The training curve, written whole through a temp file: on a resumed run, the earlier runs' rows (kept
     only if the file is a curve: one that is not is replaced, with a warning, never half-appended to), then
-    this run's, whose steps count on from the model's ``offset`` (steps trained before this run)."""
+    this run's, whose steps and wall seconds count on from the model's (``offset``, ``wall_offset``: what it
+    had trained before this run)."""
     out = io.StringIO()
     w = csv.writer(out)
     w.writerow(_CURVE_FIELDS)
@@ -304,6 +306,7 @@ def _write_curve(path: Path, rows, append: bool, offset: int = 0) -> None:
     for r in rows:
         d = asdict(r)
         d["step"] += offset
+        d["wall_s"] += wall_offset
         w.writerow(["" if isinstance(d[k], float) and math.isnan(d[k]) else
                     (round(d[k], 5) if isinstance(d[k], float) else d[k]) for k in _CURVE_FIELDS])
     atomic_write_text(path, out.getvalue())

@@ -41,9 +41,12 @@ def test_train_resume_and_test(tmp_path):
     meta = json.loads((tmp_path / "m.json").read_text())
     total = meta["training"]["steps"]
     assert total >= first + 300 and len(meta["training"]["runs"]) == 2
+    assert [run["scenarios"] for run in meta["training"]["runs"]][-1] == ["tiny"]
     with (tmp_path / "m.curve.csv").open() as fh:
-        steps = [int(row["step"]) for row in csv.DictReader(fh)]
+        rows = list(csv.DictReader(fh))
+    steps, walls = [int(row["step"]) for row in rows], [float(row["wall_s"]) for row in rows]
     assert steps == sorted(steps) and steps[-1] == total
+    assert walls == sorted(walls)  # the resumed run's seconds count on from the first's
     # A curve file that is no curve (edited, truncated by a crash) is replaced, the model still saved and
     # plotted; the steps still count on from the model's.
     (tmp_path / "m.curve.csv").write_text("step,episode\n1,\n")
