@@ -44,6 +44,9 @@ FORMAT = "joulesched-fitted-apps/1"
 QUANTILES = np.linspace(0.0, 1.0, 21)
 #: A template with fewer pods than this takes its class's lifetime quantiles.
 MIN_OWN = 5
+#: The most candidate arrivals a fit may draw over a scenario (about 800 MB of float64): a larger rate is a
+#: malformed fit or rate_scale, refused before the draw runs out of memory.
+MAX_ARRIVALS = 1e8
 _DAY_S, _HOUR_S = 86_400.0, 3_600.0
 
 
@@ -115,6 +118,8 @@ def load_fit(path: str | Path) -> dict:
         doc = yaml.safe_load(p.read_text())
     except OSError as e:
         raise ScenarioError(f"{p}: cannot read the fit ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{p}: not UTF-8 text (byte {e.start}); is this a fit file?") from None
     except yaml.YAMLError as e:
         raise ScenarioError(f"{p}: not YAML ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -147,6 +152,14 @@ def load_fit(path: str | Path) -> dict:
             raise ScenarioError(f"{where}: kind {a.get('kind')!r} is not one of {', '.join(KINDS)}")
         if not 0 <= gpu <= 64 or not 1 <= milli <= GPU_MILLI or (milli < GPU_MILLI and gpu != 1):
             raise ScenarioError(f"{where}: gpu_count {gpu} / gpu_milli {milli}: a share below {GPU_MILLI} is of one GPU")
+        for field in ("usage_fraction", "usage_m"):  # what each drawn pod's usage is computed from
+            v = a.get(field)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0):
+                raise ScenarioError(f"{where}: {field} must be a finite number >= 0 (or null), got {v!r}")
+        if a.get("gpu_spec") is not None and not isinstance(a["gpu_spec"], str):
+            raise ScenarioError(f"{where}: gpu_spec must be the allowed GPU models joined by | (or null), "
+                                f"got {a['gpu_spec']!r}")
     return doc
 
 
@@ -168,6 +181,10 @@ def draw_fitted(spec: Fitted, fit: dict, horizon: float, rng: np.random.Generato
         share = np.where(cpu, share, 0.0)
     share /= share.sum()
     peak = float(fit["rate_per_s"]) * kept * spec.rate_scale * float(prof.max())
+    if peak * horizon > MAX_ARRIVALS:  # the candidate arrivals are drawn at once: refuse before allocating them
+        raise ScenarioError(f"rate_per_s {float(fit['rate_per_s']):g} (x rate_scale {spec.rate_scale:g}, at the hourly "
+                            f"profile's peak) would draw about {peak * horizon:.3g} pods in {horizon:g} s, more "
+                            f"than {MAX_ARRIVALS:.0e}")
     t = np.cumsum(rng.exponential(1.0 / peak, size=int(peak * horizon * 1.2) + 64))
     t = t[t < horizon]
     hour = np.floor((t % _DAY_S) / _HOUR_S).astype(np.int64)

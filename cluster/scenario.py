@@ -626,6 +626,8 @@ def _expand_includes(raw: dict, path: Path) -> dict:
                 over = {k: v for k, v in group.items() if k != "include"}
                 out.extend({**g, **over} if isinstance(g, dict) else g for g in data["nodes"])
                 continue
+            if isinstance(data, dict) and data.get("nodes") == []:
+                raise ScenarioError(f"{path}: nodes.{i}.include: {inc} holds no node group (its nodes: is empty)")
             if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) == 1:
                 data = data["nodes"][0]
             if not isinstance(data, dict):
@@ -650,5 +652,6 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(_format_validation_error(path, e)) from None
     for tp in sc.trace_paths:
         if not tp.is_file():
-            raise ScenarioError(f"{path}: workload.trace: file not found: {tp}")
+            what = "a directory, not a trace CSV" if tp.is_dir() else "file not found"
+            raise ScenarioError(f"{path}: workload.trace: {what}: {tp}")
     return sc

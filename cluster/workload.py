@@ -54,6 +54,9 @@ OPTIONAL_COLUMNS = ("kind", "cpu_limit_m", "memory_limit_mib", "priority", "owne
 GPU_MILLI = 1000
 NO_REQUEST = -1
 NO_LIMIT = -1
+#: The largest request or limit a trace CSV may give: beyond it the twin's 64-bit columns overflow (a corrupt
+#: cell, not a pod of 10^15 millicores).
+MAX_QUANTITY = 2**53
 
 JOB, SERVICE = 0, 1
 KINDS = ("job", "service")
@@ -481,7 +484,7 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
     """
     path = Path(path)
     try:
-        fh = path.open(newline="", encoding="utf-8")
+        fh = path.open(newline="", encoding="utf-8-sig")  # a BOM (Excel's UTF-8 CSV) is no column name
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read trace: {e}") from None
     pods = PodBuilder()
@@ -492,7 +495,9 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
             header = next(reader)
         except StopIteration:
             raise ScenarioError(f"{path}: empty trace; expected header {','.join(TRACE_COLUMNS)}") from None
-        except (csv.Error, UnicodeDecodeError) as e:
+        except UnicodeDecodeError:
+            raise ScenarioError(f"{path}: line {_first_bad_line(path)}: not UTF-8 text") from None
+        except csv.Error as e:
             raise ScenarioError(f"{path}: line 1: unreadable CSV: {e}") from None
         header = [h.strip() for h in header]
         missing = [c for c in TRACE_COLUMNS if c not in header]
@@ -517,8 +522,9 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
                     _add_model_row(pods, profiles, path, lineno, {c: row[idx[c]].strip() for c in idx})
         except csv.Error as e:
             raise ScenarioError(f"{path}: unreadable CSV: {e}") from None
-        except UnicodeDecodeError as e:
-            raise ScenarioError(f"{path}: not UTF-8 text: {e}") from None
+        except UnicodeDecodeError:
+            # The decoder reads ahead by blocks: the error's offset is in a block, not the row being parsed.
+            raise ScenarioError(f"{path}: line {_first_bad_line(path)}: not UTF-8 text") from None
     if not len(pods):
         raise ScenarioError(f"{path}: trace has a header but no pods")
     wl = pods.build()
@@ -530,6 +536,17 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
                 raise ScenarioError(f"{path}: every pod is submitted at or after duration_s={duration_s}")
             wl = wl.subset(keep, dropped=dropped)
     return wl
+
+
+def _first_bad_line(path: Path) -> int:
+    """The number of the first line of ``path`` that is not UTF-8 (for an error message)."""
+    with path.open("rb") as fh:
+        for lineno, b in enumerate(fh, start=1):
+            try:
+                b.decode("utf-8")
+            except UnicodeDecodeError:
+                return lineno
+    return 1
 
 
 def _add_model_row(pods: PodBuilder, profiles: dict[str, int], path: Path, lineno: int, cells: dict[str, str]) -> None:
@@ -559,6 +576,8 @@ def _add_model_row(pods: PodBuilder, profiles: dict[str, int], path: Path, linen
             raise ScenarioError(f"{where(col)}: {cell!r} is not an integer (leave it empty for no limit)") from None
         if cell and v < 0:
             raise ScenarioError(f"{where(col)}: {v} is negative")
+        if v > MAX_QUANTITY:
+            raise ScenarioError(f"{where(col)}: {v} is too large (more than 2^53)")
         if v != NO_LIMIT and req != NO_REQUEST and v < req:
             raise ScenarioError(f"{where(col)}: limit {v} is below the request {req} (Kubernetes refuses it)")
         lim[col] = v
@@ -724,6 +743,8 @@ def _parse_cell(path: Path, lineno: int, col: str, cell: str) -> float:
             raise ScenarioError(f"{where}: {cell!r} is not an integer (leave it empty for no request)") from None
         if v < 0:
             raise ScenarioError(f"{where}: {v} is negative")
+        if v > MAX_QUANTITY:
+            raise ScenarioError(f"{where}: {v} is too large (more than 2^53)")
         return v
     try:
         v = float(cell)

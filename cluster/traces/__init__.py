@@ -53,7 +53,7 @@ def import_trace(fmt: str, paths: Sequence[str | Path], options: ImportOptions |
         raise TraceFormatError(f"{fmt}: give the trace file(s) to import")
     for p in files:
         if not p.is_file():
-            raise TraceFormatError(f"{p}: no such file")
+            raise TraceFormatError(f"{p}: " + ("a directory, not a trace file" if p.is_dir() else "no such file"))
     res = mod.import_files(files, options or ImportOptions(), progress)
     res.summary = {"format": fmt, "pods": len(res.workload), **res.summary, "span": res.span}
     return res

@@ -168,6 +168,6 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
                  mem_req=mem, cpu_lim=NO_LIMIT if lim < 0 else lim, series=series, owner="Deployment", app=app)
     wl = sink.workload(", ".join(str(p) for p in paths))
     mach = {k: (c, m) for k, (_, c, m) in machines.items()}
-    return ImportResult(wl, node_groups(mach, "ali2018", options),
+    return ImportResult(wl, node_groups(mach, "ali2018", options, sink.counts),
                         {"machines": len(machines), "tasks": len(tasks), "containers": len(conts),
                          "trace_end_s": trace_end, **sink.counts}, span=sink.span())

@@ -114,6 +114,6 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
                  slo=qos, app=apps.get(pod, ""))
     wl = sink.workload(", ".join(str(p) for p in paths))
     mach = {k: (c, m) for k, (_, c, m) in machines.items()}
-    return ImportResult(wl, node_groups(mach, "ali2023", options),
+    return ImportResult(wl, node_groups(mach, "ali2023", options, sink.counts),
                         {"machines": len(machines), "pods in pod_meta_info": len(meta), **sink.counts},
                         span=sink.span())

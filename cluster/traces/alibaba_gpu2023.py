@@ -11,7 +11,8 @@ with headers, as the Kubernetes Scheduler Simulator reads it.
   allowed models, ``A|B``) and the pod's ``name``.
 * ``openb_node_list_*.csv``: ``sn, cpu_milli, memory_mib, gpu, model``: each machines group gets its GPU count
   and model. A node with a model but no GPUs, a share above 1000 milli, or (with a node list) a pod whose
-  allowed models no node has is an error naming the line.
+  allowed models no node has is an error naming the line; so is a fraction where the trace writes whole
+  numbers, and a pod name or node sn listed twice (its load would count twice).
 
 The ``multigpu`` pod lists carry no times and cannot be imported.
 """
@@ -40,6 +41,15 @@ NODE_OPTIONAL = ("gpu", "model")
 DEFAULTS: dict[str, float] = {}
 
 
+def _whole(p: Path, line: int, column: str, cell: str) -> int:
+    """A cell the trace writes as a whole number >= 0 (millicores, MiB, GPUs, milli-GPU): a fraction is an
+    error, not truncated (1.5 GPUs is no GPU count; a request must not shrink)."""
+    v = number(p, line, column, cell, minimum=0)
+    if not v.is_integer():
+        raise TraceFormatError(f"{p}: line {line}, column {column}: {cell!r} is not a whole number")
+    return int(v)
+
+
 def _table(p: Path) -> str:
     name = p.name.lower()
     if "pod_list" in name or name.startswith("pod"):
@@ -55,17 +65,23 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
     machines: dict[str, tuple[int, int, int, str]] = {}
     gpu_pods = 0
     gpus_by_model: dict[str, int] = {}
+    node_lines: dict[str, str] = {}  # sn -> where it was read, to refuse a node listed twice
+    pod_lines: dict[str, str] = {}  # name -> where it was read, to refuse a pod listed twice
     for p in paths:
         if _table(p) != "nodes":
             continue
         for line, r in csv_dicts(p, progress, NODE_COLUMNS, NODE_OPTIONAL):
-            gpus = int(number(p, line, "gpu", r.get("gpu") or "0", minimum=0))
+            gpus = _whole(p, line, "gpu", r.get("gpu") or "0")
             model = (r.get("model") or "").strip()
             if model and not gpus:
                 raise TraceFormatError(f"{p}: line {line}, column gpu: node {r['sn']} has GPU model {model!r} "
                                        "but no GPU count")
-            machines[r["sn"]] = (int(number(p, line, "cpu_milli", r["cpu_milli"], minimum=0)),
-                                 int(number(p, line, "memory_mib", r["memory_mib"], minimum=0)), gpus, model)
+            if r["sn"] in node_lines:
+                raise TraceFormatError(f"{p}: line {line}, column sn: node {r['sn']} is listed again (first at "
+                                       f"{node_lines[r['sn']]})")
+            node_lines[r["sn"]] = f"{p.name} line {line}"
+            machines[r["sn"]] = (_whole(p, line, "cpu_milli", r["cpu_milli"]),
+                                 _whole(p, line, "memory_mib", r["memory_mib"]), gpus, model)
             if gpus:
                 gpus_by_model[model] = gpus_by_model.get(model, 0) + gpus
     models = {m[3] for m in machines.values() if m[2]}
@@ -73,8 +89,14 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
         if _table(p) != "pods":
             continue
         for line, r in csv_dicts(p, progress, POD_COLUMNS, POD_OPTIONAL):
-            cpu = int(number(p, line, "cpu_milli", r["cpu_milli"], minimum=0))
-            mem = int(number(p, line, "memory_mib", r["memory_mib"], minimum=0))
+            name = (r.get("name") or "").strip()
+            if name:
+                if name in pod_lines:  # a repeated row would double the pod's load
+                    raise TraceFormatError(f"{p}: line {line}, column name: pod {name} is listed again (first at "
+                                           f"{pod_lines[name]})")
+                pod_lines[name] = f"{p.name} line {line}"
+            cpu = _whole(p, line, "cpu_milli", r["cpu_milli"])
+            mem = _whole(p, line, "memory_mib", r["memory_mib"])
             created = number(p, line, "creation_time", r["creation_time"], minimum=0)
             deleted = number(p, line, "deletion_time", r["deletion_time"], minimum=0)
             if deleted < created:
@@ -95,7 +117,7 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             count, milli, spec = _gpus(p, line, r, models if machines else None)
             gpu = count > 0
             qos = (r.get("qos") or "").strip()
-            g = dict(gpu=count, gpu_milli=milli, gpu_spec=spec, name=(r.get("name") or "").strip())
+            g = dict(gpu=count, gpu_milli=milli, gpu_spec=spec, name=name)
             if phase == "Running":  # still running when the trace was cut: a service until its deletion
                 kept = sink.add(submit=created, end=deleted if deleted > created else None, kind=SERVICE,
                                 cpu_req=cpu, mem_req=mem, slo=qos, **g)
@@ -105,7 +127,7 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
                                 mem_req=mem, slo=qos, **g)
             gpu_pods += gpu and kept  # of the pods kept (in the window), as every other count
     wl = sink.workload(", ".join(str(p) for p in paths))
-    return ImportResult(wl, node_groups(machines, "openb", options),
+    return ImportResult(wl, node_groups(machines, "openb", options, sink.counts),
                         {"machines": len(machines), "gpu pods": gpu_pods,
                          **{f"GPUs {m or '(no model)'}": n for m, n in sorted(gpus_by_model.items())},
                          **sink.counts},
@@ -116,12 +138,14 @@ def _gpus(p: Path, line: int, r: dict, models: set[str] | None) -> tuple[int, in
     """A pod row's GPUs: (count, milli-GPU per GPU, allowed models). ``num_gpu`` 1 with ``gpu_milli`` below
     1000 is a share of one GPU (the gpushare convention); ``models``: the node list's models, to check
     ``gpu_spec`` against (None without a node list)."""
-    count = int(number(p, line, "num_gpu", r.get("num_gpu") or "0", minimum=0))
+    count = _whole(p, line, "num_gpu", r.get("num_gpu") or "0")
     milli_s = (r.get("gpu_milli") or "").strip()
-    milli = int(number(p, line, "gpu_milli", milli_s, minimum=0)) if milli_s else 1000
+    milli = _whole(p, line, "gpu_milli", milli_s) if milli_s else 1000
     if milli > 1000:
         raise TraceFormatError(f"{p}: line {line}, column gpu_milli: {milli} milli-GPU is more than one GPU "
                                "(1000); a pod asks for several GPUs with num_gpu")
+    if count > 64:  # what a trace CSV may hold (cluster/workload.py parse_gpu): no machine has more
+        raise TraceFormatError(f"{p}: line {line}, column num_gpu: {count} is not a GPU count (0..64)")
     if not count:
         return 0, 1000, None
     if milli == 0:

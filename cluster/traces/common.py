@@ -27,6 +27,9 @@ from joulesched.cluster.workload import DEFAULT_NAMESPACE, JOB, NO_LIMIT, NO_REQ
 Progress = Callable[[int], None]
 
 DEFAULT_POWER_PROFILE = "ibm-x3550-m3-x5675"
+#: The largest magnitude a cell may hold: beyond it a float no longer holds every integer, and a request
+#: overflows the twin's 64-bit columns once converted (a corrupt cell, not a machine of 10^15 cores).
+MAX_CELL = float(2**53)
 
 
 class TraceFormatError(ScenarioError):
@@ -84,7 +87,7 @@ def text_lines(path: Path, progress: Progress | None) -> Iterator[str]:
         try:
             for lineno, b in enumerate(fh, start=1):
                 try:
-                    line = b.decode("utf-8")
+                    line = b.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM (Excel's UTF-8) is no data
                 except UnicodeDecodeError as e:
                     raise fail(path, lineno, e.start + 1, "not UTF-8 text (is this the right file?)") from None
                 if progress is not None:
@@ -197,6 +200,8 @@ def number(path: Path, line: int, column: str, cell: str, *, empty: float | None
         raise fail(path, line, column, f"{cell!r} is not a number") from None
     if finite and not math.isfinite(v):
         raise fail(path, line, column, f"{cell!r} is not finite")
+    if abs(v) > MAX_CELL:
+        raise fail(path, line, column, f"{cell!r} is too large (more than 2^53)")
     if minimum is not None and v < minimum:
         raise fail(path, line, column, f"{v:g} is below {minimum:g}")
     return v
@@ -345,6 +350,11 @@ class PodSink:
         if end is not None and end <= w0:
             self.count("pods gone before the window (dropped)")
             return False
+        for what, v in (("cpu request", cpu_req), ("memory request", mem_req), ("cpu limit", cpu_lim),
+                        ("memory limit", mem_lim)):
+            if v > MAX_CELL:  # a corrupt cell times the format's unit: it would overflow the twin's columns
+                raise TraceFormatError(f"pod {name or f'submitted at {submit:g} s'}: its {what} converts to "
+                                       f"{v:.3g}, more than 2^53 (is --cpu-unit-m / --memory-unit-mib right?)")
         # As the apiserver does: a resource with a limit and no request is requested at its limit.
         if cpu_req == NO_REQUEST and cpu_lim != NO_LIMIT:
             cpu_req = cpu_lim
@@ -422,7 +432,7 @@ class PodSink:
 
     def workload(self, what: str) -> Workload:
         if not len(self.pods):
-            raise TraceFormatError(f"{what}: no pod to import (window {self.w0:g}..{self.w1:g} s; "
+            raise TraceFormatError(f"{what}: no pod to import (window {self.w0:.10g}..{self.w1:.10g} s; "
                                    f"{self._counts_text()})")
         return self.pods.build()
 
@@ -445,14 +455,19 @@ def _mean_over(x: np.ndarray, m: np.ndarray, lo: float, hi: float) -> float:
 
 
 # ---- machines ---------------------------------------------------------------------------------------------
-def node_groups(machines: dict[object, tuple], prefix: str, options: ImportOptions) -> list[dict]:
+def node_groups(machines: dict[object, tuple], prefix: str, options: ImportOptions,
+                counts: dict[str, int] | None = None) -> list[dict]:
     """Scenario node groups from ``{machine: (cpu_m, memory_mib)}`` or ``(cpu_m, memory_mib, gpus, model)``:
-    one group per distinct shape, largest first, each validated as a scenario node group."""
+    one group per distinct shape, largest first, each validated as a scenario node group. A machine without
+    CPU or memory is left out, counted in ``counts`` (the import's summary)."""
     sizes: dict[tuple, int] = {}
     for shape in machines.values():
         shape = tuple(shape) + (0, "")[len(shape) - 2:]
         if shape[0] > 0 and shape[1] > 0:
             sizes[shape] = sizes.get(shape, 0) + 1
+        elif counts is not None:
+            what = "machines without CPU or memory (left out of the node groups)"
+            counts[what] = counts.get(what, 0) + 1
     groups = []
     for k, ((cpu, mem, gpus, model), n) in enumerate(sorted(sizes.items(), key=lambda kv: (-kv[0][0], -kv[0][1],
                                                                                           -kv[0][2], kv[0][3]))):

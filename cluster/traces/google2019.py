@@ -169,6 +169,6 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
                  owner="AllocSet" if ctype == 1 else "BorgJob", app=str(coll), slo=tier(prio))
     wl = sink.workload(", ".join(str(p) for p in paths))
     mach = {k: (c, m) for k, (_, c, m) in machines.items()}
-    return ImportResult(wl, node_groups(mach, "borg", options),
+    return ImportResult(wl, node_groups(mach, "borg", options, sink.counts),
                         {"machines": len(machines), "instances": len(inst), "trace_end_s": trace_end, **sink.counts},
                         span=sink.span())

@@ -653,17 +653,24 @@ def trace_fit(
 
     with errors():
         check_output_file(out_file, "--out")
-        fit = fit_apps(load_trace(pods_csv), until_s=until, source=f"{pods_csv.name}"
+        wl = load_trace(pods_csv)
+        fit = fit_apps(wl, until_s=until, source=f"{pods_csv.name}"
                        + (f" (created before {until:g} s)" if until is not None else ""))
         write_fit(fit, out_file)
     apps = fit["apps"]
-    summary = {"fit_file": str(out_file), "pods": fit["pods"], "apps": len(apps),
-               "apps_with_own_lifetimes": sum(a["own_lifetimes"] for a in apps), "rate_per_s": fit["rate_per_s"]}
+    # What fit_apps leaves out, counted: the pods alive when the import window opened, and those after --until.
+    left_out = {"submitted at time 0": int((wl.submit_s <= 0.0).sum()),
+                "submitted at or after --until": 0 if until is None else int((wl.submit_s >= until).sum())}
+    summary = {"fit_file": str(out_file), "pods": fit["pods"], "pods_in_csv": len(wl), "pods_left_out": left_out,
+               "apps": len(apps), "apps_with_own_lifetimes": sum(a["own_lifetimes"] for a in apps),
+               "rate_per_s": fit["rate_per_s"]}
     if as_json:
         print(json.dumps(summary, indent=2))
         return
-    out.print(f"{out_file}: {len(apps)} applications from {fit['pods']} pods ({summary['apps_with_own_lifetimes']} "
-              f"with their own lifetimes), {fit['rate_per_s'] * 3600:.1f} pods/hour", soft_wrap=True)
+    skipped = "; ".join(f"{n} {what}" for what, n in left_out.items() if n)
+    out.print(f"{out_file}: {len(apps)} applications from {fit['pods']} of the CSV's {len(wl)} pods "
+              f"({summary['apps_with_own_lifetimes']} with their own lifetimes), {fit['rate_per_s'] * 3600:.1f} "
+              f"pods/hour" + (f"; left out: {skipped}" if skipped else ""), soft_wrap=True)
 
 
 def _day(seconds: float) -> str:

@@ -1,0 +1,159 @@
+"""Malformed input as a user writes it (review of the input side): each is one line naming the file, line and
+column, exit 2, and nothing written; what is left out is counted."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from joulesched.cluster.scenario import ScenarioError, load_scenario
+from joulesched.cluster.workload import build_workload, load_trace
+from joulesched.pipelines.cli import app
+
+runner = CliRunner()
+HEAD = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+TRACE_HEAD = "submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m\n"
+FIT = Path(__file__).resolve().parents[2] / "scenarios" / "fits" / "openb-train.yaml"
+
+
+def _openb(tmp_path: Path, pods: str, nodes: str | None = None, head: str = HEAD):
+    files = [tmp_path / "openb_pod_list_x.csv"]
+    files[0].write_text(head + pods, encoding="utf-8")
+    args = ["trace", "import", "-f", "alibaba-gpu-2023", "-o", str(tmp_path / "pods.csv")]
+    if nodes is not None:
+        files.append(tmp_path / "openb_node_list_x.csv")
+        files[1].write_text("sn,cpu_milli,memory_mib,gpu,model\n" + nodes)
+        args += ["-m", str(tmp_path / "nodes.yaml")]
+    return runner.invoke(app, [*args, "--json", *map(str, files)])
+
+
+def _refused(res, tmp_path: Path, *needles: str) -> None:
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    for n in needles:
+        assert n in res.output, res.output
+    assert not (tmp_path / "pods.csv").exists() and not (tmp_path / "nodes.yaml").exists()
+
+
+@pytest.mark.parametrize("row,needles", [
+    ("p,1e30,1024,1,500,,LS,Running,0,100,0\n", ("line 2, column cpu_milli", "too large")),  # was OverflowError
+    ("p,1000.7,1024,0,,,LS,Running,0,100,0\n", ("line 2, column cpu_milli", "not a whole number")),  # was 1000
+    ("p,1000,1024,1.5,1000,,LS,Running,0,100,0\n", ("line 2, column num_gpu", "not a whole number")),  # was 1 GPU
+    ("p,1000,1024,65,1000,,LS,Running,0,100,0\n", ("line 2, column num_gpu", "0..64")),  # load_trace refuses it
+    ("p,1000,1024,1,500,,LS,Running,0,100,0\np,1000,1024,1,500,,LS,Running,0,100,0\n",
+     ("line 3, column name", "pod p is listed again", "line 2")),  # was imported twice, doubling its load
+])
+def test_openb_bad_pod_cells_are_refused(tmp_path, row, needles):
+    _refused(_openb(tmp_path, row), tmp_path, *needles)
+
+
+def test_openb_node_listed_twice_is_refused(tmp_path):
+    res = _openb(tmp_path, "p,1000,1024,0,,,LS,Running,0,100,0\n",
+                 "n1,32000,1024,0,\nn1,64000,1024,0,\n")  # the second row silently replaced the first
+    _refused(res, tmp_path, "line 3, column sn", "node n1 is listed again")
+
+
+def test_machines_without_cpu_are_counted(tmp_path):
+    res = _openb(tmp_path, "p,1000,1024,0,,,LS,Running,0,100,0\n", "n0,0,1024,0,\nn1,32000,1024,0,\n")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["machines"] == 2 and sum(g["count"] for g in summary["node_groups"]) == 1
+    assert summary["machines without CPU or memory (left out of the node groups)"] == 1
+
+
+def test_a_utf8_bom_is_no_column_name(tmp_path):
+    res = _openb(tmp_path, "p,1000,1024,0,,,LS,Running,0,100,0\n", head="\ufeff" + HEAD)
+    assert res.exit_code == 0, res.output
+    t = tmp_path / "t.csv"
+    t.write_text("\ufeff" + TRACE_HEAD + "0,10,100,100,5\n", encoding="utf-8")
+    assert len(load_trace(t)) == 1
+
+
+def test_a_directory_is_named_as_one(tmp_path):
+    (tmp_path / "openb_pod_list_d.csv").mkdir()
+    res = runner.invoke(app, ["trace", "import", "-f", "alibaba-gpu-2023", "-o", str(tmp_path / "pods.csv"),
+                              str(tmp_path / "openb_pod_list_d.csv")])
+    _refused(res, tmp_path, "a directory")
+    (tmp_path / "s.yaml").write_text(_scenario("openb_pod_list_d.csv"))
+    with pytest.raises(ScenarioError, match="a directory"):
+        load_scenario(tmp_path / "s.yaml")
+
+
+def test_window_in_the_error_is_the_one_given(tmp_path):
+    res = runner.invoke(app, ["trace", "import", "-f", "alibaba-gpu-2023", "-o", str(tmp_path / "pods.csv"),
+                              "--window", "12902960:13000000", str(_write(tmp_path, "openb_pod_list_w.csv", HEAD
+                                                                    + "p,1,1,0,,,LS,Running,0,100,0\n"))])
+    _refused(res, tmp_path, "window 12902960..13000000 s")  # was 1.2903e+07..1.3e+07
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
+def _scenario(trace: str = "t.csv", workload: str | None = None) -> str:
+    return ("name: t\nseed: 1\nduration_s: 100\nnodes:\n  - {name_prefix: n, count: 1, cpu_m: 4000, memory_mib: "
+            "8192, power_watts: ibm-x3550-m3-x5675}\nworkload:\n  " + (workload or f"trace: {trace}") + "\n")
+
+
+@pytest.mark.parametrize("cell,col", [("99999999999999999999", "cpu_request_m"), ("", None)])
+def test_trace_csv_huge_request_is_refused(tmp_path, cell, col):
+    head = TRACE_HEAD.strip() + ",kind,cpu_limit_m\n"
+    row = f"0,10,{cell or 100},100,5,job,{'' if cell else '99999999999999999999'}\n"
+    with pytest.raises(ScenarioError, match=rf"line 2, column {col or 'cpu_limit_m'}: .*too large"):
+        load_trace(_write(tmp_path, "t.csv", head + row))  # was OverflowError
+
+
+def test_trace_csv_not_utf8_names_its_line(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_bytes((TRACE_HEAD + "0,10,100,100,5\n").encode() + b"1,10,\xff100,100,5\n")
+    with pytest.raises(ScenarioError, match=r"t\.csv: line 3: not UTF-8"):  # was "line 1"
+        load_trace(p)
+
+
+def test_include_of_no_node_group_says_so(tmp_path):
+    _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n")
+    _write(tmp_path, "none.yaml", "nodes: []\n")
+    text = _scenario().replace("nodes:\n", "nodes:\n  - {include: none.yaml}\n", 1)
+    with pytest.raises(ScenarioError, match="none.yaml holds no node group"):
+        load_scenario(_write(tmp_path, "s.yaml", text))
+
+
+def _fitted(tmp_path: Path, fit_text: str | bytes):
+    p = tmp_path / "fit.yaml"
+    p.write_bytes(fit_text if isinstance(fit_text, bytes) else fit_text.encode())
+    sc = load_scenario(_write(tmp_path, "s.yaml", _scenario(workload="fitted: {fit: fit.yaml, cpu_only: true}")
+                              .replace("duration_s: 100", "duration_s: 86400")))
+    return build_workload(sc, 1)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda s: s.replace("usage_fraction: 0.5", "usage_fraction: .nan"), "usage_fraction must be"),  # NaN usage
+    (lambda s: s.replace("usage_fraction: 0.5", "usage_fraction: abc"), "usage_fraction must be"),  # ValueError
+    (lambda s: re.sub(r"rate_per_s: .*", "rate_per_s: 1.0e9", s), "would draw about"),  # ran out of memory
+    (lambda s: b"\xff\xfe" + s.encode(), "not UTF-8"),  # UnicodeDecodeError
+])
+def test_malformed_fit_is_refused(tmp_path, change, needle):
+    with pytest.raises(ScenarioError, match=needle):
+        _fitted(tmp_path, change(FIT.read_text()))
+
+
+def test_trace_fit_counts_what_it_leaves_out(tmp_path):
+    csv_ = _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n5,10,100,100,5\n50,10,100,100,5\n")
+    r = runner.invoke(app, ["trace", "fit", str(csv_), "-o", str(tmp_path / "f.yaml"), "--until", "20", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["pods"] == 1 and s["pods_in_csv"] == 3
+    assert s["pods_left_out"] == {"submitted at time 0": 1, "submitted at or after --until": 1}
+
+
+def test_a_request_that_converts_beyond_the_columns_is_refused():
+    from joulesched.cluster.traces.common import ImportOptions, PodSink, TraceFormatError
+
+    sink = PodSink(ImportOptions())  # Google's and Azure's normalised cells times a unit: no cell check catches it
+    with pytest.raises(TraceFormatError, match="pod big: its cpu request converts to 1e\\+25"):
+        sink.add(submit=0.0, end=10.0, kind=0, cpu_req=10**25, mem_req=100, name="big")  # was OverflowError
