@@ -5,20 +5,22 @@ Layout of the file (whatever its extension, ``models/small.pt`` included):
 * tensors ``q.*`` (the online network, all that inference needs), ``target.*`` and ``optim.*`` (Adam state,
   for ``--resume``);
 * header metadata ``{"joulesched": "<json>"}`` with ``format``, ``format_version``, ``feature_schema``,
-  ``features`` (column names), ``config`` (:class:`agent.dqn.DQNConfig`), ``reward`` and ``training``
-  (scenarios, seed, steps, episodes, wall time, dates).
+  ``features`` (column names), ``config`` (:class:`agent.dqn.DQNConfig`), ``reward``, ``training``
+  (scenarios, seed, steps, episodes, wall time, dates) and ``tensors_sha256`` (:func:`tensors_digest`; files
+  written before 2026-12-06 have none and are not checked).
 
-A readable copy of the metadata is written next to the file as ``NAME.json``; it is informational only, the
-loader reads the header. Loading refuses, with :class:`agent.policy.PolicyError`: missing files, pickles and
+A readable copy of the metadata is written next to the file as ``NAME.json``; it is informational only, the loader
+reads the header. Loading refuses, with :class:`agent.policy.PolicyError`: missing files, pickles and
 ``torch.save`` archives (detected by their magic bytes, before any parser sees them; they are never unpickled),
-files that are not valid safetensors, a missing or foreign header, a feature schema this code does not know,
-and tensors that do not fit the network. Schema 1 (``models/small.pt``), schema 2 and schema 3 (schema 2 plus
-GPU columns, agent/features_gpu.py) load: the network, the features and the predictor follow the schema the
-file records.
+files that are not valid safetensors, tensors that do not match their checksum, a missing or foreign header, a
+feature schema this code does not know, and tensors that do not fit the network. Schema 1 (``models/small.pt``),
+schema 2 and schema 3 (schema 2 plus GPU columns, agent/features_gpu.py) load: the network, the features and the
+predictor follow the schema the file records.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,12 +93,23 @@ def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict |
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "feature_schema": agent.cfg.feature_schema,
         "features": feature_names(agent.cfg.feature_schema), "config": agent.cfg.to_dict(), "reward": reward or {},
-        "training": {**training, "updates": agent.updates},
+        "training": {**training, "updates": agent.updates}, "tensors_sha256": tensors_digest(tensors),
     }
     with atomic_path(path) as tmp:  # a model is an ordinary file: the umask's mode, not mkstemp's 0600
         save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
     atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order: written into the metadata, so
+    that a flipped bit in the weights (a finite value still) is refused on load rather than served."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _sniff(path: Path) -> None:
@@ -138,6 +151,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         fmt = meta.get("format") if isinstance(meta, dict) else None
         raise PolicyError(f"{path}: not a joulesched DQN model (format {fmt!r})")
+    digest = meta.get("tensors_sha256")  # absent from models written before 2026-12-06: not checked
+    if digest is not None and digest != tensors_digest(tensors):
+        raise PolicyError(f"{path}: corrupt model file (its tensors do not match the checksum in its metadata)")
     if meta.get("format_version") != FORMAT_VERSION:
         raise PolicyError(f"{path}: model file format {meta.get('format_version')!r}, this joulesched reads "
                           f"{FORMAT_VERSION}; re-train it")

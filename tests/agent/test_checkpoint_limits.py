@@ -63,3 +63,25 @@ def test_checkpoint_and_sidecar_are_written_atomically(model, tmp_path, monkeypa
     assert (model.read_bytes(), model.with_suffix(".json").read_text()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "m.pt"]
     assert oct(os.stat(model).st_mode & 0o777) != oct(0o600)  # an ordinary file, not mkstemp's private mode
+
+
+def test_a_flipped_bit_in_the_weights_is_refused(model, tmp_path):
+    # The lowest bit of a float's first byte: the weight stays finite, only the checksum can tell.
+    data = bytearray(model.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[start] ^= 1
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(PolicyError, match="do not match the checksum"):
+        load_checkpoint(bad)
+    assert load_checkpoint(model).meta["tensors_sha256"]
+
+
+def test_a_model_written_before_the_checksum_still_loads(model, tmp_path):
+    with safe_open(str(model), framework="pt") as f:
+        meta = json.loads(f.metadata()[META_KEY])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    del meta["tensors_sha256"]
+    old = tmp_path / "old.pt"
+    save_file(tensors, str(old), metadata={META_KEY: json.dumps(meta)})
+    assert "tensors_sha256" not in load_checkpoint(old).meta

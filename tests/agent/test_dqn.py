@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from joulesched.agent.checkpoint import META_KEY, load_agent, load_checkpoint, load_network, save_checkpoint
+from joulesched.agent.checkpoint import (META_KEY, load_agent, load_checkpoint, load_network, save_checkpoint,
+                                         tensors_digest)
 from joulesched.agent.config import DQNConfig
 from joulesched.agent.dqn import DQN, NEG, QNetwork, ReplayBatch
 from joulesched.agent.dqn_policy import DQNPolicy
@@ -208,7 +209,10 @@ def test_corrupt_and_foreign_files_are_refused(tmp_path):
     bad = {k: (torch.zeros(3) if k == "q.adv.bias" else v) for k, v in ckpt.tensors.items()}
     wrong = tmp_path / "shape.pt"
     save_file(bad, str(wrong), metadata={META_KEY: json.dumps(ckpt.meta)})
-    with pytest.raises(PolicyError, match="do not fit"):
+    with pytest.raises(PolicyError, match="checksum"):  # not the tensors the file was written with
+        load_checkpoint(wrong)
+    save_file(bad, str(wrong), metadata={META_KEY: json.dumps(dict(ckpt.meta, tensors_sha256=tensors_digest(bad)))})
+    with pytest.raises(PolicyError, match="do not fit"):  # written so (an older joulesched, another tool)
         load_checkpoint(wrong)
 
 

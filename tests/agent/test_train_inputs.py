@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from joulesched.agent.checkpoint import CheckpointError, load_agent, load_checkpoint, save_checkpoint
+from joulesched.agent.checkpoint import CheckpointError, load_agent, load_checkpoint, save_checkpoint, tensors_digest
 from joulesched.agent.config import ConfigError, DQNConfig, TrainConfig, with_overrides
 from joulesched.agent.dqn import DQN
 from joulesched.agent.policy import PolicyError
@@ -70,6 +70,7 @@ def _rewrite(src: Path, dst: Path, meta_edit=None, tensor_edit=None) -> Path:
         meta_edit(meta)
     if tensor_edit:
         tensor_edit(tensors)
+        meta["tensors_sha256"] = tensors_digest(tensors)  # a file garbled as written, not corrupted after
     save_file(tensors, str(dst), metadata={"joulesched": json.dumps(meta)})
     return dst
 
