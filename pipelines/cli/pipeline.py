@@ -91,7 +91,9 @@ def pipeline(
     start_scheduler: Annotated[bool, typer.Option(
         help="kube: run `joulesched serve --policy P` here for each policy (else one already runs in the cluster).")] = True,
     energy_selector: Annotated[Optional[str], typer.Option(
-        help="kube: PromQL series summed for node energy (default: RAPL packages + DRAM, or the model's platform).")] = None,
+        help="kube: PromQL series summed for node energy (default: the exporter's RAPL packages + DRAM, or the "
+             "model's platform, and its GPUs; a selector given here is summed as it is, GPUs only if it "
+             "matches joulesched_node_gpu_joules_total).")] = None,
     energy_source: Annotated[str, typer.Option(
         help="kube: where node energy comes from: joulesched (the power exporter, --energy-selector) or kepler "
              "(Kepler 0.11's package+DRAM, GPU and platform metrics; docs/power.md).")] = "joulesched",
