@@ -58,6 +58,9 @@ TABLES = {"batch_task": BATCH_TASK, "batch_instance": BATCH_INSTANCE, "container
 #: The trace publishes normalised memory only. Default: 100 = 96 cores x 3789 MiB (its machines have 96 cores;
 #: 3789 MiB per core is the Alibaba 2023 GPU trace's memory per core).
 DEFAULTS = {"memory_unit_mib": 96 * 3789.0}
+#: The most instances one task may have (the published trace's largest has tens of thousands): a larger
+#: instance_num is a corrupt cell, refused rather than expanded into that many pods.
+MAX_INSTANCES = 10_000_000
 NEVER_RAN = frozenset({"waiting", "ready", "cancelled"})
 STOPPED = frozenset({"stopped", "stopping", "terminated", "deleted", "dead", "offline"})
 
@@ -99,6 +102,9 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
     for p in files["batch_task"]:
         for line, r in csv_rows(p, progress, BATCH_TASK):
             n = number(p, line, "instance_num", r[1], minimum=0)
+            if not n.is_integer() or n > MAX_INSTANCES:  # each instance becomes a pod when batch_instance is absent
+                raise TraceFormatError(f"{p}: line {line}, column instance_num: {r[1].strip()!r} is not a whole "
+                                       f"number of instances (0..{MAX_INSTANCES:,})")
             start = number(p, line, "start_time", r[5], minimum=0)
             end = number(p, line, "end_time", r[6], minimum=0)
             cpu, mem = cpu_m(p, line, "plan_cpu", r[7]), mem_mib(p, line, "plan_mem", r[8])

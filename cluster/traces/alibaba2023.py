@@ -77,6 +77,8 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
     for p in files["pod_meta_info"]:
         for line, r in csv_rows(p, progress, POD_META, header=None):
             created = number(p, line, "create_timestamp", r[0])
+            if r[1] in meta:
+                sink.count("pod_meta_info rows of a pod listed before (the later row kept)")
             meta[r[1]] = (created, norm(p, line, "cpu", r[2], cpu_unit), norm(p, line, "memory", r[3], mem_unit),
                           norm(p, line, "cpu_limit", r[5], cpu_unit), norm(p, line, "memory_limit", r[6], mem_unit),
                           r[8].strip().strip('"'))

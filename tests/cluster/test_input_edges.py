@@ -157,3 +157,22 @@ def test_a_request_that_converts_beyond_the_columns_is_refused():
     sink = PodSink(ImportOptions())  # Google's and Azure's normalised cells times a unit: no cell check catches it
     with pytest.raises(TraceFormatError, match="pod big: its cpu request converts to 1e\\+25"):
         sink.add(submit=0.0, end=10.0, kind=0, cpu_req=10**25, mem_req=100, name="big")  # was OverflowError
+
+
+@pytest.mark.parametrize("n", ["1e12", "2.5"])
+def test_alibaba2018_absurd_instance_num_is_refused(tmp_path, n):
+    # Without batch_instance each instance is a pod: 1e12 ran for ever, 2.5 became 2.
+    task = _write(tmp_path, "batch_task.csv", f"M1,{n},j_0,1,Terminated,10,20,100,0.5\n")
+    res = runner.invoke(app, ["trace", "import", "-f", "alibaba-2018", "-o", str(tmp_path / "pods.csv"), str(task)])
+    _refused(res, tmp_path, "line 1, column instance_num", "not a whole number of instances")
+
+
+def test_alibaba2023_pod_listed_twice_is_counted(tmp_path):
+    head = "create_timestamp,pod,cpu,memory,disk,cpu_limit,memory_limit,disk_limit,qos\n"
+    meta = _write(tmp_path, "pod_meta_info.csv", head + "0,pod0,0.03125,0.0078125,0,0,0,0,LS\n"
+                                                        "0,pod0,0.0625,0.0078125,0,0,0,0,LS\n")
+    res = runner.invoke(app, ["trace", "import", "-f", "alibaba-2023", "-o", str(tmp_path / "pods.csv"), "--json",
+                              str(meta)])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["pods"] == 1 and s["pod_meta_info rows of a pod listed before (the later row kept)"] == 1
