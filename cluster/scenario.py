@@ -31,6 +31,12 @@ from joulesched.power.curves import SPECPOWER, validate_curve
 from joulesched.power.gpu import gpu_curve, gpu_speed
 
 
+#: Upper bounds of a node's or pod's CPU (a million cores) and memory (about 9.3 PiB): far beyond any machine,
+#: and small enough that a cluster's sums stay within the twin's 64-bit columns (a larger one overflowed them).
+MAX_CPU_M = 10**9
+MAX_MEMORY_MIB = 10**10
+
+
 class ScenarioError(UsageError):
     """A scenario, trace or node-profile file is malformed. The message names the file and the field."""
 
@@ -222,9 +228,9 @@ class NodeGroup(_Strict):
 
     name_prefix: str
     count: int = Field(ge=1, le=100_000)
-    cpu_m: int = Field(gt=0)
-    memory_mib: int = Field(gt=0)
-    max_pods: int = Field(110, ge=1)
+    cpu_m: int = Field(gt=0, le=MAX_CPU_M)
+    memory_mib: int = Field(gt=0, le=MAX_MEMORY_MIB)
+    max_pods: int = Field(110, ge=1, le=1_000_000)
     power_watts: Union[list[float], str]
     never_sleep: bool = False  # like the joulesched.io/never-sleep annotation (or a control-plane node)
     # What kube-scheduler's node filters read (cluster/filters.py); defaults: none, the nodes of before.
@@ -235,7 +241,7 @@ class NodeGroup(_Strict):
     # and one GPU's watts ([idle, max] or 11 values at 0..100 %; default: the model's, power/gpu.py).
     gpu_count: int = Field(0, ge=0, le=64)
     gpu_model: str = Field("", max_length=63)
-    gpu_memory_mib: int = Field(0, ge=0)
+    gpu_memory_mib: int = Field(0, ge=0, le=MAX_MEMORY_MIB)
     gpu_power_watts: list[float] | None = None
     # One GPU's speed relative to a V100 (default: the model's, power/gpu.py); read only where the scenario sets
     # gpu_runtime.
@@ -319,7 +325,7 @@ class Synthetic(PodPlacement):
     min_duration_s: float = Field(1.0, gt=0, allow_inf_nan=False)
     max_duration_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     cpu_scale: float = Field(0.0625, gt=0, allow_inf_nan=False)
-    cpu_granularity_m: int = Field(50, ge=1)
+    cpu_granularity_m: int = Field(50, ge=1, le=MAX_CPU_M)
     memory_per_core_mib: float = Field(3789.0, gt=0, allow_inf_nan=False)
     usage_fraction: tuple[float, float] = (0.5, 0.8)
     usage_noise_sigma: float = Field(0.1, ge=0, allow_inf_nan=False)
@@ -412,10 +418,10 @@ class Services(PodPlacement):
 
     count: int = Field(ge=1, le=100_000)
     replicas: int = Field(3, ge=1, le=10_000)
-    cpu_m: int = Field(gt=0)
-    memory_mib: int = Field(gt=0)
-    cpu_limit_m: int | None = Field(None, gt=0)
-    memory_limit_mib: int | None = Field(None, gt=0)
+    cpu_m: int = Field(gt=0, le=MAX_CPU_M)
+    memory_mib: int = Field(gt=0, le=MAX_MEMORY_MIB)
+    cpu_limit_m: int | None = Field(None, gt=0, le=MAX_CPU_M)
+    memory_limit_mib: int | None = Field(None, gt=0, le=MAX_MEMORY_MIB)
     usage: UsageProfile = Field(default_factory=UsageProfile)
     autoscale: Autoscale | None = None
     start_s: float = Field(0.0, ge=0, allow_inf_nan=False)

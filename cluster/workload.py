@@ -57,6 +57,8 @@ NO_LIMIT = -1
 #: The largest request or limit a trace CSV may give: beyond it the twin's 64-bit columns overflow (a corrupt
 #: cell, not a pod of 10^15 millicores).
 MAX_QUANTITY = 2**53
+#: The most demand steps a ``services`` entry may generate (its profiles' memory: 8 bytes a step).
+MAX_SERVICE_STEPS = 10**8
 
 JOB, SERVICE = 0, 1
 KINDS = ("job", "service")
@@ -886,6 +888,11 @@ def generate_services(spec: Services, horizon: float, rng: np.random.Generator) 
     stretch of a slot still alive at the horizon is open-ended.
     """
     u, step, R = spec.usage, spec.usage.step_s, spec.replicas
+    steps = spec.count * math.ceil(max(horizon - spec.start_s, 0.0) / step)
+    if steps > MAX_SERVICE_STEPS:  # each service's demand is an array of its steps: refuse before allocating
+        raise ScenarioError(f"workload.services {spec.name!r}: {spec.count} service(s) of usage.step_s {step:g} "
+                            f"over duration_s {horizon:g} are {steps:.3g} demand steps, more than "
+                            f"{MAX_SERVICE_STEPS:.0e} (raise usage.step_s)")
     pods = PodBuilder()
     meta = dict(kind=SERVICE, cpu_lim=NO_LIMIT if spec.cpu_limit_m is None else spec.cpu_limit_m,
                 mem_lim=NO_LIMIT if spec.memory_limit_mib is None else spec.memory_limit_mib,

@@ -176,3 +176,19 @@ def test_alibaba2023_pod_listed_twice_is_counted(tmp_path):
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
     assert s["pods"] == 1 and s["pod_meta_info rows of a pod listed before (the later row kept)"] == 1
+
+
+@pytest.mark.parametrize("nodes,workload,needle", [
+    ("cpu_m: 100000000000000000000000, memory_mib: 8192", "trace: t.csv", "nodes.0.cpu_m"),  # was OverflowError
+    ("cpu_m: 4000, memory_mib: 8192", "services: [{count: 1, cpu_m: 100000000000000000000000, memory_mib: 100}]",
+     "workload.services.0.cpu_m"),  # was OverflowError
+    ("cpu_m: 4000, memory_mib: 8192", "services: [{count: 1, cpu_m: 100, memory_mib: 100, usage: {step_s: 1}}]",
+     "demand steps"),  # with duration_s 1e12: a 7 TiB MemoryError
+])
+def test_absurd_scenario_sizes_are_refused(tmp_path, nodes, workload, needle):
+    _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n")
+    text = _scenario(workload=workload).replace("cpu_m: 4000, memory_mib: 8192", nodes)
+    if "step_s" in workload:
+        text = text.replace("duration_s: 100", "duration_s: 1.0e12")
+    r = runner.invoke(app, ["validate", str(_write(tmp_path, "s.yaml", text))])
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
