@@ -51,9 +51,13 @@ def import_trace(fmt: str, paths: Sequence[str | Path], options: ImportOptions |
     files = [Path(p) for p in paths]
     if not files:
         raise TraceFormatError(f"{fmt}: give the trace file(s) to import")
+    seen: dict[Path, Path] = {}
     for p in files:
         if not p.is_file():
             raise TraceFormatError(f"{p}: " + ("a directory, not a trace file" if p.is_dir() else "no such file"))
+        first = seen.setdefault(p.resolve(), p)
+        if first is not p:  # its rows would be read twice: every pod imported twice
+            raise TraceFormatError(f"{p}: given twice (also as {first})")
     res = mod.import_files(files, options or ImportOptions(), progress)
     res.summary = {"format": fmt, "pods": len(res.workload), **res.summary, "span": res.span}
     return res

@@ -192,3 +192,10 @@ def test_absurd_scenario_sizes_are_refused(tmp_path, nodes, workload, needle):
         text = text.replace("duration_s: 100", "duration_s: 1.0e12")
     r = runner.invoke(app, ["validate", str(_write(tmp_path, "s.yaml", text))])
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_file_given_twice_is_refused(tmp_path):
+    task = _write(tmp_path, "batch_task.csv", "M1,2,j_0,1,Terminated,10,20,100,0.5\n")
+    res = runner.invoke(app, ["trace", "import", "-f", "alibaba-2018", "-o", str(tmp_path / "pods.csv"), str(task),
+                              str(tmp_path / "." / "batch_task.csv")])  # imported 4 pods, not 2
+    _refused(res, tmp_path, "given twice")
