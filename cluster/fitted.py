@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from joulesched.cluster.scenario import Fitted, ScenarioError
+from joulesched.cluster.scenario import MAX_CPU_M, MAX_MEMORY_MIB, Fitted, ScenarioError
 from joulesched.core.fsio import atomic_path
 
 # cluster/workload.py's GPU_MILLI, KINDS and NO_REQUEST (not imported: workload.py builds fitted workloads from
@@ -148,6 +148,8 @@ def load_fit(path: str | Path) -> dict:
             raise ScenarioError(f"{where}: log_life_quantiles must be {QUANTILES.size} non-decreasing numbers")
         if n < 1 or cpu < NO_REQUEST or mem < NO_REQUEST:
             raise ScenarioError(f"{where}: pods must be >= 1 and requests >= -1 (none)")
+        if cpu > MAX_CPU_M or mem > MAX_MEMORY_MIB:
+            raise ScenarioError(f"{where}: cpu_m {cpu} / memory_mib {mem}: above {MAX_CPU_M} m / {MAX_MEMORY_MIB} MiB")
         if a.get("kind") not in KINDS:
             raise ScenarioError(f"{where}: kind {a.get('kind')!r} is not one of {', '.join(KINDS)}")
         if not 0 <= gpu <= 64 or not 1 <= milli <= GPU_MILLI or (milli < GPU_MILLI and gpu != 1):

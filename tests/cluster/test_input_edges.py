@@ -136,6 +136,7 @@ def _fitted(tmp_path: Path, fit_text: str | bytes):
     (lambda s: s.replace("usage_fraction: 0.5", "usage_fraction: abc"), "usage_fraction must be"),  # ValueError
     (lambda s: re.sub(r"rate_per_s: .*", "rate_per_s: 1.0e9", s), "would draw about"),  # ran out of memory
     (lambda s: b"\xff\xfe" + s.encode(), "not UTF-8"),  # UnicodeDecodeError
+    (lambda s: re.sub(r"cpu_m: \d+", "cpu_m: 100000000000000000000000", s), "cpu_m 1000"),  # OverflowError
 ])
 def test_malformed_fit_is_refused(tmp_path, change, needle):
     with pytest.raises(ScenarioError, match=needle):
