@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from joulesched.cluster.scenario import NodeGroup, ScenarioError
 from joulesched.cluster.workload import DEFAULT_NAMESPACE, JOB, NO_LIMIT, NO_REQUEST, SERVICE, PodBuilder, Workload
@@ -461,10 +462,12 @@ def node_groups(machines: dict[object, tuple], prefix: str, options: ImportOptio
     one group per distinct shape, largest first, each validated as a scenario node group. A machine without
     CPU or memory is left out, counted in ``counts`` (the import's summary)."""
     sizes: dict[tuple, int] = {}
-    for shape in machines.values():
+    example: dict[tuple, object] = {}  # a machine of each shape, to name in an error
+    for key, shape in machines.items():
         shape = tuple(shape) + (0, "")[len(shape) - 2:]
         if shape[0] > 0 and shape[1] > 0:
             sizes[shape] = sizes.get(shape, 0) + 1
+            example.setdefault(shape, key)
         elif counts is not None:
             what = "machines without CPU or memory (left out of the node groups)"
             counts[what] = counts.get(what, 0) + 1
@@ -476,7 +479,12 @@ def node_groups(machines: dict[object, tuple], prefix: str, options: ImportOptio
              "max_pods": options.max_pods_per_node, "power_watts": options.power_profile}
         if gpus:
             g |= {"gpu_count": gpus, **({"gpu_model": model} if model else {})}
-        NodeGroup.model_validate(g)
+        try:
+            NodeGroup.model_validate(g)
+        except ValidationError as e:  # a machine no scenario can hold (a corrupt capacity cell)
+            bad = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+            raise TraceFormatError(f"machine {example[(cpu, mem, gpus, model)]} ({cpu} m CPU, {mem} MiB"
+                                   f"{f', {gpus} GPUs' if gpus else ''}) makes no valid node group: {bad}") from None
         groups.append(g)
     return groups
 

@@ -200,3 +200,9 @@ def test_a_file_given_twice_is_refused(tmp_path):
     res = runner.invoke(app, ["trace", "import", "-f", "alibaba-2018", "-o", str(tmp_path / "pods.csv"), str(task),
                               str(tmp_path / "." / "batch_task.csv")])  # imported 4 pods, not 2
     _refused(res, tmp_path, "given twice")
+
+
+@pytest.mark.parametrize("node,needle", [("n1,20000,1024,100,T4", "gpu_count"), ("n1,2000000000,1024,0,", "cpu_m")])
+def test_a_machine_no_node_group_can_hold_is_named(tmp_path, node, needle):
+    res = _openb(tmp_path, "p,1000,1024,0,,,LS,Running,0,100,0\n", node + "\n")  # was a pydantic traceback
+    _refused(res, tmp_path, "machine n1", "makes no valid node group", needle)
