@@ -514,7 +514,7 @@ def is_terminal(word: str, words: frozenset[str]) -> bool:
     return word.strip().lower() in words
 
 
-__all__ = ["DEFAULT_POWER_PROFILE", "ImportOptions", "ImportResult", "PodSink", "Progress", "TraceFormatError",
-           "UsageSeries", "check_units", "classify", "csv_dicts", "csv_rows", "fail", "field_of", "integer",
+__all__ = ["DEFAULT_POWER_PROFILE", "MAX_CELL", "ImportOptions", "ImportResult", "PodSink", "Progress",
+           "TraceFormatError", "UsageSeries", "check_units", "classify", "csv_dicts", "csv_rows", "fail", "field_of", "integer",
            "is_terminal", "json_lines", "node_groups", "nodes_yaml", "number", "scaled", "text_lines",
            "total_size", "where", "JOB", "SERVICE", "NO_LIMIT", "NO_REQUEST"]

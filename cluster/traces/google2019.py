@@ -23,6 +23,7 @@ from pathlib import Path
 
 from joulesched.cluster.traces.common import (
     JOB,
+    MAX_CELL,
     NO_REQUEST,
     SERVICE,
     ImportOptions,
@@ -92,6 +93,8 @@ def _resource(p: Path, line: int, obj: dict, name: str) -> float | None:
         raise fail(p, line, name, f"{v!r} is not a number") from None
     if not f >= 0 or f != f or f == float("inf"):
         raise fail(p, line, name, f"{v!r} is not a finite number >= 0")
+    if f > MAX_CELL:  # normalised to the largest machine: a corrupt value, which would overflow once scaled
+        raise fail(p, line, name, f"{v!r} is too large (more than 2^53)")
     return f
 
 

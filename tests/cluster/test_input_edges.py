@@ -206,3 +206,11 @@ def test_a_file_given_twice_is_refused(tmp_path):
 def test_a_machine_no_node_group_can_hold_is_named(tmp_path, node, needle):
     res = _openb(tmp_path, "p,1000,1024,0,,,LS,Running,0,100,0\n", node + "\n")  # was a pydantic traceback
     _refused(res, tmp_path, "machine n1", "makes no valid node group", needle)
+
+
+def test_google_request_beyond_any_machine_is_refused(tmp_path):
+    ev = _write(tmp_path, "instance_events-0.json", json.dumps(
+        {"collection_id": "1", "collection_type": 0, "instance_index": 0, "priority": 200, "time": "0", "type": 3,
+         "resource_request": {"cpus": 1e306, "memory": 0.03125}}) + "\n")
+    res = runner.invoke(app, ["trace", "import", "-f", "google-2019", "-o", str(tmp_path / "pods.csv"), str(ev)])
+    _refused(res, tmp_path, "line 1, column resource_request.cpus", "too large")  # was OverflowError in ceil
