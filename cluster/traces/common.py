@@ -515,6 +515,6 @@ def is_terminal(word: str, words: frozenset[str]) -> bool:
 
 
 __all__ = ["DEFAULT_POWER_PROFILE", "MAX_CELL", "ImportOptions", "ImportResult", "PodSink", "Progress",
-           "TraceFormatError", "UsageSeries", "check_units", "classify", "csv_dicts", "csv_rows", "fail",
-           "field_of", "integer", "is_terminal", "json_lines", "node_groups", "nodes_yaml", "number", "scaled", "text_lines",
+           "TraceFormatError", "UsageSeries", "check_units", "classify", "csv_dicts", "csv_rows", "fail", "field_of",
+           "integer", "is_terminal", "json_lines", "node_groups", "nodes_yaml", "number", "scaled", "text_lines",
            "total_size", "where", "JOB", "SERVICE", "NO_LIMIT", "NO_REQUEST"]
