@@ -214,3 +214,14 @@ def test_google_request_beyond_any_machine_is_refused(tmp_path):
          "resource_request": {"cpus": 1e306, "memory": 0.03125}}) + "\n")
     res = runner.invoke(app, ["trace", "import", "-f", "google-2019", "-o", str(tmp_path / "pods.csv"), str(ev)])
     _refused(res, tmp_path, "line 1, column resource_request.cpus", "too large")  # was OverflowError in ceil
+
+
+@pytest.mark.parametrize("extra,needle", [("duration_s: 50\n", "key 'duration_s' is given twice (lines 3 and 8)"),
+                                          ("", "key 'count' is given twice")])
+def test_a_key_given_twice_in_a_scenario_is_refused(tmp_path, extra, needle):
+    _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n")
+    text = _scenario() + extra
+    if not extra:
+        text = text.replace("count: 1,", "count: 1, count: 3,")  # was 3 nodes, the first count ignored
+    with pytest.raises(ScenarioError, match=re.escape(needle)):  # PyYAML kept the last one silently
+        load_scenario(_write(tmp_path, "s.yaml", text))
