@@ -28,6 +28,7 @@ from joulesched.cluster.traces.common import (
     PodSink,
     Progress,
     TraceFormatError,
+    check_node_group,
     check_units,
     scaled,
 )
@@ -150,6 +151,8 @@ def _read(con: sqlite3.Connection, path: Path, options: ImportOptions, progress:
     groups = [{"name_prefix": prefix, "count": max(1, math.ceil(peak - 1e-9)),
                "cpu_m": int(cpu_unit), "memory_mib": int(mem_unit), "max_pods": options.max_pods_per_node,
                "power_watts": options.power_profile}]
+    check_node_group(groups[0], f"machine type {machine} ({int(cpu_unit)} m CPU, {int(mem_unit)} MiB, "
+                                f"{groups[0]['count']} of them)")
     return ImportResult(wl, groups, {"machine type": machine, "vm types on it": len(types), "vm rows": total,
                                      "peak machines by the summed fractions": groups[0]["count"], **sink.counts},
                         span=sink.span())

@@ -479,14 +479,20 @@ def node_groups(machines: dict[object, tuple], prefix: str, options: ImportOptio
              "max_pods": options.max_pods_per_node, "power_watts": options.power_profile}
         if gpus:
             g |= {"gpu_count": gpus, **({"gpu_model": model} if model else {})}
-        try:
-            NodeGroup.model_validate(g)
-        except ValidationError as e:  # a machine no scenario can hold (a corrupt capacity cell)
-            bad = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-            raise TraceFormatError(f"machine {example[(cpu, mem, gpus, model)]} ({cpu} m CPU, {mem} MiB"
-                                   f"{f', {gpus} GPUs' if gpus else ''}) makes no valid node group: {bad}") from None
+        check_node_group(g, f"machine {example[(cpu, mem, gpus, model)]} ({cpu} m CPU, {mem} MiB"
+                            f"{f', {gpus} GPUs' if gpus else ''})")
         groups.append(g)
     return groups
+
+
+def check_node_group(group: dict, what: str) -> None:
+    """Raise :class:`TraceFormatError` naming ``what`` when ``group`` is no valid scenario node group (a machine
+    no scenario can hold: a corrupt capacity cell, or units that make it one)."""
+    try:
+        NodeGroup.model_validate(group)
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise TraceFormatError(f"{what} makes no valid node group: {bad}") from None
 
 
 def nodes_yaml(groups: list[dict], comment: str) -> str:
@@ -515,6 +521,6 @@ def is_terminal(word: str, words: frozenset[str]) -> bool:
 
 
 __all__ = ["DEFAULT_POWER_PROFILE", "MAX_CELL", "ImportOptions", "ImportResult", "PodSink", "Progress",
-           "TraceFormatError", "UsageSeries", "check_units", "classify", "csv_dicts", "csv_rows", "fail", "field_of",
-           "integer", "is_terminal", "json_lines", "node_groups", "nodes_yaml", "number", "scaled", "text_lines",
-           "total_size", "where", "JOB", "SERVICE", "NO_LIMIT", "NO_REQUEST"]
+           "TraceFormatError", "UsageSeries", "check_node_group", "check_units", "classify", "csv_dicts", "csv_rows",
+           "fail", "field_of", "integer", "is_terminal", "json_lines", "node_groups", "nodes_yaml", "number",
+           "scaled", "text_lines", "total_size", "where", "JOB", "SERVICE", "NO_LIMIT", "NO_REQUEST"]

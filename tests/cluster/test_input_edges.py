@@ -225,3 +225,11 @@ def test_a_key_given_twice_in_a_scenario_is_refused(tmp_path, extra, needle):
         text = text.replace("count: 1,", "count: 1, count: 3,")  # was 3 nodes, the first count ignored
     with pytest.raises(ScenarioError, match=re.escape(needle)):  # PyYAML kept the last one silently
         load_scenario(_write(tmp_path, "s.yaml", text))
+
+
+def test_azure_units_that_make_no_node_group_are_refused(tmp_path):
+    db = FIT.parents[1] / "traces" / "azure-packing-2020" / "packing_trace_sample.sqlite"
+    out, mach = tmp_path / "pods.csv", tmp_path / "nodes.yaml"
+    res = runner.invoke(app, ["trace", "import", "-f", "azure-packing-2020", "--cpu-unit-m", "2e9", "-o", str(out),
+                              "-m", str(mach), str(db)])  # wrote a nodes file every scenario refused
+    _refused(res, tmp_path, "machine type", "makes no valid node group", "cpu_m")
