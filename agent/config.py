@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from joulesched.core import yamlio
 from joulesched.core.errors import UsageError
 
 #: Caps on the sizes a config (or a model file's metadata) may ask for.
@@ -328,7 +329,7 @@ def load_config(path: str | Path) -> TrainConfig:
     """Read a YAML training config; unknown keys and bad values are errors naming the field."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlio.load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:

@@ -32,6 +32,7 @@ import numpy as np
 import yaml
 
 from joulesched.cluster.scenario import MAX_CPU_M, MAX_MEMORY_MIB, Fitted, ScenarioError
+from joulesched.core import yamlio
 from joulesched.core.fsio import atomic_path
 
 # cluster/workload.py's GPU_MILLI, KINDS and NO_REQUEST (not imported: workload.py builds fitted workloads from
@@ -115,7 +116,7 @@ def load_fit(path: str | Path) -> dict:
     """A fit file, checked (every problem a :class:`ScenarioError` naming the file and the field)."""
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = yamlio.load(p.read_text())
     except OSError as e:
         raise ScenarioError(f"{p}: cannot read the fit ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

@@ -26,6 +26,7 @@ from joulesched.cluster.filters import (
 )
 from joulesched.cluster.nodepower import DisruptionBudget, PowerPolicy
 from joulesched.core.errors import UsageError
+from joulesched.core import yamlio
 from joulesched.core.names import is_dns_label, is_label_key, is_label_value
 from joulesched.power.curves import SPECPOWER, validate_curve
 from joulesched.power.gpu import gpu_curve, gpu_speed
@@ -600,27 +601,6 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> str:
     return f"{path}: invalid scenario: " + "; ".join(lines)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently: a second
-    ``duration_s:`` or ``nodes:`` would replace the first without a word)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[object, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                first = seen.get(key)
-                seen.setdefault(key, line)
-            except TypeError:  # an unhashable key: the base loader reports it
-                continue
-            if first is not None:
-                where = f"line {line}" if first == line else f"lines {first} and {line}"
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice ({where})",
-                                                        key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
 def _read_yaml(path: Path, what: str) -> object:
     try:
         text = path.read_text(encoding="utf-8")
@@ -629,7 +609,7 @@ def _read_yaml(path: Path, what: str) -> object:
     except (OSError, UnicodeDecodeError) as e:
         raise ScenarioError(f"{path}: cannot read {what} file: {e}") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        return yamlio.load(text)
     except yaml.YAMLError as e:
         raise ScenarioError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
 

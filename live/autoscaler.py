@@ -133,8 +133,10 @@ def load_provider_config(path: str | Path) -> ProviderConfig:
     """Read and validate the configuration; :class:`UsageError` (exit 2) naming the problem."""
     import yaml
 
+    from joulesched.core import yamlio
+
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yamlio.load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise UsageError(f"--config {path}: {e.strerror}") from None
     except yaml.YAMLError as e:

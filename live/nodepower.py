@@ -1300,7 +1300,17 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
 
     import yaml
 
+    from joulesched.core import yamlio
     from joulesched.live.daemon import DaemonInputError
+
+    # A node named twice (in one file, or in two files of a directory) is an error, never "the last one wins":
+    # which machine a node's entry switches off must not hang on the order of keys or of file names.
+    where: dict[str, str] = {}
+
+    def claim(node: object, source: str) -> None:
+        first = where.setdefault(str(node), source)
+        if first != source:
+            raise DaemonInputError(f"--addresses {path}: node {node} is given twice ({first} and {source})")
 
     try:
         if os.path.isdir(path):
@@ -1311,16 +1321,22 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
                     continue  # the kubelet's ..data links of a mounted ConfigMap
                 with open(full, encoding="utf-8") as f:
                     if entry.endswith((".yaml", ".yml")):
-                        data.update(yaml.safe_load(f) or {})
+                        part = yamlio.load(f) or {}
+                        for node in dict(part):  # a file that is no mapping: the TypeError/ValueError below
+                            claim(node, entry)
+                        data.update(part)
                     else:
+                        claim(entry, entry)
                         data[entry] = f.read().strip()
         else:
             with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
+                data = yamlio.load(f)
             if data is None and not allow_blank:
                 raise DaemonInputError(f"--addresses {path}: holds no mapping (being written?); an empty map is "
                                        "written {}")
             data = {} if data is None else data
+    except DaemonInputError:
+        raise  # a UsageError is a ValueError: not the "no mapping" of the last clause
     except OSError as e:
         raise DaemonInputError(f"--addresses {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
@@ -1334,6 +1350,8 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
         raise DaemonInputError(f"--addresses {path}: expected a mapping of node name to power address")
     out = {}
     for node, text in data.items():
+        if str(node) in out:  # 1 and "1": one name, two entries
+            raise DaemonInputError(f"--addresses {path}: node {node} is given twice")
         try:
             addr = parse_address(str(text))
             if access is not None:

@@ -90,14 +90,13 @@ def check_exporters(out: Path, hosts: Sequence, known_hosts: Path | None, *, por
 def fleet_profile(profiles: Sequence[Path], out: Path) -> Path:
     """One node group for the twin from per-host profiles: the hosts' pointwise mean curve, the smallest
     capacities. Per-host curves stay in their own files; the twin's node groups all take the mean."""
-    import yaml
-
+    from joulesched.core import yamlio
     from joulesched.pipelines.sim_pipeline import profile_curve
     from joulesched.power.calibrate import write_profile
 
     groups = []
     for p in profiles:
-        data = yaml.safe_load(Path(p).read_text())
+        data = yamlio.load(Path(p).read_text())
         groups.append(data["nodes"][0] if isinstance(data, dict) and "nodes" in data else data)
     curves = np.array([profile_curve(p) for p in profiles])
     mean = np.maximum.accumulate(curves.mean(axis=0))  # a mean of non-decreasing curves is one; guard rounding

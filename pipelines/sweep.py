@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from joulesched.core import yamlio
 from joulesched.pipelines.benchmark import BenchmarkInputError, any_gpus, run_benchmark
 
 
@@ -77,7 +78,7 @@ def load_grid(path: Path) -> tuple[list[Path], list[str], int]:
     """Read a grid file into (scenario paths, policy specs, seeds)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlio.load(path.read_text())
     except FileNotFoundError:
         raise GridError(f"{path}: grid file not found") from None
     except (OSError, yaml.YAMLError) as e:

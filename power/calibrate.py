@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from joulesched.core import yamlio
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_write_text
 from joulesched.power.burner import Sample, measure  # noqa: F401  (re-exported: the CLI and tests use them from here)
@@ -200,7 +201,7 @@ def read_profile_curve(path: str | Path) -> tuple[float, ...]:
     ``nodes:`` list); ``power_watts`` may also name a SPECpower table. Raises :class:`CalibrationError`."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlio.load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise CalibrationError(f"{path}: cannot read node profile: {e}".replace("\n", " ")) from None
     if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) == 1:

@@ -566,9 +566,11 @@ def load_profiles(path: str) -> dict[str, tuple[float, ...]]:
     group ``power calibrate`` writes). A ConfigMap mounted as a volume provides it in a cluster."""
     import yaml
 
+    from joulesched.core import yamlio
+
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yamlio.load(f)
     except OSError as e:
         raise ObjectError(f"cannot read power profiles {path}: {e.strerror}") from None
     except yaml.YAMLError as e:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from joulesched.core import yamlio
 from joulesched.core.errors import UsageError
 
 
@@ -95,7 +96,10 @@ class Credentials:
         except OSError as e:
             raise CredentialsError(f"credentials file {p}: {e.strerror}") from None
         try:
-            data = yaml.safe_load(text) or {}
+            data = yamlio.load(text) or {}
+        except yamlio.DuplicateKeyError as e:  # its lines only: nothing of the file's text reaches a log
+            raise CredentialsError(f"credentials file {p}: a key is given twice (lines {e.lines[0]} and "
+                                   f"{e.lines[1]})") from None
         except yaml.YAMLError:
             raise CredentialsError(f"credentials file {p} is not YAML") from None  # no echo of its content
         if not isinstance(data, dict):

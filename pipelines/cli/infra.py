@@ -20,6 +20,7 @@ import typer
 import yaml
 from rich.table import Table
 
+from joulesched.core import yamlio
 from joulesched.pipelines.cli.common import err, out
 from joulesched.pipelines.cli.common import fail as _fail
 from joulesched.pipelines.suite import REPO_ROOT
@@ -98,7 +99,7 @@ def _stack_config(config: Path) -> dict:
         _fail(f"--config {config} does not exist")
     try:
         with config.open(encoding="utf-8") as f:
-            doc = yaml.safe_load(f)  # a stream: YAML's errors name the file and line
+            doc = yamlio.load(f)  # a stream: YAML's errors name the file and line
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         _fail(f"--config {config}: not a readable YAML stack file: {' '.join(str(e).split())}")
     doc = {} if doc is None else doc  # an empty file: every setting at its default

@@ -16,6 +16,8 @@ runner = CliRunner()
     ("config:\n  joulesched:workers: [1,\n", "not a readable YAML stack file: while parsing"),
     ("- joulesched:workers: 1\n", "the top level must be a mapping with a config: block, not a list"),
     ("config: [joulesched:workers]\n", "config: must be a mapping of settings, not a list"),
+    ("config:\n  joulesched:workers: 1\n  joulesched:workers: 2\n",
+     "not a readable YAML stack file: key 'joulesched:workers' is given twice (lines 2 and 3)"),
 ])
 def test_a_bad_stack_file_exits_2_naming_it(tmp_path, command, text, message):
     cfg = tmp_path / "kvm.yaml"

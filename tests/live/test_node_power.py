@@ -688,6 +688,38 @@ def test_a_mounted_configmap_swapped_by_the_kubelet_changes_the_maps_stamp(tmp_p
     assert load_addresses(str(tmp_path))["b"] == "libvirt:///b2"
 
 
+def test_a_node_named_twice_in_the_address_map_is_refused_not_the_last_one_kept(tmp_path):
+    # Which machine a node's entry switches off must not hang on key order or file-name order.
+    from joulesched.live.daemon import DaemonInputError
+    from joulesched.live.nodepower import load_addresses
+
+    one = tmp_path / "one.yaml"
+    one.write_text("a: libvirt:///a\nb: libvirt:///b\na: libvirt:///other\n")
+    with pytest.raises(DaemonInputError, match=r"key 'a' is given twice \(lines 1 and 3\)"):
+        load_addresses(str(one))
+    one.write_text("1: libvirt:///a\n'1': libvirt:///b\n")  # two keys, one node name
+    with pytest.raises(DaemonInputError, match="node 1 is given twice"):
+        load_addresses(str(one))
+    blank = tmp_path / "blank.yaml"
+    blank.write_text("# being written\n")
+    with pytest.raises(DaemonInputError, match="holds no mapping"):  # not "every .yaml file ... a mapping"
+        load_addresses(str(blank), allow_blank=False)
+    assert load_addresses(str(blank)) == {}
+
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    (mount / "rack1.yaml").write_text("a: libvirt:///a\n")
+    (mount / "rack2.yaml").write_text("b: libvirt:///b\n")
+    assert load_addresses(str(mount)) == {"a": "libvirt:///a", "b": "libvirt:///b"}
+    (mount / "rack2.yaml").write_text("b: libvirt:///b\na: libvirt:///a2\n")
+    with pytest.raises(DaemonInputError, match=r"node a is given twice \(rack1.yaml and rack2.yaml\)"):
+        load_addresses(str(mount))
+    (mount / "rack2.yaml").write_text("b: libvirt:///b\n")
+    (mount / "a").write_text("libvirt:///a3\n")  # a ConfigMap key per node beside a .yaml naming it too
+    with pytest.raises(DaemonInputError, match=r"node a is given twice \(a and rack1.yaml\)"):
+        load_addresses(str(mount))
+
+
 def test_a_control_plane_known_by_its_static_pods_and_the_controllers_own_node_never_sleep(emu, machines, kubelets,
                                                                                           make_controller):
     # A control plane without its role label looks empty (its pods are mirror pods, which keep no node awake),

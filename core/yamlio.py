@@ -1,0 +1,46 @@
+"""YAML input that refuses a key given twice in one mapping.
+
+PyYAML's ``safe_load`` keeps the last of two equal keys without a word: a second ``duration_s:`` in a scenario,
+``lr:`` in a training config or a node's name in the power address map would silently replace the first. Every
+file a user writes for joulesched is read through :func:`load`, which makes that an error naming both lines.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+import yaml
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping gives one key twice (a :class:`yaml.YAMLError`, so readers' YAML handlers report it)."""
+
+    def __init__(self, key: object, lines: tuple[int, int], mark) -> None:
+        self.key, self.lines = key, lines
+        where = f"line {lines[1]}" if lines[0] == lines[1] else f"lines {lines[0]} and {lines[1]}"
+        super().__init__(None, None, f"key {key!r} is given twice ({where})", mark)
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *anchor``: its keys may be overridden here, which is what merging is for
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+                seen.setdefault(key, line)
+            except TypeError:  # an unhashable key: the base loader reports it
+                continue
+            if first is not None:
+                raise DuplicateKeyError(key, (first, line), key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load(stream: str | bytes | IO[str] | IO[bytes]) -> Any:
+    """``yaml.safe_load``, but a key given twice in one mapping raises :class:`DuplicateKeyError`."""
+    return yaml.load(stream, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
