@@ -240,7 +240,8 @@ BEST_HEURISTIC_CANDIDATES: tuple[str, ...] = tuple(dict.fromkeys((*HEURISTICS, *
 #: ``policies``), ``test``, the sim and kube pipelines and ``make demo`` (which adds the DQN) run it.
 #: The GPU-aware heuristics (the FGD paper's baselines, FGD, ``gpu-energy``, ``gpu-lifetime-aware``) and their
 #: variants are best-heuristic candidates that the default set leaves out on CPU clusters, where their GPU keys are
-#: all zero and what is left is a CPU rule the sleep-aware ones already cover (or a worse one); where some scenario
+#: all zero and what is left is a CPU rule that was at most 0.05 % better than the default set's best, on 1 of 24
+#: cases (docs/PERFORMANCE.md, "The GPU-aware heuristics on CPU clusters"); where some scenario
 #: of the run has GPUs the default set is :func:`default_policies` ``(gpus=True)``, on every scenario of the run
 #: (one run, one policy list).
 GPU_POLICIES: tuple[str, ...] = tuple(e.name for e in BUILTIN if e.family == "gpu-aware")
