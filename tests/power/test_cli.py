@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import joulesched.power.meter
 from typer.testing import CliRunner
 
 from joulesched.pipelines.cli import app
+from tests.support.procs import free_port
 from tests.support.sysfs import FakeProcess
 
 runner = CliRunner()
@@ -84,9 +84,7 @@ def test_bad_profile_exits_2(proc, tmp_path):
 
 def test_exporter_process_serves_and_stops_on_sigterm(powercap, proc, tmp_path):
     powercap.add("intel-rapl:0", "package-0")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     exe = Path(sys.executable).parent / "joulesched"
     p = subprocess.Popen([str(exe), "power", "exporter", "--listen", f"127.0.0.1:{port}", "--interval", "0.1",
                           *_roots(powercap, proc, tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -18,11 +19,46 @@ from pathlib import Path
 PROMETHEUS = "/usr/bin/prometheus"
 
 
+_GIVEN: set[int] = set()
+_RNG = random.Random()  # its own: a test's random.seed() neither steers nor is disturbed by it
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, for a server that must be told its port (Prometheus, sshd, sushy).
+
+    Between this check and the server's bind another socket could take the port. So it is drawn below the
+    kernel's ephemeral range (where no outgoing connection's port comes from), from a slice of its own for each
+    xdist worker (no two workers draw the same port), and never twice in one process."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker) % count if worker.isdigit() else 0
+    low, high = 10000, _ephemeral_low()
+    if high - low < 64 * count:  # an unusual range: fall back to the kernel's choice
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    size = (high - low) // count
+    first = low + index * size
+    start = _RNG.randrange(size)
+    for k in range(size):
+        port = first + (start + k) % size
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in {first}-{first + size - 1}")
 
 
 def wait_for(cond, timeout: float, what: str, interval: float = 0.2):
