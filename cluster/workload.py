@@ -985,7 +985,9 @@ def build_workload(scenario: Scenario, seed: int | None = None, *, pod_model: bo
                   for k, sv in enumerate(spec.services or [])]
         parts += [generate_fitted(f, path, horizon, np.random.default_rng([seed, 3, k]))
                   for k, (f, path) in enumerate(zip(spec.fitted or [], scenario.fit_paths))]
-        parts += [load_trace(p, horizon) for p in scenario.trace_paths]
+        # A trace listed twice adds its pods twice (twice its load), from one read of the file.
+        traces = {p: load_trace(p, horizon) for p in dict.fromkeys(scenario.trace_paths)}
+        parts += [traces[p] for p in scenario.trace_paths]
         parts = [p for p in parts if len(p)]
         if not parts:
             raise ScenarioError(f"{scenario.source or scenario.name}: the workload has no pod before duration_s")

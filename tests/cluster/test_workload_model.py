@@ -8,6 +8,7 @@ import io
 import json
 import math
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,29 @@ def test_jobs_entry_is_the_synthetic_generator_and_mixes_are_deterministic():
     assert not np.array_equal(np.sort(m1.duration_s[etl]), np.sort(a.duration_s))
     other = build_workload(_scenario(mix), seed=8)
     assert not np.array_equal(other.prof_m, m1.prof_m)
+
+
+def test_a_trace_listed_twice_adds_its_pods_twice_from_one_read(tmp_path, monkeypatch):
+    import joulesched.cluster.workload as workload
+
+    sample = ROOT / "scenarios" / "traces" / "sample.csv"
+    one = load_trace(sample, 7200)
+    reads = []
+    real = workload.load_trace
+    monkeypatch.setattr(workload, "load_trace", lambda p, h=None: reads.append(p) or real(p, h))
+    f = tmp_path / "twice.yaml"
+    f.write_text(textwrap.dedent(f"""\
+        name: twice
+        seed: 1
+        duration_s: 7200
+        nodes: [{{name_prefix: n, count: 4, cpu_m: 16000, memory_mib: 65536, power_watts: hp-ml110-g5}}]
+        workload: {{trace: ["{sample}", "{sample}"], jobs: {{pods: 5, mean_interarrival_s: 5}}}}
+        """))
+    wl = build_workload(load_scenario(f))
+    assert reads == [sample]
+    assert len(wl) == 2 * len(one) + 5
+    counts = Counter(wl.submit_s.tolist())  # every submission of the trace is there twice (the jobs add to it)
+    assert all(counts[t] >= 2 * c for t, c in Counter(one.submit_s.tolist()).items())
 
 
 def test_pod_model_workloads_build_for_the_twin_and_jobs_keep_the_plain_path():
