@@ -19,6 +19,7 @@ are collected in order, so a run gives the same model on any of them (agent/trai
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import logging
@@ -385,6 +386,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
     spec = f"dqn={model}"
     out = {"model": str(model), "training": meta.get("training", {}), "feature_schema": meta.get("feature_schema"),
            "scenarios": []}
+    built: dict[str, object] = {}  # each spec built once (the model read once), copied for each run as benchmark does
     for p in scenarios:
         sc = load_scenario(p)
         base = default_policies(sc.has_gpus) if baselines is None else baselines
@@ -396,7 +398,8 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
             twin = Twin(sc, wl)
             rows = {}
             for pol in policies:
-                r = run_policy(twin, make_policy(pol), seed)
+                proto = built[pol] if pol in built else built.setdefault(pol, make_policy(pol))
+                r = run_policy(twin, copy.deepcopy(proto), seed)
                 rows["dqn" if pol == spec else pol] = {
                     "energy_joules": r.energy_joules, "slo_violation_rate": r.slo_violation_rate,
                     "mean_pending_s": r.mean_pending_s, "unschedulable_pods": r.unschedulable_pods,
