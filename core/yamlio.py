@@ -20,6 +20,9 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
         where = f"line {lines[1]}" if lines[0] == lines[1] else f"lines {lines[0]} and {lines[1]}"
         super().__init__(None, None, f"key {key!r} is given twice ({where})", mark)
 
+    def __str__(self) -> str:  # the lines are in the message: no echo of the file's text after it
+        return str(self.problem)
+
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """The safe loader, refusing a key given twice in one mapping."""

@@ -14,6 +14,7 @@ def test_a_key_given_twice_names_both_lines_at_any_depth():
     with pytest.raises(yamlio.DuplicateKeyError, match=r"key 'a' is given twice \(lines 1 and 3\)") as e:
         yamlio.load("a: 1\nb: 2\na: 3\n")
     assert e.value.key == "a" and e.value.lines == (1, 3)
+    assert str(e.value) == "key 'a' is given twice (lines 1 and 3)"  # nothing of the file's text after it
     with pytest.raises(yamlio.DuplicateKeyError, match=r"key 'lr' is given twice \(line 2\)"):
         yamlio.load("dqn:\n  {lr: 1, lr: 2}\n")
     with pytest.raises(yamlio.DuplicateKeyError, match="key 1 is given twice"):
