@@ -424,6 +424,20 @@ def _target_joules(e: ScenarioRun) -> tuple[float | None, str]:
     return best, "bound" if every and best <= max(every) else "bound, bind-on-arrival"
 
 
+def _target_kind(kinds: set[str]) -> str:
+    """What the seeds' targets are together: the one kind they share; ``optimum*`` for schedules not proven on
+    every seed; among bounds only, the weakest claim (``bound, bind-on-arrival`` if any seed's is one); ``optimum
+    or bound`` only for schedules on some seeds and bounds on others."""
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    schedules = {k for k in kinds if k.startswith("optimum")}
+    if schedules == kinds:
+        return "optimum*"
+    if not schedules:
+        return "bound, bind-on-arrival" if "bound, bind-on-arrival" in kinds else "bound"
+    return "optimum or bound"
+
+
 def verdict(doc: Results) -> list[dict]:
     """Per scenario, what a reader came for: the least-energy policy within the SLO budget (:func:`_slo_budget`),
     each learned policy's energy ÷ the best heuristic (per seed, with its 95 % interval and n), and the optimum or
@@ -451,9 +465,7 @@ def verdict(doc: Results) -> list[dict]:
             if all(t is not None for t, _ in targets):
                 v["target"] = _mean_ci([t / b for (t, _), b in zip(targets, best_j)])
                 kinds = {k for _, k in targets}
-                # Optimal on some seeds, the best schedule on others: still schedules, not proven on every seed.
-                v["target_kind"] = (kinds.pop() if len(kinds) == 1 else "optimum*" if kinds == {"optimum", "optimum*"}
-                                    else "optimum or bound")
+                v["target_kind"] = _target_kind(kinds)
         out.append(v)
     return out
 

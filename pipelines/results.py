@@ -108,10 +108,10 @@ class OptimumRun(BaseModel):
         extra = self.model_extra or {}
         if self.optimum_joules is None:
             return None
-        for key in ("schedule_joules", "replay_joules"):
-            if extra.get(key) is not None:
-                return float(extra[key])
-        return self.optimum_joules
+        if extra.get("schedule_joules") is not None:
+            return float(extra["schedule_joules"])
+        # replay_joules is a field, never in model_extra: read as one (an older row has no schedule_joules).
+        return self.replay_joules if self.replay_joules is not None else self.optimum_joules
 
     @property
     def proven_optimal(self) -> bool:

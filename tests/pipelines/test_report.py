@@ -385,3 +385,23 @@ def test_an_optimum_proven_on_some_seeds_only_is_an_unproven_optimum_in_the_verd
                    [{"status": "optimal", **solved}, {"status": "time_limit", **solved}])
     (v,) = report.verdict(res)
     assert v["target_kind"] == "optimum*" and v["target"]["mean"] == pytest.approx(0.95)
+
+
+def test_seeds_with_bounds_only_are_a_bound_in_the_verdict_the_weakest_one_named():
+    # No seed has a schedule: the label is a bound, never "optimum or bound"; bind-on-arrival if any seed's is.
+    unsolved = {"status": "time_limit", "optimum_joules": None, "lp_bound_joules": 85.0}
+    res = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}] * 2,
+                   [{**unsolved, "bound_joules": 90.0}, {**unsolved, "bound_joules": None}])
+    (v,) = report.verdict(res)
+    assert v["target_kind"] == "bound, bind-on-arrival" and v["target"]["mean"] == pytest.approx((0.90 + 0.85) / 2)
+    res = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}] * 2,
+                   [{**unsolved, "bound_joules": 90.0}, {"status": "optimal", "optimum_joules": 95.0,
+                                                        "bound_joules": 95.0, "lp_bound_joules": 90.0}])
+    assert report.verdict(res)[0]["target_kind"] == "optimum or bound"
+
+
+def test_an_older_row_without_schedule_joules_takes_the_replay_not_the_mips_figure():
+    opt = {"status": "optimal", "optimum_joules": 95.0, "bound_joules": 95.0, "lp_bound_joules": 90.0,
+           "replay_joules": 96.0}
+    (e,) = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}], opt).runs("s")
+    assert e.optimum.schedule_energy == 96.0
