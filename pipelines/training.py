@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from joulesched.agent.checkpoint import load_agent, load_checkpoint, save_checkpoint
+from joulesched.agent.checkpoint import check_model_path, load_agent, load_checkpoint, save_checkpoint
 from joulesched.agent.config import DQNConfig, RewardConfig, TrainConfig
 from joulesched.agent.dqn import DQN
 from joulesched.agent.registry import (
@@ -200,7 +200,8 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         raise TrainError(f"unknown executor {executor!r}; use {' or '.join(EXECUTORS)}")
     if workers < 1:
         raise TrainError(f"--workers must be >= 1, got {workers}")
-    model = check_output_file(model, "--model")
+    # Before any work (the pipeline calls this too, not only `train`): NAME.json is the model's metadata copy.
+    model = check_model_path(check_output_file(model, "--model"))
     if resume and not model.exists():
         raise TrainError(f"--resume: {model} does not exist; drop --resume to create it")
     if model.exists() and not resume and not overwrite:

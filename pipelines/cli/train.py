@@ -95,7 +95,6 @@ def train_cmd(
                                                        "ray.")] = None,
 ) -> None:
     """Train the DQN scheduler on the twin; writes the model, NAME.json, NAME.curve.csv and NAME.curve.png."""
-    from joulesched.agent.checkpoint import check_model_path
     from joulesched.agent.config import TrainConfig, dump_config, load_config, with_overrides
     from joulesched.cluster.scenario import load_scenario
     from joulesched.pipelines.training import train
@@ -105,7 +104,6 @@ def train_cmd(
     if executor not in ("local", "ray"):
         fail(f"--executor must be local or ray, got {executor!r}")
     with errors(), interrupted(model.parent, _interrupted_message(model, resume)):
-        check_model_path(model)  # before any work: NAME.json is the model's metadata copy
         cfg = load_config(config) if config is not None else None
         if set_:
             cfg = with_overrides(cfg or TrainConfig(), set_)

@@ -239,6 +239,12 @@ def test_a_json_model_path_is_refused_before_training(tmp_path):
     with pytest.raises(PolicyError, match=r"\.json"):
         save_checkpoint(model, DQN(DQNConfig(**SMALL_NET)), {})
     assert list(tmp_path.iterdir()) == []
+    # The pipeline calls train() without the CLI: it trained for its minutes, then failed on save.
+    import joulesched.pipelines.training as training
+
+    with pytest.raises(PolicyError, match=r"\.json"):
+        training.train([TINY], model, minutes=30.0, progress=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_training_a_gpu_blind_model_on_gpus_is_warned(tmp_path, monkeypatch):
