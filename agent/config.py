@@ -10,6 +10,7 @@ error naming the field), ``--set dqn.hidden=128`` overrides single knobs, and th
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import math
 import textwrap
@@ -51,6 +52,11 @@ def _check_finite(obj: Any) -> None:
 
 class ConfigError(UsageError):
     """A training config file or override that does not validate; the message names the field."""
+
+
+@functools.cache
+def _dqn_adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)  # built once: some milliseconds, paid on every model load otherwise
 
 
 @dataclass
@@ -266,7 +272,7 @@ class DQNConfig:
         if unknown:
             raise ValueError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
         try:
-            return TypeAdapter(cls).validate_python(d)
+            return _dqn_adapter(cls).validate_python(d)
         except ValidationError as e:
             raise ValueError("; ".join((f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
                                        + err["msg"].removeprefix("Value error, ") for err in e.errors())) from None

@@ -44,7 +44,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from joulesched.agent.config import RewardConfig
+from joulesched.agent.config import LOAD_SCALE_RANGE, RewardConfig
 from joulesched.agent.features import FeatureBuilder, FeatureBuilderV2, n_features
 from joulesched.agent.features_gpu import FeatureBuilderV3
 from joulesched.agent.predictor import PodPredictor
@@ -119,8 +119,9 @@ class SchedulingEnv(gym.Env):
         self.workload_seeds = list(workload_seeds) if workload_seeds is not None else None
         self.max_decisions = max_decisions
         self.load_scales = [float(f) for f in load_scales]
-        if not self.load_scales or any(not (0.05 <= f <= 20.0) for f in self.load_scales):
-            raise ValueError("load_scales must be a non-empty list of factors in [0.05, 20]")
+        lo, hi = LOAD_SCALE_RANGE
+        if not self.load_scales or any(not (lo <= f <= hi) for f in self.load_scales):
+            raise ValueError(f"load_scales must be a non-empty list of factors in [{lo:g}, {hi:g}]")
         self.observation_space = spaces.Dict({
             "nodes": spaces.Box(OBS_LOW, OBS_HIGH, shape=(self.max_nodes, self.n_features), dtype=np.float32),
             "action_mask": spaces.MultiBinary(self.max_nodes),

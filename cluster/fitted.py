@@ -116,7 +116,7 @@ def load_fit(path: str | Path) -> dict:
     """A fit file, checked (every problem a :class:`ScenarioError` naming the file and the field)."""
     p = Path(path)
     try:
-        doc = yamlio.load(p.read_text())
+        doc = yamlio.load(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise ScenarioError(f"{p}: cannot read the fit ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

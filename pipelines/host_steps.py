@@ -94,11 +94,11 @@ def fleet_profile(profiles: Sequence[Path], out: Path) -> Path:
     from joulesched.pipelines.sim_pipeline import profile_curve
     from joulesched.power.calibrate import write_profile
 
+    curves = np.array([profile_curve(p) for p in profiles])  # first: a bad profile is a CalibrationError naming it
     groups = []
     for p in profiles:
-        data = yamlio.load(Path(p).read_text())
+        data = yamlio.load(Path(p).read_text(encoding="utf-8"))
         groups.append(data["nodes"][0] if isinstance(data, dict) and "nodes" in data else data)
-    curves = np.array([profile_curve(p) for p in profiles])
     mean = np.maximum.accumulate(curves.mean(axis=0))  # a mean of non-decreasing curves is one; guard rounding
     group = {"name_prefix": "hosts", "count": len(groups),
              **{k: int(min(g[k] for g in groups)) for k in ("cpu_m", "memory_mib", "max_pods") if all(k in g for g in groups)},

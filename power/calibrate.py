@@ -29,6 +29,7 @@ import yaml
 from joulesched.core import yamlio
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_write_text
+from joulesched.core.names import is_dns_label
 from joulesched.power.burner import Sample, measure  # noqa: F401  (re-exported: the CLI and tests use them from here)
 from joulesched.power.curves import N_POINTS, SPECPOWER, interp, validate_curve
 
@@ -176,7 +177,7 @@ def host_facts(proc_root: str = "/proc") -> dict[str, int | str]:
 
 def node_group(fit: Fit, *, name_prefix: str, count: int, cpu_m: int, memory_mib: int,
                max_pods: int) -> dict:
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name_prefix) or len(name_prefix) > 50:
+    if not is_dns_label(name_prefix, 50):
         raise CalibrationError(f"name prefix {name_prefix!r} must be a lowercase DNS label of at most 50 chars")
     for key, v in (("count", count), ("cpu_m", cpu_m), ("memory_mib", memory_mib), ("max_pods", max_pods)):
         if v < 1:

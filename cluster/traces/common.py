@@ -22,7 +22,16 @@ import numpy as np
 from pydantic import ValidationError
 
 from joulesched.cluster.scenario import NodeGroup, ScenarioError
-from joulesched.cluster.workload import DEFAULT_NAMESPACE, JOB, NO_LIMIT, NO_REQUEST, SERVICE, PodBuilder, Workload
+from joulesched.cluster.workload import (
+    DEFAULT_NAMESPACE,
+    JOB,
+    MAX_QUANTITY,
+    NO_LIMIT,
+    NO_REQUEST,
+    SERVICE,
+    PodBuilder,
+    Workload,
+)
 
 #: Progress callback: units done since the last call (bytes of input, or rows of a database).
 Progress = Callable[[int], None]
@@ -30,7 +39,7 @@ Progress = Callable[[int], None]
 DEFAULT_POWER_PROFILE = "ibm-x3550-m3-x5675"
 #: The largest magnitude a cell may hold: beyond it a float no longer holds every integer, and a request
 #: overflows the twin's 64-bit columns once converted (a corrupt cell, not a machine of 10^15 cores).
-MAX_CELL = float(2**53)
+MAX_CELL = float(MAX_QUANTITY)
 
 
 class TraceFormatError(ScenarioError):
