@@ -7,7 +7,7 @@ first failing one giving the node's reason in kube's words.
 * Node filters look only at what a node *is* (its :class:`NodeTraits`: labels, taints, cordon, Ready, asleep)
   and what a pod *asks* (its :class:`PodConstraints`: nodeSelector, tolerations, required node affinity):
   ``NodeUnschedulable``, ``TaintToleration``, ``NodeAffinity``, then ``NodeReady`` (a node that is NotReady
-  without being asleep, down, booting or failed to wake, takes no pod: nothing would wake it; kube-scheduler
+  without being asleep, i.e. down, booting or failed to wake, takes no pod: nothing would wake it; kube-scheduler
   has no such filter, see :func:`node_ready`). They are judged once per distinct node traits
   (nodes are encoded as integer ids of their distinct traits, :class:`NodeTable`) and cached per distinct pod
   constraints, so a pod's cost is a dict lookup and one ``&``; a pod without constraints on nodes that admit

@@ -608,9 +608,9 @@ class Scheduler:
         if not awake:
             if asleep:  # asleep or waking: nominate it, wait for it, lose nothing
                 self._wait_for_node(e, name)
-            else:  # NotReady since the decision (_pinned_unready kept the others out): decide again
-                log.info("scheduling %s/%s: node %s is not Ready; retrying", e.namespace, e.name, name)
-                self.metrics.attempts.labels("unschedulable").inc()
+            else:  # the lock was held since the decision, so the filter chain let a NotReady node through: a bug
+                log.error("scheduling %s/%s: node %s is not ready; retrying", e.namespace, e.name, name)
+                self.metrics.attempts.labels("error").inc()
                 self._requeue(e, backoff=True)
             self._slots.release()
             return

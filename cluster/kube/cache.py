@@ -399,7 +399,7 @@ class KubeCache:
     def feasible(self, pod: PodInfo, st: ClusterState | None = None) -> np.ndarray:
         """Nodes that pass the filter chain for ``pod`` (:mod:`joulesched.cluster.filters`): NodeUnschedulable,
         TaintToleration, NodeAffinity (nodeSelector and required node affinity), NodeReady (a node NotReady
-        without being asleep, down or booting, passes only a pod that names it), PowerState, NodePorts and
+        without being asleep, i.e. down or booting, passes only a pod pinned to it), PowerState, NodePorts and
         NodeResourcesFit (cpu, memory, pod count, GPUs, every other requested resource). ``st``: :meth:`state`'s
         answer, if the caller just had it."""
         st = self.state() if st is None else st
