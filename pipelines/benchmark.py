@@ -27,7 +27,7 @@ from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
 from joulesched.pipelines.pool import process_pool
-from joulesched.pipelines.results import SCHEMA_VERSION, Results, dump, from_dict, load_results  # noqa: F401
+from joulesched.pipelines.results import SCHEMA_VERSION, OptimumRun, Results, dump, from_dict, load_results  # noqa: F401
 from joulesched.pipelines.stats import t_halfwidth
 
 
@@ -349,13 +349,18 @@ def dropped_warnings(entries: list[dict]) -> list[str]:
 
 
 def _optimum_summary(opts: list[dict]) -> dict:
-    """Means across seeds of the LP bound, the optimum (when every seed has one) and its bound."""
-    def mean(key):
-        vals = [o[key] for o in opts]
+    """Means across seeds of the LP bound, the optimum (when every seed has one: its schedule as the twin meters
+    it, as the report and headroom take it) and its bound; per seed, its certificate (``optimal`` only when
+    proven and replayed to the MIP's energy), else the solver's status."""
+    runs = [OptimumRun.model_validate(o) for o in opts]
+
+    def mean(vals):
         return float(np.mean(vals)) if vals and all(v is not None for v in vals) else None
 
-    return {"lp_bound_joules": mean("lp_bound_joules"), "optimum_joules": mean("optimum_joules"),
-            "optimum_bound_joules": mean("bound_joules"), "status": [o["status"] for o in opts]}
+    return {"lp_bound_joules": mean([r.lp_bound_joules for r in runs]),
+            "optimum_joules": mean([r.schedule_energy for r in runs]),
+            "optimum_bound_joules": mean([r.bound_joules for r in runs]),
+            "status": [o.get("certificate") or o["status"] for o in opts]}
 
 
 def headroom(res: Results) -> dict[str, dict]:

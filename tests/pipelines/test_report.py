@@ -405,3 +405,14 @@ def test_an_older_row_without_schedule_joules_takes_the_replay_not_the_mips_figu
            "replay_joules": 96.0}
     (e,) = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}], opt).runs("s")
     assert e.optimum.schedule_energy == 96.0
+
+
+def test_the_benchmark_summary_gives_the_replayed_schedule_and_its_certificate():
+    from joulesched.pipelines.benchmark import _optimum_summary
+
+    row = {"name": "s", "seed": 0, "nodes": 2, "pods": 3, "status": "optimal", "optimum_joules": 95.0,
+           "bound_joules": 95.0, "lp_bound_joules": 90.0, "replay_joules": 96.0, "schedule_joules": 96.0,
+           "certificate": "feasible"}
+    s = _optimum_summary([row, {**row, "seed": 1, "schedule_joules": 98.0}])
+    assert s["optimum_joules"] == pytest.approx(97.0) and s["status"] == ["feasible", "feasible"]
+    assert s["optimum_bound_joules"] == 95.0 and s["lp_bound_joules"] == 90.0
