@@ -79,17 +79,18 @@ def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict |
     tensors: dict[str, torch.Tensor] = {}
     for prefix, net in (("q", agent.q), ("target", agent.q_target)):
         for name, t in net.state_dict().items():
-            if t.is_floating_point() and not torch.isfinite(t).all():
-                # The loader refuses such a file: writing it would replace a model that loads with one that does not.
-                raise CheckpointError(f"{path}: not written: {prefix}.{name} holds non-finite weights (training "
-                                      "diverged; try a smaller dqn.learning_rate or dqn.max_grad_norm)")
             tensors[f"{prefix}.{name}"] = t.detach().contiguous().clone()
-    path.parent.mkdir(parents=True, exist_ok=True)
     opt = agent.optimizer.state_dict()
     for pid, st in opt["state"].items():
         for key, val in st.items():
             val = val if torch.is_tensor(val) else torch.tensor(float(val))
             tensors[f"optim.{pid}.{key}"] = val.detach().reshape(val.shape).contiguous().clone().float()
+    for name, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            # The loader (and --resume) refuses such a file: writing it would replace a model that loads with one
+            # that does not.
+            raise CheckpointError(f"{path}: not written: {name} holds non-finite values (training diverged; try a "
+                                  "smaller dqn.learning_rate or dqn.max_grad_norm)")
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "feature_schema": agent.cfg.feature_schema,
         "features": feature_names(agent.cfg.feature_schema), "config": agent.cfg.to_dict(), "reward": reward or {},

@@ -132,6 +132,13 @@ def test_non_finite_weights_are_never_written_over_a_model(tmp_path):
         save_checkpoint(path, agent, {"steps": 1})
     assert path.read_bytes() == before and path.with_suffix(".json").read_text() == meta_before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "m.pt"]  # no temp file left
+    # Nor non-finite optimizer state, which --resume refuses.
+    agent, _ = load_agent(path)
+    state = next(iter(agent.optimizer.state.values()))
+    state["exp_avg"].fill_(float("inf"))
+    with pytest.raises(CheckpointError, match=r"optim\.\d+\.exp_avg holds non-finite"):
+        save_checkpoint(path, agent, {"steps": 1})
+    assert path.read_bytes() == before
 
 
 def test_a_diverged_loss_stops_the_run(monkeypatch):
