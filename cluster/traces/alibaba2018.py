@@ -101,10 +101,6 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
     w0, w1 = sink.w0, sink.w1
     for p in files["batch_task"]:
         for line, r in csv_rows(p, progress, BATCH_TASK):
-            n = number(p, line, "instance_num", r[1], minimum=0)
-            if not n.is_integer() or n > MAX_INSTANCES:  # each instance becomes a pod when batch_instance is absent
-                raise TraceFormatError(f"{p}: line {line}, column instance_num: {r[1].strip()!r} is not a whole "
-                                       f"number of instances (0..{MAX_INSTANCES:,})")
             start = number(p, line, "start_time", r[5], minimum=0)
             end = number(p, line, "end_time", r[6], minimum=0)
             cpu, mem = cpu_m(p, line, "plan_cpu", r[7]), mem_mib(p, line, "plan_mem", r[8])
@@ -116,6 +112,11 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             if r[4].strip().lower() in NEVER_RAN or (start == 0 and end == 0):
                 sink.count("tasks that never ran (skipped)")
                 continue
+            # Without batch_instance each instance becomes a pod: only then is the count read.
+            n = number(p, line, "instance_num", r[1], minimum=0)
+            if not n.is_integer() or n > MAX_INSTANCES:
+                raise TraceFormatError(f"{p}: line {line}, column instance_num: {r[1].strip()!r} is not a whole "
+                                       f"number of instances (0..{MAX_INSTANCES:,})")
             for _ in range(int(n)):
                 sink.add(submit=start, start=start, end=end if end > start else None, trace_end=None, kind=JOB,
                          cpu_req=cpu, mem_req=mem, owner="Job", app=f"{r[2]}/{r[0]}")

@@ -166,6 +166,11 @@ def test_alibaba2018_absurd_instance_num_is_refused(tmp_path, n):
     task = _write(tmp_path, "batch_task.csv", f"M1,{n},j_0,1,Terminated,10,20,100,0.5\n")
     res = runner.invoke(app, ["trace", "import", "-f", "alibaba-2018", "-o", str(tmp_path / "pods.csv"), str(task)])
     _refused(res, tmp_path, "line 1, column instance_num", "not a whole number of instances")
+    # With batch_instance the instances are its rows: the count is never read, so it is no reason to refuse.
+    inst = _write(tmp_path, "batch_instance.csv", "ins_a,M1,j_0,1,Terminated,10,20,m_1,1,1,120,180,0.3,0.4\n")
+    res = runner.invoke(app, ["trace", "import", "-f", "alibaba-2018", "-o", str(tmp_path / "pods.csv"), str(task),
+                              str(inst)])
+    assert res.exit_code == 0, res.output
 
 
 def test_alibaba2023_pod_listed_twice_is_counted(tmp_path):
