@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from joulesched.cluster.scenario import MAX_CPU_M, MAX_MEMORY_MIB, Fitted, ScenarioError
+from joulesched.cluster.scenario import MAX_CPU_M, MAX_GPUS, MAX_MEMORY_MIB, Fitted, ScenarioError
 from joulesched.core import yamlio
 from joulesched.core.fsio import atomic_path
 
@@ -153,7 +153,7 @@ def load_fit(path: str | Path) -> dict:
             raise ScenarioError(f"{where}: cpu_m {cpu} / memory_mib {mem}: above {MAX_CPU_M} m / {MAX_MEMORY_MIB} MiB")
         if a.get("kind") not in KINDS:
             raise ScenarioError(f"{where}: kind {a.get('kind')!r} is not one of {', '.join(KINDS)}")
-        if not 0 <= gpu <= 64 or not 1 <= milli <= GPU_MILLI or (milli < GPU_MILLI and gpu != 1):
+        if not 0 <= gpu <= MAX_GPUS or not 1 <= milli <= GPU_MILLI or (milli < GPU_MILLI and gpu != 1):
             raise ScenarioError(f"{where}: gpu_count {gpu} / gpu_milli {milli}: a share below {GPU_MILLI} is of one GPU")
         for field in ("usage_fraction", "usage_m"):  # what each drawn pod's usage is computed from
             v = a.get(field)

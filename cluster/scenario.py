@@ -36,6 +36,8 @@ from joulesched.power.gpu import gpu_curve, gpu_speed
 #: and small enough that a cluster's sums stay within the twin's 64-bit columns (a larger one overflowed them).
 MAX_CPU_M = 10**9
 MAX_MEMORY_MIB = 10**10
+#: The most GPUs a node or pod may have (no machine has more).
+MAX_GPUS = 64
 
 
 class ScenarioError(UsageError):
@@ -240,7 +242,7 @@ class NodeGroup(_Strict):
     unschedulable: bool = False  # cordoned
     # GPUs (docs/twin.md, "GPUs"): count, model (the nvidia.com/gpu.product label on a cluster), memory per GPU,
     # and one GPU's watts ([idle, max] or 11 values at 0..100 %; default: the model's, power/gpu.py).
-    gpu_count: int = Field(0, ge=0, le=64)
+    gpu_count: int = Field(0, ge=0, le=MAX_GPUS)
     gpu_model: str = Field("", max_length=63)
     gpu_memory_mib: int = Field(0, ge=0, le=MAX_MEMORY_MIB)
     gpu_power_watts: list[float] | None = None

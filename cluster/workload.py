@@ -43,7 +43,15 @@ import numpy as np
 
 from joulesched.cluster.filters import PodConstraints
 from joulesched.cluster.fitted import draw_fitted, load_fit
-from joulesched.cluster.scenario import Fitted, PodPlacement, Scenario, ScenarioError, Services, Synthetic
+from joulesched.cluster.scenario import (
+    MAX_GPUS,
+    Fitted,
+    PodPlacement,
+    Scenario,
+    ScenarioError,
+    Services,
+    Synthetic,
+)
 from joulesched.core.fsio import atomic_path
 
 TRACE_COLUMNS = ("submit_s", "duration_s", "cpu_request_m", "memory_request_mib", "cpu_usage_m")
@@ -618,8 +626,8 @@ def parse_gpu(count_s: str, milli_s: str, spec_s: str, where) -> tuple[int, int,
         count = int(count_s) if count_s else 0
     except ValueError:
         raise ScenarioError(f"{where('gpu_count')}: {count_s!r} is not an integer") from None
-    if count < 0 or count > 64:
-        raise ScenarioError(f"{where('gpu_count')}: {count} is not a GPU count (0..64)")
+    if count < 0 or count > MAX_GPUS:
+        raise ScenarioError(f"{where('gpu_count')}: {count} is not a GPU count (0..{MAX_GPUS})")
     try:
         milli = int(milli_s) if milli_s else GPU_MILLI
     except ValueError:

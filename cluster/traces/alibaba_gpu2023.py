@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from joulesched.cluster.scenario import MAX_GPUS
 from joulesched.cluster.traces.common import (
     JOB,
     SERVICE,
@@ -144,8 +145,8 @@ def _gpus(p: Path, line: int, r: dict, models: set[str] | None) -> tuple[int, in
     if milli > 1000:
         raise TraceFormatError(f"{p}: line {line}, column gpu_milli: {milli} milli-GPU is more than one GPU "
                                "(1000); a pod asks for several GPUs with num_gpu")
-    if count > 64:  # what a trace CSV may hold (cluster/workload.py parse_gpu): no machine has more
-        raise TraceFormatError(f"{p}: line {line}, column num_gpu: {count} is not a GPU count (0..64)")
+    if count > MAX_GPUS:  # what a trace CSV may hold (cluster/workload.py parse_gpu): no machine has more
+        raise TraceFormatError(f"{p}: line {line}, column num_gpu: {count} is not a GPU count (0..{MAX_GPUS})")
     if not count:
         return 0, 1000, None
     if milli == 0:

@@ -197,8 +197,8 @@ def json_lines(path: Path, progress: Progress | None) -> Iterator[tuple[int, dic
         raise TraceFormatError(f"{path}: empty file; expected one JSON object per line")
 
 
-def number(path: Path, line: int, column: str, cell: str, *, empty: float | None = None, minimum: float | None = None,
-           finite: bool = True) -> float:
+def number(path: Path, line: int, column: str, cell: str, *, empty: float | None = None,
+           minimum: float | None = None) -> float:
     """A numeric cell. ``empty``: the value of an empty cell (None: an empty cell is an error)."""
     if cell == "" or cell is None:
         if empty is not None:
@@ -208,7 +208,7 @@ def number(path: Path, line: int, column: str, cell: str, *, empty: float | None
         v = float(cell)
     except (TypeError, ValueError):
         raise fail(path, line, column, f"{cell!r} is not a number") from None
-    if finite and not math.isfinite(v):
+    if not math.isfinite(v):
         raise fail(path, line, column, f"{cell!r} is not finite")
     if abs(v) > MAX_CELL:
         raise fail(path, line, column, f"{cell!r} is too large (more than 2^53)")
