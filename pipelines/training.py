@@ -215,7 +215,7 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
             raise TrainError("--resume keeps the model's hyperparameters; do not pass a config")
         agent, meta = load_agent(model, seed=seed)
         prev_training = meta.get("training", {})
-        reward = RewardConfig(**meta["reward"]) if meta.get("reward") else RewardConfig()
+        reward = RewardConfig(**meta["reward"])  # load_agent checked it ({} where the model stored none)
     else:
         config = config or TrainConfig()
         agent, reward = DQN(config.dqn, seed=seed), config.reward
