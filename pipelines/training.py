@@ -318,12 +318,17 @@ def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     with csv_path.open(encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     if not rows:
         return None
+    with matplotlib.rc_context({"text.parse_math": False}):  # scenario names are text: a "$" is no mathtext
+        return _draw_curve(rows, png_path)
+
+
+def _draw_curve(rows: list[dict], png_path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     by_sc: dict[str, list[tuple[int, float]]] = {}
     val: list[tuple[int, float]] = []

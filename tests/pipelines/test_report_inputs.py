@@ -189,6 +189,14 @@ def test_a_scenario_name_is_text_in_the_page_the_plots_and_the_terminal(tmp_path
                             "-p", "most-allocated"])
     assert r.exit_code == 0, r.output
     assert f"{name} seed 5: " in " ".join(r.stdout.split())
+    # The training curve's legend names the scenarios too.
+    from joulesched.pipelines.training import _plot_curve
+
+    curve = tmp_path / "m.curve.csv"
+    curve.write_text("step,scenario,episode_return,eval_score\n" + "".join(
+        f"{k},{json.dumps(name)},{k}.0,\n" for k in (1, 2)))
+    assert _plot_curve(curve, tmp_path / "m.curve.png") == tmp_path / "m.curve.png"  # raised mid-render
+    assert (tmp_path / "m.curve.png").stat().st_size > 0
 
 
 def test_a_render_that_fails_keeps_the_old_page_and_its_plots(out, monkeypatch):
