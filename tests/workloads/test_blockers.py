@@ -25,6 +25,14 @@ def _busy() -> float:
     return t.user + t.nice + t.system + t.irq + t.softirq
 
 
+def _runnable() -> int:
+    """Threads runnable on the machine now (/proc/stat procs_running, this one included)."""
+    for line in open("/proc/stat"):
+        if line.startswith("procs_running"):
+            return int(line.split()[1])
+    return 1
+
+
 def _measure_cpu(app, window: float, with_others: bool = False):
     """Cores used by the app's process tree over `window`; optionally also cores used by everything else."""
     c0, b0, t0 = cpu_seconds_of_tree(app.pid), _busy(), time.monotonic()
@@ -150,8 +158,13 @@ def test_combined_runs_every_load_together(serve, tmp_path):
                       "net_mbps": 8, "net_target": app.url + "/sink"})
     assert set(st["run"]["loads"]) == {"cpu", "memory", "disk", "network"}
     time.sleep(0.4)
+    running = _runnable()
     cores, others = _measure_cpu(app, 1.5, with_others=True)
-    assert cores >= 0.7 * min(1.0, len(os.sched_getaffinity(0)) - others)
+    running = max(running, _runnable())
+    # CFS shares the cores among the runnable threads: with more of them than cores (the other xdist worker's
+    # test beside the app's own load threads) the blocker's fair share is cores / runnable, not all that is left.
+    n = len(os.sched_getaffinity(0))
+    assert cores >= 0.7 * min(1.0, n - others, n / max(running, 1)), (cores, others, running)
     assert rss(app.pid) - before > 50 * 2**20
     assert wait_for(lambda: app.get("/status").json()["state"] == "idle", timeout=5)
     last = app.get("/status").json()["last_run"]["loads"]
