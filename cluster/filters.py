@@ -6,9 +6,10 @@ first failing one giving the node's reason in kube's words.
 
 * Node filters look only at what a node *is* (its :class:`NodeTraits`: labels, taints, cordon, Ready, asleep)
   and what a pod *asks* (its :class:`PodConstraints`: nodeSelector, tolerations, required node affinity):
-  ``NodeUnschedulable``, ``TaintToleration``, ``NodeAffinity``, then ``NodeReady`` (a node that is NotReady
-  without being asleep, i.e. down, booting or failed to wake, takes no pod: nothing would wake it; kube-scheduler
-  has no such filter, see :func:`node_ready`). They are judged once per distinct node traits
+  ``NodeUnschedulable``, ``TaintToleration``, ``NodeAffinity``, then, in joulesched's own profile,
+  ``NodeReady`` (a node that is NotReady without being asleep, i.e. down, booting or failed to wake, takes no
+  pod: nothing would wake it; kube-scheduler has no such filter, see :func:`node_ready`;
+  :data:`KUBE_NODE_FILTERS` is kube's set, for the extender). They are judged once per distinct node traits
   (nodes are encoded as integer ids of their distinct traits, :class:`NodeTable`) and cached per distinct pod
   constraints, so a pod's cost is a dict lookup and one ``&``; a pod without constraints on nodes that admit
   it costs nothing at all.
@@ -149,15 +150,6 @@ class NodeSelectorTerm:
             all(r.matches(fields) for r in self.match_fields)
 
 
-def _pinned_to(terms: tuple[NodeSelectorTerm, ...] | None) -> str | None:
-    names = {r.values[0] if r.operator == "In" and len(r.values) == 1 else None
-             for t in terms or () for r in t.match_fields if r.key == "metadata.name"}
-    named = {t for t in terms or () if any(r.key == "metadata.name" for r in t.match_fields)}
-    if len(names) != 1 or None in names or len(named) != len(terms or ()):
-        return None
-    return names.pop()
-
-
 @dataclass(frozen=True, slots=True)
 class PodConstraints:
     """What a pod asks of a node beyond resources. ``required_terms`` is
@@ -168,14 +160,10 @@ class PodConstraints:
     tolerations: tuple[Toleration, ...] = ()
     required_terms: tuple[NodeSelectorTerm, ...] | None = None
     uses_fields: bool = field(default=False, init=False, compare=False, repr=False)
-    #: The one node the pod can go to by name (every required term asks ``metadata.name In [node]``, as the
-    #: DaemonSet controller pins its pods), else None.
-    pinned_to: str | None = field(default=None, init=False, compare=False, repr=False)
     _hash: int = field(default=0, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uses_fields", any(t.match_fields for t in self.required_terms or ()))
-        object.__setattr__(self, "pinned_to", _pinned_to(self.required_terms) if self.uses_fields else None)
         # Hashed once: the chain looks a pod's constraints up in its verdict cache on every decision.
         object.__setattr__(self, "_hash", hash((self.node_selector, self.tolerations, self.required_terms)))
 
@@ -244,8 +232,9 @@ _NOT_READY = Taint(NOT_READY_TAINT, "", "NoSchedule")
 
 def taint_toleration(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[str, str]) -> str:
     """TaintToleration: every NoSchedule/NoExecute taint tolerated. A NotReady node counts as tainted
-    ``node.kubernetes.io/not-ready`` (the node lifecycle controller's taint) even before the taint appears, so
-    that nothing lands on a node that is off or booting (a pod tolerating that taint meets :func:`node_ready`)."""
+    ``node.kubernetes.io/not-ready:NoSchedule`` (TaintNodesByCondition's taint) even before the node lifecycle
+    controller adds it, so that nothing lands on a node that is off or booting unless it tolerates that
+    taint, as in kube-scheduler (a pod that does meets :func:`node_ready` in joulesched's own profile)."""
     tols = pod.tolerations if pod else ()
     taints = node.taints if node.ready else (*node.taints, _NOT_READY)
     for taint in taints:
@@ -267,19 +256,15 @@ def node_affinity(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[
 
 
 def node_ready(node: NodeTraits, pod: PodConstraints | None, fields: Mapping[str, str]) -> str:
-    """NodeReady: a node that is NotReady without being asleep (down, booting, a wake that failed) takes no pod,
-    even one that tolerates every taint, the not-ready one included: nothing would wake it, ``serve`` binds
-    only to Ready nodes, and a policy looking for empty nodes would favour exactly the dead ones. A sleeping
-    node passes (judged awake under a profile that wakes nodes, else gated by the controller's taint and
-    cordon), and so does a node for a pod pinned to it alone (every required term ``metadata.name In [it]``,
-    as the DaemonSet controller pins its pods), as kube-scheduler lets it: a booting node's CNI pod tolerates
-    everything and must land there before the node can become Ready (the extender must not refuse it; ``serve``
-    itself binds only to Ready nodes and reports such a pod unschedulable). Runs after kube's node filters, so
-    a node they reject keeps their reason."""
-    if node.ready or node.asleep or (pod is not None and pod.pinned_to is not None
-                                     and pod.pinned_to == fields.get("metadata.name")):
-        return ""
-    return REASON_NOT_READY
+    """NodeReady, joulesched's own profile (the twin, ``serve``, the node power controller's "would it fit"): a
+    node that is NotReady without being asleep (down, booting, a wake that failed) takes no pod, even one that
+    tolerates every taint: nothing would wake it, ``serve`` binds only to Ready nodes, and a policy looking for
+    empty nodes would favour exactly the dead ones. A sleeping node passes (judged awake under a profile that
+    wakes nodes, else gated by the controller's taint and cordon). kube-scheduler has no such filter (a pod
+    tolerating ``node.kubernetes.io/not-ready`` may go to a NotReady node: a booting node's CNI pod must), so
+    :data:`KUBE_NODE_FILTERS`, the extender's, leaves it out. Runs after kube's node filters, so a node they
+    reject keeps their reason."""
+    return "" if node.ready or node.asleep else REASON_NOT_READY
 
 
 NODE_FILTERS: tuple[tuple[str, NodeFilter], ...] = (
@@ -288,6 +273,10 @@ NODE_FILTERS: tuple[tuple[str, NodeFilter], ...] = (
     ("NodeAffinity", node_affinity),
     ("NodeReady", node_ready),
 )
+#: kube-scheduler's node filters: readiness only through the not-ready taint. The extender's profile: it must
+#: pass what kube-scheduler passes, or a tolerate-all pod that has to run before any node is Ready (a CNI's
+#: DaemonSet, an operator such as tigera-operator) would never be placed while the extender is attached.
+KUBE_NODE_FILTERS: tuple[tuple[str, NodeFilter], ...] = tuple(f for f in NODE_FILTERS if f[0] != "NodeReady")
 
 
 def node_reason(node: NodeTraits, pod: PodConstraints | None, name: str = "",

@@ -6,9 +6,11 @@ names: ``Pod``, ``Nodes`` (a NodeList, unless the extender is ``nodeCacheCapable
 
 - ``/filter`` answers ``{"Nodes"|"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}``. Nodes that
   fail on resources go to FailedNodes (preemption may help); unschedulable, tainted or non-matching nodes go
-  to FailedAndUnresolvableNodes, and so do nodes NotReady without being asleep ("node(s) were not ready": the
-  filter chain's NodeReady, as ``serve`` decides, except for a pod that names its node by ``matchFields``, a
-  DaemonSet's, which kube-scheduler must be able to place on a booting node). A node the cache does not know
+  to FailedAndUnresolvableNodes. Readiness is judged as kube-scheduler judges it (the cache's
+  ``kube_readiness``): a NotReady node fails only a pod that does not tolerate ``node.kubernetes.io/not-ready``,
+  so a tolerate-all pod that must run before any node is Ready (a CNI's DaemonSet, an operator such as
+  tigera-operator) is never kept off a booting cluster by the extender (``serve``, which binds itself, never
+  binds to a NotReady node). A node the cache does not know
   yet (just added, the watch behind) passes: kube-scheduler's own filters have already passed it, and
   rejecting it would send kube-scheduler preempting for nothing.
 - While the cache is not synced, or has had no answer from the apiserver for ``stale_s`` (60 s), ``/filter``
@@ -113,6 +115,7 @@ class Extender:
         self.cache, self.policy, self.stale_s = cache, policy, stale_s
         self.rng = np.random.default_rng(seed)
         self._epoch = -1
+        cache.kube_readiness = True  # pass what kube-scheduler would place (see the module's docstring)
         attach = getattr(policy, "attach", None)
         if attach is not None:  # the DQN's lifetime predictor learns from the cache's pod events, as in serve
             attach(self)
@@ -163,7 +166,7 @@ class Extender:
                 if i is None or mask[i]:  # unknown to the cache yet: kube-scheduler's filters passed it
                     passed.append(name)
                 else:
-                    gate = node_gate_reason(self.cache.nodes[name], pod)
+                    gate = node_gate_reason(self.cache.nodes[name], pod, self.cache.node_filters)
                     if gate:
                         unresolvable[name] = gate
                     else:

@@ -22,11 +22,11 @@ What happens to a pod, whatever fails:
   is tried first, as kube-scheduler does). No binding ever goes to a node that is not Ready, and a node that is
   NotReady without being asleep (down, booting, a failed wake) is no candidate at all, even for a pod that
   tolerates every taint: nothing would wake it, so waiting for it could last for ever. That is the filter
-  chain's NodeReady (the extender's answer too; FailedScheduling counts such nodes as ``node(s) were not
-  ready``). The chain passes a pod pinned to its one node by ``matchFields`` (a DaemonSet's) for kube-scheduler's
-  sake; here it is unschedulable, with that event, until its node is Ready. A pod decided away from its nominated node (bound elsewhere, waiting
-  for another node, or unschedulable) has the nomination cleared (``nominatedNodeName: null``), so the
-  controller stops waking that node for it;
+  chain's NodeReady (FailedScheduling counts such nodes as ``node(s) were not ready``); a pod pinned to a
+  booting node by ``matchFields`` (a DaemonSet's) is unschedulable, with that event, until its node is Ready.
+  The extender, where kube-scheduler binds, judges readiness as kube does (the not-ready taint alone). A pod
+  decided away from its nominated node (bound elsewhere, waiting for another node, or unschedulable) has the
+  nomination cleared (``nominatedNodeName: null``), so the controller stops waking that node for it;
 - bind answers 201: done; the watch confirms it;
 - bind answers 409: the pod is already bound (by us, when an earlier answer was lost, or by anyone else) or
   its uid changed. Re-read it; bound → done, never bound again; still pending → back off and retry;
@@ -687,7 +687,6 @@ class Scheduler:
                 return None
             st = self.cache.state()
             mask = self.cache.feasible(pod, st)  # NotReady nodes that are not asleep are out (NodeReady)
-            pinned_unready = self._pinned_unready(pod, st, mask)
             nominated = pod.nominated_node if e.nominated is None else e.nominated
             if e.waiting_for and st is not None:
                 w = e.waiting_for
@@ -707,7 +706,7 @@ class Scheduler:
                 attempt = _Attempt(e, t0, nominated=nominated)
                 lock = None  # handed over: bind() or abandon() releases it
                 return Decision(st, pod.request, mask, attempt, pod.meta)  # meta: as the twin's (pod_meta)
-            message = self.cache.unschedulable_message(pod, st, not_ready=pinned_unready)
+            message = self.cache.unschedulable_message(pod, st)
         finally:
             if lock is not None:
                 lock.release()
@@ -720,25 +719,6 @@ class Scheduler:
         e.last_failure = message
         self._requeue(e, backoff=True)
         return None
-
-    def _pinned_unready(self, pod: PodInfo, st: Any, mask: np.ndarray | None) -> int:
-        """A pod pinned to one node by name (a DaemonSet's) passes the chain's NodeReady on that node while it
-        is NotReady, for kube-scheduler's sake (live.extender); this scheduler binds only to Ready nodes, so it
-        takes that node out of ``mask`` (in place) and answers 1, for the FailedScheduling message to count it."""
-        c = pod.request.constraints
-        if st is None or mask is None or c is None or c.pinned_to is None:
-            return 0
-        info = self.cache.nodes.get(c.pinned_to)
-        if info is None or info.ready or info.asleep:
-            return 0
-        try:
-            k = st.names.index(c.pinned_to)
-        except ValueError:
-            return 0
-        if not mask[k]:
-            return 0
-        mask[k] = False
-        return 1
 
     def _sample(self, mask: np.ndarray) -> np.ndarray:
         """kube-scheduler's feasible-node search with percentageOfNodesToScore: from a start index that rotates

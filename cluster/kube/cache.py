@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from joulesched.cluster.kube.informer import Informer
 from joulesched.cluster.kube.metrics_feed import FeedConfig, PrometheusFeed
-from joulesched.cluster.filters import REASON_NOT_READY, FilterChain
+from joulesched.cluster.filters import KUBE_NODE_FILTERS, NODE_FILTERS, FilterChain, NodeFilter
 from joulesched.cluster.kube.objects import CurveResolver, NodeInfo, PodInfo, parse_node, parse_pod
 from joulesched.cluster.state import ASLEEP, WAKING, ClusterState, PodRequest
 from joulesched.power.gpu import gpu_curve
@@ -73,6 +73,7 @@ class KubeCache:
         self._state: ClusterState | None = None
         self._index: dict[str, int] = {}
         self._sleep_aware = False
+        self._kube_readiness = False
         self._sleep_model: tuple[float, float] | None = None
         self._sleeper: Callable[[NodeInfo], bool] | None = None
         self._dirty = True
@@ -317,7 +318,8 @@ class KubeCache:
         infos = [self.nodes[n] for n in names]
         st = ClusterState(names, [i.cpu_m for i in infos], [i.memory_mib for i in infos],
                           [i.max_pods for i in infos], [i.curve for i in infos], traits=[i.traits for i in infos],
-                          chain=FilterChain(wake_sleeping=self._sleep_aware), **self._sleep_kwargs(infos),
+                          chain=FilterChain(wake_sleeping=self._sleep_aware, node_filters=self.node_filters),
+                          **self._sleep_kwargs(infos),
                           **_gpu_kwargs(infos), named_alloc=[i.named_alloc for i in infos])
         self._index = {n: k for k, n in enumerate(names)}
         for uid, (node, req) in self._accounted.items():
@@ -385,7 +387,8 @@ class KubeCache:
     def sleep_aware(self) -> bool:
         """Sleeping nodes pass the filters as they will be once awake (the scheduler then waits for them);
         False (the default): they are gated by their taint, cordon and Ready condition like any other node
-        (NodeReady keeps out only the NotReady nodes that are not asleep, in both profiles).
+        (NodeReady keeps out only the NotReady nodes that are not asleep, in both profiles; see
+        :attr:`kube_readiness`).
         The filter chain's PowerState profile: changing it rebuilds the state."""
         return self._sleep_aware
 
@@ -396,10 +399,31 @@ class KubeCache:
                 self._sleep_aware = bool(value)
                 self._dirty = True
 
+    @property
+    def kube_readiness(self) -> bool:
+        """Readiness as kube-scheduler judges it (:data:`~joulesched.cluster.filters.KUBE_NODE_FILTERS`): a
+        NotReady node passes a pod that tolerates ``node.kubernetes.io/not-ready``. The extender's profile: it
+        must not refuse what kube-scheduler would place (a CNI's or an operator's tolerate-all pod on a booting
+        cluster). False (the default, ``serve``'s and the node power controller's): NodeReady keeps every
+        NotReady node that is not asleep out. Changing it rebuilds the state."""
+        return self._kube_readiness
+
+    @kube_readiness.setter
+    def kube_readiness(self, value: bool) -> None:
+        with self.lock:
+            if bool(value) != self._kube_readiness:
+                self._kube_readiness = bool(value)
+                self._dirty = True
+
+    @property
+    def node_filters(self) -> tuple[tuple[str, NodeFilter], ...]:
+        """The node filters of this cache's profile (:attr:`kube_readiness`)."""
+        return KUBE_NODE_FILTERS if self._kube_readiness else NODE_FILTERS
+
     def feasible(self, pod: PodInfo, st: ClusterState | None = None) -> np.ndarray:
         """Nodes that pass the filter chain for ``pod`` (:mod:`joulesched.cluster.filters`): NodeUnschedulable,
-        TaintToleration, NodeAffinity (nodeSelector and required node affinity), NodeReady (a node NotReady
-        without being asleep, i.e. down or booting, passes only a pod pinned to it), PowerState, NodePorts and
+        TaintToleration, NodeAffinity (nodeSelector and required node affinity), NodeReady (no node NotReady
+        without being asleep, i.e. down or booting; kube's taint alone under :attr:`kube_readiness`), PowerState, NodePorts and
         NodeResourcesFit (cpu, memory, pod count, GPUs, every other requested resource). ``st``: :meth:`state`'s
         answer, if the caller just had it."""
         st = self.state() if st is None else st
@@ -418,17 +442,13 @@ class KubeCache:
         assert st is not None
         return st.filter_reasons(i, pod.request)
 
-    def unschedulable_message(self, pod: PodInfo, st: ClusterState | None = None, not_ready: int = 0) -> str:
+    def unschedulable_message(self, pod: PodInfo, st: ClusterState | None = None) -> str:
         """kube's FailedScheduling message for ``pod``: every node's :meth:`reasons`, counted in one pass over
-        one state (:meth:`ClusterState.filter_reason_counts`); ``st`` as for :meth:`feasible`. ``not_ready``:
-        nodes the filters passed that the caller will not bind to because they are NotReady."""
+        one state (:meth:`ClusterState.filter_reason_counts`); ``st`` as for :meth:`feasible`."""
         st = self.state() if st is None else st
         if st is None:
             return NO_NODES_MESSAGE
-        counts = st.filter_reason_counts(pod.request)
-        if not_ready:
-            counts[REASON_NOT_READY] += not_ready
-        return kube_unschedulable_message(len(st), counts)
+        return kube_unschedulable_message(len(st), st.filter_reason_counts(pod.request))
 
     def get_pod(self, uid: str) -> PodInfo | None:
         with self.lock:

@@ -18,7 +18,7 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
@@ -32,7 +32,9 @@ from joulesched.cluster.filters import (
     GPU_RESOURCE,
     GPU_SHARE_ANNOTATION,
     MODELLED_RESOURCES,
+    NODE_FILTERS,
     NamedResourcesFit,
+    NodeFilter,
     NodeSelectorTerm,
     NodeTraits,
     PodConstraints,
@@ -664,14 +666,16 @@ def parse_constraints(spec: dict) -> PodConstraints | None:
     return pod_constraints(spec.get("nodeSelector") or {}, tols, terms)
 
 
-def node_gate_reason(node: NodeInfo, pod: PodInfo) -> str:
+def node_gate_reason(node: NodeInfo, pod: PodInfo,
+                     filters: Sequence[tuple[str, NodeFilter]] = NODE_FILTERS) -> str:
     """The first node filter of the chain (:mod:`joulesched.cluster.filters`: NodeUnschedulable,
     TaintToleration with the not-ready taint, NodeAffinity with nodeSelector and required node affinity,
-    NodeReady) that ``node`` fails for ``pod``, in kube's words; "" when it passes. Resources are not looked
+    NodeReady; ``filters``: a profile's, such as a cache's :attr:`~KubeCache.node_filters`) that ``node`` fails
+    for ``pod``, in kube's words; "" when it passes. Resources are not looked
     at, except a named resource (an extended one, ``ephemeral-storage``, ``hugepages-*``) the pod asks more of
     than the node has at all (:meth:`NamedResourcesFit.beyond_allocatable`): as in kube, no eviction makes
     room for it, and waking the node or moving the pod there would not help."""
-    r = node_reason(node.traits, pod.request.constraints, node.name)
+    r = node_reason(node.traits, pod.request.constraints, node.name, filters)
     if r or not pod.request.named:
         return r
     return NamedResourcesFit.beyond_allocatable(node.named_alloc, pod.request)

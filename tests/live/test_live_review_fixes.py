@@ -1,5 +1,5 @@
-"""Review fixes in the live path: NotReady nodes that are not asleep are no candidates (for serve and the
-extender alike), nominations are cleared when a pod is decided away from its node, a stale extender steps
+"""Review fixes in the live path: NotReady nodes that are not asleep are no candidates for serve (the extender
+judges them as kube-scheduler does), nominations are cleared when a pod is decided away from its node, a stale extender steps
 aside, and a binding ends before the term."""
 
 from __future__ import annotations
@@ -68,52 +68,76 @@ def test_a_pod_that_fits_only_a_notready_node_is_unschedulable_and_says_why(emu,
 
 
 @contextlib.contextmanager
-def _extender_on(emu) -> Iterator[tuple[KubeCache, Callable[[dict, list[str]], dict]]]:
-    """An extender over the emulator, synced: its cache, and ``filter(pod, node_names)`` -> its /filter answer."""
+def _extender_on(emu) -> Iterator[tuple[KubeCache, Callable[..., object]]]:
+    """An extender over the emulator, synced: its cache, and ``ask(pod, node_names, verb="filter")`` -> its
+    answer (filter or prioritize)."""
     cache = KubeCache(api_client_for(emu.url))
     srv = ExtenderServer(Extender(cache, make_policy("most-allocated")), "127.0.0.1", 0).start()
     cache.start()
 
-    def filter_(pod: dict, names: list[str]) -> dict:
-        code, out = _post(f"http://127.0.0.1:{srv.port}/filter", {"Pod": pod, "NodeNames": names})
-        assert code == 200 and out["Error"] == ""
+    def ask(pod: dict, names: list[str], verb: str = "filter") -> object:
+        code, out = _post(f"http://127.0.0.1:{srv.port}/{verb}", {"Pod": pod, "NodeNames": names})
+        assert code == 200 and (verb != "filter" or out["Error"] == ""), out
         return out
     try:
         assert cache.wait_synced(10)
-        yield cache, filter_
+        yield cache, ask
     finally:
         srv.stop()
         cache.stop()
 
 
-def test_the_extender_and_the_scheduler_drop_a_notready_node_with_one_answer(emu, make_scheduler):
-    """The rule lives in the filter chain (NodeReady): kube-scheduler asking the extender and ``serve`` deciding
-    for itself get the same answer for a pod that tolerates every taint, with the same reason."""
+def test_the_extender_judges_a_notready_node_as_kube_does_and_serve_keeps_it_out(emu, make_scheduler):
+    """One chain, two profiles: kube-scheduler asking the extender gets kube's answer (a NotReady node fails only
+    a pod that does not tolerate the not-ready taint, with kube's taint reason), ``serve`` deciding for itself
+    never takes one (NodeReady, "node(s) were not ready"), even for a pod that tolerates every taint."""
     emu.add_node("good", cpu="4", memory="8Gi")
     emu.add_node("dead", cpu="64", memory="256Gi")
     emu.set_node_ready("dead", False)
     pod = make_pod("p", cpu="100m", memory="100Mi", tolerations=TOLERATE_ALL)
+    info = parse_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}})
+    big = parse_pod({**make_pod("q", cpu="8", tolerations=TOLERATE_ALL), "metadata": {"uid": "q"}})
     with _extender_on(emu) as (cache, filter_):
+        assert cache.kube_readiness
         out = filter_(pod, ["good", "dead"])
-        assert out["NodeNames"] == ["good"] and out["FailedNodes"] == {}
-        assert out["FailedAndUnresolvableNodes"] == {"dead": "node(s) were not ready"}
-        sched = make_scheduler()  # serve's cache: the sleep-aware profile of the same chain
-        assert sched.cache.wait_synced(10) and sched.cache.sleep_aware
-        info = parse_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}})
-        big = parse_pod({**make_pod("q", cpu="8", tolerations=TOLERATE_ALL), "metadata": {"uid": "q"}})
-        for c in (cache, sched.cache):
-            with c.lock:
-                st = c.state()
-                assert c.feasible(info, st).tolist() == [n == "good" for n in st.names]
-                assert c.reasons(info, st.names.index("dead")) == ["node(s) were not ready"]
-                assert c.unschedulable_message(big) == (
-                    "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were not ready.")
+        assert out["NodeNames"] == ["good", "dead"] and not out["FailedNodes"] and not out["FailedAndUnresolvableNodes"]
+        out = filter_(make_pod("plain", cpu="100m"), ["good", "dead"])
+        assert out["NodeNames"] == ["good"] and out["FailedAndUnresolvableNodes"] == {
+            "dead": "node(s) had untolerated taint {node.kubernetes.io/not-ready: }"}
+        with cache.lock:
+            assert cache.unschedulable_message(big) == "0/2 nodes are available: 1 Insufficient cpu."
+        sched = make_scheduler()  # serve's cache: joulesched's own profile of the same chain
+        assert sched.cache.wait_synced(10) and sched.cache.sleep_aware and not sched.cache.kube_readiness
+        with sched.cache.lock:
+            st = sched.cache.state()
+            assert sched.cache.feasible(info, st).tolist() == [n == "good" for n in st.names]
+            assert sched.cache.reasons(info, st.names.index("dead")) == ["node(s) were not ready"]
+            assert sched.cache.unschedulable_message(big) == (
+                "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were not ready.")
+
+
+def test_the_extender_lets_kube_place_an_operator_on_a_cluster_with_no_ready_node(emu):
+    """Bootstrap: no node is Ready until the CNI runs, and the CNI's operator (tigera-operator: a Deployment,
+    hostNetwork, tolerating every taint) must be placed first. With the extender attached to the default
+    scheduler it must pass and score those nodes, or the cluster never comes up."""
+    for name in ("cp", "w1", "w2"):
+        emu.add_node(name, cpu="4", memory="8Gi")
+        emu.set_node_ready(name, False)
+    operator = make_pod("tigera-operator", cpu="100m", memory="128Mi", tolerations=TOLERATE_ALL,
+                        owner="ReplicaSet")
+    with _extender_on(emu) as (cache, filter_):
+        out = filter_(operator, ["cp", "w1", "w2"])
+        assert out["NodeNames"] == ["cp", "w1", "w2"] and not out["FailedAndUnresolvableNodes"]
+        scores = filter_(operator, ["cp", "w1", "w2"], "prioritize")
+        assert sorted(s["Host"] for s in scores) == ["cp", "w1", "w2"] and max(s["Score"] for s in scores) == 10
+        out = filter_(make_pod("web", cpu="100m"), ["cp", "w1", "w2"])  # anything else waits, as under kube
+        assert out["NodeNames"] == [] and len(out["FailedAndUnresolvableNodes"]) == 3
 
 
 def test_a_pod_that_names_a_notready_node_may_go_there_once_it_is_ready(emu, make_scheduler):
     """A DaemonSet's pod (pinned by matchFields, tolerating everything, as a CNI plugin's): the extender passes
-    its booting node, as kube-scheduler must bind it there for the node to become Ready; ``serve`` binds only
-    to Ready nodes, so it reports the pod unschedulable (FailedScheduling, PodScheduled=False) until then,
+    its booting node, as kube-scheduler must bind it there for the node to become Ready; ``serve`` never takes
+    a NotReady node, so it reports the pod unschedulable (FailedScheduling, PodScheduled=False) until then,
     never parking it elsewhere or nominating anything. A pod naming several nodes is no DaemonSet's: the
     NotReady one stays out and it goes to the Ready one at once."""
     emu.add_node("good", cpu="4", memory="8Gi")
