@@ -25,6 +25,7 @@ from pathlib import Path
 
 from joulesched.cluster.traces.common import (
     JOB,
+    MAX_CELL,
     NO_LIMIT,
     NO_REQUEST,
     SERVICE,
@@ -37,6 +38,7 @@ from joulesched.cluster.traces.common import (
     check_units,
     classify,
     csv_rows,
+    fail,
     node_groups,
     number,
     scaled,
@@ -81,10 +83,12 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
         if v > 100:
             raise TraceFormatError(f"{p}: line {line}, column {col}: {v:g} is above 100 (memory is normalised "
                                    "to 0-100)")
-        return scaled(v / 100.0, mem_unit)
+        return scaled(v / 100.0, mem_unit, (p, line, col))
 
     def cpu_m(p: Path, line: int, col: str, cell: str) -> int:
         v = number(p, line, col, cell, empty=-1.0)
+        if v > MAX_CELL / 10.0:
+            raise fail(p, line, col, f"{v:g} is {v * 10:.3g} m CPU, more than 2^53")
         return NO_REQUEST if v < 0 else int(round(v * 10.0))  # 100 = one core = 1000 m
 
     # Machines.

@@ -64,7 +64,7 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
 
     def norm(p: Path, line: int, col: str, cell: str, unit: float) -> int:
         v = number(p, line, col, cell, empty=0.0, minimum=0)
-        return scaled(v, unit) if v > 0 else NO_REQUEST
+        return scaled(v, unit, (p, line, col)) if v > 0 else NO_REQUEST
 
     machines: dict[str, tuple[float, int, int]] = {}
     for p in files["node_resource_usage"]:

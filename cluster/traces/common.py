@@ -514,14 +514,25 @@ def nodes_yaml(groups: list[dict], comment: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def scaled(value: float, unit: float) -> int:
-    """A normalised quantity in absolute units, rounded up (a request must not shrink)."""
-    return int(math.ceil(value * unit - 1e-9))
+def scaled(value: float, unit: float, at: tuple[Path, int, str] | None = None) -> int:
+    """A normalised quantity in absolute units, rounded up (a request must not shrink). ``at``: the cell's file,
+    line and column, named in the error where the product overflows the twin's columns (a corrupt cell, or a
+    unit off by orders of magnitude; without ``at`` :meth:`PodSink.add` still refuses it, naming the pod)."""
+    v = value * unit
+    if at is not None and v > MAX_CELL:
+        raise fail(*at, f"{value:g} in units of {unit:g} is {v:.3g}, more than 2^53 "
+                        "(is --cpu-unit-m / --memory-unit-mib right?)")
+    return int(math.ceil(v - 1e-9))
 
 
 def check_units(options: ImportOptions, defaults: dict[str, float]) -> tuple[float, float]:
+    """The CPU and memory units (the options', else the format's defaults), each finite, above 0 and at most
+    2^53 (a larger one overflows the twin's columns whatever the cell)."""
     cpu = options.cpu_unit_m if options.cpu_unit_m is not None else defaults.get("cpu_unit_m", 1.0)
     mem = options.memory_unit_mib if options.memory_unit_mib is not None else defaults.get("memory_unit_mib", 1.0)
+    for option, v in (("--cpu-unit-m", cpu), ("--memory-unit-mib", mem)):
+        if not (math.isfinite(v) and 0 < v <= MAX_CELL):
+            raise TraceFormatError(f"{option} {v:g}: a unit must be a finite number above 0 and at most 2^53")
     return float(cpu), float(mem)
 
 

@@ -83,7 +83,9 @@ def _time(p: Path, line: int, column: str, value: object) -> float | None:
     return None if t >= AFTER_TRACE else t * US
 
 
-def _resource(p: Path, line: int, obj: dict, name: str) -> float | None:
+def _resource(p: Path, line: int, obj: dict, name: str, unit: float = 1.0) -> float | None:
+    """A normalised resource cell, refused where it is no finite number >= 0 or ``unit`` times it overflows the
+    twin's columns (checked here, where the file and line are known: a request is converted only later)."""
     v = field_of(p, line, obj, name, required=False)
     if v is None:
         return None
@@ -93,8 +95,9 @@ def _resource(p: Path, line: int, obj: dict, name: str) -> float | None:
         raise fail(p, line, name, f"{v!r} is not a number") from None
     if not f >= 0 or f != f or f == float("inf"):
         raise fail(p, line, name, f"{v!r} is not a finite number >= 0")
-    if f > MAX_CELL:  # normalised to the largest machine: a corrupt value, which would overflow once scaled
-        raise fail(p, line, name, f"{v!r} is too large (more than 2^53)")
+    if f * unit > MAX_CELL:  # normalised to the largest machine: a corrupt value, which would overflow once scaled
+        raise fail(p, line, name, f"{v!r} is too large ({f * unit:.3g} in units of {unit:g}, more than 2^53; is "
+                                  "--cpu-unit-m / --memory-unit-mib right?)")
     return f
 
 
@@ -112,8 +115,8 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             key = (integer(p, line, "collection_id", field_of(p, line, ev, "collection_id")),
                    integer(p, line, "instance_index", field_of(p, line, ev, "instance_index")))
             prio = ev.get("priority")
-            cpus = _resource(p, line, ev, "resource_request.cpus")
-            mem = _resource(p, line, ev, "resource_request.memory")
+            cpus = _resource(p, line, ev, "resource_request.cpus", cpu_unit)
+            mem = _resource(p, line, ev, "resource_request.memory", mem_unit)
             s = inst.get(key)
             if s is None:
                 s = inst[key] = [None, None, None, None, -1.0, None, None, 0, 0]
@@ -153,7 +156,8 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
         for line, ev in json_lines(p, progress):
             t = _time(p, line, "time", field_of(p, line, ev, "time"))
             mid = integer(p, line, "machine_id", field_of(p, line, ev, "machine_id"))
-            cpus, mem = _resource(p, line, ev, "capacity.cpus"), _resource(p, line, ev, "capacity.memory")
+            cpus = _resource(p, line, ev, "capacity.cpus", cpu_unit)
+            mem = _resource(p, line, ev, "capacity.memory", mem_unit)
             if cpus is None or mem is None or t is None:
                 continue
             if mid not in machines or t >= machines[mid][0]:

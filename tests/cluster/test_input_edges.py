@@ -160,6 +160,35 @@ def test_a_request_that_converts_beyond_the_columns_is_refused():
         sink.add(submit=0.0, end=10.0, kind=0, cpu_req=10**25, mem_req=100, name="big")  # was OverflowError
 
 
+@pytest.mark.parametrize("unit", [["--cpu-unit-m", "nan"], ["--cpu-unit-m", "inf"], ["--memory-unit-mib", "1e17"]])
+def test_a_unit_that_is_no_number_or_overflows_every_cell_is_refused(tmp_path, unit):
+    # nan and inf passed the option's min=1 (click compares, and nan compares false): a traceback before.
+    from tests.cluster.test_traces import google_2019
+
+    files = google_2019(tmp_path / "in")
+    res = runner.invoke(app, ["trace", "import", "-f", "google-2019", "-o", str(tmp_path / "pods.csv"), *unit,
+                              *map(str, files)])
+    _refused(res, tmp_path, f"{unit[0]} {unit[1].replace('1e17', '1e+17')}: a unit must be a finite number")
+
+
+def test_a_cell_that_overflows_once_converted_is_refused_with_its_place(tmp_path):
+    """Google's cells are fractions of the largest machine, converted only once an instance is assembled: the
+    check is made where the row is read, so the error names its file, line and column, not only the pod."""
+    import gzip
+
+    from tests.cluster.test_traces import google_2019
+
+    files = google_2019(tmp_path / "in")
+    rows = gzip.decompress(files[0].read_bytes()).decode().splitlines(keepends=True)
+    ev = json.loads(rows[2])
+    ev["resource_request"]["memory"] = 1e12  # times 393,216 MiB: 3.9e17 MiB
+    rows[2] = json.dumps(ev) + "\n"
+    files[0].write_bytes(gzip.compress("".join(rows).encode()))
+    res = runner.invoke(app, ["trace", "import", "-f", "google-2019", "-o", str(tmp_path / "pods.csv"),
+                              *map(str, files)])
+    _refused(res, tmp_path, f"{files[0]}: line 3, column resource_request.memory: ", "more than 2^53")
+
+
 @pytest.mark.parametrize("n", ["1e12", "2.5"])
 def test_alibaba2018_absurd_instance_num_is_refused(tmp_path, n):
     # Without batch_instance each instance is a pod: 1e12 ran for ever, 2.5 became 2.
