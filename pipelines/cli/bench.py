@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from joulesched.pipelines.cli.common import command_line, err, errors, fail, interrupted, out
+from joulesched.pipelines.cli.common import command_line, err, errors, fail, float_option, interrupted, out
 from joulesched.pipelines.progress import progress_bar
 from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite
 
@@ -47,7 +47,7 @@ def benchmark(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
     optimum: Annotated[bool, typer.Option(
         "--optimum", help="Also the LP bound and, on small instances, the MIP optimum (docs/optimum.md).")] = False,
-    optimum_time_limit: Annotated[float, typer.Option(
+    optimum_time_limit: Annotated[float, float_option(
         help="Seconds for the MIP per scenario and seed, with --optimum.")] = 60.0,
     optimum_solver: Annotated[str, typer.Option(
         help="The MIP's solver with --optimum: highs, cpsat or race (both at once).")] = "highs",
@@ -138,7 +138,7 @@ def _print_unplaced(s: ScenarioSummary) -> None:
 def optimum(
     scenario: Annotated[list[Path], typer.Option("--scenario", "-s", help="Scenario YAML (repeatable).")],
     seeds: Annotated[int, typer.Option(min=1, max=1000, help="Seeds per scenario (workload seed = scenario seed + i).")] = 1,
-    time_limit: Annotated[float, typer.Option(
+    time_limit: Annotated[float, float_option(
         "--time-limit", help="Seconds for the MIP per scenario and seed, model building included.")] = 60.0,
     max_nodes: Annotated[int, typer.Option(min=1, help="Larger clusters get the LP and fluid bounds only.")] = 16,
     max_pods: Annotated[int, typer.Option(min=1, help="More pods than this: the LP and fluid bounds only.")] = 200,
@@ -292,7 +292,7 @@ def explain(
     scenario: Annotated[Optional[Path], typer.Option(
         "--scenario", "-s", help="Instead of a snapshot: run the policy on this scenario in the twin and explain "
                                  "its first decision at or after --at.")] = None,
-    at: Annotated[float, typer.Option(min=0.0, help="With --scenario: seconds from the scenario's start.")] = 0.0,
+    at: Annotated[float, float_option(min=0.0, help="With --scenario: seconds from the scenario's start.")] = 0.0,
     save_snapshot: Annotated[Optional[Path], typer.Option(
         help="With --scenario: also write that decision as a snapshot file (for --snapshot).")] = None,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Policy spec.")] = "default-k8s",
@@ -564,14 +564,14 @@ def trace_import(
                                  "includes with nodes: [{include: FILE}].")] = None,
     window: Annotated[Optional[str], typer.Option(
         help="START:END trace seconds to keep (START becomes the twin's 0; END may be empty). Default: all.")] = None,
-    usage_step: Annotated[float, typer.Option(min=1.0, help="Seconds per step of a usage series.")] = 300.0,
-    cpu_unit_m: Annotated[Optional[float], typer.Option(
+    usage_step: Annotated[float, float_option(min=1.0, help="Seconds per step of a usage series.")] = 300.0,
+    cpu_unit_m: Annotated[Optional[float], float_option(
         min=1.0, help="Millicores a normalised CPU of 1.0 stands for (default: the format's, in docs/twin.md).")] \
         = None,
-    memory_unit_mib: Annotated[Optional[float], typer.Option(
+    memory_unit_mib: Annotated[Optional[float], float_option(
         min=1.0, help="MiB a normalised memory of 1.0 (Alibaba 2018: of 100) stands for (default: the format's).")]
         = None,
-    usage_fraction: Annotated[float, typer.Option(
+    usage_fraction: Annotated[float, float_option(
         min=0.0, max=4.0, help="Demand of a pod whose trace records no usage, as a fraction of its request.")] = 0.5,
     power_profile: Annotated[str, typer.Option(help="SPECpower profile of the node groups (the traces carry no "
                                                     "power data).")] = "ibm-x3550-m3-x5675",
@@ -639,7 +639,7 @@ def trace_fit(
     pods_csv: Annotated[Path, typer.Argument(help="A pods CSV in the twin's trace format (what trace import writes).")],
     out_file: Annotated[Path, typer.Option("--out", "-o", help="Fit file to write (YAML), for a scenario's "
                                                                "workload.fitted.")],
-    until: Annotated[Optional[float], typer.Option(
+    until: Annotated[Optional[float], float_option(
         min=0.0, help="Fit only the pods created before this many seconds of the CSV, their lifetimes censored "
                       "there (keep evaluation days out of a training fit).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the fit's summary as JSON on stdout.")] = False,

@@ -8,6 +8,7 @@ time). Ctrl-C and SIGTERM exit 130.
 from __future__ import annotations
 
 import contextlib
+import math
 import shlex
 import signal
 import sys
@@ -25,7 +26,20 @@ from joulesched.pipelines.progress import err
 # Piped output (logs, CI) gets a wide console so that tables are not truncated to 80 columns.
 out = Console(highlight=False) if sys.stdout.isatty() else Console(width=160, highlight=False)
 
-__all__ = ["EXIT_INTERRUPTED", "command_line", "err", "errors", "fail", "interrupted", "out"]
+__all__ = ["EXIT_INTERRUPTED", "command_line", "err", "errors", "fail", "float_option", "interrupted", "out"]
+
+
+def _finite(value: float | None) -> float | None:
+    # After click's own conversion and range check, which nan passes (every comparison with it is false).
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
+def float_option(*names: str, **kw) -> typer.models.OptionInfo:
+    """``typer.Option`` for a float: its ``min`` and ``max`` checked as typer checks them, and ``nan`` and ``inf``
+    refused (exit 2): a time limit, a step or a unit that is not a number is bad input."""
+    return typer.Option(*names, callback=_finite, **kw)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -17,7 +17,7 @@ import typer
 
 from joulesched.cluster.kube.metrics_feed import DEFAULT_CPU_QUERY, DEFAULT_POWER_QUERY
 from joulesched.cluster.nodepower import DEFAULT_SLEEP_WATTS, DEFAULT_WAKE_S
-from joulesched.pipelines.cli.common import errors
+from joulesched.pipelines.cli.common import errors, float_option
 
 PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="Policy NAME, NAME:key=value,... or dqn=MODEL.")]
 KubeconfigOpt = Annotated[Optional[str], typer.Option(
@@ -35,7 +35,7 @@ EnergySourceOpt = Annotated[str, typer.Option(
                             "package+DRAM, GPU and platform metrics; docs/power.md).")]
 ProfilesOpt = Annotated[Optional[str], typer.Option(
     "--power-profiles", help="YAML file of power curves (name: [11 watts]); mount a ConfigMap here in a cluster.")]
-IntervalOpt = Annotated[float, typer.Option("--metrics-interval", min=1.0, help="Seconds between Prometheus queries.")]
+IntervalOpt = Annotated[float, float_option("--metrics-interval", min=1.0, help="Seconds between Prometheus queries.")]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the policy's tie breaks.")]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -52,7 +52,7 @@ ActuatorOpt = Annotated[str, typer.Option(
     "--actuator", help="How nodes are powered: none (cordon only), auto (by each node's power address: its "
                        "--addresses entry, or an annotation --allow-annotated admits), libvirt, redfish, ipmi, wol, aws, metal3 (BareMetalHost spec.online), rufio "
                        "(Tinkerbell Machine power Jobs).")]
-SleepAfterOpt = Annotated[float, typer.Option("--sleep-after", min=0.0, help="Seconds a node must be empty "
+SleepAfterOpt = Annotated[float, float_option("--sleep-after", min=0.0, help="Seconds a node must be empty "
                                               "(DaemonSet and mirror pods do not count) before it sleeps.")]
 MinAwakeOpt = Annotated[int, typer.Option("--min-awake", min=0, help="Nodes that always stay awake.")]
 SpareCpuOpt = Annotated[int, typer.Option("--spare-cpu", min=0, help="Free requested millicores the awake nodes "
@@ -73,12 +73,12 @@ AllowAnnotatedOpt = Annotated[Optional[list[str]], typer.Option(
     "aws=INSTANCE-ID or * (must also match spec.providerID), libvirt=DOMAIN or * (must be the node's name), "
     "metal3/rufio=NAMESPACE or * (the object must carry the node's name). "
     "Default: none; the --addresses map is always used.")]
-NodeSleepWattsOpt = Annotated[Optional[float], typer.Option(
+NodeSleepWattsOpt = Annotated[Optional[float], float_option(
     "--node-sleep-watts", min=0.0, help="Where a node power controller puts idle nodes to sleep (--node-power here, "
     "or a node-power Deployment): a sleeping node's watts. The policy then sees a cluster that sleeps, as the twin "
     "trains and measures it (the DQN's sleep-saving and wake-time columns, empty=asleep). Default: the node power "
     "controller's estimate (10 W) with --node-power, else nodes never sleep.")]
-NodeWakeOpt = Annotated[float, typer.Option("--node-wake-s", min=0.0, help="Seconds a sleeping node takes to wake "
+NodeWakeOpt = Annotated[float, float_option("--node-wake-s", min=0.0, help="Seconds a sleeping node takes to wake "
                                             "(with --node-sleep-watts or --node-power).")]
 AllowRedfishHttpOpt = Annotated[bool, typer.Option("--allow-redfish-http", help="Accept redfish+http:// addresses "
                                                    "(the BMC login travels unencrypted).")]
@@ -214,26 +214,26 @@ def node_power(
     min_awake: MinAwakeOpt = 1,
     spare_cpu: SpareCpuOpt = 0,
     consolidate: ConsolidateOpt = False,
-    consolidate_interval: Annotated[float, typer.Option("--consolidate-interval", min=1.0,
+    consolidate_interval: Annotated[float, float_option("--consolidate-interval", min=1.0,
                                                         help="Seconds between consolidation rounds.")] = 300.0,
     max_evictions_per_hour: Annotated[int, typer.Option("--max-evictions-per-hour", min=0,
                                                         help="Eviction budget over any sliding hour.")] = 60,
-    restart_s: Annotated[float, typer.Option("--restart-s", min=0.0, help="Predicted cost of restarting one "
+    restart_s: Annotated[float, float_option("--restart-s", min=0.0, help="Predicted cost of restarting one "
                                              "evicted pod, in seconds at its request.")] = 30.0,
-    horizon_s: Annotated[float, typer.Option("--horizon-s", min=0.0, help="Seconds a consolidation's saving is "
+    horizon_s: Annotated[float, float_option("--horizon-s", min=0.0, help="Seconds a consolidation's saving is "
                                              "counted for against that cost.")] = 3600.0,
     disruption_budget: Annotated[Optional[list[str]], typer.Option(
         "--disruption-budget", help="NODES or 'NODES;CRON;DURATION' (repeatable; Karpenter's budgets): at most "
         "NODES (3 or 10%) nodes emptied at once, only in the cron window (UTC) if given, e.g. '0;0 9 * * "
         "1-5;8h' stops consolidation in office hours.")] = None,
-    balanced: Annotated[float, typer.Option("--balanced", min=0.0, help="Consolidate only when the savings "
+    balanced: Annotated[float, float_option("--balanced", min=0.0, help="Consolidate only when the savings "
                                             "fraction over the disruption fraction is at least this (Karpenter's "
                                             "Balanced: 0.5; 0 = off).")] = 0.0,
-    wake_timeout: Annotated[float, typer.Option("--wake-timeout", min=1.0, help="Seconds a woken node has to turn "
+    wake_timeout: Annotated[float, float_option("--wake-timeout", min=1.0, help="Seconds a woken node has to turn "
                                                 "Ready before the next node is tried.")] = 600.0,
-    resync: Annotated[float, typer.Option("--resync", min=0.05, help="Seconds between reconciles "
+    resync: Annotated[float, float_option("--resync", min=0.05, help="Seconds between reconciles "
                                           "(informer events also trigger one).")] = 5.0,
-    sleep_watts: Annotated[float, typer.Option("--sleep-watts", min=0.0, help="Estimated draw of a sleeping node, "
+    sleep_watts: Annotated[float, float_option("--sleep-watts", min=0.0, help="Estimated draw of a sleeping node, "
                                                "for the joules-saved metric.")] = 10.0,
     scheduler_name: Annotated[str, typer.Option("--scheduler-name", help="Pods of this scheduler wake the node it "
                                                 "nominates.")] = "joulesched",

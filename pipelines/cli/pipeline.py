@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from joulesched.pipelines.cli.common import command_line, errors, interrupted, out
+from joulesched.pipelines.cli.common import command_line, errors, float_option, interrupted, out
 from joulesched.pipelines.cli.common import fail as _fail
 from joulesched.pipelines.progress import StageDisplay
 from joulesched.pipelines.suite import standard_suite
@@ -52,7 +52,7 @@ def pipeline(
     model: Annotated[Optional[Path], typer.Option(help="Model to load; trained into it when missing.")] = None,
     train_scenario: Annotated[Optional[list[Path]], typer.Option(
         help="Scenarios to train on (default: the benchmark scenarios).")] = None,
-    minutes: Annotated[Optional[float], typer.Option(help="Training budget in wall-clock minutes.")] = None,
+    minutes: Annotated[Optional[float], float_option(help="Training budget in wall-clock minutes.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training budget in decisions.")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Benchmark seeds per scenario.")] = 1,
     jobs: Annotated[int, typer.Option(min=1, help="Benchmark worker processes.")] = 1,
@@ -74,7 +74,7 @@ def pipeline(
     calibrate: Annotated[bool, typer.Option(
         help="Measure each host's power curve first (`joulesched power calibrate` there, over SSH) and train "
              "and benchmark the twin on those curves.")] = False,
-    calibrate_step_seconds: Annotated[float, typer.Option(min=0.05, help="Seconds per 10 % load step.")] = 10.0,
+    calibrate_step_seconds: Annotated[float, float_option(min=0.05, help="Seconds per 10 % load step.")] = 10.0,
     collect_logs: Annotated[bool, typer.Option(help="Fetch the hosts' exporter and scheduler journals at the end.")] = True,
     kubeconfig: Annotated[Optional[Path], typer.Option(help="kube: kubeconfig of the cluster.")] = None,
     context: Annotated[Optional[str], typer.Option(help="kube: kubeconfig context (default: current).")] = None,
@@ -103,7 +103,7 @@ def pipeline(
     sleep_actuator: Annotated[str, typer.Option(
         help="kube, with --sleep: the controller's actuator (none, auto, libvirt, redfish, ipmi, wol, aws, "
              "metal3, rufio).")] = "none",
-    sleep_after: Annotated[float, typer.Option(
+    sleep_after: Annotated[float, float_option(
         min=0.0, help="kube, with --sleep: seconds a node must be empty before it sleeps.")] = 60.0,
 ) -> None:
     """Calibrate (optional), train or load the DQN, benchmark it against every baseline and the bound, report.

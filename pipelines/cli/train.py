@@ -15,7 +15,7 @@ import typer
 
 from rich.markup import escape
 
-from joulesched.pipelines.cli.common import err, errors, fail, interrupted, out
+from joulesched.pipelines.cli.common import err, errors, fail, float_option, interrupted, out
 from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite, train_scenarios
 
 DEFAULT_MODEL = Path("models/dqn.pt")
@@ -69,7 +69,7 @@ def train_cmd(
         "Default: heterogeneous-sleep, heterogeneous twice, homogeneous (tiny and large stay unseen).")] = None,
     model: Annotated[Path, typer.Option(help="Model file (safetensors, whatever the extension). Created if "
                                         "missing.")] = DEFAULT_MODEL,
-    minutes: Annotated[Optional[float], typer.Option(
+    minutes: Annotated[Optional[float], float_option(
         help=f"Train for this many minutes of wall time (demonstrations and validations included; the episodes in "
              f"progress and a last validation finish after it). Default: {DEFAULT_MINUTES:g} when --steps is not "
              "given.")] = None,
@@ -137,7 +137,7 @@ def test_cmd(
     optimum: Annotated[bool, typer.Option(
         "--optimum/--no-optimum", help="Also the optimum (the MIP, on instances of at most 16 nodes and 200 pods) "
         "and the LP bound (docs/optimum.md): the ratios to them and the share of the gap closed.")] = True,
-    optimum_time_limit: Annotated[float, typer.Option(help="Seconds for the MIP per scenario and seed.")] = 20.0,
+    optimum_time_limit: Annotated[float, float_option(help="Seconds for the MIP per scenario and seed.")] = 20.0,
 ) -> None:
     """Evaluate a model greedily (epsilon = 0) beside the default set; print the ratios to default-k8s, to the
     best heuristic, to the best sleep-aware heuristic and to the optimum or bound."""

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from joulesched.pipelines.cli.common import fail as _fail
+from joulesched.pipelines.cli.common import float_option
 from joulesched.workloads.load.jmeter import DEFAULT_PLAN as JMETER_PLAN
 from joulesched.workloads.manifests import APPS as MANIFEST_APPS
 
@@ -46,7 +47,7 @@ def serve(
     part: Annotated[str, typer.Option(help="Shop service: all (one process), catalogue, cart or orders.")] = "all",
     catalogue_url: Annotated[Optional[str], typer.Option(help="Shop: the catalogue service's URL (cart, orders).")] = None,
     cart_url: Annotated[Optional[str], typer.Option(help="Shop: the cart service's URL (orders).")] = None,
-    default_ms: Annotated[float, typer.Option(help="CPU ms of work the test app's /test does.")] = 10.0,
+    default_ms: Annotated[float, float_option(help="CPU ms of work the test app's /test does.")] = 10.0,
     access_log: Annotated[bool, typer.Option(help="Log every request to stderr.")] = False,
     net_allow: Annotated[Optional[list[str]], typer.Option(
         "--net-allow", envvar="JOULESCHED_NET_ALLOW",
@@ -131,7 +132,7 @@ def _check_target(url: str, option: str = "--target") -> None:
         _fail(str(exc))
 
 
-MaxErrorOpt = Annotated[float, typer.Option(
+MaxErrorOpt = Annotated[float, float_option(
     "--max-error-rate", min=0.0, max=1.0,
     help="Exit 1 when more than this share of requests failed (the target is down or overloaded).")]
 
@@ -182,7 +183,7 @@ def jmeter(
 def locust(
     target: Annotated[str, typer.Option(help="URL to load, path included, e.g. http://127.0.0.1:8080/work?ms=5.")],
     users: Annotated[int, typer.Option(min=1, max=10_000, help="Concurrent simulated users.")] = 10,
-    spawn_rate: Annotated[float, typer.Option(min=0.1, max=10_000, help="Users started per second.")] = 10.0,
+    spawn_rate: Annotated[float, float_option(min=0.1, max=10_000, help="Users started per second.")] = 10.0,
     duration: Annotated[int, typer.Option(min=1, max=86_400, help="Seconds to run.")] = 10,
     workdir: Annotated[Optional[Path], typer.Option(help="Keep Locust's per-request samples here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -203,12 +204,12 @@ def locust(
 @load_app.command()
 def blocker(
     target: Annotated[str, typer.Option(help="Base URL of a running blocker app, e.g. http://127.0.0.1:8080.")],
-    duration: Annotated[float, typer.Option(help="Seconds the load runs.")] = 60.0,
+    duration: Annotated[float, float_option(help="Seconds the load runs.")] = 60.0,
     cpu_m: Annotated[int, typer.Option(help="Millicores to hold busy.")] = 0,
     memory_mib: Annotated[int, typer.Option(help="MiB to allocate and hold.")] = 0,
-    disk_read_mbps: Annotated[float, typer.Option(help="MB/s to read.")] = 0.0,
-    disk_write_mbps: Annotated[float, typer.Option(help="MB/s to write.")] = 0.0,
-    net_mbps: Annotated[float, typer.Option(help="Mbit/s to stream to --net-target.")] = 0.0,
+    disk_read_mbps: Annotated[float, float_option(help="MB/s to read.")] = 0.0,
+    disk_write_mbps: Annotated[float, float_option(help="MB/s to write.")] = 0.0,
+    net_mbps: Annotated[float, float_option(help="Mbit/s to stream to --net-target.")] = 0.0,
     net_target: Annotated[Optional[str], typer.Option(help="URL that takes the stream, e.g. another blocker's /sink.")] = None,
     wait: Annotated[bool, typer.Option(help="Wait until the load ended and print the final status.")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running load instead of starting one.")] = False,

@@ -202,3 +202,31 @@ def test_explain_top_shows_nodes_for_a_policy_without_scores():
     rows = sum(line.startswith("│ ") and " yes " in line for line in r.stdout.splitlines())
     assert rows in (5, 6)  # five, and the chosen one if it is not among them
     assert f"{240 - rows} more nodes not shown (0 of all 240 infeasible)" in r.stdout
+
+
+def _float_options():
+    """Every float option of every command: (command path, option name)."""
+    import typer.main
+
+    def walk(cmd, path):
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            yield from walk(sub, [*path, name])
+        for p in getattr(cmd, "params", []):
+            if getattr(p, "opts", None) and p.opts[0].startswith("--") and p.type.name in ("float", "float range"):
+                yield path, p.opts[0]
+    return list(walk(typer.main.get_command(app), []))
+
+
+def test_every_float_option_refuses_nan_and_inf():
+    """nan passes click's range check (every comparison with it is false) and inf a lower bound: a time limit or
+    a unit of nan reached the code (a traceback for `trace import --cpu-unit-m nan`). Each option of every
+    command, found by walking the CLI, is refused with exit 2 before any work."""
+    found = _float_options()
+    assert len(found) >= 30 and (["trace", "import"], "--cpu-unit-m") in found
+    for path, opt in found:
+        for bad in ("nan", "inf", "-inf"):
+            r = runner.invoke(app, [*path, opt, bad])
+            text = " ".join(r.output.split())
+            assert r.exit_code == 2 and f"'{opt}'" in text, (path, opt, bad, r.output)
+            # An infinity outside an option's range meets the range check first: refused either way. nan never does.
+            assert "is not a finite number" in text or (bad != "nan" and "is not in the range" in text), text
