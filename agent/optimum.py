@@ -1898,7 +1898,7 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
     if inst.nodes > max_nodes or inst.pods > max_pods:
         out["message"] = (f"{inst.nodes} nodes and {inst.pods} pods: above the MIP's limits ({max_nodes} nodes, "
                           f"{max_pods} pods); LP and fluid bounds only")
-        return _certify(out, replay_check)
+        return certify(out, replay_check)
     res = solve(inst, time_limit=time_limit, lp=lp, solver=solver)
     out.update(status=res.status, optimum_joules=res.energy_joules, bound_joules=res.bound_joules, gap=res.gap,
                wall_s=res.wall_s, message=res.message, variables=res.variables, binaries=res.binaries,
@@ -1914,7 +1914,7 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
         else:
             out["replay_joules"] = rr.energy_joules
             out["replay_rel_error"] = abs(rr.energy_joules - res.energy_joules) / rr.energy_joules
-    return _certify(out, replay_check)
+    return certify(out, replay_check)
 
 
 def bounds_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float = 600.0,
@@ -1952,7 +1952,7 @@ def bounds_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float 
     if not done:
         out["message"] = (f"bounds only; the {time_limit:g} s limit stopped them (LP: {out['lp_status']}, "
                           f"bind-on-arrival: {out['boa_status']}): the best bound so far")
-    row = _certify(out, False)
+    row = certify(out, False)
     tell("done", row["best_bound_joules"])
     return row
 
@@ -1961,7 +1961,7 @@ def bounds_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float 
 REPLAY_TOL = 1e-9
 
 
-def _certify(out: dict, replayed: bool) -> dict:
+def certify(out: dict, replayed: bool) -> dict:
     """Add the row's certificate (``optimal`` / ``feasible`` / ``bound-only``), the schedule's energy, the best
     bound for every run the row states, the gap between them, the solver and the total time.
 

@@ -29,7 +29,7 @@ import inspect
 import logging
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -264,6 +264,13 @@ def family_of(spec: str) -> str:
     """The family of a spec's policy (``most-allocated:balanced=1`` is packing); unknown names are third-party."""
     name = parse_spec(spec)[0]
     return next((e.family for e in BUILTIN if e.name == name), "third-party")
+
+
+def heuristics_among(specs: Iterable[str]) -> list[str]:
+    """The specs of heuristics (:data:`HEURISTIC_FAMILIES`; not default-k8s, the references round-robin and
+    random, learned, clairvoyant, planner or third-party policies), in their order: the set "the best heuristic"
+    is taken from."""
+    return [s for s in specs if family_of(s) in HEURISTIC_FAMILIES]
 
 
 def _check_options(e: PolicyEntry, factory: Callable[..., Any], opts: dict[str, str]) -> None:

@@ -9,19 +9,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
 from joulesched.agent.registry import BASELINES
 from joulesched.pipelines.benchmark import run_benchmark
-from joulesched.pipelines.results import Results
+from joulesched.pipelines.report import bound_ratios
 
 SUITE = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
-
-
-def bound_ratio(doc: Results, name: str) -> float:
-    """The lower bound / default-k8s of scenario ``name``: per seed, then averaged, as every other cell (the ratio
-    of the two means differs from it where the seeds' energies differ)."""
-    return float(np.mean([e.lower_bound_joules / e.policies["default-k8s"].energy_joules for e in doc.runs(name)]))
 
 
 def main() -> None:
@@ -43,7 +35,7 @@ def main() -> None:
             r = summ[name].policies[p]
             cells.append(f"{r.energy_vs_default:.3f} ({r.energy_vs_lower_bound:.2f}; {100 * r.slo_violation_rate:.1f}%)")
         print(f"| {p} | " + " | ".join(cells) + " |")
-    print("| *lower bound* | " + " | ".join(f"{bound_ratio(doc, n):.3f}" for n in summ) + " |")
+    print("| *lower bound* | " + " | ".join(f"{bound_ratios(doc, n)['fluid lower bound']:.3f}" for n in summ) + " |")
 
 
 if __name__ == "__main__":

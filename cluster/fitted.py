@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from joulesched.cluster.scenario import MAX_CPU_M, MAX_GPUS, MAX_MEMORY_MIB, Fitted, ScenarioError
-from joulesched.core import yamlio
+from joulesched.cluster.scenario import MAX_CPU_M, MAX_GPUS, MAX_MEMORY_MIB, Fitted, ScenarioError, read_yaml
 from joulesched.core.fsio import atomic_path
 
 # cluster/workload.py's GPU_MILLI, KINDS and NO_REQUEST (not imported: workload.py builds fitted workloads from
@@ -115,14 +114,7 @@ def write_fit(fit: dict, path: str | Path) -> None:
 def load_fit(path: str | Path) -> dict:
     """A fit file, checked (every problem a :class:`ScenarioError` naming the file and the field)."""
     p = Path(path)
-    try:
-        doc = yamlio.load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ScenarioError(f"{p}: cannot read the fit ({e.strerror or e})") from None
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{p}: not UTF-8 text (byte {e.start}); is this a fit file?") from None
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{p}: not YAML ({e})") from None
+    doc = read_yaml(p, "fit")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ScenarioError(f"{p}: not a fit file (format {FORMAT!r}); write one with `joulesched trace fit`")
     try:

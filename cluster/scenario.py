@@ -603,13 +603,17 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> str:
     return f"{path}: invalid scenario: " + "; ".join(lines)
 
 
-def _read_yaml(path: Path, what: str) -> object:
+def read_yaml(path: Path, what: str) -> object:
+    """A YAML file a user wrote (a scenario, a node profile, a fit), every problem a :class:`ScenarioError`
+    naming the file: missing, unreadable, not UTF-8, not YAML, or a key given twice (:mod:`core.yamlio`)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ScenarioError(f"{path}: {what} file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path}: cannot read {what} file: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {e.start}); is this a {what} file?") from None
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read {what} file: {e.strerror or e}") from None
     try:
         return yamlio.load(text)
     except yaml.YAMLError as e:
@@ -626,7 +630,7 @@ def _expand_includes(raw: dict, path: Path) -> dict:
     for i, group in enumerate(nodes):
         if isinstance(group, dict) and "include" in group:
             inc = path.parent / str(group["include"])
-            data = _read_yaml(inc, "node profile")
+            data = read_yaml(inc, "node profile")
             if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) > 1:
                 # Several groups (`joulesched trace import --machines`): each one, with the entry's other keys.
                 if "count" in group:
@@ -651,7 +655,7 @@ def _expand_includes(raw: dict, path: Path) -> dict:
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises :class:`ScenarioError` naming the field on any problem."""
     path = Path(path)
-    raw = _read_yaml(path, "scenario")
+    raw = read_yaml(path, "scenario")
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: a scenario must be a YAML mapping, got {type(raw).__name__}")
     raw = _expand_includes(raw, path)

@@ -19,7 +19,7 @@ import numpy as np
 
 from joulesched.agent.lower_bound import lower_bound
 from joulesched.agent.optimum import check_solver, check_time_limit, optimum_entry
-from joulesched.agent.registry import HEURISTIC_FAMILIES, family_of, make_policy
+from joulesched.agent.registry import family_of, heuristics_among, make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.twin import Twin
@@ -321,7 +321,7 @@ def summarize(doc: dict) -> dict:
                 if got:
                     row[k] = float(np.mean(got))
             rows[pol] = row
-        heur = [h for h in rows if family_of(h) in HEURISTIC_FAMILIES]
+        heur = heuristics_among(rows)
         out[name] = {"seeds": len(entries), "lower_bound_joules": float(np.mean([e["lower_bound_joules"] for e in entries])),
                      "pods": float(np.mean([e["pods"] for e in entries])), "policies": rows,
                      "warnings": dropped_warnings(entries)}
@@ -381,7 +381,7 @@ def headroom(res: Results) -> dict[str, dict]:
         return out
     up = [p for p in pols if family_of(p) in UPSTREAM_FAMILIES]
     sa = [p for p in pols if family_of(p) == "sleep-aware"]
-    heur = [p for p in pols if family_of(p) in HEURISTIC_FAMILIES]
+    heur = heuristics_among(pols)
     learned = [p for p in pols if family_of(p) == "learned"]
     for name in res.summary:
         entries = res.runs(name)

@@ -29,7 +29,7 @@ from markupsafe import Markup, escape  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_FAMILIES, family_of  # noqa: E402
+from joulesched.agent.registry import DEFAULT_POLICIES, family_of, heuristics_among  # noqa: E402
 from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
 from joulesched.pipelines.results import PolicySummary, Results, ResultsError, ScenarioRun, load_results  # noqa: E402
 from joulesched.pipelines.stats import t_halfwidth  # noqa: E402
@@ -125,8 +125,10 @@ def _ratios_to_reference(doc: Results, name: str) -> dict[str, float]:
             for p in doc.policies}
 
 
-def _bound_ratios(doc: Results, name: str) -> dict[str, float]:
-    """The fluid lower bound and, where it was solved, the optimum, as energy / the reference (seed means)."""
+def bound_ratios(doc: Results, name: str) -> dict[str, float]:
+    """Scenario ``name``'s fluid lower bound and, where it was solved, the optimum, as energy / the reference
+    (default-k8s where it ran): per seed, then averaged, as every policy's ratio (the ratio of two means differs
+    where the seeds' energies differ)."""
     ref = _reference(doc.policies)
     entries = doc.runs(name)
     base = [e.policies[ref].energy_joules for e in entries]
@@ -174,7 +176,7 @@ def fig_energy_ratio(doc: Results, colors: dict[str, str]) -> Figure:
         for bar, p in zip(bars, policies):
             bar.set_gid(p)
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
-        for label, v in _bound_ratios(doc, n).items():
+        for label, v in bound_ratios(doc, n).items():
             ax.axvline(v, **_BOUND_STYLE[label])
             shown[label] = _BOUND_STYLE[label]
         ax.set_title(_wrap(n), fontsize=9)
@@ -444,7 +446,7 @@ def verdict(doc: Results) -> list[dict]:
     best bound ÷ the best heuristic. The best heuristic is the least-energy one on each seed, whatever its SLO
     (as in the tables and docs/dqn.md)."""
     pols = doc.policies
-    heur = [p for p in pols if family_of(p) in HEURISTIC_FAMILIES]
+    heur = heuristics_among(pols)
     learned = [p for p in pols if family_of(p) == "learned"]
     out = []
     for name, s in doc.summary.items():

@@ -116,7 +116,7 @@ class OptimumRun(BaseModel):
     @property
     def proven_optimal(self) -> bool:
         """The schedule is proven optimal: the solver closed the gap *and*, where the row has a certificate,
-        the twin replayed it to the MIP's energy (``certificate: optimal``, agent/optimum.py ``_certify``)."""
+        the twin replayed it to the MIP's energy (``certificate: optimal``, agent/optimum.py ``certify``)."""
         cert = (self.model_extra or {}).get("certificate")
         return self.status == "optimal" and cert in (None, "optimal")
 

@@ -37,9 +37,9 @@ from joulesched.agent.config import DQNConfig, RewardConfig, TrainConfig
 from joulesched.agent.dqn import DQN
 from joulesched.agent.registry import (
     BEST_HEURISTIC_CANDIDATES,
-    HEURISTIC_FAMILIES,
     default_policies,
     family_of,
+    heuristics_among,
     make_policy,
 )
 from joulesched.agent.runner import run_policy
@@ -416,7 +416,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
                 entry["ratio_vs_default"] = e / rows["default-k8s"]["energy_joules"]
                 entry["slo_vs_default_pp"] = 100 * (rows["dqn"]["slo_violation_rate"]
                                                     - rows["default-k8s"]["slo_violation_rate"])
-            heur = [h for h in rows if h != "dqn" and family_of(h) in HEURISTIC_FAMILIES]
+            heur = [h for h in heuristics_among(rows) if h != "dqn"]
             if heur:
                 best = min(heur, key=lambda h: rows[h]["energy_joules"])
                 entry["best_heuristic"] = best
@@ -437,7 +437,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
                 opt = optimum_entry(sc, k, time_limit=optimum_time_limit)
                 entry["optimum"] = opt
                 if opt["status"] != "unsupported":
-                    # As agent/optimum.py's _certify states them: the schedule as the twin meters it, and the
+                    # As agent/optimum.py's certify states them: the schedule as the twin meters it, and the
                     # best bound (the MIP's, the bind-on-arrival LP's, the LP's or the fluid one).
                     ref, bound = opt.get("schedule_joules"), opt.get("best_bound_joules")
                     if ref:

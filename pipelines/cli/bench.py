@@ -225,9 +225,9 @@ def best_heuristic(energies: dict[str, float]) -> str | None:
     """The least-energy heuristic among ``energies`` (policy spec -> joules): default-k8s, the references
     (round-robin, random), learned and clairvoyant policies are not heuristics (agent/registry.py,
     ``HEURISTIC_FAMILIES``); None when none ran."""
-    from joulesched.agent.registry import HEURISTIC_FAMILIES, family_of
+    from joulesched.agent.registry import heuristics_among
 
-    heur = [p for p in energies if family_of(p) in HEURISTIC_FAMILIES]
+    heur = heuristics_among(energies)
     return min(heur, key=energies.get) if heur else None
 
 

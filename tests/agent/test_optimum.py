@@ -359,11 +359,11 @@ def test_the_certificate_is_feasible_or_bound_only_when_nothing_is_proven(tmp_pa
     base = {"name": "x", "seed": 0, "status": "optimal", "optimum_joules": 100.0, "bound_joules": 100.0,
             "gap": 0.0, "lp_bound_joules": 90.0, "fluid_joules": 80.0, "replay_joules": 100.0,
             "replay_rel_error": 0.0, "wall_s": 1.0, "lp_wall_s": 0.5, "solver": "highs"}
-    assert opt._certify(dict(base), True)["certificate"] == "optimal"
-    open_gap = opt._certify({**base, "status": "time_limit", "bound_joules": 95.0, "gap": 0.05}, True)
+    assert opt.certify(dict(base), True)["certificate"] == "optimal"
+    open_gap = opt.certify({**base, "status": "time_limit", "bound_joules": 95.0, "gap": 0.05}, True)
     assert open_gap["certificate"] == "feasible" and open_gap["best_gap"] == pytest.approx(0.05)
     assert open_gap["bound_assumes"] == "bind-on-arrival" and open_gap["bound_every_run_joules"] == 90.0
-    off = opt._certify({**base, "replay_joules": 100.0 * (1 + 1e-6), "replay_rel_error": 1e-6}, True)
+    off = opt.certify({**base, "replay_joules": 100.0 * (1 + 1e-6), "replay_rel_error": 1e-6}, True)
     assert off["certificate"] == "feasible" and off["schedule_joules"] == pytest.approx(100.0 * (1 + 1e-6))
     sc = load_scenario(SMALL / "sleep-mixed.yaml")
     row = opt.optimum_entry(sc, 0, time_limit=5, max_nodes=2)

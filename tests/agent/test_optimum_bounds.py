@@ -162,12 +162,12 @@ def test_a_bound_above_the_schedule_is_a_conflict_never_a_proof_of_optimality(tm
     assert res.status == "bound_conflict" and res.gap is None and res.bound_joules is None, res
     assert res.energy_joules is not None and "is above the schedule's" in res.message
     # The row's certificate: a bound above the (replayed) schedule gives no gap and no optimality.
-    row = opt._certify({"status": "optimal", "optimum_joules": 100.0, "gap": 0.0, "bound_joules": 100.0,
+    row = opt.certify({"status": "optimal", "optimum_joules": 100.0, "gap": 0.0, "bound_joules": 100.0,
                         "lp_bound_joules": 90.0, "fluid_joules": 80.0, "boa_bound_joules": 120.0,
                         "replay_joules": 100.0, "replay_rel_error": 0.0, "message": ""}, True)
     assert row["certificate"] == "feasible" and row["best_gap"] is None and "above the schedule" in row["message"]
     # Within the solvers' tolerances a bound meets the schedule: optimal, gap 0.
-    row = opt._certify({"status": "optimal", "optimum_joules": 100.0, "gap": 0.0, "bound_joules": 100.0,
+    row = opt.certify({"status": "optimal", "optimum_joules": 100.0, "gap": 0.0, "bound_joules": 100.0,
                         "lp_bound_joules": 100.0 * (1 + 1e-9), "fluid_joules": 80.0, "replay_joules": 100.0,
                         "replay_rel_error": 0.0, "message": ""}, True)
     assert row["certificate"] == "optimal" and row["best_gap"] == 0.0

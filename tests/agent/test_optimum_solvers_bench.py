@@ -54,9 +54,9 @@ def test_the_profile_gives_no_root_gap_for_a_root_lp_the_time_limit_stopped(benc
 
 def test_the_suite_tables_bound_row_is_a_mean_of_per_seed_ratios_as_its_other_cells():
     """bench/suite_table.py divided the bounds' mean by default-k8s's mean energy, unlike every other cell of the
-    table (per seed, then averaged)."""
-    from bench.suite_table import bound_ratio
+    table (per seed, then averaged); it now takes the report's ratio."""
+    from joulesched.pipelines.report import bound_ratios
     from tests.pipelines.test_report import _made_up
 
     res = _made_up([{"default-k8s": 100.0, "most-allocated": 90.0}, {"default-k8s": 300.0, "most-allocated": 250.0}])
-    assert bound_ratio(res, "s") == pytest.approx((80.0 / 100.0 + 80.0 / 300.0) / 2)  # not 80 / 200
+    assert bound_ratios(res, "s")["fluid lower bound"] == pytest.approx((80.0 / 100.0 + 80.0 / 300.0) / 2)  # not 80/200
