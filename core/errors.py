@@ -25,3 +25,11 @@ class UsageError(JouleschedError, ValueError):
     """Bad input: a malformed file, option, spec or request. The message names the problem."""
 
     exit_code = 2
+
+
+def validation_summary(err: object, root: str = "<root>") -> str:
+    """A pydantic ``ValidationError`` as one line, ``loc: message; loc: message`` (pydantic's "Value error, "
+    prefix dropped: our validators' messages say what is wrong themselves). ``root``: the location of an error
+    about the whole document. Typed loosely so that core needs no pydantic."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or root}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in err.errors())  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from joulesched.agent.policy import Policy
 from joulesched.cluster.state import (ASLEEP, DEFAULT_CPU_REQUEST_M, DEFAULT_MEMORY_REQUEST_MIB, ON, WAKING, ClusterState,
                                       PodRequest)
-from joulesched.core.errors import UsageError
+from joulesched.core.errors import UsageError, validation_summary
 from joulesched.power.curves import SPECPOWER, validate_curve
 
 POWER_STATES = {"on": ON, "asleep": ASLEEP, "waking": WAKING}
@@ -87,8 +87,7 @@ def load_snapshot(path: Path) -> tuple[ClusterState, PodRequest]:
     try:
         snap = Snapshot.model_validate(raw)
     except ValidationError as e:
-        parts = [f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}" for err in e.errors()]
-        raise SnapshotError(f"{path}: invalid snapshot: " + "; ".join(parts)) from None
+        raise SnapshotError(f"{path}: invalid snapshot: {validation_summary(e)}") from None
     names = [n.name for n in snap.nodes]
     sleeping = any(n.power_state != "on" or n.sleep_watts is not None for n in snap.nodes)
     try:

@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from joulesched.core import yamlio
+from joulesched.core.errors import validation_summary
 from joulesched.pipelines.benchmark import BenchmarkInputError, any_gpus, run_benchmark
 
 
@@ -86,9 +87,7 @@ def load_grid(path: Path) -> tuple[list[Path], list[str], int]:
     try:
         grid = Grid.model_validate(raw)
     except ValidationError as e:
-        parts = [f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg'].removeprefix('Value error, ')}"
-                 for err in e.errors()]
-        raise GridError(f"{path}: invalid grid: " + "; ".join(parts)) from None
+        raise GridError(f"{path}: invalid grid: {validation_summary(e)}") from None
     base = path.parent
     scenarios = [(base / s).resolve() for s in grid.scenarios]
     gpus = grid.policies is None and any_gpus(scenarios)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from flask import Flask, Response, jsonify, request
 from pydantic import ValidationError
 
-from joulesched.core.errors import UsageError
+from joulesched.core.errors import UsageError, validation_summary
 from joulesched.core.httpd import lift_deadline
 from joulesched.workloads.cpu import CpuLoad
 from joulesched.workloads.disk import DiskLoad
@@ -60,11 +60,7 @@ class BadRequest(UsageError):
 
 
 def validation_message(exc: ValidationError) -> str:
-    parts = []
-    for e in exc.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "body"
-        parts.append(f"{loc}: {e['msg']}")
-    return "; ".join(parts)
+    return validation_summary(exc, root="body")
 
 
 class _Run:

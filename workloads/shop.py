@@ -31,7 +31,7 @@ import requests
 from flask import Blueprint, Flask, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from joulesched.core.errors import JouleschedError, UsageError
+from joulesched.core.errors import JouleschedError, UsageError, validation_summary
 
 PARTS = ("all", "catalogue", "cart", "orders")
 CATALOGUE = [(f"Item {i:02d}", 199 + 150 * i, 1000) for i in range(1, 21)]
@@ -260,7 +260,7 @@ def _body(model: type[BaseModel]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ShopError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+        raise ShopError(validation_summary(exc)) from None
 
 
 def catalogue_routes(cat: Catalogue) -> Blueprint:

@@ -32,6 +32,7 @@ from joulesched.cluster.workload import (
     PodBuilder,
     Workload,
 )
+from joulesched.core.errors import validation_summary
 
 #: Progress callback: units done since the last call (bytes of input, or rows of a database).
 Progress = Callable[[int], None]
@@ -500,8 +501,7 @@ def check_node_group(group: dict, what: str) -> None:
     try:
         NodeGroup.model_validate(group)
     except ValidationError as e:
-        bad = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        raise TraceFormatError(f"{what} makes no valid node group: {bad}") from None
+        raise TraceFormatError(f"{what} makes no valid node group: {validation_summary(e)}") from None
 
 
 def nodes_yaml(groups: list[dict], comment: str) -> str:
