@@ -178,6 +178,13 @@ def _curve_paths(model: Path) -> tuple[Path, Path]:
     return Path(f"{stem}.curve.csv"), Path(f"{stem}.curve.png")
 
 
+def load_resumed(model: Path, seed: int = 0) -> tuple[DQN, dict, RewardConfig]:
+    """What ``--resume`` trains with: the model's agent (its hyperparameters, not the defaults), its metadata, and
+    the reward weights it stored (checked by :func:`load_agent`; ``{}``, the defaults, where it stored none)."""
+    agent, meta = load_agent(model, seed=seed)
+    return agent, meta, RewardConfig(**meta["reward"])
+
+
 def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float | None = None,
           steps: int | None = None, resume: bool = False, overwrite: bool = False, seed: int = 0,
           progress: bool = True, config: TrainConfig | None = None, validate: bool = True, threads: int = 1,
@@ -213,9 +220,8 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
     if resume:
         if config is not None:
             raise TrainError("--resume keeps the model's hyperparameters; do not pass a config")
-        agent, meta = load_agent(model, seed=seed)
+        agent, meta, reward = load_resumed(model, seed)
         prev_training = meta.get("training", {})
-        reward = RewardConfig(**meta["reward"])  # load_agent checked it ({} where the model stored none)
     else:
         config = config or TrainConfig()
         agent, reward = DQN(config.dqn, seed=seed), config.reward

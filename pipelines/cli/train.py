@@ -56,11 +56,11 @@ def _warn_gpu_blind(scenarios, schema: int) -> None:
 def _resumed_config(model: Path):
     """What ``--resume`` trains with: the hyperparameters and reward weights stored in the model, not the defaults
     (``--resume --show-config`` printed those)."""
-    from joulesched.agent.checkpoint import load_agent
-    from joulesched.agent.config import RewardConfig, TrainConfig
+    from joulesched.agent.config import TrainConfig
+    from joulesched.pipelines.training import load_resumed
 
-    agent, meta = load_agent(model)  # refuses a missing or garbled file with its reason
-    return TrainConfig(dqn=agent.cfg, reward=RewardConfig(**meta["reward"]))
+    agent, _, reward = load_resumed(model)  # refuses a missing or garbled file with its reason
+    return TrainConfig(dqn=agent.cfg, reward=reward)
 
 
 def train_cmd(
