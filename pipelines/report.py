@@ -31,6 +31,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from joulesched.agent.registry import DEFAULT_POLICIES, family_of, heuristics_among  # noqa: E402
 from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
+from joulesched.core.plots import plain_text_figures  # noqa: E402
 from joulesched.pipelines.results import PolicySummary, Results, ResultsError, ScenarioRun, load_results  # noqa: E402
 from joulesched.pipelines.stats import t_halfwidth  # noqa: E402
 
@@ -725,9 +726,7 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
     by_name = {s["name"]: s for s in scen}
     summary_images = []
     drawn = set()
-    # Scenario and policy names are the user's text: a '$' in one must not start matplotlib's mathtext (an
-    # unbalanced '$\frac{' raised a ParseSyntaxException mid-render); every Text takes the setting when created.
-    with matplotlib.rc_context({"text.parse_math": False}):
+    with plain_text_figures():  # scenario and policy names are the user's text, not mathtext
         for fname, name, fig in figures(doc, tl, nodes):
             _save(fig, plots / fname)
             drawn.add(fname)

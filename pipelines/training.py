@@ -50,6 +50,7 @@ from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_savefig, atomic_write_text, check_output_file
+from joulesched.core.plots import plain_text_figures
 from joulesched.pipelines.progress import progress_bar
 from joulesched.pipelines.stats import mean_ci
 from joulesched.pipelines.suite import REPO_ROOT
@@ -321,14 +322,11 @@ def _write_curve(path: Path, rows, append: bool, offset: int = 0, wall_offset: f
 
 
 def _plot_curve(csv_path: Path, png_path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     with csv_path.open(encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     if not rows:
         return None
-    with matplotlib.rc_context({"text.parse_math": False}):  # scenario names are text: a "$" is no mathtext
+    with plain_text_figures():  # scenario names are text: a "$" is no mathtext
         return _draw_curve(rows, png_path)
 
 
