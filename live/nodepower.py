@@ -88,6 +88,7 @@ from joulesched.live.actuators.base import (
     parse_address,
 )
 from joulesched.live.actuators.base import ON as POWER_ON
+from joulesched.live.daemonsets import DaemonSetCheck
 from joulesched.live.httpd import BackgroundHTTPServer, reply
 from joulesched.live.leader import LeaderElector, default_identity
 
@@ -287,6 +288,7 @@ class NodePowerController:
         self.core_api = k8s.CoreV1Api(self.api)
         self.policy_api = k8s.PolicyV1Api(self.api)
         self.coord_api = k8s.CoordinationV1Api(self.api)
+        self.daemonsets = DaemonSetCheck(self.api, self.cfg.request_timeout_s)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = NodePowerMetrics(self.registry)
         self.core = NodePowerCore(self.cfg.policy)
@@ -543,7 +545,7 @@ class NodePowerController:
                 if k is None:
                     continue
                 st.bind(k, p.request)
-                if not p.daemon:
+                if not p.daemon or not self.daemonsets.keeps_no_node_awake(p):  # unreadable: on the safe side
                     workload[k] += 1
                     by_node.setdefault(k, []).append(p)
             elif not p.deleting:
@@ -1143,7 +1145,16 @@ class NodePowerController:
             items = json.loads(resp.data).get("items") or []
         except Exception:
             return None
-        return [p.key for p in map(parse_pod, items) if not p.daemon]
+        left = []
+        for p in map(parse_pod, items):
+            if p.daemon:  # as the pod claims: the DaemonSet it names is read afresh (live/daemonsets.py)
+                ok = self.daemonsets.keeps_no_node_awake(p, fresh=True)
+                if ok is None:
+                    return None
+                if ok:
+                    continue
+            left.append(p.key)
+        return left
 
     def _patch_node(self, name: str, *, state: str, owner: bool | None = None, cordon: bool | None = None,
                     taint: bool | None = None, wake_failed: bool | None = None, stopping_ok: bool = False) -> bool:

@@ -309,7 +309,10 @@ class PodInfo:
     labels: dict = field(default_factory=dict)
     owner_name: str = ""  # the workload's name (a ReplicaSet's Deployment, see pod_meta)
     nominated_node: str = ""  # status.nominatedNodeName
-    daemon: bool = False  # a DaemonSet or mirror (static) pod: keeps no node awake, is never evicted
+    daemon: bool = False  # a DaemonSet or mirror (static) pod, as the pod says: keeps no node awake, never evicted
+    # (name, uid) of the DaemonSet its controller reference names: the node power controller checks that it
+    # exists and selects the pod before taking the pod's word (anyone who creates pods can write the reference)
+    daemonset: tuple[str, str] = ()
     mirror: bool = False  # a static pod's mirror (the kubelet's own manifests: on a control plane, etcd and the API)
     safe_to_evict: str = ""  # the cluster-autoscaler / joulesched safe-to-evict annotation, lower-cased
     local_storage: bool = False  # an emptyDir or hostPath volume
@@ -356,9 +359,11 @@ def _pod_power_fields(meta: dict, spec: dict, status: dict) -> dict:
     """What the node power controller needs of a pod (whether it keeps its node awake, may be evicted)."""
     ann = meta.get("annotations") or {}
     volumes = spec.get("volumes") or []
+    refs = [o for o in meta.get("ownerReferences") or [] if isinstance(o, dict)]
+    ds = next((o for o in refs if o.get("kind") == "DaemonSet" and o.get("controller")), None)
     return dict(nominated_node=status.get("nominatedNodeName") or "",
-                daemon=any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
-                or MIRROR_ANNOTATION in ann,
+                daemon=any(o.get("kind") == "DaemonSet" for o in refs) or MIRROR_ANNOTATION in ann,
+                daemonset=(str(ds.get("name") or ""), str(ds.get("uid") or "")) if ds else (),
                 mirror=MIRROR_ANNOTATION in ann,
                 safe_to_evict=next((str(ann[k]).lower() for k in pw.SAFE_TO_EVICT_ANNOTATIONS if k in ann), ""),
                 local_storage=any("emptyDir" in v or "hostPath" in v for v in volumes),

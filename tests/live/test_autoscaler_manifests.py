@@ -25,7 +25,8 @@ def test_rbac_is_what_the_provider_uses_and_the_lease_is_node_powers():
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in _one("ClusterRole")["rules"]}
     assert rules == {(("",), ("nodes",)): ["get", "list", "patch", "watch"],
                      (("",), ("pods",)): ["get", "list", "watch"],
-                     (("",), ("events",)): ["create"]}
+                     (("",), ("events",)): ["create"],
+                     (("apps",), ("daemonsets",)): ["get"]}  # its last check before a sleep (live/daemonsets.py)
     # Node heartbeats are read in kube-node-lease only, not every Lease of the cluster.
     beats = _one("Role", "kube-node-lease")
     assert beats["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}]

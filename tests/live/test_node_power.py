@@ -795,3 +795,50 @@ def test_an_address_map_that_cannot_be_read_leaves_the_loop_running_on_the_last_
     alive = ctl._alive
     wait_until(lambda: ctl._alive > alive + 0.3, 10, "the loop still turning")
     assert ctl._thread.is_alive() and ctl.cfg.addresses == {"a": machines.addresses["a"]}
+
+
+def _claims_daemonset(emu, name, node, ds_name, uid, labels=None):
+    """A workload pod whose author wrote a DaemonSet controller reference into it (the API lets anyone who
+    creates pods do so)."""
+    pod = make_pod(name, cpu="100m", node_name=node, labels=labels)
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": ds_name,
+                                           "uid": uid, "controller": True}]
+    return emu.add_object("pods", pod, "default")
+
+
+def test_a_pod_that_only_claims_a_daemonset_keeps_its_node_awake(emu, machines, kubelets, make_controller):
+    """DaemonSet pods keep no node awake, but the controller reference is the pod author's to write: a node whose
+    only pod names a DaemonSet that does not exist, names one with another uid, or names a real one that does
+    not select it, stays awake; the node of the DaemonSet's real pod sleeps. The forged pods are never even
+    planned around (no cordon and abort churn: the controller's view counts them as workload pods)."""
+    add_nodes(emu, machines, ["real", "absent", "other-uid", "unselected"], cpu="4")
+    real = emu.add_pod("proxy", cpu="50m", node_name="real", owner="DaemonSet")
+    ds = emu.get("daemonsets.apps", "proxy-owner", "default")
+    sel = ds["spec"]["selector"]["matchLabels"]
+    _claims_daemonset(emu, "web-1", "absent", "no-such-ds", "0000")
+    _claims_daemonset(emu, "web-2", "other-uid", "proxy-owner", "not-its-uid", labels=sel)
+    _claims_daemonset(emu, "web-3", "unselected", "proxy-owner", ds["metadata"]["uid"])
+    assert real["metadata"]["ownerReferences"][0]["uid"] == ds["metadata"]["uid"]
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=0))
+    wait_until(lambda: asleep(emu, machines, "real"), 10, "the node holding only a DaemonSet pod asleep")
+    time.sleep(1.0)  # several passes of the controller
+    for n in ("absent", "other-uid", "unselected"):
+        assert awake(emu, machines, n), n
+    assert [n for _, a, n in ctl.actions if a == "sleep"] == ["real"]
+    assert not events(emu, "NodeSleepAborted")
+    assert sorted(ctl.workload_pods_on("unselected") or []) == ["default/web-3"]
+    assert ctl.workload_pods_on("real") == []
+
+
+def test_a_daemonset_that_cannot_be_read_keeps_its_pods_node_awake(emu, machines, kubelets, make_controller):
+    """Without an answer about the DaemonSet (RBAC without get on apps daemonsets, an apiserver error), its pod is
+    not taken at its word: the node is not put to sleep, and the last fresh check says it cannot tell."""
+    add_nodes(emu, machines, ["n"], cpu="4")
+    emu.add_pod("proxy", cpu="50m", node_name="n", owner="DaemonSet")
+    emu.faults.add("403", "get:daemonsets.apps", times=-1)
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=0))
+    time.sleep(1.5)
+    assert awake(emu, machines, "n") and not [a for _, a, _ in ctl.actions if a == "sleep"]
+    assert ctl.workload_pods_on("n") is None
+    emu.faults.clear()
+    wait_until(lambda: asleep(emu, machines, "n"), 10 + 60, "asleep once the DaemonSet can be read")

@@ -30,6 +30,7 @@ def test_cluster_role_is_exactly_what_the_controller_uses():
         (("policy",), ("poddisruptionbudgets",)): ["get", "list", "watch"],
         (("",), ("events",)): ["create"],
         (("",), ("persistentvolumeclaims", "persistentvolumes")): ["get"],
+        (("apps",), ("daemonsets",)): ["get"],
     }
     crb = _one("ClusterRoleBinding")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "joulesched-node-power", "namespace": "joulesched"}]

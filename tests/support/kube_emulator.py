@@ -520,7 +520,19 @@ class KubeEmulator:
                 self.deleted_nodes[name] = time.monotonic()
 
     def add_pod(self, name: str, namespace: str = "default", **kw: Any) -> dict:
-        return self._create("pods", make_pod(name, namespace, **kw))
+        """A pod (:func:`make_pod`). With ``owner="DaemonSet"`` as the DaemonSet controller makes one: its
+        DaemonSet (``<name>-owner``) is created too, the pod carries its selector's label and its uid."""
+        pod = make_pod(name, namespace, **kw)
+        if kw.get("owner") == "DaemonSet":
+            ds_name = f"{name}-owner"
+            sel = {"joulesched.test/daemonset": ds_name}
+            ds = self._create("daemonsets.apps", {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                             "metadata": {"name": ds_name, "namespace": namespace},
+                                             "spec": {"selector": {"matchLabels": dict(sel)},
+                                                      "template": {"metadata": {"labels": dict(sel)}}}})
+            pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **sel}
+            pod["metadata"]["ownerReferences"][0]["uid"] = ds["metadata"]["uid"]
+        return self._create("pods", pod)
 
     def add_object(self, resource: str, obj: dict, namespace: str = "") -> dict:
         """Create an object of any stored resource (``baremetalhosts.metal3.io``, ``configmaps``...) as its

@@ -1,0 +1,110 @@
+"""Is a pod that says it belongs to a DaemonSet really one of its pods?
+
+The node power controller lets DaemonSet pods (and mirror pods) keep no node awake and never evicts them: every
+node runs some (kube-proxy, the CNI, the power exporter). But the controller reference is written by whoever
+creates the pod, so a workload pod could claim a DaemonSet and have its node switched off under it. Before a
+pod's word counts, :class:`DaemonSetCheck` reads the DaemonSet it names (``apps/v1``, ``get``) and requires
+the same uid and a selector that selects the pod, as ``kubectl drain`` and the cluster-autoscaler look the
+controller up before they skip a DaemonSet pod. A pod that passes and is not really the DaemonSet's is one
+the DaemonSet controller itself deletes (it keeps one pod per node, on the nodes it targets).
+
+Mirror pods are taken at their word (the kubelet's annotation): nothing on the API says who created a pod.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from joulesched.cluster.filters import Requirement
+from joulesched.cluster.kube.objects import PodInfo
+
+log = logging.getLogger(__name__)
+
+#: Seconds a DaemonSet read stays good for the controller's passes (the last check before a sleep reads afresh).
+TTL_S = 60.0
+
+
+def selects(selector: Any, labels: dict[str, str]) -> bool:
+    """A LabelSelector (``matchLabels`` and ``matchExpressions``, ANDed) selects ``labels``; an empty or missing
+    one selects nothing here (apps/v1 requires a DaemonSet's selector, and it is never empty)."""
+    if not isinstance(selector, dict):
+        return False
+    ml = selector.get("matchLabels") or {}
+    exprs = [e for e in selector.get("matchExpressions") or [] if isinstance(e, dict)]
+    if not ml and not exprs:
+        return False
+    if any(labels.get(str(k)) != str(v) for k, v in ml.items()):
+        return False
+    return all(Requirement(str(e.get("key") or ""), str(e.get("operator") or ""),
+                           tuple(map(str, e.get("values") or ()))).matches(labels) for e in exprs)
+
+
+class DaemonSetCheck:
+    """Answers whether a pod may keep no node awake: a mirror pod, or a pod of the DaemonSet it names."""
+
+    def __init__(self, api_client: k8s.ApiClient, timeout_s: float, ttl_s: float = TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.apps = k8s.AppsV1Api(api_client)
+        self.timeout_s, self.ttl_s, self.clock = timeout_s, ttl_s, clock
+        # (namespace, name) -> (read at, uid or "" when it does not exist, its selector)
+        self._seen: dict[tuple[str, str], tuple[float, str, Any]] = {}
+        self._warned: set[str] = set()
+
+    def _read(self, namespace: str, name: str, fresh: bool) -> tuple[str, Any] | None:
+        key = (namespace, name)
+        hit = self._seen.get(key)
+        if hit is not None and not fresh and self.clock() - hit[0] < self.ttl_s:
+            return hit[1], hit[2]
+        try:
+            resp = self.apps.read_namespaced_daemon_set(name, namespace, _preload_content=False,
+                                                        _request_timeout=self.timeout_s)
+            obj = json.loads(resp.data)
+            got = (str((obj.get("metadata") or {}).get("uid") or ""), (obj.get("spec") or {}).get("selector"))
+        except ApiException as e:
+            if e.status != 404:
+                self._warn(f"ds/{namespace}/{name}", "cannot read DaemonSet %s/%s (%s): its pods count as workload "
+                           "pods until it can be read (the node-power ClusterRole needs get on apps daemonsets)",
+                           namespace, name, e.status)
+                return None
+            got = ("", None)
+        except Exception as e:  # a timeout or a dropped connection: unknown, not "absent"
+            self._warn(f"ds/{namespace}/{name}", "cannot read DaemonSet %s/%s: %s", namespace, name, e)
+            return None
+        if len(self._seen) > 10_000:  # bounded: DaemonSets are few, names that were never one need not be
+            self._seen.clear()
+        self._seen[key] = (self.clock(), *got)
+        return got
+
+    def keeps_no_node_awake(self, pod: PodInfo, fresh: bool = False) -> bool | None:
+        """True: a mirror pod, or the DaemonSet its controller reference names exists with that uid and selects
+        it. False: it is a workload pod (no such DaemonSet, another uid, not selected, or no claim at all).
+        None: the DaemonSet could not be read (the caller decides on the safe side). ``fresh``: read the
+        DaemonSet now, not from the last minute's reads."""
+        if pod.mirror:
+            return True
+        if not pod.daemon or not pod.daemonset:
+            return False
+        name, uid = pod.daemonset
+        got = self._read(pod.namespace, name, fresh)
+        if got is None:
+            return None
+        ok = bool(uid) and got[0] == uid and selects(got[1], pod.labels)
+        if not ok:
+            self._warn(pod.uid, "pod %s names DaemonSet %s (uid %s) as its controller, but no such DaemonSet selects "
+                       "it: it counts as a workload pod (it keeps its node awake and may be evicted)",
+                       pod.key, name, uid or "none")
+        return ok
+
+    def _warn(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._warned:
+            if len(self._warned) > 10_000:
+                self._warned.clear()
+            self._warned.add(key)
+            log.warning(msg, *args)
