@@ -22,7 +22,7 @@ import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from joulesched.core import yamlio
-from joulesched.core.errors import UsageError
+from joulesched.core.errors import UsageError, validation_summary
 
 #: Caps on the sizes a config (or a model file's metadata) may ask for.
 LIMITS = {"hidden": 4096, "batch_size": 65_536, "buffer_size": 10_000_000, "replay_memory_mb": 65_536,
@@ -318,9 +318,7 @@ _ADAPTER = TypeAdapter(TrainConfig)
 
 
 def _errors(source: str, err: ValidationError) -> ConfigError:
-    parts = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg'].removeprefix('Value error, ')}"
-             for e in err.errors()]
-    return ConfigError(f"{source}: invalid training config: " + "; ".join(parts))
+    return ConfigError(f"{source}: invalid training config: {validation_summary(err)}")
 
 
 def validate_config(data: Any, source: str = "config") -> TrainConfig:

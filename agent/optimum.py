@@ -1965,7 +1965,8 @@ def certify(out: dict, replayed: bool) -> dict:
     """Add the row's certificate (``optimal`` / ``feasible`` / ``bound-only``), the schedule's energy, the best
     bound for every run the row states, the gap between them, the solver and the total time.
 
-    ``optimal`` needs a proven gap of at most 1e-4 *and* (when replayed) the twin's energy for the schedule equal
+    ``optimal`` needs the solver's status ``optimal`` (proven, or a gap within :func:`solve`'s tolerance), a
+    gap of at most 1e-4 *and* (when replayed) the twin's energy for the schedule equal
     to the MIP's within :data:`REPLAY_TOL`; a schedule the twin meters differently is at most ``feasible`` with
     the twin's energy. ``bound-only``: no schedule, only the LP and fluid bounds (or the MIP's, when it found no
     schedule)."""

@@ -166,7 +166,7 @@ def _run_task(task: tuple) -> dict:
 
 def _target(case: dict) -> float | None:
     """The optimum's schedule as the twin meters it, or where the MIP found none, the best bound (as
-    agent/optimum.py's _certify states them)."""
+    agent/optimum.py's certify states them)."""
     opt = case.get("optimum") or {}
     return opt.get("schedule_joules") or opt.get("best_bound_joules")
 

@@ -7,7 +7,9 @@ Per scenario of scenarios/small/ and seed, the solvers one after the other on th
 short still compares them on the same rows): ``agent.optimum.solve(..., solver=...)`` with its status, the
 schedule's energy as the model prices it and as the twin replays it, the best bound and who proved it, the gap,
 CP-SAT's own (valid) bound and its scaling error, the wall time and the model's size. "met" is the issue's
-goal: proven (gap <= 1e-4) within the time limit. Timings depend on the machine's load (the load average is
+goal, proven within the time limit, by the certificate `joulesched optimum` gives (agent.optimum.certify):
+status optimal (the solver proved it, or its gap is within solve()'s 1e-6), gap <= 1e-4, and the twin replays
+the schedule at the model's energy. Timings depend on the machine's load (the load average is
 recorded per row).
 """
 

@@ -35,7 +35,7 @@ def main() -> None:
             r = summ[name].policies[p]
             cells.append(f"{r.energy_vs_default:.3f} ({r.energy_vs_lower_bound:.2f}; {100 * r.slo_violation_rate:.1f}%)")
         print(f"| {p} | " + " | ".join(cells) + " |")
-    print("| *lower bound* | " + " | ".join(f"{bound_ratios(doc, n)['fluid lower bound']:.3f}" for n in summ) + " |")
+    print("| *lower bound* | " + " | ".join(f"{bound_ratios(doc, n).get('fluid lower bound', float('nan')):.3f}" for n in summ) + " |")
 
 
 if __name__ == "__main__":

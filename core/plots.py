@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def plain_text_figures() -> Iterator[None]:
-    """Build figures inside this: the Agg backend (reports are written on servers and in CI), no mathtext."""
+    """Build figures inside this: the Agg backend (reports are written on servers and in CI; switched for the
+    whole process, as matplotlib's backend is), no mathtext while inside."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -143,7 +143,7 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             t1 = _time(p, line, "end_time", field_of(p, line, u, "end_time"))
             key = (integer(p, line, "collection_id", field_of(p, line, u, "collection_id")),
                    integer(p, line, "instance_index", field_of(p, line, u, "instance_index")))
-            cpus = _resource(p, line, u, "average_usage.cpus")
+            cpus = _resource(p, line, u, "average_usage.cpus", cpu_unit)  # scaled by it in the usage series
             if t0 is None or t1 is None or cpus is None:
                 continue
             if t1 < t0:

@@ -39,6 +39,8 @@ def _finite(value: float | None) -> float | None:
 def float_option(*names: str, **kw) -> typer.models.OptionInfo:
     """``typer.Option`` for a float: its ``min`` and ``max`` checked as typer checks them, and ``nan`` and ``inf``
     refused (exit 2): a time limit, a step or a unit that is not a number is bad input."""
+    if "callback" in kw:
+        raise TypeError("float_option checks finiteness in its own callback; validate in the command instead")
     return typer.Option(*names, callback=_finite, **kw)
 
 
