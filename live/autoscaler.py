@@ -301,7 +301,8 @@ class AutoscalerProvider:
                 continue
             left = self.ctl.workload_pods_on(n)
             if left is None:
-                raise ProviderError("UNAVAILABLE", f"cannot list the pods of {n}; nothing was done to it")
+                raise ProviderError("UNAVAILABLE", f"cannot read the pods of {n} or a DaemonSet they name; nothing "
+                                    "was done to it")
             if left:
                 raise ProviderError("FAILED_PRECONDITION", f"node {n} still runs {len(left)} workload pods "
                                     f"(first {left[0]}): drain it first")

@@ -19,7 +19,8 @@ names: ``Pod``, ``Nodes`` (a NodeList, unless the extender is ``nodeCacheCapable
   extender instead of with a view of the cluster that may be minutes old.
 - ``/prioritize`` answers ``[{"Host": name, "Score": 0..10}]``: the policy's own node scores (kube plugin
   totals, DQN advantages, negative marginal watts) scaled linearly so its favourite node gets 10 and its least
-  favourite 0. A policy that only picks gives its pick 10 and the others 0.
+  favourite 0. A policy that only picks gives its pick 10 and the others 0. A NotReady node (not asleep) scores
+  0 where a Ready one is among the candidates.
 
 The pods already on each node come from the same :class:`~joulesched.cluster.kube.cache.KubeCache` as ``serve``
 uses (list + watch). Pods the scheduler bound a moment ago may not have reached the watch yet; kube-scheduler
@@ -115,6 +116,8 @@ class Extender:
         self.cache, self.policy, self.stale_s = cache, policy, stale_s
         self.rng = np.random.default_rng(seed)
         self._epoch = -1
+        if cache.sleep_aware:  # serve's: switching its readiness would hand serve NotReady nodes
+            raise ValueError("the extender needs a cache of its own, not the scheduler's")
         cache.kube_readiness = True  # pass what kube-scheduler would place (see the module's docstring)
         attach = getattr(policy, "attach", None)
         if attach is not None:  # the DQN's lifetime predictor learns from the cache's pod events, as in serve
@@ -195,6 +198,12 @@ class Extender:
             cand &= feasible
             scores: dict[str, int] = {n: 0 for n in names}
             use = idx[cand[idx]]
+            # Filter passes a NotReady node to a pod tolerating the not-ready taint, as kube does; but a policy that
+            # likes empty nodes would rank a dead one first. Where a Ready (or sleeping) candidate exists, the
+            # NotReady ones score 0 (kube still decides; with no Ready node at all, bootstrap, they are scored).
+            down = np.array([not (i.ready or i.asleep) for i in map(self.cache.node_info, use.tolist())], dtype=bool)
+            if down.any() and not down.all():
+                use = use[~down]
             if use.size:
                 raw = self._raw_scores(st, pod.request, use, cand)
                 for k, s in zip(use, scale_scores(raw)):

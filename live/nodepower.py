@@ -63,6 +63,7 @@ from joulesched.cluster.kube.objects import (
     NodeInfo,
     PodInfo,
     node_gate_reason,
+    selector_matches,
 )
 from joulesched.cluster.nodepower import (
     ASLEEP_TAINT,
@@ -214,27 +215,11 @@ def eviction_blocker(p: PodInfo) -> str:
         return "local storage"
     if not p.meta.owner_kind:
         return "no controller"
+    if p.daemon:  # here only when its DaemonSet is not confirmed (live/daemonsets.py): nothing would replace it
+        return "names a DaemonSet that does not select it (or could not be read)"
     if p.meta.kind == "job" and p.safe_to_evict != "true":
         return "a Job's pod (not marked safe-to-evict: \"true\")"  # its progress would be lost
     return ""
-
-
-def _selector_matches(sel: dict, labels: dict) -> bool:
-    """A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against labels."""
-    for k, v in (sel.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
-            return False
-    for e in sel.get("matchExpressions") or []:
-        k, op, vals = e.get("key"), e.get("operator"), e.get("values") or []
-        if op == "In" and labels.get(k) not in vals:
-            return False
-        if op == "NotIn" and labels.get(k) in vals:
-            return False
-        if op == "Exists" and k not in labels:
-            return False
-        if op == "DoesNotExist" and k in labels:
-            return False
-    return True
 
 
 def _node_selector_term_matches(term: dict, labels: dict, name: str) -> bool:
@@ -778,7 +763,7 @@ class NodePowerController:
             for p in pods:
                 blocker = eviction_blocker(p)
                 covering = [b for b in pdbs if (b.get("metadata") or {}).get("namespace") == p.namespace
-                            and _selector_matches((b.get("spec") or {}).get("selector") or {}, p.labels)]
+                            and selector_matches((b.get("spec") or {}).get("selector") or {}, p.labels, empty_matches=True)]
                 if not blocker and any(int((b.get("status") or {}).get("disruptionsAllowed") or 0) <= 0
                                        for b in covering):
                     blocker = "pdb"
@@ -809,7 +794,8 @@ class NodePowerController:
             return self._busy.get(name)
 
     def workload_pods_on(self, name: str) -> list[str] | None:
-        """A fresh read of the workload pods on ``name`` (DaemonSet and mirror pods left out); None if it failed."""
+        """A fresh read of the workload pods on ``name`` (mirror pods and confirmed DaemonSet pods left out,
+        live/daemonsets.py); None if the pods or a DaemonSet they name could not be read."""
         return self._workload_pods_on(name)
 
     def request_wake(self, name: str) -> bool:
@@ -933,7 +919,9 @@ class NodePowerController:
         target.check()
         left = self._workload_pods_on(name)
         if left is None or left:
-            why = "its pods could not be listed" if left is None else "a pod landed on it"
+            why = "its pods or their DaemonSets could not be read" if left is None else "a pod landed on it"
+            if left is None:
+                self._backoff(name)  # not tried again at once: a cordon and uncordon on every pass otherwise
             self._patch_node(name, state=AWAKE, cordon=False, taint=False)
             self._event(name, "Normal", "NodeSleepAborted", f"Not sleeping node {name}: {why}")
             return
@@ -1135,7 +1123,8 @@ class NodePowerController:
 
     # ---- API writes ----
     def _workload_pods_on(self, name: str) -> list[str] | None:
-        """A fresh (not cached) list of the workload pods on ``name``; None when the read fails."""
+        """A fresh (not cached) list of the workload pods on ``name``, each claimed DaemonSet read afresh too;
+        None when a read fails."""
         from joulesched.cluster.kube.objects import parse_pod
 
         try:

@@ -387,7 +387,7 @@ class KubeCache:
     def sleep_aware(self) -> bool:
         """Sleeping nodes pass the filters as they will be once awake (the scheduler then waits for them);
         False (the default): they are gated by their taint, cordon and Ready condition like any other node
-        (NodeReady keeps out only the NotReady nodes that are not asleep, in both profiles; see
+        (NodeReady keeps out only the NotReady nodes that are not asleep, whether sleep-aware or not, unless
         :attr:`kube_readiness`).
         The filter chain's PowerState profile: changing it rebuilds the state."""
         return self._sleep_aware

@@ -355,6 +355,34 @@ def parse_pod(pod: dict) -> PodInfo:
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def selector_matches(selector: object, labels: dict, *, empty_matches: bool) -> bool:
+    """A LabelSelector (``matchLabels`` and ``matchExpressions``, ANDed) against ``labels``. Only a label
+    selector's operators (In, NotIn, Exists, DoesNotExist); another one matches nothing. An empty selector
+    matches everything where ``empty_matches`` (a PodDisruptionBudget's), nothing otherwise (a DaemonSet's, which
+    apps/v1 requires non-empty); a missing or malformed one matches nothing."""
+    if not isinstance(selector, dict):
+        return False
+    ml = selector.get("matchLabels") or {}
+    exprs = selector.get("matchExpressions") or []
+    if not isinstance(ml, dict) or not isinstance(exprs, list):
+        return False
+    if not ml and not exprs:
+        return empty_matches
+    if any(labels.get(str(k)) != str(v) for k, v in ml.items()):
+        return False
+    for e in exprs:
+        op = e.get("operator") if isinstance(e, dict) else None
+        if op not in _SELECTOR_OPERATORS:
+            return False
+        k, vals = str(e.get("key") or ""), [str(v) for v in e.get("values") or []]
+        if not Requirement(k, op, tuple(vals)).matches(labels):
+            return False
+    return True
+
+
 def _pod_power_fields(meta: dict, spec: dict, status: dict) -> dict:
     """What the node power controller needs of a pod (whether it keeps its node awake, may be evicted)."""
     ann = meta.get("annotations") or {}

@@ -53,7 +53,7 @@ ActuatorOpt = Annotated[str, typer.Option(
                        "--addresses entry, or an annotation --allow-annotated admits), libvirt, redfish, ipmi, wol, aws, metal3 (BareMetalHost spec.online), rufio "
                        "(Tinkerbell Machine power Jobs).")]
 SleepAfterOpt = Annotated[float, float_option("--sleep-after", min=0.0, help="Seconds a node must be empty "
-                                              "(DaemonSet and mirror pods do not count) before it sleeps.")]
+                                              "(mirror pods and pods of a DaemonSet that selects them do not count) before it sleeps.")]
 MinAwakeOpt = Annotated[int, typer.Option("--min-awake", min=0, help="Nodes that always stay awake.")]
 SpareCpuOpt = Annotated[int, typer.Option("--spare-cpu", min=0, help="Free requested millicores the awake nodes "
                                           "keep among them.")]

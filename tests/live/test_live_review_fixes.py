@@ -8,6 +8,7 @@ import contextlib
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -68,14 +69,14 @@ def test_a_pod_that_fits_only_a_notready_node_is_unschedulable_and_says_why(emu,
 
 
 @contextlib.contextmanager
-def _extender_on(emu) -> Iterator[tuple[KubeCache, Callable[..., object]]]:
+def _extender_on(emu, policy: str = "most-allocated") -> Iterator[tuple[KubeCache, Callable[..., Any]]]:
     """An extender over the emulator, synced: its cache, and ``ask(pod, node_names, verb="filter")`` -> its
     answer (filter or prioritize)."""
     cache = KubeCache(api_client_for(emu.url))
-    srv = ExtenderServer(Extender(cache, make_policy("most-allocated")), "127.0.0.1", 0).start()
+    srv = ExtenderServer(Extender(cache, make_policy(policy)), "127.0.0.1", 0).start()
     cache.start()
 
-    def ask(pod: dict, names: list[str], verb: str = "filter") -> object:
+    def ask(pod: dict, names: list[str], verb: str = "filter") -> Any:
         code, out = _post(f"http://127.0.0.1:{srv.port}/{verb}", {"Pod": pod, "NodeNames": names})
         assert code == 200 and (verb != "filter" or out["Error"] == ""), out
         return out
@@ -97,10 +98,14 @@ def test_the_extender_judges_a_notready_node_as_kube_does_and_serve_keeps_it_out
     pod = make_pod("p", cpu="100m", memory="100Mi", tolerations=TOLERATE_ALL)
     info = parse_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}})
     big = parse_pod({**make_pod("q", cpu="8", tolerations=TOLERATE_ALL), "metadata": {"uid": "q"}})
-    with _extender_on(emu) as (cache, filter_):
+    with _extender_on(emu, "default-k8s") as (cache, filter_):  # LeastAllocated: the big empty node first
         assert cache.kube_readiness
         out = filter_(pod, ["good", "dead"])
         assert out["NodeNames"] == ["good", "dead"] and not out["FailedNodes"] and not out["FailedAndUnresolvableNodes"]
+        # ... but a Ready candidate is preferred: the dead node, big and empty, scores 0 (LeastAllocated would
+        # give it 10).
+        scores = {r["Host"]: r["Score"] for r in filter_(pod, ["good", "dead"], "prioritize")}
+        assert scores == {"good": 10, "dead": 0}
         out = filter_(make_pod("plain", cpu="100m"), ["good", "dead"])
         assert out["NodeNames"] == ["good"] and out["FailedAndUnresolvableNodes"] == {
             "dead": "node(s) had untolerated taint {node.kubernetes.io/not-ready: }"}
@@ -108,6 +113,9 @@ def test_the_extender_judges_a_notready_node_as_kube_does_and_serve_keeps_it_out
             assert cache.unschedulable_message(big) == "0/2 nodes are available: 1 Insufficient cpu."
         sched = make_scheduler()  # serve's cache: joulesched's own profile of the same chain
         assert sched.cache.wait_synced(10) and sched.cache.sleep_aware and not sched.cache.kube_readiness
+        with pytest.raises(ValueError, match="a cache of its own"):  # it would hand serve NotReady nodes
+            Extender(sched.cache, make_policy("most-allocated"))
+        assert not sched.cache.kube_readiness
         with sched.cache.lock:
             st = sched.cache.state()
             assert sched.cache.feasible(info, st).tolist() == [n == "good" for n in st.names]

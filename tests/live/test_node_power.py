@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -834,11 +835,66 @@ def test_a_daemonset_that_cannot_be_read_keeps_its_pods_node_awake(emu, machines
     """Without an answer about the DaemonSet (RBAC without get on apps daemonsets, an apiserver error), its pod is
     not taken at its word: the node is not put to sleep, and the last fresh check says it cannot tell."""
     add_nodes(emu, machines, ["n"], cpu="4")
-    emu.add_pod("proxy", cpu="50m", node_name="n", owner="DaemonSet")
+    for k in range(3):  # three pods of one DaemonSet (one node here; on a cluster, one per node)
+        emu.add_pod("proxy", cpu="50m", node_name="n", owner="DaemonSet") if k == 0 else emu.add_object(
+            "pods", {**emu.get("pods", "proxy", "default"), "metadata": {
+                **emu.get("pods", "proxy", "default")["metadata"], "name": f"proxy-{k}", "uid": ""}}, "default")
     emu.faults.add("403", "get:daemonsets.apps", times=-1)
     ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=0))
-    time.sleep(1.5)
+    time.sleep(1.5)  # many passes (resync 0.1 s)
     assert awake(emu, machines, "n") and not [a for _, a, _ in ctl.actions if a == "sleep"]
-    assert ctl.workload_pods_on("n") is None
+    # One read per DaemonSet per failure TTL, not one per pod and pass.
+    assert len([op for _, op in emu.faults.log if op == "get:daemonsets.apps"]) == 1
+    assert ctl.workload_pods_on("n") is None  # the last check reads afresh
+    assert len([op for _, op in emu.faults.log if op == "get:daemonsets.apps"]) == 2
     emu.faults.clear()
-    wait_until(lambda: asleep(emu, machines, "n"), 10 + 60, "asleep once the DaemonSet can be read")
+    wait_until(lambda: asleep(emu, machines, "n"), 20, "asleep once the DaemonSet can be read (10 s failure TTL)")
+
+
+def test_the_last_check_before_a_sleep_reads_the_daemonset_afresh(emu):
+    """The planning passes trust a DaemonSet read for a minute; the check right before the switch does not: a
+    DaemonSet deleted and made again (a new uid) since no longer vouches for the old pod."""
+    from joulesched.cluster.kube.objects import parse_pod
+    from joulesched.live.daemonsets import DaemonSetCheck
+
+    emu.add_node("n", cpu="4")
+    pod = parse_pod(emu.add_pod("proxy", cpu="50m", node_name="n", owner="DaemonSet"))
+    check = DaemonSetCheck(api_client_for(emu.url), timeout_s=5)
+    assert check.keeps_no_node_awake(pod) is True
+    ds = emu.get("daemonsets.apps", "proxy-owner", "default")
+    emu.delete("daemonsets.apps", "default", "proxy-owner")
+    emu.add_object("daemonsets.apps", {**ds, "metadata": {"name": "proxy-owner"}}, "default")
+    assert check.keeps_no_node_awake(pod) is True  # the passes' cached read
+    assert check.keeps_no_node_awake(pod, fresh=True) is False
+    assert check.keeps_no_node_awake(pod) is False  # and the fresh answer replaces it
+    assert check.keeps_no_node_awake(replace(pod, daemonset=())) is False  # a DaemonSet reference, not the controller
+    assert check.keeps_no_node_awake(replace(pod, mirror=True)) is True
+
+
+def test_a_pod_whose_daemonset_is_not_confirmed_is_not_evicted():
+    from joulesched.cluster.kube.objects import parse_pod
+    from joulesched.live.nodepower import eviction_blocker
+
+    pod = make_pod("web", cpu="100m", node_name="n", owner="DaemonSet")
+    assert "DaemonSet" in eviction_blocker(parse_pod(pod))
+    assert eviction_blocker(parse_pod(make_pod("web", cpu="100m", node_name="n", owner="ReplicaSet"))) == ""
+
+
+@pytest.mark.parametrize("selector,labels,pdb,ds", [
+    ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True, True),
+    ({"matchLabels": {"a": "1"}}, {"a": "2"}, False, False),
+    ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {}, True, True),
+    ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True, True),
+    ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {"b": "1"}, False, False),
+    ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {"b": "1"}, True, True),
+    ({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["0"]}]}, {"a": "1"}, False, False),  # node-only
+    ({"matchExpressions": [{"key": "a", "operator": "Bogus", "values": ["9"]}]}, {"a": "1"}, False, False),
+    ({}, {"a": "1"}, True, False),  # empty: a PDB's selects every pod, a DaemonSet's none
+    (None, {"a": "1"}, False, False),
+    ({"matchLabels": ["a"]}, {"a": "1"}, False, False),
+])
+def test_label_selectors_know_only_their_own_operators(selector, labels, pdb, ds):
+    from joulesched.cluster.kube.objects import selector_matches
+
+    assert selector_matches(selector, labels, empty_matches=True) is pdb
+    assert selector_matches(selector, labels, empty_matches=False) is ds

@@ -526,10 +526,11 @@ class KubeEmulator:
         if kw.get("owner") == "DaemonSet":
             ds_name = f"{name}-owner"
             sel = {"joulesched.test/daemonset": ds_name}
-            ds = self._create("daemonsets.apps", {"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                             "metadata": {"name": ds_name, "namespace": namespace},
-                                             "spec": {"selector": {"matchLabels": dict(sel)},
-                                                      "template": {"metadata": {"labels": dict(sel)}}}})
+            ds = self.get("daemonsets.apps", ds_name, namespace) or self._create(
+                "daemonsets.apps", {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                    "metadata": {"name": ds_name, "namespace": namespace},
+                                    "spec": {"selector": {"matchLabels": dict(sel)},
+                                             "template": {"metadata": {"labels": dict(sel)}}}})
             pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **sel}
             pod["metadata"]["ownerReferences"][0]["uid"] = ds["metadata"]["uid"]
         return self._create("pods", pod)
