@@ -99,6 +99,9 @@ def test_the_node_name_comes_from_the_inventory_not_the_hosts_own_hostname(emu, 
 @pytest.mark.parametrize("existing, message", [
     ({"worker-1": "ipmi://bmc-old:623"}, "refusing to overwrite the power address of node worker-1"),
     ({"worker-9": "ipmi://bmc-worker-1:623"}, "refusing to map ipmi://bmc-worker-1:623 to node worker-1"),
+    # The same machine spelled otherwise (case, the default port left out): the controller's rule, not strings.
+    ({"worker-9": "ipmi://BMC-Worker-1"}, "already maps it to worker-9"),
+    ({"worker-1": "ipmi://bmc-old", "worker-9": "IPMI://bmc-worker-1:623/"}, "refusing to overwrite"),
 ])
 def test_an_entry_is_never_overwritten_nor_a_machine_given_to_a_second_node(emu, tmp_path, existing, message):
     """The map decides which machine the controller switches off: a run that would move an entry, or point a
@@ -115,13 +118,30 @@ def test_an_entry_is_never_overwritten_nor_a_machine_given_to_a_second_node(emu,
     assert emu.get("configmaps", MAP[1], MAP[0])["data"] == existing
 
 
-def test_one_address_for_two_hosts_of_a_run_is_refused_before_anything_is_written(emu, tmp_path):
+@pytest.mark.parametrize("second", ["ipmi://bmc-1:623", "ipmi://BMC-1"])
+def test_one_address_for_two_hosts_of_a_run_is_refused_before_anything_is_written(emu, tmp_path, second):
     _needs_kubectl_and_runner()
     from joulesched.infra.provision import provision
 
     inv = _inventory(emu, tmp_path, {"worker-1": {"kube_node_power_address": "ipmi://bmc-1:623"},
-                                     "worker-2": {"kube_node_power_address": "ipmi://bmc-1:623"}})
+                                     "worker-2": {"kube_node_power_address": second}})
     r = provision(inv, tags="kube_node_power_address", timeout_s=300)
-    assert not r.succeeded and "all have kube_node_power_address ipmi://bmc-1:623" in " ".join(r.stdout.split()), \
-        r.stdout[-4000:]
+    assert not r.succeeded and "all have kube_node_power_address" in " ".join(r.stdout.split()), r.stdout[-4000:]
     assert emu.get("configmaps", MAP[1], MAP[0]) is None
+
+
+def test_the_same_machine_spelled_otherwise_is_no_move_and_a_malformed_address_is_refused(emu, tmp_path):
+    _needs_kubectl_and_runner()
+    from joulesched.infra.provision import provision
+
+    emu.add_object("configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": MAP[1], "namespace": MAP[0]},
+                                  "data": {"worker-1": "ipmi://BMC-Worker-1"}}, namespace=MAP[0])
+    inv = _inventory(emu, tmp_path, {"worker-1": {"kube_node_power_address": "ipmi://bmc-worker-1:623"}})
+    r = provision(inv, tags="kube_node_power_address", timeout_s=300)
+    assert r.succeeded, r.stdout[-4000:]
+    assert emu.get("configmaps", MAP[1], MAP[0])["data"] == {"worker-1": "ipmi://bmc-worker-1:623"}
+    inv = _inventory(emu, tmp_path, {"worker-2": {"kube_node_power_address": "ipmi//bmc-2"}})
+    r = provision(inv, tags="kube_node_power_address", timeout_s=300)
+    assert not r.succeeded and "kube_node_power_address of worker-2" in " ".join(r.stdout.split()), r.stdout[-4000:]
+    assert emu.get("configmaps", MAP[1], MAP[0])["data"] == {"worker-1": "ipmi://bmc-worker-1:623"}
