@@ -167,6 +167,8 @@ def test_a_pod_that_names_a_notready_node_may_go_there_once_it_is_ready(emu, mak
     wait_until(lambda: _events(emu, "FailedScheduling"), 10, "a FailedScheduling event")
     assert _events(emu, "FailedScheduling")[0]["message"] == (
         "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) were not ready.")
+    # The condition is written apart from the event (its own queue): waited for, not read at once.
+    wait_until(lambda: _pod(emu)["status"].get("conditions"), 10, "the PodScheduled condition")
     cond = {c["type"]: c for c in _pod(emu)["status"].get("conditions", [])}
     assert cond["PodScheduled"]["status"] == "False" and cond["PodScheduled"]["reason"] == "Unschedulable"
     emu.set_node_ready("boot", True)
