@@ -56,6 +56,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from joulesched.cluster.filters import NodeSelectorTerm
 from joulesched.cluster.kube.cache import ACTIVE_PODS_SELECTOR, KubeCache
 from joulesched.cluster.kube.objects import (
     WAKE_FAILED_ANNOTATION,
@@ -63,6 +64,7 @@ from joulesched.cluster.kube.objects import (
     NodeInfo,
     PodInfo,
     node_gate_reason,
+    node_selector_terms,
     selector_matches,
 )
 from joulesched.cluster.nodepower import (
@@ -222,28 +224,6 @@ def eviction_blocker(p: PodInfo) -> str:
     return ""
 
 
-def _node_selector_term_matches(term: dict, labels: dict, name: str) -> bool:
-    """One NodeSelectorTerm (matchExpressions and matchFields metadata.name) against a node."""
-    for e in term.get("matchExpressions") or []:
-        k, op, vals = e.get("key"), e.get("operator"), e.get("values") or []
-        v = labels.get(k)
-        if (op == "In" and v not in vals) or (op == "NotIn" and v in vals) or (op == "Exists" and k not in labels) \
-                or (op == "DoesNotExist" and k in labels):
-            return False
-        if op in ("Gt", "Lt"):
-            try:
-                if not (int(v) > int(vals[0]) if op == "Gt" else int(v) < int(vals[0])):
-                    return False
-            except (TypeError, ValueError, IndexError):
-                return False
-    for f in term.get("matchFields") or []:
-        if f.get("key") == "metadata.name":
-            inside = name in (f.get("values") or [])
-            if (f.get("operator") == "In") != inside:
-                return False
-    return True
-
-
 class LostLeadership(ActionAborted):
     """This replica no longer holds the Lease (or has held it again since the action began): stop at once."""
 
@@ -294,7 +274,8 @@ class NodePowerController:
         self._first_seen: dict[str, float] = {}
         self._resolved: dict[str, Resolved] = {}
         self._resolve_inputs: tuple | None = None
-        self._pv_cache: dict[tuple[str, str], list | None] = {}  # per reconcile: claims -> PV node terms
+        # per reconcile: claims -> their PV's node terms
+        self._pv_cache: dict[tuple[str, str], list[NodeSelectorTerm] | None] = {}
         self._leading_since: float | None = None
         self._leading_term = -1
         self._keep_awake: frozenset[str] = frozenset()  # control planes by their static pods, our own node
@@ -645,7 +626,7 @@ class NodePowerController:
             terms = self._pv_terms(pod.namespace, claim)
             if terms is None:
                 continue
-            if terms and not any(_node_selector_term_matches(t, info.labels, info.name) for t in terms):
+            if terms and not any(t.matches(info.labels, {"metadata.name": info.name}) for t in terms):
                 return False
         return True
 
@@ -663,7 +644,7 @@ class NodePowerController:
                 pv = json.loads(self.core_api.read_persistent_volume(
                     vol, _preload_content=False, _request_timeout=self.cfg.request_timeout_s).data)
                 req = (((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {})
-                terms = list(req.get("nodeSelectorTerms") or [])
+                terms = node_selector_terms(req.get("nodeSelectorTerms"))
         except Exception as e:  # unreadable: no constraint known (the scheduler still applies it)
             log.debug("volume of claim %s/%s: %s", namespace, claim, type(e).__name__)
         cache[key] = terms
@@ -671,7 +652,7 @@ class NodePowerController:
 
     def _wake_pass(self, st, names, infos, pending, busy, now) -> np.ndarray:
         """Wake nodes for pending pods; returns the awake nodes some pending pod fits (they must not sleep)."""
-        self._pv_cache: dict[tuple[str, str], list | None] = {}
+        self._pv_cache: dict[tuple[str, str], list[NodeSelectorTerm] | None] = {}
         seen = self._first_seen
         live = {p.uid for p in pending}
         for uid in [u for u in seen if u not in live]:

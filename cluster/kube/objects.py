@@ -692,11 +692,17 @@ def parse_constraints(spec: dict) -> PodConstraints | None:
                        str(t.get("effect") or "")) for t in spec.get("tolerations") or [] if isinstance(t, dict)]
     req = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
            .get("requiredDuringSchedulingIgnoredDuringExecution"))
-    terms = None
-    if isinstance(req, dict):
-        terms = [NodeSelectorTerm(_requirements(t.get("matchExpressions")), _requirements(t.get("matchFields")))
-                 for t in req.get("nodeSelectorTerms") or [] if isinstance(t, dict)]
+    terms = node_selector_terms(req.get("nodeSelectorTerms")) if isinstance(req, dict) else None
     return pod_constraints(spec.get("nodeSelector") or {}, tols, terms)
+
+
+def node_selector_terms(raw: object) -> list[NodeSelectorTerm]:
+    """A NodeSelector's ``nodeSelectorTerms`` (a pod's required node affinity, a PersistentVolume's node
+    affinity) as the filter chain reads them: ORed terms, each an AND; an empty term matches no node (kube)."""
+    if not isinstance(raw, list):
+        return []
+    return [NodeSelectorTerm(_requirements(t.get("matchExpressions")), _requirements(t.get("matchFields")))
+            for t in raw if isinstance(t, dict)]
 
 
 def node_gate_reason(node: NodeInfo, pod: PodInfo,
