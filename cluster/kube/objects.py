@@ -608,8 +608,10 @@ def load_profiles(path: str) -> dict[str, tuple[float, ...]]:
             data = yamlio.load(f)
     except OSError as e:
         raise ObjectError(f"cannot read power profiles {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ObjectError(f"power profiles {path}: not UTF-8 text (byte {e.start}); is this a profiles file?") from None
     except yaml.YAMLError as e:
-        raise ObjectError(f"power profiles {path} is not YAML: {e}") from None
+        raise ObjectError(f"power profiles {path} is not YAML: {e}".replace("\n", " ")) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -618,9 +620,12 @@ def load_profiles(path: str) -> dict[str, tuple[float, ...]]:
     for name, v in data.items():
         if isinstance(v, dict):
             v = v.get("power_watts")
-        if isinstance(v, str):
-            v = json.loads(v)
         try:
+            if isinstance(v, str):  # a ConfigMap's value: the 11 watts as a JSON list
+                try:
+                    v = json.loads(v)
+                except json.JSONDecodeError:
+                    raise ValueError(f"{v[:40]!r} is not a JSON list of 11 watts") from None
             out[str(name)] = validate_curve(v)
         except (ValueError, TypeError) as e:
             raise ObjectError(f"power profiles {path}: profile {name!r}: {e}") from None

@@ -111,6 +111,14 @@ def test_profiles_file_errors(tmp_path):
     f.write_text("x: [3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0]\n")
     with pytest.raises(ObjectError, match="non-decreasing"):
         load_profiles(str(f))
+    # A binary file and a ConfigMap value that is no JSON list: tracebacks before (UnicodeDecodeError,
+    # JSONDecodeError), now one line naming the file and the profile.
+    f.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ObjectError, match="not UTF-8 text"):
+        load_profiles(str(f))
+    f.write_text('x: "150, 200"\n')
+    with pytest.raises(ObjectError, match="profile 'x': '150, 200' is not a JSON list of 11 watts"):
+        load_profiles(str(f))
 
 
 def test_gates_follow_kube_plugin_order():
