@@ -12,7 +12,7 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from joulesched.core.errors import UsageError
@@ -102,9 +102,38 @@ def _check_creatable(folder: Path, option: str) -> None:
     os.unlink(probe)
 
 
-def check_output_file(path: str | os.PathLike, option: str) -> Path:
-    """Fail now, before any work, if ``path`` cannot be written as a file (checked again by the write)."""
-    path = Path(path)
+def read_text_input(path: str | os.PathLike, what: str, error: type[Exception] = UsageError,
+                    missing: str | None = None) -> str:
+    """A UTF-8 text file the user named, every way it can fail one ``error`` naming the file and ``what`` it
+    should be: not there (``missing``, if given, is that message), a directory, unreadable, not UTF-8."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(missing or f"{p}: no such file ({what} was expected)") from None
+    except IsADirectoryError:
+        raise error(f"{p} is a directory, not {what}") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{p}: not UTF-8 text (byte {e.start}); is this {what}?") from None
+    except OSError as e:
+        raise error(f"{p}: cannot read {what}: {e.strerror or e}") from None
+
+
+def _path_given(path: str | os.PathLike, option: str) -> Path:
+    # Path("") is ".": an empty option would quietly mean the current folder.
+    if not str(path).strip():
+        raise UsageError(f"{option} is empty; give a path")
+    return Path(path)
+
+
+def check_output_file(path: str | os.PathLike, option: str,
+                      inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Fail now, before any work, if ``path`` cannot be written as a file (checked again by the write), or is
+    one of the command's ``inputs`` (it would be overwritten with the output)."""
+    path = _path_given(path, option)
+    for inp in inputs:
+        if path.resolve() == Path(inp).resolve():
+            raise UsageError(f"{option} {path} is also an input of this command; writing it would replace it")
     if path.is_dir():
         raise UsageError(f"{option} {path} is a directory; give a file name")
     _check_creatable(path.parent if str(path.parent) else Path("."), f"{option} {path}")
@@ -113,7 +142,7 @@ def check_output_file(path: str | os.PathLike, option: str) -> Path:
 
 def check_output_dir(path: str | os.PathLike, option: str) -> Path:
     """Fail now, before any work, if ``path`` cannot be used as an output folder."""
-    path = Path(path)
+    path = _path_given(path, option)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{option} {path} exists and is not a directory")
     _check_creatable(path, f"{option} {path}")

@@ -49,6 +49,7 @@ from joulesched.cluster.kube.objects import NodeInfo
 from joulesched.cluster.nodepower import ASLEEP_TAINT, NodePowerCore
 from joulesched.cluster.state import ClusterState
 from joulesched.core.errors import JouleschedError, UsageError
+from joulesched.core.fsio import read_text_input
 from joulesched.power.curves import interp
 
 log = logging.getLogger("joulesched.autoscaler")
@@ -136,9 +137,7 @@ def load_provider_config(path: str | Path) -> ProviderConfig:
     from joulesched.core import yamlio
 
     try:
-        data = yamlio.load(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UsageError(f"--config {path}: {e.strerror}") from None
+        data = yamlio.load(read_text_input(path, "an autoscaler provider config"))
     except yaml.YAMLError as e:
         raise UsageError(f"--config {path}: not YAML: {e}".replace("\n", " ")) from None
     try:

@@ -18,6 +18,7 @@ from joulesched.agent.policy import Policy
 from joulesched.cluster.state import (ASLEEP, DEFAULT_CPU_REQUEST_M, DEFAULT_MEMORY_REQUEST_MIB, ON, WAKING, ClusterState,
                                       PodRequest)
 from joulesched.core.errors import UsageError, validation_summary
+from joulesched.core.fsio import read_text_input
 from joulesched.power.curves import SPECPOWER, validate_curve
 
 POWER_STATES = {"on": ON, "asleep": ASLEEP, "waking": WAKING}
@@ -79,10 +80,9 @@ class Snapshot(_M):
 def load_snapshot(path: Path) -> tuple[ClusterState, PodRequest]:
     """Read a snapshot JSON into a ClusterState and the pod to place."""
     try:
-        raw = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SnapshotError(f"{path}: snapshot file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raw = json.loads(read_text_input(path, "a snapshot file", SnapshotError,
+                                         missing=f"{path}: snapshot file not found"))
+    except json.JSONDecodeError as e:
         raise SnapshotError(f"{path}: not valid JSON: {e}") from None
     try:
         snap = Snapshot.model_validate(raw)
@@ -197,7 +197,8 @@ def explain(policy: Policy, st: ClusterState, pod: PodRequest, seed: int = 0, me
     policy.reset(st, np.random.default_rng(seed))
     mask = st.feasible(pod)
     idx = np.flatnonzero(mask)
-    scores = policy.scorer.node_scores(st, pod, idx) if policy.scorer is not None and idx.size else None
+    scorer = getattr(policy, "scorer", None)  # a planner or a third-party policy may have none at all
+    scores = scorer.node_scores(st, pod, idx) if scorer is not None and idx.size else None
     with_meta = meta is not None and getattr(policy, "uses_meta", False)
     chosen = (int(policy.choose(st, pod, mask, meta=meta) if with_meta else policy.choose(st, pod, mask))
               if idx.size else None)

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from joulesched.core.errors import UsageError
+from joulesched.core.fsio import read_text_input
 
 SCHEMA_VERSION = 2
 #: Versions :func:`load_results` reads (1: before the model; the same fields, ``version`` for ``schema_version``).
@@ -289,10 +290,9 @@ def from_dict(doc: object, where: str = "results") -> Results:
 def load_results(path: Path) -> Results:
     """Read a results.json written by the benchmark or the kube pipeline (schema 1 or 2)."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ResultsError(f"{path}: no results.json there; run `joulesched benchmark` first") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        doc = json.loads(read_text_input(path, "a results.json", ResultsError,
+                                         missing=f"{path}: no results.json there; run `joulesched benchmark` first"))
+    except json.JSONDecodeError as e:
         raise ResultsError(f"{path}: not valid JSON: {e}") from None
     return from_dict(doc, str(path))
 

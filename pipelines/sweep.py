@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from joulesched.core import yamlio
 from joulesched.core.errors import validation_summary
+from joulesched.core.fsio import read_text_input
 from joulesched.pipelines.benchmark import BenchmarkInputError, any_gpus, run_benchmark
 
 
@@ -79,10 +80,8 @@ def load_grid(path: Path) -> tuple[list[Path], list[str], int]:
     """Read a grid file into (scenario paths, policy specs, seeds)."""
     path = Path(path)
     try:
-        raw = yamlio.load(path.read_text())
-    except FileNotFoundError:
-        raise GridError(f"{path}: grid file not found") from None
-    except (OSError, yaml.YAMLError) as e:
+        raw = yamlio.load(read_text_input(path, "a grid file", GridError, missing=f"{path}: grid file not found"))
+    except yaml.YAMLError as e:
         raise GridError(f"{path}: cannot read grid: {e}".replace("\n", " ")) from None
     try:
         grid = Grid.model_validate(raw)

@@ -15,6 +15,7 @@ held end value would make the load above the measured range look free), and are 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import re
@@ -27,6 +28,7 @@ import numpy as np
 import yaml
 
 from joulesched.core import yamlio
+from joulesched.core.fsio import read_text_input
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_write_text
 from joulesched.core.names import is_dns_label
@@ -126,13 +128,8 @@ def fit_curve(samples: Sequence[Sample], *, allow_extrapolation: bool = False) -
 def read_samples_csv(path: str | Path) -> list[Sample]:
     """Samples from a CSV with columns ``utilization`` (a fraction, 0..1) and ``watts``."""
     path = Path(path)
-    try:
-        f = path.open(newline="", encoding="utf-8")
-    except FileNotFoundError:
-        raise CalibrationError(f"{path}: file not found") from None
-    except OSError as e:
-        raise CalibrationError(f"{path}: cannot read: {e.strerror}") from None
-    with f:
+    text = read_text_input(path, "a samples CSV", CalibrationError, missing=f"{path}: file not found")
+    with io.StringIO(text, newline="") as f:
         reader = csv.DictReader(f)
         header = [h.strip().lower() for h in (reader.fieldnames or [])]
         if "utilization" not in header or "watts" not in header:

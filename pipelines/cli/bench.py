@@ -303,7 +303,7 @@ def explain(
 ) -> None:
     """Show each node's feasibility, per-plugin scores, total and the chosen node for one pod (for a DQN: each
     node's Q-value, advantage and the features that moved it most)."""
-    from joulesched.agent.registry import make_policy
+    from joulesched.agent.registry import family_of, make_policy
     from joulesched.core.fsio import atomic_write_text, check_output_file
     from joulesched.pipelines.explain import explain as do_explain
     from joulesched.pipelines.explain import load_snapshot, scenario_decision, snapshot_of
@@ -312,6 +312,9 @@ def explain(
         fail("give --snapshot FILE or --scenario FILE (one of them)")
     if scenario is None and (save_snapshot is not None or at):
         fail("--at and --save-snapshot go with --scenario")
+    if family_of(policy) in ("clairvoyant", "planner"):
+        fail(f"policy {policy!r} reads the run's future in the twin, which explain does not replay; compare it with "
+             "`joulesched benchmark`")
     with errors():
         if save_snapshot is not None:
             check_output_file(save_snapshot, "--save-snapshot")
@@ -517,7 +520,7 @@ def trace(
         fail("--json needs an --out file: with -o - the trace CSV itself is stdout")
     with errors():
         if not to_stdout:
-            check_output_file(out_file, "--out")
+            check_output_file(out_file, "--out", inputs=[scenario])
         sc = load_scenario(scenario)
         wl = build_workload(sc, seed, pod_model=True)
         write_trace(wl, sys.stdout if to_stdout else out_file)
@@ -595,9 +598,9 @@ def trace_import(
         win = _parse_window(window)
         if power_profile not in SPECPOWER:
             raise UsageError(f"--power-profile {power_profile!r}: unknown; known: {', '.join(sorted(SPECPOWER))}")
-        check_output_file(out_file, "--out")
+        check_output_file(out_file, "--out", inputs=files)
         if machines is not None:
-            check_output_file(machines, "--machines")
+            check_output_file(machines, "--machines", inputs=files)
             if machines.resolve() == out_file.resolve():
                 raise UsageError("--machines and --out name the same file")
         opts = ImportOptions(window=win, usage_step_s=usage_step, cpu_unit_m=cpu_unit_m,
@@ -652,7 +655,7 @@ def trace_fit(
     from joulesched.core.fsio import check_output_file
 
     with errors():
-        check_output_file(out_file, "--out")
+        check_output_file(out_file, "--out", inputs=[pods_csv])
         wl = load_trace(pods_csv)
         fit = fit_apps(wl, until_s=until, source=f"{pods_csv.name}"
                        + (f" (created before {until:g} s)" if until is not None else ""))

@@ -21,7 +21,8 @@ import yaml
 from rich.table import Table
 
 from joulesched.core import yamlio
-from joulesched.pipelines.cli.common import err, out
+from joulesched.core.fsio import read_text_input
+from joulesched.pipelines.cli.common import err, errors, out
 from joulesched.pipelines.cli.common import fail as _fail
 from joulesched.pipelines.suite import REPO_ROOT
 
@@ -118,7 +119,8 @@ def _kvm_config(config: Path, ssh_public_key: Path | None, prefix: str | None):
     if ssh_public_key is not None:
         if not ssh_public_key.is_file():
             _fail(f"--ssh-public-key {ssh_public_key} does not exist")
-        values["joulesched:sshPublicKey"] = ssh_public_key.read_text().strip()
+        with errors():
+            values["joulesched:sshPublicKey"] = read_text_input(ssh_public_key, "an SSH public key").strip()
     if prefix:
         values["joulesched:namePrefix"] = prefix
     values["joulesched:target"] = "kvm"

@@ -285,7 +285,7 @@ def calibrate(
     )
 
     with errors():
-        check_output_file(out_path, "--out")  # before minutes of measuring, not after
+        check_output_file(out_path, "--out", inputs=[from_samples] if from_samples else [])  # before measuring
     facts = host_facts(str(proc_root))
     try:
         if from_samples is not None:

@@ -230,3 +230,25 @@ def test_every_float_option_refuses_nan_and_inf():
             assert r.exit_code == 2 and f"'{opt}'" in text, (path, opt, bad, r.output)
             # An infinity outside an option's range meets the range check first: refused either way. nan never does.
             assert "is not a finite number" in text or (bad != "nan" and "is not in the range" in text), text
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["explain", "--snapshot", "."], ". is a directory, not a snapshot file"),
+    (["report", "."], "results.json is a directory, not a results.json"),  # a folder of that name there
+    (["explain", "--snapshot", str(ROOT / "scenarios" / "snapshots" / "example.json"), "-p", "rollout"],
+     "reads the run's future in the twin"),
+    (["explain", "-s", TINY, "-p", "clairvoyant"], "reads the run's future in the twin"),
+    (["sweep", "--grid", "bin.yaml", "-o", "x"], "bin.yaml: not UTF-8 text"),
+    (["power", "calibrate", "--from-samples", "bin.yaml"], "bin.yaml: not UTF-8 text"),
+    (["trace", "-s", TINY, "-o", TINY], "is also an input of this command"),
+])
+def test_inputs_that_raised_tracebacks_or_were_overwritten_exit_2(args, needle, tmp_path, monkeypatch):
+    """Found by walking the CLI with malformed inputs (2026-12-06): a directory or binary file where a file was
+    expected raised IsADirectoryError / UnicodeDecodeError; a twin-only policy in explain an AttributeError;
+    an empty -o wrote into the current folder; -o naming the input replaced it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results.json").mkdir()
+    (tmp_path / "bin.yaml").write_bytes(b"\x00\x01\xff\xfe garbage")
+    before = Path(TINY).read_bytes()
+    _one_line_exit_2(runner.invoke(app, args), needle)
+    assert Path(TINY).read_bytes() == before and not (tmp_path / "x").exists()
