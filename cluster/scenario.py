@@ -26,6 +26,7 @@ from joulesched.cluster.filters import (
 )
 from joulesched.cluster.nodepower import DisruptionBudget, PowerPolicy
 from joulesched.core.errors import UsageError
+from joulesched.core.fsio import read_text_input
 from joulesched.core import yamlio
 from joulesched.core.names import is_dns_label, is_label_key, is_label_value
 from joulesched.power.curves import SPECPOWER, validate_curve
@@ -606,14 +607,7 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> str:
 def read_yaml(path: Path, what: str) -> object:
     """A YAML file a user wrote (a scenario, a node profile, a fit), every problem a :class:`ScenarioError`
     naming the file: missing, unreadable, not UTF-8, not YAML, or a key given twice (:mod:`core.yamlio`)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: {what} file not found") from None
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{path}: not UTF-8 text (byte {e.start}); is this a {what} file?") from None
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read {what} file: {e.strerror or e}") from None
+    text = read_text_input(path, f"a {what} file", ScenarioError, missing=f"{path}: {what} file not found")
     try:
         return yamlio.load(text)
     except yaml.YAMLError as e:
