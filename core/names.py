@@ -29,3 +29,20 @@ def is_label_key(key: str) -> bool:
 def is_label_value(value: str) -> bool:
     """At most 63 characters of letters, digits, '-', '_' and '.', alphanumeric at both ends; or empty."""
     return _LABEL_VALUE.fullmatch(value) is not None
+
+
+_RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})\Z")
+
+
+def check_ray_address(address: str | None, option: str = "--ray-address") -> str | None:
+    """``address`` if Ray can be given it (``auto``, ``local``, ``HOST:PORT`` or ``ray://HOST:PORT``, the port in
+    1..65535), None if none was given; else :class:`UsageError` before any work (Ray's own error comes after the
+    workloads are built, as a traceback)."""
+    from joulesched.core.errors import UsageError
+
+    if address is None or address in ("auto", "local"):
+        return address
+    m = _RAY_ADDRESS.match(address.strip())
+    if not m or not 1 <= int(m["port"]) <= 65535:
+        raise UsageError(f"{option} {address!r}: expected auto, local, HOST:PORT or ray://HOST:PORT")
+    return address.strip()

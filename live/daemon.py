@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from functools import partial
 from typing import Optional
+from urllib.parse import urlsplit
 
 from joulesched.cluster.kube.cache import KubeCache
 from joulesched.cluster.kube.metrics_feed import DEFAULT_CPU_QUERY, DEFAULT_POWER_QUERY
@@ -85,6 +86,13 @@ def check_url(url: str, option: str = "--prometheus") -> str:
     if url and not (url.startswith("http://") or url.startswith("https://")):
         # Not echoed: a user:password@ typed into it must not reach the terminal's or a log's copy of the error.
         raise DaemonInputError(f"{option} must be an http:// or https:// URL (like http://prometheus:9090)")
+    try:
+        port = urlsplit(url).port if url else None  # raises on one out of range, only when asked
+    except ValueError:
+        port = 0
+    if port == 0 or (url and not urlsplit(url).hostname):
+        raise DaemonInputError(f"{option} must name a host and, if any, a port in 1..65535 "
+                               "(like http://prometheus:9090)")
     return url.rstrip("/")
 
 

@@ -26,6 +26,7 @@ from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
+from joulesched.core.names import check_ray_address
 from joulesched.pipelines.pool import process_pool
 from joulesched.pipelines.results import SCHEMA_VERSION, OptimumRun, Results, dump, from_dict, load_results  # noqa: F401
 from joulesched.pipelines.stats import t_halfwidth
@@ -163,6 +164,7 @@ def _ray_map(tasks: list[Task], address: str | None):
         import ray
     except ModuleNotFoundError:
         raise BenchmarkInputError("the ray executor needs Ray: pip install 'joulesched[sweep]' (or ray)") from None
+    check_ray_address(address)
     started = not ray.is_initialized()
     if started:
         # Workers import joulesched from this checkout's environment; no dashboard, nothing listens off-host.

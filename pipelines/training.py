@@ -50,6 +50,7 @@ from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_savefig, atomic_write_text, check_output_file
+from joulesched.core.names import check_ray_address
 from joulesched.core.plots import plain_text_figures
 from joulesched.pipelines.progress import progress_bar
 from joulesched.pipelines.stats import mean_ci
@@ -135,6 +136,10 @@ class RayExecutor:
         return _RayPending([remote.remote(t) for t in tasks])
 
 
+#: More decisions than any recipe here trains (v2: 400,000 in 27 minutes): a typo's extra digits, not a plan.
+MAX_STEPS = 1_000_000_000
+
+
 def make_executor(workers: int = 1, executor: str = "local", ray_address: str | None = None):
     """A context manager giving the executor (module docstring): serial for one local worker."""
     import contextlib
@@ -206,6 +211,11 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         raise TrainError(f"--seed must be >= 0, got {seed}")
     if executor not in EXECUTORS:
         raise TrainError(f"unknown executor {executor!r}; use {' or '.join(EXECUTORS)}")
+    if steps is not None and steps > MAX_STEPS:
+        raise TrainError(f"--steps must be at most {MAX_STEPS:,} (some 45 days of training on 2 cores), got {steps}")
+    if ray_address is not None and executor != "ray":
+        raise TrainError("--ray-address needs --executor ray")
+    check_ray_address(ray_address)
     if workers < 1:
         raise TrainError(f"--workers must be >= 1, got {workers}")
     # Before any work (the pipeline calls this too, not only `train`): NAME.json is the model's metadata copy.

@@ -730,10 +730,13 @@ def sweep(
 ) -> None:
     """Fan out (scenario, policy, seed, hyperparameter) cells and aggregate them with confidence intervals."""
     from joulesched.pipelines.report import write_report
+    from joulesched.core.names import check_ray_address
     from joulesched.pipelines.sweep import run_sweep
 
     if ray_address is not None and executor != Executor.ray:
         fail("--ray-address needs --executor ray")
+    with errors():
+        check_ray_address(ray_address)
     command = command_line()
     with errors(), interrupted(out_dir), progress_bar(not as_json) as prog:
         task = prog.add_task("sweep", total=None, item="")

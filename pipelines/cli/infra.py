@@ -258,8 +258,11 @@ def wheelhouse(
 ) -> None:
     """Build the wheelhouse power_exporter installs from with `pip --no-index` on air-gapped hosts, and its
     requirements.lock (every wheel pinned by SHA-256, for `pip install --require-hashes`)."""
+    from joulesched.core.fsio import check_output_dir
     from joulesched.infra.wheelhouse import LOCK_NAME, WheelhouseError, archive_wheelhouse, build_wheelhouse
 
+    with errors():
+        check_output_dir(out_dir, "--out")
     try:
         wheel = build_wheelhouse(out_dir, all_deps=all_deps)
         tar = archive_wheelhouse(out_dir) if archive else None

@@ -136,7 +136,7 @@ def exporter(
     = "127.0.0.1:9102",
     interval: Annotated[float, float_option(
         help="Seconds between readings; at most the time a 500 W zone takes to go round half its counter's range "
-             "(RAPL: about 260 s).", min=0.05)] = 1.0,
+             "(RAPL: about 260 s).", min=0.05, max=3600.0)] = 1.0,
     powercap_root: PowercapRoot = Path("/sys/class/powercap"),
     proc_root: ProcRoot = Path("/proc"),
     dev_root: DevRoot = Path("/dev"),
@@ -187,7 +187,7 @@ def exporter(
 
 @app.command()
 def read(
-    duration: Annotated[float, float_option(help="Seconds to measure over.", min=0.05)] = 10.0,
+    duration: Annotated[float, float_option(help="Seconds to measure over.", min=0.05, max=86_400.0)] = 10.0,
     json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     powercap_root: PowercapRoot = Path("/sys/class/powercap"),
     proc_root: ProcRoot = Path("/proc"),
@@ -245,9 +245,12 @@ def calibrate(
     = Path("node-profile.yaml"),
     from_samples: Annotated[Optional[Path], typer.Option(
         help="Fit recorded samples instead of measuring: CSV with columns utilization (0..1),watts.")] = None,
-    step_seconds: Annotated[float, float_option(help="Seconds measured at each 10 % load step.", min=0.05)] = 10.0,
-    settle_seconds: Annotated[float, float_option(help="Seconds to wait after each step change.", min=0)] = 2.0,
-    sample_seconds: Annotated[float, float_option(help="Seconds per sample within a step.", min=0.05)] = 1.0,
+    step_seconds: Annotated[float, float_option(help="Seconds measured at each 10 % load step.", min=0.05,
+                                                    max=3600.0)] = 10.0,
+    settle_seconds: Annotated[float, float_option(help="Seconds to wait after each step change.", min=0,
+                                                       max=3600.0)] = 2.0,
+    sample_seconds: Annotated[float, float_option(help="Seconds per sample within a step.", min=0.05,
+                                                      max=3600.0)] = 1.0,
     workers: Annotated[Optional[int], typer.Option(help="Burner processes (default: one per CPU).", min=1)] = None,
     meter: Annotated[MeterKind, typer.Option(
         help="Energy source. auto uses powercap or msr only: calibrating the model against itself is circular."

@@ -123,6 +123,17 @@ def _check_can_listen(host: str, port: int, listen: str) -> str:
     return str(address[0]) if family == socket.AF_INET6 and ":" not in host else host
 
 
+def _check_workdir(workdir: Path | None) -> None:
+    from joulesched.core.errors import UsageError
+    from joulesched.core.fsio import check_output_dir
+
+    if workdir is not None:
+        try:
+            check_output_dir(workdir, "--workdir")
+        except UsageError as exc:
+            _fail(str(exc))
+
+
 def _check_target(url: str, option: str = "--target") -> None:
     from joulesched.workloads.load.results import check_url
 
@@ -171,6 +182,7 @@ def jmeter(
         _fail(f"--jmeter {jmeter_bin!r} is not an executable (not found on PATH or not executable); install JMeter "
               "(Debian: apt-get install jmeter jmeter-http) or give its path")
     _check_target(target)
+    _check_workdir(workdir)
     try:
         result = driver.run(target, plan=plan, threads=threads, rampup_s=rampup, duration_s=duration,
                             jmeter_bin=jmeter_bin, launcher=launcher, workdir=workdir)  # type: ignore[arg-type]
@@ -194,6 +206,7 @@ def locust(
     from joulesched.workloads.load.results import DriverError
 
     _check_target(target)
+    _check_workdir(workdir)
     try:
         result = driver.run(target, users=users, spawn_rate=spawn_rate, duration_s=duration, workdir=workdir)
     except DriverError as exc:

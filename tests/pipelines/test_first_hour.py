@@ -241,6 +241,13 @@ def test_every_float_option_refuses_nan_and_inf():
     (["sweep", "--grid", "bin.yaml", "-o", "x"], "bin.yaml: not UTF-8 text"),
     (["power", "calibrate", "--from-samples", "bin.yaml"], "bin.yaml: not UTF-8 text"),
     (["trace", "-s", TINY, "-o", TINY], "is also an input of this command"),
+    (["train", "-s", TINY, "--steps", "99999999999999999999999", "--model", "m.pt"], "--steps must be at most"),
+    (["train", "-s", TINY, "--steps", "50", "--model", "m.pt", "--executor", "ray", "--ray-address", ":abc"],
+     "--ray-address ':abc': expected"),
+    (["train", "-s", TINY, "--steps", "50", "--model", "m.pt", "--ray-address", "h:1"], "needs --executor ray"),
+    (["load", "blocker", "--target", "http://127.0.0.1:99999"], "the port must be a number in 1..65535"),
+    (["load", "locust", "--target", "http://127.0.0.1:9/", "--workdir", "bin.yaml"], "exists and is not a directory"),
+    (["infra", "wheelhouse", "-o", "bin.yaml"], "exists and is not a directory"),
 ])
 def test_inputs_that_raised_tracebacks_or_were_overwritten_exit_2(args, needle, tmp_path, monkeypatch):
     """Found by walking the CLI with malformed inputs (2026-12-06): a directory or binary file where a file was

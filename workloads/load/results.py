@@ -23,6 +23,12 @@ def check_url(url: str, option: str = "--target") -> str:
     u = urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"{option} {url!r}: expected http(s)://HOST[:PORT][/PATH]")
+    try:
+        port = u.port  # urllib raises on a port out of range, or one that is no number, only when asked
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError(f"{option} {url!r}: the port must be a number in 1..65535")
     return url
 
 
