@@ -617,15 +617,37 @@ class TLSFiles:
     def credentials(self) -> Any:
         import grpc
 
+        key, cert, ca = self.check()
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+    def check(self) -> tuple[bytes, bytes, bytes]:
+        """The key, certificate and CA as PEM, each parsed (gRPC otherwise reports any of them as "Failed to bind
+        to address", after the controller has started) and the key the certificate's. :class:`UsageError`."""
+        from cryptography import x509
+        from cryptography.exceptions import UnsupportedAlgorithm
+        from cryptography.hazmat.primitives import serialization
+
         def read(label: str, path: str) -> bytes:
             try:
                 return Path(path).read_bytes()
             except OSError as e:
                 raise UsageError(f"--{label} {path}: {e.strerror}") from None
 
-        return grpc.ssl_server_credentials([(read("tls-key", self.key), read("tls-cert", self.cert))],
-                                           root_certificates=read("client-ca", self.client_ca),
-                                           require_client_auth=True)
+        key, cert, ca = read("tls-key", self.key), read("tls-cert", self.cert), read("client-ca", self.client_ca)
+        try:
+            k = serialization.load_pem_private_key(key, password=None)
+        except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+            raise UsageError(f"--tls-key {self.key}: not an unencrypted PEM private key ({e})") from None
+        for label, path, data in (("tls-cert", self.cert, cert), ("client-ca", self.client_ca, ca)):
+            try:
+                certs = x509.load_pem_x509_certificates(data)
+            except ValueError as e:
+                raise UsageError(f"--{label} {path}: not a PEM certificate ({e})") from None
+            if label == "tls-cert" and certs[0].public_key().public_bytes(
+                    serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) != k.public_key(
+                    ).public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
+                raise UsageError(f"--tls-key {self.key} is not the key of --tls-cert {self.cert}")
+        return key, cert, ca
 
 
 class ProviderServer:

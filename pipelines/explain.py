@@ -29,7 +29,8 @@ class SnapshotError(UsageError):
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # No NaN or infinity anywhere in a snapshot: `explain --json` would print them as invalid JSON.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SnapPod(_M):

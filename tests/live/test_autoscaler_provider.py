@@ -380,3 +380,18 @@ def test_the_command_serves_until_sigterm(emu, tmp_path):
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out  # SIGTERM is how a daemon is stopped: a clean exit
     assert "autoscaler provider on 127.0.0.1" in out and "Traceback" not in out
+
+
+def test_tls_files_that_are_no_pem_or_do_not_match_are_named_before_anything_starts(tmp_path):
+    """gRPC reported a bad PEM as "Failed to bind to address" (a RuntimeError traceback), after the node power
+    controller had started: each file is parsed first, and the key must be the certificate's."""
+    ca = TestCA(tmp_path / "pki")
+    cert, key = ca.issue("provider", server=True)
+    _, other_key = ca.issue("other", server=True)
+    junk = tmp_path / "junk.pem"
+    junk.write_bytes(b"\x00\x01\xff\xfe garbage")
+    TLSFiles(str(cert), str(key), str(ca.cert)).check()  # the good set passes
+    for files, needle in (((junk, key, ca.cert), "--tls-cert"), ((cert, junk, ca.cert), "--tls-key"),
+                          ((cert, key, junk), "--client-ca"), ((cert, other_key, ca.cert), "is not the key of")):
+        with pytest.raises(UsageError, match=needle):
+            TLSFiles(*map(str, files)).check()

@@ -259,3 +259,12 @@ def test_inputs_that_raised_tracebacks_or_were_overwritten_exit_2(args, needle, 
     before = Path(TINY).read_bytes()
     _one_line_exit_2(runner.invoke(app, args), needle)
     assert Path(TINY).read_bytes() == before and not (tmp_path / "x").exists()
+
+
+def test_a_snapshot_with_an_infinite_number_is_refused(tmp_path):
+    # `explain --json` printed "now_s": Infinity, which no JSON parser reads.
+    snap = json.loads((ROOT / "scenarios" / "snapshots" / "example.json").read_text())
+    text = json.dumps({**snap, "now_s": 0.0}).replace('"now_s": 0.0', '"now_s": 1e400')
+    (tmp_path / "s.json").write_text(text)
+    _one_line_exit_2(runner.invoke(app, ["explain", "--snapshot", str(tmp_path / "s.json"), "--json"]),
+                     "now_s: Input should be a finite number")
