@@ -7,6 +7,8 @@ only matters to the actuator that needs it). ``auto`` dispatches on each node's 
 from __future__ import annotations
 
 import importlib
+import os
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -67,7 +69,24 @@ class ActuatorOptions:
     def __post_init__(self) -> None:
         from joulesched.live.actuators.libvirt import check_uri
 
-        check_uri(self.libvirt_uri, self.allow_libvirt_insecure)  # at startup, whichever actuator is used
+        # At startup, whichever actuator is used: a typo here would otherwise surface at the first sleep or wake,
+        # hours later, as that action's failure.
+        if not self.libvirt_uri.strip():
+            raise AddressError("--libvirt-uri is empty")
+        check_uri(self.libvirt_uri, self.allow_libvirt_insecure)
+        for option, path in (("--redfish-ca", self.redfish_ca), ("--ssh-key", self.ssh_key),
+                             ("--known-hosts", self.known_hosts)):
+            if path is not None and not os.path.isfile(path):
+                raise AddressError(f"{option} {path}: no such file")
+            if path is not None and not os.access(path, os.R_OK):
+                raise AddressError(f"{option} {path}: not readable")
+        for option, text in (("--ssh-user", self.ssh_user), ("--suspend-command", self.suspend_command)):
+            if not text.strip():
+                raise AddressError(f"{option} is empty")
+        if self.aws_region is not None and not self.aws_region.strip():
+            raise AddressError("--aws-region is empty")
+        if self.aws_endpoint is not None and not re.match(r"https?://[^/\s]+", self.aws_endpoint):
+            raise AddressError(f"--aws-endpoint {self.aws_endpoint!r}: expected an http(s):// URL")
 
 
 def _build(name: str, o: ActuatorOptions):

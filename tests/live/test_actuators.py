@@ -4,6 +4,7 @@ moto's EC2 server. (The libvirt actuator on a real QEMU guest: tests/infra/test_
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
@@ -207,3 +208,20 @@ def test_aws_clients_are_bounded_by_region():
     for region in ("us-east-1", "eu-west-1", "ap-south-1", "eu-west-1"):
         a._ec2(target("n", f"aws://i-0abc?region={region}"))
     assert list(a._clients) == ["ap-south-1", "eu-west-1"]
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"ssh_key": "/nonexistent/id_ed25519"}, "--ssh-key /nonexistent/id_ed25519: no such file"),
+    ({"known_hosts": "/nonexistent/known_hosts"}, "--known-hosts"),
+    ({"redfish_ca": "/nonexistent/ca.pem"}, "--redfish-ca"),
+    ({"libvirt_uri": " "}, "--libvirt-uri is empty"),
+    ({"ssh_user": ""}, "--ssh-user is empty"),
+    ({"suspend_command": " "}, "--suspend-command is empty"),
+    ({"aws_region": ""}, "--aws-region is empty"),
+    ({"aws_endpoint": "notaurl"}, "expected an http(s):// URL"),
+])
+def test_actuator_options_that_could_never_work_are_refused_at_startup(kw, needle):
+    """They were taken as given and failed only at the first sleep or wake (found walking the CLI)."""
+    with pytest.raises(AddressError, match=re.escape(needle)):
+        ActuatorOptions(**kw)
+    assert ActuatorOptions(aws_endpoint="http://127.0.0.1:5000", aws_region="eu-west-1")  # the good forms pass
