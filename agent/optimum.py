@@ -1067,10 +1067,10 @@ SOLVERS = ("highs", "cpsat", "race")
 DEFAULT_SOLVER = "highs"
 
 
-def check_solver(solver: str) -> str:
-    """One of :data:`SOLVERS`, or :class:`OptimumError`."""
+def check_solver(solver: str, option: str = "--solver") -> str:
+    """One of :data:`SOLVERS`, or :class:`OptimumError` naming ``option``."""
     if solver not in SOLVERS:
-        raise OptimumError(f"--solver {solver!r} is not a solver; use one of {', '.join(SOLVERS)}")
+        raise OptimumError(f"{option} {solver!r} is not a solver; use one of {', '.join(SOLVERS)}")
     return solver
 
 
@@ -1849,14 +1849,14 @@ MIP_MAX_NODES = 16
 MIP_MAX_PODS = 200
 
 
-def check_time_limit(time_limit: float) -> float:
-    """A positive, finite number of seconds, or :class:`OptimumError`."""
+def check_time_limit(time_limit: float, option: str = "--time-limit") -> float:
+    """A positive, finite number of seconds, or :class:`OptimumError` naming ``option``."""
     try:
         t = float(time_limit)
     except (TypeError, ValueError):
-        raise OptimumError(f"--time-limit {time_limit!r} is not a number of seconds") from None
+        raise OptimumError(f"{option} {time_limit!r} is not a number of seconds") from None
     if not (t > 0 and math.isfinite(t)):
-        raise OptimumError(f"--time-limit must be a positive number of seconds, got {time_limit!r}")
+        raise OptimumError(f"{option} must be a positive number of seconds, got {time_limit!r}")
     return t
 
 

@@ -127,6 +127,8 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
     trained_on = _load(train_scenarios, node_profile) if train_scenarios else bench_scenarios
     if train_needed and model is not None:
         check_output_file(model, "--model")
+    if not train_needed:  # a model that does not load is refused now, before the output folder is made
+        validate_inputs([], [f"dqn={model}"])
     runner = StageRunner(out, force=force, on_event=on_event)
     out.mkdir(parents=True, exist_ok=True)
     if on_plan:

@@ -400,7 +400,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
     if seeds < 1:
         raise TrainError("--seeds must be >= 1")
     if optimum:
-        check_time_limit(optimum_time_limit)
+        check_time_limit(optimum_time_limit, "--optimum-time-limit")
     model = Path(model)
     meta = load_checkpoint(model).meta  # PolicyError on a bad file, before any work
     spec = f"dqn={model}"

@@ -762,6 +762,8 @@ def demo(
     from joulesched.pipelines.progress import StageDisplay
     from joulesched.pipelines.sim_pipeline import run_sim
 
+    if model is not None and model.is_dir():
+        fail(f"--model {model} is a directory; give a model file")
     if model is not None and not model.is_file():
         fail(f"--model {model} does not exist; train it with `joulesched train --model {model}`, or drop --model "
              "to use the shipped one")

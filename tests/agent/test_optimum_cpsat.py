@@ -85,11 +85,11 @@ def test_a_bad_solver_exits_2(tmp_path):
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["benchmark", "-s", "scenarios/tiny.yaml", "-p", "default-k8s", "--optimum",
                                  "--optimum-solver", "cplex", "--out", str(out)])
-    assert r.exit_code == 2 and "--solver 'cplex'" in r.output, r.output
+    assert r.exit_code == 2 and "--optimum-solver 'cplex'" in r.output, r.output  # the option given, by name
     assert not out.exists()
     r = CliRunner().invoke(app, ["benchmark", "-s", "scenarios/tiny.yaml", "-p", "default-k8s",
                                  "--optimum-solver", "cplex", "--out", str(out)])  # without --optimum too
-    assert r.exit_code == 2 and "--solver 'cplex'" in r.output, r.output
+    assert r.exit_code == 2 and "--optimum-solver 'cplex'" in r.output, r.output
     assert not out.exists()
     with pytest.raises(opt.OptimumError, match="highs, cpsat, race"):
         opt.solve(opt.instance(tiny(tmp_path, 0), 0), solver="scip")
