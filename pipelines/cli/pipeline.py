@@ -114,6 +114,14 @@ def pipeline(
     if sleep and env is not Env.kube:
         _fail("--sleep runs the node power controller on a cluster: it needs --env kube (in the twin, sleep is "
               "the scenario's idle_policy)")
+    if env is not Env.kube:
+        # Options only --env kube reads: given with the twin they would be silently ignored.
+        kube_only = [o for o, v in (("--kubeconfig", kubeconfig), ("--context", context), ("--prometheus", prometheus),
+                                    ("--target", target), ("--policy", policy), ("--energy-selector", energy_selector))
+                     if v]
+        if kube_only:
+            _fail(f"{', '.join(kube_only)} {'is' if len(kube_only) == 1 else 'are'} for --env kube; the twin "
+                  "(--env sim) benchmarks the default policy set and the DQN")
     if load_driver not in ("locust", "jmeter"):
         _fail(f"--load-driver must be locust or jmeter, not {load_driver!r}")
     environment = None
