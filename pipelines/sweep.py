@@ -49,6 +49,12 @@ class Grid(BaseModel):
             for k, vals in params.items():
                 if not vals:
                     raise ValueError(f"{pol}.{k}: give at least one value")
+                # Joined into "policy:k=v,k2=v2": a ',' would smuggle in another option, and so would a key
+                # holding '=' or ':' (a value may: requested-to-capacity-ratio's shape is "0:0|100:10").
+                for x, bad in ((k, ",=:"), *((str(x), ",") for x in vals)):
+                    if any(c in x for c in bad) or not x.strip():
+                        raise ValueError(f"{pol}.{k}: {x!r} may not be empty or hold {' or '.join(bad)} (each "
+                                         "parameter and value is one key=value of the policy's spec)")
         return v
 
 

@@ -88,3 +88,17 @@ def test_malformed_grids_exit_2_and_write_nothing(tmp_path, text, message):
     r = runner.invoke(app, ["sweep", "--grid", str(p), "--out", str(out)])
     assert r.exit_code == 2 and message in r.output, r.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("hp", [{"awake-first": {"fit": ["efficient,headroom=0.5"]}},
+                                {"awake-first": {"fit=tightest,headroom": [1]}},
+                                {"awake-first": {"fit": [" "]}}])
+def test_a_hyperparameter_cannot_smuggle_in_another_option(tmp_path, hp):
+    from joulesched.pipelines.sweep import GridError, load_grid
+
+    import yaml
+
+    tiny = Path(__file__).resolve().parents[2] / "scenarios" / "tiny.yaml"
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump({"scenarios": [str(tiny)], "hyperparameters": hp}))
+    with pytest.raises(GridError, match="may not be empty or hold"):  # a shape value "0:0|100:10" still may
+        load_grid(tmp_path / "g.yaml")
