@@ -178,7 +178,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         net.load_state_dict(ckpt.state("q"), strict=True)
     except RuntimeError as e:
-        raise PolicyError(f"{path}: weights do not fit the network ({str(e).splitlines()[0]})") from None
+        # torch's first line is only "Error(s) in loading state_dict for X:"; the next ones name keys and shapes.
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = "; ".join(lines[1:3]) or lines[0] if lines else type(e).__name__
+        raise PolicyError(f"{path}: weights do not fit the network ({detail[:300]})") from None
     for t in ckpt.state("q").values():
         if not torch.isfinite(t).all():
             raise PolicyError(f"{path}: corrupt model file (non-finite weights)")

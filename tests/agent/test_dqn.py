@@ -212,7 +212,8 @@ def test_corrupt_and_foreign_files_are_refused(tmp_path):
     with pytest.raises(PolicyError, match="checksum"):  # not the tensors the file was written with
         load_checkpoint(wrong)
     save_file(bad, str(wrong), metadata={META_KEY: json.dumps(dict(ckpt.meta, tensors_sha256=tensors_digest(bad)))})
-    with pytest.raises(PolicyError, match="do not fit"):  # written so (an older joulesched, another tool)
+    # Written so (an older joulesched, another tool); the message names the tensor and its shapes.
+    with pytest.raises(PolicyError, match=r"do not fit the network \(size mismatch for adv.bias"):
         load_checkpoint(wrong)
 
 
