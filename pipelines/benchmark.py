@@ -197,9 +197,9 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
     fluid lower bound. ``placements`` also
     writes ``out/placements.csv``, one row per pod per scenario, seed and policy (pipelines/placements.py).
     """
-    check_solver(optimum_solver, "--optimum-solver")  # a bad name is an error with or without --optimum
-    if optimum:
-        optimum_time_limit = check_time_limit(optimum_time_limit, "--optimum-time-limit")
+    # Bad values are errors with or without --optimum (a typo there is not silently kept for the next run).
+    check_solver(optimum_solver, "--optimum-solver")
+    optimum_time_limit = check_time_limit(optimum_time_limit, "--optimum-time-limit")
     if seeds < 1:
         raise BenchmarkInputError("--seeds must be at least 1")
     if executor not in ("local", "ray"):

@@ -159,7 +159,8 @@ def optimum(
     bound and gap, the LP and fluid bounds, every heuristic's energy beside it, and the optimal schedule replayed
     in the twin.
 
-    Each row's certificate: optimal (gap <= 1e-4 and the twin replays the schedule to its energy within 1e-9),
+    Each row's certificate: optimal (status optimal, gap <= 1e-4 and the twin replays the schedule to its energy
+    within 1e-9),
     feasible (a schedule, the twin's energy for it, and a bound with the gap), bound-only (no schedule)."""
     from joulesched.agent.optimum import check_solver, check_time_limit, instance, optimum_entry, policy_energies
     from joulesched.agent.registry import BEST_HEURISTIC_CANDIDATES, make_policy
@@ -172,6 +173,9 @@ def optimum(
         for p in specs:
             make_policy(p)  # a bad spec fails before any solving
         loaded = [load_scenario(p) for p in scenario]
+        names = [sc.name for sc in loaded]
+        if len(set(names)) < len(names):  # the same file twice, or two sharing a name: rows keyed by it
+            fail(f"scenario {next(n for n in names if names.count(n) > 1)!r} is given twice")
         for sc in loaded:
             instance(sc, bounds_only=bound_only)  # a bad trace, or a workload the model does not state, fails here
         rows = []
