@@ -184,6 +184,16 @@ def _curve_paths(model: Path) -> tuple[Path, Path]:
     return Path(f"{stem}.curve.csv"), Path(f"{stem}.curve.png")
 
 
+def check_teachers(cfg: DQNConfig) -> None:
+    """The teacher and the teacher pool are policies that can be built (:class:`TrainError` naming the field)."""
+    for field_, specs in (("dqn.teacher", [cfg.teacher]), ("dqn.teacher_pool", list(cfg.teacher_pool))):
+        for t_spec in specs:
+            try:
+                make_policy(t_spec) if t_spec != "auto" else None
+            except UsageError as e:
+                raise TrainError(f"{field_}: {e}") from None
+
+
 def load_resumed(model: Path, seed: int = 0) -> tuple[DQN, dict, RewardConfig]:
     """What ``--resume`` trains with: the model's agent (its hyperparameters, not the defaults), its metadata, and
     the reward weights it stored (checked by :func:`load_agent`; ``{}``, the defaults, where it stored none)."""
@@ -237,12 +247,7 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         config = config or TrainConfig()
         agent, reward = DQN(config.dqn, seed=seed), config.reward
     cfg: DQNConfig = agent.cfg
-    for field_, specs in (("dqn.teacher", [cfg.teacher]), ("dqn.teacher_pool", list(cfg.teacher_pool))):
-        for t_spec in specs:
-            try:
-                make_policy(t_spec) if t_spec != "auto" else None
-            except UsageError as e:
-                raise TrainError(f"{field_}: {e}") from None
+    check_teachers(cfg)
     validator = Validator(loaded, cfg) if validate else None
 
     bar_cb, bar_ctx = _progress_bar(progress, steps, minutes)

@@ -97,7 +97,7 @@ def train_cmd(
     """Train the DQN scheduler on the twin; writes the model, NAME.json, NAME.curve.csv and NAME.curve.png."""
     from joulesched.agent.config import TrainConfig, dump_config, load_config, with_overrides
     from joulesched.cluster.scenario import load_scenario
-    from joulesched.pipelines.training import train
+    from joulesched.pipelines.training import check_teachers, train
 
     if minutes is not None and steps is not None:
         fail("give --minutes or --steps, not both")
@@ -110,7 +110,9 @@ def train_cmd(
         if show_config:
             if resume and cfg is not None:
                 fail("--resume keeps the model's hyperparameters; do not pass a config")
-            out.print(dump_config(_resumed_config(model) if resume else cfg or TrainConfig()), end="", soft_wrap=True)
+            shown = _resumed_config(model) if resume else cfg or TrainConfig()
+            check_teachers(shown.dqn)  # what training would refuse is refused here too
+            out.print(dump_config(shown), end="", soft_wrap=True)
             return
         if minutes is None and steps is None:
             minutes = DEFAULT_MINUTES

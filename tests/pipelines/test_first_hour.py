@@ -252,6 +252,7 @@ def test_every_float_option_refuses_nan_and_inf():
     (["optimum", "-s", TINY, "-s", TINY, "--bound-only"], "scenario 'tiny' is given twice"),
     (["benchmark", "-s", TINY, "-p", "default-k8s", "--optimum-time-limit", "-5", "-o", "x"],
      "--optimum-time-limit must be a positive number"),  # without --optimum too
+    (["train", "--show-config", "--set", "dqn.teacher=nosuch"], "dqn.teacher: unknown policy 'nosuch'"),
 ])
 def test_inputs_that_raised_tracebacks_or_were_overwritten_exit_2(args, needle, tmp_path, monkeypatch):
     """Found by walking the CLI with malformed inputs (2026-12-06): a directory or binary file where a file was
