@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 
 def _print_version(value: bool) -> None:
@@ -30,12 +31,40 @@ def _root(
     """Energy-aware Kubernetes scheduling: twin, baselines, DQN, power metering, workloads."""
 
 
+def _refuse_empty_paths(command: Any) -> None:
+    """Make every path option and argument of ``command``'s tree refuse ``''``.
+
+    Typer turns ``''`` into ``Path('.')``: ``-o "$OUT"`` with ``OUT`` unset wrote a run's files into the current
+    folder. One place for the CLI's 61 path parameters, so that a new command cannot forget it."""
+    from typer.models import TyperPath
+
+    class NonEmptyPath(TyperPath):
+        def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+            if isinstance(value, str) and not value.strip():
+                self.fail("an empty path (give '.' for the current folder)", param, ctx)
+            return super().convert(value, param, ctx)
+
+    for sub in getattr(command, "commands", {}).values():
+        _refuse_empty_paths(sub)
+    for param in getattr(command, "params", []):
+        if type(param.type) is TyperPath:
+            param.type.__class__ = NonEmptyPath  # same state, one more check
+
+
+class _RootGroup(TyperGroup):
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # Typer builds the click tree afresh for each invocation (CliRunner's too), then calls the root's main.
+        _refuse_empty_paths(self)
+        return super().main(*args, **kwargs)
+
+
 def build_app() -> typer.Typer:
     """The root app with every command and sub-app registered."""
     from joulesched.pipelines.cli import autoscaler, bench, infra, live, pipeline, power, train, workload
 
     app = typer.Typer(
         name="joulesched",
+        cls=_RootGroup,
         help="Energy-aware Kubernetes scheduling: twin, baselines, DQN, power metering, workloads.",
         no_args_is_help=True,
         add_completion=False,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -22,6 +23,7 @@ from rich.table import Table
 
 from joulesched.core import yamlio
 from joulesched.core.fsio import read_text_input
+from joulesched.core.names import is_dns_label
 from joulesched.pipelines.cli.common import err, errors, out
 from joulesched.pipelines.cli.common import fail as _fail
 from joulesched.pipelines.suite import REPO_ROOT
@@ -121,7 +123,7 @@ def _kvm_config(config: Path, ssh_public_key: Path | None, prefix: str | None):
             _fail(f"--ssh-public-key {ssh_public_key} does not exist")
         with errors():
             values["joulesched:sshPublicKey"] = read_text_input(ssh_public_key, "an SSH public key").strip()
-    if prefix:
+    if prefix is not None:  # '' too: refused as no DNS label, not taken for "the config's"
         values["joulesched:namePrefix"] = prefix
     values["joulesched:target"] = "kvm"
     try:
@@ -198,9 +200,14 @@ def kvm_down(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", prefix: PrefixOpt = N
     r = DictReader(_stack_config(config))
     uri = r.get("libvirtUri") or "qemu:///system"
     pool = r.get("poolDir") or "/var/lib/libvirt/images/joulesched"
-    pfx = prefix or r.get("namePrefix") or "joulesched"
+    pfx = r.get("namePrefix") or "joulesched" if prefix is None else prefix
+    if not is_dns_label(pfx):  # as `up` checks it: the names are the guests (and folders) this removes
+        where = "--prefix" if prefix is not None else f"joulesched:namePrefix in {config}"
+        _fail(f"{where} must be a DNS label, got {pfx!r}")
+    # Only the names `up` gives: a guest of the user's own called <prefix>-worker-old is not ours to remove.
+    ours = re.compile(rf"{re.escape(pfx)}-(master|worker-(0|[1-9][0-9]*))")
     try:
-        names = [n for n in list_guests(uri, f"{pfx}-") if n == f"{pfx}-master" or n.startswith(f"{pfx}-worker-")]
+        names = [n for n in list_guests(uri, f"{pfx}-") if ours.fullmatch(n)]
         for name in names:
             delete_guest(uri, name, pool)
     except GuestError as e:

@@ -260,8 +260,8 @@ def calibrate(
     dev_root: DevRoot = Path("/dev"),
     name_prefix: Annotated[Optional[str], typer.Option(help="Node group name prefix (default: hostname).")] = None,
     count: Annotated[int, typer.Option(help="Nodes in the group.")] = 1,
-    cpu_m: Annotated[Optional[int], typer.Option(help="Allocatable millicores (default: this host's).")] = None,
-    memory_mib: Annotated[Optional[int], typer.Option(help="Allocatable MiB (default: this host's).")] = None,
+    cpu_m: Annotated[Optional[int], typer.Option(min=1, help="Allocatable millicores (default: this host's).")] = None,
+    memory_mib: Annotated[Optional[int], typer.Option(min=1, help="Allocatable MiB (default: this host's).")] = None,
     max_pods: Annotated[int, typer.Option(help="Pod limit per node.")] = 110,
     profile: ProfileOpt = None,
     curve: CurveOpt = None,
@@ -307,7 +307,8 @@ def calibrate(
         # (the note below), not refused after minutes of measuring.
         fit = fit_curve(samples, allow_extrapolation=allow_extrapolation or from_samples is None)
         group = node_group(fit, name_prefix=name_prefix or str(facts["name_prefix"]), count=count,
-                           cpu_m=cpu_m or int(facts["cpu_m"]), memory_mib=memory_mib or int(facts["memory_mib"]),
+                           cpu_m=int(facts["cpu_m"]) if cpu_m is None else cpu_m,
+                           memory_mib=int(facts["memory_mib"]) if memory_mib is None else memory_mib,
                            max_pods=max_pods)
         header = (f"Node profile written by `joulesched power calibrate` at "
                   f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}.\nSource: {origin}.\n{fit.summary()}.\n"

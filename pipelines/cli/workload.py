@@ -233,12 +233,17 @@ def blocker(
     from joulesched.workloads.load.results import DriverError
 
     _check_target(target)
+    given = {"cpu_m": cpu_m, "memory_mib": memory_mib, "disk_read_mbps": disk_read_mbps,
+             "disk_write_mbps": disk_write_mbps, "net_mbps": net_mbps, "net_target": net_target}
+    if stop:
+        # A load described beside --stop would be silently dropped: the user meant one or the other.
+        load = [f"--{k.replace('_', '-')}" for k, v in given.items() if v] + (["--duration"] * (duration != 60.0))
+        if load:
+            _fail(f"--stop stops the running load; {', '.join(load)} describe{'s' * (len(load) == 1)} a load to start")
     try:
         if stop:
             st = client.stop(target)
         else:
-            given = {"cpu_m": cpu_m, "memory_mib": memory_mib, "disk_read_mbps": disk_read_mbps,
-                     "disk_write_mbps": disk_write_mbps, "net_mbps": net_mbps, "net_target": net_target}
             params = {"duration_s": duration} | {k: v for k, v in given.items() if v}
             st = client.start(target, params)
             if wait:

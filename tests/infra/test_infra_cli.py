@@ -192,3 +192,33 @@ def test_a_failed_kvm_up_leaves_no_pool_dir_it_created(monkeypatch, tmp_path):
         assert pool.is_dir() and not any(pool.iterdir())
     finally:
         keep.close()
+
+
+def test_kvm_down_removes_only_the_guests_up_names(tmp_path):
+    """`down` used to take any prefix and every guest named <prefix>-worker-*: a hand-made guest called
+    jst-worker-old went with the cluster's, and `--prefix ''` fell back to the config's prefix."""
+    libvirt = pytest.importorskip("libvirt", reason="libvirt-python is not installed")
+    cfg = tmp_path / "kvm.yaml"
+    cfg.write_text(yaml.safe_dump({"config": {"joulesched:libvirtUri": "test:///default",
+                                              "joulesched:poolDir": str(tmp_path / "pool")}}))
+    for bad, needle in (("", "--prefix must be a DNS label, got ''"), ("../x", "got '../x'")):
+        r = runner.invoke(app, ["kvm", "down", "--config", str(cfg), "--prefix", bad])
+        assert r.exit_code == 2 and needle in r.output, r.output
+    cfg.write_text(yaml.safe_dump({"config": {"joulesched:libvirtUri": "test:///default",
+                                              "joulesched:namePrefix": "Bad_Prefix"}}))
+    r = runner.invoke(app, ["kvm", "down", "--config", str(cfg)])
+    assert r.exit_code == 2 and "joulesched:namePrefix in" in r.output and "'Bad_Prefix'" in r.output, r.output
+    # The test driver keeps its domains while one connection to it stays open.
+    keep = libvirt.open("test:///default")
+    try:
+        xml = "<domain type='test'><name>{}</name><memory>1024</memory><os><type>hvm</type></os></domain>"
+        for name in ("jst-master", "jst-worker-0", "jst-worker-12", "jst-worker-old", "jst-worker-01"):
+            keep.defineXML(xml.format(name))
+        cfg.write_text(yaml.safe_dump({"config": {"joulesched:libvirtUri": "test:///default",
+                                                  "joulesched:poolDir": str(tmp_path / "pool")}}))
+        r = runner.invoke(app, ["kvm", "down", "--config", str(cfg), "--prefix", "jst"])
+        assert r.exit_code == 0 and "removed 3 guest(s)" in r.output, r.output
+        left = sorted(d.name() for d in keep.listAllDomains() if d.name().startswith("jst-"))
+        assert left == ["jst-worker-01", "jst-worker-old"]
+    finally:
+        keep.close()

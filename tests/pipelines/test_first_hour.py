@@ -45,6 +45,9 @@ def test_version():
     (["workload", "manifest", "cpu", "--image", "UPPER CASE:bad"],
      "--image 'UPPER CASE:bad' is not a valid image reference"),
     (["load", "jmeter", "--target", "http://127.0.0.1:9/x", "--jmeter", "/nonexistent"], "--jmeter '/nonexistent'"),
+    # 0 used to mean "this host's" (a falsy value taken for no value): a profile with the host's millicores.
+    (["power", "calibrate", "--from-samples", "s.csv", "--cpu-m", "0"], "'--cpu-m': 0 is not in the range x>=1"),
+    (["power", "calibrate", "--from-samples", "s.csv", "--memory-mib", "0"], "'--memory-mib': 0 is not in the range"),
 ])
 def test_bad_options_exit_2_naming_the_option(args, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -204,17 +207,34 @@ def test_explain_top_shows_nodes_for_a_policy_without_scores():
     assert f"{240 - rows} more nodes not shown (0 of all 240 infeasible)" in r.stdout
 
 
-def _float_options():
-    """Every float option of every command: (command path, option name)."""
+def _params(*type_names: str):
+    """Every parameter of every command whose type is one of these: (command path, parameter)."""
     import typer.main
 
     def walk(cmd, path):
         for name, sub in sorted(getattr(cmd, "commands", {}).items()):
             yield from walk(sub, [*path, name])
         for p in getattr(cmd, "params", []):
-            if getattr(p, "opts", None) and p.opts[0].startswith("--") and p.type.name in ("float", "float range"):
-                yield path, p.opts[0]
+            if p.type.name in type_names:
+                yield path, p
     return list(walk(typer.main.get_command(app), []))
+
+
+def _float_options():
+    """Every float option of every command: (command path, option name)."""
+    return [(path, p.opts[0]) for path, p in _params("float", "float range") if p.opts[0].startswith("--")]
+
+
+def test_every_path_refuses_an_empty_string(tmp_path, monkeypatch):
+    """Typer reads '' as Path('.'): `benchmark -o "$OUT"` with OUT unset wrote its files into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    found = _params("path")
+    assert len(found) >= 50 and any(path == ["benchmark"] and "--out" in p.opts for path, p in found)
+    for path, p in found:
+        args = [*path, ""] if p.param_type_name == "argument" else [*path, p.opts[0], ""]
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "an empty path" in r.output, (args, r.output)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_every_float_option_refuses_nan_and_inf():
@@ -246,6 +266,8 @@ def test_every_float_option_refuses_nan_and_inf():
      "--ray-address ':abc': expected"),
     (["train", "-s", TINY, "--steps", "50", "--model", "m.pt", "--ray-address", "h:1"], "needs --executor ray"),
     (["load", "blocker", "--target", "http://127.0.0.1:99999"], "the port must be a number in 1..65535"),
+    (["load", "blocker", "--target", "http://127.0.0.1:9", "--stop", "--cpu-m", "500"],
+     "--stop stops the running load; --cpu-m describes a load to start"),  # was silently dropped
     (["load", "locust", "--target", "http://127.0.0.1:9/", "--workdir", "bin.yaml"], "exists and is not a directory"),
     (["infra", "wheelhouse", "-o", "bin.yaml"], "exists and is not a directory"),
     (["pipeline", "-s", TINY, "-o", "p", "-p", "nosuch"], "--policy is for --env kube"),  # was silently ignored
