@@ -679,7 +679,43 @@ def _read_inputs(out: Path) -> tuple[Results, dict, dict]:
         if not lists:
             raise ResultsError(f"{nodes_path}: scenario {key!r}: expected an object whose node_names and node_groups "
                                f"are lists of strings, got {_clip(json.dumps(entry))}")
+    _check_timelines(tl_path, tl, doc, nodes)
     return doc, tl, nodes
+
+
+def _check_timelines(tl_path: Path, tl: dict, doc: Results, nodes: dict) -> None:
+    """Refuse timelines that do not fit results.json (another run's file, arrays of the wrong shape), naming the
+    array: a plot drawn from them would be missing without a word, or stop the render with a traceback."""
+    if not tl:
+        return  # none recorded (a kube run): the page says so
+    keys = [doc.timeline_key(name) for name in doc.summary]
+    if not any(k.startswith(f"{key}/") for key in keys for k in tl):
+        raise ResultsError(f"{tl_path}: holds no timeline of the scenarios in results.json (another run's file?); "
+                           "remove it to render the report without the power and utilisation plots")
+
+    def bad(name: str, why: str) -> ResultsError:
+        return ResultsError(f"{tl_path}: {name}: {why}")
+
+    for key in keys:
+        if not any(k.startswith(f"{key}/") for k in tl):
+            continue
+        bin_s = tl.get(f"{key}/bin_s")
+        if bin_s is None or bin_s.shape != (1,) or not np.isfinite(bin_s).all() or not bin_s[0] > 0:
+            raise bad(f"{key}/bin_s", "expected one positive number of seconds per bin")
+        for p in doc.policies:
+            watts, awake, util = (tl.get(f"{key}/{p}/{a}") for a in ("watts", "awake", "util"))
+            if watts is None and awake is None and util is None:
+                continue  # a policy without timelines is left out of the plots
+            if watts is None or watts.ndim != 1 or not np.isfinite(watts).all():
+                raise bad(f"{key}/{p}/watts", "expected one finite number of watts per bin")
+            if awake is None or awake.shape != watts.shape:
+                raise bad(f"{key}/{p}/awake", f"expected one count per bin, as many as watts' {watts.size}")
+            if util is None or util.ndim != 2 or util.shape[0] != watts.size:
+                raise bad(f"{key}/{p}/util", f"expected bins x nodes ({watts.size} rows, as watts), got shape "
+                          f"{None if util is None else util.shape}")
+            groups = nodes.get(key, {}).get("node_groups")
+            if groups is not None and len(groups) != util.shape[1]:
+                raise bad(f"{key}/{p}/util", f"{util.shape[1]} nodes, but nodes.json names {len(groups)}")
 
 
 #: What each scenario's entry of nodes.json must hold: one name and one group per node (:func:`fig_util`).

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -62,6 +63,23 @@ def test_a_broken_input_exits_2_naming_it_and_writes_nothing(out, name, text, me
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith(f"error: {out / message}") and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (out / "plots").exists() and not (out / "report.html").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tiny/most-allocated/util": np.zeros(5)}, "tiny/most-allocated/util: expected bins x nodes"),  # a traceback
+    ({"tiny/default-k8s/awake": np.zeros(2)}, "tiny/default-k8s/awake: expected one count per bin"),
+    ({"tiny/default-k8s/watts": np.full(3, np.nan)}, "tiny/default-k8s/watts: expected one finite number"),
+    ({"tiny/bin_s": np.array([0.0])}, "tiny/bin_s: expected one positive number of seconds per bin"),
+    (None, "holds no timeline of the scenarios in results.json (another run's file?)"),  # the plots went unsaid
+])
+def test_timelines_that_do_not_fit_the_results_exit_2_naming_the_array(out, change, message):
+    path = out / "timelines.npz"
+    with np.load(path) as tl:
+        arrays = {f"other/{k}": tl[k] for k in tl.files} if change is None else {**dict(tl), **change}
+    np.savez(path, **arrays)
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {path}: {message}") and "Traceback" not in r.output, r.stderr
 
 
 def test_without_timelines_the_plots_are_left_out_and_said_so(out):
