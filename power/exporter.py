@@ -26,6 +26,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from joulesched.core.httpd import BackgroundHTTPServer, HardenedHandlerMixin, Limits, reply
+from joulesched.power.meter import MeterError
 from joulesched.power.monitor import PowerMonitor, Snapshot
 
 log = logging.getLogger(__name__)
@@ -179,9 +180,12 @@ class Exporter:
         """One refresh; a failure is logged and counted, and the previous snapshot stays served."""
         try:
             self.monitor.refresh()
-        except Exception:  # keep serving the last good snapshot; the log says what broke
+        except Exception as e:  # keep serving the last good snapshot; the log says what broke
             self._status = self._status._replace(refresh_errors=self._status.refresh_errors + 1)
-            log.exception("power refresh failed; serving the previous snapshot")
+            if isinstance(e, MeterError):  # explained in its message: one line a refresh, not a traceback
+                log.warning("power refresh failed (%s); serving the previous snapshot", e)
+            else:
+                log.exception("power refresh failed; serving the previous snapshot")
             return False
         self._last_ok = self._clock()
         self._status = self._status._replace(last_refresh_unix=self._wall())

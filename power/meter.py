@@ -86,21 +86,47 @@ class PowerMeter(Protocol):
     def joules(self, start: float, end: float) -> float: ...
 
 
+#: The most one counter is believed to advance per second, in watts: twice a high zone's power. A step above it
+#: is no wrap but a reset (the driver reloaded, the host resumed) or jitter backwards.
+IMPLAUSIBLE_ZONE_WATTS = 2 * PEAK_ZONE_WATTS
+
+#: Joules any counter may step between two readings however close their instants: the instant is read once
+#: before the counters, and a process descheduled in between (a VM's stolen time, a busy host) reads counters
+#: that ran on for longer than it measured. 1 kJ is a second of that at the implausible rate, and under 0.4 % of
+#: the common 262 kJ range: the steps this bound is for (a misread wrap) are a range's size.
+_STEP_SLACK_J = 1000.0
+
+
 @dataclass
 class CounterBank:
-    """Exact wrap-corrected totals of raw counters, in the counters' own unit (integers, so no float drift)."""
+    """Exact wrap-corrected totals of raw counters, in the counters' own unit (integers, so no float drift).
 
-    _prev: dict[object, int] = field(default_factory=dict)
+    A step no zone could draw in the time since the previous reading (:data:`IMPLAUSIBLE_ZONE_WATTS`) is taken
+    for a reset, not a wrap: counted as nothing, warned about, and counted on from the new value. A reading 1 mJ
+    below the last one read as a wrap was a whole range (262 kJ on most parts) published as used."""
+
+    _prev: dict[object, tuple[int, float | None]] = field(default_factory=dict)
     _total: dict[object, int] = field(default_factory=dict)
 
-    def update(self, key: object, raw: int, max_range: int) -> int:
-        """Fold one raw reading in and return the counter's total since its first reading."""
+    def update(self, key: object, raw: int, max_range: int, *, now: float | None = None,
+               units_per_joule: float | None = None) -> int:
+        """Fold one raw reading, taken at ``now`` (seconds), in and return the counter's total since its first
+        reading. Without ``now`` and ``units_per_joule`` no step is bounded."""
         prev = self._prev.get(key)
         if prev is None:
             self._total[key] = 0
         else:
-            self._total[key] += wrap_delta(raw, prev, max_range)
-        self._prev[key] = raw
+            step = wrap_delta(raw, prev[0], max_range)
+            if now is not None and prev[1] is not None and units_per_joule:
+                limit = (IMPLAUSIBLE_ZONE_WATTS * max(now - prev[1], 0.0) + _STEP_SLACK_J) * units_per_joule
+                if step > limit:
+                    log.warning("counter %s went from %d to %d in %.3f s: %s %.0f J, more than any zone draws; "
+                                "taken as a reset (driver reload, resume) and counted on from the new value",
+                                key, prev[0], raw, now - prev[1], "a wrap of" if raw < prev[0] else "a step of",
+                                step / units_per_joule)
+                    step = 0
+            self._total[key] += step
+        self._prev[key] = (raw, now)
         return self._total[key]
 
 

@@ -98,7 +98,8 @@ class MsrMeter(LoggedMeter):
                 try:
                     self._fds[cpu] = opener(path, os.O_RDONLY)
                 except FileNotFoundError:
-                    raise MeterUnavailable(f"{path} not found (modprobe msr, or no MSR access in a VM)") from None
+                    raise MeterUnavailable(f"{path} not found (modprobe msr; none in a VM, nor under the exporter's "
+                                           "systemd unit, whose PrivateDevices=yes hides it: use powercap)") from None
                 except PermissionError:
                     raise MeterPermissionError(
                         f"cannot open {path}: permission denied. MSRs need root with CAP_SYS_RAWIO; "
@@ -115,7 +116,11 @@ class MsrMeter(LoggedMeter):
         self._counters: list[tuple[str, int, int]] = []
         try:
             for pkg, cpu in sorted(first_in_package.items()):
-                self._units[pkg] = energy_unit_j(self._pread(fd(cpu), regs.unit))
+                try:
+                    self._units[pkg] = energy_unit_j(self._pread(fd(cpu), regs.unit))
+                except OSError as e:  # EIO in a VM that passes the msr device through without RAPL
+                    raise MeterUnavailable(f"cannot read the RAPL power unit MSR {regs.unit:#x} on cpu {cpu}: "
+                                           f"{e.strerror or e} (no RAPL MSRs here: a VM?)") from None
                 for name, (reg, scope) in regs.zones.items():
                     members = [cn for (p, _), cn in first_in_core.items() if p == pkg] if scope == "core" else [cpu]
                     try:
@@ -144,13 +149,15 @@ class MsrMeter(LoggedMeter):
 
     def read(self) -> dict[str, Joules]:
         out: dict[str, float] = dict.fromkeys(self.zones, 0.0)
+        now = self._clock()
         for label, reg, cpu in self._counters:
             try:
                 raw = self._pread(self._fds[cpu], reg) & (COUNTER_RANGE - 1)
             except OSError as e:
                 raise MeterError(f"reading MSR {reg:#x} on cpu {cpu}: {e}") from None
-            counts = self._bank.update((reg, cpu), raw, COUNTER_RANGE)
-            out[label] += counts * self._units[self._cpu_pkg[cpu]]
+            unit = self._units[self._cpu_pkg[cpu]]
+            counts = self._bank.update((reg, cpu), raw, COUNTER_RANGE, now=now, units_per_joule=1.0 / unit)
+            out[label] += counts * unit
         return self._logged({k: Joules(v) for k, v in out.items()})
 
     def close(self) -> None:

@@ -77,16 +77,23 @@ class NvmlMeter(LoggedMeter):
             raise MeterUnavailable("NVML sees no GPU")
         self._handles, devices = [], []
         for i in range(count):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            try:
-                nv.nvmlDeviceGetTotalEnergyConsumption(h)
-                counter = True
+            call = "nvmlDeviceGetHandleByIndex"
+            try:  # a GPU lost or not ours (NO_PERMISSION) here is a meter that cannot open, said as such
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                call = "nvmlDeviceGetTotalEnergyConsumption"
+                try:
+                    nv.nvmlDeviceGetTotalEnergyConsumption(h)
+                    counter = True
+                except nv.NVMLError as e:
+                    if getattr(e, "value", None) != nv.NVML_ERROR_NOT_SUPPORTED:
+                        raise
+                    counter = False
+                call = "nvmlDeviceGetName/UUID"
+                name, uuid = _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h))
             except nv.NVMLError as e:
-                if getattr(e, "value", None) != nv.NVML_ERROR_NOT_SUPPORTED:
-                    raise MeterError(f"gpu{i}: nvmlDeviceGetTotalEnergyConsumption: {e}") from None
-                counter = False
+                raise MeterError(f"gpu{i}: {call}: {e}") from None
             self._handles.append(h)
-            devices.append(GpuDevice(i, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)), counter))
+            devices.append(GpuDevice(i, name, uuid, counter))
         self.devices = tuple(devices)
         self.zones = self.primary_zones = tuple(f"gpu{d.index}" for d in devices)
         self._mj0: dict[int, int] = {}  # counter GPUs: the baseline reading, mJ (rebased when the counter goes back)

@@ -43,18 +43,34 @@ class Zone:
     max_range_uj: int
 
 
+#: The smallest counter range a zone may have: 500 W goes round 100 J in 0.2 s, so its readings would have to come
+#: every 0.1 s. Real ranges are kilojoules (262 kJ on most Intel parts); a smaller one is a broken driver.
+MIN_RANGE_UJ = 100 * UJ_PER_J
+
+
 def _read_text(read_fn: ReadFn, path: str) -> str:
     try:
         return read_fn(path).decode("ascii", "replace").strip()
     except PermissionError:
         raise MeterPermissionError(f"cannot read {path}: permission denied. {PERMISSION_HINT}") from None
+    except FileNotFoundError:
+        raise  # the callers tell an optional file from a missing zone
+    except OSError as e:  # EIO, ENODATA (psys on some laptops), a directory where the file should be
+        raise MeterError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except PermissionError:
+        raise MeterPermissionError(f"cannot list {path}: permission denied. {PERMISSION_HINT}") from None
 
 
 def _zone_dirs(root: str) -> list[tuple[str, str]]:
     """(dir name, path) of every zone, whether sysfs lists subzones at the top, nested, or both."""
     found: dict[str, str] = {}
     try:
-        entries = sorted(os.listdir(root))
+        entries = _listdir(root)
     except FileNotFoundError:
         raise MeterUnavailable(f"{root} does not exist (no powercap/RAPL driver, or a VM)") from None
     except NotADirectoryError:  # a wrong root, not a missing driver: not skipped as merely unavailable
@@ -64,7 +80,7 @@ def _zone_dirs(root: str) -> list[tuple[str, str]]:
         if not _ZONE_DIR.match(entry) or not os.path.isdir(path):
             continue
         found.setdefault(entry, path)
-        for child in sorted(os.listdir(path)):
+        for child in _listdir(path):
             if _ZONE_DIR.match(child) and os.path.isdir(os.path.join(path, child)):
                 found.setdefault(child, os.path.join(path, child))
 
@@ -109,6 +125,17 @@ def discover_zones(root: str, read_fn: ReadFn = default_read) -> tuple[list[Zone
         except (FileNotFoundError, ValueError):
             notes.append(f"{dirname}: no usable max_energy_range_uj, so wraps cannot be corrected; skipped")
             continue
+        if max_range < MIN_RANGE_UJ:
+            notes.append(f"{dirname}: max_energy_range_uj {max_range} is below {MIN_RANGE_UJ} (100 J): no counter "
+                         "this small can be read often enough to correct its wraps; skipped")
+            continue
+        try:  # a zone whose counter errors (EIO, ENODATA) is dropped, not the meter; a permission problem is said
+            int(_read_text(read_fn, energy))
+        except (FileNotFoundError, ValueError, MeterError) as e:
+            if isinstance(e, MeterPermissionError):
+                raise
+            notes.append(f"{dirname}: energy_uj cannot be read ({e}); skipped")
+            continue
         labels.add(label)
         zones.append(Zone(label, name, energy, interface, sub is None, max_range))
     return zones, notes
@@ -135,6 +162,9 @@ class PowercapMeter(LoggedMeter):
         psys = tuple(z.label for z in found if z.top_level and z.name == "psys")
         # Packages are disjoint sockets; psys covers the platform and contains them, so it is the fallback only.
         self.primary_zones = packages or psys or tuple(z.label for z in found if z.top_level)
+        if not self.primary_zones:  # only subzones left: summing them would miss or double-count, so say so
+            raise MeterUnavailable(f"no package or platform zone to attribute under {root} (only "
+                                   f"{', '.join(self.zones)}): {'; '.join(self.notes) or 'no top-level zone'}")
         self.wrap_joules = min(z.max_range_uj for z in found) / UJ_PER_J
         self._bank = CounterBank()
         self.read()
@@ -142,10 +172,16 @@ class PowercapMeter(LoggedMeter):
     def _raw(self, zone: Zone) -> int:
         text = _read_text(self._read_fn, zone.path)
         try:
-            return int(text)
+            value = int(text)
         except ValueError:
             raise MeterError(f"{zone.path}: not an integer: {text!r}") from None
+        if not 0 <= value <= zone.max_range_uj:
+            raise MeterError(f"{zone.path}: {value} is outside the counter's range 0..{zone.max_range_uj} "
+                             "(max_energy_range_uj)")
+        return value
 
     def read(self) -> dict[str, Joules]:
-        return self._logged({z.label: uj_to_j(self._bank.update(z.label, self._raw(z), z.max_range_uj))
+        now = self._clock()
+        return self._logged({z.label: uj_to_j(self._bank.update(z.label, self._raw(z), z.max_range_uj, now=now,
+                                                                units_per_joule=UJ_PER_J))
                              for z in self._zones})

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from joulesched.power.meter import ReadFn, default_read
+from joulesched.power.meter import MeterError, ReadFn, default_read
 
 
 class CpuTimes(NamedTuple):
@@ -47,7 +47,15 @@ def usage_ratio(prev: CpuTimes, cur: CpuTimes) -> float:
 
 
 def read_cpu_times(proc_root: str = "/proc", read_fn: ReadFn = default_read) -> CpuTimes:
-    return parse_cpu_times(read_fn(os.path.join(proc_root, "stat")))
+    """The node's CPU time; a :class:`MeterError` names the file when it cannot be read or parsed (a wrong
+    --proc-root), where attribution cannot go on."""
+    path = os.path.join(proc_root, "stat")
+    try:
+        return parse_cpu_times(read_fn(path))
+    except OSError as e:
+        raise MeterError(f"cannot read {path}: {e.strerror or e} (is --proc-root a procfs?)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MeterError(f"{path}: not a /proc/stat: {e}") from None
 
 
 class ProcStat(NamedTuple):

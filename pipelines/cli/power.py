@@ -151,6 +151,7 @@ def exporter(
     """Serve joulesched_* power metrics to Prometheus (GPUs too, through NVML, where there are any)."""
     from joulesched.core.net import parse_listen
     from joulesched.power.exporter import Exporter
+    from joulesched.power.meter import MeterError
     from joulesched.power.monitor import PowerMonitor
     from joulesched.power.units import PEAK_ZONE_WATTS
 
@@ -171,7 +172,9 @@ def exporter(
     # handler set after start(), a SIGTERM in between met the CLI's default handler and exited 130.
     signal.signal(signal.SIGTERM, lambda *_: exp.stop())
     try:
-        exp.start()
+        exp.start()  # the baseline reading first, then the socket
+    except MeterError as e:
+        _fail(f"the first reading failed: {e}")
     except OSError as e:
         _fail(f"cannot listen on {listen}: {e.strerror or e}")
     shown = f"[{host}]" if ":" in host else host  # the bound port: --listen HOST:0 asked for any free one
@@ -198,19 +201,24 @@ def read(
     curve: CurveOpt = None,
 ) -> None:
     """Measure for --duration seconds and print watts per zone, VM, pod and top process."""
+    from joulesched.power.meter import MeterError
     from joulesched.power.monitor import PowerMonitor
 
     m = _open(meter, powercap_root, proc_root, dev_root, _model_curve(profile, curve))
     mon = PowerMonitor(m, proc_root=str(proc_root), top_n=top_n)
-    mon.refresh()
-    # A long --duration is read in steps inside the counters' wrap period, so every wrap is caught.
-    step, slept = _max_interval(m) or duration, 0.0
-    while duration - slept > step:
-        time.sleep(step)
-        slept += step
-        m.read()
-    time.sleep(duration - slept)
-    s = mon.refresh()
+    try:
+        mon.refresh()
+    except MeterError as e:  # the first reading: a --proc-root or tree that is not what it should be
+        _fail(str(e))
+    with errors():  # a counter that fails later: exit 1, one line
+        # A long --duration is read in steps inside the counters' wrap period, so every wrap is caught.
+        step, slept = _max_interval(m) or duration, 0.0
+        while duration - slept > step:
+            time.sleep(step)
+            slept += step
+            m.read()
+        time.sleep(duration - slept)
+        s = mon.refresh()
     result = {
         "source": s.source,
         "duration_s": round(s.interval_s, 3),

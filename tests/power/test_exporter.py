@@ -107,7 +107,7 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def test_failed_refreshes_are_counted_and_a_stale_snapshot_fails_healthz(powercap, proc, clock):
+def test_failed_refreshes_are_counted_and_a_stale_snapshot_fails_healthz(powercap, proc, clock, caplog):
     """The refresh loop is held off (a one-hour interval); the test refreshes by hand on its own clock."""
     powercap.add("intel-rapl:0", "package-0")
     mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock)
@@ -120,7 +120,11 @@ def test_failed_refreshes_are_counted_and_a_stale_snapshot_fails_healthz(powerca
         assert exp.refresh()
         powercap.energy_path("intel-rapl:0").write_text("garbage\n")  # the meter now fails
         clock.advance(5)
-        assert not exp.refresh()
+        with caplog.at_level("WARNING", logger="joulesched.power.exporter"):
+            assert not exp.refresh()
+        # A meter's own error is one line a refresh (it says what broke), not a traceback each interval.
+        assert "power refresh failed (" in caplog.text and "not an integer" in caplog.text
+        assert "Traceback" not in caplog.text
         got = _samples(_get(exp.port, "/metrics")[1].decode())
         assert got["joulesched_node_joules_total"][0][1] == pytest.approx(2.0)  # the last good snapshot
         assert got["joulesched_exporter_last_refresh_timestamp_seconds"] == [({}, 1_700_001_005.0, "gauge")]
