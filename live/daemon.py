@@ -113,6 +113,17 @@ def build_cache(opts: CacheOptions) -> KubeCache:
     return cache
 
 
+def check_names(scheduler_name: str, lease_namespace: str | None) -> None:
+    """``--scheduler-name`` and ``--lease-namespace`` as Kubernetes takes them, refused at startup (exit 2) rather
+    than by the API server at the first Lease or Event write."""
+    from joulesched.core.names import is_dns_label
+
+    if not scheduler_name.strip():
+        raise DaemonInputError("--scheduler-name must not be empty")
+    if lease_namespace is not None and not is_dns_label(lease_namespace):
+        raise DaemonInputError(f"--lease-namespace {lease_namespace!r} is not a namespace name (a DNS label)")
+
+
 def default_namespace() -> str:
     """The pod's own namespace when running in a cluster, else ``joulesched``."""
     try:
@@ -145,8 +156,7 @@ class SchedulerDaemon:
         from joulesched.live.events import EVENT_WRITERS
         from joulesched.live.scheduler import Scheduler, ServeConfig, StatusServer
 
-        if not scheduler_name.strip():
-            raise DaemonInputError("--scheduler-name must not be empty")
+        check_names(scheduler_name, lease_namespace)
         if sample_pct is not None and not 0 <= sample_pct <= 100:
             raise DaemonInputError(f"--sample-pct {sample_pct} must be in 0..100 (0: kube-scheduler's adaptive "
                                    "percentage)")

@@ -1289,6 +1289,9 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
     where: dict[str, str] = {}
 
     def claim(node: object, source: str) -> None:
+        if not isinstance(node, str):  # YAML reads 010 as 8, on as True, ~ as None: another node's name
+            raise DaemonInputError(f"--addresses {path}: {source}: a key YAML reads as {type(node).__name__} "
+                                   f"{node!r} is not a node name; quote it")
         first = where.setdefault(str(node), source)
         if first != source:
             raise DaemonInputError(f"--addresses {path}: node {node} is given twice ({first} and {source})")
@@ -1331,8 +1334,11 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
         raise DaemonInputError(f"--addresses {path}: expected a mapping of node name to power address")
     out = {}
     for node, text in data.items():
-        if str(node) in out:  # 1 and "1": one name, two entries
-            raise DaemonInputError(f"--addresses {path}: node {node} is given twice")
+        if not os.path.isdir(path):
+            claim(node, os.path.basename(path))
+        if not isinstance(text, str):
+            raise DaemonInputError(f"--addresses {path}: node {node}: the power address must be a string, not "
+                                   f"{type(text).__name__} {text!r}")
         try:
             addr = parse_address(str(text))
             if access is not None:
@@ -1367,8 +1373,9 @@ class NodePowerDaemon:
         from joulesched.core.net import parse_listen
         from joulesched.live.actuators import NAMES, ActuatorOptions, make_actuator
         from joulesched.live.actuators.credentials import Credentials
-        from joulesched.live.daemon import DaemonInputError, _listen, default_namespace
+        from joulesched.live.daemon import DaemonInputError, _listen, check_names, default_namespace
 
+        check_names(scheduler_name, lease_namespace)
         if actuator not in NAMES:
             raise DaemonInputError(f"--actuator {actuator!r}: known: {', '.join(NAMES)}")
         if status:

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from joulesched.core.errors import UsageError
-from joulesched.live.actuators.base import AddressError, PowerAddress, parse_address
+from joulesched.live.actuators.base import AddressError, PowerAddress, parse_address, split_host
 
 ALLOW_SCHEMES = ("redfish", "ipmi", "wol", "aws", "libvirt", "metal3", "rufio")
 DEFAULT_BROADCAST = "255.255.255.255"
@@ -42,23 +42,11 @@ class AccessError(UsageError):
     """A bad ``--allow-annotated`` pattern or a map entry the policy refuses."""
 
 
-def _split_host(hostport: str) -> tuple[str, str]:
-    """``"10.0.0.5:623"`` -> ("10.0.0.5", "623"); ``"[fe80::1]:623"`` -> ("fe80::1", "623"); a bare IPv6 or
-    a host without a port -> (host, "")."""
-    if hostport.startswith("["):
-        host, _, rest = hostport[1:].partition("]")
-        return host, rest.lstrip(":")
-    if hostport.count(":") == 1:
-        host, _, port = hostport.partition(":")
-        return host, port
-    return hostport, ""
-
-
 def host_matches(hostport: str, pattern: str) -> bool:
     """``hostport`` (HOST[:PORT]) against one allow-list entry: a CIDR, an IP or name (any port), or an exact
     HOST:PORT. Names compare case-insensitively; no name is resolved (DNS is not the operator's word)."""
-    host, port = _split_host(hostport)
-    phost, pport = _split_host(pattern)
+    host, port = split_host(hostport)
+    phost, pport = split_host(pattern)
     if "/" in pattern:
         try:
             return ipaddress.ip_address(host) in ipaddress.ip_network(pattern, strict=False)
@@ -93,7 +81,7 @@ DEFAULT_PORTS = {"ipmi": "623", "redfish": "443", "redfish+http": "80", "ssh": "
 def _endpoint(hostport: str, default_port: str) -> str:
     """An endpoint as an identity, spelling aside: lower case, no trailing dot, an IP in its canonical form
     (an IPv4-mapped IPv6 address as the IPv4), the default port written out."""
-    host, port = _split_host(hostport)
+    host, port = split_host(hostport)
     host = host.rstrip(".").lower()
     try:
         ip = ipaddress.ip_address(host)
@@ -185,6 +173,9 @@ class AddressPolicy:
             if addr.path != node:
                 return f"a {addr.actuator} object must carry the node's own name (or come from the address map)"
             return "" if "*" in pats or addr.host in pats else f"the namespace is not in the {addr.actuator} allow-list"
+        if addr.actuator == "wol" and "user" in addr.params:
+            return ("an annotation may not choose the SSH user (the operator's key logs in as it): give user= in "
+                    "the address map")
         for ep in endpoints(addr, node):
             if not any(host_matches(ep, p) for p in pats):
                 return f"{ep} is not in the {addr.actuator} allow-list"
@@ -200,8 +191,8 @@ class AddressPolicy:
         for name, text in addresses.items():
             try:
                 a = parse_address(text)
-            except AddressError as e:
-                out[name] = Resolved(None, "map", str(e))
+            except ValueError as e:  # AddressError, or anything a parser below it let through: this node only
+                out[name] = Resolved(None, "map", str(e) if isinstance(e, AddressError) else "cannot be parsed")
                 continue
             for key in machine_keys(a, name):
                 mapped[key] = name
@@ -220,8 +211,8 @@ class AddressPolicy:
                 continue
             try:
                 a = parse_address(text)
-            except AddressError as e:
-                out[name] = Resolved(None, "annotation", str(e))
+            except ValueError as e:
+                out[name] = Resolved(None, "annotation", str(e) if isinstance(e, AddressError) else "cannot be parsed")
                 continue
             why = self._annotation_refusal(name, a, provider_id)
             keys = machine_keys(a, name)

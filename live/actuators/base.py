@@ -15,7 +15,9 @@ and ``state`` (``on``, ``off``, ``transitioning`` or ``unknown``).
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,11 +46,58 @@ class ActionAborted(ActuatorError):
 
 
 def redact(text: str) -> str:
-    """``text`` with the user-info of a URL (``user:password@``) replaced by ``<redacted>@``."""
-    u = urlsplit(text or "")
+    """``text`` with the user-info of a URL (``user:password@``) replaced by ``<redacted>@``. Never raises: it
+    is called on addresses that failed to parse too (a node's annotation of ``redfish://[::1``)."""
+    try:
+        u = urlsplit(text or "")
+    except ValueError:
+        return re.sub(r"//[^/?#]*@", "//<redacted>@", text or "")
     if u.username is None and u.password is None:
         return text
     return text.replace(u.netloc, "<redacted>@" + u.netloc.rsplit("@", 1)[-1], 1)
+
+
+def split_host(hostport: str) -> tuple[str, str]:
+    """``"10.0.0.5:623"`` -> ("10.0.0.5", "623"); ``"[fe80::1]:623"`` -> ("fe80::1", "623"); a bare IPv6 or
+    a host without a port -> (host, "")."""
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        return host, rest.lstrip(":")
+    if hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+        return host, port
+    return hostport, ""
+
+
+_PORT = re.compile(r"[1-9][0-9]{0,4}")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}\.?\Z){_LABEL}(?:\.{_LABEL})*\.?")
+#: A MAC address as Wake-on-LAN takes it.
+MAC = re.compile(r"[0-9A-Fa-f]{2}(?:[:-][0-9A-Fa-f]{2}){5}")
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+def hostport_problem(hostport: str) -> str:
+    """Why ``hostport`` is not one plain ``HOST[:PORT]`` ("" when it is). One spelling per machine: no
+    percent-encoding, a port in 1..65535 without leading zeros, an IP in its standard notation (``010.0.0.5``,
+    ``0x0a.0.0.5`` and ``167772165`` name 10.0.0.5 to the C resolver, so they are refused, not compared as
+    names)."""
+    if "%" in hostport:
+        return "percent-encoding (or an IPv6 zone) is not allowed"
+    host, port = split_host(hostport)
+    if hostport.endswith(":") and not hostport.endswith("::"):
+        return "an empty port"
+    if port and not (_PORT.fullmatch(port) and int(port) <= 65535):
+        return f"port {port!r} is not a number in 1..65535 (written without leading zeros)"
+    try:
+        ipaddress.ip_address(host)
+        return ""
+    except ValueError:
+        pass
+    last = host.rstrip(".").rsplit(".", 1)[-1].lower()
+    if not _HOSTNAME.fullmatch(host) or last.isdigit() or last.startswith("0x"):
+        return f"{host!r} is neither an IP address in standard notation nor a host name"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -69,12 +118,18 @@ class PowerAddress:
 
 
 def parse_address(text: str) -> PowerAddress:
-    """``libvirt:///vm-1`` -> PowerAddress("libvirt", "", "vm-1"). Raises :class:`AddressError`."""
+    """``libvirt:///vm-1`` -> PowerAddress("libvirt", "", "vm-1"). Raises :class:`AddressError`, and only it:
+    whatever a node writes into its annotation is refused for that node, never an error of the whole pass.
+
+    One machine has one spelling (:func:`hostport_problem`, :func:`_check_parts`): the access policy compares
+    machines by their addresses, so spellings a BMC library or resolver would take for the same machine
+    (``/Systems/./1``, ``%31``, port ``0623``) are refused rather than told apart."""
     text = (text or "").strip()
     if text == "none":
         return PowerAddress("none", raw=text)
     try:
         u = urlsplit(text)
+        query = parse_qsl(u.query, strict_parsing=bool(u.query))
     except ValueError as e:
         raise AddressError(f"power address {redact(text)!r}: {e}") from None
     shown = redact(text)
@@ -84,7 +139,13 @@ def parse_address(text: str) -> PowerAddress:
         raise AddressError(f"power address {shown!r}: credentials do not belong in an address (they would show "
                            "in `kubectl get node -o yaml`); put them in the credentials file")
     text = shown
-    addr = PowerAddress(u.scheme, u.netloc, u.path.lstrip("/"), dict(parse_qsl(u.query)), text)
+    if u.fragment:
+        raise AddressError(f"power address {text!r}: a fragment (#...) has no meaning here")
+    if len({k for k, _ in query}) != len(query):
+        raise AddressError(f"power address {text!r}: a parameter is given twice")
+    addr = PowerAddress(u.scheme, u.netloc, u.path.lstrip("/"), dict(query), text)
+    if (why := _check_parts(addr)):
+        raise AddressError(f"power address {text!r}: {why}")
     need_host = addr.actuator in ("redfish", "ipmi", "wol", "aws")
     if need_host and not addr.host:
         raise AddressError(f"power address {text!r}: needs a host ({addr.scheme}://HOST...)")
@@ -95,6 +156,43 @@ def parse_address(text: str) -> PowerAddress:
     if addr.actuator == "redfish" and not addr.path.startswith("redfish/v1/Systems/"):
         raise AddressError(f"power address {text!r}: needs the system path (redfish://HOST/redfish/v1/Systems/ID)")
     return addr
+
+
+#: The query parameters each scheme reads (its actuator's docstring); any other is a typo that would be ignored.
+PARAMS = {"wol": ("ssh", "user", "broadcast", "port"), "aws": ("region",)}
+
+
+def _check_parts(addr: PowerAddress) -> str:
+    """Why ``addr``'s host, path or parameters are not one plain spelling of one machine ("" when they are)."""
+    if unknown := sorted(set(addr.params) - set(PARAMS.get(addr.actuator, ()))):
+        return f"unknown parameter(s) {', '.join(unknown)} for {addr.scheme}"
+    if "%" in addr.path:
+        return "percent-encoding is not allowed in the path"
+    if any(seg in (".", "..") for seg in addr.path.split("/")):
+        return "a '.' or '..' path segment is not allowed"
+    if addr.actuator in ("redfish", "ipmi") and addr.host and (why := hostport_problem(addr.host)):
+        return why
+    if addr.actuator == "redfish" and addr.path.startswith("redfish/v1/Systems/") and \
+            len([p for p in addr.path.split("/") if p]) != 4:
+        return "the system path is redfish/v1/Systems/ID, one segment of ID"
+    if addr.actuator == "ipmi" and addr.path.strip("/"):
+        return "an IPMI address has no path (ipmi://HOST[:PORT])"
+    if addr.actuator == "wol":
+        p = addr.params
+        if not MAC.fullmatch(addr.host):
+            return f"{addr.host!r} is not a MAC address (wol://AA:BB:CC:DD:EE:FF)"
+        if "ssh" in p and (why := hostport_problem(p["ssh"])):
+            return f"ssh={p['ssh']}: {why}"
+        if "broadcast" in p:
+            try:
+                ipaddress.ip_address(p["broadcast"])
+            except ValueError:
+                return f"broadcast={p['broadcast']}: not an IP address"
+        if "port" in p and not (_PORT.fullmatch(p["port"]) and int(p["port"]) <= 65535):
+            return f"port={p['port']}: not a number in 1..65535"
+        if "user" in p and not _USER.fullmatch(p["user"]):
+            return f"user={p['user']}: not a user name"
+    return ""
 
 
 def _no_check() -> None:

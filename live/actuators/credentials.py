@@ -81,20 +81,25 @@ class Credentials:
         if p.is_dir():
             try:
                 _check_mode(p / "username")
-                user = (p / "username").read_text().strip()
+                user = (p / "username").read_text(encoding="utf-8").strip()
                 pw = ""
                 if (p / "password").exists():
                     _check_mode(p / "password")
-                    pw = (p / "password").read_text().strip()
+                    pw = (p / "password").read_text(encoding="utf-8").strip()
             except OSError as e:
                 raise CredentialsError(f"credentials directory {p}: {e.strerror}: needs a 'username' file "
                                        "(and 'password')") from None
+            except UnicodeDecodeError:  # no echo of the bytes: they may be a password
+                raise CredentialsError(f"credentials directory {p}: username and password must be UTF-8 "
+                                       "text") from None
             return cls(Login(user, pw))
         try:
             _check_mode(p)
             text = p.read_text(encoding="utf-8")
         except OSError as e:
             raise CredentialsError(f"credentials file {p}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise CredentialsError(f"credentials file {p}: not UTF-8 text") from None
         try:
             data = yamlio.load(text) or {}
         except yamlio.DuplicateKeyError as e:  # its lines only: nothing of the file's text reaches a log

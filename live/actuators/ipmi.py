@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pyghmi import exceptions as ipmi_exc
 from pyghmi.ipmi import command
 
-from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target
+from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target, split_host
 from joulesched.live.actuators.credentials import Credentials
 
 
@@ -33,7 +33,7 @@ class IpmiActuator:
 
     def _cmd(self, target: Target, fresh: bool = False) -> command.Command:
         host = target.address.host
-        bmc, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+        bmc, port = split_host(host)  # [v6]:port too
         login = self.credentials.login(target)
         if login is None:
             raise ActuatorError(f"{target.node}: no IPMI login for {host} in the credentials file")

@@ -6,16 +6,13 @@ the suspend (default: the node's name), ``broadcast`` and ``port`` where the pac
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 
 import wakeonlan
 
 from joulesched.infra import remote
-from joulesched.live.actuators.base import UNKNOWN, ActuatorError, Target
-
-_MAC = re.compile(r"^[0-9A-Fa-f]{2}([:-][0-9A-Fa-f]{2}){5}\Z")
+from joulesched.live.actuators.base import MAC, UNKNOWN, ActuatorError, Target, split_host
 
 
 class WolActuator:
@@ -33,13 +30,12 @@ class WolActuator:
     @staticmethod
     def mac(target: Target) -> str:
         mac = target.address.host
-        if not _MAC.match(mac):
+        if not MAC.fullmatch(mac):
             raise ActuatorError(f"{target.node}: {mac!r} is not a MAC address (wol://AA:BB:CC:DD:EE:FF)")
         return mac
 
     def _spec(self, target: Target) -> remote.HostSpec:
-        where = target.address.params.get("ssh") or target.node
-        host, _, port = where.rpartition(":") if ":" in where else (where, "", "")
+        host, port = split_host(target.address.params.get("ssh") or target.node)  # [v6]:port too
         return remote.HostSpec(name=target.node, address=host, port=int(port or 22),
                                user=target.address.params.get("user") or self.user, key_file=self.key_file)
 

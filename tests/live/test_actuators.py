@@ -11,7 +11,16 @@ import threading
 import pytest
 
 from joulesched.live.actuators import ActuatorOptions, make_actuator
-from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, AddressError, Target, parse_address
+from joulesched.live.actuators.base import (
+    OFF,
+    ON,
+    UNKNOWN,
+    ActuatorError,
+    AddressError,
+    PowerAddress,
+    Target,
+    parse_address,
+)
 from joulesched.live.actuators.credentials import Credentials, Login
 from tests.support.procs import free_port
 
@@ -146,8 +155,10 @@ def test_wake_on_lan_sends_the_magic_packet():
     mac = bytes.fromhex("525400123456")
     assert got and got[0] == b"\xff" * 6 + mac * 16
     assert a.state(target("n1", "wol://52:54:00:12:34:56")) == UNKNOWN
-    with pytest.raises(ActuatorError, match="not a MAC"):
-        a.wake(target("n1", "wol://not-a-mac"))
+    with pytest.raises(AddressError, match="not a MAC"):
+        target("n1", "wol://not-a-mac")
+    with pytest.raises(ActuatorError, match="not a MAC"):  # the actuator's own check, for an unparsed address
+        a.wake(Target("n1", PowerAddress("wol", "not-a-mac")))
 
 
 @pytest.mark.integration

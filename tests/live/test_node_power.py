@@ -698,8 +698,8 @@ def test_a_node_named_twice_in_the_address_map_is_refused_not_the_last_one_kept(
     one.write_text("a: libvirt:///a\nb: libvirt:///b\na: libvirt:///other\n")
     with pytest.raises(DaemonInputError, match=r"key 'a' is given twice \(lines 1 and 3\)"):
         load_addresses(str(one))
-    one.write_text("1: libvirt:///a\n'1': libvirt:///b\n")  # two keys, one node name
-    with pytest.raises(DaemonInputError, match="node 1 is given twice"):
+    one.write_text("1: libvirt:///a\n'1': libvirt:///b\n")  # two keys, one node name: the int refused
+    with pytest.raises(DaemonInputError, match="a key YAML reads as int 1 is not a node name"):
         load_addresses(str(one))
     blank = tmp_path / "blank.yaml"
     blank.write_text("# being written\n")

@@ -5,6 +5,7 @@ no error carries an address's password."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -179,3 +180,107 @@ def test_credential_directories_and_secret_mounts_are_permission_checked(tmp_pat
 
 def test_login_repr_hides_the_password():
     assert "pw" not in repr(Login("u", "pw")) and "pw" not in repr(Credentials(Login("u", "pw")))
+
+
+@pytest.mark.parametrize("claim", [
+    "redfish://10.0.9.8/redfish/v1/Systems/1/../1",  # sushy's urljoin requests Systems/1
+    "redfish://10.0.9.8/redfish/v1/Systems/2/../1",
+    "redfish://10.0.9.8/redfish/v1/Systems/./1",
+    "redfish://10.0.9.8/redfish/v1/Systems/%31",  # '1', percent-encoded
+    "redfish://10.0.9.8:0443/redfish/v1/Systems/1",  # urllib3 reads 0443 as 443
+    "ipmi://10.0.9.7:0623",  # int("0623") is 623
+    "ipmi://010.0.9.7", "ipmi://167774471", "ipmi://0x0a.0.9.7",  # 10.0.9.7 to the C resolver
+])
+def test_spellings_a_library_reads_as_a_mapped_machine_are_refused(claim):
+    """Found by a review (2026-12-06): each of these passed the one-machine-one-node check, so a node could point
+    its own sleeps at the machine the operator's map gives another node. Refused as addresses now, whatever
+    their source."""
+    with pytest.raises(AddressError):
+        parse_address(claim)
+    out = resolve(AddressPolicy.from_options(POLICY), {"y": (claim, ""), **{n: ("", "") for n in MAP}}, MAP)
+    assert out["y"].address is None and out["y"].refused, out["y"]
+    assert all(out[n].address is not None for n in MAP)
+
+
+@pytest.mark.parametrize("text", ["redfish://[::1", "redfish://[zz]/redfish/v1/Systems/1",
+                                  "redfish://bmc\uff03x/redfish/v1/Systems/1", "ipmi://u:secret@[::1"])
+def test_an_unparsable_annotation_refuses_that_node_only(text):
+    """A kubelet may write its Node's annotations: `redfish://[::1` raised a plain ValueError (from redacting
+    the message of the first), which stopped every reconcile pass: nothing slept or woke anywhere."""
+    with pytest.raises(AddressError) as e:
+        parse_address(text)
+    assert "secret" not in str(e.value)
+    out = resolve(AddressPolicy.from_options(POLICY), {"y": (text, ""), **{n: ("", "") for n in MAP}}, MAP)
+    assert out["y"].address is None and out["y"].source == "annotation" and out["y"].refused
+    assert all(out[n].address is not None for n in MAP)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("ipmi://10.0.0.1:abc", "port 'abc' is not a number in 1..65535"),
+    ("ipmi://10.0.0.1:99999", "port '99999'"), ("ipmi://10.0.0.1:", "an empty port"),
+    ("wol://zz", "'zz' is not a MAC address"),
+    ("wol://52:54:00:00:00:0a?ssh=10.0.2.9:x", "ssh=10.0.2.9:x: port 'x'"),
+    ("wol://52:54:00:00:00:0a?broadcast=everyone", "broadcast=everyone: not an IP address"),
+    ("wol://52:54:00:00:00:0a?port=0", "port=0: not a number"),
+    ("wol://52:54:00:00:00:0a?user=root;x", "not a user name"),
+    ("wol://52:54:00:00:00:0a?sssh=10.0.2.9", "unknown parameter(s) sssh"),
+    ("wol://52:54:00:00:00:0a?ssh=a&ssh=b", "a parameter is given twice"),
+    ("ipmi://10.0.0.1/path", "an IPMI address has no path"),
+    ("redfish://bmc/redfish/v1/Systems/1/Actions", "one segment of ID"),
+    ("redfish://bmc_1/redfish/v1/Systems/1", "neither an IP address in standard notation nor a host name"),
+])
+def test_map_entries_that_could_never_work_are_refused_at_load(text, needle, tmp_path):
+    """These started the controller and failed at the first sleep, after the node was cordoned and tainted
+    (int('abc') in the IPMI actuator): the node was left `sleeping` and unschedulable."""
+    from joulesched.live.daemon import DaemonInputError
+    from joulesched.live.nodepower import load_addresses
+
+    with pytest.raises(AddressError, match=re.escape(needle)):
+        parse_address(text)
+    path = tmp_path / "map.yaml"
+    path.write_text(f'n1: "{text}"\n')
+    with pytest.raises(DaemonInputError, match=f"node n1: .*{re.escape(needle)}"):
+        load_addresses(str(path), AddressPolicy())
+
+
+@pytest.mark.parametrize("key", ["010", "0x1f", "on", "~", "1.10"])
+def test_map_keys_yaml_reads_as_other_names_are_refused(key, tmp_path):
+    """010 became node 8 and on became node True: the entry silently applied to another node."""
+    from joulesched.live.daemon import DaemonInputError
+    from joulesched.live.nodepower import load_addresses
+
+    path = tmp_path / "map.yaml"
+    path.write_text(f"{key}: ipmi://10.0.9.7\n")
+    with pytest.raises(DaemonInputError, match="not a node name; quote it"):
+        load_addresses(str(path), AddressPolicy())
+    path.write_text(f'"{key}": ipmi://10.0.9.7\n')
+    assert load_addresses(str(path), AddressPolicy()) == {key: "ipmi://10.0.9.7"}
+    path.write_text("n1: 5\n")
+    with pytest.raises(DaemonInputError, match="must be a string, not int"):
+        load_addresses(str(path), AddressPolicy())
+
+
+def test_an_annotation_may_not_choose_the_ssh_user():
+    pol = AddressPolicy.from_options(["wol=10.0.2.0/24", "wol=255.255.255.255"])
+    out = resolve(pol, {"a": ("wol://52:54:00:00:00:03?ssh=10.0.2.4&user=root", ""),
+                        "b": ("wol://52:54:00:00:00:04?ssh=10.0.2.5", ""), "m": ("", "")},
+                  {"m": "wol://52:54:00:00:00:05?ssh=10.0.2.6&user=ops"})
+    assert out["a"].address is None and "may not choose the SSH user" in out["a"].refused
+    assert out["b"].address is not None and out["m"].address is not None  # the map may
+
+
+def test_credentials_that_are_not_utf8_are_one_line(tmp_path):
+    f = tmp_path / "creds.yaml"
+    f.write_bytes(b"default: {username: admin, password: \xff\xfe}\n")
+    f.chmod(0o600)
+    with pytest.raises(CredentialsError, match="not UTF-8 text") as e:
+        Credentials.load(f)
+    assert "\\xff" not in str(e.value)
+    d = tmp_path / "mount"
+    d.mkdir()
+    (d / "username").write_text("admin")
+    (d / "password").write_bytes(b"\xff\xfe")
+    for p in (d / "username", d / "password"):
+        p.chmod(0o600)
+    with pytest.raises(CredentialsError, match="must be UTF-8 text"):
+        Credentials.load(d)
