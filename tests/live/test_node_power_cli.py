@@ -35,6 +35,8 @@ def _state(emu, node):
     (["--listen", "localhost"], "expected HOST:PORT"),
     (["--credentials", "/no/such/secret"], "credentials file /no/such/secret"),
     (["--sleep-after", "-1"], "-1"),
+    (["--lease-namespace", "Bad NS!"], "--lease-namespace 'Bad NS!' is not a namespace name"),  # was unchecked
+    (["--scheduler-name", " "], "--scheduler-name must not be empty"),
 ])
 def test_bad_input_exits_2_with_one_line(app, args, needle):
     r = CliRunner().invoke(app, ["node-power", *args])
