@@ -74,16 +74,31 @@ class ProviderError(JouleschedError):
 
 
 # ---- configuration -------------------------------------------------------------------------------------------
+#: The longest duration an option may give: cluster-autoscaler's own defaults are minutes (10 min unneeded, 15
+#: min provisioning), so anything past 30 days is a typo or a unit mistake. It also keeps the value far inside
+#: what a protobuf Duration (int64 seconds) and the autoscaler's Go ``time.Duration`` (int64 ns, ~292 years)
+#: can carry; ``.inf`` or ``1e300`` used to fail every NodeGroupGetOptions call instead of the start-up.
+MAX_DURATION_S = 30 * 24 * 3600.0
+#: Node group sizes are int32 in the externalgrpc protocol (``NodeGroup.minSize``, ``maxSize``).
+MAX_GROUP_SIZE = 2**31 - 1
+
+
+def _duration(gt: bool = False) -> Any:
+    bound = {"gt": 0} if gt else {"ge": 0}
+    return Field(None, **bound, le=MAX_DURATION_S, allow_inf_nan=False)
+
+
 class GroupOptions(BaseModel):
-    """Per-group overrides of the autoscaler's NodeGroupAutoscalingOptions (absent: the autoscaler's defaults)."""
+    """Per-group overrides of the autoscaler's NodeGroupAutoscalingOptions (absent: the autoscaler's defaults).
+    Durations are seconds, at most :data:`MAX_DURATION_S`."""
 
     model_config = ConfigDict(extra="forbid")
-    scale_down_utilization_threshold: float | None = Field(None, ge=0, le=1)
-    scale_down_gpu_utilization_threshold: float | None = Field(None, ge=0, le=1)
-    scale_down_unneeded_s: float | None = Field(None, ge=0)
-    scale_down_unready_s: float | None = Field(None, ge=0)
-    max_node_provision_s: float | None = Field(None, gt=0)
-    max_node_startup_s: float | None = Field(None, gt=0)
+    scale_down_utilization_threshold: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    scale_down_gpu_utilization_threshold: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    scale_down_unneeded_s: float | None = _duration()
+    scale_down_unready_s: float | None = _duration()
+    max_node_provision_s: float | None = _duration(gt=True)
+    max_node_startup_s: float | None = _duration(gt=True)
     ignore_daemonsets_utilization: bool | None = None
 
 
@@ -95,8 +110,8 @@ class NodeGroupSpec(BaseModel):
     id: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
     selector: dict[str, str] = Field(default_factory=dict)
     nodes: list[str] = Field(default_factory=list)
-    min_size: int = Field(0, ge=0)
-    max_size: int | None = Field(None, ge=0)
+    min_size: int = Field(0, ge=0, le=MAX_GROUP_SIZE)
+    max_size: int | None = Field(None, ge=0, le=MAX_GROUP_SIZE)
     options: GroupOptions = Field(default_factory=GroupOptions)
 
     @model_validator(mode="after")
@@ -118,8 +133,10 @@ class ProviderConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     groups: list[NodeGroupSpec] = Field(min_length=1)
-    price_per_kwh: float = Field(0.30, gt=0, description="Price of one kWh, in the autoscaler's price unit.")
-    pricing_utilization: float = Field(0.5, ge=0, le=1, description="CPU utilisation a priced node runs at.")
+    price_per_kwh: float = Field(0.30, gt=0, allow_inf_nan=False,
+                                 description="Price of one kWh, in the autoscaler's price unit.")
+    pricing_utilization: float = Field(0.5, ge=0, le=1, allow_inf_nan=False,
+                                       description="CPU utilisation a priced node runs at.")
     gpu_label: str = "nvidia.com/gpu.product"
 
     @model_validator(mode="after")
@@ -287,6 +304,9 @@ class AutoscalerProvider:
             if found is None or (name and found != name):
                 raise ProviderError("NOT_FOUND", f"node {name or pid} is not in node group {group_id}")
             names.append(found)
+        dup = next((n for n, c in Counter(names).items() if c > 1), None)
+        if dup is not None:  # refused before any sleep starts: the second one would fail after the first began
+            raise ProviderError("INVALID_ARGUMENT", f"node {dup} is listed twice")
         running = [n for n in names if (i := self._instance(members[n])) is not None and i.state == "running"]
         target, floor = self.target_size(group_id), self._group(group_id).min_size
         if target - len(running) < floor:

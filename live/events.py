@@ -145,6 +145,7 @@ class EventRecorder:
         self._queued: set[tuple] = set()
         self._latest: dict[tuple, tuple] = {}  # condition / nomination keys -> their latest arguments
         self._warn = RateLimitedLog(log)
+        self._crashed = False  # a write has raised something unexpected (logged with its traceback once)
         self.ready = threading.Event()  # writing (set at once here; when the helper is up in EventWriterProcess)
         self.ready.set()
         # Workers, each with its own queue and deferred updates; a pod's writes always go to the same one, in
@@ -250,11 +251,11 @@ class EventRecorder:
             elif key:
                 with self._lock:
                     self._queued.discard(key)
-                self._handle(key)
+                self._handle_safely(key)
             now = time.monotonic()
             while sh.deferred and (stopping or sh.deferred[0][0] <= now):
                 _, k = heapq.heappop(sh.deferred)
-                self._handle(k, force=True)
+                self._handle_safely(k, force=True)
             if stopping:
                 while True:  # what is still queued (stop() waits at most its timeout for this)
                     try:
@@ -262,7 +263,18 @@ class EventRecorder:
                     except queue.Empty:
                         return
                     if k:
-                        self._handle(k, force=True)
+                        self._handle_safely(k, force=True)
+
+    def _handle_safely(self, key: tuple, force: bool = False) -> None:
+        """:meth:`_handle`; an error nobody expected (a bug, a client raising something new) drops that write,
+        counted, instead of ending the worker and leaving its queue to fill for good."""
+        try:
+            self._handle(key, force)
+        except Exception as e:
+            if not self._crashed:  # the traceback once; the drops are counted and rate-limited after that
+                self._crashed = True
+                log.exception("recorder: unexpected error writing %s for pod %s", key[0], key[1])
+            self._dropped(key, f"unexpected {type(e).__name__}")
 
     def _handle(self, key: tuple, force: bool = False) -> None:
         if not self.may_write():

@@ -17,6 +17,9 @@ names: ``Pod``, ``Nodes`` (a NodeList, unless the extender is ``nodeCacheCapable
   answers with its ``Error`` set and ``/prioritize`` with HTTP 503, and ``/healthz`` (= ``/readyz``) fails: with
   ``ignorable: true`` (deploy/kubernetes/scheduler-config.yaml) kube-scheduler then schedules without the
   extender instead of with a view of the cluster that may be minutes old.
+- ExtenderArgs that are not valid (invalid JSON, a node name that is not a non-empty string, a Pod no apiserver
+  would accept: a non-finite quantity, a ``hostPort`` outside 0..65535) get ``/filter``'s ``Error`` field or
+  HTTP 400 on ``/prioritize``, saying why; every request gets an answer.
 - ``/prioritize`` answers ``[{"Host": name, "Score": 0..10}]``: the policy's own node scores (kube plugin
   totals, DQN advantages, negative marginal watts) scaled linearly so its favourite node gets 10 and its least
   favourite 0. A policy that only picks gives its pick 10 and the others 0. A NotReady node (not asleep) scores
@@ -40,10 +43,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 
 from joulesched.agent.policy import Policy
 from joulesched.cluster.kube.cache import KubeCache
-from joulesched.cluster.kube.objects import node_gate_reason, parse_pod
+from joulesched.cluster.kube.objects import ObjectError, node_gate_reason, parse_pod
 from joulesched.cluster.state import ClusterState
 from joulesched.core.errors import UsageError
 from joulesched.live.httpd import BackgroundHTTPServer, HardenedHandlerMixin, Limits, reply
+from joulesched.live.ratelog import RateLimitedLog
 from joulesched.live.scheduler import ATTEMPT_BUCKETS
 
 log = logging.getLogger("joulesched.extender")
@@ -73,8 +77,8 @@ def _candidates(args: dict) -> tuple[list[str], list[dict] | None, bool]:
         raise ExtenderError("ExtenderArgs needs a Pod object")
     names = args.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise ExtenderError("NodeNames must be a list of strings")
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise ExtenderError("NodeNames must be a list of non-empty strings")
         return list(names), None, True
     nodes = args.get("Nodes")
     if isinstance(nodes, dict):
@@ -82,15 +86,24 @@ def _candidates(args: dict) -> tuple[list[str], list[dict] | None, bool]:
         if not isinstance(items, list) or not all(isinstance(n, dict) and isinstance(n.get("metadata") or {}, dict)
                                                   for n in items):
             raise ExtenderError("Nodes.items must be a list of Node objects")
-        return [str((n.get("metadata") or {}).get("name") or "") for n in items], items, False
+        names = [(n.get("metadata") or {}).get("name") for n in items]
+        # Names are the answer's keys and what /filter keeps items by: a list or a number there is no node name.
+        bad = next((k for k, n in enumerate(names) if not isinstance(n, str) or not n), None)
+        if bad is not None:
+            raise ExtenderError(f"Nodes.items[{bad}].metadata.name must be a non-empty string, not "
+                                f"{json.dumps(names[bad])[:60]}")
+        return names, items, False
     raise ExtenderError("ExtenderArgs needs Nodes (a NodeList) or NodeNames")
 
 
 def _pod(args: dict):
-    """The Pod of ExtenderArgs; a malformed one (a list where an object belongs, ...) is an ExtenderError."""
+    """The Pod of ExtenderArgs, parsed strictly; a malformed one (a list where an object belongs, a quantity or
+    host port no apiserver accepts) is an ExtenderError."""
     try:
-        return parse_pod(args["Pod"])
-    except (AttributeError, TypeError, KeyError, ValueError) as e:
+        return parse_pod(args["Pod"], strict=True)
+    except ObjectError as e:
+        raise ExtenderError(f"malformed Pod: {str(e)[:200]}") from None
+    except (AttributeError, TypeError, KeyError, ValueError, ArithmeticError) as e:
         raise ExtenderError(f"malformed Pod: {type(e).__name__}: {str(e)[:200]}") from None
 
 
@@ -130,6 +143,7 @@ class Extender:
                                 ["verb", "result"], registry=reg)
         self.duration = Histogram("joulesched_extender_request_duration_seconds", "Extender request time.",
                                   ["verb"], buckets=ATTEMPT_BUCKETS, registry=reg)
+        self._warn = RateLimitedLog(log)
 
     def unavailable(self) -> str:
         """Why the cache cannot be trusted now ("" when it can): not synced yet, or no answer from the apiserver
@@ -221,7 +235,8 @@ class Extender:
         return (idx == pick).astype(np.float64)
 
     def handle(self, verb: str, args: Any) -> tuple[int, Any]:
-        """(HTTP status, JSON body) for one request; bad ExtenderArgs never raise."""
+        """(HTTP status, JSON body) for one request; nothing raises: bad ExtenderArgs are 400 (``Error`` on
+        /filter), a bug 500, both counted as ``result="error"``."""
         t0 = time.perf_counter()
         result = "ok"
         try:
@@ -240,6 +255,11 @@ class Extender:
             except CacheUnavailable as e:  # a HostPriorityList has no Error field: kube-scheduler ignores the scores
                 result = "unavailable"
                 return 503, {"Error": str(e)}
+        except Exception as e:  # a bug: still an answer (kube-scheduler would wait out its timeout), counted
+            result = "error"
+            self._warn.warn(f"internal:{verb}", "extender %s failed: %s: %s", verb, type(e).__name__, str(e)[:200])
+            log.debug("extender %s failed", verb, exc_info=True)
+            return 500, {"Error": f"internal error: {type(e).__name__}"}
         finally:
             self.requests.labels(verb, result).inc()
             self.duration.labels(verb).observe(time.perf_counter() - t0)
@@ -269,7 +289,7 @@ class ExtenderServer(BackgroundHTTPServer):
                 raw = self.read_body()  # Content-Length checked by the hardened base (400 / 413)
                 try:
                     args = json.loads(raw or b"null")
-                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+                except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
                     self._send(400, json.dumps({"Error": f"invalid JSON: {str(e)[:200]}"}).encode())
                     return
                 code, body = ext.handle(verb, args)

@@ -27,6 +27,15 @@ class KubeConfigError(UsageError):
     """No usable cluster configuration."""
 
 
+class TransportError(OSError):
+    """A request that failed on the way to or from the apiserver where the failure is not already an ``OSError``
+    (urllib3's, behind an HTTP proxy): callers catch ``OSError`` and need not know which path the request took."""
+
+
+class TransportTimeout(TransportError, TimeoutError):
+    """A :class:`TransportError` that is a timeout (a caller that tells timeouts apart sees a ``TimeoutError``)."""
+
+
 def check_tls(cfg: k8s.Configuration) -> None:
     """Refuse a configuration that switches certificate verification off for an HTTPS apiserver (a kubeconfig's
     ``insecure-skip-tls-verify: true``): joulesched binds pods with these credentials and never talks TLS
@@ -222,8 +231,9 @@ class FastClient:
     ApiClient's own urllib3 pool is used instead (same calls, same answers).
 
     A request that fails on the connection (reset, timeout, half an answer) raises ``OSError`` or
-    ``http.client.HTTPException``: whether a write happened is then unknown, and the caller must find out
-    (the scheduler re-reads the pod). Nothing is retried here.
+    ``http.client.HTTPException``; urllib3's errors on the proxy path become :class:`TransportError` (an
+    ``OSError``; :class:`TransportTimeout` for its timeouts). Whether a write happened is then unknown, and the
+    caller must find out (the scheduler re-reads the pod). Nothing is retried here.
     """
 
     def __init__(self, api: k8s.ApiClient, max_idle: int = 64) -> None:
@@ -275,10 +285,7 @@ class FastClient:
         if body is not None:
             headers["Content-Type"] = content_type
         if self._pool_manager is not None:
-            r = self._pool_manager.request(method, f"{self.cfg.host}{path}", body=body, headers=headers,
-                                           timeout=urllib3.Timeout(total=timeout) if whole else timeout,
-                                           retries=False, preload_content=True)
-            return Response(r.status, r.data)
+            return self._proxied(method, path, body, headers, timeout, whole)
         head = [f"{method} {self._base}{path} HTTP/1.1", f"Host: {self._host_header}"]
         head += [f"{k}: {v}" for k, v in headers.items()]
         head.append(f"Content-Length: {len(body or b'')}")
@@ -300,6 +307,21 @@ class FastClient:
         if conn is not None:
             conn.close()
         return Response(status, data)
+
+    def _proxied(self, method: str, path: str, body: bytes | None, headers: dict, timeout: float,
+                 whole: bool) -> Response:
+        try:
+            r = self._pool_manager.request(method, f"{self.cfg.host}{path}", body=body, headers=headers,
+                                           timeout=urllib3.Timeout(total=timeout) if whole else timeout,
+                                           retries=False, preload_content=True)
+        except urllib3.exceptions.HTTPError as e:  # ProxyError, ProtocolError, ReadTimeoutError...: no OSError
+            x = urllib3.exceptions
+            cause = e.original_error if isinstance(e, x.ProxyError) else e
+            # NewConnectionError derives from ConnectTimeoutError in urllib3 2.x: a refused connection is no timeout.
+            timed_out = (isinstance(cause, (x.TimeoutError, TimeoutError))
+                         and not isinstance(cause, x.NewConnectionError))
+            raise (TransportTimeout if timed_out else TransportError)(f"{type(e).__name__}: {e}") from e
+        return Response(r.status, r.data)
 
     def close(self) -> None:
         with self._lock:

@@ -72,11 +72,27 @@ def cpu_millis(q: str | int | float | None) -> int:
     return _cpu_millis(q)
 
 
-def _cpu_millis(q: str | int | float | None) -> int:
+#: kube's bound on a quantity's magnitude (``resource.Quantity``: "no quantity may represent a number greater
+#: than 2^63-1 in magnitude ... numbers larger will be capped").
+MAX_QUANTITY = Decimal(2**63 - 1)
+
+
+def parse_finite_quantity(q: str | int | float | None, what: str = "") -> Decimal:
+    """``parse_quantity``, refusing what no apiserver stores (``inf``, ``NaN``, a JSON ``1e400`` read as a float
+    infinity: :class:`ObjectError` naming ``what``, a resource name) and capping the magnitude at
+    :data:`MAX_QUANTITY` as kube does: ``"1e999999999"`` would otherwise become a billion-digit integer."""
+    name = f"{what} quantity" if what else "quantity"
     try:
-        return int(math.ceil(parse_quantity(q) * 1000))
-    except ValueError as e:
-        raise ObjectError(f"bad cpu quantity {q!r}: {e}") from None
+        v = parse_quantity(q)
+    except (ValueError, TypeError, ArithmeticError) as e:
+        raise ObjectError(f"bad {name} {str(q)[:40]!r}: {str(e)[:80]}") from None
+    if not v.is_finite():
+        raise ObjectError(f"bad {name} {str(q)[:40]!r}: not a finite number")
+    return max(-MAX_QUANTITY, min(v, MAX_QUANTITY))
+
+
+def _cpu_millis(q: str | int | float | None) -> int:
+    return int(math.ceil(parse_finite_quantity(q, "cpu") * 1000))
 
 
 def memory_mib(q: str | int | float | None, *, round_up: bool = True) -> int:
@@ -88,10 +104,7 @@ def memory_mib(q: str | int | float | None, *, round_up: bool = True) -> int:
 
 
 def _memory_mib(q: str | int | float | None, round_up: bool = True) -> int:
-    try:
-        mib = parse_quantity(q) / Decimal(1 << 20)
-    except ValueError as e:
-        raise ObjectError(f"bad memory quantity {q!r}: {e}") from None
+    mib = parse_finite_quantity(q, "memory") / Decimal(1 << 20)
     return int(math.ceil(mib)) if round_up else int(math.floor(mib))
 
 
@@ -103,10 +116,7 @@ def quantity_value(q: str | int | float | None) -> int:
 
 
 def _value(q: str | int | float | None) -> int:
-    try:
-        return int(math.ceil(parse_quantity(q)))
-    except ValueError as e:
-        raise ObjectError(f"bad quantity {q!r}: {e}") from None
+    return int(math.ceil(parse_finite_quantity(q)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -182,14 +192,18 @@ def _named_requests(spec: dict) -> tuple[tuple[str, int], ...]:
 
 def pod_host_ports(spec: dict) -> tuple[tuple[str, str, int], ...]:
     """``(protocol, host IP, port)`` of the host ports of the pod's containers and sidecars (kube's
-    ``GetHostPorts``), with kube's defaults: TCP, and the any-address IP for an empty ``hostIP``. Sorted."""
+    ``GetHostPorts``), with kube's defaults: TCP, and the any-address IP for an empty ``hostIP``. Sorted. A
+    ``hostPort`` that is not an integer 0..65535 (0: none), as the apiserver validates it, is an :class:`ObjectError`
+    (a JSON ``1e400`` arrives as a float infinity)."""
     out: set[tuple[str, str, int]] = set()
     for c in [*(c for c in spec.get("initContainers") or [] if _is_sidecar(c)), *(spec.get("containers") or [])]:
         for p in c.get("ports") or []:
-            try:
-                port = int(p.get("hostPort") or 0)
-            except (TypeError, ValueError):
+            port = p.get("hostPort") if isinstance(p, dict) else None
+            if port is None:
                 continue
+            if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+                raise ObjectError(f"container {str(c.get('name'))[:63]!r}: hostPort {str(port)[:40]} is not a "
+                                  "port number (1..65535, or 0 for none)")
             if port > 0:
                 out.add((str(p.get("protocol") or "TCP"), str(p.get("hostIP") or ANY_HOST_IP), port))
     return tuple(sorted(out))
@@ -219,10 +233,7 @@ def pod_gpus(pod: dict) -> tuple[int, int, frozenset[str] | None]:
         res = c.get("resources") or {}
         q = (res.get("requests") or {}).get(GPU_RESOURCE, (res.get("limits") or {}).get(GPU_RESOURCE))
         if q is not None:
-            try:
-                count += int(parse_quantity(q))
-            except ValueError:
-                raise ObjectError(f"{GPU_RESOURCE} {q!r} is not a quantity") from None
+            count += int(parse_finite_quantity(q, GPU_RESOURCE))
     milli_s = ann.get(GPU_SHARE_ANNOTATION)
     milli = 1000
     if milli_s is not None:
@@ -328,12 +339,17 @@ class PodInfo:
         return self.phase not in TERMINAL_PHASES
 
 
-def parse_pod(pod: dict) -> PodInfo:
+def parse_pod(pod: dict, *, strict: bool = False) -> PodInfo:
+    """A Pod as the scheduler sees it. A malformed request (a bad quantity or host port) cannot come from a real
+    apiserver: the watch counts it as none; with ``strict`` (a request's Pod, the extender's) it raises
+    :class:`ObjectError`."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     try:
         req = pod_request(pod)
     except ObjectError:
-        req = PodRequest(None, None)  # a malformed request cannot come from a real apiserver; count it as none
+        if strict:
+            raise
+        req = PodRequest(None, None)
     where = parse_constraints(spec)
     if where is not None:
         req = replace(req, constraints=where)
@@ -641,12 +657,12 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
     try:
         cpu = cpu_millis(alloc.get("cpu", 0)) if "cpu" in alloc else 0
         mem = memory_mib(alloc["memory"], round_up=False) if "memory" in alloc else 0
-        pods = int(parse_quantity(alloc.get("pods", 110)))
-    except (ObjectError, ValueError):
+        pods = int(parse_finite_quantity(alloc.get("pods", 110), "pods"))
+    except ObjectError:
         cpu, mem, pods = 0, 0, 0  # unusable allocatable: the node takes no pods
     try:
-        gpus = max(0, int(parse_quantity(alloc.get(GPU_RESOURCE, 0))))
-    except ValueError:
+        gpus = max(0, int(parse_finite_quantity(alloc.get(GPU_RESOURCE, 0), GPU_RESOURCE)))
+    except ObjectError:
         gpus = 0
     named = []
     for r in sorted(set(alloc) - MODELLED_RESOURCES):
