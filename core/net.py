@@ -31,3 +31,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def check_http_url(url: str, option: str = "--target") -> str:
+    """``url`` if it is http(s) with a host and, if any, a port in 1..65535; else ValueError with a one-line reason
+    naming ``option``."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"{option} {url!r}: expected http(s)://HOST[:PORT][/PATH]")
+    try:
+        port = u.port  # urllib raises on a port out of range, or one that is no number, only when asked
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError(f"{option} {url!r}: the port must be a number in 1..65535")
+    return url

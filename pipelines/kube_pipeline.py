@@ -429,7 +429,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     from joulesched.agent.registry import DEFAULT_POLICIES, make_policy
     from joulesched.cluster.kube.client import load_api_client
     from joulesched.live.actuators.base import redact
-    from joulesched.workloads.load.results import check_url
+    from joulesched.core.net import check_http_url as check_url
     from joulesched.workloads.manifests import APPS
 
     check_output_dir(out, "--out")

@@ -5,7 +5,8 @@ asked rate instead of piling up as dirty page cache that the kernel flushes late
 chunk the pages are dropped with posix_fadvise(DONTNEED); reads drop their range before reading, so they
 come from the device, not the cache. O_DIRECT would do the same more strictly but needs aligned buffers and
 is refused by tmpfs and some overlay setups; fadvise works everywhere and degrades to cached I/O at worst.
-The scratch directory is created at start and removed at stop.
+The scratch directory is created at start and removed at stop. No wait for tokens outlasts the load's end, and an
+error that ends a worker is kept in the stats.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class DiskLoad:
     def _guard(self, fn, path: Path, end: float) -> None:
         try:
             fn(path, end)
-        except OSError as exc:  # a full or read-only disk ends this load, visibly, not the server
+        except Exception as exc:  # a full or read-only disk (or anything else) ends this load, visibly, not silently
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _write_loop(self, path: Path, end: float) -> None:
@@ -68,7 +69,7 @@ class DiskLoad:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             off = 0
-            while time.monotonic() < end and bucket.take(n, self._stop):
+            while time.monotonic() < end and bucket.take(n, self._stop, until=end):
                 written = os.pwrite(fd, buf, off)
                 os.fdatasync(fd)
                 os.posix_fadvise(fd, off, written, os.POSIX_FADV_DONTNEED)
@@ -93,7 +94,7 @@ class DiskLoad:
             self.prefill_bytes = size
             bucket = TokenBucket(rate, burst=n)
             off = 0
-            while time.monotonic() < end and bucket.take(n, self._stop):
+            while time.monotonic() < end and bucket.take(n, self._stop, until=end):
                 os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
                 got = len(os.pread(fd, n, off))
                 self.bytes_read += got

@@ -20,7 +20,9 @@ import ipaddress
 import re
 import socket
 from collections.abc import Callable, Iterable
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
+
+import psutil
 
 from joulesched.core.errors import UsageError
 
@@ -60,6 +62,24 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 def denied(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return any(ip in net for net in DENIED if net.version == ip.version)
+
+
+def _port(parts: SplitResult) -> int:
+    """The URL's port (the scheme's default when none is given); EgressError for one outside 1..65535."""
+    try:
+        port = parts.port  # urllib raises for a port out of range or no number, and only when asked
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise EgressError(f"net_target {parts.geturl()!r}: the port must be a number in 1..65535")
+    return port or (443 if parts.scheme == "https" else 80)
+
+
+def local_addresses() -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """This host's interface addresses: where a server bound to 0.0.0.0 or :: answers."""
+    found = {_ip(a.address) for addrs in psutil.net_if_addrs().values() for a in addrs
+             if a.family in (socket.AF_INET, socket.AF_INET6)}
+    return {ip for ip in found if ip is not None}
 
 
 def system_resolver(host: str, port: int) -> list[str]:
@@ -108,6 +128,7 @@ class NetAllow:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise EgressError("net_target must be an http:// or https:// URL with a host")
+        _port(parts)
         host = parts.hostname.rstrip(".").lower()
         ip = _ip(host)
         if ip is not None:
@@ -127,7 +148,7 @@ class NetAllow:
         """The one address to connect to for ``url``: checked again by name, then every resolved address
         against the deny list. Raises EgressError (refused) or OSError (does not resolve)."""
         host = self.check_url(url)
-        port = urlsplit(url).port or (443 if url.lower().startswith("https") else 80)
+        port = _port(urlsplit(url))
         addrs = [a for a in self.resolver(host, port)]
         if not addrs:
             raise OSError(f"{host} resolves to no address")
@@ -136,3 +157,21 @@ class NetAllow:
             raise EgressError(f"net_target {host} resolves to {bad[0]}, a link-local, metadata, multicast or "
                               "unspecified address; refused")
         return addrs[0]
+
+    def is_self(self, url: str, host: str, port: int) -> bool:
+        """Whether ``url`` reaches the server listening on ``host``:``port`` (an IP address; this app's own): the
+        same port, and an address that listener takes, its own or, bound to 0.0.0.0 or ::, any loopback or local
+        one. Names are resolved (``localhost``); one that does not resolve reaches nothing, so not this app."""
+        own = _ip(host)
+        parts = urlsplit(url)
+        if own is None or _port(parts) != port or not parts.hostname:
+            return False
+        name = parts.hostname.rstrip(".").lower()
+        try:
+            found = [name] if _ip(name) is not None else self.resolver(name, port)
+        except OSError:
+            return False
+        addrs = {ip for a in found if (ip := _ip(a)) is not None}
+        if own.is_unspecified:
+            return any(a.is_loopback or a.is_unspecified for a in addrs) or bool(addrs & local_addresses())
+        return own in addrs

@@ -1,13 +1,17 @@
 """Kubernetes Deployment + Service for each workload app, built from labels defined once.
 
 The pods run as a non-root user with a read-only root filesystem; what must be writable (the disk
-blocker's scratch files, the shop's database, /tmp) is an emptyDir. `schedulerName` is a parameter so the
-same manifests run under kube-scheduler or joulesched.
+blocker's scratch files, the shop's database, /tmp) is an emptyDir with a size limit. Every container has
+requests (what the scheduler reserves) and limits (what the kubelet enforces; the blockers read their cgroup's
+and refuse loads beyond them). `schedulerName` is a parameter so the same manifests run under kube-scheduler or
+joulesched.
 """
 
 from __future__ import annotations
 
+import decimal
 import re
+from decimal import Decimal
 from typing import Any
 
 import yaml
@@ -36,6 +40,26 @@ DEFAULT_REQUESTS: dict[str, tuple[str, str]] = {
     "shop-cart": ("50m", "64Mi"),
     "shop-orders": ("50m", "64Mi"),
 }
+
+
+# Limits: room for the load a blocker is told to make (cpu and memory blockers up to 4 cores / 4 GiB, so the
+# defaults serve a typical node), and a ceiling on what a runaway test app or shop can take from its neighbours.
+DEFAULT_LIMITS: dict[str, tuple[str, str]] = {
+    "cpu": ("4", "128Mi"),
+    "memory": ("500m", "4Gi"),
+    "disk": ("1", "512Mi"),  # page cache of the unpaced prefill is charged to the cgroup until written back
+    "network": ("2", "128Mi"),
+    "combined": ("4", "4Gi"),
+    "testapp": ("2", "128Mi"),
+    "shop": ("2", "256Mi"),
+    "shop-catalogue": ("1", "128Mi"),
+    "shop-cart": ("1", "128Mi"),
+    "shop-orders": ("1", "128Mi"),
+}
+
+#: emptyDir size limits (the kubelet evicts a pod past them). /scratch holds the disk blocker's read and write
+#: files, at most params.MAX_DISK_FILE_MIB (4 GiB) each, plus slack; /data the shop's SQLite database.
+SIZE_LIMITS = {"tmp": "64Mi", "scratch": "9Gi", "data": "1Gi"}
 
 
 def _url(app: str) -> str:
@@ -85,6 +109,59 @@ def check_quantity(value: str, what: str) -> str:
     return value
 
 
+_SUFFIXES = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+             "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity(value: str, what: str) -> Decimal:
+    """The number a Kubernetes quantity stands for (``500m`` -> 0.5, ``1Gi`` -> 1073741824), above 0; else
+    ValueError naming ``what``."""
+    m = _QUANTITY.match(check_quantity(value, what))
+    assert m is not None
+    suffix = m[3] or ""
+    try:
+        v = Decimal(m[1]).scaleb(int(suffix[1:])) if suffix[:1] in ("e", "E") else Decimal(m[1]) * _SUFFIXES[suffix]
+    except decimal.DecimalException:
+        raise ValueError(f"{what} {value!r} is too large a quantity") from None
+    if v <= 0:
+        raise ValueError(f"{what} {value!r} asks for nothing; give a quantity above 0 (or leave the option out for "
+                         "the default)")
+    return v
+
+
+def check_scheduler_name(value: str, what: str = "--scheduler-name") -> str:
+    """``value`` if Kubernetes takes it as spec.schedulerName (a DNS-1123 subdomain), else ValueError naming it."""
+    if not (0 < len(value) <= 253 and all(is_dns_label(part) for part in value.split("."))):
+        raise ValueError(f"{what} {value!r} is not a valid scheduler name: a DNS-1123 subdomain of at most 253 "
+                         "characters, lowercase letters, digits, '-' and '.', each dot-separated part starting and "
+                         "ending with a letter or digit (e.g. default-scheduler or joulesched)")
+    return value
+
+
+def _resources(app: str, cpu_request: str | None, memory_request: str | None, cpu_limit: str | None,
+               memory_limit: str | None) -> dict[str, dict[str, str]]:
+    """requests and limits: the app's defaults where not given; ValueError for a request above its limit, which
+    the apiserver would refuse for every pod of the Deployment."""
+    out: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+    given = {"cpu": (cpu_request, cpu_limit), "memory": (memory_request, memory_limit)}
+    for i, res in enumerate(("cpu", "memory")):
+        request, limit = given[res]
+        request_q = request or DEFAULT_REQUESTS[app][i]
+        limit_q = limit or DEFAULT_LIMITS[app][i]
+        # Defaults are positive; what was given must be too.
+        req_v, lim_v = quantity(request_q, f"--{res}-request"), quantity(limit_q, f"--{res}-limit")
+        if req_v > lim_v:
+            whose = f"--{res}-limit {limit_q}" if limit else f"the default {res} limit {limit_q} (see --{res}-limit)"
+            raise ValueError(f"--{res}-request {request_q} is more than {whose}: Kubernetes needs a request at most "
+                             "its limit")
+        out["requests"][res], out["limits"][res] = request_q, limit_q
+    return out
+
+
+def _empty_dir(name: str) -> dict[str, Any]:
+    return {"name": name, "emptyDir": {"sizeLimit": SIZE_LIMITS[name]}}
+
+
 def check_namespace(value: str, what: str = "--namespace") -> str:
     """``value`` if Kubernetes takes it as a namespace (an RFC 1123 label), else ValueError naming ``what``."""
     if not is_dns_label(value):
@@ -122,28 +199,25 @@ def render(
     replicas: int = 1,
     cpu_request: str | None = None,
     memory_request: str | None = None,
+    cpu_limit: str | None = None,
+    memory_limit: str | None = None,
 ) -> list[dict[str, Any]]:
     if app not in APPS:
         raise ValueError(f"unknown app {app!r}; expected one of {', '.join(APPS)}")
-    if not scheduler_name:
-        raise ValueError("scheduler_name must not be empty")
+    check_scheduler_name(scheduler_name)
     check_namespace(namespace)
     if image is not None:
         check_image(image)
-    if cpu_request is not None:
-        check_quantity(cpu_request, "--cpu-request")
-    if memory_request is not None:
-        check_quantity(memory_request, "--memory-request")
+    resources = _resources(app, cpu_request, memory_request, cpu_limit, memory_limit)
     name = f"joulesched-{app}"
     lab = labels(app)
-    cpu, mem = DEFAULT_REQUESTS[app]
-    volumes = [{"name": "tmp", "emptyDir": {}}]
+    volumes = [_empty_dir("tmp")]
     mounts = [{"name": "tmp", "mountPath": "/tmp"}]
     if app in ("disk", "combined"):
-        volumes.append({"name": "scratch", "emptyDir": {}})
+        volumes.append(_empty_dir("scratch"))
         mounts.append({"name": "scratch", "mountPath": "/scratch"})
     if app.startswith("shop"):
-        volumes.append({"name": "data", "emptyDir": {}})
+        volumes.append(_empty_dir("data"))
         mounts.append({"name": "data", "mountPath": "/data"})
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5}
     deployment = {
@@ -172,7 +246,7 @@ def render(
                             "imagePullPolicy": "IfNotPresent",
                             "args": container_args(app),
                             "ports": [{"name": "http", "containerPort": PORT}],
-                            "resources": {"requests": {"cpu": cpu_request or cpu, "memory": memory_request or mem}},
+                            "resources": resources,
                             "readinessProbe": probe,
                             "livenessProbe": probe | {"periodSeconds": 15},
                             "securityContext": {

@@ -39,14 +39,18 @@ class MemoryLoad:
 
     def _run(self) -> None:
         end = time.monotonic() + self.duration_s
+        try:
+            self._allocate()
+        except Exception as exc:  # hold what we got and say why the rest is missing
+            self.error = f"{type(exc).__name__}: {exc}"
+        self._stop.wait(max(0.0, end - time.monotonic()))
+        self._release()
+
+    def _allocate(self) -> None:
         left = self.mib
         while left > 0 and not self._stop.is_set():
             size = min(CHUNK_MIB, left)
-            try:
-                chunk = mmap.mmap(-1, size * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            except OSError as exc:  # hold what we got and say why the rest is missing
-                self.error = f"{type(exc).__name__}: {exc}"
-                break
+            chunk = mmap.mmap(-1, size * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             view = np.frombuffer(chunk, dtype=np.uint8)
             view[::PAGE] = 1
             del view  # an exported buffer would make chunk.close() fail
@@ -54,8 +58,6 @@ class MemoryLoad:
                 self._chunks.append(chunk)
                 self.allocated_mib += size
             left -= size
-        self._stop.wait(max(0.0, end - time.monotonic()))
-        self._release()
 
     def _release(self) -> None:
         with self._lock:

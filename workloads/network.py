@@ -4,7 +4,8 @@ Two directions, both paced by a token bucket:
 - `NetworkLoad` POSTs one chunked stream to a target URL (another blocker's `/sink`), so a started load
   produces traffic with no client in the loop;
 - `paced_stream` backs `GET /stream`, for a client that pulls the bytes.
-A send blocks at most SEND_TIMEOUT_S, so `stop()` returns promptly even against a stalled receiver.
+A send blocks at most SEND_TIMEOUT_S, so `stop()` returns promptly even against a stalled receiver, and no wait
+for tokens outlasts the stream's end.
 Every (re)connect resolves the target through the allow-list (`workloads/egress.py`) and connects to the
 address it checked, so DNS cannot re-point a running stream at a refused address.
 """
@@ -20,7 +21,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from joulesched.workloads.egress import NetAllow
-from joulesched.workloads.pacing import TokenBucket, chunk_size
+from joulesched.workloads.pacing import NET_CHUNK, TokenBucket, chunk_size
 
 SEND_TIMEOUT_S = 5.0
 RETRY_S = 1.0
@@ -29,11 +30,11 @@ RETRY_S = 1.0
 def paced_stream(mbps: float, seconds: float, stop: threading.Event, counter: list[int]) -> Iterator[bytes]:
     """Yield random bytes at `mbps` for `seconds` or until `stop`; adds each chunk's size to counter[0]."""
     rate = mbps * 1e6 / 8
-    n = chunk_size(rate, lo=1024, hi=64 * 1024)
+    n = chunk_size(rate, *NET_CHUNK)
     block = os.urandom(n)
     bucket = TokenBucket(rate, burst=n)
     end = time.monotonic() + seconds
-    while time.monotonic() < end and bucket.take(n, stop):
+    while time.monotonic() < end and bucket.take(n, stop, until=end):
         yield block
         counter[0] += n  # counted once the consumer took it
 
@@ -50,7 +51,8 @@ class NetworkLoad:
         self._thread: threading.Thread | None = None
         self._sent = [0]
         self.connections = 0
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # a connection that failed and was retried
+        self.error: str | None = None  # what ended the load early
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="network-blocker", daemon=True)
@@ -71,6 +73,12 @@ class NetworkLoad:
         return conn
 
     def _run(self) -> None:
+        try:
+            self._stream()
+        except Exception as exc:  # anything not retried ends this load, visibly in its stats, not silently
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _stream(self) -> None:
         end = time.monotonic() + self.duration_s
         while not self._stop.is_set() and time.monotonic() < end:
             try:
@@ -100,4 +108,5 @@ class NetworkLoad:
             "bytes_sent": self._sent[0],
             "connections": self.connections,
             "last_error": self.last_error,
+            "error": self.error,
         }

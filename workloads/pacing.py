@@ -6,6 +6,10 @@ import threading
 import time
 from typing import Callable
 
+#: (smallest, largest) transfer of the disk blocker, and of the network blocker and ``GET /stream``.
+DISK_CHUNK = (4096, 1 << 20)
+NET_CHUNK = (1024, 64 << 10)
+
 
 class TokenBucket:
     """Paces byte transfers to `rate` bytes/s.
@@ -38,15 +42,20 @@ class TokenBucket:
         self._tokens -= n
         return max(0.0, -self._tokens / self.rate)
 
-    def take(self, n: int, stop: threading.Event) -> bool:
-        """Reserve n tokens and wait for them; False when `stop` was set meanwhile."""
+    def take(self, n: int, stop: threading.Event, until: float | None = None) -> bool:
+        """Reserve n tokens and wait for them; False when `stop` was set meanwhile, or when the tokens would come
+        only at or after `until` (on `clock`): then it waits until `until`, so a slow rate cannot hold a load or a
+        stream past its end (nor ask threading for a wait longer than it can time)."""
         wait = self.reserve(n)
+        if until is not None and wait >= until - self._clock():
+            stop.wait(max(0.0, until - self._clock()))
+            return False
         if wait > 0:
             return not stop.wait(wait)
         return not stop.is_set()
 
 
-def chunk_size(rate: float, lo: int = 4096, hi: int = 1 << 20) -> int:
+def chunk_size(rate: float, lo: int = DISK_CHUNK[0], hi: int = DISK_CHUNK[1]) -> int:
     """Transfer size for a byte rate: about 20 transfers a second, page-aligned, within [lo, hi]."""
     size = int(rate / 20) // 4096 * 4096
     return max(lo, min(hi, size))

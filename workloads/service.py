@@ -13,11 +13,14 @@ puts the HTTP API on top:
 
 Bodies are capped at MAX_CONTENT_LENGTH (413) except ``/sink``, which exists to swallow a stream; at most
 ``max_streams`` ``/stream`` and ``/sink`` run at once (429 with Retry-After beyond), so they cannot take every
-server thread. ``net_target`` must pass the allow-list (`workloads/egress.py`).
+server thread. ``net_target`` must pass the allow-list (`workloads/egress.py`) and not be this app itself; a disk
+load must fit in the scratch directory's free space. A run whose load reported an error (a thread that died) ends
+as ``a load failed``, not ``duration elapsed``.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 import time
@@ -42,6 +45,12 @@ MAX_CONTENT_LENGTH = 64 << 10
 MAX_STREAMS = 4
 #: What one network load can send at most (its rate cap for the longest duration).
 SINK_MAX_BYTES = int(MAX_NET_MBPS * 1e6 / 8 * MAX_DURATION_S)
+#: Share of the scratch filesystem a disk load leaves free (ext4 reserves as much for root), so the node and its
+#: other pods can still write.
+DISK_FREE_MARGIN = 0.05
+#: end_reason of a run that lasted its duration, and of one whose load reported an error meanwhile.
+COMPLETED = "duration elapsed"
+FAILED = "a load failed"
 
 
 class Load(Protocol):
@@ -101,7 +110,9 @@ class BlockerService:
         self.stream_bytes = [0]
         self.sink_bytes = 0
 
-    def parse(self, body: Any) -> LoadParams:
+    def parse(self, body: Any, own: tuple[str, int] | None = None) -> LoadParams:
+        """``body`` as LoadParams of this app's kind; BadRequest naming what is wrong. ``own``: the address this
+        app listens on (an IP and a port), which net_target must not name."""
         if not isinstance(body, dict):
             raise BadRequest("body must be a JSON object")
         extra = sorted(set(body) - KIND_FIELDS[self.kind])
@@ -117,7 +128,27 @@ class BlockerService:
                 self.net_allow.check_url(params.net_target)
             except EgressError as exc:
                 raise BadRequest(str(exc)) from None
+            if own is not None and self.net_allow.is_self(params.net_target, *own):
+                raise BadRequest(f"net_target {params.net_target} is this blocker itself (listening on {own[0]} port "
+                                 f"{own[1]}); stream to another blocker's /sink")
+        if params.disk_read_mbps or params.disk_write_mbps:
+            self._check_free(params)
         return params
+
+    def _check_free(self, p: LoadParams) -> None:
+        """BadRequest when the scratch files would not fit beside DISK_FREE_MARGIN of free space: the read file is
+        written unpaced, and a full disk fails every writer on the node, not only this load."""
+        files = bool(p.disk_read_mbps) + bool(p.disk_write_mbps)
+        try:
+            usage = shutil.disk_usage(self.scratch_dir)
+        except OSError:
+            return  # no such directory: start() says so
+        margin = int(usage.total * DISK_FREE_MARGIN)
+        if files * p.disk_file_mib * 2**20 > usage.free - margin:
+            raise BadRequest(f"disk_file_mib={p.disk_file_mib} needs {files * p.disk_file_mib} MiB for {files} scratch "
+                             f"file(s) in {self.scratch_dir}, which has {usage.free // 2**20} MiB free of which "
+                             f"{margin // 2**20} MiB ({DISK_FREE_MARGIN:.0%} of the filesystem) stay free; ask for a "
+                             "smaller disk_file_mib")
 
     def _build(self, p: LoadParams) -> dict[str, Load]:
         loads: dict[str, Load] = {}
@@ -132,8 +163,8 @@ class BlockerService:
             loads["network"] = NetworkLoad(p.net_mbps, p.net_target, p.duration_s, self.net_allow)
         return loads
 
-    def start(self, body: Any) -> dict[str, Any]:
-        params = self.parse(body)
+    def start(self, body: Any, own: tuple[str, int] | None = None) -> dict[str, Any]:
+        params = self.parse(body, own)
         with self._lock:
             if self._run is not None:
                 raise BadRequest("a load is already running; POST /stop first", status=409)
@@ -155,7 +186,7 @@ class BlockerService:
 
     def _watch(self, run: _Run) -> None:
         if not run.stopped.wait(max(0.0, run.deadline - time.monotonic())):
-            self._finish(run, "duration elapsed")
+            self._finish(run, COMPLETED)
 
     def _finish(self, run: _Run, reason: str) -> None:
         with self._lock:
@@ -164,6 +195,8 @@ class BlockerService:
             run.stopped.set()
             for load in run.loads.values():
                 load.stop()
+            if reason == COMPLETED and any(load.stats().get("error") for load in run.loads.values()):
+                reason = FAILED  # a thread that died must not read as a load that ran its course
             run.end_reason = reason
             run.ended_at = time.time()
             self._last = self._describe(run)
@@ -217,6 +250,14 @@ def _busy() -> tuple[Response, int]:
     return resp, code
 
 
+def _own_address() -> tuple[str, int] | None:
+    """The address the serving socket is bound to (werkzeug's server puts it in the environ), None if unknown."""
+    try:
+        return str(request.environ["SERVER_NAME"]), int(request.environ["SERVER_PORT"])
+    except (KeyError, ValueError):
+        return None
+
+
 def create_app(service: BlockerService) -> Flask:
     app = Flask(f"joulesched-{service.kind}-blocker")
     app.config["MAX_CONTENT_LENGTH"] = MAX_CONTENT_LENGTH
@@ -235,10 +276,13 @@ def create_app(service: BlockerService) -> Flask:
 
     @app.post("/start")
     def start():
-        body = request.get_json(silent=True)
+        try:
+            body = request.get_json(silent=True)
+        except RecursionError:  # silent covers ValueError only; '[' * 60000 fits in the body cap
+            raise BadRequest("body must be a JSON object (this one nests too deeply to read)") from None
         if body is None:
             raise BadRequest("body must be JSON (Content-Type: application/json)")
-        return jsonify(service.start(body)), 202
+        return jsonify(service.start(body, _own_address())), 202
 
     @app.post("/stop")
     def stop():
@@ -251,7 +295,7 @@ def create_app(service: BlockerService) -> Flask:
             try:
                 q = StreamParams.model_validate(request.args.to_dict())
             except ValidationError as exc:
-                raise BadRequest(validation_message(exc)) from None
+                raise BadRequest(validation_summary(exc, root="query")) from None
             if not service.stream_slots.acquire(blocking=False):
                 return _busy()
             released = []

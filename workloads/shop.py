@@ -15,12 +15,17 @@ Split, the services call each other over HTTP (``--catalogue-url``, ``--cart-url
 load realistic: one user request fans out into several. ``--part all`` serves the three in one process with
 in-process calls, for a light single-port setup. Each call opens its own SQLite connection, since sqlite3
 connections do not cross threads.
+
+Ids are SQLite integers (at most 2**63 - 1; a bigger one is no product or order, 404/400) and cart ids are what
+``POST /api/carts`` hands out (32 hex digits; anything else is no cart, 404, and never reaches a neighbour).
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import tempfile
+import threading
 import uuid
 from contextlib import closing
 from pathlib import Path
@@ -39,6 +44,10 @@ MAX_QUANTITY = 100
 UPSTREAM_TIMEOUT_S = 5.0
 #: Request bodies are a cart line or an order: small JSON.
 MAX_CONTENT_LENGTH = 64 << 10
+#: The largest id SQLite stores (a signed 64-bit INTEGER); a bigger one would be an OverflowError, not a 404.
+MAX_ID = 2**63 - 1
+#: A cart id as Carts.create makes it (uuid4().hex).
+CART_ID = re.compile(r"[0-9a-f]{32}")
 
 SCHEMAS = {
     "catalogue": "CREATE TABLE IF NOT EXISTS products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
@@ -61,7 +70,7 @@ class ShopError(JouleschedError):
 
 class Line(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    product_id: int = Field(ge=1)
+    product_id: int = Field(ge=1, le=MAX_ID)
     quantity: int = Field(ge=1, le=MAX_QUANTITY)
 
 
@@ -73,6 +82,13 @@ class Reserve(BaseModel):
 class PlaceOrder(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     cart_id: str = Field(min_length=1, max_length=64)
+
+
+def check_cart_id(cid: str) -> str:
+    """``cid`` if it has the form of the ids this shop makes, else ShopError 404: no such cart can exist."""
+    if CART_ID.fullmatch(cid) is None:
+        raise ShopError(f"no cart {cid!r} (cart ids are 32 hex digits, as POST /api/carts gives them)", 404)
+    return cid
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -152,6 +168,7 @@ class Carts:
         return cid
 
     def _exists(self, db: sqlite3.Connection, cid: str) -> None:
+        check_cart_id(cid)
         if db.execute("SELECT 1 FROM carts WHERE id = ?", (cid,)).fetchone() is None:
             raise ShopError(f"no cart {cid}", 404)
 
@@ -188,8 +205,25 @@ class Orders:
         self.path = path
         self.carts = carts
         self.catalogue = catalogue
+        self._lock = threading.Lock()
+        self._placing: set[str] = set()
 
     def place(self, cid: str) -> dict:
+        """Order what cart ``cid`` holds and empty it. One order per cart at a time, the others 409: reading the
+        cart, reserving stock and emptying the cart span services and cannot be one transaction, so two orders at
+        once would both read the cart and both take its stock. The claim is this process's (one orders service)."""
+        check_cart_id(cid)  # before it goes into a neighbour's URL
+        with self._lock:
+            if cid in self._placing:
+                raise ShopError(f"an order for cart {cid} is already being placed", 409)
+            self._placing.add(cid)
+        try:
+            return self._place(cid)
+        finally:
+            with self._lock:
+                self._placing.discard(cid)
+
+    def _place(self, cid: str) -> dict:
         content = self.carts.get(cid)
         if not content["items"]:
             raise ShopError("cart is empty")
@@ -214,7 +248,8 @@ class Orders:
 
 
 class _HTTP:
-    """A neighbour service over HTTP; its 4xx come back as the same ShopError, anything else as 502."""
+    """A neighbour service over HTTP; its 4xx come back as the same ShopError, anything else (another status, a
+    reply that is not the shop's JSON, such as a proxy's or a wrong URL's HTML page) as 502."""
 
     def __init__(self, base_url: str):
         self.base = base_url.rstrip("/")
@@ -225,11 +260,21 @@ class _HTTP:
             r = self.session.request(method, self.base + path, timeout=UPSTREAM_TIMEOUT_S, **kw)
         except requests.RequestException as e:
             raise ShopError(f"upstream {self.base} unreachable: {e.__class__.__name__}", 502) from None
-        if 400 <= r.status_code < 500:
-            raise ShopError(r.json().get("error", r.text) if r.content else r.reason, r.status_code)
-        if r.status_code >= 300:
+        client_error = 400 <= r.status_code < 500
+        if r.status_code >= 300 and not client_error:
             raise ShopError(f"upstream {self.base}{path} answered {r.status_code}", 502)
-        return r.json() if r.content else None
+        try:
+            body = r.json() if r.content else None
+        except ValueError:
+            raise ShopError(f"upstream {self.base}{path} answered {r.status_code} with a body that is not JSON",
+                            502) from None
+        if not client_error:
+            return body
+        if body is None:
+            raise ShopError(r.reason, r.status_code)
+        if not isinstance(body, dict) or not isinstance(body.get("error"), str):
+            raise ShopError(f"upstream {self.base}{path} answered {r.status_code} without the shop's error", 502)
+        raise ShopError(body["error"], r.status_code)
 
 
 class CatalogueHTTP(_HTTP):
@@ -254,7 +299,10 @@ class CartHTTP(_HTTP):
 
 # ---- HTTP front ----------------------------------------------------------------------------------------------
 def _body(model: type[BaseModel]) -> Any:
-    data = request.get_json(silent=True)
+    try:
+        data = request.get_json(silent=True)
+    except RecursionError:  # silent covers ValueError only; '[' * 60000 fits in the body cap
+        data = None
     if not isinstance(data, dict):
         raise ShopError("body must be a JSON object")
     try:
@@ -266,7 +314,7 @@ def _body(model: type[BaseModel]) -> Any:
 def catalogue_routes(cat: Catalogue) -> Blueprint:
     bp = Blueprint("catalogue", __name__)
     bp.add_url_rule("/api/products", "list", lambda: jsonify(cat.products()))
-    bp.add_url_rule("/api/products/<int:pid>", "get", lambda pid: jsonify(cat.product(pid)))
+    bp.add_url_rule(f"/api/products/<int(max={MAX_ID}):pid>", "get", lambda pid: jsonify(cat.product(pid)))
 
     @bp.post("/api/products/reserve")
     def reserve():
@@ -297,7 +345,7 @@ def orders_routes(orders: Orders) -> Blueprint:
     bp = Blueprint("orders", __name__)
     bp.add_url_rule("/api/orders", "place", lambda: (jsonify(orders.place(_body(PlaceOrder).cart_id)), 201),
                     methods=["POST"])
-    bp.add_url_rule("/api/orders/<int:oid>", "get", lambda oid: jsonify(orders.get(oid)))
+    bp.add_url_rule(f"/api/orders/<int(max={MAX_ID}):oid>", "get", lambda oid: jsonify(orders.get(oid)))
     return bp
 
 

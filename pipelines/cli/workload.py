@@ -135,7 +135,7 @@ def _check_workdir(workdir: Path | None) -> None:
 
 
 def _check_target(url: str, option: str = "--target") -> None:
-    from joulesched.workloads.load.results import check_url
+    from joulesched.core.net import check_http_url as check_url
 
     try:
         check_url(url, option)
@@ -265,7 +265,7 @@ def blocker(
 
 
 #: The blocker app's end_reason of a load that ran its whole --duration (workloads/service.py); the others,
-#: "stopped by request" and "server shutting down", cut it short.
+#: "stopped by request", "server shutting down" and "a load failed" (a worker died of an error), cut it short.
 BLOCKER_COMPLETED = "duration elapsed"
 
 
@@ -284,15 +284,19 @@ def manifest(
     image: Annotated[Optional[str], typer.Option(help="Container image (default joulesched/<app>:latest).")] = None,
     namespace: Annotated[str, typer.Option(help="Namespace of both objects.")] = "default",
     replicas: Annotated[int, typer.Option(min=0, max=1000)] = 1,
-    cpu_request: Annotated[str, typer.Option(help="resources.requests.cpu")] = "",
-    memory_request: Annotated[str, typer.Option(help="resources.requests.memory")] = "",
+    cpu_request: Annotated[str, typer.Option(help="resources.requests.cpu (default: the app's own)")] = "",
+    memory_request: Annotated[str, typer.Option(help="resources.requests.memory (default: the app's own)")] = "",
+    cpu_limit: Annotated[str, typer.Option(help="resources.limits.cpu (default: the app's own)")] = "",
+    memory_limit: Annotated[str, typer.Option(help="resources.limits.memory (default: the app's own)")] = "",
 ) -> None:
     """Print the app's Kubernetes Deployment and Service as YAML."""
     from joulesched.workloads.manifests import render_yaml
 
     try:
         typer.echo(render_yaml(app.value, scheduler_name=scheduler_name, image=image, namespace=namespace,
-                               replicas=replicas, cpu_request=cpu_request or None, memory_request=memory_request or None), nl=False)
+                               replicas=replicas, cpu_request=cpu_request or None,
+                               memory_request=memory_request or None, cpu_limit=cpu_limit or None,
+                               memory_limit=memory_limit or None), nl=False)
     except ValueError as exc:
         _fail(str(exc))
 

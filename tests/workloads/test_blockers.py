@@ -153,9 +153,10 @@ def test_stream_endpoint_is_paced(serve):
 
 def test_combined_runs_every_load_together(serve, tmp_path):
     app = serve("combined", "--scratch-dir", str(tmp_path))
+    sink = serve("network")  # not the app's own /sink: a blocker refuses to stream to itself
     before = rss(app.pid)
     st = _start(app, {"duration_s": 2.5, "cpu_m": 1000, "memory_mib": 64, "disk_write_mbps": 5,
-                      "net_mbps": 8, "net_target": app.url + "/sink"})
+                      "net_mbps": 8, "net_target": sink.url + "/sink"})
     assert set(st["run"]["loads"]) == {"cpu", "memory", "disk", "network"}
     time.sleep(0.4)
     running = _runnable()
@@ -189,6 +190,9 @@ BAD = [
     ("disk", {"duration_s": 5, "disk_write_mbps": 10**9}, "disk_write_mbps"),
     ("network", {"duration_s": 5, "net_mbps": 10}, "net_target"),
     ("network", {"duration_s": 5, "net_mbps": 10, "net_target": "file:///etc/passwd"}, "http"),
+    ("network", {"duration_s": 5, "net_mbps": 10, "net_target": "http://127.0.0.1:99999/sink"}, "1..65535"),
+    ("network", {"duration_s": 5, "net_mbps": 1e-300, "net_target": "http://127.0.0.1:9/sink"}, "too slow"),
+    ("disk", {"duration_s": 5, "disk_read_mbps": 1e-300}, "too slow"),
     ("combined", {"duration_s": 5, "cpu_m": 100, "bogus": 1}, "bogus"),
 ]
 

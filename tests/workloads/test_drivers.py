@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -139,8 +140,72 @@ def test_plan_is_parameterised_and_finite():
     ["workload", "serve", "cpu", "--listen", "127.0.0.1"],
     ["workload", "serve", "cpu", "--listen", "127.0.0.1:99999"],
     ["workload", "serve", "gpu"],
+    ["workload", "manifest", "cpu", "--scheduler-name", "Bad_Name"],
+    ["workload", "manifest", "cpu", "--cpu-request", "0"],
+    ["workload", "manifest", "cpu", "--memory-request", "0Mi"],
+    ["workload", "manifest", "memory", "--memory-request", "8Gi", "--memory-limit", "1Gi"],
 ])
 def test_cli_bad_input_exits_2(args):
     cp = subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2, (args, cp.stdout, cp.stderr)
     assert cp.stderr.strip(), args
+
+
+JTL_HEAD = "timeStamp,elapsed,label,responseCode,success,bytes,Latency\n"
+
+
+@pytest.mark.parametrize("rows,where", [
+    ("1000,5,GET,200,true,10,5\n1003,7,GE", "line 3: no success field"),  # the last line cut short
+    ("1000,5,GET,200,true,10,5\n1003\n", "line 3: no elapsed field"),
+    ("1000,x,GET,200,true,10,5\n", "line 2: elapsed 'x' is not a number"),
+    ("2024/01/01 10:00:00,5,GET,200,true,10,5\n", "line 2: timeStamp '2024/01/01 10:00:00' is not a number"),
+    (",5,GET,200,true,10,5\n", "line 2: timeStamp '' is not a number"),  # used to be skipped silently
+    ("1000,nan,GET,200,true,10,5\n", "line 2: elapsed 'nan' is not a finite number"),
+    ("1000,inf,GET,200,true,10,5\n", "line 2: elapsed 'inf' is not a finite number"),
+    ("1000,-3,GET,200,true,10,5\n", "line 2: elapsed '-3' is not a finite number of milliseconds >= 0"),
+    ("-1000,3,GET,200,true,10,5\n", "line 2: timeStamp '-1000' is not a finite number"),
+    ("1000,5,GET,200,yes,10,5\n", "line 2: success 'yes' is neither true nor false"),  # used to count as a failure
+    ('1000,5,GET,200,true,10,5\n1001,5,"GET,200,true,10,5\n', "line 3: not readable as CSV"),  # a quote left open
+    (b"1000,5,GET,200,true,10,5\n1001,5,G\xe9T,200,true,10,5\n", "line 3: not UTF-8 text"),
+])
+def test_jtl_parser_names_the_file_line_and_field_of_a_bad_row(tmp_path, rows, where):
+    f = tmp_path / "r.jtl"
+    f.write_bytes(JTL_HEAD.encode() + (rows if isinstance(rows, bytes) else rows.encode()))
+    with pytest.raises(DriverError, match=f"^{re.escape(f'{f} {where}')}"):
+        read_csv_samples(f, "timeStamp", "elapsed", "success")
+
+
+def test_jtl_parser_takes_blank_lines_any_case_and_extra_columns(tmp_path):
+    f = tmp_path / "r.jtl"
+    f.write_text(JTL_HEAD + "1000,5,GET,200,TRUE,10,5\n\n1001,6,GET,500,False,10,6,extra\n")
+    assert read_csv_samples(f, "timeStamp", "elapsed", "success") == [Sample(1000, 5, True), Sample(1001, 6, False)]
+
+
+# A stand-in for JMeter that writes its -l file as JMeter does: appending, with a header only to a new file.
+FAKE_JMETER = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in -l) jtl="$2"; shift;; -j) log="$2"; shift;; esac
+  shift
+done
+[ -f "$log" ] && exit 7
+[ -f "$jtl" ] || echo "timeStamp,elapsed,success" > "$jtl"
+echo "2000,5,true" >> "$jtl"
+echo "this run" > "$log"
+"""
+
+
+def test_a_reused_workdir_does_not_mix_in_the_previous_runs_samples(tmp_path):
+    fake = tmp_path / "jmeter"
+    fake.write_text(FAKE_JMETER)
+    fake.chmod(0o755)
+    wd = tmp_path / "work"
+    wd.mkdir()
+    (wd / "results.jtl").write_text("timeStamp,elapsed,success\n" + "1000,900,false\n" * 5)  # the last run's
+    (wd / "jmeter.log").write_text("last run\n")
+    res = jm.run("http://127.0.0.1:9/", jmeter_bin=str(fake), launcher="jmeter", duration_s=1, workdir=wd)
+    assert res.requests == 1 and res.errors == 0
+    assert (wd / "jmeter.log").read_text() == "this run\n"
+    (wd / "results.jtl").unlink()
+    (wd / "results.jtl").mkdir()  # cannot be removed: said so, not a traceback
+    with pytest.raises(DriverError, match="cannot remove the previous run's .*results.jtl"):
+        jm.run("http://127.0.0.1:9/", jmeter_bin=str(fake), launcher="jmeter", duration_s=1, workdir=wd)

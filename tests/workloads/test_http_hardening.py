@@ -77,7 +77,7 @@ def test_metadata_stays_refused_even_when_its_network_is_allowed(tmp_path):
     try:
         r = app.post("/start", json={"duration_s": 5, "net_mbps": 10, "net_target": "http://169.254.169.254/"})
         assert r.status_code == 400 and "metadata" in r.json()["error"]
-        ok = app.post("/start", json={"duration_s": 1, "net_mbps": 1, "net_target": app.url + "/sink"})
+        ok = app.post("/start", json={"duration_s": 1, "net_mbps": 1, "net_target": "http://127.0.0.1:9/sink"})
         assert ok.status_code == 202, ok.text
     finally:
         assert stop_app(app) == []
@@ -119,6 +119,15 @@ def test_a_pattern_that_is_no_host_name_is_refused(bad):
     assert allow.check_url("http://my_sink:8080/sink") == "my_sink"  # a Docker Compose service name
 
 
+def test_a_net_target_that_is_the_blocker_itself_is_refused(apps):
+    app = apps["network"]
+    port = _port(app)
+    for target in (app.url + "/sink", f"http://localhost:{port}/start", f"http://[::ffff:127.0.0.1]:{port}/sink"):
+        r = app.post("/start", json={"duration_s": 5, "net_mbps": 10, "net_target": target})
+        assert r.status_code == 400 and "is this blocker itself" in r.json()["error"], (target, r.text)
+    assert app.get("/status").json()["state"] == "idle"
+
+
 # ----------------------------------------------------------------------------------------------- bodies
 def test_bodies_over_max_content_length_are_413(apps):
     big = b"x" * (MAX_CONTENT_LENGTH + 1)
@@ -129,6 +138,14 @@ def test_bodies_over_max_content_length_are_413(apps):
     code, _ = send(_port(apps["cpu"]), Req("POST", "/start", (("Content-Type", "application/json"),), b"",
                                            str(10 * MAX_CONTENT_LENGTH)).to_bytes(), deadline_s=3)
     assert code == 413
+
+
+@pytest.mark.parametrize("kind,path", [("cpu", "/start"), ("combined", "/start"), ("shop", "/api/orders"),
+                                       ("shop", "/api/carts/x/items"), ("shop", "/api/products/reserve")])
+def test_deeply_nested_json_is_400(apps, kind, path):
+    for body in ("[" * 60000, '{"a":' * 12000):  # under the 64 KiB cap, far over the parser's recursion limit
+        r = http.post(apps[kind].url + path, data=body, headers={"Content-Type": "application/json"}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"].startswith("body must be a JSON object"), (path, r.text)
 
 
 @pytest.mark.parametrize("length", ["-1", "abc", "1e3"])
@@ -147,6 +164,13 @@ def test_every_app_sets_max_content_length(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- streams
+@pytest.mark.parametrize("query", ["mbps=0.000001&seconds=1", "mbps=1e-300&seconds=1", "mbps=1e-300&seconds=3600"])
+def test_a_stream_too_slow_for_one_chunk_is_400_at_once(apps, query):
+    # 0.000001 Mbit/s used to hold a stream slot for hours before its first chunk; 1e-300 was a 500.
+    r = http.get(apps["network"].url + "/stream?" + query, timeout=5)
+    assert r.status_code == 400 and "too slow to move one 1024-byte transfer" in r.json()["error"], r.text
+
+
 def test_stream_and_sink_are_bounded(apps):
     app = apps["network"]
     streams = [http.get(app.url + "/stream?mbps=1&seconds=60", stream=True, timeout=10) for _ in range(MAX_STREAMS)]
@@ -185,35 +209,68 @@ def test_idle_connections_cannot_exhaust_threads(apps):
 # ----------------------------------------------------------------------------------------------- shop
 class _Recorder(BaseHTTPRequestHandler):
     paths: list[str] = []
+    reply = (404, "application/json", json.dumps({"error": "no such cart"}).encode())
 
     def log_message(self, *a) -> None:
         pass
 
     def do_GET(self) -> None:
         self.paths.append(self.path)
-        data = json.dumps({"error": "no such cart"}).encode()
-        self.send_response(404)
-        self.send_header("Content-Type", "application/json")
+        code, kind, data = self.reply
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
 
-def test_shop_quotes_the_cart_id_in_upstream_urls(tmp_path):
-    from joulesched.workloads.shop import create_app
-
+@pytest.fixture
+def upstream():
+    """A stand-in for the cart and catalogue services that records the paths asked for."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
+    _Recorder.paths = []
     try:
-        up = f"http://127.0.0.1:{srv.server_address[1]}"
-        orders = create_app(tmp_path / "o.db", "orders", catalogue_url=up, cart_url=up).test_client()
-        r = orders.post("/api/orders", json={"cart_id": "a/../../api/products/reserve?x=1#y"})
-        assert r.status_code == 404
-        assert _Recorder.paths == ["/api/carts/a%2F..%2F..%2Fapi%2Fproducts%2Freserve%3Fx%3D1%23y"]
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_shop_quotes_the_cart_id_in_upstream_urls(upstream):
+    from joulesched.workloads.shop import CartHTTP, ShopError
+
+    with pytest.raises(ShopError, match="no such cart") as err:
+        CartHTTP(upstream).get("a/../../api/products/reserve?x=1#y")
+    assert err.value.status == 404
+    assert _Recorder.paths == ["/api/carts/a%2F..%2F..%2Fapi%2Fproducts%2Freserve%3Fx%3D1%23y"]
+
+
+@pytest.mark.parametrize("cart_id", [".", "..", "a/../../api/products/reserve?x=1#y", "nope", "A" * 32])
+def test_orders_refuse_a_cart_id_the_shop_never_made_without_asking_upstream(tmp_path, upstream, cart_id):
+    from joulesched.workloads.shop import create_app
+
+    orders = create_app(tmp_path / "o.db", "orders", catalogue_url=upstream, cart_url=upstream).test_client()
+    r = orders.post("/api/orders", json={"cart_id": cart_id})
+    assert r.status_code == 404 and "cart ids are 32 hex digits" in r.json["error"], r.json
+    assert _Recorder.paths == []
+
+
+@pytest.mark.parametrize("reply,code", [
+    ((404, "text/html", b"<!doctype html><title>404 Not Found</title>"), 502),  # a wrong URL, a proxy's page
+    ((400, "application/json", b"[1, 2]"), 502),
+    ((200, "text/html", b"<html>hello</html>"), 502),
+    ((404, "application/json", b'{"error": "no cart 0123"}'), 404),  # the shop's own 404 passes through
+])
+def test_an_upstream_reply_that_is_not_the_shops_json_is_a_502(tmp_path, upstream, monkeypatch, reply, code):
+    from joulesched.workloads.shop import create_app
+
+    monkeypatch.setattr(_Recorder, "reply", reply)
+    orders = create_app(tmp_path / "o.db", "orders", catalogue_url=upstream, cart_url=upstream).test_client()
+    r = orders.post("/api/orders", json={"cart_id": "0123456789abcdef" * 2})
+    assert r.status_code == code and r.json["error"], (r.status_code, r.data[:200])
+    assert _Recorder.paths == ["/api/carts/" + "0123456789abcdef" * 2]
 
 
 # ----------------------------------------------------------------------------------------------- fuzzing

@@ -99,3 +99,16 @@ def test_a_failed_locust_run_removes_its_work_folder(tmp_path, own_tmp):
     with pytest.raises(DriverError, match="without results"):
         lc.run("http://127.0.0.1:9/", users=1, duration_s=1, locustfile=broken)
     assert list(own_tmp.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_reused_locust_workdir_does_not_report_the_previous_runs_samples(tmp_path):
+    if importlib.util.find_spec("locust") is None:
+        pytest.skip("locust not installed (pip install 'joulesched[load]')")
+    quits = tmp_path / "locustfile.py"
+    quits.write_text("import sys\nsys.exit(1)\n")  # exit 1, as Locust does after failed requests, and no samples
+    wd = tmp_path / "work"
+    wd.mkdir()
+    (wd / "samples.csv").write_text("start_ms,elapsed_ms,ok\n" + "1000,5,true\n" * 50)  # the last run's
+    with pytest.raises(DriverError, match="without results"):
+        lc.run("http://127.0.0.1:9/", users=1, duration_s=1, locustfile=quits, workdir=wd)

@@ -65,3 +65,61 @@ def test_orders_report_an_unreachable_catalogue_as_502(serve, tmp_path):
     cid = cart.post("/api/carts").json()["cart_id"]
     r = cart.post(f"/api/carts/{cid}/items", json={"product_id": 1, "quantity": 1})
     assert r.status_code == 502 and "unreachable" in r.json()["error"]
+
+
+@pytest.fixture
+def shop_client(tmp_path):
+    from joulesched.workloads.shop import create_app
+
+    return create_app(tmp_path / "shop.db").test_client()
+
+
+def test_ids_beyond_sqlite_integers_are_404_or_400_not_500(shop_client):
+    huge = "99999999999999999999999"
+    assert shop_client.get(f"/api/products/{huge}").status_code == 404
+    assert shop_client.get(f"/api/products/{2**63}").status_code == 404
+    assert shop_client.get(f"/api/products/{2**63 - 1}").json["error"] == f"no product {2**63 - 1}"
+    assert shop_client.get(f"/api/orders/{huge}").status_code == 404
+    cid = shop_client.post("/api/carts").json["cart_id"]
+    for path, body in ((f"/api/carts/{cid}/items", {"product_id": int(huge), "quantity": 1}),
+                       ("/api/products/reserve", {"lines": [{"product_id": 2**63, "quantity": 1}]})):
+        r = shop_client.post(path, json=body)
+        assert r.status_code == 400 and "product_id" in r.json["error"], (path, r.json)
+
+
+def test_concurrent_orders_on_one_cart_place_one_order(shop_client, monkeypatch):
+    """The second order of a cart while the first is between reading the cart and emptying it is a 409: both
+    would otherwise read the same items and take their stock twice."""
+    import threading
+
+    from joulesched.workloads import shop
+
+    cid = shop_client.post("/api/carts").json["cart_id"]
+    shop_client.post(f"/api/carts/{cid}/items", json={"product_id": 3, "quantity": 2})
+    stock = shop_client.get("/api/products/3").json["stock"]
+    entered, release = threading.Event(), threading.Event()
+    reserve = shop.Catalogue.reserve
+
+    def slow_reserve(self, lines):  # hold the first order inside its critical steps
+        entered.set()
+        release.wait(10)
+        return reserve(self, lines)
+
+    monkeypatch.setattr(shop.Catalogue, "reserve", slow_reserve)
+    codes = {}
+
+    def order(name):
+        codes[name] = shop_client.application.test_client().post("/api/orders", json={"cart_id": cid}).status_code
+
+    first = threading.Thread(target=order, args=("first",))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=order, args=("second",))
+    second.start()
+    second.join(2)  # a 409 comes at once; without the claim the second order would wait in reserve too
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert codes == {"first": 201, "second": 409}
+    assert shop_client.get("/api/products/3").json["stock"] == stock - 2
+    assert shop_client.post("/api/orders", json={"cart_id": cid}).status_code == 400  # ordered: the cart is empty

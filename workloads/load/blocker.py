@@ -8,6 +8,7 @@ from typing import Any
 import requests
 
 from joulesched.workloads.load.results import DriverError
+from joulesched.workloads.params import KINDS
 
 TIMEOUT_S = 10.0
 
@@ -19,23 +20,35 @@ def _call(method: str, url: str, **kw: Any) -> dict[str, Any]:
         raise DriverError(f"cannot reach {url}: {exc}") from None
     try:
         body = r.json()
-    except ValueError:
-        body = {"error": r.text[:200]}
+    except ValueError:  # a blocker answers JSON, errors too: this is another app (its HTML page), or a proxy's
+        kind = r.headers.get("Content-Type") or "no Content-Type"
+        raise DriverError(f"{url} does not look like a blocker app: it answered {r.status_code} ({kind}), not JSON")
     if r.status_code >= 400:
-        raise DriverError(f"{url} answered {r.status_code}: {body.get('error', body)}")
+        reason = body.get("error", body) if isinstance(body, dict) else body
+        raise DriverError(f"{url} answered {r.status_code}: {reason}")
+    return body
+
+
+def _status(target: str, body: Any) -> dict[str, Any]:
+    """``body`` if it has the shape of a blocker's status; else DriverError: some other app answered (a wrong
+    port, the shop, a proxy), and reading its reply as a status would fail later with a KeyError."""
+    if not (isinstance(body, dict) and body.get("kind") in KINDS and body.get("state") in ("idle", "running")):
+        shown = repr(body)
+        raise DriverError(f"{target} does not look like a blocker app (it answered {shown[:120]}"
+                          f"{'...' if len(shown) > 120 else ''}, not a blocker status with kind and state)")
     return body
 
 
 def start(target: str, params: dict[str, Any]) -> dict[str, Any]:
-    return _call("POST", target.rstrip("/") + "/start", json=params)
+    return _status(target, _call("POST", target.rstrip("/") + "/start", json=params))
 
 
 def stop(target: str) -> dict[str, Any]:
-    return _call("POST", target.rstrip("/") + "/stop")
+    return _status(target, _call("POST", target.rstrip("/") + "/stop"))
 
 
 def status(target: str) -> dict[str, Any]:
-    return _call("GET", target.rstrip("/") + "/status")
+    return _status(target, _call("GET", target.rstrip("/") + "/status"))
 
 
 def wait_idle(target: str, timeout_s: float, poll_s: float = 0.5) -> dict[str, Any]:

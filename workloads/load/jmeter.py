@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, summarise
+from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, remove_stale, summarise
 
 HERE = Path(__file__).resolve().parent.parent / "jmeter"
 DEFAULT_PLAN = HERE / "test-app.jmx"
@@ -138,6 +138,7 @@ def _log_tail(log: Path, lines: int = 5) -> str:
 def _run(argv: list[str], plan: Path, props: dict[str, str], wd: Path, target: str, limit_s: float,
          own_dir: bool) -> LoadResult:
     jtl, log = wd / "results.jtl", wd / "jmeter.log"
+    remove_stale(jtl, log)  # JMeter appends to an existing results.jtl: a reused --workdir would mix two runs
     argv = argv + ["-n", "-t", str(plan), "-l", str(jtl), "-j", str(log)]
     argv += [f"-J{k}={v}" for k, v in (props | RESULT_PROPS).items()]
     # The log of a folder about to be removed goes into the message; a kept folder is named instead.

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, summarise
+from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, remove_stale, summarise
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locust" / "locustfile.py"
 STARTUP_GRACE_S = 60.0
@@ -56,6 +56,7 @@ def run(
 def _run(wd: Path, target: str, host: str, path: str, users: int, spawn_rate: float, duration_s: int,
          locustfile: Path) -> LoadResult:
     samples = wd / "samples.csv"
+    remove_stale(samples)  # a Locust that fails before the locustfile opens it would leave the last run's to read
     argv = [
         sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--host", host,
         "-u", str(users), "-r", str(spawn_rate), "-t", f"{duration_s}s",

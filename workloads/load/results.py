@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import csv
+import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
-from urllib.parse import urlsplit
 
 import numpy as np
 from pydantic import BaseModel
@@ -18,18 +19,15 @@ class DriverError(JouleschedError, RuntimeError):
     """A load driver could not run or produced no results; the message says what to fix."""
 
 
-def check_url(url: str, option: str = "--target") -> str:
-    """`url` if it is http(s) with a host, else ValueError with a one-line reason naming `option`."""
-    u = urlsplit(url)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"{option} {url!r}: expected http(s)://HOST[:PORT][/PATH]")
-    try:
-        port = u.port  # urllib raises on a port out of range, or one that is no number, only when asked
-    except ValueError:
-        port = 0
-    if port == 0:
-        raise ValueError(f"{option} {url!r}: the port must be a number in 1..65535")
-    return url
+def remove_stale(*paths: Path) -> None:
+    """Remove a previous run's outputs before a run, so that a reused --workdir cannot mix them into this one's
+    (JMeter appends to an existing results file; a tool that fails early would leave the old file to be read).
+    DriverError when one cannot be removed."""
+    for p in paths:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as exc:  # a directory of that name, a read-only folder
+            raise DriverError(f"cannot remove the previous run's {p}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True)
@@ -98,17 +96,64 @@ def summarise(samples: Iterable[Sample], tool: str, target: str, wall_s: float =
 
 
 def read_csv_samples(path: Path, start: str, elapsed: str, ok: str) -> list[Sample]:
-    """Samples from a CSV with a header row, naming the start, elapsed and success columns."""
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = {start, elapsed, ok} - set(reader.fieldnames or [])
+    """Samples from a CSV with a header row, naming the start, elapsed and success columns.
+
+    Every row must be whole in those columns: start and elapsed in milliseconds (finite and not negative; start
+    since the epoch, as JMeter's timestamp_format=ms writes it) and success ``true`` or ``false``. Anything else (a
+    row cut short by a killed tool, a date for a timestamp, a quote left open, bytes that are not UTF-8) is a
+    DriverError naming the file, the line and the field, never a traceback or a silently wrong number: a file cut
+    off mid-row is a run to repeat, not one to summarise. Blank lines are skipped.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise DriverError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DriverError(f"{path} line {line}: not UTF-8 text (byte {data[exc.start]:#04x})") from None
+    # strict: a quote left open is an error at the end of the file, not the rest of the file read as one field.
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    samples = []
+    try:
+        header = next(reader, None) or []
+        missing = {start, elapsed, ok} - set(header)
         if missing:
-            raise DriverError(f"{path} lacks column(s) {', '.join(sorted(missing))}; header: {reader.fieldnames}")
-        return [
-            Sample(float(r[start]), float(r[elapsed]), r[ok].strip().lower() == "true")
-            for r in reader
-            if r.get(start)
-        ]
+            raise DriverError(f"{path} lacks column(s) {', '.join(sorted(missing))}; header: {header or '(none)'}")
+        col = {name: header.index(name) for name in (start, elapsed, ok)}
+        for row in reader:
+            if not row:
+                continue
+            line = reader.line_num
+            cells = {}
+            for name, i in col.items():
+                if i >= len(row):
+                    raise DriverError(f"{path} line {line}: no {name} field (the row has {len(row)} of the header's "
+                                      f"{len(header)}; cut short?)")
+                cells[name] = row[i]
+            samples.append(Sample(_millis(path, line, start, cells[start], " since the epoch"),
+                                  _millis(path, line, elapsed, cells[elapsed]), _success(path, line, ok, cells[ok])))
+    except csv.Error as exc:
+        raise DriverError(f"{path} line {reader.line_num}: not readable as CSV ({exc})") from None
+    return samples
+
+
+def _millis(path: Path, line: int, field: str, text: str, since: str = "") -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise DriverError(f"{path} line {line}: {field} {text!r} is not a number of milliseconds{since}") from None
+    if not math.isfinite(v) or v < 0:
+        raise DriverError(f"{path} line {line}: {field} {text!r} is not a finite number of milliseconds >= 0")
+    return v
+
+
+def _success(path: Path, line: int, field: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise DriverError(f"{path} line {line}: {field} {text!r} is neither true nor false")
+    return value == "true"
 
 
 def format_table(r: LoadResult) -> str:
