@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from joulesched.cluster.kube.objects import NodeInfo
 from joulesched.cluster.nodepower import ASLEEP_TAINT, NodePowerCore
@@ -110,8 +110,9 @@ class NodeGroupSpec(BaseModel):
     id: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
     selector: dict[str, str] = Field(default_factory=dict)
     nodes: list[str] = Field(default_factory=list)
-    min_size: int = Field(0, ge=0, le=MAX_GROUP_SIZE)
-    max_size: int | None = Field(None, ge=0, le=MAX_GROUP_SIZE)
+    # Strict: YAML's `true` or `1.5` is no size (pydantic would take true as 1).
+    min_size: StrictInt = Field(0, ge=0, le=MAX_GROUP_SIZE)
+    max_size: StrictInt | None = Field(None, ge=0, le=MAX_GROUP_SIZE)
     options: GroupOptions = Field(default_factory=GroupOptions)
 
     @model_validator(mode="after")
@@ -133,7 +134,8 @@ class ProviderConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     groups: list[NodeGroupSpec] = Field(min_length=1)
-    price_per_kwh: float = Field(0.30, gt=0, allow_inf_nan=False,
+    # 1e6 per kWh is past any tariff in any currency unit; a larger finite one overflowed prices to inf.
+    price_per_kwh: float = Field(0.30, gt=0, le=1e6, allow_inf_nan=False,
                                  description="Price of one kWh, in the autoscaler's price unit.")
     pricing_utilization: float = Field(0.5, ge=0, le=1, allow_inf_nan=False,
                                        description="CPU utilisation a priced node runs at.")

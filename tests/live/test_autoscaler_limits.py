@@ -37,8 +37,11 @@ GROUP = "groups: [{id: g, nodes: [a]%s}]\n"
     (GROUP % "" + "price_per_kwh: .inf\n", "price_per_kwh"),
     (GROUP % "" + "price_per_kwh: -0.1\n", "price_per_kwh"),
     (GROUP % "" + "pricing_utilization: .nan\n", "pricing_utilization"),
+    (GROUP % ", min_size: true", "groups.0.min_size"),  # pydantic took true as 1
+    (GROUP % ", max_size: 2.5", "groups.0.max_size"),
+    (GROUP % "" + "price_per_kwh: 1e300\n", "price_per_kwh"),  # finite, but prices overflowed to inf
 ], ids=["unneeded-inf", "unready-nan", "provision-1e300", "startup-30d+1s", "min_size-2^40", "max_size-2^31",
-        "price-inf", "price-negative", "utilization-nan"])
+        "price-inf", "price-negative", "utilization-nan", "min_size-bool", "max_size-float", "price-1e300"])
 def test_values_the_protocol_cannot_carry_are_refused_at_load(tmp_path, text, where):
     p = tmp_path / "as.yaml"
     p.write_text(text)
