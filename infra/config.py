@@ -52,6 +52,10 @@ class DictReader:
     """A ConfigReader over a plain dict (the `config:` block of a stack file, keys without the project prefix)."""
 
     def __init__(self, values: dict[str, Any], where: str = "", hints: dict[str, str] | None = None):
+        bad = [k for k in values if not isinstance(k, str)]
+        if bad:  # YAML reads `1:` or `on:` as a number or a boolean: no setting's name
+            raise InfraConfigError([f"{where or 'config'}: {bad[0]!r} is not a setting name (a key YAML reads as "
+                                    f"{type(bad[0]).__name__}; settings are {PROJECT}:NAME)"])
         self._values = {k.split(":", 1)[1] if k.startswith(PROJECT + ":") else k: v for k, v in values.items()}
         #: where the values come from (a stack file the CLI reads), and key -> how a missing required setting is
         #: given there (a CLI option): what an error tells the user instead of `pulumi config set`.
@@ -416,6 +420,18 @@ def _kvm(c: _Collector) -> KvmConfig:
     )
     if k.network != "user":
         c.cidr("subnet", k.subnet)
+        try:
+            net = ipaddress.ip_network(k.subnet, strict=True)
+        except ValueError:
+            net = None  # c.cidr has said why
+        if net is not None and net.version != 4:
+            c.problems.append(f"{PROJECT}:subnet {k.subnet}: IPv4 only (the guests' static addresses and SSH "
+                              "targets are IPv4)")
+        elif net is not None and k.first_host + k.workers > net.num_addresses - 2:
+            # The master and each worker take one host address from firstHost on; the last is the broadcast.
+            c.problems.append(f"{PROJECT}:subnet {k.subnet} has no room for the master and {k.workers} worker(s) "
+                              f"from {PROJECT}:firstHost {k.first_host} (the last host address is "
+                              f"{net[net.num_addresses - 2]})")
     if (k.kernel is None) != (k.initrd is None):
         c.problems.append(f"{PROJECT}:kernel and {PROJECT}:initrd go together (direct kernel boot)")
     return k

@@ -151,6 +151,8 @@ def _run(argv: list[str], what: str, umask: int = -1) -> subprocess.CompletedPro
         raise GuestError(f"{what}: {argv[0]} not found") from None
     except subprocess.CalledProcessError as e:
         raise GuestError(f"{what} failed ({' '.join(argv)}): {e.stderr.strip()[-2000:]}") from None
+    except subprocess.TimeoutExpired:
+        raise GuestError(f"{what}: {argv[0]} ran past 300 s") from None
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -245,7 +247,10 @@ def create_guest(spec: GuestSpec) -> GuestInfo:
         except libvirt.libvirtError:
             pass
         d = guest_dir(spec)
-        private_dir(d, spec.uri)
+        try:
+            private_dir(d, spec.uri)
+        except OSError as e:  # a poolDir under a file, or one this user may not create
+            raise GuestError(f"cannot make {d}: {e.strerror or e} (joulesched:poolDir)") from None
         disk, seed, log = d / "disk.qcow2", d / "seed.img", d / "console.log"
         dom = None
         try:
@@ -256,10 +261,12 @@ def create_guest(spec: GuestSpec) -> GuestInfo:
             dom.create()
             return GuestInfo(spec.name, dom.UUIDString(), str(disk), str(seed), str(log), virt_type,
                              spec.ssh_port)
-        except BaseException:
+        except BaseException as e:
             if dom is not None:
                 _remove_domain(dom)
             shutil.rmtree(d, ignore_errors=True)
+            if isinstance(e, libvirt.libvirtError):  # "cannot allocate memory" and the like: one line
+                raise GuestError(f"{spec.name}: libvirt: {e}") from None
             raise
     finally:
         conn.close()

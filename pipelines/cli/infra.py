@@ -167,15 +167,21 @@ def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt 
                 out.print(f"waiting for {g.hostname} to make the cluster CA (console: {info.console_log}) ...")
                 ca_hash = wait_for_ca_hash(info.console_log, CA_HASH_TIMEOUT_S,
                                            alive=lambda g=g: domain_active(cfg.kvm.uri, g.hostname))
-    except (GuestError, CaHashTimeout) as e:
-        for name in made:  # all or nothing
-            delete_guest(cfg.kvm.uri, name, cfg.kvm.pool_dir)
+    except BaseException as e:  # all or nothing: a libvirt error, a tool's timeout, Ctrl-C in the CA wait
+        for name in made:
+            try:
+                delete_guest(cfg.kvm.uri, name, cfg.kvm.pool_dir)
+            except Exception as undo:  # go on with the others; say which is left
+                err.print(f"[red]error:[/red] could not remove {name}: {undo}; remove it by hand "
+                          f"(joulesched infra kvm down)", soft_wrap=True)
         for d in new_dirs:  # the poolDir (and its parents) this run created, unless something else is in it now
             try:
                 d.rmdir()
             except OSError:
                 break
-        _fail(str(e), 1)
+        if isinstance(e, (GuestError, CaHashTimeout)):
+            _fail(str(e), 1)
+        raise  # Ctrl-C (exit 130) or a bug: the guests made are gone either way
     out.print(table)
     if ca_hash:
         out.print(f"CA pin for joins: {ca_hash}")
@@ -194,10 +200,13 @@ def _missing_dirs(path: Path) -> list[Path]:
 @kvm_app.command("down")
 def kvm_down(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", prefix: PrefixOpt = None) -> None:
     """Remove every guest named <prefix>-master / <prefix>-worker-N, with its disks and seed."""
-    from joulesched.infra.config import DictReader
+    from joulesched.infra.config import DictReader, InfraConfigError
     from joulesched.infra.libvirt_guests import GuestError, delete_guest, list_guests
 
-    r = DictReader(_stack_config(config))
+    try:
+        r = DictReader(_stack_config(config), where=str(config))
+    except InfraConfigError as e:
+        _fail(str(e))
     uri = r.get("libvirtUri") or "qemu:///system"
     pool = r.get("poolDir") or "/var/lib/libvirt/images/joulesched"
     pfx = r.get("namePrefix") or "joulesched" if prefix is None else prefix

@@ -3,6 +3,8 @@ naming the file and exit 2, never a traceback (typer's CliRunner)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -20,11 +22,20 @@ runner = CliRunner()
      "not a readable YAML stack file: key 'joulesched:workers' is given twice (lines 2 and 3)"),
 ])
 def test_a_bad_stack_file_exits_2_naming_it(tmp_path, command, text, message):
+    _bad_stack_file(tmp_path, command, text, f"--config {tmp_path / 'kvm.yaml'}: {message}")
+
+
+@pytest.mark.parametrize("command", [["kvm", "up"], ["kvm", "down"]])
+def test_a_key_yaml_reads_as_a_number_is_named_not_a_traceback(tmp_path, command):
+    _bad_stack_file(tmp_path, command, "config: {1: x}\n", "1 is not a setting name (a key YAML reads as int")
+
+
+def _bad_stack_file(tmp_path, command, text, message):
     cfg = tmp_path / "kvm.yaml"
     cfg.write_text(text)
     r = runner.invoke(app, [*command, "--config", str(cfg)])
     assert r.exit_code == 2, (r.output, r.exception)
-    assert f"--config {cfg}: {message}" in " ".join(r.output.split())
+    assert message in " ".join(r.output.split()), r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
 
 
@@ -37,3 +48,74 @@ def test_a_missing_setting_is_named_with_how_to_give_it_here_not_with_pulumi(tmp
     assert r.exit_code == 2 and "pulumi config set" not in text, text
     assert "sshPublicKey is required: pass --ssh-public-key" in text
     assert f"baseImage is required: set joulesched:baseImage in {cfg}" in text
+
+
+@pytest.mark.parametrize("subnet, first, workers, needle", [
+    ("10.0.0.0/29", 10, 1, "has no room for the master and 1 worker(s) from joulesched:firstHost 10"),  # IndexError
+    ("10.0.0.0/28", 14, 1, "the last host address is 10.0.0.14"),  # the worker got the broadcast .15
+    ("fd00::/120", 10, 1, "IPv4 only"),  # crashed the Pulumi program's SSH targets
+])
+def test_a_subnet_without_room_for_the_guests_is_refused(subnet, first, workers, needle):
+    from joulesched.infra.config import DictReader, InfraConfigError, load
+
+    values = {"target": "kvm", "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBn1 user@example",
+              "baseImage": "/x.qcow2", "network": "default", "subnet": subnet, "firstHost": str(first),
+              "workers": str(workers)}
+    with pytest.raises(InfraConfigError, match=re.escape(needle)):
+        load(DictReader(values))
+    values["firstHost"] = "2"
+    if ":" not in subnet:
+        assert load(DictReader(values)).kvm.first_host == 2  # the same subnet from .2 fits
+
+
+def test_a_failure_or_ctrl_c_after_the_first_guest_removes_every_guest_made(tmp_path, monkeypatch):
+    """Only GuestError and the CA wait's timeout were undone: a libvirt error on a worker, a tool's timeout or
+    Ctrl-C in the 30-minute CA wait left the master running, its seed (the bootstrap token) in the pool."""
+    import joulesched.infra.cloudinit as cloudinit
+    import joulesched.infra.libvirt_guests as guests
+
+    base = tmp_path / "base.qcow2"
+    base.write_bytes(b"")
+    pub = tmp_path / "id.pub"
+    pub.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBn1 user@example\n")
+    cfg = tmp_path / "kvm.yaml"
+    cfg.write_text(f"config: {{joulesched:baseImage: {base}, joulesched:poolDir: {tmp_path / 'pool'}, "
+                   "joulesched:workers: '1', joulesched:libvirtUri: 'test:///default'}\n")
+    made, removed = [], []
+
+    def create(spec):
+        if made:
+            raise guests.GuestError("w: libvirt: cannot allocate memory")
+        made.append(spec.name)
+        return guests.GuestInfo(spec.name, "uuid", "d", "s", "c", "qemu", 0)
+
+    monkeypatch.setattr(guests, "create_guest", create)
+    monkeypatch.setattr(guests, "delete_guest", lambda uri, name, pool: removed.append(name))
+    monkeypatch.setattr(guests, "domain_active", lambda uri, name: True)
+    monkeypatch.setattr(cloudinit, "wait_for_ca_hash", lambda *a, **k: "sha256:" + "ab" * 32)
+    args = ["kvm", "up", "--config", str(cfg), "--ssh-public-key", str(pub)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1 and "cannot allocate memory" in r.output, r.output
+    assert removed == ["joulesched-master"]
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    made.clear()
+    removed.clear()
+    monkeypatch.setattr(cloudinit, "wait_for_ca_hash", interrupted)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 130 and removed == ["joulesched-master"]
+
+
+def test_a_tool_that_runs_past_its_timeout_is_a_guest_error(monkeypatch):
+    import subprocess
+
+    import joulesched.infra.libvirt_guests as guests
+
+    def slow(argv, **kw):
+        raise subprocess.TimeoutExpired(argv, kw.get("timeout"))
+
+    monkeypatch.setattr(subprocess, "run", slow)
+    with pytest.raises(guests.GuestError, match="cloud-localds ran past 300 s"):
+        guests._run(["cloud-localds", "seed.img"], "the seed image")
