@@ -59,6 +59,14 @@ def test_master_makes_its_own_ca_and_prints_only_its_hash(pki):
     assert "containerd" in d["packages"] and "python3-boto3" not in d["packages"]
 
 
+def test_kube_nodes_keep_command_output_and_so_the_token_off_the_serial_console(pki):
+    """`kubeadm init` prints the join command with the bootstrap token; cloud-init's default output tees every
+    command's output to the console, which is the KVM guest's console.log and EC2's GetConsoleOutput."""
+    for name in ("master", "aws-master", "worker"):
+        out = yaml.safe_load(_docs(pki)[name])["output"]
+        assert out == {"all": ">> /var/log/cloud-init-output.log"}, (name, out)  # no "| tee": not the console
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI (the guests' image has it)")
 def test_the_ca_hash_line_prints_the_cas_hash_and_nothing_without_a_ca(pki, tmp_path):
     # runcmd goes on after a failed `kubeadm init`: the line must then print nothing (it printed the hash of no
