@@ -59,6 +59,38 @@ class ProvisionResult:
                 "failed": self.failed, "hosts": [asdict(h) for h in self.hosts]}
 
 
+def check_vars_files(inventory: Path) -> None:
+    """Parse the inventory's plain group_vars/ and host_vars/ YAML before the run: Ansible reports a broken one as
+    a play that failed with an empty summary and no file name. Vault-encrypted files are skipped (only
+    ansible-playbook can read them); Ansible's own tags (``!vault``, ``!unsafe``) are taken as plain values."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    base = inventory if inventory.is_dir() else inventory.parent
+    for folder in ("group_vars", "host_vars"):
+        root = base / folder
+        if not root.is_dir():
+            continue
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in ("", ".yml", ".yaml", ".json")):
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise InventoryError(f"{path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+            if text.lstrip().startswith("$ANSIBLE_VAULT;"):
+                continue
+            try:
+                doc = yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f" (line {mark.line + 1})" if mark is not None else ""
+                raise InventoryError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+            if doc is not None and not isinstance(doc, dict):
+                raise InventoryError(f"{path}: variables must be a mapping, not a {type(doc).__name__}")
+
+
 def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None = None,
               extravars: dict | None = None, envvars: dict[str, str] | None = None, tags: str | None = None,
               check: bool = False, quiet: bool = True, timeout_s: int = 3600) -> ProvisionResult:
@@ -85,6 +117,7 @@ def provision(inventory: Path, *, playbook: str = "site.yml", limit: str | None 
         inventory_host_names(inventory, limit)
     except RemoteError as e:  # names the file: not a valid Ansible inventory: ...
         raise InventoryError(str(e)) from None
+    check_vars_files(inventory)
     cmdline = []
     if check:
         cmdline.append("--check")

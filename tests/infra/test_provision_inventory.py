@@ -69,6 +69,22 @@ def test_json_with_verbose_keeps_ansibles_stream_off_stdout(tmp_path):
     assert "PLAY RECAP" in r.stderr
 
 
+@pytest.mark.parametrize("name, text, message", [
+    ("all.yml", "ansible_user: [unclosed\n", "all.yml: not valid YAML (line 2)"),
+    ("power_hosts/main.yml", "- a list\n", "main.yml: variables must be a mapping, not a list"),
+])
+def test_a_broken_group_vars_file_exits_2_naming_it(tmp_path, name, text, message):
+    """Ansible reported it as a failed play with an empty summary and no file name (exit 1)."""
+    inv = tmp_path / "inv"
+    (inv / "group_vars" / Path(name).parent).mkdir(parents=True, exist_ok=True)
+    (inv / "hosts.yml").write_text("all:\n  children:\n    power_hosts:\n      hosts:\n        h1.invalid: {}\n")
+    (inv / "group_vars" / name).write_text(text)
+    (inv / "group_vars" / "tagged.yml").write_text("secret: !unsafe '{{ not templated }}'\n")  # Ansible's tags pass
+    r = runner.invoke(app, ["provision", "--inventory", str(inv), "--check"])
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split()) and "Traceback" not in r.output
+
+
 def test_vault_encrypted_group_vars_pass_the_up_front_check(monkeypatch, tmp_path):
     """The up-front check reads hosts and groups only: group_vars that only ansible-playbook can decrypt (given
     ANSIBLE_VAULT_PASSWORD_FILE) do not stop the run. The vault is made with the ansible-vault CLI, so this
