@@ -31,6 +31,21 @@ def is_label_value(value: str) -> bool:
     return _LABEL_VALUE.fullmatch(value) is not None
 
 
+_HOST_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_HOST_LABEL_UNDERSCORE = r"[a-z0-9](?:[-_a-z0-9]{0,61}[a-z0-9])?"
+_HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*", re.ASCII)
+_HOST_NAME_UNDERSCORE = re.compile(rf"{_HOST_LABEL_UNDERSCORE}(?:\.{_HOST_LABEL_UNDERSCORE})*", re.ASCII)
+
+
+def is_host_name(name: str, *, underscore: bool = False) -> bool:
+    """A host name as RFC 1123 has it, case-insensitive, one trailing dot allowed: at most 253 characters of
+    dot-separated labels of letters, digits and '-', none starting or ending with '-'. ``underscore``: '_'
+    inside a label too (Docker Compose service names, SRV-style names, which resolvers look up)."""
+    name = name.lower().removesuffix(".")
+    pattern = _HOST_NAME_UNDERSCORE if underscore else _HOST_NAME
+    return 0 < len(name) <= 253 and pattern.fullmatch(name) is not None
+
+
 _RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})\Z")
 
 

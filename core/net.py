@@ -1,6 +1,9 @@
-"""Listen addresses as every joulesched daemon takes them: ``HOST:PORT`` or ``[V6]:PORT``."""
+"""Addresses as every joulesched daemon and client takes them: listen addresses (``HOST:PORT``, ``[V6]:PORT``) and
+the ports of http(s) URLs."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from joulesched.core.errors import UsageError
 
@@ -42,9 +45,19 @@ def check_http_url(url: str, option: str = "--target") -> str:
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"{option} {url!r}: expected http(s)://HOST[:PORT][/PATH]")
     try:
-        port = u.port  # urllib raises on a port out of range, or one that is no number, only when asked
+        url_port(u)
+    except ValueError as e:
+        raise ValueError(f"{option} {url!r}: {e}") from None
+    return url
+
+
+def url_port(parts: Any) -> int | None:
+    """The port of a ``urlsplit`` result, None when none is written; ValueError for one outside 1..65535 or no
+    number (urllib raises for those only when asked, and takes 0)."""
+    try:
+        port = parts.port
     except ValueError:
         port = 0
     if port == 0:
-        raise ValueError(f"{option} {url!r}: the port must be a number in 1..65535")
-    return url
+        raise ValueError("the port must be a number in 1..65535")
+    return port

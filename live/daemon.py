@@ -20,7 +20,7 @@ from joulesched.cluster.kube.cache import KubeCache
 from joulesched.cluster.kube.metrics_feed import DEFAULT_CPU_QUERY, DEFAULT_POWER_QUERY
 from joulesched.cluster.nodepower import DEFAULT_WAKE_S
 from joulesched.core.errors import JouleschedError, UsageError
-from joulesched.core.net import parse_listen
+from joulesched.core.net import parse_listen, url_port
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -87,10 +87,11 @@ def check_url(url: str, option: str = "--prometheus") -> str:
         # Not echoed: a user:password@ typed into it must not reach the terminal's or a log's copy of the error.
         raise DaemonInputError(f"{option} must be an http:// or https:// URL (like http://prometheus:9090)")
     try:
-        port = urlsplit(url).port if url else None  # raises on one out of range, only when asked
+        url_port(urlsplit(url))
+        bad = bool(url) and not urlsplit(url).hostname
     except ValueError:
-        port = 0
-    if port == 0 or (url and not urlsplit(url).hostname):
+        bad = True
+    if bad:
         raise DaemonInputError(f"{option} must name a host and, if any, a port in 1..65535 "
                                "(like http://prometheus:9090)")
     return url.rstrip("/")

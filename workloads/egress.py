@@ -17,7 +17,6 @@ point up to 100 Gbit/s for an hour at any address, the cloud metadata service in
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 from collections.abc import Callable, Iterable
 from urllib.parse import SplitResult, urlsplit
@@ -25,6 +24,8 @@ from urllib.parse import SplitResult, urlsplit
 import psutil
 
 from joulesched.core.errors import UsageError
+from joulesched.core.net import url_port
+from joulesched.core.names import is_host_name
 
 #: Loopback, and Kubernetes service names (``svc.ns.svc`` and ``svc.ns.svc.cluster.local``).
 DEFAULT_ALLOW = ("127.0.0.0/8", "::1/128", "localhost", "*.svc", "*.svc.cluster.local")
@@ -35,15 +36,9 @@ DENIED = tuple(ipaddress.ip_network(n) for n in (
 
 Resolver = Callable[[str, int], list[str]]
 
-#: A host name as RFC 1123 has it (matched lowercased, without a trailing dot): dot-separated labels of letters,
-#: digits and '-', none starting or ending with '-'; '_' inside a label too, as Docker Compose service names and
-#: DNS SRV-style names use it and resolvers look them up.
-_LABEL = r"[a-z0-9](?:[-_a-z0-9]{0,61}[a-z0-9])?"
-_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
-
-
 def _is_hostname(name: str) -> bool:
-    return len(name) <= 253 and _HOSTNAME.fullmatch(name) is not None
+    # '_' inside a label too: Docker Compose service names and SRV-style names, which resolvers look up.
+    return is_host_name(name, underscore=True)
 
 
 class EgressError(UsageError):
@@ -67,11 +62,9 @@ def denied(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
 def _port(parts: SplitResult) -> int:
     """The URL's port (the scheme's default when none is given); EgressError for one outside 1..65535."""
     try:
-        port = parts.port  # urllib raises for a port out of range or no number, and only when asked
-    except ValueError:
-        port = 0
-    if port == 0:
-        raise EgressError(f"net_target {parts.geturl()!r}: the port must be a number in 1..65535")
+        port = url_port(parts)
+    except ValueError as e:
+        raise EgressError(f"net_target {parts.geturl()!r}: {e}") from None
     return port or (443 if parts.scheme == "https" else 80)
 
 

@@ -25,6 +25,7 @@ from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from joulesched.core.errors import JouleschedError, UsageError
+from joulesched.core.names import is_host_name
 
 ON, OFF, TRANSITIONING, UNKNOWN = "on", "off", "transitioning", "unknown"
 SCHEMES = ("libvirt", "redfish", "redfish+http", "ipmi", "wol", "aws", "metal3", "rufio", "none")
@@ -70,8 +71,6 @@ def split_host(hostport: str) -> tuple[str, str]:
 
 
 _PORT = re.compile(r"[1-9][0-9]{0,4}")
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = re.compile(rf"(?=.{{1,253}}\.?\Z){_LABEL}(?:\.{_LABEL})*\.?")
 #: A MAC address as Wake-on-LAN takes it.
 MAC = re.compile(r"[0-9A-Fa-f]{2}(?:[:-][0-9A-Fa-f]{2}){5}")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -95,7 +94,7 @@ def hostport_problem(hostport: str) -> str:
     except ValueError:
         pass
     last = host.rstrip(".").rsplit(".", 1)[-1].lower()
-    if not _HOSTNAME.fullmatch(host) or last.isdigit() or last.startswith("0x"):
+    if not is_host_name(host) or last.isdigit() or last.startswith("0x"):
         return f"{host!r} is neither an IP address in standard notation nor a host name"
     return ""
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
+from typer.models import TyperPath
 
 
 def _print_version(value: bool) -> None:
@@ -31,24 +32,23 @@ def _root(
     """Energy-aware Kubernetes scheduling: twin, baselines, DQN, power metering, workloads."""
 
 
+class _NonEmptyPath(TyperPath):
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path (give '.' for the current folder)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def _refuse_empty_paths(command: Any) -> None:
     """Make every path option and argument of ``command``'s tree refuse ``''``.
 
     Typer turns ``''`` into ``Path('.')``: ``-o "$OUT"`` with ``OUT`` unset wrote a run's files into the current
     folder. One place for the CLI's 61 path parameters, so that a new command cannot forget it."""
-    from typer.models import TyperPath
-
-    class NonEmptyPath(TyperPath):
-        def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-            if isinstance(value, str) and not value.strip():
-                self.fail("an empty path (give '.' for the current folder)", param, ctx)
-            return super().convert(value, param, ctx)
-
     for sub in getattr(command, "commands", {}).values():
         _refuse_empty_paths(sub)
     for param in getattr(command, "params", []):
         if type(param.type) is TyperPath:
-            param.type.__class__ = NonEmptyPath  # same state, one more check
+            param.type.__class__ = _NonEmptyPath  # same state, one more check
 
 
 class _RootGroup(TyperGroup):

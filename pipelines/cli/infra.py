@@ -209,7 +209,7 @@ def kvm_down(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", prefix: PrefixOpt = N
         _fail(str(e))
     uri = r.get("libvirtUri") or "qemu:///system"
     pool = r.get("poolDir") or "/var/lib/libvirt/images/joulesched"
-    pfx = r.get("namePrefix") or "joulesched" if prefix is None else prefix
+    pfx = (r.get("namePrefix") or "joulesched") if prefix is None else prefix
     if not is_dns_label(pfx):  # as `up` checks it: the names are the guests (and folders) this removes
         where = "--prefix" if prefix is not None else f"joulesched:namePrefix in {config}"
         _fail(f"{where} must be a DNS label, got {pfx!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from joulesched.core.names import is_dns_label, is_label_key, is_label_value
+from joulesched.core.names import is_dns_label, is_host_name, is_label_key, is_label_value
 
 
 @pytest.mark.parametrize("value,ok", [("default", True), ("a", True), ("a-1", True), ("a" * 63, True),
@@ -47,3 +47,11 @@ def test_validators_refuse_a_trailing_newline():
     with pytest.raises(ValueError, match="label key"):
         Scenario.model_validate({"name": "s", "nodes": [{"name_prefix": "n", "count": 1, "cpu_m": 1000,
                                                          "memory_mi": 1024, "labels": {"app\n": "x"}}]})
+
+
+def test_host_names_one_check_for_power_addresses_and_egress():
+    for good in ("bmc-1", "BMC-1.Rack.example", "bmc.example.", "a" * 63):
+        assert is_host_name(good), good
+    for bad in ("", ".", "-bmc", "bmc-", "bmc_1", "a" * 64, "a..b", "b" * 254, "bmc/1"):
+        assert not is_host_name(bad), bad
+    assert is_host_name("my_sink", underscore=True) and not is_host_name("_sink", underscore=True)
