@@ -376,6 +376,7 @@ class Twin:
         self.slo_tolerance = sc.slo_tolerance
         self.pod_node = [-1] * p
         self.pod_status = [_NOT_PLACED] * p
+        self._stopped_early: set[int] = set()  # services stopped at their own arrival time: the arrival skips them
         self.pod_start = [math.nan] * p
         self.pod_end = [math.nan] * p
         self.pod_bind = [math.nan] * p  # when it was (last) bound: its start, or earlier on a waking node
@@ -625,6 +626,8 @@ class Twin:
                     continue
                 self._advance(t_ar)
                 self._next_arrival = k + 1
+                if self._stopped_early and k in self._stopped_early:
+                    continue  # counted as stopped before running (_stop_service)
                 if not placeable[k]:
                     self.unschedulable += 1
                     continue
@@ -852,6 +855,8 @@ class Twin:
         self._set_pstate(i, ASLEEP)
         if self.record:
             self.power_log.append((now, "sleep", i))
+        if self._pending:  # a pending pod that fits only this node wakes it, as after any departure
+            self._retry_pending(i)
 
     def _arm_sleep(self, i: int, t: float) -> None:
         if self.sleep_after < math.inf:
@@ -1082,6 +1087,12 @@ class Twin:
             self._live -= 1
             if self._observer is not None:
                 self._observer.ended(now, p, self._submit[p] + self._dur[p] <= self.horizon)
+            if self._pending:  # the room it held on the waking node is free for a pod that fits only there
+                self._retry_pending(i)
+        elif p >= self._next_arrival:  # its stop fell on its own arrival time (a stop runs before an arrival)
+            self._stopped_early.add(p)
+            self._expired += 1
+            return
         elif p in self._pending:
             self._pending.remove(p)
         else:  # evicted, waiting for its restart: the restart event will see it done and drop it
@@ -1180,8 +1191,9 @@ class Twin:
         else:
             jobs = zip(done, life)
         viol = sum(1 for p, L in jobs if bad[p] > self.slo_tolerance * L)
-        placed = [p for p, node in enumerate(self.pod_node) if node >= 0]
         first = self._first_start
+        # Placed: bound now, or ever run (a service evicted whose stop came while it waited to restart).
+        placed = [p for p, node in enumerate(self.pod_node) if node >= 0 or p in first]
         pending = [(first[p] if p in first else self.pod_start[p]) - self._submit[p] for p in placed]
         p99 = float(np.percentile(decision_ns, 99)) / 1000.0 if len(decision_ns) else 0.0
         if self._gpu:

@@ -266,6 +266,53 @@ def test_a_service_still_waiting_to_restart_at_the_horizon_does_not_stretch_the_
     assert r.evictions == 1 and r.end_s == 110 and r.placements == 2
     assert r.energy_joules == pytest.approx(130 * 105 + 100 * 5 + 100 * 1 + 110 * 99 + 5 * 10)
     assert r.completed_services == 1 and tw.pod_end[1] == 110 and r.service_intervals == 1
+    # It ran before its eviction: placed, though it stopped while waiting to restart (placed + unplaced = pods).
+    assert r.placed_pods == 2 and r.unschedulable_pods == 0
+
+
+class ByMemory(First):
+    """The pod asking 20 MiB on n1 while it fits there; every other pod on the first node it fits."""
+
+    name = "by-memory"
+
+    def choose(self, state, pod, mask):
+        return 1 if pod.memory_mib == 20 and mask[1] else super().choose(state, pod, mask)
+
+
+def test_a_node_emptied_by_consolidation_takes_a_pending_pod_that_fits_only_there():
+    # Jobs on n0 (3000m) and n1 (4000m), 1000m each; P (3500m) fits neither while they run. At the 10 s tick n1
+    # is emptied (its job fits on n0) and sleeps: P, retried, wakes it and starts when it is up (10 + 20 s).
+    idle = {**SLEEP, "consolidation": {"interval_s": 10, "restart_s": 30, "horizon_s": 3600}}
+    sc = scenario([{"cpu_m": 3000}, {"cpu_m": 4000}], duration_s=100, idle=idle)
+    wl = pods({"submit": 0, "dur": 1000, "cpu": 1000, "mem": 10, "usage": 1000},
+              {"submit": 1, "dur": 1000, "cpu": 1000, "mem": 20, "usage": 1000},
+              {"submit": 2, "dur": 100, "cpu": 3500, "mem": 10, "usage": 3500})
+    tw, r = run(sc, wl, ByMemory(), record=True)
+    assert (10.0, "evict", 1) in tw.power_log
+    assert tw.pod_node[2] == 1 and tw.pod_start[2] == pytest.approx(30) and tw.pod_end[2] == pytest.approx(130)
+    assert r.unplaced_pending_at_end == 0 and r.completed_pods == 3
+
+
+def test_a_service_stopping_while_its_node_wakes_frees_the_room_for_a_pending_pod():
+    # n0 sleeps at once. Service S (1000m) arrives at 5 and wakes it (up at 25); job J (500m) arrives at 10 and
+    # cannot join S there. S stops at 15, before the node is up: J takes the room and starts at 25, ends at 75.
+    # (Before, J stayed pending for ever and the run never ended.)
+    sc = scenario([{}], duration_s=100, idle={"mode": "sleep", "sleep_after_s": 0, "sleep_watts": 5, "wake_s": 20})
+    wl = pods({"submit": 5, "dur": 10, "cpu": 1000, "mem": 10, "usage": 1000, "kind": SERVICE},
+              {"submit": 10, "dur": 50, "cpu": 500, "mem": 10, "usage": 500})
+    tw, r = run(sc, wl)
+    assert tw.pod_start[1] == pytest.approx(25) and tw.pod_end[1] == pytest.approx(75) and r.end_s == 100
+    assert r.unplaced_stopped_before_running == 1 and r.placed_pods == 1 and r.mean_pending_s == pytest.approx(15)
+    assert r.energy_joules == pytest.approx(5 * 5 + 20 * 100 + 50 * 150 + 25 * 5)
+
+
+def test_a_service_whose_stop_falls_on_its_arrival_never_runs_and_the_run_ends():
+    # submit + duration rounds back to submit: the stop (events before arrivals at a tie) comes first.
+    sc = scenario([{}], duration_s=2e6)
+    wl = pods({"submit": 1e6, "dur": 1e-11, "cpu": 500, "mem": 10, "usage": 500, "kind": SERVICE})
+    tw, r = run(sc, wl)
+    assert r.end_s == 2e6 and r.placements == 0 and tw._restarting == 0
+    assert r.unplaced_stopped_before_running == 1 and r.unschedulable_pods == 1 and r.completed_pods == 0
 
 
 # ---- the SLO rates ----------------------------------------------------------------------------------------
