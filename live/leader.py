@@ -70,6 +70,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: terms begun on this replica; a new term's number is set before is_leader() turns True
         self.transitions = 0
         #: monotonic time of the last round the apiserver answered (a 409 is an answer), and the last error:
         #: a replica whose Lease calls keep failing (a wrong RBAC name, say) is standby for ever, and says so.
@@ -103,9 +104,9 @@ class LeaderElector:
 
     def _set_leading(self, v: bool) -> None:
         if v != self._leading:
-            self._leading = v
-            if v:
+            if v:  # first: is_leader() never turns True under the old term's number (what callers key work to)
                 self.transitions += 1
+            self._leading = v
             log.info("%s %s leadership of lease %s/%s", self.identity, "acquired" if v else "lost",
                      self.namespace, self.name)
             if self.on_change is not None:

@@ -514,7 +514,7 @@ class NodePowerController:
                 if not p.daemon or not self.daemonsets.keeps_no_node_awake(p):  # unreadable: on the safe side
                     workload[k] += 1
                     by_node.setdefault(k, []).append(p)
-            elif not p.deleting:
+            elif not p.deleting and not p.gated:  # a gated pod is no scheduler's yet: it wakes nothing
                 pending.append(p)
         pending.sort(key=lambda p: (p.rv, p.uid))
         return st, names, infos, workload, pending, by_node

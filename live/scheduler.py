@@ -1,6 +1,7 @@
 """`joulesched serve`: any joulesched policy as a secondary Kubernetes scheduler.
 
-One pass of the loop, for a pod with ``spec.schedulerName`` = ours and no ``spec.nodeName``:
+One pass of the loop, for a pod with ``spec.schedulerName`` = ours, no ``spec.nodeName`` and no
+``spec.schedulingGates`` (a gated pod waits for the event that lifts its last gate, as in kube-scheduler):
 
 1. **decide** (under the cache lock): the cached pod is still pending → filter (kube-scheduler's filters) →
    ``policy.choose`` → *assume* the pod on the node, so the next decision already sees it there;
@@ -137,7 +138,7 @@ class ServeConfig:
     identity: str = field(default_factory=default_identity)
     request_timeout_s: float = 10.0
     node_wait_poll_s: float = 1.0  # a pod waiting for a sleeping node looks at it again this often
-    node_wait_max_s: float = 900.0  # ... and is decided afresh after this long
+    node_wait_max_s: float = 900.0  # ... and is decided afresh after this long (without it, for as long again)
     informer_stale_s: float = 60.0  # /healthz fails once an informer has had no answer for this long
     loop_stale_s: float = 30.0  # ... or the scheduling loop has not turned for this long
     event_update_interval_s: float = 10.0  # an aggregated Event's count is written at most this often
@@ -186,6 +187,10 @@ class _Entry:
     uncertain_node: str = ""  # a binding to this node may have happened: capacity stays reserved until we know
     waiting_for: str = ""  # the sleeping node the policy chose: the pod waits until it is awake
     waiting_since: float = 0.0
+    #: a sleeping node this pod waited for in vain (node_wait_max_s): no candidate for it until ``avoid_until``
+    #: unless it is awake, or the only one left; otherwise the same choice would make it wait again, for ever
+    avoid: str = ""
+    avoid_until: float = 0.0
     #: the pod's nominatedNodeName as this replica last wrote it; None: not written since it became leader (the
     #: cache's copy of the pod says)
     nominated: str | None = None
@@ -320,7 +325,9 @@ class Scheduler:
         self._sample_start = 0
         torch = sys.modules.get("torch")
         self._torch_threads = torch.get_num_threads() if torch is not None else 0
-        self._resync_needed = False
+        #: the leader term (LeaderElector.transitions) whose pod resync is done: no decision in a later term before
+        #: its own (keyed to the term, not set by on_change, which runs after is_leader() has turned True)
+        self._resynced_term = 0
         self._held = 0  # decisions made under the loop's current hold of the cache lock (0: not held)
         self._held_since = 0.0
         cache.sleep_aware = True  # sleeping nodes are candidates: choosing one makes the pod wait for it
@@ -416,6 +423,10 @@ class Scheduler:
     def is_leader(self) -> bool:
         return self.leader is None or self.leader.is_leader()
 
+    def _resync_due(self) -> bool:
+        """This term's pod resync (KubeCache.resync_pods) is not done: a new leader decides nothing before it."""
+        return self.leader is not None and self._resynced_term != self.leader.transitions
+
     def _leader_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
         recorder = getattr(self, "recorder", None)  # None only while __init__ builds the elector
@@ -423,8 +434,6 @@ class Scheduler:
             recorder.leadership_changed()
         if not leading:
             self.ready.clear()
-        if leading:
-            self._resync_needed = True  # see KubeCache.resync_pods
         with self._cv:
             if leading:  # pods may have waited in backoff while we were standby: look at all of them now
                 now = time.monotonic()
@@ -446,8 +455,10 @@ class Scheduler:
 
     # ---- queue (listener runs with the backend lock held: only touch the queue) ----
     def _ours(self, p: PodInfo | None) -> bool:
+        """Pending for this scheduler. A gated pod (``spec.schedulingGates``) is not, as kube-scheduler keeps it
+        SchedulingGated and the apiserver refuses its binding; the event that lifts the last gate queues it."""
         return (p is not None and p.scheduler_name == self.cfg.scheduler_name and not p.node_name
-                and not p.deleting and p.active)
+                and not p.deleting and p.active and not p.gated)
 
     def _on_pod(self, old: PodInfo | None, new: PodInfo | None) -> None:
         with self._cv:
@@ -494,6 +505,8 @@ class Scheduler:
                         return None
                     self._cv.wait(0.2)
                     continue
+                if self._resync_due():
+                    return None  # a new term: next_decision resyncs the pods before anything is decided
                 now = time.monotonic()
                 while self._heap:
                     ready_at, _, uid = self._heap[0]
@@ -537,10 +550,12 @@ class Scheduler:
                     self._alive = time.monotonic()
                     self._stop.wait(0.05)
                     continue
-                if self._resync_needed and self.is_leader():
+                if self.is_leader() and self._resync_due():
+                    # The term is read before the list: a term begun during it needs a list of its own.
+                    term = self.leader.transitions if self.leader is not None else 0
                     try:
                         self.cache.resync_pods()
-                        self._resync_needed = False
+                        self._resynced_term = term
                     except Exception as ex:
                         log.info("resync after becoming leader failed (%s); retrying", type(ex).__name__)
                         self._stop.wait(0.2)
@@ -677,7 +692,7 @@ class Scheduler:
         lock.acquire()
         try:
             pod = self.cache.pods.get(e.uid)
-            if self._resync_needed:  # just became leader: decide only once the cache is known to be fresh
+            if self._resync_due():  # just became leader: decide only once the cache is known to be fresh
                 self._requeue(e, backoff=False)
                 return None
             if pod is None or not self._ours(pod) or self.cache.is_assumed(e.uid):
@@ -691,8 +706,11 @@ class Scheduler:
             if e.waiting_for and st is not None:
                 w = e.waiting_for
                 k = st.names.index(w) if w in self.cache.nodes else -1
-                if k < 0 or not mask[k] or time.monotonic() - e.waiting_since > self.cfg.node_wait_max_s:
+                now = time.monotonic()
+                if k < 0 or not mask[k] or now - e.waiting_since > self.cfg.node_wait_max_s:
                     e.waiting_for = ""  # gone, full, or never woke: decide afresh
+                    if k >= 0 and mask[k]:  # never woke: afresh means without it for a while
+                        e.avoid, e.avoid_until = w, now + self.cfg.node_wait_max_s
                 elif not self.cache.node_awake(w):
                     self._requeue(e, backoff=False, delay=self.cfg.node_wait_poll_s)  # still asleep: keep waiting
                     return None
@@ -700,6 +718,13 @@ class Scheduler:
                     only = np.zeros_like(mask)
                     only[k] = True
                     mask = only
+            if e.avoid and st is not None and not e.waiting_for:
+                k = st.names.index(e.avoid) if e.avoid in self.cache.nodes else -1
+                if k < 0 or time.monotonic() > e.avoid_until or self.cache.node_awake(e.avoid):
+                    e.avoid = ""
+                elif mask[k] and mask.sum() > 1:  # the only candidate left: wait for it again rather than fail
+                    mask = mask.copy()
+                    mask[k] = False
             if st is not None and self.cfg.sample_pct is not None and not getattr(self.policy, "kube_sampling", False):
                 mask = self._sample(mask)
             if st is not None and mask.any():

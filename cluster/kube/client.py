@@ -128,6 +128,8 @@ class _Conn:
         self.rfile = sock.makefile("rb", buffering=65536)
         self._timeout = sock.gettimeout()
         self._deadline: float | None = None
+        self.idle_since = 0.0  # monotonic time it went back to the pool
+        self.answered = False  # a byte of the current exchange's answer has arrived
 
     def close(self) -> None:
         for c in (self.rfile, self.sock):
@@ -150,6 +152,7 @@ class _Conn:
         line = self.rfile.readline(65537)
         if not line:
             raise http.client.RemoteDisconnected("the apiserver closed the connection without an answer")
+        self.answered = True
         if len(line) > 65536:
             raise http.client.LineTooLong("header line")
         return line
@@ -157,7 +160,7 @@ class _Conn:
     def exchange(self, request: bytes, timeout: float, deadline: float | None = None) -> tuple[int, bytes, bool]:
         """Send ``request`` (head and body); returns (status, body, keep-alive). ``timeout`` bounds each socket
         operation; ``deadline`` (monotonic), where given, the whole exchange."""
-        self._deadline = deadline
+        self._deadline, self.answered = deadline, False
         try:
             return self._exchange(request, timeout)
         finally:
@@ -210,6 +213,19 @@ class _Conn:
         return data
 
 
+#: An idle pooled connection older than this is closed, not reused: kube-apiserver closes keep-alive connections
+#: idle for 90 s (its IdleTimeout), and one it closed would cost the next request a retry.
+IDLE_MAX_S = 60.0
+
+
+def _left(deadline: float) -> float:
+    """The time left before a whole-request deadline, as the next connect's timeout."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("the request's deadline passed")
+    return left
+
+
 def ssl_context(cfg: k8s.Configuration) -> ssl.SSLContext:
     """The TLS settings urllib3 would apply for this configuration: CA file or data and client certificate,
     the certificate always verified (:func:`check_tls` refuses configurations that would not)."""
@@ -233,10 +249,13 @@ class FastClient:
     A request that fails on the connection (reset, timeout, half an answer) raises ``OSError`` or
     ``http.client.HTTPException``; urllib3's errors on the proxy path become :class:`TransportError` (an
     ``OSError``; :class:`TransportTimeout` for its timeouts). Whether a write happened is then unknown, and the
-    caller must find out (the scheduler re-reads the pod). Nothing is retried here.
+    caller must find out (the scheduler re-reads the pod). One case only is retried here, as Go's transport
+    does: a request on a *reused* connection that was closed or reset before any byte of an answer came back
+    (the apiserver closes keep-alive connections idle for 90 s) goes out once more on a new connection. Idle
+    connections older than ``idle_max_s`` are not reused at all.
     """
 
-    def __init__(self, api: k8s.ApiClient, max_idle: int = 64) -> None:
+    def __init__(self, api: k8s.ApiClient, max_idle: int = 64, idle_max_s: float = IDLE_MAX_S) -> None:
         cfg = api.configuration
         self.cfg = cfg
         u = urlsplit(cfg.host)
@@ -256,7 +275,9 @@ class FastClient:
         self._idle: list[_Conn] = []
         self._lock = threading.Lock()
         self.max_idle = max_idle
+        self.idle_max_s = idle_max_s
         self.opened = 0  # connections opened so far (a pool that works opens few)
+        self.retried = 0  # requests sent again after a reused connection turned out closed
 
     def _auth(self) -> dict[str, str]:
         token = self.cfg.get_api_key_with_prefix("BearerToken", alias="authorization")  # runs the refresh hook
@@ -290,23 +311,45 @@ class FastClient:
         head += [f"{k}: {v}" for k, v in headers.items()]
         head.append(f"Content-Length: {len(body or b'')}")
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = self._connect(timeout)
-        try:
-            status, data, keep = conn.exchange(request, timeout, deadline)
-        except BaseException:
-            conn.close()
-            raise
+        conn = self._pooled()
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = self._connect(timeout if deadline is None else _left(deadline))
+            try:
+                status, data, keep = conn.exchange(request, timeout, deadline)
+                break
+            except (ConnectionResetError, BrokenPipeError):  # RemoteDisconnected is a ConnectionResetError
+                conn.close()
+                if not reused or conn.answered:  # a new connection, or an answer begun: the request was read
+                    raise
+                # Closed by the apiserver while idle, before it read the request: send it again, once.
+                reused, conn = False, None
+                self.retried += 1
+            except BaseException:
+                conn.close()
+                raise
         if keep:
             with self._lock:
                 if len(self._idle) < self.max_idle:
+                    conn.idle_since = time.monotonic()
                     self._idle.append(conn)
                     conn = None
         if conn is not None:
             conn.close()
         return Response(status, data)
+
+    def _pooled(self) -> _Conn | None:
+        """The most recently used idle connection, if it has been idle less than ``idle_max_s``; older ones are
+        closed (the apiserver may have closed them already; the ones below it in the pool are older still)."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+            if conn is None or time.monotonic() - conn.idle_since <= self.idle_max_s:
+                return conn
+            stale, self._idle = [conn, *self._idle], []
+        for c in stale:
+            c.close()
+        return None
 
     def _proxied(self, method: str, path: str, body: bytes | None, headers: dict, timeout: float,
                  whole: bool) -> Response:

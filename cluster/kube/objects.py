@@ -65,6 +65,20 @@ class ObjectError(UsageError):
     """A node or pod that cannot be used as given (bad quantity, bad power curve)."""
 
 
+class GpuShareError(ObjectError):
+    """A malformed GPU-share annotation (``alibabacloud.com/gpu-milli``): no apiserver validates annotations, so
+    the watch drops only the share, not the pod's whole request."""
+
+
+_pod_log = logging.getLogger("joulesched.kube.pods")
+
+
+@functools.lru_cache(maxsize=4096)
+def _warn_gpu_share(key: str, uid: str, message: str) -> None:
+    """Once per pod and message (bounded memo): the watch parses a pod again on each of its events."""
+    _pod_log.warning("pod %s: %s; its GPU share is ignored", key, message)
+
+
 def cpu_millis(q: str | int | float | None) -> int:
     """``"500m"`` -> 500, ``"2"`` -> 2000, rounded up as the apiserver does for millicores."""
     if isinstance(q, str):  # quantities repeat across pods: parse each string once (the watch's hot path)
@@ -209,43 +223,51 @@ def pod_host_ports(spec: dict) -> tuple[tuple[str, str, int], ...]:
     return tuple(sorted(out))
 
 
-def pod_request(pod: dict) -> PodRequest:
-    """The pod's effective requests as a :class:`PodRequest` (see module docstring)."""
+def pod_request(pod: dict, *, strict: bool = True) -> PodRequest:
+    """The pod's effective requests as a :class:`PodRequest` (see module docstring). Without ``strict`` (the
+    watch), a malformed GPU-share annotation is logged (once per pod) and only the share is dropped."""
     spec = pod.get("spec") or {}
     cpu, mem = _resource_request(spec, "cpu", cpu_millis), _resource_request(spec, "memory", memory_mib)
     extra = dict(named=_named_requests(spec), host_ports=pod_host_ports(spec))
-    gpu, milli, models = pod_gpus(pod)
+    try:
+        gpu, milli, models = pod_gpus(pod)
+    except GpuShareError as e:
+        if strict:
+            raise
+        meta = pod.get("metadata") or {}
+        _warn_gpu_share(f"{meta.get('namespace', '')}/{meta.get('name', '')}", str(meta.get("uid", "")), str(e))
+        gpu, milli, models = pod_gpus(pod, share=False)
     if gpu:
         return PodRequest(cpu_m=cpu, memory_mib=mem, gpu=gpu, gpu_milli=milli, gpu_models=models, **extra)
     return PodRequest(cpu_m=cpu, memory_mib=mem, **extra)
 
 
-def pod_gpus(pod: dict) -> tuple[int, int, frozenset[str] | None]:
-    """The pod's GPUs (docs/twin.md, "GPUs on a cluster"): whole GPUs from its containers' ``nvidia.com/gpu``
-    (an extended resource's request is its limit when only the limit is set); a share of one GPU from the
+def _gpus(q: str | int | float) -> int:
+    return int(parse_finite_quantity(q, GPU_RESOURCE))
+
+
+def pod_gpus(pod: dict, *, share: bool = True) -> tuple[int, int, frozenset[str] | None]:
+    """The pod's GPUs (docs/twin.md, "GPUs on a cluster"): whole GPUs, ``nvidia.com/gpu`` as kube's PodRequests
+    counts it (containers and sidecars summed, raised to the largest init container plus the sidecars before
+    it; an extended resource's request is its limit when only the limit is set); a share of one GPU from the
     annotation ``alibabacloud.com/gpu-milli`` (1..1000, the gpushare convention of the OpenB trace: a pod that
-    gives it without nvidia.com/gpu asks for one shared GPU); the allowed models from
+    gives it without nvidia.com/gpu asks for one shared GPU; ignored without ``share``); the allowed models from
     ``alibabacloud.com/gpu-card-model`` (``A|B``, matched against nodes' ``nvidia.com/gpu.product``).
-    A malformed annotation raises :class:`ObjectError`."""
+    A malformed share annotation raises :class:`GpuShareError`, a bad quantity :class:`ObjectError`."""
     spec, ann = pod.get("spec") or {}, (pod.get("metadata") or {}).get("annotations") or {}
-    count = 0
-    for c in spec.get("containers") or []:
-        res = c.get("resources") or {}
-        q = (res.get("requests") or {}).get(GPU_RESOURCE, (res.get("limits") or {}).get(GPU_RESOURCE))
-        if q is not None:
-            count += int(parse_finite_quantity(q, GPU_RESOURCE))
-    milli_s = ann.get(GPU_SHARE_ANNOTATION)
+    count = _resource_request(spec, GPU_RESOURCE, _gpus, from_limit=True) or 0
+    milli_s = ann.get(GPU_SHARE_ANNOTATION) if share else None
     milli = 1000
     if milli_s is not None:
         try:
             milli = int(str(milli_s))
         except ValueError:
-            raise ObjectError(f"annotation {GPU_SHARE_ANNOTATION} {milli_s!r} is not an integer") from None
+            raise GpuShareError(f"annotation {GPU_SHARE_ANNOTATION} {milli_s!r} is not an integer") from None
         if not 1 <= milli <= 1000:
-            raise ObjectError(f"annotation {GPU_SHARE_ANNOTATION} {milli} is outside 1..1000")
+            raise GpuShareError(f"annotation {GPU_SHARE_ANNOTATION} {milli} is outside 1..1000")
         count = max(count, 1)
         if count > 1 and milli < 1000:
-            raise ObjectError(f"annotation {GPU_SHARE_ANNOTATION} {milli} is a share of one GPU, not {count}")
+            raise GpuShareError(f"annotation {GPU_SHARE_ANNOTATION} {milli} is a share of one GPU, not {count}")
     models = frozenset(m.strip() for m in str(ann.get(GPU_MODEL_ANNOTATION, "")).split("|") if m.strip()) or None
     return count, milli, (models if count else None)
 
@@ -320,6 +342,7 @@ class PodInfo:
     labels: dict = field(default_factory=dict)
     owner_name: str = ""  # the workload's name (a ReplicaSet's Deployment, see pod_meta)
     nominated_node: str = ""  # status.nominatedNodeName
+    gated: bool = False  # spec.schedulingGates is not empty: no scheduler may take it (kube's SchedulingGated)
     daemon: bool = False  # a DaemonSet or mirror (static) pod, as the pod says: keeps no node awake, never evicted
     # (name, uid) of the DaemonSet its controller reference names: the node power controller checks that it
     # exists and selects the pod before taking the pod's word (anyone who creates pods can write the reference)
@@ -342,10 +365,11 @@ class PodInfo:
 def parse_pod(pod: dict, *, strict: bool = False) -> PodInfo:
     """A Pod as the scheduler sees it. A malformed request (a bad quantity or host port) cannot come from a real
     apiserver: the watch counts it as none; with ``strict`` (a request's Pod, the extender's) it raises
-    :class:`ObjectError`."""
+    :class:`ObjectError`. A malformed GPU-share annotation, which the apiserver does not validate, costs the
+    watch only the share (:func:`pod_request`)."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     try:
-        req = pod_request(pod)
+        req = pod_request(pod, strict=strict)
     except ObjectError:
         if strict:
             raise
@@ -359,7 +383,7 @@ def parse_pod(pod: dict, *, strict: bool = False) -> PodInfo:
         rv = 0  # opaque versions: ordering checks are skipped
     return PodInfo(rv=rv, uid=meta.get("uid", ""), namespace=meta.get("namespace", ""), name=meta.get("name", ""),
                    node_name=spec.get("nodeName") or "", scheduler_name=spec.get("schedulerName") or "",
-                   request=req, phase=status.get("phase") or "Pending",
+                   request=req, phase=status.get("phase") or "Pending", gated=bool(spec.get("schedulingGates")),
                    deleting=bool(meta.get("deletionTimestamp")),
                    node_selector=dict(spec.get("nodeSelector") or {}),
                    tolerations=tuple(tuple(sorted((k, str(v)) for k, v in t.items())) for t in

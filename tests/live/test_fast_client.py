@@ -51,6 +51,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif self.path.endswith("/drop"):
             self.close_connection = True  # no answer at all
+        elif self.path.endswith("/half"):  # the status line, then nothing
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            self.wfile.flush()
+            self.close_connection = True
         elif self.path.endswith("/drip"):  # an answer that keeps coming, a part every 0.3 s for 2.4 s
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -81,9 +85,10 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PATCH = _answer
 
 
-def _serve(ctx: ssl.SSLContext | None = None) -> tuple[ThreadingHTTPServer, list]:
+def _serve(ctx: ssl.SSLContext | None = None, idle_s: float | None = None) -> tuple[ThreadingHTTPServer, list]:
+    """``idle_s``: keep-alive connections idle this long are closed (kube-apiserver's IdleTimeout)."""
     seen: list = []
-    handler = type("H", (_Handler,), {"seen": seen})
+    handler = type("H", (_Handler,), {"seen": seen, "timeout": idle_s})
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     if ctx is not None:
         srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
@@ -127,6 +132,48 @@ def test_a_dropped_connection_raises(plain):
     with pytest.raises(OSError):  # RemoteDisconnected: the caller must find out whether the write happened
         fc.request("POST", "/api/v1/drop", b"{}")
     assert fc.request("GET", "/api/v1/x").status == 201
+
+
+def test_a_request_on_a_connection_the_server_closed_while_idle_goes_out_again_once():
+    """kube-apiserver closes keep-alive connections idle for 90 s (0.2 s here): the next request on such a
+    pooled connection gets no answer at all, so it is sent once more on a new connection, and arrives once."""
+    srv, seen = _serve(idle_s=0.2)
+    try:
+        fc = FastClient(api_client_for(f"http://127.0.0.1:{srv.server_address[1]}"))
+        assert fc.request("GET", "/api/v1/x").status == 201
+        time.sleep(0.5)
+        r = fc.request("POST", "/api/v1/namespaces/default/pods/p/binding", b'{"x":1}', timeout=5.0, whole=True)
+        assert r.status == 201 and (fc.opened, fc.retried) == (2, 1)
+        assert [p for m, p, _, _ in seen if m == "POST"] == ["/api/v1/namespaces/default/pods/p/binding"]
+        fc.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_only_a_reused_connection_with_no_answer_begun_is_retried(plain):
+    url, seen = plain
+    fc = FastClient(api_client_for(url))
+    assert fc.request("GET", "/api/v1/x").status == 201
+    with pytest.raises(OSError):  # an answer had begun: whether the write happened is the caller's to find out
+        fc.request("POST", "/api/v1/half", b"{}")
+    assert fc.retried == 0 and [p for _, p, _, _ in seen].count("/api/v1/half") == 1
+    assert fc.request("GET", "/api/v1/x").status == 201
+    with pytest.raises(OSError):  # dropped again on the new connection: raised, sent twice at most
+        fc.request("POST", "/api/v1/drop", b"{}")
+    assert fc.retried == 1 and [p for _, p, _, _ in seen].count("/api/v1/drop") == 2
+    fc.close()
+
+
+def test_a_connection_idle_past_idle_max_s_is_not_reused(plain):
+    url, _ = plain
+    fc = FastClient(api_client_for(url), idle_max_s=0.1)
+    assert fc.request("GET", "/api/v1/x").status == 201
+    assert fc.request("GET", "/api/v1/x").status == 201 and fc.opened == 1
+    time.sleep(0.2)
+    assert fc.request("GET", "/api/v1/x").status == 201
+    assert (fc.opened, fc.retried) == (2, 0)  # closed and replaced before use: nothing failed
+    fc.close()
 
 
 def test_each_requests_timeout_holds_on_a_reused_connection(plain):

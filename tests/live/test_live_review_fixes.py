@@ -285,6 +285,7 @@ class _Elector:
     """A leader whose term ends ``left`` seconds from a clock that stands still."""
 
     renew_deadline_s = 10.0
+    transitions = 0  # the term the scheduler starts in: no pod resync due
 
     def __init__(self, left: float) -> None:
         self.left = left

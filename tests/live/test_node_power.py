@@ -174,6 +174,21 @@ def test_pods_of_another_scheduler_that_fit_no_awake_node_wake_the_most_efficien
     assert awake(emu, machines, "big") and asleep(emu, machines, "small")
 
 
+def test_a_scheduling_gated_pod_wakes_no_node_until_its_gate_is_lifted(emu, machines, kubelets, make_controller):
+    """No scheduler takes a pod with ``spec.schedulingGates`` (kube keeps it SchedulingGated): waking a node for
+    it would only spend energy, and it might never be released."""
+    add_nodes(emu, machines, ["a"])
+    make_controller(PowerPolicy(sleep_after_s=0.2))
+    wait_until(lambda: asleep(emu, machines, "a"), 10, "a asleep")
+    k = make_pod("k", cpu="1", scheduler_name="default-scheduler")
+    k["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    emu.add_object("pods", k, "default")
+    time.sleep(0.5)
+    assert asleep(emu, machines, "a")
+    emu.patch("pods", "default", "k", {"spec": {"schedulingGates": None}})
+    wait_until(lambda: awake(emu, machines, "a"), 10, "a woken once the gate is lifted")
+
+
 def test_a_pod_asking_an_extended_resource_wakes_a_node_that_has_it(emu, machines, kubelets, make_controller):
     """The wake question is the filter chain's: a node without the pod's extended resource would never take it
     (the kubelet would refuse it), however efficient."""

@@ -13,14 +13,18 @@ relies on, made as faithful as we could:
   that moves out of a field selector is sent as DELETED, one that moves in as ADDED.
 - field selectors ``spec.schedulerName``, ``spec.nodeName``, ``status.phase``, ``metadata.name``,
   ``metadata.namespace`` with ``=``, ``==`` and ``!=``.
-- ``POST pods/{name}/binding``: 409 Conflict when the pod is already assigned (or its uid does not match),
-  404 when the pod is gone. Like the real apiserver it does *not* check that the target node exists.
+- ``POST pods/{name}/binding``: 409 Conflict when the pod is already assigned (or its uid does not match, or
+  it still has ``spec.schedulingGates``), 404 when the pod is gone. Like the real apiserver it does *not*
+  check that the target node exists.
 - ``PATCH pods/{name}/status`` with merge or strategic merge patch (conditions merge by ``type``).
 - ``POST events`` (core/v1) and coordination.k8s.io/v1 Leases with optimistic concurrency (409 on a stale
   ``resourceVersion``).
 - ``PATCH nodes/{name}``, ``pods/{name}`` and ``events/{name}`` with a JSON merge patch (``null`` deletes a field; a
   ``metadata.resourceVersion`` in the patch is a precondition: 409 when stale), as ``kubectl cordon`` and the
   node power controller write nodes.
+- RBAC, once a test grants rules (:meth:`KubeEmulator.grant`, say a shipped ClusterRole's): a request no rule
+  allows is answered 403, as kube's authorizer answers it; and keep-alive connections idle for
+  ``idle_timeout_s`` are closed, as kube-apiserver closes them after 90 s.
 - discovery (``/api``, ``/apis``, ``/api/v1`` and the two groups' resource lists), so the real ``kubectl`` can
   get, annotate and cordon nodes (the kube_node role's power-address task is tested that way).
 - generic objects (:data:`GENERIC`): what manifests hold (Namespaces, ServiceAccounts, ConfigMaps, Secrets,
@@ -319,11 +323,19 @@ class KubeEmulator:
     :param seed: seeds the fault injector's generator.
     :param event_ttl_s: Events are deleted this long after they were created (kube-apiserver's ``--event-ttl``,
         1 h by default; measured from creation here, not from the last update).
+    :param idle_timeout_s: a keep-alive connection that brings no new request for this long is closed
+        (kube-apiserver's IdleTimeout: 90 s); None: kept open.
+
+    :meth:`grant` turns RBAC on: from then on a request no granted rule allows is answered 403 and recorded in
+    ``denied``.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, history: int = 100_000, seed: int = 0,
-                 event_ttl_s: float = 3600.0) -> None:
+                 event_ttl_s: float = 3600.0, idle_timeout_s: float | None = None) -> None:
         self.host, self._port = host, port
+        self.idle_timeout_s = idle_timeout_s
+        self._rbac: list[tuple[str, dict]] | None = None  # (namespace, rule); "" = cluster-wide; None = off
+        self.denied: list[tuple[str, str, str, str]] = []  # (verb, API group, resource[/subresource], name)
         self.history = history
         self.event_ttl_s = event_ttl_s
         self._event_times: deque[tuple[float, tuple[str, str]]] = deque()  # (created, key), oldest first
@@ -357,12 +369,29 @@ class KubeEmulator:
         self._watch_conns: set[socket.socket] = set()
         self._conn_lock = threading.Lock()
 
+    def grant(self, rules: Iterable[dict], namespace: str = "") -> None:
+        """Enforce RBAC with these rules added (a Role's in ``namespace``, a ClusterRole's without): ``apiGroups``,
+        ``resources`` (``pods/binding``), ``verbs`` and ``resourceNames`` as kube's authorizer matches them
+        (a rule with resourceNames never allows create or list)."""
+        with self._mutex:
+            self._rbac = [*(self._rbac or []), *((namespace, dict(r)) for r in rules)]
+
+    def allowed(self, verb: str, group: str, resource: str, namespace: str, name: str) -> bool:
+        """RBAC is off, or a granted rule allows the request."""
+        with self._mutex:
+            rbac = self._rbac
+        return rbac is None or any(
+            (not ns or ns == namespace) and {group, "*"} & set(r.get("apiGroups") or ())
+            and {resource, "*"} & set(r.get("resources") or ()) and {verb, "*"} & set(r.get("verbs") or ())
+            and (not r.get("resourceNames") or name in r["resourceNames"]) for ns, r in rbac)
+
     # ---- lifecycle ----
     def start(self) -> "KubeEmulator":
         emu = self
 
         class Handler(_Handler):
             emulator = emu
+            timeout = emu.idle_timeout_s  # socketserver's: a read that waits longer ends the connection
 
         class Server(ThreadingHTTPServer):
             daemon_threads = False
@@ -713,6 +742,9 @@ class KubeEmulator:
                                 f'{name} is already assigned to node "{pod["spec"]["nodeName"]}"')
             if pod["metadata"].get("deletionTimestamp"):
                 raise _ApiError(409, "Conflict", f'pod {name} is being deleted, cannot be assigned to a host')
+            if pod["spec"].get("schedulingGates"):  # a scheduling-gated pod is not ready to be scheduled
+                raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod '
+                                f'{name} has non-empty .spec.schedulingGates')
             # Copy on write of what changes (metadata gets the new resourceVersion); the rest is shared with
             # the old version, which nothing changes in place.
             pod = {**pod, "metadata": dict(pod["metadata"]), "spec": {**pod["spec"], "nodeName": target},
@@ -977,6 +1009,15 @@ class _Handler(BaseHTTPRequestHandler):
             with emu._mutex:
                 emu.requests[op] += 1
             body = self._body() if method in ("POST", "PUT", "PATCH") else {}
+            group = url.path.split("/")[2] if url.path.startswith("/apis/") else ""
+            rbac_res = resource.split(".")[0] + (f"/{sub}" if sub else "")
+            if not emu.allowed(verb, group, rbac_res, ns, name):
+                with emu._mutex:
+                    emu.denied.append((verb, group, rbac_res, name))
+                where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
+                raise _ApiError(403, "Forbidden", f'{rbac_res} "{name}" is forbidden: User "system:serviceaccount:'
+                                f'joulesched:joulesched" cannot {verb} resource "{rbac_res}" in API group "{group}"'
+                                f'{where}')
             f = emu.faults.take(op, ("slow",))
             if f is not None:
                 time.sleep(f.delay_s)
