@@ -9,10 +9,14 @@ multiples (one panel per scenario, shared axes) rather than one crowded chart.
 from __future__ import annotations
 
 import colorsys
+import functools
 import itertools
 import json
 import math
+import os
 import re
+import shutil
+import tempfile
 import textwrap
 import time
 import zipfile
@@ -26,8 +30,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from jinja2 import Environment, select_autoescape  # noqa: E402
 from markupsafe import Markup, escape  # noqa: E402
+from matplotlib.colors import to_hex, to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from joulesched.agent.registry import DEFAULT_POLICIES, family_of, heuristics_among  # noqa: E402
 from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
@@ -48,6 +54,9 @@ _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#
             "#e7ba52", "#637939", "#7b4173", "#aec7e8", "#ffbb78", "#98df8a", "#f7b6d2", "#9edae5", "#c49c94")
 #: The default policies' own palette slots, in the registry's order.
 _FIXED_SLOTS = tuple(p for p in DEFAULT_POLICIES if p != "default-k8s")
+#: How far (CIE76) a colour past the palette stays from the DQN's red and default-k8s's grey, which a reader looks
+#: for: about ten just noticeable differences.
+_FIXED_COLOR_GAP = 30.0
 _DPI = 110
 
 
@@ -65,8 +74,8 @@ def policy_colors(policies: list[str]) -> dict[str, str]:
 
     default-k8s is always :data:`DEFAULT_K8S_COLOR` and the first learned policy :data:`LEARNED_COLOR`; each
     other default policy has its own palette slot (so most-allocated looks the same in every report), and the
-    remaining policies take the lowest free slots. Past the palette (more than 20 policies) hues are spread by
-    the golden ratio at two lightnesses, so every policy still has a colour of its own, if closer to others.
+    remaining policies take the lowest free slots. Past the palette (more than 20 policies) come
+    :func:`_extra_colors`, each as far from those before it as a dense grid of colours allows.
     """
     colors: dict[str, str] = {}
     if "default-k8s" in policies:
@@ -77,14 +86,42 @@ def policy_colors(policies: list[str]) -> dict[str, str]:
     slots = {p: _FIXED_SLOTS.index(p) for p in policies if p in _FIXED_SLOTS and p not in colors}
     free = (k for k in itertools.count() if k not in slots.values())
     slots.update({p: next(free) for p in policies if p not in colors and p not in slots})
+    extra = _extra_colors(max(0, max(slots.values(), default=0) + 1 - len(_PALETTE)))
     for p, k in slots.items():
-        if k < len(_PALETTE):
-            colors[p] = _PALETTE[k]
-        else:
-            j = k - len(_PALETTE)
-            r, g, b = colorsys.hls_to_rgb((0.13 + 0.618034 * j) % 1.0, 0.42 if j % 2 else 0.62, 0.7)
-            colors[p] = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+        colors[p] = _PALETTE[k] if k < len(_PALETTE) else extra[k - len(_PALETTE)]
     return {p: colors[p] for p in policies}
+
+
+def _lab(colors) -> np.ndarray:
+    """CIE L*a*b* (D65) of sRGB colours, a row each: the distance between two rows (CIE76) is how different the
+    colours look, 2.3 a just noticeable difference."""
+    rgb = np.array([to_rgb(c) for c in colors])
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = lin @ np.array([[0.4124, 0.2126, 0.0193], [0.3576, 0.7152, 0.1192], [0.1805, 0.0722, 0.9505]])
+    xyz /= (0.95047, 1.0, 1.08883)
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz * (29 / 6) ** 2 / 3 + 4 / 29)
+    return np.stack([116 * f[:, 1] - 16, 500 * (f[:, 0] - f[:, 1]), 200 * (f[:, 1] - f[:, 2])], axis=1)
+
+
+@functools.cache
+def _extra_colors(n: int) -> tuple[str, ...]:
+    """``n`` colours for the policies past the palette, in order: each, among a dense grid of hues, lightnesses
+    and saturations, the one farthest (CIE76) from the palette, the red, the grey and the colours before it;
+    none within :data:`_FIXED_COLOR_GAP` of the red or the grey, nor a pale tint that a white page washes out.
+    Deterministic, so a policy keeps its colour from one report of as many policies to the next."""
+    grid = itertools.product(np.arange(72) / 72, (0.3, 0.4, 0.5, 0.6, 0.7), (0.5, 0.75, 1.0))
+    cands = sorted({to_hex(colorsys.hls_to_rgb(h, light, sat)) for h, light, sat in grid})
+    lab = _lab(cands)
+    fixed = _lab([LEARNED_COLOR, DEFAULT_K8S_COLOR])
+    keep = (np.linalg.norm(lab[:, None] - fixed, axis=2).min(axis=1) >= _FIXED_COLOR_GAP) & (lab[:, 0] <= 85)
+    cands, lab = [c for c, k in zip(cands, keep) if k], lab[keep]
+    gap = np.linalg.norm(lab[:, None] - _lab([*_PALETTE, LEARNED_COLOR, DEFAULT_K8S_COLOR]), axis=2).min(axis=1)
+    out = []
+    for _ in range(n):  # greedy farthest point; past ~900 policies colours repeat
+        k = int(np.argmax(gap))
+        out.append(cands[k])
+        gap = np.minimum(gap, np.linalg.norm(lab - lab[k], axis=1))
+    return tuple(out)
 
 
 def short_label(policy: str, width: int = 32) -> str:
@@ -111,11 +148,27 @@ def _wrap(text: str, width: int = 26) -> str:
     return "\n".join(line.replace("- ", "-") for line in textwrap.wrap(text.replace("-", "- "), width))
 
 
+def _plain_number(v: float, _pos=None) -> str:
+    """A tick label in plain text: 0, 1, 10, 1,000. A log axis's own labels are mathtext, which reports turn off
+    (:func:`plain_text_figures`): they would print as ``$\\mathdefault{10^{0}}$``."""
+    if v == 0:
+        return "0"  # not "-0"
+    return (f"{v:,.0f}" if abs(v) >= 1 else f"{v:g}").replace("-", "\N{MINUS SIGN}")
+
+
 def _slo_budget(rows: dict[str, PolicySummary]) -> float:
     """The SLO violation rate a policy may reach and still count as equal service: default-k8s's plus
     :data:`SLO_SLACK` (without default-k8s in the run, the lowest rate of the run plus it)."""
     ref = rows["default-k8s"] if "default-k8s" in rows else min(rows.values(), key=lambda r: r.slo_violation_rate)
     return ref.slo_violation_rate + SLO_SLACK
+
+
+def _least_energy_within_budget(rows: dict[str, PolicySummary]) -> str:
+    """The verdict's pick, which each scenario's table highlights too: the least-energy policy within the SLO
+    budget (:func:`_slo_budget`; the first of equals in ``rows``' order)."""
+    budget = _slo_budget(rows)
+    return min((p for p, r in rows.items() if r.slo_violation_rate <= budget + 1e-12),
+               key=lambda p: rows[p].energy_joules)
 
 
 def _ratios_to_reference(doc: Results, name: str) -> dict[str, float]:
@@ -216,6 +269,7 @@ def fig_energy_vs(doc: Results, colors: dict[str, str], key: str, label: str, sc
         # Pending times span orders of magnitude (0.1 s for a spreader, minutes for a packer that waits for
         # wake-ups): a symmetric log axis keeps zero and both ends visible.
         ax.set_xscale("symlog", linthresh=1.0)
+        ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))  # minor ticks stay unlabelled
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_title(_wrap(n), fontsize=9)
         ax.grid(lw=0.4, alpha=0.5)
@@ -250,6 +304,10 @@ def fig_power(doc: Results, tl: dict, key: str, name: str, seed: int, colors: di
     ax.set_ylabel("cluster power (kW)")
     ax.set_title(f"{name}: power over time (workload seed {seed})", fontsize=10)
     ax2.set_ylabel("nodes awake")
+    # A count: from zero (a margin below, so that asleep stretches are not hidden under the axis) with integer
+    # ticks (no 2.5 nodes; a flat line got 2.9, 3.0, 3.1), few enough for the short panel.
+    ax2.set_ylim(bottom=-0.05 * max(ax2.get_ylim()[1], 1.0))
+    ax2.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 5, 10], integer=True))
     ax2.set_xlabel("time (h)")
     fig.legend(loc="outside right upper", fontsize=8, frameon=False)
     return fig
@@ -366,7 +424,9 @@ def fig_gpu_energy(doc: Results, name: str, colors: dict[str, str]) -> Figure | 
         return None
     fig, ax = plt.subplots(figsize=(6.4, 0.28 * len(pols) + 1.3), layout="constrained")
     y = np.arange(len(pols))
-    cpu = [rows[p].cpu_joules / 3.6e6 for p in pols]
+    # An older row may lack cpu_joules: the rest of the energy is the CPU side (results.PolicyRun.cpu_joules).
+    cpu = [(rows[p].energy_joules - rows[p].gpu_joules if rows[p].cpu_joules is None else rows[p].cpu_joules) / 3.6e6
+           for p in pols]
     gpu = [rows[p].gpu_joules / 3.6e6 for p in pols]
     for bar, p in zip(ax.barh(y, cpu, height=0.75, color=[colors[p] for p in pols], alpha=0.45), pols):
         bar.set_gid(f"{p}/cpu")
@@ -453,8 +513,7 @@ def verdict(doc: Results) -> list[dict]:
     for name, s in doc.summary.items():
         rows, entries = s.policies, doc.runs(name)
         budget = _slo_budget(rows)
-        within = [p for p in pols if rows[p].slo_violation_rate <= budget + 1e-12]
-        best = min(within, key=lambda p: rows[p].energy_joules)
+        best = _least_energy_within_budget({p: rows[p] for p in pols})
         v = {"name": name, "n": len(entries), "budget": budget, "best": best,
              "best_vs_ref": _ratios_to_reference(doc, name)[best], "best_slo": rows[best].slo_violation_rate,
              "learned": {}, "best_heuristic": None, "target": None, "target_kind": ""}
@@ -507,10 +566,12 @@ run in {{ "%.1f"|format(wall_s) }} s. Generated {{ when }}.{% if command %}<br>C
 {% for p in learned %}<td>{{ fmt_ci(v.learned.get(p)) }}</td>{% endfor %}
 <td>{% if v.target %}{{ fmt_ci(v.target) }} ({{ v.target_kind }}){% else %}—{% endif %}</td></tr>
 {% endfor %}</table>
-<p class="note">The SLO budget is {{ ref }}'s violation rate plus 0.5 percentage points (equal service, as the
-project's goals define it). Ratios are per seed, then averaged; &plusmn; is the half-width of a 95% Student-t
-interval over the n seeds (none with one seed). The best heuristic is the least-energy heuristic on each seed,
-whatever its SLO (named: the one best on most seeds). The optimum is the MIP of <code>docs/optimum.md</code>
+<p class="note">The SLO budget is {% if "default-k8s" in policies %}default-k8s's violation rate{% else %}the
+lowest violation rate of the scenario's policies (default-k8s did not run){% endif %} plus 0.5 percentage points
+(equal service, as the project's goals define it). Ratios are per seed, then averaged; &plusmn; is the half-width
+of a 95% Student-t interval over the n seeds (none with one seed). The best heuristic is the least-energy heuristic
+on each seed, whatever its SLO (named: the one best on most seeds). The optimum is the MIP of
+<code>docs/optimum.md</code>
 (<code>--optimum</code>; its schedule as the twin replays it; * = not proven optimal in its time limit); a bound is
 the largest proven lower bound (the LP's or the clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no
 policy can use less; <em>bound, bind-on-arrival</em>: the MIP's own or the bind-on-arrival LP's, which only the
@@ -546,15 +607,16 @@ LP's bounds and each policy's share of the best heuristic's distance to them com
 <img src="plots/training_curve.png" alt="DQN training curve">{% endif %}
 {% for s in scenarios %}
 <h2>{{ s.name }}</h2>
-<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods, n = {{ s.n }} seed(s) (workload seeds {{ s.seeds }}); {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.</p>
+<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods, n = {{ s.n }} seed(s) (workload seeds {{ s.seeds }}); {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.
+Highlighted: the least energy within the SLO budget (the verdict's pick).</p>
 <table><tr><th class="pol">policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
-<th>mean throttling</th><th>mean pending (s)</th><th title="unplaced pods: placed + unplaced = pods">unplaced</th><th>decision p99 (&micro;s)</th></tr>
+<th>mean throttling</th><th>mean pending (s)</th><th title="unplaced pods: placed + unplaced = each seed's pods, mean over seeds">unplaced</th><th>decision p99 (&micro;s)</th></tr>
 {% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td class="pol"><span class="sw" style="background:{{ colors[r.policy] }}"></span>{{ r.policy|breakable }}</td><td>{{ r.energy }}</td>
 <td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) if r.vs_lb is not none else "—" }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
 <td>{{ "%.2f"|format(r.thr) ~ "%" if r.thr is not none else "n/a" }}</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
 <td>{{ "%.0f"|format(r.p99) if r.p99 is not none else "n/a" }}</td></tr>
 {% endfor %}</table>
-<p class="meta">Unplaced: pods never bound to a node (placed + unplaced = the {{ s.pods }} pods), mean over seeds: they fit no node, were still pending at the end, or were services whose stop came before they ran (docs/twin.md, "Counts"); they are not SLO violations.</p>
+<p class="meta">Unplaced: pods never bound to a node (placed + unplaced = each seed's pods, mean over seeds: {{ s.pods_mean }}): they fit no node, were still pending at the end, or were services whose stop came before they ran (docs/twin.md, "Counts"); they are not SLO violations.</p>
 {% for img in s.images %}<img src="plots/{{ img }}" alt="{{ img }}">{% endfor %}
 {% endfor %}
 </body></html>
@@ -623,7 +685,7 @@ def _scenario_tables(doc: Results) -> list[dict]:
     scen = []
     for name, s in doc.summary.items():
         entries = doc.runs(name)
-        best = min(s.policies, key=lambda p: s.policies[p].energy_joules)
+        best = _least_energy_within_budget({p: s.policies[p] for p in doc.policies})
         rows = []
         for p, r in s.policies.items():
             rows.append({"policy": p, "energy": fmt_energy(r.energy_joules),
@@ -632,7 +694,12 @@ def _scenario_tables(doc: Results) -> list[dict]:
                          "thr": None if r.mean_throttling is None else 100 * r.mean_throttling,
                          "pending": r.mean_pending_s, "uns": r.unschedulable_pods, "p99": r.decision_us_p99,
                          "best": p == best})
-        scen.append({"name": name, "nodes": entries[0].nodes, "pods": entries[0].pods, "n": s.seeds,
+        counts = sorted({e.pods for e in entries})
+        mean = s.pods if s.pods is not None else float(np.mean([e.pods for e in entries]))  # an older file: no pods
+        scen.append({"name": name, "nodes": entries[0].nodes, "n": s.seeds,
+                     # Seeds draw different workloads: their range, and the mean the unplaced column is one of.
+                     "pods": f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}",
+                     "pods_mean": f"{mean:.0f}" if mean == round(mean) else f"{mean:.1f}",
                      "seeds": ", ".join(str(e.seed) for e in entries), "rows": rows, "images": [],
                      "lb": fmt_energy(s.lower_bound_joules) if s.lower_bound_joules else None})
     return scen
@@ -696,9 +763,10 @@ def _check_timelines(tl_path: Path, tl: dict, doc: Results, nodes: dict) -> None
     def bad(name: str, why: str) -> ResultsError:
         return ResultsError(f"{tl_path}: {name}: {why}")
 
-    for key in keys:
+    for name, key in zip(doc.summary, keys):
         if not any(k.startswith(f"{key}/") for k in tl):
             continue
+        ran = doc.runs(name)[0].nodes  # timelines are recorded on the first seed
         bin_s = tl.get(f"{key}/bin_s")
         if bin_s is None or bin_s.shape != (1,) or not np.isfinite(bin_s).all() or not bin_s[0] > 0:
             raise bad(f"{key}/bin_s", "expected one positive number of seconds per bin")
@@ -713,6 +781,9 @@ def _check_timelines(tl_path: Path, tl: dict, doc: Results, nodes: dict) -> None
             if util is None or util.ndim != 2 or util.shape[0] != watts.size:
                 raise bad(f"{key}/{p}/util", f"expected bins x nodes ({watts.size} rows, as watts), got shape "
                           f"{None if util is None else util.shape}")
+            if util.shape[1] != ran:
+                raise bad(f"{key}/{p}/util", f"{util.shape[1]} nodes, but results.json's {name!r} ran on {ran} "
+                          "(another run's file?)")
             groups = nodes.get(key, {}).get("node_groups")
             if groups is not None and len(groups) != util.shape[1]:
                 raise bad(f"{key}/{p}/util", f"{util.shape[1]} nodes, but nodes.json names {len(groups)}")
@@ -757,32 +828,39 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
     out = Path(out)
     doc, tl, nodes = _read_inputs(out)
     plots = out / "plots"
-    plots.mkdir(exist_ok=True)
     scen = _scenario_tables(doc)
     by_name = {s["name"]: s for s in scen}
     summary_images = []
-    drawn = set()
-    with plain_text_figures():  # scenario and policy names are the user's text, not mathtext
-        for fname, name, fig in figures(doc, tl, nodes):
-            _save(fig, plots / fname)
-            drawn.add(fname)
-            if name is None:
-                summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
-            else:
-                by_name[name]["images"].append(fname)
-    pols = doc.policies
-    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    env.filters["breakable"] = _breakable
-    page = env.from_string(_TEMPLATE).render(
-        header=header, n_scen=len(scen), seeds=doc.seeds, policies=pols, wall_s=doc.wall_s,
-        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.command, scenarios=scen,
-        verdict=verdict(doc), learned=[p for p in pols if family_of(p) == "learned"], ref=_reference(pols),
-        colors=policy_colors(pols), fmt_ci=_fmt_ci, summary_images=summary_images, headroom=_headroom_rows(doc),
-        headroom_policies=[p for p in pols if p != "default-k8s"],
-        training_curve=(plots / "training_curve.png").is_file())
-    written = atomic_write_text(out / "report.html", page)
-    # Only once the new page is in place: a render that fails leaves the old page with every plot it shows.
-    for stale in report_plots(out):
-        if stale.name not in drawn:
-            stale.unlink(missing_ok=True)
+    drawn = []
+    # Every figure is drawn beside plots/ (the same file system, so each moves in with a rename) and moved in
+    # only with the new page: a render that fails or is interrupted leaves the old page and its plots as they were.
+    staging = Path(tempfile.mkdtemp(prefix=".plots-", dir=out))
+    try:
+        with plain_text_figures():  # scenario and policy names are the user's text, not mathtext
+            for fname, name, fig in figures(doc, tl, nodes):
+                _save(fig, staging / fname)
+                drawn.append(fname)
+                if name is None:
+                    summary_images.append({"file": fname, "alt": _SUMMARY_ALT[fname]})
+                else:
+                    by_name[name]["images"].append(fname)
+        pols = doc.policies
+        env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+        env.filters["breakable"] = _breakable
+        page = env.from_string(_TEMPLATE).render(
+            header=header, n_scen=len(scen), seeds=doc.seeds, policies=pols, wall_s=doc.wall_s,
+            when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=doc.command, scenarios=scen,
+            verdict=verdict(doc), learned=[p for p in pols if family_of(p) == "learned"], ref=_reference(pols),
+            colors=policy_colors(pols), fmt_ci=_fmt_ci, summary_images=summary_images, headroom=_headroom_rows(doc),
+            headroom_policies=[p for p in pols if p != "default-k8s"],
+            training_curve=(plots / "training_curve.png").is_file())
+        written = atomic_write_text(out / "report.html", page)
+        plots.mkdir(exist_ok=True)
+        for fname in drawn:
+            os.replace(staging / fname, plots / fname)
+        for stale in report_plots(out):
+            if stale.name not in drawn:
+                stale.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return written

@@ -27,10 +27,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 
-from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_FAMILIES, family_of
+from joulesched.agent.registry import DEFAULT_POLICIES, HEURISTIC_FAMILIES, default_policies, family_of
+from joulesched.core.plots import plain_text_figures
 from joulesched.pipelines import report
 from joulesched.pipelines.benchmark import load_results, run_benchmark, summarize
-from joulesched.pipelines.results import OptimumRun, Results, ScenarioRun, from_dict
+from joulesched.pipelines.results import OptimumRun, Results, ScenarioRun, dump, from_dict
 from joulesched.pipelines.suite import REPO_ROOT, SCENARIOS_DIR, standard_suite
 
 DQN = f"dqn={REPO_ROOT / 'models' / 'v2.pt'}"
@@ -119,7 +120,8 @@ def test_each_policy_has_one_distinct_colour_in_every_figure(run):
     for p in POLICIES:
         assert f'background:{colour[p]}"></span>{report._breakable(p)}' in html, p
     # The unplaced column says what it counts, so that its numbers add up with the pods (#33).
-    assert html.count("placed + unplaced = the") == html.count('title="unplaced pods') >= 1
+    assert html.count("placed + unplaced = each seed's pods, mean over seeds: ") \
+        == html.count('title="unplaced pods') >= 1
 
 
 def test_default_k8s_the_dqn_and_every_default_policy_keep_their_colours_in_any_report():
@@ -292,16 +294,19 @@ def test_the_verdict_says_which_runs_a_bound_holds_for_and_an_optimum_only_when_
     assert "<em>bound, bind-on-arrival</em>: the MIP's own or the bind-on-arrival LP's, which only the runs" in note
 
 
-def _made_up(energies: list[dict[str, float]], optimum: dict | list[dict] | None = None) -> Results:
+def _made_up(energies: list[dict[str, float]], optimum: dict | list[dict] | None = None,
+             metrics: dict[str, dict] | None = None, pods: list[int] | None = None) -> Results:
     """Results of scenario ``s`` with one seed per dict of ``energies`` (policy -> joules), every other metric
-    alike; ``optimum``: each seed's optimum row (or one per seed)."""
+    alike but for ``metrics`` (policy -> its metrics on every seed); ``optimum``: each seed's optimum row (or one
+    per seed); ``pods``: each seed's pod count (3)."""
     if isinstance(optimum, dict):
         optimum = [optimum] * len(energies)
-    metrics = {"slo_violation_rate": 0.0, "unschedulable_pods": 0, "mean_pending_s": 0.0, "placements": 3,
-               "decision_us_p99": 1.0, "mean_throttling": 0.0, "end_s": 100.0, "completed_pods": 3}
-    runs = [{"name": "s", "seed": k, "nodes": 2, "pods": 3, "lower_bound_joules": 80.0,
+    pods = pods or [3] * len(energies)
+    alike = {"slo_violation_rate": 0.0, "unschedulable_pods": 0, "mean_pending_s": 0.0, "placements": 3,
+             "decision_us_p99": 1.0, "mean_throttling": 0.0, "end_s": 100.0, "completed_pods": 3}
+    runs = [{"name": "s", "seed": k, "nodes": 2, "pods": pods[k], "lower_bound_joules": 80.0,
              **({"optimum": {"name": "s", "seed": k, "nodes": 2, "pods": 3, **optimum[k]}} if optimum else {}),
-             "policies": {p: {"energy_joules": e, **metrics} for p, e in seed.items()}}
+             "policies": {p: {"energy_joules": e, **alike, **(metrics or {}).get(p, {})} for p, e in seed.items()}}
             for k, seed in enumerate(energies)]
     doc = {"schema_version": 2, "command": "", "created_unix": 0.0, "wall_s": 0.0, "policies": list(energies[0]),
            "seeds": len(energies), "scenarios": runs}
@@ -416,3 +421,136 @@ def test_the_benchmark_summary_gives_the_replayed_schedule_and_its_certificate()
     s = _optimum_summary([row, {**row, "seed": 1, "schedule_joules": 98.0}])
     assert s["optimum_joules"] == pytest.approx(97.0) and s["status"] == ["feasible", "feasible"]
     assert s["optimum_bound_joules"] == 95.0 and s["lp_bound_joules"] == 90.0
+
+
+def _render(doc: Results, out: Path) -> str:
+    """``doc`` written to ``out`` and rendered (no timelines): the page."""
+    out.mkdir()
+    (out / "results.json").write_text(dump(doc))
+    return report.write_report(out).read_text()
+
+
+def _tick_labels(axis) -> list[str]:
+    lo, hi = sorted(axis.get_view_interval())
+    return [t.label1.get_text() for t in axis.get_major_ticks() if t.label1.get_visible() and lo <= t.get_loc() <= hi]
+
+
+def test_the_log_pending_axis_labels_its_ticks_in_plain_numbers():
+    """Mathtext is off in every figure (user text), so the symlog axis's own labels printed literally as
+    ``$\\mathdefault{10^{0}}$``: plain numbers, minor ticks unlabelled."""
+    doc = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}],
+                   metrics={"default-k8s": {"mean_pending_s": 0.3}, "most-allocated": {"mean_pending_s": 6000.0}})
+    with plain_text_figures():
+        fig = report.fig_energy_vs(doc, report.policy_colors(doc.policies), "mean_pending_s", "pending (s)", 1.0)
+        fig.canvas.draw()
+    xaxis = fig.axes[0].xaxis
+    assert _tick_labels(xaxis) == ["0", "1", "10", "100", "1,000", "10,000"]
+    assert all(not t.label1.get_visible() or not t.label1.get_text() for t in xaxis.get_minor_ticks())
+    plt.close(fig)
+
+
+def test_no_figure_of_the_report_or_the_training_curve_prints_mathtext_markup(run, tmp_path):
+    doc, tl, nodes = _inputs(run)
+    with plain_text_figures():
+        for fname, _, fig in report.figures(doc, tl, nodes):
+            fig.canvas.draw()
+            texts = [t.get_text() for t in fig.findobj(Text) if t.get_visible()]
+            assert not [t for t in texts if "$" in t or "mathdefault" in t], fname
+            plt.close(fig)
+    # The training curve's axes (a million decisions: an offset or scientific label, if any, is plain too).
+    from joulesched.pipelines import training
+
+    drawn = {}
+    real_savefig = training.atomic_savefig
+
+    def keep(fig, path, **kw):
+        drawn["texts"] = [t.get_text() for t in fig.findobj(Text) if t.get_visible()]
+        return real_savefig(fig, path, **kw)
+
+    curve = tmp_path / "m.curve.csv"
+    curve.write_text("step,scenario,episode_return,eval_score\n" + "".join(
+        f"{k},tiny,{-1e5 * k},\n{k},validation,,{1 + 1e-4 * k}\n" for k in range(0, 2_000_001, 250_000)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(training, "atomic_savefig", keep)
+        training._plot_curve(curve, tmp_path / "m.curve.png")
+    assert drawn["texts"] and not [t for t in drawn["texts"] if "$" in t or "mathdefault" in t], drawn["texts"]
+
+
+@pytest.mark.parametrize("n", [25, 40])
+def test_colours_past_the_palette_keep_off_the_dqns_red_and_apart(n):
+    """Past the palette, golden-ratio hues came within 16 CIE76 units of the DQN's red (the demo's 25 policies:
+    gpu-energy:empty=asleep) and 7 of a palette colour (fgd beside random)."""
+    policies = [*default_policies(gpus=True), DQN]
+    policies += [f"my-plugin:k={k}" for k in range(n - len(policies))]
+    assert len(policies) == n
+    colours = report.policy_colors(policies)
+    assert colours["default-k8s"] == report.DEFAULT_K8S_COLOR and colours[DQN] == report.LEARNED_COLOR
+    assert all(colours[p] == c for p, c in report.policy_colors(list(DEFAULT_POLICIES)).items())  # fixed slots
+    red, grey = _lab(report.LEARNED_COLOR), _lab(report.DEFAULT_K8S_COLOR)
+    others = [c for p, c in colours.items() if p not in ("default-k8s", DQN)]
+    assert min(float(np.linalg.norm(_lab(c) - red)) for c in others) >= 25
+    assert min(float(np.linalg.norm(_lab(c) - grey)) for c in others) >= 25
+    # Each generated colour at least 25 units from every other colour of the report (the palette's own pairs are
+    # as close as 17: their order is fixed).
+    made = [c for c in others if c not in report._PALETTE]
+    assert len(made) == n - 2 - len(report._PALETTE)
+    assert min(float(np.linalg.norm(_lab(a) - _lab(b))) for a in made for b in colours.values() if a != b) >= 25
+    assert len(set(colours.values())) == n
+
+
+def test_the_header_and_the_unplaced_note_give_each_seeds_pods_and_their_mean(tmp_path):
+    doc = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}] * 3, pods=[27, 40, 40])
+    page = " ".join(_render(doc, tmp_path / "out").split())
+    assert "2 nodes, 27-40 pods, n = 3 seed(s)" in page
+    assert "placed + unplaced = each seed's pods, mean over seeds: 35.7)" in page
+    same = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}] * 2, pods=[40, 40])
+    page = " ".join(_render(same, tmp_path / "same").split())
+    assert "2 nodes, 40 pods, n = 2 seed(s)" in page and "mean over seeds: 40)" in page
+
+
+def test_the_slo_budget_note_names_where_the_budget_comes_from(tmp_path):
+    slo = {"most-allocated": {"slo_violation_rate": 0.05}, "awake-first": {"slo_violation_rate": 0.01}}
+    without = _made_up([{"most-allocated": 100.0, "awake-first": 150.0}], metrics=slo)
+    page = " ".join(_render(without, tmp_path / "without").split())
+    assert "The SLO budget is the lowest violation rate of the scenario's policies (default-k8s did not run) plus 0.5" \
+        in page
+    assert report.verdict(without)[0]["budget"] == pytest.approx(0.015)  # awake-first's, not most-allocated's
+    with_ref = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}])
+    page = " ".join(_render(with_ref, tmp_path / "with").split())
+    assert "The SLO budget is default-k8s's violation rate plus 0.5 percentage points" in page
+
+
+def test_each_scenario_table_highlights_the_verdicts_pick_not_the_least_energy_over_the_budget(tmp_path):
+    doc = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0, "awake-first": 150.0}],
+                   metrics={"most-allocated": {"slo_violation_rate": 0.10}})
+    page = _render(doc, tmp_path / "out")
+    assert report.verdict(doc)[0]["best"] == "awake-first"
+    highlighted = re.findall(r'<tr class="best"><td class="pol"><span[^>]*></span>([^<]*)</td>', page)
+    assert highlighted == ["awake-first"]
+    assert "Highlighted: the least energy within the SLO budget (the verdict's pick)." in page
+
+
+def test_the_gpu_split_takes_the_cpu_side_as_the_rest_where_a_row_has_no_cpu_joules():
+    doc = _made_up([{"default-k8s": 7.2e6, "most-allocated": 3.6e6}])
+    rows = doc.summary["s"].policies
+    for p, gpu in (("default-k8s", 3.6e6), ("most-allocated", 1.8e6)):
+        rows[p] = rows[p].model_copy(update={"gpu_joules": gpu, "cpu_joules": None})  # an older row: a TypeError
+    fig = report.fig_gpu_energy(doc, "s", report.policy_colors(doc.policies))
+    widths = {a.get_gid(): a.get_width() for a in fig.findobj(Rectangle) if a.get_gid()}
+    assert widths == pytest.approx({"default-k8s/cpu": 1.0, "default-k8s/gpu": 1.0, "most-allocated/cpu": 0.5,
+                                    "most-allocated/gpu": 0.5})
+    plt.close(fig)
+
+
+def test_the_nodes_awake_axis_has_integer_ticks(run):
+    doc, tl, _ = _inputs(run)
+    for name in doc.summary:
+        with plain_text_figures():
+            fig = report.fig_power(doc, tl, doc.timeline_key(name), name, 0, report.policy_colors(doc.policies))
+            fig.canvas.draw()
+        awake = next(ax for ax in fig.axes if ax.get_ylabel() == "nodes awake")
+        lo, hi = awake.get_ylim()
+        ticks = [v for v in awake.get_yticks() if lo <= v <= hi]
+        assert len(ticks) >= 2 and all(float(v).is_integer() for v in ticks), (name, ticks)
+        assert all("." not in t for t in _tick_labels(awake.yaxis)), name
+        plt.close(fig)

@@ -233,3 +233,48 @@ def test_a_render_that_fails_keeps_the_old_page_and_its_plots(out, monkeypatch):
         write_report(out)
     assert (out / "report.html").read_text() == before
     assert "power_0.png" in before and (out / "plots" / "power_0.png").is_file()
+
+
+def test_timelines_of_a_same_named_scenario_on_another_cluster_exit_2_naming_the_array(out):
+    """Another run's timelines.npz and nodes.json of a scenario with the same name but more nodes agree with each
+    other; only results.json's node count gives them away (the utilisation plot drew the other cluster)."""
+    ran = json.loads((out / "results.json").read_text())["scenarios"][0]["nodes"]
+    path = out / "timelines.npz"
+    with np.load(path) as tl:
+        arrays = dict(tl)
+    for k in [k for k in arrays if k.endswith("/util")]:
+        arrays[k] = np.zeros((arrays[k].shape[0], ran + 1), dtype=arrays[k].dtype)
+    np.savez(path, **arrays)
+    nodes = json.loads((out / "nodes.json").read_text())
+    nodes["tiny"].update({f: [*nodes["tiny"][f], nodes["tiny"][f][-1]] for f in ("node_names", "node_groups")})
+    (out / "nodes.json").write_text(json.dumps(nodes))
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 2, r.output
+    want = f"error: {path}: tiny/default-k8s/util: {ran + 1} nodes, but results.json's 'tiny' ran on {ran}"
+    assert r.stderr.startswith(want) and "Traceback" not in r.output, r.stderr
+
+
+@pytest.mark.parametrize("where, error", [("fig_util", RuntimeError), ("fig_util", KeyboardInterrupt),
+                                          ("atomic_write_text", RuntimeError)])
+def test_a_render_that_fails_or_is_interrupted_leaves_every_plot_and_no_temporary_folder(out, monkeypatch, where,
+                                                                                         error):
+    """The figures are drawn beside plots/ and moved in with the page: before, each replaced its old file as it was
+    drawn, so a render that stopped halfway left new plots under the old page."""
+    import joulesched.pipelines.report as report
+
+    def files():
+        return {p.relative_to(out): (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.rglob("*")}
+
+    before = files()
+
+    def broken(*a, **kw):
+        raise error("render failed")
+
+    monkeypatch.setattr(report, where, broken)
+    with pytest.raises(error):
+        write_report(out)
+    assert files() == before  # the same files, none rewritten, no temporary folder left
+    monkeypatch.undo()
+    write_report(out)
+    after = files()
+    assert set(after) == set(before) and after[Path("plots/power_0.png")] != before[Path("plots/power_0.png")]
