@@ -40,7 +40,7 @@ import numpy as np
 from joulesched.agent.lower_bound import _lower_hull, lower_bound
 from joulesched.agent.policy import decide
 from joulesched.cluster.scenario import Scenario, Sleep
-from joulesched.cluster.twin import RunResult, Twin
+from joulesched.cluster.twin import RunResult, Twin, extend_run
 from joulesched.cluster.workload import SERVICE, Workload, build_workload
 from joulesched.core.errors import UsageError
 
@@ -1863,10 +1863,11 @@ def check_time_limit(time_limit: float, option: str = "--time-limit") -> float:
 def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float = 60.0,
                   max_nodes: int = MIP_MAX_NODES, max_pods: int = MIP_MAX_PODS, replay_check: bool = True,
                   workload: Workload | None = None, fluid_joules: float | None = None, bound_only: bool = False,
-                  on_stage=None, solver: str = DEFAULT_SOLVER) -> dict:
+                  on_stage=None, solver: str = DEFAULT_SOLVER, on_replay=None) -> dict:
     """Everything known about the optimum of one (scenario, seed): the fluid and LP bounds for every run, and
     on a small enough instance the MIP's best schedule, its bound and gap, and that schedule replayed in the
-    twin (``replay_joules``, ``replay_rel_error``: the model checked against the twin). ``workload`` and
+    twin (``replay_joules``, ``replay_rel_error``: the model checked against the twin; ``on_replay(result)`` is
+    handed the replay's RunResult, so that the benchmark meters it over its policies' window). ``workload`` and
     ``fluid_joules`` (its fluid lower bound): what the caller already built and computed, not done again.
     ``bound_only``: the bounds alone, within ``time_limit`` in all (:func:`bounds_entry`); ``on_stage(what,
     best_bound_joules)`` is told as each of its stages starts. ``solver``: the MIP's, one of :data:`SOLVERS`."""
@@ -1914,6 +1915,8 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
         else:
             out["replay_joules"] = rr.energy_joules
             out["replay_rel_error"] = abs(rr.energy_joules - res.energy_joules) / rr.energy_joules
+            if on_replay is not None:
+                on_replay(rr)
     return certify(out, replay_check)
 
 
@@ -2002,6 +2005,18 @@ def certify(out: dict, replayed: bool) -> dict:
                solver=out.get("solver"),
                time_s=sum(out.get(k) or 0.0 for k in ("lp_wall_s", "boa_wall_s", "wall_s")))
     return out
+
+
+def window_schedule(opt: dict, replay: RunResult, until_s: float) -> None:
+    """Meter the optimum's schedule (``opt``, a row of :func:`optimum_entry`; ``replay``, the twin's run of it)
+    over a window that ends at ``until_s``, as the policies beside it are (:func:`~joulesched.cluster.twin.
+    common_window`): ``schedule_joules`` gets the idle tail's joules (``window_tail_joules``). The bounds hold
+    for any later window too; the certificate and gap stay the MIP's, over the schedule's own end."""
+    tail = extend_run(replay, until_s).energy_joules - replay.energy_joules
+    opt["window_end_s"] = max(until_s, replay.end_s)
+    opt["window_tail_joules"] = tail
+    if opt.get("schedule_joules") is not None:
+        opt["schedule_joules"] += tail
 
 
 def policy_energies(scenario: Scenario, seed_offset: int, specs) -> dict[str, float]:

@@ -33,6 +33,7 @@ The twin is a :class:`~joulesched.cluster.backend.Backend` (``start``, ``next_de
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import heapq
 import math
@@ -160,6 +161,11 @@ class RunResult:
     decision_us_p99: float
     decisions: int
     timeline: Timeline | None = None
+    #: What the cluster draws after ``end_s`` (:meth:`Twin.idle_tail`): :func:`common_window` meters runs compared
+    #: side by side over one window with it.
+    idle_tail: "IdleTail | None" = None
+    #: The end of the window the energies cover: ``end_s``, or later once :func:`extend_run` metered the idle tail.
+    window_end_s: float | None = None
     evictions: int = 0  # pods evicted by consolidation (each restarted elsewhere)
     # The pod model: services that ran to their stop or the run's end (they are in completed_pods too), and
     # their SLO judged per interval (slo_violations counts jobs only).
@@ -207,6 +213,95 @@ class RunResult:
     def service_slo_violation_rate(self) -> float:
         """Violating service-intervals over service-intervals (docs/twin.md, "Service quality")."""
         return self.service_slo_violations / self.service_intervals if self.service_intervals else 0.0
+
+
+@dataclass(frozen=True)
+class IdleTail:
+    """The cluster after a run's end, every pod gone: only sleep timers (and wakes under way) still change what it
+    draws. From ``times[k]`` on (``times[0]`` the run's end) it draws ``watts[k]`` (``gpu_watts[k]`` of it the
+    GPUs') with ``awake[k]`` nodes not asleep; the last entry holds for ever. Per node (GPU clusters, whose
+    results have per-node energies): ``node_watts`` and ``node_gpu_watts`` at the end and ``node_changes``
+    ``(t, node, watts, gpu watts)``.
+
+    Why: policies compared side by side must be metered over one window. A run that finishes its last job
+    later would otherwise pay for the whole cluster's idle or sleep draw while the others are not metered at all
+    (docs/twin.md, "The run's window")."""
+
+    times: tuple[float, ...]
+    watts: tuple[float, ...]
+    gpu_watts: tuple[float, ...]
+    awake: tuple[int, ...]
+    node_watts: tuple[float, ...] | None = None
+    node_gpu_watts: tuple[float, ...] | None = None
+    node_changes: tuple[tuple[float, int, float, float], ...] = ()
+
+    def energy(self, start: float, end: float) -> tuple[float, float]:
+        """Joules, and the GPUs' share, drawn over ``[start, end]`` (``start`` at or after the run's end)."""
+        total = gpu = 0.0
+        t = self.times
+        for k in range(len(t)):
+            a = max(start, t[k])
+            b = min(end, t[k + 1]) if k + 1 < len(t) else end
+            if b > a:
+                total += self.watts[k] * (b - a)
+                gpu += self.gpu_watts[k] * (b - a)
+        return total, gpu
+
+    def node_energy(self, end: float) -> tuple[list[float], list[float]]:
+        """Per node, joules and GPU joules from the run's end to ``end``."""
+        if self.node_watts is None or self.node_gpu_watts is None:
+            raise ValueError("this tail has no per-node power (not a GPU cluster)")
+        w, g = list(self.node_watts), list(self.node_gpu_watts)
+        since = [self.times[0]] * len(w)
+        e, eg = [0.0] * len(w), [0.0] * len(w)
+        for t, i, wi, gi in [*self.node_changes, *((math.inf, i, 0.0, 0.0) for i in range(len(w)))]:
+            dt = max(0.0, min(t, end) - since[i])
+            e[i] += w[i] * dt
+            eg[i] += g[i] * dt
+            since[i], w[i], g[i] = min(t, end), wi, gi
+        return e, eg
+
+    def awake_at(self, t: float) -> int:
+        return self.awake[max(0, bisect_right(self.times, t) - 1)]
+
+
+def extend_run(r: RunResult, until_s: float) -> RunResult:
+    """``r`` metered to ``until_s`` instead of its own end: the idle tail's joules added to its energies (total,
+    GPU, per node) and its timeline padded with the tail's bins. ``r`` itself is not changed."""
+    tail = r.idle_tail
+    if tail is None:
+        raise ValueError("this run has no idle tail: a twin's result() records one")
+    if until_s <= r.end_s:
+        return r if r.window_end_s == r.end_s else dataclasses.replace(r, window_end_s=r.end_s)
+    e, g = tail.energy(r.end_s, until_s)
+    extra = {}
+    if r.node_energy_joules is not None and r.node_gpu_joules is not None:
+        ne, ng = tail.node_energy(until_s)
+        extra = {"node_energy_joules": [a + b for a, b in zip(r.node_energy_joules, ne)],
+                 "node_gpu_joules": [a + b for a, b in zip(r.node_gpu_joules, ng)]}
+    tl = r.timeline
+    if tl is not None and tl.energy_j:
+        b = tl.bin_s
+        k = len(tl.energy_j)  # the twin opens a bin at every boundary up to and including the end
+        energy_j = list(tl.energy_j)
+        energy_j[-1] += tail.energy(r.end_s, min(k * b, until_s))[0]
+        util, awake = list(tl.util), list(tl.awake)
+        idle = np.zeros_like(util[-1]) if util else None
+        for j in range(k, math.floor(until_s / b) + 1):
+            energy_j.append(tail.energy(j * b, min((j + 1) * b, until_s))[0])
+            awake.append(tail.awake_at(j * b))
+            if idle is not None:
+                util.append(idle)
+        tl = Timeline(bin_s=b, energy_j=energy_j, util=util, awake=awake)
+    return dataclasses.replace(r, energy_joules=r.energy_joules + e, gpu_energy_joules=r.gpu_energy_joules + g,
+                               window_end_s=until_s, timeline=tl, **extra)
+
+
+def common_window(runs: dict) -> dict:
+    """Runs of one workload (any keys) metered over one window, up to the latest ``end_s`` among them
+    (:func:`extend_run`): how policies are compared side by side."""
+    until = max(r.end_s for r in runs.values())
+    return {k: extend_run(r, until) for k, r in runs.items()}
 
 
 class TwinMeter:
@@ -1165,6 +1260,76 @@ class Twin:
         """Pods waiting in the pending queue because no node fits them (not counting pods on waking nodes)."""
         return len(self._pending)
 
+    def idle_tail(self) -> IdleTail:
+        """What the cluster draws after the run's end (:class:`IdleTail`), worked out from its state then: every
+        node still awake empties (services stop at the horizon) and sleeps when its timer fires and the decision
+        core lets it; a node held by ``min_awake`` or ``spare_cpu_m`` stays awake. The twin is not changed."""
+        if not self.done:
+            raise RuntimeError("the run is not finished")
+        st, n, end = self.state, len(self.state), self._end_s
+        view = copy.copy(st)  # what the decision core reads: every pod gone, power states as the tail makes them
+        view.power_state, view.pods = st.power_state.copy(), np.zeros_like(st.pods)
+        gidle = self._gidle if self._gpu else [0.0] * n
+        idle = [float(self._curves[i][0]) + gidle[i] for i in range(n)]
+        pstate, ver = list(self._pstate), list(self._sleep_ver)
+        w = [float(st.sleep_watts[i]) if pstate[i] == ASLEEP else idle[i] for i in range(n)]
+        g = [0.0 if pstate[i] == ASLEEP else gidle[i] for i in range(n)]
+        w0, g0 = tuple(w), tuple(g)
+        events = [e for e in self._events if e[2] == _WAKE or (e[2] == _SLEEP and e[4] == ver[e[3]])]
+        seq = self._seq
+        if self.sleep_after < math.inf:
+            for i in range(n):  # a node whose last pods were services closed at the end empties now
+                if pstate[i] == ON and st.pods[i] > 0:
+                    ver[i] += 1
+                    seq += 1
+                    events.append((end + self.sleep_after, seq, _SLEEP, i, ver[i]))
+        heapq.heapify(events)
+        times, watts, gwatts, awake = [end], [math.fsum(w)], [math.fsum(g)], [sum(ps != ASLEEP for ps in pstate)]
+        changes: list[tuple[float, int, float, float]] = []
+        pp = self.power_policy
+        # Past a whole round of timers after the last change, every held node has been looked at in the final
+        # state (the decision core reads no clock): nothing changes any more.
+        wait = max(self.sleep_after, pp.recheck_s if pp is not None else 0.0, st.wake_s)
+        last = end
+        while events:
+            t, _, kind, i, v = heapq.heappop(events)
+            if t > last + wait:
+                break
+            if kind == _WAKE:
+                pstate[i] = view.power_state[i] = ON
+                if self.sleep_after < math.inf:
+                    ver[i] += 1
+                    seq += 1
+                    heapq.heappush(events, (t + self.sleep_after, seq, _SLEEP, i, ver[i]))
+                wi, gi = idle[i], gidle[i]
+            else:
+                if v != ver[i] or pstate[i] != ON:
+                    continue
+                verdict = self.power.may_sleep(view, i)
+                if verdict in (HELD_MIN_AWAKE, HELD_SPARE):
+                    seq += 1
+                    heapq.heappush(events, (t + pp.recheck_s, seq, _SLEEP, i, v))
+                    continue
+                if verdict:
+                    continue
+                pstate[i] = view.power_state[i] = ASLEEP
+                wi, gi = float(st.sleep_watts[i]), 0.0
+            changes.append((t, i, wi, gi))
+            if times[-1] != t:
+                times.append(t)
+                watts.append(watts[-1])
+                gwatts.append(gwatts[-1])
+                awake.append(awake[-1])
+            watts[-1] += wi - w[i]
+            gwatts[-1] += gi - g[i]
+            awake[-1] = sum(ps != ASLEEP for ps in pstate) if kind == _WAKE else awake[-1] - 1
+            w[i], g[i] = wi, gi
+            last = t
+        node = {}
+        if self._gpu:
+            node = {"node_watts": w0, "node_gpu_watts": g0, "node_changes": tuple(changes)}
+        return IdleTail(times=tuple(times), watts=tuple(watts), gpu_watts=tuple(gwatts), awake=tuple(awake), **node)
+
     def result(self) -> RunResult:
         """The finished run's measurements; energy comes from :attr:`meter`."""
         if not self.done:
@@ -1219,6 +1384,8 @@ class Twin:
             decision_us_p99=p99,
             decisions=len(decision_ns) or self.placements,  # driven through place() alone: one per placement
             timeline=self.timeline,
+            idle_tail=self.idle_tail(),
+            window_end_s=self._end_s,
             evictions=self.evictions,
             **svc,
         )

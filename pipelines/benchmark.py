@@ -8,6 +8,7 @@ specs, model files) are validated before anything is written.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import pickle
 import time
@@ -18,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from joulesched.agent.lower_bound import lower_bound
-from joulesched.agent.optimum import check_solver, check_time_limit, optimum_entry
+from joulesched.agent.optimum import check_solver, check_time_limit, optimum_entry, window_schedule
 from joulesched.agent.registry import family_of, heuristics_among, make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import Scenario, load_scenario
-from joulesched.cluster.twin import Twin
+from joulesched.cluster.twin import RunResult, Twin, extend_run
 from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
@@ -36,7 +37,7 @@ class BenchmarkInputError(UsageError):
     """Inconsistent benchmark arguments or an unreadable results file."""
 METRICS = ("energy_joules", "slo_violation_rate", "unschedulable_pods", "mean_pending_s", "placements",
            "decision_us_p99", "mean_throttling", "end_s", "completed_pods", "placed_pods", "unplaced_fits_no_node",
-           "unplaced_pending_at_end", "unplaced_stopped_before_running")
+           "unplaced_pending_at_end", "unplaced_stopped_before_running", "window_end_s")
 #: Why a pod was never placed (their sum is unschedulable_pods; placed_pods + unschedulable_pods = pods).
 UNPLACED_REASONS = {"unplaced_fits_no_node": "fit no node", "unplaced_pending_at_end": "pending at the end",
                     "unplaced_stopped_before_running": "stopped before they ran"}
@@ -86,9 +87,10 @@ def _read_only(wl: Workload) -> Workload:
     return wl
 
 
-def _run_task(task: Task, wl: Workload | None = None, policy: object | None = None) -> tuple[Task, dict, dict | None]:
-    """Worker: one policy on one (scenario, seed). Returns metrics and, if recorded, its timeline. The workload
-    and the policy come from what the benchmark shares (built here only for a task run on its own)."""
+def _run_task(task: Task, wl: Workload | None = None, policy: object | None = None) -> tuple[Task, RunResult, list]:
+    """Worker: one policy on one (scenario, seed). Returns its result (timeline and idle tail included) and, if
+    asked for, its placement rows. The workload and the policy come from what the benchmark shares (built here
+    only for a task run on its own)."""
     sc = task.scenario
     seed = sc.seed + task.seed_offset
     if wl is None:
@@ -99,25 +101,31 @@ def _run_task(task: Task, wl: Workload | None = None, policy: object | None = No
     pol = copy.deepcopy(proto) if proto is not None else make_policy(task.policy)
     twin = Twin(sc, wl, record=task.record)
     res = run_policy(twin, pol, seed)
+    rows = []
+    if task.placements:
+        from joulesched.pipelines.placements import placement_rows
+
+        rows = placement_rows(twin, sc.name, seed, task.policy)
+    return task, res, rows
+
+
+def _metrics(res: RunResult, names: Sequence[str]) -> tuple[dict, dict | None]:
+    """A run's row of results.json (energies over the window it was metered to) and, if recorded, its
+    timeline's arrays."""
     metrics = {k: getattr(res, k) for k in METRICS}
     metrics = {k: (float(v) if isinstance(v, (float, np.floating)) else int(v)) for k, v in metrics.items()}
     if res.node_gpu_joules is not None:  # a GPU cluster: the energy split, per run and per node, and FGD's measure
-        names = twin.state.names
         metrics |= {"gpu_joules": float(res.gpu_energy_joules), "cpu_joules": float(res.cpu_energy_joules),
                     "node_joules": dict(zip(names, map(float, res.node_energy_joules))),
                     "node_gpu_joules": dict(zip(names, map(float, res.node_gpu_joules))),
                     "gpu_blocked": int(res.gpu_blocked),
                     "gpu_unallocated_when_blocked": res.gpu_unallocated_when_blocked}
-    if task.placements:
-        from joulesched.pipelines.placements import placement_rows
-
-        metrics["_placement_rows"] = placement_rows(twin, sc.name, seed, task.policy)
     tl = None
     if res.timeline is not None:
         tl = {"bin_s": res.timeline.bin_s, "watts": res.timeline.watts().astype(np.float32),
               "util": np.vstack(res.timeline.util).astype(np.float16) if res.timeline.util else np.zeros((0, 0)),
               "awake": np.asarray(res.timeline.awake, dtype=np.int32)}
-    return task, metrics, tl
+    return metrics, tl
 
 
 def _bound(sc: Scenario, seed_offset: int, wl: Workload) -> dict:
@@ -218,18 +226,13 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
         on_start(len(tasks) + len(loaded) * seeds * (2 if optimum else 1))
     t0 = time.perf_counter()
     bounds: dict[tuple[int, int], dict] = {}
-    results: dict[tuple[int, int], dict] = {}
+    replays: dict[tuple[int, int], RunResult] = {}  # the optimum's schedule, replayed in the twin
+    runs: dict[tuple[int, int], dict[str, RunResult]] = {}
     timelines: dict[str, np.ndarray] = {}
 
-    def collect(task: Task, metrics: dict, tl: dict | None) -> None:
-        placed_rows.extend(metrics.pop("_placement_rows", ()))
-        results.setdefault((task.scenario_index, task.seed_offset), {})[task.policy] = metrics
-        if tl is not None:  # keyed by the scenario's name, its one key (pipelines/results.py)
-            key = f"{task.scenario.name}/{task.policy}"
-            timelines[f"{key}/watts"] = tl["watts"]
-            timelines[f"{key}/util"] = tl["util"]
-            timelines[f"{key}/awake"] = tl["awake"]
-            timelines[f"{task.scenario.name}/bin_s"] = np.array([tl["bin_s"]])
+    def collect(task: Task, res: RunResult, rows: list) -> None:
+        placed_rows.extend(rows)
+        runs.setdefault((task.scenario_index, task.seed_offset), {})[task.policy] = res
         if on_progress:
             on_progress(f"{_label(task.scenario)} seed {task.seed_offset} {task.policy}")
 
@@ -241,20 +244,40 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
             if optimum:
                 bounds[(i, s)]["optimum"] = optimum_entry(sc, s, time_limit=optimum_time_limit, solver=optimum_solver,
                                                           workload=workloads[(i, s)],
-                                                          fluid_joules=bounds[(i, s)]["lower_bound_joules"])
+                                                          fluid_joules=bounds[(i, s)]["lower_bound_joules"],
+                                                          on_replay=functools.partial(replays.__setitem__, (i, s)))
                 if on_progress:
                     on_progress(f"{_label(sc)} seed {s} optimum")
     if executor == "ray":
-        for task, metrics, tl in _ray_map(tasks, ray_address):
-            collect(task, metrics, tl)
+        for task, res, rows in _ray_map(tasks, ray_address):
+            collect(task, res, rows)
     elif jobs > 1:
         with process_pool(jobs, _share, (workloads, _picklable(built))) as pool:  # in task order: the same for any --jobs
-            for task, metrics, tl in pool.imap(_run_task, tasks):
-                collect(task, metrics, tl)
+            for task, res, rows in pool.imap(_run_task, tasks):
+                collect(task, res, rows)
     else:
         for task in tasks:
             collect(*_run_task(task))
     _share({}, {})  # what the tasks shared is not kept past the run
+    # Every policy of a (scenario, seed) is metered over one window, to the latest end among them (the optimum's
+    # schedule included): a run that finishes early pays for the idle cluster while the others finish theirs.
+    results: dict[tuple[int, int], dict] = {}
+    for (i, s), by_policy in runs.items():
+        replay = replays.get((i, s))
+        until = max(r.end_s for r in [*by_policy.values(), *([replay] if replay is not None else [])])
+        windowed = {pol: extend_run(r, until) for pol, r in by_policy.items()}
+        if replay is not None:
+            window_schedule(bounds[(i, s)]["optimum"], replay, until)
+        results[(i, s)] = {}
+        for pol in policies:  # in the run's policy order, whatever order the tasks finished in
+            metrics, tl = _metrics(windowed[pol], bounds[(i, s)]["node_names"])
+            results[(i, s)][pol] = metrics
+            if tl is not None:  # keyed by the scenario's name, its one key (pipelines/results.py)
+                key = f"{loaded[i].name}/{pol}"
+                timelines[f"{key}/watts"] = tl["watts"]
+                timelines[f"{key}/util"] = tl["util"]
+                timelines[f"{key}/awake"] = tl["awake"]
+                timelines[f"{loaded[i].name}/bin_s"] = np.array([tl["bin_s"]])
     doc = {
         "schema_version": SCHEMA_VERSION,
         "env": "twin",

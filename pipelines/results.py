@@ -30,14 +30,14 @@ class ResultsError(UsageError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN and Infinity are no JSON, nor results
 
 
 class PolicyRun(BaseModel):
     """One policy on one (scenario, seed). A backend may record measurements of its own beside these (the kube
     pipeline's are listed; others are allowed)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     energy_joules: float
     slo_violation_rate: float
@@ -46,7 +46,10 @@ class PolicyRun(BaseModel):
     placements: int
     decision_us_p99: float | None = Field(description="null where not observable (measured runs)")
     mean_throttling: float | None = Field(description="null where not observable (measured runs)")
-    end_s: float
+    end_s: float = Field(description="when its last job finished (never before the scenario's duration_s)")
+    window_end_s: float | None = Field(
+        None, description="the end of the window its energies cover: the latest end_s of its (scenario, seed)'s "
+                          "runs, so that every policy is metered over one window (docs/twin.md); null: end_s")
     completed_pods: int
     # The twin's account of every pod (docs/twin.md, "Counts"); absent in schema 1 files and measured runs.
     placed_pods: int | None = None
@@ -83,7 +86,7 @@ class PolicyRun(BaseModel):
 class OptimumRun(BaseModel):
     """The clairvoyant optimum's record for one (scenario, seed) (``agent/optimum.py:optimum_entry``)."""
 
-    model_config = ConfigDict(extra="allow")  # solver statistics (variables, binaries) come and go
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # solver statistics come and go
 
     name: str
     seed: int
@@ -193,7 +196,7 @@ class ScenarioSummary(_Strict):
 class Results(_Strict):
     """A run's results: every (scenario, seed) entry and the summary per scenario."""
 
-    model_config = ConfigDict(extra="forbid",
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False,
                               json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"})
 
     schema_version: Literal[2] = Field(description="2: this model")
