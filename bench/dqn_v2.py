@@ -99,9 +99,7 @@ def _cases(seeds: int, n_random: int, extra: list[Path] = ()) -> list[tuple[str,
         out += [("small", sc, sc.seed + k, k) for k in range(seeds)]
     for p in extra:
         sc = load_scenario(p)
-        w = sc.workload
-        replay = w.synthetic is None and not w.jobs and not w.services and not w.fitted  # the same whatever the seed
-        out += [("extra", sc, sc.seed + k, k) for k in range(1 if replay else seeds)]
+        out += [("extra", sc, sc.seed + k, k) for k in range(1 if sc.workload.replay else seeds)]
     return out
 
 

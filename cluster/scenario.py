@@ -516,6 +516,12 @@ class WorkloadSpec(_Strict):
         return self
 
     @property
+    def replay(self) -> bool:
+        """Traces alone, replayed as they are: every workload seed gives the same pods (a benchmark's seeds then
+        vary the policies' tie-breaking only)."""
+        return self.synthetic is None and not self.jobs and not self.services and not self.fitted
+
+    @property
     def traces(self) -> list[str]:
         t = self.trace
         return [] if t is None else [t] if isinstance(t, str) else list(t)

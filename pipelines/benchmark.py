@@ -294,6 +294,8 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
         entry["policies"] = results[(i, s)]
         doc["scenarios"].append(entry)
     doc["summary"] = summarize(doc)
+    for sc in loaded:
+        doc["summary"][sc.name]["replay"] = sc.workload.replay
     # nodes.json: what the report draws per node, and the power curve each group ran with (a calibrated
     # scenario exists only in memory, so this is the record of what the twin used).
     meta = {sc.name: {"node_names": bounds[(i, 0)]["node_names"], "node_groups": bounds[(i, 0)]["node_groups"],

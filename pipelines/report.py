@@ -514,7 +514,7 @@ def verdict(doc: Results) -> list[dict]:
         rows, entries = s.policies, doc.runs(name)
         budget = _slo_budget(rows)
         best = _least_energy_within_budget({p: rows[p] for p in pols})
-        v = {"name": name, "n": len(entries), "budget": budget, "best": best,
+        v = {"name": name, "n": len(entries), "replay": s.replay, "budget": budget, "best": best,
              "best_vs_ref": _ratios_to_reference(doc, name)[best], "best_slo": rows[best].slo_violation_rate,
              "learned": {}, "best_heuristic": None, "target": None, "target_kind": ""}
         if heur:
@@ -559,7 +559,7 @@ run in {{ "%.1f"|format(wall_s) }} s. Generated {{ when }}.{% if command %}<br>C
 <th>its energy / {{ ref }}</th><th>its SLO violations (budget)</th><th class="pol">best heuristic</th>
 {% for p in learned %}<th><span class="sw" style="background:{{ colors[p] }}"></span>{{ p|breakable }} &divide; best heuristic</th>{% endfor %}
 <th>optimum or bound &divide; best heuristic</th></tr>
-{% for v in verdict %}<tr data-scenario="{{ v.name }}" data-best="{{ v.best }}"><td>{{ v.name }}</td><td>{{ v.n }}</td>
+{% for v in verdict %}<tr data-scenario="{{ v.name }}" data-best="{{ v.best }}"><td>{{ v.name }}</td><td>{{ v.n }}{% if v.replay %} (replay){% endif %}</td>
 <td class="pol"><span class="sw" style="background:{{ colors[v.best] }}"></span>{{ v.best|breakable }}</td><td>{{ "%.3f"|format(v.best_vs_ref) }}</td>
 <td>{{ "%.2f"|format(100 * v.best_slo) }}% (&le; {{ "%.2f"|format(100 * v.budget) }}%)</td>
 <td class="pol">{% if v.best_heuristic %}<span class="sw" style="background:{{ colors[v.best_heuristic] }}"></span>{{ v.best_heuristic|breakable }}{% else %}—{% endif %}</td>
@@ -569,7 +569,9 @@ run in {{ "%.1f"|format(wall_s) }} s. Generated {{ when }}.{% if command %}<br>C
 <p class="note">The SLO budget is {% if "default-k8s" in policies %}default-k8s's violation rate{% else %}the
 lowest violation rate of the scenario's policies (default-k8s did not run){% endif %} plus 0.5 percentage points
 (equal service, as the project's goals define it). Ratios are per seed, then averaged; &plusmn; is the half-width
-of a 95% Student-t interval over the n seeds (none with one seed). The best heuristic is the least-energy heuristic
+of a 95% Student-t interval over the n seeds (none with one seed; <em>replay</em>: a trace replayed as it is, the
+same pods on every seed, so the seeds vary only the policies' tie-breaking and the interval says nothing about
+other workloads). The best heuristic is the least-energy heuristic
 on each seed, whatever its SLO (named: the one best on most seeds). The optimum is the MIP of
 <code>docs/optimum.md</code>
 (<code>--optimum</code>; its schedule as the twin replays it; * = not proven optimal in its time limit); a bound is
@@ -607,7 +609,7 @@ LP's bounds and each policy's share of the best heuristic's distance to them com
 <img src="plots/training_curve.png" alt="DQN training curve">{% endif %}
 {% for s in scenarios %}
 <h2>{{ s.name }}</h2>
-<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods, n = {{ s.n }} seed(s) (workload seeds {{ s.seeds }}); {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.
+<p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods, n = {{ s.n }} seed(s) ({% if s.replay %}a trace replayed as it is: the same pods on every seed, which vary the policies' tie-breaking only{% else %}workload seeds {{ s.seeds }}{% endif %}); {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.
 Highlighted: the least energy within the SLO budget (the verdict's pick).</p>
 <table><tr><th class="pol">policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
 <th>mean throttling</th><th>mean pending (s)</th><th title="unplaced pods: placed + unplaced = each seed's pods, mean over seeds">unplaced</th><th>decision p99 (&micro;s)</th></tr>
@@ -696,7 +698,7 @@ def _scenario_tables(doc: Results) -> list[dict]:
                          "best": p == best})
         counts = sorted({e.pods for e in entries})
         mean = s.pods if s.pods is not None else float(np.mean([e.pods for e in entries]))  # an older file: no pods
-        scen.append({"name": name, "nodes": entries[0].nodes, "n": s.seeds,
+        scen.append({"name": name, "nodes": entries[0].nodes, "n": s.seeds, "replay": s.replay,
                      # Seeds draw different workloads: their range, and the mean the unplaced column is one of.
                      "pods": f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}",
                      "pods_mean": f"{mean:.0f}" if mean == round(mean) else f"{mean:.1f}",

@@ -191,6 +191,8 @@ class ScenarioSummary(_Strict):
     best_heuristics: list[str] | None = Field(
         None, description="what energy_vs_best_heuristic divides by: the heuristic best on each seed, most often first")
     optimum: OptimumSummary | None = None
+    replay: bool = Field(False, description="a trace replayed as it is: every seed ran the same pods, so the "
+                                            "seeds vary the policies' tie-breaking only")
 
 
 class Results(_Strict):

@@ -34,3 +34,21 @@ def test_a_policy_that_delays_its_last_job_is_compared_over_the_same_window(tmp_
     assert w_spread.shape == w_stacked.shape
     bin_s = float(tl["window/bin_s"][0])
     assert float(w_spread.sum()) * bin_s == pytest.approx(220_000, rel=1e-6)
+
+
+def test_a_trace_replay_is_marked_so_its_seeds_are_not_read_as_workloads(tmp_path):
+    # The same pods on every seed: the report says so beside n, where an interval over seeds would suggest more.
+    from joulesched.pipelines.report import write_report
+
+    (tmp_path / "pods.csv").write_text("submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m\n"
+                                       "0,50,500,100,500\n10,80,1500,100,1500\n")
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    (tmp_path / "g.yaml").write_text(SCENARIO.replace("name: window", "name: generated").replace(
+        "workload: {trace: pods.csv}", "workload: {synthetic: {pods: 5, mean_interarrival_s: 10}}"))
+    res = run_benchmark([tmp_path / "s.yaml", tmp_path / "g.yaml"], ["default-k8s", "most-allocated"], 2,
+                        tmp_path / "out")
+    assert res.summary["window"].replay and not res.summary["generated"].replay
+    e = [r.policies["default-k8s"].energy_joules for r in res.scenarios if r.name == "window"]
+    assert e[0] == e[1]  # the same pods on both seeds
+    page = write_report(tmp_path / "out").read_text()
+    assert page.count("(replay)") == 1 and "a trace replayed as it is" in page
