@@ -107,7 +107,9 @@ def _fit_inputs(st: ClusterState, pod: PodRequest, idx: np.ndarray):
 
 
 def _balanced(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
-    if pod.best_effort:  # since 1.33 BalancedAllocation skips best-effort pods: a constant, i.e. no effect
+    # Since 1.33 BalancedAllocation skips a pod whose real cpu and memory requests are all zero (isBestEffortPod
+    # over its requests: absent or an explicit 0 alike): a constant, i.e. no effect.
+    if pod.filter_cpu == 0 and pod.filter_mem == 0:
         return np.zeros(idx.size, dtype=np.int64)
     alloc = (st.alloc_cpu[idx], st.alloc_mem[idx])
     req = (st.req_cpu[idx] + pod.filter_cpu, st.req_mem[idx] + pod.filter_mem)
@@ -121,8 +123,9 @@ class DefaultK8s(ScoringPolicy):
 
     ``gpu_weight=w`` (default 0, kube's default profile, which scores cpu and memory only) adds
     ``nvidia.com/gpu`` to NodeResourcesFit's ``resources`` with weight w, as a profile that lists the extended
-    resource does: LeastAllocated over the node's GPUs, a node without GPUs skipped for that resource. A GPU
-    counts as requested once anything holds it (a shared GPU too: its device plugin advertises it as taken).
+    resource does: LeastAllocated over the node's GPUs, a node without GPUs skipped for that resource, and so is
+    a pod requesting no GPU (kube scores an extended resource only for a pod that requests it). A GPU counts as
+    requested once anything holds it (a shared GPU too: its device plugin advertises it as taken).
     """
 
     name = "default-k8s"
@@ -133,7 +136,7 @@ class DefaultK8s(ScoringPolicy):
 
     def plugin_scores(self, st, pod, idx):
         alloc, req = _fit_inputs(st, pod, idx)
-        if self.gpu_weight and st.has_gpus:
+        if self.gpu_weight and st.has_gpus and pod.gpu:
             taken = st.alloc_gpu[idx] - st.gpu_whole_free[idx]
             if pod.gpu_milli >= 1000:
                 extra = pod.gpu
@@ -188,7 +191,27 @@ class RequestedToCapacityRatio(ScoringPolicy):
         return {"NodeResourcesFit": (1, ks.requested_to_capacity_ratio(alloc, req, self.shape))}
 
 
-class TargetLoadPacking(ScoringPolicy):
+class _PredictsUsage:
+    """A pod's CPU use predicted as scheduler-plugins' PredictUtilisation does: its limit first, which only the
+    pod's metadata carries (without it: request x 1.5, else 1000m)."""
+
+    #: choose() and node_scores() are handed the pod's metadata (its CPU limit).
+    uses_meta = True
+    _cpu_limit_m: int | None = None
+
+    def _predicted(self, pod: PodRequest) -> float:
+        return ks.tlp_predicted_usage(pod.cpu_m, self._cpu_limit_m)
+
+    def node_scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray, meta=None) -> NodeScores:
+        self._cpu_limit_m = getattr(meta, "cpu_limit_m", None)
+        return super().node_scores(st, pod, idx)
+
+    def choose(self, st: ClusterState, pod: PodRequest, mask: np.ndarray, meta=None) -> int:
+        self._cpu_limit_m = getattr(meta, "cpu_limit_m", None)
+        return super().choose(st, pod, mask)
+
+
+class TargetLoadPacking(_PredictsUsage, ScoringPolicy):
     """scheduler-plugins TargetLoadPacking: pack on measured CPU up to ``x`` % (default 40), then spread."""
 
     name = "target-load-packing"
@@ -199,7 +222,7 @@ class TargetLoadPacking(ScoringPolicy):
 
     def plugin_scores(self, st, pod, idx):
         used = np.minimum(st.usage_cpu[idx], st.alloc_cpu[idx])  # what node metrics would show
-        pred = ks.tlp_predicted_usage(pod.cpu_m)
+        pred = self._predicted(pod)
         return {"TargetLoadPacking": (1, ks.target_load_packing(used, st.alloc_cpu[idx], pred, self.target))}
 
 
@@ -234,7 +257,7 @@ def fit_peaks(curve: np.ndarray) -> tuple[float, float, float]:
     return k0, k1, k2
 
 
-class Peaks(ScoringPolicy):
+class Peaks(_PredictsUsage, ScoringPolicy):
     """PEAKS: each node's power as K0 + K1 e^(K2 x); score the power increase of adding the pod, normalised so
     the smallest increase scores 100. Pod utilisation is predicted as TargetLoadPacking does.
     """
@@ -253,7 +276,7 @@ class Peaks(ScoringPolicy):
             self.k = np.array([fit_peaks(c) for c in st.curves])
         cap = st.alloc_cpu[idx].astype(np.float64)
         x = 100.0 * np.minimum(st.usage_cpu[idx], cap) / np.maximum(cap, 1)
-        dx = 100.0 * ks.tlp_predicted_usage(pod.cpu_m) / np.maximum(cap, 1)
+        dx = 100.0 * self._predicted(pod) / np.maximum(cap, 1)
         k = self.k[idx]
         raw = self._model(k, x + dx) - self._model(k, x)
         lo, hi = raw.min(), raw.max()

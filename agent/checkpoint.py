@@ -10,18 +10,21 @@ Layout of the file (whatever its extension, ``models/small.pt`` included):
   written before 2026-12-06 have none and are not checked).
 
 A readable copy of the metadata is written next to the file as ``NAME.json``; it is informational only, the loader
-reads the header. Loading refuses, with :class:`agent.policy.PolicyError`: missing files, pickles and
-``torch.save`` archives (detected by their magic bytes, before any parser sees them; they are never unpickled),
-files that are not valid safetensors, tensors that do not match their checksum, a missing or foreign header, a
-feature schema this code does not know, and tensors that do not fit the network. Schema 1 (``models/small.pt``),
-schema 2 and schema 3 (schema 2 plus GPU columns, agent/features_gpu.py) load: the network, the features and the
-predictor follow the schema the file records.
+reads the header. Loading refuses, with :class:`agent.policy.PolicyError`: missing files and anything not a
+regular file, pickles and ``torch.save`` archives (detected by their magic bytes, before any parser sees them;
+they are never unpickled), files that are not valid safetensors, tensors that do not match their checksum, a
+missing, foreign or oversized header, a feature schema this code does not know, and tensors that do not fit the
+network (names, float32 dtype and shapes are checked from the header, before any tensor is read). Schema 1
+(``models/small.pt``), schema 2 and schema 3 (schema 2 plus GPU columns, agent/features_gpu.py) load: the network,
+the features and the predictor follow the schema the file records.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +45,10 @@ FORMAT_VERSION = 1
 KNOWN_SCHEMAS = (1, 2, 3)
 META_KEY = "joulesched"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
+#: The JSON metadata's cap (a trained model's is about 12 kB; each --resume adds a line to training.runs).
+MAX_META_BYTES = 1024 * 1024
+#: Adam's state per parameter (agent/dqn.py's optimizer), as :func:`save_checkpoint` writes it.
+_OPTIM_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
 class CheckpointError(JouleschedError):
@@ -109,13 +116,17 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own buffer: no copy of its bytes
     return h.hexdigest()
 
 
 def _sniff(path: Path) -> None:
-    """Refuse pickles and torch.save archives by their first bytes; check the safetensors header length."""
+    """Refuse what is not a regular file (a FIFO would block the read forever, a device never end), pickles and
+    torch.save archives by their first bytes; check the safetensors header length."""
     try:
+        mode = path.stat().st_mode  # follows symlinks: a link to a model is fine
+        if not stat.S_ISREG(mode):
+            raise PolicyError(f"{path}: not a regular file; a model is a file written by `joulesched train`")
         with path.open("rb") as fh:
             head = fh.read(8)
             size = path.stat().st_size
@@ -133,48 +144,27 @@ def _sniff(path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read and validate a checkpoint; raises :class:`PolicyError` with the reason and the fix."""
+    """Read and validate a checkpoint; raises :class:`PolicyError` with the reason and the fix.
+
+    Everything is checked from the header (metadata, tensor names, dtypes and shapes) before any tensor is read:
+    a file declaring a tensor the network does not have, or a huge one, is refused without allocating it."""
     path = Path(path)
     _sniff(path)
     try:
         with safe_open(str(path), framework="pt") as f:
-            header = f.metadata() or {}
+            meta = _metadata(path, f.metadata() or {})
+            cfg = _config(path, meta)
+            net = make_network(cfg)
+            _check_specs(path, net, {k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in f.keys()})
             tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except PolicyError:  # a ValueError too: already says what is wrong
+        raise
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise PolicyError(f"{path}: corrupt model file ({e})") from None
-    raw = header.get(META_KEY)
-    if raw is None:
-        raise PolicyError(f"{path}: a safetensors file without joulesched metadata; not a joulesched DQN model")
-    try:
-        meta = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise PolicyError(f"{path}: corrupt model metadata ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        fmt = meta.get("format") if isinstance(meta, dict) else None
-        raise PolicyError(f"{path}: not a joulesched DQN model (format {fmt!r})")
     digest = meta.get("tensors_sha256")  # absent from models written before 2026-12-06: not checked
     if digest is not None and digest != tensors_digest(tensors):
         raise PolicyError(f"{path}: corrupt model file (its tensors do not match the checksum in its metadata)")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise PolicyError(f"{path}: model file format {meta.get('format_version')!r}, this joulesched reads "
-                          f"{FORMAT_VERSION}; re-train it")
-    schema = meta.get("feature_schema")
-    if schema not in KNOWN_SCHEMAS:
-        raise PolicyError(f"{path}: trained on feature schema {schema!r}, which this joulesched does not know (it "
-                          f"reads schemas {', '.join(map(str, KNOWN_SCHEMAS))}); use the joulesched that wrote it, or "
-                          f"re-train with `joulesched train --model {path} --overwrite`")
-    if meta.get("features") != feature_names(schema):
-        raise PolicyError(f"{path}: its feature columns are not schema {schema}'s; re-train with "
-                          f"`joulesched train --model {path} --overwrite`")
-    try:
-        # Schema-1 files predate the schema knob: the file's schema is the truth. A model saved before the replay
-        # kept compacted states trained on the old layout: --resume goes on with it. (One saved compacted before
-        # bc_margin_twins trained without the twins' margin: the default.)
-        cfg = DQNConfig.from_dict({"compact_replay": False, **(meta.get("config") or {}), "feature_schema": schema})
-    except (TypeError, ValueError) as e:
-        raise PolicyError(f"{path}: bad hyperparameters in model metadata ({e})") from None
     ckpt = Checkpoint(cfg, meta, tensors)
-    net = make_network(cfg)
     try:
         net.load_state_dict(ckpt.state("q"), strict=True)
     except RuntimeError as e:
@@ -186,6 +176,74 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         if not torch.isfinite(t).all():
             raise PolicyError(f"{path}: corrupt model file (non-finite weights)")
     return ckpt
+
+
+def _metadata(path: Path, header: dict) -> dict:
+    """The header's joulesched metadata, checked as far as the network needs it."""
+    raw = header.get(META_KEY)
+    if raw is None:
+        raise PolicyError(f"{path}: a safetensors file without joulesched metadata; not a joulesched DQN model")
+    if len(raw) > MAX_META_BYTES:
+        raise PolicyError(f"{path}: corrupt model metadata ({len(raw):,} bytes, at most {MAX_META_BYTES:,})")
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # also too deep a nesting, or an integer of too many digits
+        raise PolicyError(f"{path}: corrupt model metadata ({str(e)[:200] or type(e).__name__})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        raise PolicyError(f"{path}: not a joulesched DQN model (format {fmt!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise PolicyError(f"{path}: model file format {meta.get('format_version')!r}, this joulesched reads "
+                          f"{FORMAT_VERSION}; re-train it")
+    schema = meta.get("feature_schema")
+    if schema not in KNOWN_SCHEMAS:
+        raise PolicyError(f"{path}: trained on feature schema {schema!r}, which this joulesched does not know (it "
+                          f"reads schemas {', '.join(map(str, KNOWN_SCHEMAS))}); use the joulesched that wrote it, or "
+                          f"re-train with `joulesched train --model {path} --overwrite`")
+    if meta.get("features") != feature_names(schema):
+        raise PolicyError(f"{path}: its feature columns are not schema {schema}'s; re-train with "
+                          f"`joulesched train --model {path} --overwrite`")
+    return meta
+
+
+def _config(path: Path, meta: dict) -> DQNConfig:
+    """The stored hyperparameters, within :data:`agent.config.LIMITS`: the network they build is bounded too."""
+    try:
+        # Schema-1 files predate the schema knob: the file's schema is the truth. A model saved before the replay
+        # kept compacted states trained on the old layout: --resume goes on with it. (One saved compacted before
+        # bc_margin_twins trained without the twins' margin: the default.)
+        config = {"compact_replay": False, **(meta.get("config") or {}), "feature_schema": meta["feature_schema"]}
+        return DQNConfig.from_dict(config)
+    except (TypeError, ValueError) as e:
+        raise PolicyError(f"{path}: bad hyperparameters in model metadata ({e})") from None
+
+
+def _check_specs(path: Path, net: torch.nn.Module, specs: dict[str, tuple[str, list[int]]]) -> None:
+    """Refuse, from the header alone, a tensor the network (or its target and Adam state) does not have, one not
+    float32 (load_state_dict would cast it silently), and q weights not of the network's shape. Target and Adam
+    state need only be no larger than their parameter: inference does not read them, --resume checks them."""
+    want = {name: tuple(t.shape) for name, t in net.state_dict().items()}
+    params = [tuple(p.shape) for p in net.parameters()]  # the optimizer's parameter order (agent/dqn.py)
+    for name in sorted(specs, key=lambda n: (not n.startswith("q."), n)):  # the network's own weights first
+        dtype, shape = specs[name]
+        prefix, _, key = name.partition(".")
+        pid, _, slot = key.partition(".")
+        if prefix in ("q", "target") and key in want:
+            expect = want[key]
+        elif prefix == "optim" and pid.isdigit() and int(pid) < len(params) and slot in _OPTIM_KEYS:
+            expect = () if slot == "step" else params[int(pid)]
+        elif prefix == "q":
+            raise PolicyError(f"{path}: weights do not fit the network (unexpected tensor {name!r})")
+        else:
+            raise PolicyError(f"{path}: corrupt model file (tensor {name!r} is not one of the network's)")
+        if dtype != "F32":
+            raise PolicyError(f"{path}: corrupt model file (tensor {name!r} is {dtype}, not F32)")
+        if prefix == "q" and tuple(shape) != expect:
+            raise PolicyError(f"{path}: weights do not fit the network (size mismatch for {key}: shape "
+                              f"{tuple(shape)} in the file, {expect} in the network)")
+        if math.prod(shape) > math.prod(expect):
+            raise PolicyError(f"{path}: corrupt model file (tensor {name!r} has shape {tuple(shape)}, larger than "
+                              f"the network's {expect})")
 
 
 def load_network(path: str | Path) -> tuple[torch.nn.Module, dict]:

@@ -174,13 +174,15 @@ class DQNPolicy:
             self._folded = self.net._folded_np()
         self._builder(state)
 
-    def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray, top: int = 3) -> NodeScores:
+    def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray, top: int = 3,
+                    meta=None) -> NodeScores:
         """Each candidate's Q-value and advantage (the greedy choice maximises the advantage, which ranks nodes as
         Q does), and the ``top`` features that moved its advantage most: gradient x value, signed, per feature
-        (the contribution relative to an all-zero row)."""
+        (the contribution relative to an all-zero row). ``meta``: the pod's metadata, as :meth:`choose` has it
+        (schema 2 reads it: without it the rows, and so the scores shown, are not the ones the choice read)."""
         mask = np.zeros(len(state), dtype=bool)
         mask[idx] = True
-        rows = torch.from_numpy(self._rows(state, pod, mask).copy())
+        rows = torch.from_numpy(self._rows(state, pod, mask, meta).copy())
         with torch.inference_mode():
             q = self.net(rows[None], torch.from_numpy(mask)[None])[0].numpy().astype(np.float64)
         x = rows[torch.from_numpy(idx)].clone().requires_grad_(True)

@@ -48,7 +48,9 @@ class NodeScores:
 
 
 class Scorer(Protocol):
-    """Per-node, per-plugin scores for one pod, as kube-scheduler-simulator shows them."""
+    """Per-node, per-plugin scores for one pod, as kube-scheduler-simulator shows them. The scorer of a policy
+    whose ``uses_meta`` is true is called with the pod's metadata too (``meta=``; explain and the extender do),
+    so that the scores shown are the ones its ``choose`` reads."""
 
     def node_scores(self, state: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores: ...
 

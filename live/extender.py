@@ -219,19 +219,21 @@ class Extender:
             if down.any() and not down.all():
                 use = use[~down]
             if use.size:
-                raw = self._raw_scores(st, pod.request, use, cand)
+                raw = self._raw_scores(st, pod.request, use, cand, pod.meta)
                 for k, s in zip(use, scale_scores(raw)):
                     scores[st.names[k]] = int(s)
         return [{"Host": n, "Score": scores[n]} for n in names]
 
-    def _raw_scores(self, st: ClusterState, req, idx: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """The policy's own totals over ``idx`` (its Scorer), or 1 for its pick and 0 elsewhere."""
+    def _raw_scores(self, st: ClusterState, req, idx: np.ndarray, mask: np.ndarray, meta=None) -> np.ndarray:
+        """The policy's own totals over ``idx`` (its Scorer), or 1 for its pick and 0 elsewhere; a policy that
+        reads the pod's metadata (its CPU limit, its kind) is handed it, as ``serve`` hands it to ``choose``."""
         if idx.size == 1:
             return np.ones(1)
+        kw = {"meta": meta} if getattr(self.policy, "uses_meta", False) else {}
         scorer = self.policy.scorer
         if scorer is not None:
-            return np.asarray(scorer.node_scores(st, req, idx).total, dtype=np.float64)
-        pick = int(self.policy.choose(st, req, mask))
+            return np.asarray(scorer.node_scores(st, req, idx, **kw).total, dtype=np.float64)
+        pick = int(self.policy.choose(st, req, mask, **kw))
         return (idx == pick).astype(np.float64)
 
     def handle(self, verb: str, args: Any) -> tuple[int, Any]:

@@ -199,8 +199,11 @@ def explain(policy: Policy, st: ClusterState, pod: PodRequest, seed: int = 0, me
     mask = st.feasible(pod)
     idx = np.flatnonzero(mask)
     scorer = getattr(policy, "scorer", None)  # a planner or a third-party policy may have none at all
-    scores = scorer.node_scores(st, pod, idx) if scorer is not None and idx.size else None
     with_meta = meta is not None and getattr(policy, "uses_meta", False)
+    # The scores shown are those the choice reads: a policy that reads the metadata is scored with it too.
+    scores = None
+    if scorer is not None and idx.size:
+        scores = scorer.node_scores(st, pod, idx, meta=meta) if with_meta else scorer.node_scores(st, pod, idx)
     chosen = (int(policy.choose(st, pod, mask, meta=meta) if with_meta else policy.choose(st, pod, mask))
               if idx.size else None)
     nodes = []

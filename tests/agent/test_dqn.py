@@ -206,15 +206,18 @@ def test_corrupt_and_foreign_files_are_refused(tmp_path):
     with pytest.raises(PolicyError, match="feature schema"):
         load_checkpoint(other)
     # Weights of the wrong shape.
-    bad = {k: (torch.zeros(3) if k == "q.adv.bias" else v) for k, v in ckpt.tensors.items()}
     wrong = tmp_path / "shape.pt"
-    save_file(bad, str(wrong), metadata={META_KEY: json.dumps(ckpt.meta)})
+    changed = {k: (v + 1 if k == "q.adv.bias" else v) for k, v in ckpt.tensors.items()}
+    save_file(changed, str(wrong), metadata={META_KEY: json.dumps(ckpt.meta)})
     with pytest.raises(PolicyError, match="checksum"):  # not the tensors the file was written with
         load_checkpoint(wrong)
-    save_file(bad, str(wrong), metadata={META_KEY: json.dumps(dict(ckpt.meta, tensors_sha256=tensors_digest(bad)))})
-    # Written so (an older joulesched, another tool); the message names the tensor and its shapes.
-    with pytest.raises(PolicyError, match=r"do not fit the network \(size mismatch for adv.bias"):
-        load_checkpoint(wrong)
+    # Written so (an older joulesched, another tool), checksum or not: refused from the header, before the tensors
+    # are read; the message names the tensor and its shapes.
+    bad = {k: (torch.zeros(3) if k == "q.adv.bias" else v) for k, v in ckpt.tensors.items()}
+    for meta in (ckpt.meta, dict(ckpt.meta, tensors_sha256=tensors_digest(bad))):
+        save_file(bad, str(wrong), metadata={META_KEY: json.dumps(meta)})
+        with pytest.raises(PolicyError, match=r"do not fit the network \(size mismatch for adv.bias"):
+            load_checkpoint(wrong)
 
 
 # ---- learning ---------------------------------------------------------------------------------------------------

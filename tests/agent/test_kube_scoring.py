@@ -112,6 +112,53 @@ def test_balanced_allocation_skips_best_effort_pods():
     assert s["NodeResourcesBalancedAllocation"][1].tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("cpu, mem, skipped", [(0, None, True), (0, 0, True), (None, 0, True), (0, 100, False)])
+def test_balanced_allocation_skips_pods_requesting_no_cpu_or_memory(cpu, mem, skipped):
+    """kube's isBestEffortPod reads the real requests: an explicit 0 is skipped as an absent request is."""
+    st = _state(2)
+    st.bind(0, PodRequest(2000, 100))
+    s = DefaultK8s().plugin_scores(st, PodRequest(cpu, mem), np.array([0, 1]))["NodeResourcesBalancedAllocation"][1]
+    assert (s.tolist() == [0, 0]) == skipped
+
+
+def test_default_k8s_gpu_weight_leaves_gpus_out_for_a_pod_without_them():
+    """kube's calculateResourceAllocatableRequest returns (0, 0) for an extended resource the pod does not request:
+    nvidia.com/gpu is not scored, so a GPU node and a CPU-only one tie."""
+    st = ClusterState(["cpu-only", "gpu-node"], [8000, 8000], [16384, 16384], [110, 110], [LINEAR_100_200] * 2,
+                      gpu_count=[0, 4], gpu_model=["", "T4"])
+    fit = make_policy("default-k8s:gpu_weight=1").plugin_scores(st, PodRequest(1000, 2048), np.array([0, 1]))
+    # cpu (8000-1000)*100//8000 = 87, memory (16384-2048)*100//16384 = 87, on both nodes
+    assert fit["NodeResourcesFit"][1].tolist() == [87, 87]
+
+
+@pytest.mark.parametrize("name", ["target-load-packing", "peaks"])
+def test_tlp_and_peaks_predict_a_pod_by_its_cpu_limit(name, monkeypatch):
+    """scheduler-plugins' PredictUtilisation: the limit (2000m) first, not request x 1.5 (1500m)."""
+    from joulesched.cluster.workload import PodMeta
+
+    st = _state(2, cpu=8000)
+    st.usage_cpu[:] = [1600.0, 0.0]
+    pod, meta = PodRequest(1000, 2048), PodMeta(kind="service", cpu_limit_m=2000, qos_class="Burstable")
+    pol = make_policy(name)
+    pol.reset(st, np.random.default_rng(0))
+    assert pol.uses_meta
+    idx, mask = np.array([0, 1]), np.ones(2, dtype=bool)
+    total = pol.node_scores(st, pod, idx, meta=meta).total
+    if name == "target-load-packing":
+        # U = 100 (1600 + 2000) / 8000 = 45 -> round(40 * 55 / 60) = 37; U = 25 -> round(60 * 25 / 40 + 40) = 78
+        assert total.tolist() == [37, 78]
+        assert pol.choose(st, pod, mask, meta=meta) == 1
+        assert pol.node_scores(st, pod, idx).total.tolist() == [98, 68]  # no metadata: request x 1.5 (1500m)
+    else:  # the same prediction is the x PEAKS adds to each node's power model
+        seen = []
+        monkeypatch.setattr(ks, "tlp_predicted_usage", lambda req, lim=None: seen.append((req, lim)) or 1000.0)
+        pol.choose(st, pod, mask, meta=meta)
+        pol.node_scores(st, pod, idx)
+        assert seen[0] == (1000, 2000) and set(seen[1:]) == {(1000, None)}
+        monkeypatch.undo()
+    assert pol.node_scores(st, pod, idx, meta=PodMeta()).total.tolist() == pol.node_scores(st, pod, idx).total.tolist()
+
+
 def test_ties_are_broken_uniformly_with_the_seeded_generator():
     st = _state(3)
     mask = np.ones(3, dtype=bool)
