@@ -18,7 +18,7 @@ PYTEST_JOBS ?= 2
 .PHONY: all demo test venv apt clean bench help
 
 help:
-	@echo "make demo   - benchmark every policy on the standard suite (embedded twin) and write $(DEMO_OUT)/report.html"
+	@echo "make demo   - benchmark the shipped DQN and the default policy set on the standard suite (embedded twin) and write $(DEMO_OUT)/report.html"
 	@echo "make test   - install what the tests need and run them"
 	@echo "make bench  - run the benchmarks in bench/ (results go to docs/PERFORMANCE.md by hand)"
 
