@@ -2019,11 +2019,17 @@ def window_schedule(opt: dict, replay: RunResult, until_s: float) -> None:
         opt["schedule_joules"] += tail
 
 
-def policy_energies(scenario: Scenario, seed_offset: int, specs) -> dict[str, float]:
-    """Each policy's energy in the twin on the same (scenario, seed), as the benchmark runs it."""
+def policy_energies(scenario: Scenario, seed_offset: int, specs, opt: dict | None = None,
+                    replay: RunResult | None = None) -> dict[str, float]:
+    """Each policy's energy in the twin on the same (scenario, seed), as the benchmark meters it: every run, and
+    the optimum's schedule (``opt``, its row, and ``replay``, its run: :func:`window_schedule`), over one window."""
     from joulesched.agent.registry import make_policy
     from joulesched.agent.runner import run_policy
 
     seed = scenario.seed + seed_offset
     twin = Twin(scenario, build_workload(scenario, seed))
-    return {p: run_policy(twin, make_policy(p), seed).energy_joules for p in specs}
+    runs = {p: run_policy(twin, make_policy(p), seed) for p in specs}
+    until = max([r.end_s for r in runs.values()] + ([replay.end_s] if replay is not None else []), default=0.0)
+    if replay is not None and opt is not None:
+        window_schedule(opt, replay, until)
+    return {p: extend_run(r, until).energy_joules for p, r in runs.items()}

@@ -43,7 +43,7 @@ from joulesched.agent.randomize import random_scenario
 from joulesched.agent.registry import SLEEP_AWARE_HEURISTICS, make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import Scenario, Sleep
-from joulesched.cluster.twin import Twin
+from joulesched.cluster.twin import RunResult, Twin, common_window, extend_run
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import JouleschedError
 
@@ -167,7 +167,8 @@ def episode_teacher(cfg: DQNConfig, twin: Twin, seed: int) -> str:
     if len(pols) == 1:
         return pols[0][0]
     specs = [p for p, _ in pols]
-    runs = [run_policy(Twin(twin.scenario, twin.workload), pol, seed) for _, pol in pols]
+    runs = list(common_window({k: run_policy(Twin(twin.scenario, twin.workload), pol, seed)
+                               for k, (_, pol) in enumerate(pols)}).values())  # one window, as benchmark meters
     floor = min(r.slo_violation_rate for r in runs) + cfg.slo_slack
     ok = [(r.energy_joules, k) for k, r in enumerate(runs) if r.slo_violation_rate <= floor]
     return specs[min(ok)[1]]
@@ -351,10 +352,14 @@ def _weights(agent: DQN) -> dict[str, torch.Tensor]:
 class ValidationCase:
     scenario: Scenario  # load scaling applied
     seed: int
-    e_ref: float  # the reference heuristic's energy
+    e_ref: float  # the reference heuristic's energy (over the references' window)
     slo_ref: float  # default-k8s's SLO violation rate
     pend_ref: float  # the reference heuristic's mean pending seconds
     label: str
+    #: The reference's own run (its idle tail) and the latest end among the references': the agent's run and it
+    #: are metered over one window, as the benchmark meters policies (docs/twin.md, "The run's window").
+    ref_run: RunResult | None = None
+    window_s: float = 0.0
 
 
 @dataclass
@@ -378,12 +383,17 @@ def _twin(sc: Scenario, seed: int) -> Twin:
 
 
 @torch.inference_mode()
-def validate_case(task: ValidationTask) -> tuple[float, float, float]:
-    """(energy, SLO violation rate, mean pending seconds) of the greedy agent on one case."""
+def validate_case(task: ValidationTask) -> tuple[float, float, float, float]:
+    """(energy, SLO violation rate, mean pending seconds) of the greedy agent on one case, and the reference's
+    energy over the same window."""
+    c = task.case
     net = _inference_net(task.cfg, task.weights)
-    r = run_policy(_twin(task.case.scenario, task.case.seed), DQNPolicy(net=net, config=task.cfg, threads=1),
-                   task.case.seed)
-    return r.energy_joules, r.slo_violation_rate, r.mean_pending_s
+    r = run_policy(_twin(c.scenario, c.seed), DQNPolicy(net=net, config=task.cfg, threads=1), c.seed)
+    if c.ref_run is None:
+        return r.energy_joules, r.slo_violation_rate, r.mean_pending_s, c.e_ref
+    until = max(r.end_s, c.window_s)
+    e, e_ref = extend_run(r, until).energy_joules, extend_run(c.ref_run, until).energy_joules
+    return e, r.slo_violation_rate, r.mean_pending_s, e_ref
 
 
 class Validator:
@@ -419,9 +429,11 @@ class Validator:
             twin = _twin(sc, s)
             slo_ref = run_policy(twin, make_policy("default-k8s"), s).slo_violation_rate
             runs = [run_policy(twin, make_policy(h), s) for h in refs + (GPU_REFERENCES if sc.has_gpus else ())]
-            best = min(runs, key=lambda r: r.energy_joules)
-            self.cases.append(ValidationCase(sc, s, best.energy_joules, slo_ref, best.mean_pending_s, label))
-        self.last: list[tuple[float, float, float]] = []
+            window = max(r.end_s for r in runs)
+            e = [extend_run(r, window).energy_joules for r in runs]
+            k = int(np.argmin(e))
+            self.cases.append(ValidationCase(sc, s, e[k], slo_ref, runs[k].mean_pending_s, label, runs[k], window))
+        self.last: list[tuple[float, float, float, float]] = []
 
     def score(self, agent: DQN, executor: Executor | None = None) -> float:
         executor = executor or SerialExecutor()
@@ -429,8 +441,8 @@ class Validator:
         self.last = executor.map_async(validate_case, [ValidationTask(c, agent.cfg, w) for c in self.cases]).get()
         total = 0.0
         pw = self.cfg.validation_pending_weight
-        for c, (e, slo, pend) in zip(self.cases, self.last):
-            total += e / c.e_ref + 10.0 * max(0.0, slo - c.slo_ref - self.slo_slack)
+        for c, (e, slo, pend, e_ref) in zip(self.cases, self.last):
+            total += e / e_ref + 10.0 * max(0.0, slo - c.slo_ref - self.slo_slack)
             total += pw * max(0.0, pend - 1.1 * c.pend_ref) / max(c.pend_ref, 1.0)
         return total / len(self.cases)
 

@@ -38,7 +38,7 @@ from joulesched.agent.lower_bound import _G, cluster_cost  # noqa: E402
 from joulesched.agent.registry import BASELINES, make_policy  # noqa: E402
 from joulesched.agent.runner import run_policy  # noqa: E402
 from joulesched.cluster.scenario import Consolidation, Scenario, Sleep, load_scenario  # noqa: E402
-from joulesched.cluster.twin import Twin, cluster_from_scenario  # noqa: E402
+from joulesched.cluster.twin import Twin, cluster_from_scenario, common_window  # noqa: E402
 from joulesched.cluster.workload import Workload, build_workload  # noqa: E402
 from joulesched.pipelines.suite import SHIPPED_MODEL, standard_suite  # noqa: E402
 
@@ -93,6 +93,7 @@ def suite(pols: list[str]) -> list[dict]:
         for p in pols:
             off = run_policy(Twin(sc, wl), make_policy(p), 0)
             on = run_policy(Twin(with_consolidation(sc, SUITE_CONSOLIDATION), wl), make_policy(p), 0)
+            off, on = common_window({"off": off, "on": on}).values()  # one window for both (docs/twin.md)
             rows.append(dict(scenario=sc.name, policy=p, off_j=off.energy_joules, on_j=on.energy_joules,
                              ratio=on.energy_joules / off.energy_joules, evictions=on.evictions,
                              slo_off=off.slo_violation_rate, slo_on=on.slo_violation_rate,

@@ -38,7 +38,7 @@ import dataclasses
 import heapq
 import math
 import time
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -262,17 +262,21 @@ class IdleTail:
         return e, eg
 
     def awake_at(self, t: float) -> int:
-        return self.awake[max(0, bisect_right(self.times, t) - 1)]
+        """Nodes not asleep just before ``t`` (as a timeline's bin records them at its opening, before the events
+        of that instant)."""
+        return self.awake[max(0, bisect_left(self.times, t) - 1)]
 
 
 def extend_run(r: RunResult, until_s: float) -> RunResult:
     """``r`` metered to ``until_s`` instead of its own end: the idle tail's joules added to its energies (total,
     GPU, per node) and its timeline padded with the tail's bins. ``r`` itself is not changed."""
+    if r.window_end_s is not None and r.window_end_s != r.end_s:
+        raise ValueError("this run is already metered past its end; extend the run itself")
+    if until_s <= r.end_s:
+        return r if r.window_end_s == r.end_s else dataclasses.replace(r, window_end_s=r.end_s)
     tail = r.idle_tail
     if tail is None:
         raise ValueError("this run has no idle tail: a twin's result() records one")
-    if until_s <= r.end_s:
-        return r if r.window_end_s == r.end_s else dataclasses.replace(r, window_end_s=r.end_s)
     e, g = tail.energy(r.end_s, until_s)
     extra = {}
     if r.node_energy_joules is not None and r.node_gpu_joules is not None:

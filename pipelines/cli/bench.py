@@ -186,12 +186,13 @@ def optimum(
             for sc in loaded:
                 for s in range(seeds):
                     prog.update(task, item=f"{sc.name} seed {s}")
+                    replay: list = []  # the schedule's run in the twin, metered with the policies' window
                     with _ticking(prog, task, time_limit if bound_only else 0.0):
                         row = optimum_entry(sc, s, time_limit=time_limit, max_nodes=max_nodes, max_pods=max_pods,
                                             bound_only=bound_only, on_stage=_stage_item(prog, task, sc.name, s),
-                                            solver=solver)
+                                            solver=solver, on_replay=replay.append)
                     prog.update(task, item=f"{sc.name} seed {s}: {len(specs)} policies")
-                    row["policies"] = policy_energies(sc, s, specs)
+                    row["policies"] = policy_energies(sc, s, specs, row, replay[0] if replay else None)
                     row["best_heuristic"] = best_heuristic(row["policies"])
                     rows.append(row)
                     prog.update(task, completed=len(rows) * (time_limit if bound_only else 1))

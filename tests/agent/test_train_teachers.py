@@ -52,7 +52,7 @@ def test_the_pool_prefers_energy_only_among_runs_within_the_slo_slack(monkeypatc
     def run(twin, policy, seed):
         calls.append(policy.spec)
         e, slo = fake[policy.spec]
-        return SimpleNamespace(energy_joules=e, slo_violation_rate=slo)
+        return SimpleNamespace(energy_joules=e, slo_violation_rate=slo, end_s=100.0, window_end_s=100.0)  # one end
 
     monkeypatch.setattr(train_mod, "run_policy", run)
     monkeypatch.setattr(train_mod, "make_policy", lambda spec: SimpleNamespace(spec=spec))

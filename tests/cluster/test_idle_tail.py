@@ -100,3 +100,27 @@ def test_a_run_without_a_tail_cannot_be_extended():
     r = run_policy(Twin(sc, workload((0, 50, 500, 10, 500))), First(), 0)
     with pytest.raises(ValueError, match="idle tail"):
         extend_run(dataclasses.replace(r, idle_tail=None), 200)
+
+
+def test_a_run_already_metered_past_its_end_is_not_extended_again():
+    # Its tail runs from its own end: extending the extended run would count [end, first window] twice.
+    sc = scenario([{}], duration_s=50)
+    r = run_policy(Twin(sc, workload((0, 50, 500, 10, 500))), First(), 0)
+    assert extend_run(r, 200).energy_joules == pytest.approx(r.energy_joules + 100 * 150)
+    with pytest.raises(ValueError, match="already metered"):
+        extend_run(extend_run(r, 100), 200)
+
+
+def test_padded_bins_count_the_nodes_awake_before_a_change_on_their_boundary():
+    # The twin records a bin's awake count at its opening, before that instant's events: n0 sleeps at 60, a bin
+    # boundary (bin_s 5), so the bin opening at 60 still counts it, as the same run with a later horizon does.
+    idle = {"mode": "sleep", "sleep_after_s": 10, "sleep_watts": 5, "wake_s": 20}
+    wl = workload((0, 50, 500, 10, 500))
+    short = run_policy(Twin(scenario([{}, {}], duration_s=50, idle=idle), wl, record=True, timeline_bins=10),
+                       First(), 0)
+    long = run_policy(Twin(scenario([{}, {}], duration_s=200, idle=idle), wl, record=True, timeline_bins=40),
+                      First(), 0)
+    assert short.timeline.bin_s == long.timeline.bin_s == 5
+    w = extend_run(short, 200).timeline
+    assert w.awake == long.timeline.awake and w.awake[12] == 1
+    assert w.energy_j == pytest.approx(long.timeline.energy_j)

@@ -52,3 +52,21 @@ def test_a_trace_replay_is_marked_so_its_seeds_are_not_read_as_workloads(tmp_pat
     assert e[0] == e[1]  # the same pods on both seeds
     page = write_report(tmp_path / "out").read_text()
     assert page.count("(replay)") == 1 and "a trace replayed as it is" in page
+
+
+def test_the_optimums_schedule_is_metered_over_the_window_and_its_gap_stays_the_mips(tmp_path):
+    # The MIP spreads the two jobs (done at 100, 120 kJ, proven); most-allocated stacks them (done at 200). Over
+    # the window the schedule draws 220 kJ like every run; its gap is the MIP's own, 0, not against the tail.
+    from joulesched.pipelines.benchmark import headroom
+
+    (tmp_path / "pods.csv").write_text("submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m\n"
+                                       "0,100,1000,100,2000\n0,100,1000,100,2000\n")
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    res = run_benchmark([tmp_path / "s.yaml"], ["default-k8s", "most-allocated"], 1, tmp_path / "out",
+                        optimum=True, optimum_time_limit=20)
+    opt = res.scenarios[0].optimum
+    assert opt.certificate == "optimal" and opt.best_gap == pytest.approx(0, abs=1e-6)
+    extra = opt.model_extra
+    assert extra["window_end_s"] == 200 and extra["window_tail_joules"] == pytest.approx(100_000)
+    assert opt.schedule_energy == pytest.approx(220_000)
+    assert headroom(res)["window"]["optimum_gap"] == pytest.approx(0, abs=1e-6)
