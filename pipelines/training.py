@@ -526,7 +526,7 @@ def format_table(result: dict) -> str:
                 if "ratio_vs_bound" in s:
                     parts.append(f"dqn / best bound = {s['ratio_vs_bound']:.3f}")
                 if "gap_closed" in s:
-                    parts.append(f"share of the sleep-aware heuristic's gap closed = {100 * s['gap_closed']:.0f} %")
+                    parts.append(f"share of the sleep-aware heuristic's gap closed = {100 * s['gap_closed'] + 0.0:.0f} %")
                 lines.append("  " + "; ".join(parts))
     for name, ratios in result.get("summary", {}).items():
         if any(r["n"] > 1 for r in ratios.values()):

@@ -66,7 +66,8 @@ def _resumed_config(model: Path):
 def train_cmd(
     scenario: Annotated[Optional[list[Path]], typer.Option(
         "--scenario", "-s", help="Scenario YAML to train on (repeat for a mix; a repeated file gets more episodes). "
-        "Default: heterogeneous-sleep, heterogeneous twice, homogeneous (tiny and large stay unseen).")] = None,
+        "Default: heterogeneous-sleep, heterogeneous, homogeneous, services-diurnal-sleep, mixed-always-on (tiny and "
+        "large stay unseen).")] = None,
     model: Annotated[Path, typer.Option(help="Model file (safetensors, whatever the extension). Created if "
                                         "missing.")] = DEFAULT_MODEL,
     minutes: Annotated[Optional[float], float_option(
