@@ -323,10 +323,11 @@ def _spaced(centers: list[float], min_gap: float) -> list[int]:
 
 
 def fig_util(doc: Results, tl: dict, nodes: dict, key: str, name: str, seed: int) -> Figure | None:
-    """Per-node CPU utilisation over time for default-k8s and the least-energy policy."""
+    """Per-node CPU utilisation over time for default-k8s and the verdict's pick (the least energy within the SLO
+    budget), the policy the scenario's table highlights."""
     policies = doc.policies
     summ = doc.summary[name].policies
-    best = min(policies, key=lambda p: summ[p].energy_joules)
+    best = _least_energy_within_budget({p: summ[p] for p in policies})
     show = [p for p in dict.fromkeys(["default-k8s", best]) if f"{key}/{p}/util" in tl]
     if not show or f"{key}/bin_s" not in tl:
         return None

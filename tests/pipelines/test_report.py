@@ -554,3 +554,14 @@ def test_the_nodes_awake_axis_has_integer_ticks(run):
         assert len(ticks) >= 2 and all(float(v).is_integer() for v in ticks), (name, ticks)
         assert all("." not in t for t in _tick_labels(awake.yaxis)), name
         plt.close(fig)
+
+
+def test_the_utilisation_plot_shows_the_verdicts_pick_beside_default_k8s():
+    doc = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0, "awake-first": 150.0}],
+                   metrics={"most-allocated": {"slo_violation_rate": 0.10}})
+    key = doc.timeline_key("s")
+    tl = {f"{key}/bin_s": np.array([60.0]), **{f"{key}/{p}/util": np.zeros((3, 2), np.float16) for p in doc.policies}}
+    with plain_text_figures():
+        fig = report.fig_util(doc, tl, {}, key, "s", 0)
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["default-k8s", "awake-first"]
+    plt.close(fig)
