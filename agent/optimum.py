@@ -2019,6 +2019,16 @@ def window_schedule(opt: dict, replay: RunResult, until_s: float) -> None:
         opt["schedule_joules"] += tail
 
 
+def window_with_schedule(runs: dict, opt: dict | None = None, replay: RunResult | None = None) -> dict:
+    """``runs`` (any keys) metered over one window (:func:`~joulesched.cluster.twin.common_window`) that also
+    reaches the end of the optimum's replayed schedule, when there is one; ``opt``, its row, is metered over the
+    same window (:func:`window_schedule`). How every comparison beside the optimum meters its runs."""
+    until = max([r.end_s for r in runs.values()] + ([replay.end_s] if replay is not None else []))
+    if replay is not None and opt is not None:
+        window_schedule(opt, replay, until)
+    return {k: extend_run(r, until) for k, r in runs.items()}
+
+
 def policy_energies(scenario: Scenario, seed_offset: int, specs, opt: dict | None = None,
                     replay: RunResult | None = None) -> dict[str, float]:
     """Each policy's energy in the twin on the same (scenario, seed), as the benchmark meters it: every run, and
@@ -2029,7 +2039,4 @@ def policy_energies(scenario: Scenario, seed_offset: int, specs, opt: dict | Non
     seed = scenario.seed + seed_offset
     twin = Twin(scenario, build_workload(scenario, seed))
     runs = {p: run_policy(twin, make_policy(p), seed) for p in specs}
-    until = max([r.end_s for r in runs.values()] + ([replay.end_s] if replay is not None else []), default=0.0)
-    if replay is not None and opt is not None:
-        window_schedule(opt, replay, until)
-    return {p: extend_run(r, until).energy_joules for p, r in runs.items()}
+    return {p: r.energy_joules for p, r in window_with_schedule(runs, opt, replay).items()} if runs else {}

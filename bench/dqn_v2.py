@@ -57,12 +57,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from joulesched.agent.checkpoint import load_checkpoint  # noqa: E402
-from joulesched.agent.optimum import optimum_entry, window_schedule  # noqa: E402
+from joulesched.agent.optimum import optimum_entry, window_with_schedule  # noqa: E402
 from joulesched.agent.randomize import random_scenario  # noqa: E402
 from joulesched.agent.registry import HEURISTIC_VARIANTS, HEURISTICS, make_policy  # noqa: E402
 from joulesched.agent.runner import run_policy  # noqa: E402
 from joulesched.cluster.scenario import Scenario, Sleep, load_scenario  # noqa: E402
-from joulesched.cluster.twin import Twin, extend_run  # noqa: E402
+from joulesched.cluster.twin import Twin  # noqa: E402
 from joulesched.cluster.workload import build_workload  # noqa: E402
 from joulesched.pipelines.progress import progress_bar  # noqa: E402
 from joulesched.pipelines.stats import mean_ci  # noqa: E402
@@ -121,10 +121,7 @@ def run_case(group: str, sc: Scenario, seed: int, offset: int, models: dict[str,
     if group == "small":
         opt = optimum_entry(sc, offset, time_limit=optimum_time_limit, on_replay=replay.append)
     # One window for every run and the optimum's schedule, as the benchmark meters them (docs/twin.md).
-    until = max(r.end_s for r in [*runs.values(), *replay])
-    rows = {k: _metrics(extend_run(r, until)) for k, r in runs.items()}
-    if replay:
-        window_schedule(opt, replay[0], until)
+    rows = {k: _metrics(r) for k, r in window_with_schedule(runs, opt, replay[0] if replay else None).items()}
     best_h = min(ALL_HEURISTICS, key=lambda h: rows[h]["energy_joules"])
     best_sa = min(SLEEP_AWARE, key=lambda h: rows[h]["energy_joules"])
     ref = best_sa if group == "sleep" else best_h  # extra: every heuristic, GPU packers included

@@ -681,6 +681,7 @@ class Twin:
         ready, events, submit = self._ready, self._events, self._submit
         n_pods = len(submit)
         placeable = self._placeable
+        stopped_early = self._stopped_early  # the run's own set (reset() makes a new one), filled in place
         perf = time.perf_counter_ns
         while True:
             if ready:
@@ -725,7 +726,7 @@ class Twin:
                     continue
                 self._advance(t_ar)
                 self._next_arrival = k + 1
-                if self._stopped_early and k in self._stopped_early:
+                if stopped_early and k in stopped_early:
                     continue  # counted as stopped before running (_stop_service)
                 if not placeable[k]:
                     self.unschedulable += 1
@@ -1265,9 +1266,10 @@ class Twin:
         return len(self._pending)
 
     def idle_tail(self) -> IdleTail:
-        """What the cluster draws after the run's end (:class:`IdleTail`), worked out from its state then: every
-        node still awake empties (services stop at the horizon) and sleeps when its timer fires and the decision
-        core lets it; a node held by ``min_awake`` or ``spare_cpu_m`` stays awake. The twin is not changed."""
+        """What the cluster draws after the run's end (:class:`IdleTail`), worked out from its state then: no pod
+        is left (jobs have ended, services stopped by the horizon and armed their nodes' timers), so every node
+        still awake sleeps when its timer fires and the decision core lets it; a node held by ``min_awake`` or
+        ``spare_cpu_m`` stays awake. The twin is not changed."""
         if not self.done:
             raise RuntimeError("the run is not finished")
         st, n, end = self.state, len(self.state), self._end_s
@@ -1281,12 +1283,6 @@ class Twin:
         w0, g0 = tuple(w), tuple(g)
         events = [e for e in self._events if e[2] == _WAKE or (e[2] == _SLEEP and e[4] == ver[e[3]])]
         seq = self._seq
-        if self.sleep_after < math.inf:
-            for i in range(n):  # a node whose last pods were services closed at the end empties now
-                if pstate[i] == ON and st.pods[i] > 0:
-                    ver[i] += 1
-                    seq += 1
-                    events.append((end + self.sleep_after, seq, _SLEEP, i, ver[i]))
         heapq.heapify(events)
         times, watts, gwatts, awake = [end], [math.fsum(w)], [math.fsum(g)], [sum(ps != ASLEEP for ps in pstate)]
         changes: list[tuple[float, int, float, float]] = []

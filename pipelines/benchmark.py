@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from joulesched.agent.lower_bound import lower_bound
-from joulesched.agent.optimum import check_solver, check_time_limit, optimum_entry, window_schedule
+from joulesched.agent.optimum import check_solver, check_time_limit, optimum_entry, window_with_schedule
 from joulesched.agent.registry import family_of, heuristics_among, make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import Scenario, load_scenario
-from joulesched.cluster.twin import RunResult, Twin, extend_run
+from joulesched.cluster.twin import RunResult, Twin
 from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
@@ -263,11 +263,7 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
     # schedule included): a run that finishes early pays for the idle cluster while the others finish theirs.
     results: dict[tuple[int, int], dict] = {}
     for (i, s), by_policy in runs.items():
-        replay = replays.get((i, s))
-        until = max(r.end_s for r in [*by_policy.values(), *([replay] if replay is not None else [])])
-        windowed = {pol: extend_run(r, until) for pol, r in by_policy.items()}
-        if replay is not None:
-            window_schedule(bounds[(i, s)]["optimum"], replay, until)
+        windowed = window_with_schedule(by_policy, bounds[(i, s)].get("optimum"), replays.get((i, s)))
         results[(i, s)] = {}
         for pol in policies:  # in the run's policy order, whatever order the tasks finished in
             metrics, tl = _metrics(windowed[pol], bounds[(i, s)]["node_names"])

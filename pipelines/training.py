@@ -46,7 +46,7 @@ from joulesched.agent.runner import run_policy
 from joulesched.agent.train import SerialExecutor, Validator
 from joulesched.agent.train import train as train_loop
 from joulesched.cluster.scenario import Scenario, load_scenario
-from joulesched.cluster.twin import Twin, extend_run
+from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_savefig, atomic_write_text, check_output_file
@@ -400,7 +400,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
     ``gap_closed`` is (best sleep-aware - dqn) / (best sleep-aware - optimum, or the bound where there is none).
     """
     from joulesched.agent.lower_bound import lower_bound
-    from joulesched.agent.optimum import check_time_limit, optimum_entry, window_schedule
+    from joulesched.agent.optimum import check_time_limit, optimum_entry, window_with_schedule
 
     if seeds < 1:
         raise TrainError("--seeds must be >= 1")
@@ -428,13 +428,8 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
             opt, replay = None, []
             if optimum:
                 opt = optimum_entry(sc, k, time_limit=optimum_time_limit, workload=wl, on_replay=replay.append)
-            # Every policy and the optimum's schedule metered over one window, as the benchmark does.
-            until = max(r.end_s for r in [*runs.values(), *replay])
-            if replay:
-                window_schedule(opt, replay[0], until)
-            rows = {}
-            for pol, run in runs.items():
-                r = extend_run(run, until)
+            rows = {}  # every policy and the optimum's schedule metered over one window, as the benchmark does
+            for pol, r in window_with_schedule(runs, opt, replay[0] if replay else None).items():
                 rows["dqn" if pol == spec else pol] = {
                     "energy_joules": r.energy_joules, "slo_violation_rate": r.slo_violation_rate,
                     "mean_pending_s": r.mean_pending_s, "unschedulable_pods": r.unschedulable_pods,
