@@ -89,6 +89,10 @@ class _Series:
     message: str
     count: int = 1
     name: str = ""  # the Event's name once created
+    # The name a POST was sent with, kept until it is known to exist: a POST whose answer was lost (or that the
+    # client resent on a connection the apiserver had closed) is sent again under the same name, so that the
+    # apiserver answers 409 instead of creating a second Event.
+    posted: str = ""
     written: int = 0  # the count the API has
     written_at: float = -1e18  # monotonic time of the last write
     first_seen: float = field(default_factory=time.time)
@@ -325,7 +329,8 @@ class EventRecorder:
     def _write_event(self, s: _Series, name: str, count: int, message: str, last_seen: float) -> int:
         last = _rfc3339(last_seen)
         if not name:
-            name = f"{s.pod}.{time.time_ns():x}"
+            with self._lock:
+                name = s.posted = s.posted or f"{s.pod}.{time.time_ns():x}"
             body = {"apiVersion": "v1", "kind": "Event",
                     "metadata": {"name": name, "namespace": s.namespace},
                     "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": s.namespace, "name": s.pod,
@@ -337,9 +342,13 @@ class EventRecorder:
                     "firstTimestamp": _rfc3339(s.first_seen), "lastTimestamp": last, "count": count}
             r = self.http.request("POST", f"/api/v1/namespaces/{s.namespace}/events", compact_json(body),
                                   timeout=self.timeout_s)
+            if r.status == 409:  # created by an earlier try of ours whose answer was lost: update it instead
+                with self._lock:
+                    s.name, s.posted = name, ""
+                return self._write_event(s, name, count, message, last_seen)
             if r.status < 300:
                 with self._lock:
-                    s.name = name
+                    s.name, s.posted = name, ""
         else:
             patch = {"count": count, "lastTimestamp": last, "message": message,
                      "series": {"count": count, "lastObservedTime": _rfc3339(last_seen, micro=True)}}

@@ -20,6 +20,9 @@ from joulesched.live.scheduler import LatencyReservoir, SchedulerMetrics, Status
 from tests.live.conftest import wait_until
 
 
+MSG_CPU = "0/1 nodes are available: 1 Insufficient cpu."
+
+
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -144,6 +147,26 @@ def test_repeated_occurrences_do_not_grow_the_queue(emu):
         rec.stop(timeout=10)
     (ev,) = emu.list("events")
     assert ev["count"] == 200
+
+
+def test_an_event_whose_answer_was_lost_is_not_created_twice(emu):
+    """The apiserver creates the Event and the answer is lost (a 500 here; a cut connection the same): the next
+    try posts the same name, gets 409 AlreadyExists, and brings that Event up to date instead of adding one."""
+    metrics = SchedulerMetrics(CollectorRegistry())
+    emu.faults.add("lost-response", "create:events", times=1)
+    rec = EventRecorder(FastClient(api_client_for(emu.url)), "joulesched", "test", metrics, workers=1,
+                        update_interval_s=0.0)
+    emu.add_pod("p")
+    try:
+        rec.failed("default", "p", "uid-p", MSG_CPU, condition=False)
+        wait_until(lambda: emu.faults.log and any(e["count"] == 1 for e in emu.list("events")), what="the Event")
+        rec.failed("default", "p", "uid-p", MSG_CPU, condition=False)
+        wait_until(lambda: [e["count"] for e in emu.list("events")] == [2], what="its count updated to 2")
+    finally:
+        rec.stop(timeout=10)
+    (ev,) = emu.list("events")
+    assert ev["count"] == 2 and emu.faults.log == [("lost-response", "create:events")]
+    assert metrics.events_dropped._value.get() == 0
 
 
 def test_lease_errors_are_warned_and_readyz_reports_them(emu, make_scheduler, caplog):
