@@ -814,14 +814,24 @@ class FilterChain:
         ``table_of`` (the pods' distinct constraints, code 0 = none); ``gpu`` the pods' GPU requests."""
         ok = np.zeros(len(cpu), dtype=bool)
         everyone = np.ones(len(st), dtype=bool)
+        # Each filter answers "fits one of these nodes": asked over all nodes at once, a pod could pass the cpu
+        # filter on one node and the GPU filter on another. So ask per shape (nodes alike in everything the
+        # filters read) and take the shapes a pod passes every filter on.
+        shape = np.unique(np.stack([st.alloc_cpu, st.alloc_mem, st.alloc_pods > 0, st.alloc_gpu,
+                                    np.unique(st.gpu_model, return_inverse=True)[1].reshape(-1)]),
+                          axis=1, return_inverse=True)[1].reshape(-1)
         for code in np.unique(constraints).tolist():
             sel = constraints == code
             s = table.mask(table_of[code])
             nodes = everyone if s is None else s
-            fit = np.ones(int(sel.sum()), dtype=bool)
             g = None if gpu is None else GpuDemand(gpu.count[sel], gpu.milli[sel], gpu.spec[sel], gpu.specs)
-            for r in self.resources:
-                fit &= r.fits_empty(st, nodes, cpu[sel], mem[sel], g)
+            fit = np.zeros(int(sel.sum()), dtype=bool)
+            for k in np.unique(shape[nodes]).tolist():
+                alike = nodes & (shape == k)
+                here = np.ones(len(fit), dtype=bool)
+                for r in self.resources:
+                    here &= r.fits_empty(st, alike, cpu[sel], mem[sel], g)
+                fit |= here
             ok[sel] = fit
         return ok
 

@@ -1008,8 +1008,10 @@ class Twin:
 
     def _may_end(self, t: float) -> bool:
         """With no job bound and none to arrive: may the run end before the event at ``t``? (Jobs only: when
-        none is pending or restarting; nodes may still fall asleep before the horizon, see :meth:`_finish`.)"""
-        return not self._pending and not self._restarting
+        none is restarting; nodes may still fall asleep before the horizon, see :meth:`_finish`.) A pod still
+        pending then fits no empty node (each node's last departure retried it), so it never will: waiting
+        for it would only run the sleep rechecks for ever."""
+        return not self._restarting
 
     def _finish(self) -> None:
         """Close the run at max(horizon, last completion); nodes may still fall asleep before the horizon."""
@@ -1032,8 +1034,9 @@ class Twin:
 
     def _may_end_pm(self, t: float) -> bool:
         """The run ends at max(horizon, last job completion): services never extend it. Every service has
-        stopped by the horizon, so what is pending or restarting after it is a job, which the run waits for."""
-        return (t > self.horizon or not self._has_svc) and not self._pending and not self._restarting
+        stopped by the horizon, so what is restarting after it is a job, which the run waits for (what is pending
+        then fits no empty node: see :meth:`_may_end`)."""
+        return (t > self.horizon or not self._has_svc) and not self._restarting
 
     def _start_pm(self, p: int, i: int) -> None:
         """Start pod ``p`` on node ``i``: a constant job as always; a profiled job at the step of its progress,

@@ -8,6 +8,7 @@ import pytest
 from joulesched.agent.registry import make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.twin import Twin
+from joulesched.cluster.workload import Workload
 from tests.helpers import scenario, workload
 
 
@@ -81,6 +82,20 @@ def test_pod_too_big_for_every_node_is_never_placed():
     sc = scenario([{}, {"cpu_m": 2000}], duration_s=10)
     r = run(sc, workload((0, 10, 3000, 10, 100), (0, 10, 1500, 10, 100)))
     assert r.unschedulable_pods == 1 and r.placements == 1
+
+
+def test_a_pod_whose_cpu_and_gpus_fit_only_on_different_nodes_is_never_placed():
+    """A 1500m one-GPU pod: the 2000m node has no GPU, the GPU node only 1000m. Each filter alone passes some
+    node; no node passes both. It is unplaceable from the start, and the run ends (it used to wait for ever,
+    min_awake's sleep rechecks running the clock)."""
+    sc = scenario([{"cpu_m": 2000}, {"gpu_count": 2, "gpu_model": "T4"}], duration_s=100,
+                  idle={"mode": "sleep", "sleep_after_s": 10, "min_awake": 1, "recheck_s": 30})
+    wl = Workload(np.array([0.0, 0.0]), np.array([50.0, 50.0]), np.array([1500, 500]), np.array([10, 10]),
+                  np.array([100.0, 100.0]), gpu=np.array([1, 1], np.int16))
+    tw = Twin(sc, wl)
+    assert tw.placeable.tolist() == [False, True]
+    r = run_policy(tw, First(), 0)
+    assert (r.unplaced_fits_no_node, r.placed_pods, r.completed_pods) == (1, 1, 1) and r.end_s == 100
 
 
 def test_pod_count_limit_filters_best_effort_pods():
