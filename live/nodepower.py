@@ -88,6 +88,7 @@ from joulesched.live.actuators.base import (
     ActionAborted,
     AddressError,
     Target,
+    off_requested,
     parse_address,
 )
 from joulesched.live.actuators.base import ON as POWER_ON
@@ -895,7 +896,7 @@ class NodePowerController:
                 self._patch_node(name, state=ASLEEP_STATE)
                 self._event(name, "Normal", "NodeAsleep", f"Node {name} is asleep ({self.actuator.name})")
                 return
-            if self._roll_back_if_running(name):
+            if self._roll_back_if_running(name, term):
                 return
         target.check()
         left = self._workload_pods_on(name)
@@ -938,8 +939,11 @@ class NodePowerController:
         log.warning("sleep of %s failed: %s (retry in %g s)", name, e, delay)
         log.debug("sleep of %s failed", name, exc_info=True)
         untouched = isinstance(e, AddressError)  # refused before anything was sent
-        if untouched or self._power(Target(name, target.address, source=target.source, check=target.check,
-                                           deadline=self.clock() + self.cfg.request_timeout_s)) == POWER_ON:
+        # After an accepted power-off, "on" may be an OS still shutting down: only the kubelet outliving the
+        # sleep's deadline shows that it kept running (_roll_back_if_running).
+        if untouched or (not off_requested(e) and self._power(
+                Target(name, target.address, source=target.source, check=target.check,
+                       deadline=self.clock() + self.cfg.request_timeout_s)) == POWER_ON):
             self._patch_node(name, state=AWAKE, cordon=False, taint=False)
             self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
                         f"sleep; it reports the machine on: uncordoned, retrying in {delay:g} s")
@@ -951,13 +955,26 @@ class NodePowerController:
             self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
                         f"sleep and cannot confirm it is on: kept cordoned and tainted, retrying in {delay:g} s")
 
-    def _roll_back_if_running(self, name: str) -> bool:
+    def _roll_back_if_running(self, name: str, term: int) -> bool:
         """After a sleep that failed unconfirmed: if the kubelet outlived a whole sleep's deadline, the machine
         kept running (a BMC that cannot be reached, an SSH suspend that never ran). Uncordon it rather than keep
         it cordoned for as long as the actuator stays broken; the next sleep waits out the backoff."""
         info = self._node(name)
         if info is None or not info.ready or not self._alive_after_failed_sleep(name):
             return False
+        # A power-off left standing (metal3's spec.online: false) would be carried out once its owner gets to
+        # it, pods and all: withdrawn first, or the node stays cordoned and the sleep is retried.
+        cancel = getattr(self.actuator, "cancel_sleep", None)
+        target = self._target(name, self.cfg.request_timeout_s, term)
+        if cancel is not None and target is not None:
+            try:
+                cancel(target)
+            except LostLeadership:
+                raise
+            except Exception as e:
+                log.warning("node %s kept running after a failed sleep, but the power-off asked for could not be "
+                            "withdrawn (%s): it stays cordoned", name, e)
+                return False
         self._recs[name].sleep_failed_at = None
         delay = self._backoff(name)
         self._patch_node(name, state=AWAKE, cordon=False, taint=False, wake_failed=False)
@@ -1019,7 +1036,7 @@ class NodePowerController:
             # Schedulers stop waiting for it. A node whose sleep failed unconfirmed stays `sleeping` (its machine
             # may be on): resumed, it is uncordoned once its kubelet outlives the sleep's deadline.
             failed_sleep = self._recs[name].sleep_failed_at is not None
-            if failed_sleep and self._roll_back_if_running(name):
+            if failed_sleep and self._roll_back_if_running(name, term):
                 return
             self._patch_node(name, state=SLEEPING if failed_sleep else ASLEEP_STATE, wake_failed=True,
                              **({"owner": False} if failed_sleep else {}))

@@ -140,6 +140,9 @@ class AutoActuator:
     def state(self, target: Target) -> str:
         return self._for(target).state(target)
 
+    def cancel_sleep(self, target: Target) -> None:
+        _cancel_sleep(self._for(target), target)
+
 
 class OneActuator:
     """A single actuator; a node whose address names another refuses (so a typo never drives the wrong BMC)."""
@@ -164,6 +167,18 @@ class OneActuator:
     def state(self, target: Target) -> str:
         self._check(target)
         return self.actuator.state(target)
+
+    def cancel_sleep(self, target: Target) -> None:
+        self._check(target)
+        _cancel_sleep(self.actuator, target)
+
+
+def _cancel_sleep(actuator, target: Target) -> None:
+    """Withdraw the power-off a failed sleep left standing, where the actuator leaves one (a desired state its
+    owner acts on later: metal3's ``spec.online``); nothing for the others, whose requests end with the call."""
+    cancel = getattr(actuator, "cancel_sleep", None)
+    if cancel is not None:
+        cancel(target)
 
 
 def make_actuator(name: str, options: ActuatorOptions | None = None):

@@ -18,7 +18,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from joulesched.live.actuators.base import OFF, ON, TRANSITIONING, UNKNOWN, ActuatorError, Target
+from joulesched.live.actuators.base import OFF, ON, TRANSITIONING, UNKNOWN, ActuatorError, Target, after_power_off
 
 
 class AwsActuator:
@@ -64,10 +64,12 @@ class AwsActuator:
         except (ClientError, BotoCoreError) as e:
             raise ActuatorError(f"{target.node}: EC2 stop {target.address.host}: {_code(e)}") from None
         deadline = time.monotonic() + self.timeout_s
-        while self.state(target) != OFF:
-            if time.monotonic() >= deadline:
-                raise ActuatorError(f"{target.node}: EC2 {target.address.host} not stopped after {self.timeout_s:g} s")
-            target.pause(self.poll_s)
+        with after_power_off():  # DescribeInstances may read "running" for a moment after an accepted stop
+            while self.state(target) != OFF:
+                if time.monotonic() >= deadline:
+                    raise ActuatorError(f"{target.node}: EC2 {target.address.host} not stopped after "
+                                        f"{self.timeout_s:g} s")
+                target.pause(self.poll_s)
 
     def wake(self, target: Target) -> None:
         target.checkpoint()

@@ -19,7 +19,8 @@ import ipaddress
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
@@ -44,6 +45,23 @@ class AddressError(UsageError):
 
 class ActionAborted(ActuatorError):
     """The action was stopped before its next request: its deadline passed, or this replica lost the Lease."""
+
+
+@contextmanager
+def after_power_off() -> Iterator[None]:
+    """Around what follows a power-off request the machine accepted: an error raised there is marked
+    ``off_requested``. The machine may still be going down (an OS shutting down reads "on" until it is off), so
+    a failed sleep's "on" is then no proof that it kept running (:func:`off_requested`)."""
+    try:
+        yield
+    except BaseException as e:
+        e.off_requested = True
+        raise
+
+
+def off_requested(e: BaseException) -> bool:
+    """Whether the sleep that raised ``e`` had a power-off accepted first (:func:`after_power_off`)."""
+    return bool(getattr(e, "off_requested", False))
 
 
 def redact(text: str) -> str:

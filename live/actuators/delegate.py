@@ -45,8 +45,9 @@ class CustomObjects:
                 self._api = k8s.CustomObjectsApi(self._api_client)
             return self._api
 
-    def call(self, target: Target, what: str, method: str, *args: Any, **kw: Any) -> dict:
-        """``CustomObjectsApi.<method>(group, version, *args)`` after a checkpoint, bounded by the deadline."""
+    def call(self, target: Target, what: str, method: str, *args: Any, missing_ok: bool = False, **kw: Any) -> dict:
+        """``CustomObjectsApi.<method>(group, version, *args)`` after a checkpoint, bounded by the deadline
+        (``missing_ok``: a 404 answers ``{}``)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -55,13 +56,15 @@ class CustomObjects:
             return getattr(self._custom(), method)(self.group, self.version, *args,
                                                    _request_timeout=target.budget(self.request_timeout_s), **kw)
         except ApiException as e:
+            if missing_ok and e.status == 404:
+                return {}
             raise ActuatorError(f"{target.node}: {what}: HTTP {e.status} {e.reason}") from None
         except (HTTPError, OSError) as e:
             raise ActuatorError(f"{target.node}: {what}: {type(e).__name__}") from None
 
-    def get(self, target: Target, plural: str, name: str) -> dict:
+    def get(self, target: Target, plural: str, name: str, missing_ok: bool = False) -> dict:
         return self.call(target, f"get {plural} {target.address.host}/{name}", "get_namespaced_custom_object",
-                         target.address.host, plural, name)
+                         target.address.host, plural, name, missing_ok=missing_ok)
 
     def patch(self, target: Target, plural: str, name: str, body: dict) -> dict:
         """A JSON merge patch (only the fields given change; the owner keeps the rest)."""
@@ -72,6 +75,6 @@ class CustomObjects:
         return self.call(target, f"create {plural} in {target.address.host}", "create_namespaced_custom_object",
                          target.address.host, plural, body)
 
-    def delete(self, target: Target, plural: str, name: str) -> None:
+    def delete(self, target: Target, plural: str, name: str, missing_ok: bool = False) -> None:
         self.call(target, f"delete {plural} {target.address.host}/{name}", "delete_namespaced_custom_object",
-                  target.address.host, plural, name)
+                  target.address.host, plural, name, missing_ok=missing_ok)

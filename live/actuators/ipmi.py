@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pyghmi import exceptions as ipmi_exc
 from pyghmi.ipmi import command
 
-from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target, split_host
+from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target, after_power_off, split_host
 from joulesched.live.actuators.credentials import Credentials
 
 
@@ -71,21 +71,26 @@ class IpmiActuator:
                 return
             target.checkpoint()
             c.set_power("shutdown")
-            deadline = time.monotonic() + self.graceful_timeout_s
-            while True:
-                target.checkpoint()
-                if self._power(c) == "off":
-                    break
-                if time.monotonic() >= deadline:
-                    if not self.force_off:
-                        raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after a soft "
-                                            "off (hard off is not allowed)")
-                    target.checkpoint()  # never a hard off once another replica leads
-                    c.set_power("off", wait=int(target.budget(30)))
-                    break
-                target.pause(self.poll_s)
         except ipmi_exc.IpmiException as e:
             raise ActuatorError(f"{target.node}: IPMI power off: {type(e).__name__}") from None
+        # Accepted: the OS may be shutting down while the BMC still reads on, whatever fails from here on.
+        with after_power_off():
+            try:
+                deadline = time.monotonic() + self.graceful_timeout_s
+                while True:
+                    target.checkpoint()
+                    if self._power(c) == "off":
+                        break
+                    if time.monotonic() >= deadline:
+                        if not self.force_off:
+                            raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after a "
+                                                "soft off (hard off is not allowed)")
+                        target.checkpoint()  # never a hard off once another replica leads
+                        c.set_power("off", wait=int(target.budget(30)))
+                        break
+                    target.pause(self.poll_s)
+            except ipmi_exc.IpmiException as e:
+                raise ActuatorError(f"{target.node}: IPMI power off: {type(e).__name__}") from None
 
     def wake(self, target: Target) -> None:
         try:

@@ -57,6 +57,11 @@ class Metal3Actuator:
     def wake(self, target: Target) -> None:
         self._online(target, True)
 
+    def cancel_sleep(self, target: Target) -> None:
+        """Withdraw a power-off asked for by a sleep that failed (the machine kept running): ``spec.online: false``
+        left standing would have the operator switch the machine off whenever it gets to it, pods and all."""
+        self.hosts.patch(target, PLURAL, target.address.path, {"spec": {"online": True}})
+
     def state(self, target: Target) -> str:
         host = self._host(target)
         powered = (host.get("status") or {}).get("poweredOn")

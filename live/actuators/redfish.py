@@ -17,7 +17,15 @@ import time
 
 import sushy
 
-from joulesched.live.actuators.base import OFF, ON, TRANSITIONING, UNKNOWN, ActuatorError, Target
+from joulesched.live.actuators.base import (
+    OFF,
+    ON,
+    TRANSITIONING,
+    UNKNOWN,
+    ActuatorError,
+    Target,
+    after_power_off,
+)
 from joulesched.live.actuators.credentials import Credentials
 
 
@@ -73,17 +81,22 @@ class RedfishActuator:
                 return
             target.checkpoint()
             system.reset_system(sushy.ResetType.GRACEFUL_SHUTDOWN)
-            if self._wait(target, system, sushy.PowerState.OFF, self.graceful_timeout_s):
-                return
-            if not self.force_off:
-                raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after GracefulShutdown "
-                                    "(ForceOff is not allowed)")
-            target.checkpoint()  # a new leader may have woken the node meanwhile: never ForceOff for it
-            system.reset_system(sushy.ResetType.FORCE_OFF)
-            if not self._wait(target, system, sushy.PowerState.OFF, self.timeout_s):
-                raise ActuatorError(f"{target.node}: still on {self.timeout_s:g} s after ForceOff")
         except sushy.exceptions.SushyError as e:
             raise ActuatorError(f"{target.node}: Redfish power off: {_why(e)}") from None
+        # Accepted: the OS may be shutting down while the BMC still reads On, whatever fails from here on.
+        with after_power_off():
+            try:
+                if self._wait(target, system, sushy.PowerState.OFF, self.graceful_timeout_s):
+                    return
+                if not self.force_off:
+                    raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after "
+                                        "GracefulShutdown (ForceOff is not allowed)")
+                target.checkpoint()  # a new leader may have woken the node meanwhile: never ForceOff for it
+                system.reset_system(sushy.ResetType.FORCE_OFF)
+                if not self._wait(target, system, sushy.PowerState.OFF, self.timeout_s):
+                    raise ActuatorError(f"{target.node}: still on {self.timeout_s:g} s after ForceOff")
+            except sushy.exceptions.SushyError as e:
+                raise ActuatorError(f"{target.node}: Redfish power off: {_why(e)}") from None
 
     def wake(self, target: Target) -> None:
         system = self._system(target)

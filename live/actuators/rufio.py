@@ -12,15 +12,21 @@ its Tasks against the BMC and sets the Job's condition ``Completed`` or ``Failed
 
 Completed Jobs are deleted; a failed one is left for the operator to read (``kubectl get jobs.bmc``). Names are
 ``joulesched-<node>-<action>-<random>`` (``generateName``), labelled ``app.kubernetes.io/managed-by: joulesched``.
+A power-off Job a sleep gave up on before it ended (Rufio down or slow) would still run once Rufio gets to it,
+whatever became of the node meanwhile: it is deleted before a wake and when the controller withdraws a failed
+sleep (:meth:`RufioActuator.cancel_sleep`). Those Jobs are known by this process only: after a restart, one
+left unfinished is the operator's to delete.
 
 RBAC: ``get`` on ``machines``; ``create``, ``get``, ``delete`` on ``jobs`` (the bare-metal Rufio component).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import nullcontext
 
-from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target
+from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target, after_power_off
 from joulesched.live.actuators.delegate import CustomObjects
 
 GROUP_VERSION = "bmc.tinkerbell.org/v1alpha1"
@@ -45,6 +51,9 @@ class RufioActuator:
                                      request_timeout_s=request_timeout_s)
         self.force_off, self.graceful_timeout_s = force_off, graceful_timeout_s
         self.poll_s, self.timeout_s = poll_s, timeout_s
+        # (namespace, machine) -> names of the power-off Jobs created and not seen to end
+        self._unfinished: dict[tuple[str, str], set[str]] = {}
+        self._lock = threading.Lock()
 
     def _job(self, target: Target, action: str, until: float) -> tuple[str, str]:
         """Run one power action as a Job; (condition, message) once it ends, ("", "") if ``until`` passes."""
@@ -56,12 +65,39 @@ class RufioActuator:
                          "labels": {"app.kubernetes.io/managed-by": "joulesched"}},
             "spec": {"machineRef": {"name": machine, "namespace": ns}, "tasks": [{"powerAction": action}]}})
         name = job["metadata"]["name"]
-        while not (done := _condition(job))[0] and time.monotonic() < until:
-            target.pause(self.poll_s)
-            job = self.objects.get(target, "jobs", name)
-        if done[0] == "Completed":
-            self.objects.delete(target, "jobs", name)
+        off = action != "on"
+        if off:
+            with self._lock:
+                self._unfinished.setdefault((ns, machine), set()).add(name)
+        # A power-off Job once created may run whatever fails here: the machine may be going down.
+        with after_power_off() if off else nullcontext():
+            while not (done := _condition(job))[0] and time.monotonic() < until:
+                target.pause(self.poll_s)
+                job = self.objects.get(target, "jobs", name)
+            if done[0] and off:
+                self._ended(ns, machine, name)
+            if done[0] == "Completed":
+                self.objects.delete(target, "jobs", name)
         return done
+
+    def _ended(self, ns: str, machine: str, name: str) -> None:
+        with self._lock:
+            names = self._unfinished.get((ns, machine), set())
+            names.discard(name)
+            if not names:
+                self._unfinished.pop((ns, machine), None)
+
+    def cancel_sleep(self, target: Target) -> None:
+        """Delete the power-off Jobs for this machine that a sleep gave up on before they ended: Rufio would run
+        them whenever it got to them, switching off a node that has been kept running or woken since."""
+        ns, machine = target.address.host, target.address.path
+        with self._lock:
+            names = sorted(self._unfinished.get((ns, machine), ()))
+        for name in names:
+            job = self.objects.get(target, "jobs", name, missing_ok=True)
+            if job and not _condition(job)[0]:  # (one that ended is no threat; a failed one stays to be read)
+                self.objects.delete(target, "jobs", name, missing_ok=True)
+            self._ended(ns, machine, name)
 
     def sleep(self, target: Target) -> None:
         give_up = time.monotonic() + self.timeout_s
@@ -69,6 +105,11 @@ class RufioActuator:
         if self.state(target) == OFF:
             return
         cond, msg = self._job(target, "soft", graceful)
+        with after_power_off():
+            self._off(target, cond, msg, graceful, give_up)
+
+    def _off(self, target: Target, cond: str, msg: str, graceful: float, give_up: float) -> None:
+        """After the soft power-off Job: wait for off, else (where allowed) the hard one."""
         while cond == "Completed" and self.state(target) != OFF and time.monotonic() < graceful:
             target.pause(self.poll_s)
         if self.state(target) == OFF:
@@ -86,6 +127,7 @@ class RufioActuator:
             target.pause(self.poll_s)
 
     def wake(self, target: Target) -> None:
+        self.cancel_sleep(target)  # an old power-off Job must not run after this power-on
         cond, msg = self._job(target, "on", time.monotonic() + self.timeout_s)
         if cond != "Completed":
             raise ActuatorError(f"{target.node}: Rufio power-on " + (f"failed: {msg}" if cond else

@@ -171,6 +171,35 @@ def test_rufio_falls_back_to_a_hard_off_only_when_allowed(emu, owners):
     assert all(j["status"]["conditions"][0]["type"] == "Failed" for j in left) and len(left) == 2
 
 
+def test_rufio_power_off_jobs_a_sleep_gave_up_on_are_withdrawn(emu, owners):
+    """Rufio is down: the sleep's soft Job is never run and the sleep gives up at its deadline. Left there, Rufio
+    would run it once back, whatever became of the node: cancel_sleep deletes it, and so does a wake before its
+    own Job. A Job that ended is not touched (a failed one stays for the operator to read)."""
+    _add_machine(emu)
+    act, t = _actuator(emu, "rufio"), _target("rufio://tink/worker-2", "worker-2")
+    with pytest.raises(ActionAborted):
+        act.sleep(_target("rufio://tink/worker-2", "worker-2", within_s=0.5))
+    (job,) = emu.list(JOBS)
+    assert job["spec"]["tasks"] == [{"powerAction": "soft"}]
+    act.cancel_sleep(t)
+    assert emu.list(JOBS) == []
+    act.cancel_sleep(t)  # nothing left to withdraw: no request fails
+    with pytest.raises(ActionAborted):
+        act.sleep(_target("rufio://tink/worker-2", "worker-2", within_s=0.5))
+    with pytest.raises(ActionAborted):  # Rufio still down: the wake's own Job waits too
+        act.wake(_target("rufio://tink/worker-2", "worker-2", within_s=0.5))
+    assert [j["spec"]["tasks"] for j in emu.list(JOBS)] == [[{"powerAction": "on"}]]  # the soft one went first
+    act.cancel_sleep(t)  # a power-on Job is no sleep's: it stays
+    assert len(emu.list(JOBS)) == 1
+    emu.delete(JOBS, "tink", emu.list(JOBS)[0]["metadata"]["name"])
+    owners.append(Owner(rufio(emu, refuse=("soft",))))
+    refused = _actuator(emu, "rufio", force_off=False)
+    with pytest.raises(ActuatorError, match="not supported"):
+        refused.sleep(t)
+    refused.cancel_sleep(t)
+    assert [j["status"]["conditions"][0]["type"] for j in emu.list(JOBS)] == ["Failed"]
+
+
 def test_rufio_wake_failure_and_missing_machine_are_errors(emu, owners):
     _add_machine(emu, power="off")
     owners.append(Owner(rufio(emu, refuse=("on",))))

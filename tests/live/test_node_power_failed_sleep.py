@@ -1,0 +1,226 @@
+"""A sleep that fails after the machine accepted its power-off: the machine may still be going down (an OS
+shutting down reads "on" at its BMC until it is off), so the controller must not take that "on" as proof that
+it kept running and uncordon it for pods that would then die with it. Each actuator marks the errors raised
+after its power-off request (``off_requested``); errors before it stay unmarked (a refused request switched
+nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from joulesched.cluster.nodepower import ASLEEP_TAINT, PowerPolicy
+from joulesched.live.actuators.base import ON, ActuatorError, Target, after_power_off, off_requested, parse_address
+from tests.live.conftest import wait_until
+from tests.live.test_node_power import add_nodes, events, kubelets, machines, make_controller, pstate  # noqa: F401
+
+
+class _OffThenError:
+    """GracefulShutdown accepted, then a poll of the BMC fails; the OS is shutting down and the BMC reads On."""
+
+    name = "redfish"
+
+    def __init__(self, marked: bool) -> None:
+        self.marked = marked
+
+    def sleep(self, target) -> None:
+        if self.marked:
+            with after_power_off():
+                raise ActuatorError(f"{target.node}: Redfish power off: ConnectionError")
+        raise ActuatorError(f"{target.node}: Redfish power off: BadRequestError (HTTP 400)")
+
+    def wake(self, target) -> None:
+        pass
+
+    def state(self, target) -> str:
+        return ON
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_sleep_failing_after_an_accepted_power_off_keeps_the_node_cordoned(emu, machines, kubelets,
+                                                                             make_controller, marked):
+    add_nodes(emu, machines, ["a"])
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.1), start=False, retry_initial_s=30.0, retry_max_s=30.0)
+    ctl.actuator = _OffThenError(marked)
+    ctl.start()
+    # The node is patched before the Event is posted: what it holds now is what the failure left.
+    wait_until(lambda: events(emu, "NodeSleepFailed"), 10, "a NodeSleepFailed event")
+    node = emu.get("nodes", "a")
+    tainted = any(t["key"] == ASLEEP_TAINT for t in node["spec"].get("taints") or [])
+    if marked:  # going down, maybe: no pod may land on it
+        assert pstate(emu, "a") == "sleeping" and node["spec"].get("unschedulable") is True and tainted
+        assert "kept cordoned" in events(emu, "NodeSleepFailed")[0]["message"]
+    else:  # refused before anything was switched: "on" is the truth, the node goes back to work
+        assert pstate(emu, "a") == "awake" and not node["spec"].get("unschedulable") and not tainted
+
+
+def _target(addr: str) -> Target:
+    return Target("n1", parse_address(addr))
+
+
+class _FakeSystem:
+    def __init__(self, refuse_reset: bool) -> None:
+        import sushy
+
+        self.power_state = sushy.PowerState.ON
+        self.refuse_reset = refuse_reset
+
+    def reset_system(self, kind) -> None:
+        import sushy
+
+        if self.refuse_reset:
+            raise sushy.exceptions.SushyError("refused")
+
+    def refresh(self, force=False) -> None:
+        import sushy
+
+        raise sushy.exceptions.SushyError("BMC busy")
+
+
+@pytest.mark.parametrize("refuse_reset", [False, True])
+def test_redfish_marks_only_the_errors_after_an_accepted_shutdown(monkeypatch, refuse_reset):
+    pytest.importorskip("sushy")
+    from joulesched.live.actuators import redfish
+
+    system = _FakeSystem(refuse_reset)
+    monkeypatch.setattr(redfish.sushy, "Sushy", lambda *a, **kw: type("Root", (), {
+        "get_system": lambda self, path: system})())
+    with pytest.raises(ActuatorError) as e:
+        redfish.RedfishActuator(poll_s=0.01).sleep(_target("redfish://bmc/redfish/v1/Systems/1"))
+    assert off_requested(e.value) is not refuse_reset
+
+
+@pytest.mark.parametrize("refuse_shutdown", [False, True])
+def test_ipmi_marks_only_the_errors_after_an_accepted_soft_off(monkeypatch, refuse_shutdown):
+    pytest.importorskip("pyghmi")
+    from pyghmi import exceptions as ipmi_exc
+
+    from joulesched.live.actuators import ipmi
+    from joulesched.live.actuators.credentials import Credentials, Login
+
+    class Cmd:
+        reads = 0
+
+        def __init__(self, **kw) -> None:
+            pass
+
+        def get_power(self):
+            Cmd.reads += 1
+            if Cmd.reads > 2:  # the session check and the first read answer; a poll after the soft off fails
+                raise ipmi_exc.IpmiException("timeout")
+            return {"powerstate": "on"}
+
+        def set_power(self, state, wait=False):
+            if refuse_shutdown:
+                raise ipmi_exc.IpmiException("insufficient privilege")
+
+    monkeypatch.setattr(ipmi.command, "Command", Cmd)
+    act = ipmi.IpmiActuator(Credentials(Login("u", "p")), poll_s=0.01)
+    with pytest.raises(ActuatorError) as e:
+        act.sleep(Target("n1", parse_address("ipmi://10.0.0.5"), source="map"))
+    assert off_requested(e.value) is not refuse_shutdown
+
+
+def test_rufio_marks_errors_once_its_power_off_job_exists():
+    from joulesched.live.actuators.rufio import RufioActuator
+
+    class Objects:
+        def __init__(self) -> None:
+            self.created: list[str] = []
+
+        def get(self, target, plural, name):
+            if plural == "machines":
+                return {"status": {"powerState": "on"}}
+            raise ActuatorError(f"{target.node}: get jobs: HTTP 503 Service Unavailable")
+
+        def create(self, target, plural, body):
+            self.created.append(body["spec"]["tasks"][0]["powerAction"])
+            return {"metadata": {"name": "j1"}}
+
+        def delete(self, target, plural, name):
+            pass
+
+    act = RufioActuator(api_client=object(), poll_s=0.01)
+    act.objects = Objects()
+    with pytest.raises(ActuatorError) as e:
+        act.sleep(_target("rufio://ns/m1"))
+    assert act.objects.created == ["soft"] and off_requested(e.value)
+
+
+def test_aws_marks_errors_after_an_accepted_stop(monkeypatch):
+    pytest.importorskip("boto3")
+    from botocore.exceptions import ClientError
+
+    from joulesched.live.actuators.aws import AwsActuator
+
+    class Ec2:
+        def __init__(self) -> None:
+            self.described = 0
+
+        def describe_instances(self, InstanceIds):
+            self.described += 1
+            if self.described > 1:  # throttled while polling, after the stop was accepted
+                raise ClientError({"Error": {"Code": "RequestLimitExceeded"}}, "DescribeInstances")
+            return {"Reservations": [{"Instances": [{"State": {"Name": "running"}}]}]}
+
+        def stop_instances(self, InstanceIds, Hibernate):
+            pass
+
+    act = AwsActuator(region="us-east-1", poll_s=0.01)
+    ec2 = Ec2()
+    monkeypatch.setattr(act, "_ec2", lambda target: ec2)
+    with pytest.raises(ActuatorError) as e:
+        act.sleep(_target("aws://i-0123456789abcdef0"))
+    assert off_requested(e.value)
+
+
+# ---- a power-off left standing is withdrawn before a node that kept running is uncordoned ----
+class _OwnerNeverActs:
+    """A metal3-like actuator whose owner is down: the sleep's power-off stays asked for, state() cannot say."""
+
+    name = "metal3"
+
+    def __init__(self, emu, cancel_fails: bool) -> None:
+        self.emu, self.cancel_fails = emu, cancel_fails
+        self.cancels: list[bool] = []  # was the node still cordoned when the power-off was withdrawn
+
+    def sleep(self, target) -> None:
+        raise ActuatorError(f"{target.node}: BareMetalHost still on after spec.online was set false")
+
+    def wake(self, target) -> None:
+        pass
+
+    def state(self, target) -> str:
+        return "transitioning"
+
+    def cancel_sleep(self, target) -> None:
+        self.cancels.append(self.emu.get("nodes", target.node)["spec"].get("unschedulable") is True)
+        if self.cancel_fails:
+            raise ActuatorError(f"{target.node}: patch baremetalhosts: HTTP 503 Service Unavailable")
+
+
+@pytest.mark.parametrize("cancel_fails", [False, True])
+def test_a_node_kept_running_after_a_failed_sleep_has_its_power_off_withdrawn_first(emu, machines, kubelets,
+                                                                                   make_controller, cancel_fails):
+    add_nodes(emu, machines, ["a", "b"], cpu="4")
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.2, min_awake=1), start=False, sleep_timeout_s=1.0,
+                          retry_max_s=0.5)
+    act = ctl.actuator = _OwnerNeverActs(emu, cancel_fails)
+    ctl.start()
+    if not cancel_fails:
+        wait_until(lambda: any("kept running" in e["message"] for e in events(emu, "NodeSleepFailed")), 15,
+                   "the node uncordoned for it kept running")
+        assert act.cancels and all(act.cancels)  # withdrawn while it was still cordoned
+        return
+    wait_until(lambda: len(act.cancels) >= 2, 15, "two roll-backs tried")
+    # Never uncordoned while the power-off still stands: the owner would switch it off with its pods.
+    assert not any("kept running" in e["message"] for e in events(emu, "NodeSleepFailed"))
+    victim = next(n for n in ("a", "b") if pstate(emu, n) == "sleeping")
+    assert emu.get("nodes", victim)["spec"].get("unschedulable") is True
+
+
+def test_metal3_cancel_sleep_sets_the_host_online_again(emu):
+    from tests.live.test_delegate_actuators import BMH, _actuator, _add_host, _target
+
+    _add_host(emu, online=False)
+    _actuator(emu, "metal3").cancel_sleep(_target("metal3://metal3/worker-1"))  # through OneActuator
+    assert emu.get(BMH, "worker-1", "metal3")["spec"]["online"] is True
