@@ -113,8 +113,8 @@ class CounterBank:
         """Fold one raw reading, taken at ``now`` (seconds), in and return the counter's total since its first
         reading. Without ``now`` and ``units_per_joule`` no step is bounded."""
         prev = self._prev.get(key)
-        if prev is None:
-            self._total[key] = 0
+        if prev is None:  # the first reading, or the first since :meth:`rebase`: the total so far is kept
+            self._total.setdefault(key, 0)
         else:
             step = wrap_delta(raw, prev[0], max_range)
             if now is not None and prev[1] is not None and units_per_joule:
@@ -128,6 +128,15 @@ class CounterBank:
             self._total[key] += step
         self._prev[key] = (raw, now)
         return self._total[key]
+
+    def total(self, key: object) -> int:
+        """The counter's total so far (0 before its first reading)."""
+        return self._total.get(key, 0)
+
+    def rebase(self, key: object) -> None:
+        """Forget the counter's last reading, keeping its total: the next reading is a new baseline (a counter
+        that went away and came back, restarted by its driver, is no step from the old one)."""
+        self._prev.pop(key, None)
 
 
 class ReadingLog:

@@ -39,15 +39,16 @@ class ModelMeter(LoggedMeter):
         self._read_fn = read_fn
         self._joules = 0.0
         self.last_utilization = 0.0
-        try:
-            self._prev: tuple[float, CpuTimes] = (clock(), self._cpu())
-        except FileNotFoundError:
-            raise MeterUnavailable(f"{self._path} not found") from None
+        self._prev: tuple[float, CpuTimes] = (clock(), self._cpu())
 
     def _cpu(self) -> CpuTimes:
         try:
             return parse_cpu_times(self._read_fn(self._path))
-        except ValueError as e:
+        except FileNotFoundError:
+            raise MeterUnavailable(f"{self._path} not found") from None
+        except OSError as e:  # a file given as --proc-root (ENOTDIR), EIO
+            raise MeterError(f"cannot read {self._path}: {e.strerror or e} (is --proc-root a procfs?)") from None
+        except (ValueError, UnicodeDecodeError) as e:
             raise MeterError(f"{self._path}: {e}") from None
 
     def read(self) -> dict[str, Joules]:

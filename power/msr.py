@@ -84,6 +84,9 @@ class MsrMeter(LoggedMeter):
                 cpus = parse_cpuinfo(f.read())
         except FileNotFoundError:
             raise MeterUnavailable(f"{proc_root}/cpuinfo not found") from None
+        except (OSError, ValueError) as e:  # a file given as --proc-root, a garbled cpuinfo: not an absent MSR
+            raise MeterError(f"cannot read {proc_root}/cpuinfo: {getattr(e, 'strerror', None) or e} "
+                             "(is --proc-root a procfs?)") from None
         if not cpus:
             raise MeterUnavailable(f"no CPUs in {proc_root}/cpuinfo")
         regs = VENDORS.get(cpus[0].vendor)

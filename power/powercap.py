@@ -10,6 +10,7 @@ Rules from reference.md section 4:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -27,6 +28,8 @@ from joulesched.power.meter import (
     default_read,
 )
 from joulesched.power.units import UJ_PER_J, Joules, uj_to_j
+
+log = logging.getLogger(__name__)
 
 _ZONE_DIR = re.compile(r"^(intel-rapl(?:-mmio)?):(\d+)(?::(\d+))?\Z")
 
@@ -167,6 +170,8 @@ class PowercapMeter(LoggedMeter):
                                    f"{', '.join(self.zones)}): {'; '.join(self.notes) or 'no top-level zone'}")
         self.wrap_joules = min(z.max_range_uj for z in found) / UJ_PER_J
         self._bank = CounterBank()
+        self._path_of = {z.label: z.path for z in found}
+        self._gone: set[str] = set()  # zones whose energy_uj was missing at the last read
         self.read()
 
     def _raw(self, zone: Zone) -> int:
@@ -181,7 +186,28 @@ class PowercapMeter(LoggedMeter):
         return value
 
     def read(self) -> dict[str, Joules]:
+        """Every zone's joules. A zone whose ``energy_uj`` has gone (its package hot-removed, the driver
+        reloading) holds its total, with a warning, while the others go on being read (they wrap); when it comes
+        back its first reading is a new baseline. With every primary zone gone the read fails."""
         now = self._clock()
-        return self._logged({z.label: uj_to_j(self._bank.update(z.label, self._raw(z), z.max_range_uj, now=now,
-                                                                units_per_joule=UJ_PER_J))
-                             for z in self._zones})
+        out: dict[str, Joules] = {}
+        gone: set[str] = set()
+        for z in self._zones:
+            try:
+                raw = self._raw(z)
+            except FileNotFoundError:
+                gone.add(z.label)
+                self._bank.rebase(z.label)
+                out[z.label] = uj_to_j(self._bank.total(z.label))
+                continue
+            out[z.label] = uj_to_j(self._bank.update(z.label, raw, z.max_range_uj, now=now, units_per_joule=UJ_PER_J))
+        for label in sorted(gone - self._gone):
+            log.warning("powercap zone %s: %s has gone (package removed, RAPL driver unloaded?); its total is held "
+                        "at %.3f J and counted on from its next reading", label, self._path_of[label], out[label])
+        for label in sorted(self._gone - gone):
+            log.warning("powercap zone %s is back; counting on from its new reading", label)
+        self._gone = gone
+        if gone.issuperset(self.primary_zones):
+            raise MeterError(f"no primary zone ({', '.join(self.primary_zones)}) can be read under {self.root}: "
+                             "their energy_uj files have gone (RAPL driver unloaded?)")
+        return self._logged(out)
