@@ -58,8 +58,9 @@ class AwsTarget(pulumi.ComponentResource):
             assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}),
             tags=tags, opts=child)
-        aws.iam.RolePolicy(f"{name}-master-ca-key", role=self.master_role.id,
-                           policy=self.ca_key.arn.apply(lambda arn: master_policy(arn, region)), opts=child)
+        self.master_role_policy = aws.iam.RolePolicy(
+            f"{name}-master-ca-key", role=self.master_role.id,
+            policy=self.ca_key.arn.apply(lambda arn: master_policy(arn, region)), opts=child)
         self.master_profile = aws.iam.InstanceProfile(f"{name}-master-profile", role=self.master_role.name,
                                                       opts=child)
         # A name AWS completes (prefix + suffix): a new key replaces the old before it is deleted without a name
@@ -96,7 +97,9 @@ class AwsTarget(pulumi.ComponentResource):
         self.master = instance(master_host, pki.apply(lambda v: render_kube_node(
             role="master", hostname=master_host, ssh_authorized_keys=[cfg.ssh_public_key], kubeadm=cfg.kubeadm,
             token=v[2], ca_cert_pem=v[0], ca_key_parameter=ca_key_parameter_name(prefix), aws_region=region)),
-            profile=self.master_profile.id, deps=[self.ca_key])  # an instance profile's id is its name
+            # an instance profile's id is its name; the role's permission before the master that uses it (nothing
+            # else orders the policy before the instance, whose first boot reads the key with it)
+            profile=self.master_profile.id, deps=[self.ca_key, self.master_role_policy])
         self.workers = []
         for i in range(cfg.workers):
             host = f"{prefix}-worker-{i}"

@@ -6,8 +6,11 @@ hosts are local connections standing in for the control plane and the workers.""
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -145,3 +148,53 @@ def test_the_same_machine_spelled_otherwise_is_no_move_and_a_malformed_address_i
     r = provision(inv, tags="kube_node_power_address", timeout_s=300)
     assert not r.succeeded and "kube_node_power_address of worker-2" in " ".join(r.stdout.split()), r.stdout[-4000:]
     assert emu.get("configmaps", MAP[1], MAP[0])["data"] == {"worker-1": "ipmi://bmc-worker-1:623"}
+
+
+#: kubectl, but creating or patching a ConfigMap in a namespace that does not exist fails as the apiserver's
+#: NamespaceLifecycle admission makes it fail (the in-repo API emulator stores objects in any namespace, and
+#: serves namespaces as a list only).
+FAKE_KUBECTL = """#!{python}
+import subprocess, sys
+REAL = {real!r}
+args = sys.argv[1:]
+ns = args[args.index("--namespace") + 1] if "--namespace" in args else ""
+if ns and "configmap" in args and ("create" in args or "patch" in args):
+    kubeconfig = args[args.index("--kubeconfig") + 1]
+    names = subprocess.run([REAL, "--kubeconfig", kubeconfig, "get", "namespaces", "--output", "name"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    if f"namespace/{{ns}}" not in names:
+        verb = "create" if "create" in args else "patch"
+        sys.exit(f'error: failed to {{verb}} configmap: namespaces "{{ns}}" not found')
+sys.exit(subprocess.run([REAL, *args]).returncode)
+"""
+
+
+def test_a_power_address_is_written_on_a_fresh_cluster_without_the_namespace(emu, tmp_path: Path):
+    """The site playbook's first run on new hosts: kubeadm made the cluster moments ago and nobody has applied
+    deploy/kubernetes, so namespace joulesched does not exist. Before, creating the map there failed and with it
+    the run (the sample inventory gives node2 an address); now the role makes the namespace as namespace.yaml
+    does, Pod Security restricted, and a second run changes nothing."""
+    _needs_kubectl_and_runner()
+    real = shutil.which("kubectl")
+    from joulesched.infra.provision import provision
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "kubectl"
+    fake.write_text(FAKE_KUBECTL.format(python=sys.executable, real=real))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    inv = _inventory(emu, tmp_path, {"worker-1": {"kube_node_power_address": "ipmi://bmc-worker-1:623"},
+                                     "worker-2": {"kube_node_power_address": "ipmi://bmc-worker-2:623"}})
+    assert emu.get("namespaces", MAP[0]) is None
+
+    first = provision(inv, tags="kube_node_power_address", envvars={"PATH": path}, timeout_s=300)
+    assert first.succeeded, first.stdout[-4000:]
+    assert emu.get("configmaps", MAP[1], MAP[0])["data"] == {"worker-1": "ipmi://bmc-worker-1:623",
+                                                             "worker-2": "ipmi://bmc-worker-2:623"}
+    labels = emu.get("namespaces", MAP[0])["metadata"]["labels"]
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy/kubernetes/namespace.yaml").read_text())
+    assert labels == shipped["metadata"]["labels"]  # as deploy/kubernetes makes it: restricted
+
+    second = provision(inv, tags="kube_node_power_address", envvars={"PATH": path}, timeout_s=300)
+    assert second.succeeded and second.changed == 0, second.stdout[-4000:]
