@@ -78,7 +78,7 @@ class Consolidation(_Strict):
     it; a job loses its progress unless it checkpoints (``checkpoint_fraction`` of pods, drawn from the
     scenario seed)."""
 
-    interval_s: float = Field(300.0, gt=0, allow_inf_nan=False)
+    interval_s: float = Field(300.0, ge=1, allow_inf_nan=False)  # (a tick a second at most: a run's events stay few)
     max_evictions_per_hour: int = Field(60, ge=0)
     restart_s: float = Field(30.0, ge=0, allow_inf_nan=False)
     horizon_s: float = Field(3600.0, ge=0, allow_inf_nan=False)
@@ -100,10 +100,10 @@ class Sleep(_Strict):
     mode: Literal["sleep"]
     sleep_after_s: float = Field(300.0, ge=0, allow_inf_nan=False)
     sleep_watts: float = Field(10.0, ge=0, allow_inf_nan=False)
-    wake_s: float = Field(60.0, ge=0, allow_inf_nan=False)
+    wake_s: float = Field(60.0, ge=0, le=86_400, allow_inf_nan=False)  # a machine that takes a day to wake never slept
     min_awake: int = Field(0, ge=0)
     spare_cpu_m: int = Field(0, ge=0)
-    recheck_s: float = Field(60.0, gt=0, allow_inf_nan=False)
+    recheck_s: float = Field(60.0, ge=1, allow_inf_nan=False)
     consolidation: Consolidation | None = None
 
     def power_policy(self) -> PowerPolicy:
@@ -325,14 +325,15 @@ class Synthetic(PodPlacement):
     diurnal_swing: float = Field(4.0, ge=1.0, allow_inf_nan=False)
     diurnal_period_s: float = Field(86_400.0, gt=0, allow_inf_nan=False)
     duration_median_s: float = Field(540.0, gt=0, allow_inf_nan=False)
-    duration_sigma: float = Field(1.88, ge=0, allow_inf_nan=False)
+    duration_sigma: float = Field(1.88, ge=0, le=20, allow_inf_nan=False)
     min_duration_s: float = Field(1.0, gt=0, allow_inf_nan=False)
     max_duration_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    cpu_scale: float = Field(0.0625, gt=0, allow_inf_nan=False)
+    # The largest request drawn is 64 cores times cpu_scale: at most MAX_CPU_M.
+    cpu_scale: float = Field(0.0625, gt=0, le=MAX_CPU_M / 64_000, allow_inf_nan=False)
     cpu_granularity_m: int = Field(50, ge=1, le=MAX_CPU_M)
-    memory_per_core_mib: float = Field(3789.0, gt=0, allow_inf_nan=False)
+    memory_per_core_mib: float = Field(3789.0, gt=0, le=MAX_MEMORY_MIB, allow_inf_nan=False)
     usage_fraction: tuple[float, float] = (0.5, 0.8)
-    usage_noise_sigma: float = Field(0.1, ge=0, allow_inf_nan=False)
+    usage_noise_sigma: float = Field(0.1, ge=0, le=10, allow_inf_nan=False)
     best_effort_fraction: float = Field(0.05, ge=0, le=1, allow_inf_nan=False)
     # Pod-model metadata (docs/twin.md); the defaults are the pods of before the pod model, unchanged.
     owner_kind: str = Field("", max_length=63)
@@ -490,7 +491,7 @@ class WorkloadSpec(_Strict):
     jobs: list[Synthetic] | None = None
     services: list[Services] | None = None
     fitted: list[Fitted] | None = None
-    slo_interval_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
+    slo_interval_s: float = Field(3600.0, ge=60, allow_inf_nan=False)
 
     @field_validator("jobs", "services", "fitted", mode="before")
     @classmethod
@@ -547,7 +548,7 @@ class Scenario(_Strict):
 
     name: str = Field(min_length=1, max_length=100)
     seed: int = Field(ge=0)
-    duration_s: float = Field(gt=0, allow_inf_nan=False)
+    duration_s: float = Field(gt=0, le=1e9, allow_inf_nan=False)  # 31 years
     idle_policy: IdlePolicy = Field(default_factory=AlwaysOn)
     nodes: list[NodeGroup] = Field(min_length=1)
     workload: WorkloadSpec

@@ -794,7 +794,8 @@ def _arrivals(spec: Synthetic, horizon: float, rng: np.random.Generator) -> np.n
                 break
         epochs = np.concatenate(epochs_list)[:n_epochs]
     if spec.burst_mean > 1.0:
-        sizes = rng.geometric(1.0 / spec.burst_mean, size=epochs.size)
+        # (a burst beyond n pods is cut at n below anyway: capped first, so a huge burst_mean allocates n)
+        sizes = np.minimum(rng.geometric(1.0 / spec.burst_mean, size=epochs.size), n)
         times = np.repeat(epochs, sizes)
     else:
         times = epochs

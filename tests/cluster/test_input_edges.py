@@ -229,15 +229,33 @@ def test_alibaba2023_pod_listed_twice_is_counted(tmp_path):
     ("cpu_m: 4000, memory_mib: 8192", "services: [{count: 1, cpu_m: 100000000000000000000000, memory_mib: 100}]",
      "workload.services.0.cpu_m"),  # was OverflowError
     ("cpu_m: 4000, memory_mib: 8192", "services: [{count: 1, cpu_m: 100, memory_mib: 100, usage: {step_s: 1}}]",
-     "demand steps"),  # with duration_s 1e12: a 7 TiB MemoryError
+     "demand steps"),  # with duration_s 1e9: an 8 GB MemoryError
 ])
 def test_absurd_scenario_sizes_are_refused(tmp_path, nodes, workload, needle):
     _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n")
     text = _scenario(workload=workload).replace("cpu_m: 4000, memory_mib: 8192", nodes)
     if "step_s" in workload:
-        text = text.replace("duration_s: 100", "duration_s: 1.0e12")
+        text = text.replace("duration_s: 100", "duration_s: 1.0e9")
     r = runner.invoke(app, ["validate", str(_write(tmp_path, "s.yaml", text))])
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.parametrize("knob", ["usage_noise_sigma: 1.0e18", "cpu_scale: 1.0e18", "memory_per_core_mib: 1.0e18",
+                                  "duration_sigma: 1.0e18"])
+def test_synthetic_knobs_that_overflow_are_refused(tmp_path, knob):
+    """exp(sigma x N) overflowed to infinite usage (a ZeroDivisionError mid-run), and a request beyond int64
+    cast to a negative one."""
+    text = _scenario(workload="{synthetic: {pods: 50, mean_interarrival_s: 1, " + knob + "}}")
+    r = runner.invoke(app, ["validate", str(_write(tmp_path, "s.yaml", text))])
+    assert r.exit_code == 2 and "workload.synthetic." + knob.split(":")[0] in r.output, r.output
+
+
+def test_a_burst_larger_than_the_workload_is_the_workload(tmp_path):
+    """burst_mean 1e15 (bursts 10 s apart): a burst of about 10^15 pods was allocated before being cut to
+    ``pods`` (ValueError: array is too big)."""
+    text = _scenario(workload="{synthetic: {pods: 50, mean_interarrival_s: 1.0e-14, burst_mean: 1.0e15}}")
+    wl = build_workload(load_scenario(_write(tmp_path, "s.yaml", text)))
+    assert len(wl.submit_s) == 50 and (wl.submit_s == wl.submit_s[0]).all()  # one burst, at one instant
 
 
 def test_a_file_given_twice_is_refused(tmp_path):

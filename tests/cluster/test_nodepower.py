@@ -218,6 +218,10 @@ def test_default_parameters_match_the_plain_rule_on_the_suite_scenario():
 @pytest.mark.parametrize("idle, field", [
     ("{mode: sleep, min_awake: 9}", "min_awake 9 is more than the 1 nodes"),
     ("{mode: sleep, recheck_s: 0}", "idle_policy.recheck_s"),
+    # Bounds that keep a run's events few: a tiny recheck or tick, a wake that takes years, ran for ever.
+    ("{mode: sleep, recheck_s: 0.001}", "idle_policy.recheck_s"),
+    ("{mode: sleep, wake_s: 1e12}", "idle_policy.wake_s"),
+    ("{mode: sleep, consolidation: {interval_s: 0.5}}", "idle_policy.consolidation.interval_s"),
     ("{mode: sleep, consolidation: {interval_s: -1}}", "idle_policy.consolidation.interval_s"),
     ("{mode: sleep, consolidation: {checkpoint_fraction: 2}}", "idle_policy.consolidation.checkpoint_fraction"),
     ("{mode: sleep, consolidation: {restart: 3}}", "idle_policy.consolidation.restart"),
