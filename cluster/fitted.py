@@ -135,7 +135,7 @@ def load_fit(path: str | Path) -> dict:
             q = np.asarray(a["log_life_quantiles"], dtype=np.float64)
             n, cpu, mem = int(a["pods"]), int(a["cpu_m"]), int(a["memory_mib"])
             gpu, milli = int(a.get("gpu_count") or 0), int(a.get("gpu_milli") or GPU_MILLI)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: .inf as a count
             raise ScenarioError(f"{where}: missing or malformed field ({e})") from None
         if q.shape != QUANTILES.shape or not np.all(np.isfinite(q)) or np.any(np.diff(q) < 0):
             raise ScenarioError(f"{where}: log_life_quantiles must be {QUANTILES.size} non-decreasing numbers")

@@ -130,6 +130,8 @@ def test_cpu_only_refuses_a_fit_with_only_gpu_applications(tmp_path):
     (lambda d: d["apps"][0].update(gpu_count=2, gpu_milli=500), "a share below 1000 is of one GPU"),
     (lambda d: d["apps"][0].update(kind="daemon"), "kind 'daemon' is not one of job, service"),
     (lambda d: d["apps"][0].pop("cpu_m"), "apps[0]: missing or malformed field"),
+    (lambda d: d["apps"][0].update(gpu_count=float("inf")), "apps[0]: missing or malformed field"),  # OverflowError
+    (lambda d: d["apps"][0].update(pods=float("inf")), "apps[0]: missing or malformed field"),
 ])
 def test_a_malformed_fit_is_refused_naming_the_problem(tmp_path, edit, words):
     write_fit(fit_apps(load_trace(_trace(tmp_path))), tmp_path / "fit.yaml")
