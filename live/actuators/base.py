@@ -47,16 +47,27 @@ class ActionAborted(ActuatorError):
     """The action was stopped before its next request: its deadline passed, or this replica lost the Lease."""
 
 
+class NoAnswer(ActuatorError):
+    """A request sent and never answered (a connection cut, a read timing out): whether it was carried out is
+    unknown."""
+
+
+def marked(e: BaseException) -> BaseException:
+    """``e`` marked ``off_requested``: a power-off may have been carried out (:func:`off_requested`)."""
+    e.off_requested = True
+    return e
+
+
 @contextmanager
 def after_power_off() -> Iterator[None]:
-    """Around what follows a power-off request the machine accepted: an error raised there is marked
-    ``off_requested``. The machine may still be going down (an OS shutting down reads "on" until it is off), so
-    a failed sleep's "on" is then no proof that it kept running (:func:`off_requested`)."""
+    """Around what follows a power-off request the machine accepted, or may have (a request left unanswered is
+    marked by the actuator itself, :func:`marked`): an error raised there is marked ``off_requested``. The
+    machine may still be going down (an OS shutting down reads "on" until it is off), so a failed sleep's "on"
+    is then no proof that it kept running (:func:`off_requested`)."""
     try:
         yield
     except BaseException as e:
-        e.off_requested = True
-        raise
+        raise marked(e)
 
 
 def off_requested(e: BaseException) -> bool:

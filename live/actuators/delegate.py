@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from joulesched.live.actuators.base import ActuatorError, Target
+from joulesched.live.actuators.base import ActuatorError, NoAnswer, Target
 
 
 class CustomObjects:
@@ -59,8 +59,8 @@ class CustomObjects:
             if missing_ok and e.status == 404:
                 return {}
             raise ActuatorError(f"{target.node}: {what}: HTTP {e.status} {e.reason}") from None
-        except (HTTPError, OSError) as e:
-            raise ActuatorError(f"{target.node}: {what}: {type(e).__name__}") from None
+        except (HTTPError, OSError) as e:  # no answer: the apiserver may have carried the request out
+            raise NoAnswer(f"{target.node}: {what}: {type(e).__name__}") from None
 
     def get(self, target: Target, plural: str, name: str, missing_ok: bool = False) -> dict:
         return self.call(target, f"get {plural} {target.address.host}/{name}", "get_namespaced_custom_object",

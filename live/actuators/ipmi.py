@@ -16,7 +16,16 @@ from collections import OrderedDict
 from pyghmi import exceptions as ipmi_exc
 from pyghmi.ipmi import command
 
-from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target, after_power_off, split_host
+from joulesched.live.actuators.base import (
+    OFF,
+    ON,
+    UNKNOWN,
+    ActuatorError,
+    Target,
+    after_power_off,
+    marked,
+    split_host,
+)
 from joulesched.live.actuators.credentials import Credentials
 
 
@@ -70,9 +79,14 @@ class IpmiActuator:
             if self._power(c) == "off":
                 return
             target.checkpoint()
-            c.set_power("shutdown")
         except ipmi_exc.IpmiException as e:
             raise ActuatorError(f"{target.node}: IPMI power off: {type(e).__name__}") from None
+        try:
+            c.set_power("shutdown")
+        except ipmi_exc.IpmiException as e:
+            # pyghmi does not tell a request the BMC never answered (done or not) from one it refused: taken as
+            # possibly done, so the node stays cordoned until its kubelet is seen to outlive the sleep.
+            raise marked(ActuatorError(f"{target.node}: IPMI power off: {type(e).__name__}")) from None
         # Accepted: the OS may be shutting down while the BMC still reads on, whatever fails from here on.
         with after_power_off():
             try:

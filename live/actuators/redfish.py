@@ -25,6 +25,7 @@ from joulesched.live.actuators.base import (
     ActuatorError,
     Target,
     after_power_off,
+    marked,
 )
 from joulesched.live.actuators.credentials import Credentials
 
@@ -81,7 +82,9 @@ class RedfishActuator:
                 return
             target.checkpoint()
             system.reset_system(sushy.ResetType.GRACEFUL_SHUTDOWN)
-        except sushy.exceptions.SushyError as e:
+        except sushy.exceptions.ConnectionError as e:  # no answer (a read timing out): it may have been done
+            raise marked(ActuatorError(f"{target.node}: Redfish power off: {_why(e)}")) from None
+        except sushy.exceptions.SushyError as e:  # an HTTP error: the BMC answered, and refused
             raise ActuatorError(f"{target.node}: Redfish power off: {_why(e)}") from None
         # Accepted: the OS may be shutting down while the BMC still reads On, whatever fails from here on.
         with after_power_off():

@@ -11,7 +11,8 @@ its Tasks against the BMC and sets the Job's condition ``Completed`` or ``Failed
 - state: ``status.powerState`` (``on``, ``off``; anything else is ``unknown``).
 
 Completed Jobs are deleted; a failed one is left for the operator to read (``kubectl get jobs.bmc``). Names are
-``joulesched-<node>-<action>-<random>`` (``generateName``), labelled ``app.kubernetes.io/managed-by: joulesched``.
+``joulesched-<node>-<action>-<6 random hex digits>``, chosen before the create (a create whose answer is lost
+may have made the Job), labelled ``app.kubernetes.io/managed-by: joulesched``.
 A power-off Job a sleep gave up on before it ended (Rufio down or slow) would still run once Rufio gets to it,
 whatever became of the node meanwhile: it is deleted before a wake and when the controller withdraws a failed
 sleep (:meth:`RufioActuator.cancel_sleep`). Those Jobs are known by this process only: after a restart, one
@@ -22,11 +23,21 @@ RBAC: ``get`` on ``machines``; ``create``, ``get``, ``delete`` on ``jobs`` (the 
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from contextlib import nullcontext
 
-from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target, after_power_off
+from joulesched.live.actuators.base import (
+    OFF,
+    ON,
+    UNKNOWN,
+    ActuatorError,
+    NoAnswer,
+    Target,
+    after_power_off,
+    marked,
+)
 from joulesched.live.actuators.delegate import CustomObjects
 
 GROUP_VERSION = "bmc.tinkerbell.org/v1alpha1"
@@ -59,16 +70,24 @@ class RufioActuator:
         """Run one power action as a Job; (condition, message) once it ends, ("", "") if ``until`` passes."""
         ns, machine = target.address.host, target.address.path
         node = "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in target.node.lower())[:40].strip("-")
-        job = self.objects.create(target, "jobs", {
-            "apiVersion": GROUP_VERSION, "kind": "Job",
-            "metadata": {"generateName": f"joulesched-{node}-{action}-", "namespace": ns,
-                         "labels": {"app.kubernetes.io/managed-by": "joulesched"}},
-            "spec": {"machineRef": {"name": machine, "namespace": ns}, "tasks": [{"powerAction": action}]}})
-        name = job["metadata"]["name"]
+        # Named here, not by generateName: a create whose answer is lost may have made the Job, and only a name
+        # known beforehand lets cancel_sleep find it.
+        name = f"joulesched-{node}-{action}-{secrets.token_hex(3)}"
         off = action != "on"
         if off:
             with self._lock:
                 self._unfinished.setdefault((ns, machine), set()).add(name)
+        try:
+            job = self.objects.create(target, "jobs", {
+                "apiVersion": GROUP_VERSION, "kind": "Job",
+                "metadata": {"name": name, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "joulesched"}},
+                "spec": {"machineRef": {"name": machine, "namespace": ns}, "tasks": [{"powerAction": action}]}})
+        except NoAnswer as e:  # the Job may exist, and Rufio may run it: kept as unfinished
+            raise marked(e) if off else e
+        except ActuatorError:  # refused (or never sent): there is no Job
+            if off:
+                self._ended(ns, machine, name)
+            raise
         # A power-off Job once created may run whatever fails here: the machine may be going down.
         with after_power_off() if off else nullcontext():
             while not (done := _condition(job))[0] and time.monotonic() < until:
@@ -105,26 +124,27 @@ class RufioActuator:
         if self.state(target) == OFF:
             return
         cond, msg = self._job(target, "soft", graceful)
-        with after_power_off():
-            self._off(target, cond, msg, graceful, give_up)
-
-    def _off(self, target: Target, cond: str, msg: str, graceful: float, give_up: float) -> None:
-        """After the soft power-off Job: wait for off, else (where allowed) the hard one."""
-        while cond == "Completed" and self.state(target) != OFF and time.monotonic() < graceful:
-            target.pause(self.poll_s)
-        if self.state(target) == OFF:
-            return
-        if not self.force_off:
-            raise ActuatorError(f"{target.node}: Rufio soft power-off " + (f"failed: {msg}" if cond == "Failed" else
-                                f"did not finish in {self.graceful_timeout_s:.0f} s") + " (hard off not allowed)")
+        # A Job Rufio reports Failed switched nothing off; one that completed, or has not run yet, may have.
+        accepted = cond != "Failed"
+        with after_power_off() if accepted else nullcontext():
+            while cond == "Completed" and self.state(target) != OFF and time.monotonic() < graceful:
+                target.pause(self.poll_s)
+            if self.state(target) == OFF:
+                return
+            if not self.force_off:
+                raise ActuatorError(f"{target.node}: Rufio soft power-off " + (
+                    f"failed: {msg}" if cond == "Failed" else f"did not finish in {self.graceful_timeout_s:.0f} s")
+                    + " (hard off not allowed)")
         cond, msg = self._job(target, "off", give_up)
         if cond == "Failed":
-            raise ActuatorError(f"{target.node}: Rufio power-off failed: {msg}")
-        while self.state(target) != OFF:
-            if time.monotonic() > give_up:
-                raise ActuatorError(f"{target.node}: Machine {target.address.host}/{target.address.path} not off "
-                                    f"{self.timeout_s:.0f} s after the power-off was asked")
-            target.pause(self.poll_s)
+            e = ActuatorError(f"{target.node}: Rufio power-off failed: {msg}")
+            raise marked(e) if accepted else e
+        with after_power_off():
+            while self.state(target) != OFF:
+                if time.monotonic() > give_up:
+                    raise ActuatorError(f"{target.node}: Machine {target.address.host}/{target.address.path} not "
+                                        f"off {self.timeout_s:.0f} s after the power-off was asked")
+                target.pause(self.poll_s)
 
     def wake(self, target: Target) -> None:
         self.cancel_sleep(target)  # an old power-off Job must not run after this power-on

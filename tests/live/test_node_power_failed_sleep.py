@@ -58,17 +58,19 @@ def _target(addr: str) -> Target:
 
 
 class _FakeSystem:
-    def __init__(self, refuse_reset: bool) -> None:
+    def __init__(self, reset: str) -> None:
         import sushy
 
         self.power_state = sushy.PowerState.ON
-        self.refuse_reset = refuse_reset
+        self.reset = reset
 
     def reset_system(self, kind) -> None:
         import sushy
 
-        if self.refuse_reset:
+        if self.reset == "refused":  # an HTTP error: the BMC answered
             raise sushy.exceptions.SushyError("refused")
+        if self.reset == "lost":  # accepted, and the answer timed out
+            raise sushy.exceptions.ConnectionError(url="https://bmc/redfish/v1/Systems/1", error="ReadTimeout")
 
     def refresh(self, force=False) -> None:
         import sushy
@@ -76,21 +78,24 @@ class _FakeSystem:
         raise sushy.exceptions.SushyError("BMC busy")
 
 
-@pytest.mark.parametrize("refuse_reset", [False, True])
-def test_redfish_marks_only_the_errors_after_an_accepted_shutdown(monkeypatch, refuse_reset):
+@pytest.mark.parametrize("reset, marked", [("accepted", True), ("refused", False), ("lost", True)])
+def test_redfish_marks_the_errors_after_a_shutdown_it_may_have_done(monkeypatch, reset, marked):
+    """A refused GracefulShutdown switched nothing off; an accepted one, or one whose answer was lost, may have."""
     pytest.importorskip("sushy")
     from joulesched.live.actuators import redfish
 
-    system = _FakeSystem(refuse_reset)
+    system = _FakeSystem(reset)
     monkeypatch.setattr(redfish.sushy, "Sushy", lambda *a, **kw: type("Root", (), {
         "get_system": lambda self, path: system})())
     with pytest.raises(ActuatorError) as e:
         redfish.RedfishActuator(poll_s=0.01).sleep(_target("redfish://bmc/redfish/v1/Systems/1"))
-    assert off_requested(e.value) is not refuse_reset
+    assert off_requested(e.value) is marked
 
 
-@pytest.mark.parametrize("refuse_shutdown", [False, True])
-def test_ipmi_marks_only_the_errors_after_an_accepted_soft_off(monkeypatch, refuse_shutdown):
+@pytest.mark.parametrize("fails, marked", [("before", False), ("shutdown", True), ("after", True)])
+def test_ipmi_marks_the_errors_from_its_soft_off_request_on(monkeypatch, fails, marked):
+    """An error before the soft off is sent is no power-off. One from the request itself is taken as possibly
+    done: pyghmi does not tell a BMC that refused from one whose answer was lost. One after it, certainly."""
     pytest.importorskip("pyghmi")
     from pyghmi import exceptions as ipmi_exc
 
@@ -105,19 +110,20 @@ def test_ipmi_marks_only_the_errors_after_an_accepted_soft_off(monkeypatch, refu
 
         def get_power(self):
             Cmd.reads += 1
-            if Cmd.reads > 2:  # the session check and the first read answer; a poll after the soft off fails
+            # the session check and the first read answer; then a poll after the soft off fails
+            if Cmd.reads > (1 if fails == "before" else 2):
                 raise ipmi_exc.IpmiException("timeout")
             return {"powerstate": "on"}
 
         def set_power(self, state, wait=False):
-            if refuse_shutdown:
+            if fails == "shutdown":
                 raise ipmi_exc.IpmiException("insufficient privilege")
 
     monkeypatch.setattr(ipmi.command, "Command", Cmd)
     act = ipmi.IpmiActuator(Credentials(Login("u", "p")), poll_s=0.01)
     with pytest.raises(ActuatorError) as e:
         act.sleep(Target("n1", parse_address("ipmi://10.0.0.5"), source="map"))
-    assert off_requested(e.value) is not refuse_shutdown
+    assert off_requested(e.value) is marked
 
 
 def test_rufio_marks_errors_once_its_power_off_job_exists():
@@ -144,6 +150,61 @@ def test_rufio_marks_errors_once_its_power_off_job_exists():
     with pytest.raises(ActuatorError) as e:
         act.sleep(_target("rufio://ns/m1"))
     assert act.objects.created == ["soft"] and off_requested(e.value)
+
+
+class _RufioObjects:
+    """Rufio's objects as the actuator sees them: a Machine that reads on; Jobs kept by name."""
+
+    def __init__(self, soft: str = "", lose_create: bool = False) -> None:
+        self.soft, self.lose_create = soft, lose_create
+        self.jobs: dict[str, dict] = {}
+        self.deleted: list[str] = []
+
+    def get(self, target, plural, name, missing_ok=False):
+        if plural == "machines":
+            return {"status": {"powerState": "on"}}
+        return self.jobs.get(name, {})
+
+    def create(self, target, plural, body):
+        from joulesched.live.actuators.base import NoAnswer
+
+        job = {**body, "status": {"conditions": [{"type": "Failed", "status": "True", "message": "no soft off"}]}
+                                  if self.soft == "Failed" else {}}
+        self.jobs[body["metadata"]["name"]] = job
+        if self.lose_create:  # made, and the answer lost
+            raise NoAnswer(f"{target.node}: create jobs: ReadTimeoutError")
+        return job
+
+    def delete(self, target, plural, name, missing_ok=False):
+        self.deleted.append(name)
+        self.jobs.pop(name, None)
+
+
+def test_rufio_a_soft_off_rufio_reports_failed_is_no_power_off():
+    """Rufio ran the Job and the BMC refused: nothing was switched off, so the node may be uncordoned."""
+    from joulesched.live.actuators.rufio import RufioActuator
+
+    act = RufioActuator(api_client=object(), poll_s=0.01, force_off=False)
+    act.objects = _RufioObjects(soft="Failed")
+    with pytest.raises(ActuatorError, match="no soft off") as e:
+        act.sleep(_target("rufio://ns/m1"))
+    assert not off_requested(e.value)
+
+
+def test_rufio_a_power_off_job_whose_create_went_unanswered_is_marked_and_withdrawn():
+    """The create made the Job and its answer was lost: Rufio may run it, so the error is marked, and the
+    Job's name, chosen before the create, lets cancel_sleep delete it."""
+    from joulesched.live.actuators.rufio import RufioActuator
+
+    act = RufioActuator(api_client=object(), poll_s=0.01)
+    act.objects = objs = _RufioObjects(lose_create=True)
+    t = _target("rufio://ns/m1")
+    with pytest.raises(ActuatorError) as e:
+        act.sleep(t)
+    (name,) = objs.jobs
+    assert off_requested(e.value) and name.startswith("joulesched-n1-soft-")
+    act.cancel_sleep(t)
+    assert objs.deleted == [name] and objs.jobs == {}
 
 
 def test_aws_marks_errors_after_an_accepted_stop(monkeypatch):
