@@ -18,7 +18,16 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from joulesched.live.actuators.base import OFF, ON, TRANSITIONING, UNKNOWN, ActuatorError, Target, after_power_off
+from joulesched.live.actuators.base import (
+    OFF,
+    ON,
+    TRANSITIONING,
+    UNKNOWN,
+    ActuatorError,
+    Target,
+    after_power_off,
+    marked,
+)
 
 
 class AwsActuator:
@@ -61,8 +70,10 @@ class AwsActuator:
         target.checkpoint()
         try:
             self._ec2(target).stop_instances(InstanceIds=[target.address.host], Hibernate=hibernate)
-        except (ClientError, BotoCoreError) as e:
+        except ClientError as e:  # EC2 answered, and refused
             raise ActuatorError(f"{target.node}: EC2 stop {target.address.host}: {_code(e)}") from None
+        except BotoCoreError as e:  # no answer (a read timing out, retries spent): the stop may have been done
+            raise marked(ActuatorError(f"{target.node}: EC2 stop {target.address.host}: {_code(e)}")) from None
         deadline = time.monotonic() + self.timeout_s
         with after_power_off():  # DescribeInstances may read "running" for a moment after an accepted stop
             while self.state(target) != OFF:

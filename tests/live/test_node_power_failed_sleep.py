@@ -207,9 +207,12 @@ def test_rufio_a_power_off_job_whose_create_went_unanswered_is_marked_and_withdr
     assert objs.deleted == [name] and objs.jobs == {}
 
 
-def test_aws_marks_errors_after_an_accepted_stop(monkeypatch):
+@pytest.mark.parametrize("stop, marked", [("accepted", True), ("refused", False), ("lost", True)])
+def test_aws_marks_the_errors_after_a_stop_it_may_have_done(monkeypatch, stop, marked):
+    """A stop EC2 refused (ClientError) switched nothing off; an accepted one, or one whose answer never came
+    (botocore's ReadTimeoutError), may have."""
     pytest.importorskip("boto3")
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError, ReadTimeoutError
 
     from joulesched.live.actuators.aws import AwsActuator
 
@@ -224,14 +227,17 @@ def test_aws_marks_errors_after_an_accepted_stop(monkeypatch):
             return {"Reservations": [{"Instances": [{"State": {"Name": "running"}}]}]}
 
         def stop_instances(self, InstanceIds, Hibernate):
-            pass
+            if stop == "refused":
+                raise ClientError({"Error": {"Code": "UnauthorizedOperation"}}, "StopInstances")
+            if stop == "lost":
+                raise ReadTimeoutError(endpoint_url="https://ec2.us-east-1.amazonaws.com")
 
     act = AwsActuator(region="us-east-1", poll_s=0.01)
     ec2 = Ec2()
     monkeypatch.setattr(act, "_ec2", lambda target: ec2)
     with pytest.raises(ActuatorError) as e:
         act.sleep(_target("aws://i-0123456789abcdef0"))
-    assert off_requested(e.value)
+    assert off_requested(e.value) is marked
 
 
 # ---- a power-off left standing is withdrawn before a node that kept running is uncordoned ----
