@@ -310,6 +310,14 @@ def _label(sc: Scenario) -> str:
     return sc.source.stem if sc.source else sc.name
 
 
+def _ratios(num: list[float], den: list[float | None]) -> list[float] | None:
+    """``num / den`` per seed; None when a denominator is not positive (a cluster whose curves start at 0 W can
+    draw nothing, and so can its lower bound): no ratio rather than a division by zero."""
+    if any(d is None or not d > 0 for d in den):
+        return None
+    return [n / d for n, d in zip(num, den)]
+
+
 def summarize(doc: dict) -> dict:
     """Per scenario and policy: means across seeds, energy ratios against default-k8s and the lower bound."""
     by_name: dict[str, list[dict]] = {}
@@ -321,10 +329,10 @@ def summarize(doc: dict) -> dict:
         for pol in doc["policies"]:
             vals = [e["policies"][pol] for e in entries]
             energy = [v["energy_joules"] for v in vals]
-            vs_lb = [v["energy_joules"] / e["lower_bound_joules"] for v, e in zip(vals, entries)]
+            vs_lb = _ratios(energy, [e["lower_bound_joules"] for e in entries])
             row = {
                 "energy_joules": float(np.mean(energy)),
-                "energy_vs_lower_bound": float(np.mean(vs_lb)),
+                "energy_vs_lower_bound": None if vs_lb is None else float(np.mean(vs_lb)),
                 "slo_violation_rate": float(np.mean([v["slo_violation_rate"] for v in vals])),
                 "mean_throttling": float(np.mean([v["mean_throttling"] for v in vals])),
                 "mean_pending_s": float(np.mean([v["mean_pending_s"] for v in vals])),
@@ -335,8 +343,8 @@ def summarize(doc: dict) -> dict:
                 # Median across seeds: one seed's p99 can catch a burst of noise from other processes.
                 "decision_us_p99": float(np.median([v["decision_us_p99"] for v in vals])),
             }
-            if "default-k8s" in doc["policies"]:
-                ratios = [v["energy_joules"] / e["policies"]["default-k8s"]["energy_joules"] for v, e in zip(vals, entries)]
+            if "default-k8s" in doc["policies"] and \
+                    (ratios := _ratios(energy, [e["policies"]["default-k8s"]["energy_joules"] for e in entries])):
                 row["energy_vs_default"] = float(np.mean(ratios))
                 row["energy_vs_default_ci95"] = t_halfwidth(ratios)
             for k in ("gpu_joules", "cpu_joules", "gpu_unallocated_when_blocked"):  # GPU clusters only
@@ -352,10 +360,11 @@ def summarize(doc: dict) -> dict:
             # Best heuristic per seed (the one with least energy on that workload), then the ratio averaged.
             best = [min(heur, key=lambda h, e=e: e["policies"][h]["energy_joules"]) for e in entries]
             for pol in doc["policies"]:
-                r = [e["policies"][pol]["energy_joules"] / e["policies"][b]["energy_joules"]
-                     for e, b in zip(entries, best)]
-                rows[pol]["energy_vs_best_heuristic"] = float(np.mean(r))
-                rows[pol]["energy_vs_best_heuristic_ci95"] = t_halfwidth(r)
+                r = _ratios([e["policies"][pol]["energy_joules"] for e in entries],
+                            [e["policies"][b]["energy_joules"] for e, b in zip(entries, best)])
+                if r:
+                    rows[pol]["energy_vs_best_heuristic"] = float(np.mean(r))
+                    rows[pol]["energy_vs_best_heuristic_ci95"] = t_halfwidth(r)
             # What ×best heur divides by: the heuristic best on each seed, most often first.
             out[name]["best_heuristics"] = sorted(set(best), key=lambda h: (-best.count(h), best.index(h)))
         if all("optimum" in e for e in entries):
@@ -409,6 +418,8 @@ def headroom(res: Results) -> dict[str, dict]:
     for name in res.summary:
         entries = res.runs(name)
         base = [e.policies["default-k8s"].energy_joules for e in entries]
+        if not all(b > 0 for b in base):  # default-k8s drew nothing (curves that start at 0 W): no ratio to it
+            continue
 
         def ratio(vals, base=base):
             return float(np.mean([v / b for v, b in zip(vals, base)])) if all(v is not None for v in vals) else None

@@ -175,8 +175,14 @@ def _ratios_to_reference(doc: Results, name: str) -> dict[str, float]:
     """Energy / the reference per policy, per seed then averaged (the tables' ``vs default-k8s``)."""
     ref = _reference(doc.policies)
     entries = doc.runs(name)
-    return {p: float(np.mean([e.policies[p].energy_joules / e.policies[ref].energy_joules for e in entries]))
+    return {p: float(np.mean([_over(e.policies[p].energy_joules, e.policies[ref].energy_joules) for e in entries]))
             for p in doc.policies}
+
+
+def _over(a: float, b: float) -> float:
+    """``a / b``; NaN where ``b`` is not positive (a cluster whose curves start at 0 W may draw nothing): no
+    ratio, drawn as no bar or point and printed as a dash, rather than a division by zero."""
+    return a / b if b > 0 else math.nan
 
 
 def bound_ratios(doc: Results, name: str) -> dict[str, float]:
@@ -188,6 +194,8 @@ def bound_ratios(doc: Results, name: str) -> dict[str, float]:
     base = [e.policies[ref].energy_joules for e in entries]
     out = {}
     lb = [e.lower_bound_joules for e in entries]
+    if not all(b > 0 for b in base):
+        return out
     if all(v for v in lb):  # a measured run (the kube path) has no lower bound: null there
         out["fluid lower bound"] = float(np.mean([v / b for v, b in zip(lb, base)]))
     opt = [e.optimum.schedule_energy if e.optimum else None for e in entries]
@@ -523,9 +531,10 @@ def verdict(doc: Results) -> list[dict]:
             best_j = [e.policies[h].energy_joules for e, h in zip(entries, top)]
             v["best_heuristic"] = max(dict.fromkeys(top), key=top.count)  # the one best on most seeds
             for p in learned:
-                v["learned"][p] = _mean_ci([e.policies[p].energy_joules / b for e, b in zip(entries, best_j)])
+                if all(b > 0 for b in best_j):  # (absent, printed as a dash, where the heuristic drew nothing)
+                    v["learned"][p] = _mean_ci([e.policies[p].energy_joules / b for e, b in zip(entries, best_j)])
             targets = [_target_joules(e) for e in entries]
-            if all(t is not None for t, _ in targets):
+            if all(t is not None for t, _ in targets) and all(b > 0 for b in best_j):
                 v["target"] = _mean_ci([t / b for (t, _), b in zip(targets, best_j)])
                 kinds = {k for _, k in targets}
                 v["target_kind"] = _target_kind(kinds)
@@ -561,7 +570,7 @@ run in {{ "%.1f"|format(wall_s) }} s. Generated {{ when }}.{% if command %}<br>C
 {% for p in learned %}<th><span class="sw" style="background:{{ colors[p] }}"></span>{{ p|breakable }} &divide; best heuristic</th>{% endfor %}
 <th>optimum or bound &divide; best heuristic</th></tr>
 {% for v in verdict %}<tr data-scenario="{{ v.name }}" data-best="{{ v.best }}"><td>{{ v.name }}</td><td>{{ v.n }}{% if v.replay %} (replay){% endif %}</td>
-<td class="pol"><span class="sw" style="background:{{ colors[v.best] }}"></span>{{ v.best|breakable }}</td><td>{{ "%.3f"|format(v.best_vs_ref) }}</td>
+<td class="pol"><span class="sw" style="background:{{ colors[v.best] }}"></span>{{ v.best|breakable }}</td><td>{{ "%.3f"|format(v.best_vs_ref) if v.best_vs_ref == v.best_vs_ref else "—" }}</td>
 <td>{{ "%.2f"|format(100 * v.best_slo) }}% (&le; {{ "%.2f"|format(100 * v.budget) }}%)</td>
 <td class="pol">{% if v.best_heuristic %}<span class="sw" style="background:{{ colors[v.best_heuristic] }}"></span>{{ v.best_heuristic|breakable }}{% else %}—{% endif %}</td>
 {% for p in learned %}<td>{{ fmt_ci(v.learned.get(p)) }}</td>{% endfor %}

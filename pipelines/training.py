@@ -456,7 +456,8 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
             if lower:
                 lb = lower_bound(twin.state, twin.fastest_workload(), sc.duration_s, twin.placeable)
                 entry["lower_bound_joules"] = lb.joules
-                entry["ratio_vs_lower_bound"] = e / lb.joules
+                if lb.joules > 0:  # (curves that start at 0 W can make it 0)
+                    entry["ratio_vs_lower_bound"] = e / lb.joules
             if opt is not None:
                 entry["optimum"] = opt
                 if opt["status"] != "unsupported":

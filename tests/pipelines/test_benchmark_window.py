@@ -70,3 +70,23 @@ def test_the_optimums_schedule_is_metered_over_the_window_and_its_gap_stays_the_
     assert extra["window_end_s"] == 200 and extra["window_tail_joules"] == pytest.approx(100_000)
     assert opt.schedule_energy == pytest.approx(220_000)
     assert headroom(res)["window"]["optimum_gap"] == pytest.approx(0, abs=1e-6)
+
+
+def test_a_cluster_that_can_draw_nothing_has_no_ratio_not_a_division_by_zero(tmp_path):
+    """Curves that start at 0 W (an energy-proportional machine, or a calibration that extrapolated its idle
+    down to 0 on a busy host): light load costs nothing, so the lower bound is 0 J and so is every policy's
+    energy. The ratios against them are absent; the benchmark used to stop on a ZeroDivisionError."""
+    (tmp_path / "pods.csv").write_text("submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m\n"
+                                       "0,50,100,100,100\n")
+    (tmp_path / "s.yaml").write_text(SCENARIO.replace("[100, 110, 120, 130, 140, 150, 160, 170, 180, 190, 200]",
+                                                      "[0, 0, 20, 40, 60, 80, 100, 100, 100, 100, 100]"))
+    res = run_benchmark([tmp_path / "s.yaml"], ["default-k8s", "most-allocated", "dqn=models/v2.pt"], 1,
+                        tmp_path / "out")
+    assert res.scenarios[0].lower_bound_joules == 0 and res.scenarios[0].policies["default-k8s"].energy_joules == 0
+    rows = res.summary["window"].policies
+    assert rows["most-allocated"].energy_vs_lower_bound is None and rows["most-allocated"].energy_vs_default is None
+    assert rows["most-allocated"].energy_vs_best_heuristic is None
+    from joulesched.pipelines.report import write_report
+
+    page = write_report(tmp_path / "out").read_text()  # the verdict, headroom and ratio plots: dashes, no NaN
+    assert "ZeroDivision" not in page and "nan" not in page.lower().replace("nanosec", "")
