@@ -30,7 +30,7 @@ from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_di
 from joulesched.core.names import check_ray_address
 from joulesched.pipelines.pool import process_pool
 from joulesched.pipelines.results import SCHEMA_VERSION, OptimumRun, Results, dump, from_dict, load_results  # noqa: F401
-from joulesched.pipelines.stats import t_halfwidth
+from joulesched.pipelines.stats import ratios, t_halfwidth
 
 
 class BenchmarkInputError(UsageError):
@@ -310,14 +310,6 @@ def _label(sc: Scenario) -> str:
     return sc.source.stem if sc.source else sc.name
 
 
-def _ratios(num: list[float], den: list[float | None]) -> list[float] | None:
-    """``num / den`` per seed; None when a denominator is not positive (a cluster whose curves start at 0 W can
-    draw nothing, and so can its lower bound): no ratio rather than a division by zero."""
-    if any(d is None or not d > 0 for d in den):
-        return None
-    return [n / d for n, d in zip(num, den)]
-
-
 def summarize(doc: dict) -> dict:
     """Per scenario and policy: means across seeds, energy ratios against default-k8s and the lower bound."""
     by_name: dict[str, list[dict]] = {}
@@ -329,7 +321,7 @@ def summarize(doc: dict) -> dict:
         for pol in doc["policies"]:
             vals = [e["policies"][pol] for e in entries]
             energy = [v["energy_joules"] for v in vals]
-            vs_lb = _ratios(energy, [e["lower_bound_joules"] for e in entries])
+            vs_lb = ratios(energy, [e["lower_bound_joules"] for e in entries])
             row = {
                 "energy_joules": float(np.mean(energy)),
                 "energy_vs_lower_bound": None if vs_lb is None else float(np.mean(vs_lb)),
@@ -344,9 +336,9 @@ def summarize(doc: dict) -> dict:
                 "decision_us_p99": float(np.median([v["decision_us_p99"] for v in vals])),
             }
             if "default-k8s" in doc["policies"] and \
-                    (ratios := _ratios(energy, [e["policies"]["default-k8s"]["energy_joules"] for e in entries])):
-                row["energy_vs_default"] = float(np.mean(ratios))
-                row["energy_vs_default_ci95"] = t_halfwidth(ratios)
+                    (vs_def := ratios(energy, [e["policies"]["default-k8s"]["energy_joules"] for e in entries])):
+                row["energy_vs_default"] = float(np.mean(vs_def))
+                row["energy_vs_default_ci95"] = t_halfwidth(vs_def)
             for k in ("gpu_joules", "cpu_joules", "gpu_unallocated_when_blocked"):  # GPU clusters only
                 got = [v[k] for v in vals if v.get(k) is not None]
                 if got:
@@ -360,7 +352,7 @@ def summarize(doc: dict) -> dict:
             # Best heuristic per seed (the one with least energy on that workload), then the ratio averaged.
             best = [min(heur, key=lambda h, e=e: e["policies"][h]["energy_joules"]) for e in entries]
             for pol in doc["policies"]:
-                r = _ratios([e["policies"][pol]["energy_joules"] for e in entries],
+                r = ratios([e["policies"][pol]["energy_joules"] for e in entries],
                             [e["policies"][b]["energy_joules"] for e, b in zip(entries, best)])
                 if r:
                     rows[pol]["energy_vs_best_heuristic"] = float(np.mean(r))

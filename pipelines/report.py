@@ -39,7 +39,7 @@ from joulesched.agent.registry import DEFAULT_POLICIES, family_of, heuristics_am
 from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
 from joulesched.core.plots import plain_text_figures  # noqa: E402
 from joulesched.pipelines.results import PolicySummary, Results, ResultsError, ScenarioRun, load_results  # noqa: E402
-from joulesched.pipelines.stats import t_halfwidth  # noqa: E402
+from joulesched.pipelines.stats import mean_ci, ratios  # noqa: E402
 
 #: "Equal service" as the project's goals state it (docs/dqn.md, docs/PERFORMANCE.md): at most default-k8s's SLO
 #: violation rate plus half a percentage point.
@@ -175,14 +175,10 @@ def _ratios_to_reference(doc: Results, name: str) -> dict[str, float]:
     """Energy / the reference per policy, per seed then averaged (the tables' ``vs default-k8s``)."""
     ref = _reference(doc.policies)
     entries = doc.runs(name)
-    return {p: float(np.mean([_over(e.policies[p].energy_joules, e.policies[ref].energy_joules) for e in entries]))
+    base = [e.policies[ref].energy_joules for e in entries]
+    # NaN where the reference drew nothing (curves that start at 0 W): no bar or point, a dash in the verdict.
+    return {p: float(np.mean(r)) if (r := ratios([e.policies[p].energy_joules for e in entries], base)) else math.nan
             for p in doc.policies}
-
-
-def _over(a: float, b: float) -> float:
-    """``a / b``; NaN where ``b`` is not positive (a cluster whose curves start at 0 W may draw nothing): no
-    ratio, drawn as no bar or point and printed as a dash, rather than a division by zero."""
-    return a / b if b > 0 else math.nan
 
 
 def bound_ratios(doc: Results, name: str) -> dict[str, float]:
@@ -194,13 +190,11 @@ def bound_ratios(doc: Results, name: str) -> dict[str, float]:
     base = [e.policies[ref].energy_joules for e in entries]
     out = {}
     lb = [e.lower_bound_joules for e in entries]
-    if not all(b > 0 for b in base):
-        return out
-    if all(v for v in lb):  # a measured run (the kube path) has no lower bound: null there
-        out["fluid lower bound"] = float(np.mean([v / b for v, b in zip(lb, base)]))
+    if all(v for v in lb) and (r := ratios(lb, base)):  # a measured run (the kube path) has no lower bound
+        out["fluid lower bound"] = float(np.mean(r))
     opt = [e.optimum.schedule_energy if e.optimum else None for e in entries]
-    if all(v for v in opt):
-        out["optimum (MIP)"] = float(np.mean([v / b for v, b in zip(opt, base)]))
+    if all(v for v in opt) and (r := ratios(opt, base)):
+        out["optimum (MIP)"] = float(np.mean(r))
     return out
 
 
@@ -474,10 +468,6 @@ def figures(doc: Results, tl: dict, nodes: dict) -> Iterator[tuple[str, str | No
                 yield fname, name, fig
 
 
-def _mean_ci(values: list[float]) -> dict:
-    return {"mean": float(np.mean(values)), "ci95": t_halfwidth(values), "n": len(values)}
-
-
 def _target_joules(e: ScenarioRun) -> tuple[float | None, str]:
     """The seed's optimum where the MIP ran and found one (its schedule as the twin replays it; ``optimum*``
     unless proven optimal and replayed to its energy), else its best proven bound (the MIP's own, the
@@ -530,12 +520,12 @@ def verdict(doc: Results) -> list[dict]:
             top = [min(heur, key=lambda h, e=e: e.policies[h].energy_joules) for e in entries]
             best_j = [e.policies[h].energy_joules for e, h in zip(entries, top)]
             v["best_heuristic"] = max(dict.fromkeys(top), key=top.count)  # the one best on most seeds
-            for p in learned:
-                if all(b > 0 for b in best_j):  # (absent, printed as a dash, where the heuristic drew nothing)
-                    v["learned"][p] = _mean_ci([e.policies[p].energy_joules / b for e, b in zip(entries, best_j)])
+            for p in learned:  # (absent, printed as a dash, where the heuristic drew nothing)
+                if r := ratios([e.policies[p].energy_joules for e in entries], best_j):
+                    v["learned"][p] = mean_ci(r)
             targets = [_target_joules(e) for e in entries]
-            if all(t is not None for t, _ in targets) and all(b > 0 for b in best_j):
-                v["target"] = _mean_ci([t / b for (t, _), b in zip(targets, best_j)])
+            if all(t is not None for t, _ in targets) and (r := ratios([t for t, _ in targets], best_j)):
+                v["target"] = mean_ci(r)
                 kinds = {k for _, k in targets}
                 v["target_kind"] = _target_kind(kinds)
         out.append(v)

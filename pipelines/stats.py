@@ -22,6 +22,14 @@ def t_halfwidth(values: Sequence[float], level: float = 0.95) -> float | None:
     return float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
 
 
+def ratios(num: Sequence[float], den: Sequence[float | None]) -> list[float] | None:
+    """``num / den`` per seed; None when a denominator is missing or not positive (a cluster whose curves start
+    at 0 W can draw nothing, and so can its lower bound): no ratio rather than a division by zero."""
+    if any(d is None or not d > 0 for d in den):
+        return None
+    return [n / d for n, d in zip(num, den)]
+
+
 def mean_ci(values: Sequence[float], level: float = 0.95) -> dict:
     """``{"mean", "ci95", "n"}`` of ``values`` (``ci95`` None below two values)."""
     return {"mean": float(np.mean(values)), "ci95": t_halfwidth(values, level), "n": len(values)}
