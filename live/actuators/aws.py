@@ -18,16 +18,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from joulesched.live.actuators.base import (
-    OFF,
-    ON,
-    TRANSITIONING,
-    UNKNOWN,
-    ActuatorError,
-    Target,
-    after_power_off,
-    marked,
-)
+from joulesched.live.actuators.base import (OFF, ON, TRANSITIONING, UNKNOWN, ActuatorError, Target, after_power_off,
+                                            marked)
 
 
 class AwsActuator:

@@ -16,16 +16,7 @@ from collections import OrderedDict
 from pyghmi import exceptions as ipmi_exc
 from pyghmi.ipmi import command
 
-from joulesched.live.actuators.base import (
-    OFF,
-    ON,
-    UNKNOWN,
-    ActuatorError,
-    Target,
-    after_power_off,
-    marked,
-    split_host,
-)
+from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, Target, after_power_off, marked, split_host
 from joulesched.live.actuators.credentials import Credentials
 
 

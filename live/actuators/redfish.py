@@ -17,16 +17,8 @@ import time
 
 import sushy
 
-from joulesched.live.actuators.base import (
-    OFF,
-    ON,
-    TRANSITIONING,
-    UNKNOWN,
-    ActuatorError,
-    Target,
-    after_power_off,
-    marked,
-)
+from joulesched.live.actuators.base import (OFF, ON, TRANSITIONING, UNKNOWN, ActuatorError, Target, after_power_off,
+                                            marked)
 from joulesched.live.actuators.credentials import Credentials
 
 

@@ -28,16 +28,7 @@ import threading
 import time
 from contextlib import nullcontext
 
-from joulesched.live.actuators.base import (
-    OFF,
-    ON,
-    UNKNOWN,
-    ActuatorError,
-    NoAnswer,
-    Target,
-    after_power_off,
-    marked,
-)
+from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, NoAnswer, Target, after_power_off, marked
 from joulesched.live.actuators.delegate import CustomObjects
 
 GROUP_VERSION = "bmc.tinkerbell.org/v1alpha1"
