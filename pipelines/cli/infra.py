@@ -5,7 +5,7 @@
     joulesched infra provision --inventory inventory/hosts.yml [--limit HOST] [--json]
     joulesched infra wheelhouse --out DIR
 
-Bad input prints one red line and exits 2; a failed run (play, guest, Pulumi update) exits 1.
+Bad input (a stack config the program would refuse included) prints one red line and exits 2; a failed run (play, guest, Pulumi update) exits 1.
 """
 
 from __future__ import annotations
@@ -52,9 +52,28 @@ def _stack(name: str):
         _fail(str(e))
 
 
+def _check_stack_config(stack: str) -> None:
+    """Validate Pulumi.<stack>.yaml as the program will (``pulumi config set`` writes there too), so that a bad
+    config is bad input, exit 2, before Pulumi runs anything. A secret value cannot be read without Pulumi: then
+    the program's own check (the same ``load``) reports it, and the run exits 1."""
+    from joulesched.infra.config import DictReader, InfraConfigError, load
+
+    path = REPO / f"Pulumi.{stack}.yaml"
+    values = _stack_config(path)
+    if any(isinstance(v, dict) and "secure" in v for v in values.values()):
+        return
+    try:
+        load(DictReader(values, where=path.name, hints={"sshPublicKey": f'pulumi config set --stack {stack} sshPublicKey '
+                                                       '"$(cat ~/.ssh/id_ed25519.pub)"'}))
+    except InfraConfigError as e:
+        _fail(f"--stack {stack}: {e}")
+
+
 def _pulumi_op(op: str, stack: str, *, confirm: str | None = None, **kw) -> None:
     """Run ``op`` on the stack; ``confirm`` is asked only once the stack is known to be usable."""
     s = _stack(stack)
+    if op != "destroy":  # destroy runs no program: it must work whatever the config has become
+        _check_stack_config(stack)
     if confirm is not None and not typer.confirm(confirm):
         raise typer.Exit(1)
     from pulumi.automation import errors

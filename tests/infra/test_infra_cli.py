@@ -222,3 +222,52 @@ def test_kvm_down_removes_only_the_guests_up_names(tmp_path):
         assert left == ["jst-worker-01", "jst-worker-old"]
     finally:
         keep.close()
+
+
+class _Stack:
+    """What `infra up|preview|destroy` calls on an Automation API stack, recording the operations run."""
+
+    def __init__(self):
+        self.ran: list[str] = []
+
+    def __getattr__(self, op):
+        def run(**kw):
+            self.ran.append(op)
+        return run
+
+
+@pytest.fixture()
+def stack_dir(monkeypatch, tmp_path):
+    stack = _Stack()
+    monkeypatch.setattr("joulesched.pipelines.cli.infra.REPO", tmp_path)
+    monkeypatch.setattr("joulesched.infra.stack.open_stack", lambda name, work_dir: stack)
+    return tmp_path, stack
+
+
+def test_a_stack_config_the_program_would_refuse_exits_2_before_pulumi_runs(stack_dir):
+    d, stack = stack_dir
+    (d / "Pulumi.kvm.yaml").write_text("config:\n  joulesched:target: kvm\n  joulesched:workers: many\n")
+    for op in ("up", "preview"):
+        r = runner.invoke(app, [op, "--stack", "kvm", "--yes"] if op == "up" else [op, "--stack", "kvm"])
+        assert r.exit_code == 2, r.output
+        assert "Pulumi.kvm.yaml" in r.output and "workers must be an integer" in r.output
+        assert "pulumi config set --stack kvm sshPublicKey" in r.output and "Traceback" not in r.output
+    (d / "Pulumi.kvm.yaml").write_text("config: [1, 2]\n")
+    r = runner.invoke(app, ["up", "--stack", "kvm", "--yes"])
+    assert r.exit_code == 2 and "config: must be a mapping" in r.output
+    assert stack.ran == []
+    r = runner.invoke(app, ["destroy", "--stack", "kvm", "--yes"])  # runs no program: the config is not its input
+    assert r.exit_code == 0, r.output
+    assert stack.ran == ["destroy"]
+
+
+def test_a_valid_stack_config_runs_pulumi(stack_dir):
+    d, stack = stack_dir
+    (d / "Pulumi.kvm.yaml").write_text(f"config:\n  joulesched:target: kvm\n  joulesched:sshPublicKey: {KEY}\n"
+                                       "  joulesched:baseImage: /images/debian.qcow2\n")
+    (d / "Pulumi.secret.yaml").write_text("config:\n  joulesched:target: kvm\n"
+                                          "  joulesched:sshPublicKey:\n    secure: AAABAOpaque\n")
+    for name in ("kvm", "secret"):  # a secret cannot be read here: the program's own check has it
+        r = runner.invoke(app, ["preview", "--stack", name])
+        assert r.exit_code == 0, r.output
+    assert stack.ran == ["preview", "preview"]
