@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 SERVICE = "joulesched-power-exporter"
+REPO = Path(__file__).resolve().parents[2]
 NODE_SERVICE = "prometheus-node-exporter"
 DEFAULTS = {"power_exporter_listen": "127.0.0.1:9102", "node_exporter_web_listen_address": "127.0.0.1:9100",
             "prometheus_web_listen_address": "127.0.0.1:9090"}
@@ -88,6 +90,19 @@ def test_exporter_unit_is_hardened(host):
     pid = p["MainPID"]
     assert pid != "0", _journal(host, SERVICE)
     assert host.check_output(f"ps -o user= -p {pid}").strip() == "joulesched-power"
+
+
+def test_powercap_udev_rule_grants_the_exporters_group(host):
+    """The rule that re-grants energy_uj to zones created after the exporter started (a RAPL driver reload): it
+    is installed as shipped, its group exists, and the programs it runs are where it says."""
+    rule = host.file("/etc/udev/rules.d/70-joulesched-powercap.rules")
+    assert rule.is_file and rule.user == "root" and rule.mode == 0o644
+    shipped = (REPO / "deploy" / "udev" / "70-joulesched-powercap.rules").read_text()
+    assert rule.content_string == shipped
+    assert host.group("joulesched-power").exists
+    for prog in ("/bin/chgrp", "/bin/chmod"):
+        assert f'RUN+="{prog} joulesched-power ' in shipped or f'RUN+="{prog} g+r ' in shipped
+        assert host.file(prog).exists and host.file(prog).mode & 0o111
 
 
 def test_node_exporter_up(host, settings):
