@@ -17,7 +17,8 @@ What it enforces, whatever the handler does (:class:`Limits`):
   unless the server decodes it (``allow_chunked``, the WSGI server), and both headers at once are ``400``
   (request smuggling);
 - a method the handler does not implement is ``405`` with ``Allow`` (the standard library says ``501``);
-- HTTP/0.9 requests (no status line in the answer) are refused with ``400``.
+- HTTP/0.9 requests are refused with ``400`` at once, and so is a header name that is no token (``Content-Length :
+  4``); every refusal of a request line has a status line.
 
 A handler reads its body with :meth:`HardenedHandlerMixin.read_body`, which never reads more than the checked
 length. :class:`BackgroundHTTPServer` wraps any ``BaseHTTPRequestHandler`` subclass in the mixin, so a handler
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import socket
 import sys
 import threading
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MIB = 1 << 20
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header field name (RFC 9110 5.1)
 log = logging.getLogger("joulesched.http")
 
 
@@ -133,6 +136,9 @@ class HardenedHandlerMixin:
 
     body_length: int = 0
     app_reads_body = False
+    # What the standard library answers a request line it refuses with (a bad version, one word): left at its
+    # HTTP/0.9, that answer had no status line.
+    default_request_version = "HTTP/1.0"
     _framing: bool | None = None
     _body_read = False
     _clock: _RequestClock | None = None
@@ -195,11 +201,22 @@ class HardenedHandlerMixin:
         return super().handle_expect_100()  # type: ignore[misc]
 
     def parse_request(self) -> bool:
+        line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")  # type: ignore[attr-defined]
+        words = line.split()
+        if len(words) == 2:  # HTTP/0.9 (no version): refused at once, not after waiting for headers it has none of
+            self.requestline, self.command, self.request_version = line, words[0], "HTTP/1.0"
+            return self._refuse(400, "HTTP/0.9 requests are not supported")
         if not super().parse_request():  # type: ignore[misc]
             return False
-        if self.request_version == "HTTP/0.9":  # type: ignore[attr-defined]
-            self.request_version = "HTTP/1.0"  # so that the refusal has a status line
-            return self._refuse(400, "HTTP/0.9 requests are not supported")
+        headers = self.headers  # type: ignore[attr-defined]
+        # The email parser ends the headers at a line that is no "name:" ("Content-Length : 4", RFC 9112 5.1: a
+        # 400) and keeps the rest as its payload: read as having no Content-Length, the body would be parsed as
+        # the next request.
+        if headers.defects or headers.get_payload():
+            return self._refuse(400, "malformed header line")
+        bad = next((k for k in headers.keys() if not _TOKEN.fullmatch(k)), None)
+        if bad is not None:
+            return self._refuse(400, f"bad header name {bad[:40]!r}")
         return self._check_framing()
 
     def _check_framing(self) -> bool:

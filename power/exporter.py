@@ -116,6 +116,25 @@ class SnapshotCollector(Collector):
 EXPORTER_LIMITS = Limits(timeout_s=10.0, max_connections=16, max_body=64 << 10)
 
 
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """Whether an ``Accept-Encoding`` header takes gzip: listed (or ``*``, when gzip is not) with a q-value above 0
+    (RFC 9110 12.5.3; ``gzip;q=0`` refuses it). Parsed here: werkzeug's parser is not in the scheduler image, which
+    runs this exporter too."""
+    q: dict[str, float] = {}
+    for item in (accept_encoding or "").split(","):
+        coding, *params = (p.strip() for p in item.split(";"))
+        weight = 1.0
+        for p in params:
+            k, _, v = p.partition("=")
+            if k.strip().lower() == "q":
+                try:
+                    weight = float(v)
+                except ValueError:
+                    weight = 0.0  # not a q-value: not an acceptance
+        q[coding.lower()] = weight
+    return q.get("gzip", q.get("*", 0.0)) > 0
+
+
 def metrics_handler(registry: CollectorRegistry,
                     stale: Callable[[], str] = lambda: "") -> type[BaseHTTPRequestHandler]:
     """``GET /metrics`` (text or OpenMetrics as the scraper's Accept asks, gzip when accepted), ``GET /healthz``
@@ -132,9 +151,10 @@ def metrics_handler(registry: CollectorRegistry,
             path = urlsplit(self.path).path
             if path == "/metrics":
                 encoder, ctype = choose_encoder(self.headers.get("Accept"))
-                data, extra = encoder(registry), {}
-                if "gzip" in (self.headers.get("Accept-Encoding") or ""):
-                    data, extra = gzip.compress(data, compresslevel=5), {"Content-Encoding": "gzip"}
+                data, extra = encoder(registry), {"Vary": "Accept-Encoding"}
+                if accepts_gzip(self.headers.get("Accept-Encoding")):
+                    data = gzip.compress(data, compresslevel=5)
+                    extra["Content-Encoding"] = "gzip"
                 reply(self, 200, data, ctype, extra)
             elif path in ("/healthz", "/livez", "/readyz"):
                 why = stale()

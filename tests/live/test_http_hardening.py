@@ -252,3 +252,26 @@ def test_the_verb_is_checked_before_the_body_is_read(extender):
         s.sendall(b"POST /not-a-verb HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
         head = s.recv(65536)
         assert head.startswith(b"HTTP/1.1 404") and time.monotonic() - t0 < 0.9, head[:80]
+
+
+@pytest.mark.parametrize("line", [b"GET / HTTP/1.1 extra", b"GET / HTTP/2.0", b"GET / HTTP/x", b"BROKEN"])
+def test_a_refused_request_line_is_answered_with_a_status_line(extender, status, line):
+    for srv in (extender, status):
+        code, head = send(srv.port, line + b"\r\nHost: x\r\n\r\n", deadline_s=2)
+        assert head.startswith(b"HTTP/1.") and 400 <= code < 506, head[:80]
+
+
+def test_an_http_0_9_request_is_refused_at_once(extender, status):
+    for srv in (extender, status):
+        t0 = time.monotonic()
+        code, head = send(srv.port, b"GET /healthz\r\n", deadline_s=2)  # no blank line: it has no headers
+        assert code == 400 and head.startswith(b"HTTP/1.") and time.monotonic() - t0 < 0.9, head[:80]
+
+
+@pytest.mark.parametrize("name", [b"Content-Length ", b"Transfer-Encoding ", b"X Y", b"X\x01", b"X{}"])
+def test_a_header_name_that_is_no_token_is_400(status, name):
+    # Read as no Content-Length, "Content-Length : 4" left the body to be parsed as the next request.
+    code, _ = send(status.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + name + b": 4\r\n\r\nABCD")
+    assert code == 400
+    code, _ = send(status.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Ok_1: y\r\n\r\n")
+    assert code == 200

@@ -46,6 +46,18 @@ def test_metrics_text_openmetrics_and_gzip(exporter):
     assert gz.headers["Content-Encoding"] == "gzip" and b"joulesched_node_watts" in gzip.decompress(gz.read())
 
 
+@pytest.mark.parametrize("header, gz", [("gzip", True), ("deflate, GZIP;q=0.5", True), ("*", True),
+                                        ("gzip;q=0", False), ("gzip;q=0.0, identity", False), ("*;q=0", False),
+                                        ("gzip;q=0, *", False), ("identity", False), ("gzip;q=x", False),
+                                        ("x-gzip", False)])
+def test_gzip_only_where_the_scraper_accepts_it(exporter, header, gz):
+    r = urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{exporter.port}/metrics",
+                                                      headers={"Accept-Encoding": header}), timeout=5)
+    body = r.read()
+    assert (r.headers["Content-Encoding"] == "gzip") is gz and r.headers["Vary"] == "Accept-Encoding"
+    assert b"joulesched_node_watts" in (gzip.decompress(body) if gz else body)
+
+
 def test_bodies_and_methods_are_refused(exporter):
     assert send(exporter.port, Req("GET", "/metrics", (), b"", "-1").to_bytes())[0] == 400
     assert send(exporter.port, Req("GET", "/metrics", (), b"", str(EXPORTER_LIMITS.max_body + 1)).to_bytes())[0] == 413
