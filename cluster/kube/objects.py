@@ -81,7 +81,7 @@ def _warn_gpu_share(key: str, uid: str, message: str) -> None:
 
 def cpu_millis(q: str | int | float | None) -> int:
     """``"500m"`` -> 500, ``"2"`` -> 2000, rounded up as the apiserver does for millicores."""
-    if isinstance(q, str):  # quantities repeat across pods: parse each string once (the watch's hot path)
+    if isinstance(q, str) and len(q) <= _CACHED_LEN:  # quantities repeat across pods: parse each string once
         return _cached_quantity(q, "cpu", True)
     return _cpu_millis(q)
 
@@ -112,7 +112,7 @@ def _cpu_millis(q: str | int | float | None) -> int:
 def memory_mib(q: str | int | float | None, *, round_up: bool = True) -> int:
     """``"512Mi"`` -> 512, ``"1Gi"`` -> 1024, ``"1G"`` -> 954 (bytes / 2^20, rounded up for requests and down
     for allocatable so that a fit in MiB implies a fit in bytes)."""
-    if isinstance(q, str):
+    if isinstance(q, str) and len(q) <= _CACHED_LEN:
         return _cached_quantity(q, "memory", round_up)
     return _memory_mib(q, round_up)
 
@@ -124,13 +124,18 @@ def _memory_mib(q: str | int | float | None, round_up: bool = True) -> int:
 
 def quantity_value(q: str | int | float | None) -> int:
     """A quantity as kube's ``Quantity.Value()``: the integer, rounded up (``"1Gi"`` -> 1073741824)."""
-    if isinstance(q, str):
+    if isinstance(q, str) and len(q) <= _CACHED_LEN:
         return _cached_quantity(q, "value", True)
     return _value(q)
 
 
 def _value(q: str | int | float | None) -> int:
     return int(math.ceil(parse_finite_quantity(q)))
+
+
+#: Longer strings are parsed each time, never kept: the cache holds at most 4,096 short keys, whatever an
+#: extender caller sends (a real quantity is a few characters; a 4 MB one per entry would hold gigabytes).
+_CACHED_LEN = 64
 
 
 @functools.lru_cache(maxsize=4096)
@@ -227,6 +232,8 @@ def pod_request(pod: dict, *, strict: bool = True) -> PodRequest:
     """The pod's effective requests as a :class:`PodRequest` (see module docstring). Without ``strict`` (the
     watch), a malformed GPU-share annotation is logged (once per pod) and only the share is dropped."""
     spec = pod.get("spec") or {}
+    if strict:
+        _check_quantities(spec)
     cpu, mem = _resource_request(spec, "cpu", cpu_millis), _resource_request(spec, "memory", memory_mib)
     extra = dict(named=_named_requests(spec), host_ports=pod_host_ports(spec))
     try:
@@ -240,6 +247,22 @@ def pod_request(pod: dict, *, strict: bool = True) -> PodRequest:
     if gpu:
         return PodRequest(cpu_m=cpu, memory_mib=mem, gpu=gpu, gpu_milli=milli, gpu_models=models, **extra)
     return PodRequest(cpu_m=cpu, memory_mib=mem, **extra)
+
+
+def _check_quantities(spec: dict) -> None:
+    """Every request, limit and overhead of ``spec`` is a quantity the apiserver would store: a string or number
+    (not a boolean) that is not negative (its ``ValidateNonnegativeQuantity``). Only a direct caller (the
+    extender's) can send another; its Pod is refused, not read as asking for less."""
+    blocks = [spec.get("overhead"), (spec.get("resources") or {}).get("requests"),
+              (spec.get("resources") or {}).get("limits")]
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        blocks += [_requests(c), _limits(c)]
+    for block in blocks:
+        for name, q in (block or {}).items():
+            if isinstance(q, bool) or not isinstance(q, (str, int, float)):
+                raise ObjectError(f"bad {name} quantity {str(q)[:40]!r}: not a string or number")
+            if parse_finite_quantity(q, str(name)) < 0:
+                raise ObjectError(f"bad {name} quantity {str(q)[:40]!r}: negative")
 
 
 def _gpus(q: str | int | float) -> int:

@@ -87,12 +87,19 @@ def _verbs_refuse(ext: Extender, url: str, raw: bytes, *words: str, code: int = 
     (lambda t: t.replace('"cpu": "1"', '"cpu": "1", "memory": "NaN"'), ("memory quantity",)),
     (lambda t: t.replace('"cpu": "1"', '"cpu": "1", "nvidia.com/gpu": "inf"'), ("nvidia.com/gpu quantity",)),
     (lambda t: t.replace('"cpu": "1"', '"cpu": "1", "example.com/x": "-Infinity"'), ("quantity", "finite")),
+    (lambda t: t.replace('"cpu": "1"', '"cpu": "-5"'), ("cpu quantity", "'-5'", "negative")),
+    (lambda t: t.replace('"cpu": "1"', '"cpu": "1", "memory": -1'), ("memory quantity", "negative")),
+    (lambda t: t.replace('"cpu": "1"', '"cpu": true'), ("cpu quantity", "not a string or number")),
+    (lambda t: t.replace('"cpu": "1"', '"cpu": {"x": 1}'), ("cpu quantity", "not a string or number")),
+    (lambda t: t.replace('"ports"', '"resources": {"limits": {"cpu": "-1"}}, "ports"'), ("cpu quantity", "negative")),
+    (lambda t: t.replace('"containers"', '"overhead": {"memory": "-1Mi"}, "containers"'), ("memory", "negative")),
     (lambda t: t.replace('"hostPort": 8080', '"hostPort": 1e400'), ("hostPort inf", "1..65535")),
     (lambda t: t.replace('"hostPort": 8080', '"hostPort": 70000'), ("hostPort 70000",)),
     (lambda t: t.replace('"hostPort": 8080', '"hostPort": -1'), ("hostPort -1",)),
     (lambda t: t.replace('"hostPort": 8080', '"hostPort": "8080"'), ("hostPort 8080", "port number")),
     (lambda t: t.replace('"hostPort": 8080', '"hostPort": true'), ("hostPort True",)),
-], ids=["cpu-inf", "cpu-Infinity", "cpu-json-1e400", "memory-NaN", "gpu-inf", "extended--Infinity", "hostPort-1e400",
+], ids=["cpu-inf", "cpu-Infinity", "cpu-json-1e400", "memory-NaN", "gpu-inf", "extended--Infinity", "cpu-negative",
+        "memory-negative-number", "cpu-true", "cpu-object", "limit-negative", "overhead-negative", "hostPort-1e400",
         "hostPort-70000", "hostPort--1", "hostPort-string", "hostPort-true"])
 def test_a_pod_no_apiserver_would_accept_is_answered_as_malformed(served, edit, words):
     ext, url = served
@@ -153,6 +160,17 @@ def test_non_finite_quantities_are_refused_and_huge_ones_capped():
     assert quantity_value("1e999999999") == MAX_QUANTITY == 2**63 - 1
     assert cpu_millis(1e308) == (2**63 - 1) * 1000 and quantity_value("-1e400") == -(2**63 - 1)
     assert time.monotonic() - t0 < 1
+
+
+def test_long_quantity_strings_are_parsed_but_never_kept():
+    """The parse cache is keyed on the string: an extender caller's megabyte-long quantities would be held."""
+    from joulesched.cluster.kube.objects import _cached_quantity, memory_mib
+
+    _cached_quantity.cache_clear()
+    long_q = "1" + "0" * 100_000
+    assert cpu_millis(long_q) == MAX_QUANTITY * 1000 and memory_mib(long_q) > 0 and quantity_value(long_q) > 0
+    assert cpu_millis("250m") == 250 and memory_mib("1Gi") == 1024
+    assert _cached_quantity.cache_info().currsize == 2
 
 
 def test_a_node_with_non_finite_allocatable_takes_no_pods_instead_of_raising():
