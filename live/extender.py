@@ -18,8 +18,8 @@ names: ``Pod``, ``Nodes`` (a NodeList, unless the extender is ``nodeCacheCapable
   ``ignorable: true`` (deploy/kubernetes/scheduler-config.yaml) kube-scheduler then schedules without the
   extender instead of with a view of the cluster that may be minutes old.
 - ExtenderArgs that are not valid (invalid JSON, a node name that is not a non-empty string, a Pod no apiserver
-  would accept: a non-finite, negative or non-numeric quantity, a ``hostPort`` outside 0..65535) get ``/filter``'s ``Error`` field or
-  HTTP 400 on ``/prioritize``, saying why; every request gets an answer.
+  would accept: a non-finite, negative or non-numeric quantity, a ``hostPort`` outside 0..65535) get
+  ``/filter``'s ``Error`` field or HTTP 400 on ``/prioritize``, saying why; every request gets an answer.
 - ``/prioritize`` answers ``[{"Host": name, "Score": 0..10}]``: the policy's own node scores (kube plugin
   totals, DQN advantages, negative marginal watts) scaled linearly so its favourite node gets 10 and its least
   favourite 0. A policy that only picks gives its pick 10 and the others 0. A NotReady node (not asleep) scores

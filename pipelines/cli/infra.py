@@ -5,7 +5,8 @@
     joulesched infra provision --inventory inventory/hosts.yml [--limit HOST] [--json]
     joulesched infra wheelhouse --out DIR
 
-Bad input (a stack config the program would refuse included) prints one red line and exits 2; a failed run (play, guest, Pulumi update) exits 1.
+Bad input (a stack config the program would refuse included) prints one red line and exits 2; a failed run
+(play, guest, Pulumi update) exits 1.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def _check_stack_config(stack: str) -> None:
     if any(isinstance(v, dict) and "secure" in v for v in values.values()):
         return
     try:
-        load(DictReader(values, where=path.name, hints={"sshPublicKey": f'pulumi config set --stack {stack} sshPublicKey '
-                                                       '"$(cat ~/.ssh/id_ed25519.pub)"'}))
+        hint = f'pulumi config set --stack {stack} sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"'
+        load(DictReader(values, where=path.name, hints={"sshPublicKey": hint}))
     except InfraConfigError as e:
         _fail(f"--stack {stack}: {e}")
 
