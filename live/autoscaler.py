@@ -193,18 +193,51 @@ class AutoscalerProvider:
         controller.delegated = self.delegated
 
     # ---- membership ----
-    def group_of(self, info: NodeInfo) -> NodeGroupSpec | None:
-        """The one group the node is in, or None (no providerID, a control plane, no group, or two groups)."""
+    def _claim(self, info: NodeInfo) -> NodeGroupSpec | None:
+        """The one group whose selector takes the node, or None (no providerID, a control plane, no group, or two
+        groups)."""
         if not info.provider_id or info.control_plane:
             return None
         found = [g for g in self.cfg.groups if g.matches(info.name, info.labels)]
         if len(found) > 1:
-            if info.name not in self._warned and len(self._warned) < 10_000:
-                self._warned.add(info.name)
-                log.warning("node %s is claimed by groups %s: it is in none of them", info.name,
-                            ", ".join(g.id for g in found))
+            self._warn(info.name, "node %s is claimed by groups %s: it is in none of them", info.name,
+                       ", ".join(g.id for g in found))
             return None
         return found[0] if found else None
+
+    def _warn(self, name: str, msg: str, *args: Any) -> None:
+        if name not in self._warned and len(self._warned) < 10_000:
+            self._warned.add(name)
+            log.warning(msg, *args)
+
+    def _membership(self) -> dict[str, tuple[NodeGroupSpec, NodeInfo]]:
+        """Every group member: node name -> (its group, its info). A providerID is the instance the autoscaler
+        names in DeleteNodes, and the kubelet writes it: nodes that share one (a cloned kubelet config) are in no
+        group, so that a request for one instance can never put another machine to sleep."""
+        infos = self.ctl.node_infos()
+        owners = Counter(i.provider_id for i in infos.values() if i.provider_id)
+        out = {}
+        for name, info in infos.items():
+            g = self._claim(info)
+            if g is None:
+                continue
+            if owners[info.provider_id] > 1:
+                self._warn(name, "node %s shares providerID %s with another node: it is in no node group", name,
+                           info.provider_id)
+                continue
+            out[name] = (g, info)
+        return out
+
+    def group_of(self, info: NodeInfo) -> NodeGroupSpec | None:
+        """The one group the node is in, or None (no providerID, a control plane, no group, two groups, or a
+        providerID another node has too)."""
+        g = self._claim(info)
+        if g is None or not any(i.provider_id == info.provider_id and i.name != info.name
+                                for i in self.ctl.node_infos().values()):
+            return g
+        self._warn(info.name, "node %s shares providerID %s with another node: it is in no node group", info.name,
+                   info.provider_id)
+        return None
 
     def delegated(self, info: NodeInfo) -> bool:
         """The controller's predicate: every node a configured group claims is the autoscaler's to decide, even
@@ -213,7 +246,7 @@ class AutoscalerProvider:
 
     def members(self, group_id: str) -> dict[str, NodeInfo]:
         group = self._group(group_id)
-        return {n: i for n, i in self.ctl.node_infos().items() if self.group_of(i) is group}
+        return {n: i for n, (g, i) in self._membership().items() if g is group}
 
     def _group(self, group_id: str) -> NodeGroupSpec:
         g = self.groups.get(group_id)
@@ -397,15 +430,13 @@ class AutoscalerProvider:
 
     def pod_price(self, cpu_m: int, seconds: float) -> float:
         """The pod's CPU share of the most efficient group node's energy cost over ``seconds``."""
-        per_m = [self._watts(i) / i.cpu_m for i in self.ctl.node_infos().values()
-                 if i.cpu_m > 0 and self.group_of(i) is not None]
+        per_m = [self._watts(i) / i.cpu_m for _, i in self._membership().values() if i.cpu_m > 0]
         if not per_m:
             raise ProviderError("NOT_FOUND", "no node group has a node to price a pod on")
         return self._price(min(per_m) * max(cpu_m, 0), seconds)
 
     def gpu_types(self) -> list[str]:
-        seen = {i.labels.get(self.cfg.gpu_label) for i in self.ctl.node_infos().values()
-                if self.group_of(i) is not None}
+        seen = {i.labels.get(self.cfg.gpu_label) for _, i in self._membership().values()}
         return sorted(s for s in seen if s)
 
     def _clear_autoscaler_taints(self, info: NodeInfo) -> None:
@@ -496,8 +527,22 @@ def pod_cpu_request_m(k8s: Any, data: bytes) -> int:
     return max(main, init)
 
 
+#: protobuf's Duration range (duration.proto): what a well-formed one holds.
+PROTO_DURATION_S = 315_576_000_000
+
+
 def _seconds(start: Any, end: Any) -> float:
-    return max(0.0, end.ToSeconds() + end.nanos / 1e9 - start.ToSeconds() - start.nanos / 1e9)
+    try:  # ToSeconds refuses a Timestamp outside years 1..9999 with a ValueError: the caller's, not ours
+        return max(0.0, end.ToSeconds() + end.nanos / 1e9 - start.ToSeconds() - start.nanos / 1e9)
+    except ValueError as e:
+        raise ProviderError("INVALID_ARGUMENT", f"bad startTimestamp or endTimestamp: {e}") from None
+
+
+def _duration_s(dur: Any, name: str) -> float:
+    """A Duration argument in seconds; out of protobuf's range (so that it could not be written back) refused."""
+    if not (abs(dur.seconds) <= PROTO_DURATION_S and abs(dur.nanos) <= 999_999_999):
+        raise ProviderError("INVALID_ARGUMENT", f"defaults.{name} is not a valid Duration")
+    return dur.seconds + dur.nanos / 1e9
 
 
 def make_servicer(provider: AutoscalerProvider, pb: Any, svc: Any, k8s: Any) -> Any:
@@ -594,16 +639,12 @@ def make_servicer(provider: AutoscalerProvider, pb: Any, svc: Any, k8s: Any) -> 
 
     def NodeGroupGetOptions(req):
         d = req.defaults
-
-        def secs(dur: Any) -> float:
-            return dur.seconds + dur.nanos / 1e9
-
         base = {"scale_down_utilization_threshold": d.scaleDownUtilizationThreshold,
                 "scale_down_gpu_utilization_threshold": d.scaleDownGpuUtilizationThreshold,
-                "scale_down_unneeded_s": secs(d.scaleDownUnneededDuration),
-                "scale_down_unready_s": secs(d.scaleDownUnreadyDuration),
-                "max_node_provision_s": secs(d.MaxNodeProvisionDuration),
-                "max_node_startup_s": secs(d.maxNodeStartupDuration),
+                "scale_down_unneeded_s": _duration_s(d.scaleDownUnneededDuration, "scaleDownUnneededDuration"),
+                "scale_down_unready_s": _duration_s(d.scaleDownUnreadyDuration, "scaleDownUnreadyDuration"),
+                "max_node_provision_s": _duration_s(d.MaxNodeProvisionDuration, "MaxNodeProvisionDuration"),
+                "max_node_startup_s": _duration_s(d.maxNodeStartupDuration, "maxNodeStartupDuration"),
                 "ignore_daemonsets_utilization": d.ignoreDaemonSetsUtilization}
         o = provider.options(req.id, base)
 

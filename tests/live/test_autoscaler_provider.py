@@ -309,6 +309,42 @@ def test_template_prices_options_and_gpu_label(provider, stub):
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def test_nodes_sharing_a_provider_id_are_in_no_group_and_never_slept_for_each_other(provider, stub):
+    """The kubelet writes spec.providerID: a cloned config gives two nodes one id. DeleteNodes names instances
+    by it, so neither may be a member; before, the last node listed took the id and a delete of w1 slept w3."""
+    emu, *_ = provider
+    emu.patch("nodes", "", "w3", {"spec": {"providerID": "joulesched://w1"}})
+    wait_until(lambda: target(stub, "general") == 1, 10, "w1 and w3 out of the group")
+    insts = stub.NodeGroupNodes(PB.NodeGroupNodesRequest(id="general")).instances
+    assert [i.id for i in insts] == ["joulesched://w2"]
+    for name, pid in (("w1", ""), ("w3", ""), ("", "joulesched://w1")):
+        got = stub.NodeGroupForNode(PB.NodeGroupForNodeRequest(node=PB.ExternalGrpcNode(name=name, providerID=pid)))
+        assert got.nodeGroup.id == "", (name, pid)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.NodeGroupDeleteNodes(PB.NodeGroupDeleteNodesRequest(
+            id="general", nodes=[PB.ExternalGrpcNode(providerID="joulesched://w1")]))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    time.sleep(0.5)
+    assert (pstate(emu, "w1"), pstate(emu, "w3")) == ("awake", "awake")
+    assert "joulesched.io/asleep" not in taint_keys(emu, "w1") | taint_keys(emu, "w3")
+
+
+def test_arguments_out_of_protobufs_range_are_invalid_not_internal(stub):
+    huge = (Timestamp(seconds=-(2**62)), Timestamp(seconds=2**62))
+    for call in (lambda: stub.PricingNodePrice(PB.PricingNodePriceRequest(
+            node=PB.ExternalGrpcNode(name="w1"), startTimestamp=huge[0], endTimestamp=huge[1])),
+                 lambda: stub.PricingPodPrice(PB.PricingPodPriceRequest(
+                     pod_bytes=K8S.Pod().SerializeToString(), startTimestamp=huge[0], endTimestamp=huge[1]))):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Timestamp" in e.value.details()
+    d = PB.NodeGroupAutoscalingOptions()
+    d.scaleDownUnneededDuration.seconds, d.scaleDownUnneededDuration.nanos = 2**63 - 1, -999999999
+    with pytest.raises(grpc.RpcError) as e:
+        stub.NodeGroupGetOptions(PB.NodeGroupAutoscalingOptionsRequest(id="general", defaults=d))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "scaleDownUnneededDuration" in e.value.details()
+
+
 def test_mtls_refuses_clients_without_a_certificate_of_its_ca(provider, tmp_path):
     *_, server, ca = provider
     request = PB.NodeGroupsRequest()
