@@ -120,7 +120,8 @@ def quantity(value: str, what: str) -> Decimal:
     assert m is not None
     suffix = m[3] or ""
     try:
-        v = Decimal(m[1]).scaleb(int(suffix[1:])) if suffix[:1] in ("e", "E") else Decimal(m[1]) * _SUFFIXES[suffix]
+        # "E" and "Ei" are exa and exbi; only an e or E followed by digits is an exponent
+        v = Decimal(m[1]) * _SUFFIXES[suffix] if suffix in _SUFFIXES else Decimal(m[1]).scaleb(int(suffix[1:]))
     except decimal.DecimalException:
         raise ValueError(f"{what} {value!r} is too large a quantity") from None
     if v <= 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -346,3 +347,11 @@ def test_a_scheduler_name_that_is_no_dns_1123_subdomain_is_refused(name):
         render("cpu", scheduler_name=name)
     for ok in ("default-scheduler", "joulesched", "my.scheduler-1"):
         assert render("cpu", scheduler_name=ok)[0]["spec"]["template"]["spec"]["schedulerName"] == ok
+
+
+@pytest.mark.parametrize("value, number", [("1E", 10**18), ("1Ei", 2**60), ("2e3", 2000), ("1.5E", 15 * 10**17),
+                                           ("3Pi", 3 * 2**50), ("1e-3", Decimal("0.001"))])
+def test_exa_and_exbi_are_suffixes_not_exponents(value, number):
+    from joulesched.workloads.manifests import quantity
+
+    assert quantity(value, "--memory-limit") == number
