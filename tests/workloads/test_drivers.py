@@ -117,12 +117,28 @@ def test_jtl_parser_reads_jmeter_csv(tmp_path):
         read_csv_samples(f, "timeStamp", "elapsed", "success")
 
 
+def test_a_named_jmeter_is_run_as_given_never_swapped_for_the_system_one(tmp_path, monkeypatch):
+    """With JMETER_HOME set and Debian's install present, `--jmeter /path/to/wrapper` still runs that wrapper: auto
+    chose Debian's 2.13 launcher for whatever binary was named, so /bin/false passed as a JMeter run."""
+    fake = tmp_path / "bin" / "my-jmeter"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "ApacheJMeter.jar").write_bytes(b"")
+    monkeypatch.setenv("JMETER_HOME", str(home))
+    assert jm.jmeter_home(str(fake)) is None and jm.command(str(fake)) == [str(fake)]
+    assert jm.jmeter_home("jmeter") == home  # the default name still finds an install the environment names
+
+
 def test_split_target():
     assert jm.split_target("http://127.0.0.1:9000/work?ms=5") == {
         "protocol": "http", "host": "127.0.0.1", "port": "9000", "path": "/work?ms=5"}
     assert jm.split_target("https://h")["port"] == "443"
-    with pytest.raises(DriverError):
-        jm.split_target("ftp://h/x")
+    for bad in ("ftp://h/x", "http://h:99999/", "http://h:abc/", "http://[::1/"):
+        with pytest.raises(DriverError, match="--target"):
+            jm.split_target(bad)
 
 
 def test_plan_is_parameterised_and_finite():

@@ -47,21 +47,29 @@ Launcher = Literal["auto", "jmeter", "debian-2.13"]
 
 def split_target(url: str) -> dict[str, str]:
     """URL -> the plan's protocol/host/port/path properties."""
-    u = urlsplit(url)
+    try:
+        u = urlsplit(url)
+        port = u.port or (443 if u.scheme == "https" else 80)  # a port out of range or not a number: ValueError
+    except ValueError as e:
+        raise DriverError(f"--target {url!r}: {e}") from None
     if u.scheme not in ("http", "https") or not u.hostname:
         raise DriverError(f"--target {url!r}: expected http(s)://HOST[:PORT][/PATH]")
-    port = u.port or (443 if u.scheme == "https" else 80)
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     return {"protocol": u.scheme, "host": u.hostname, "port": str(port), "path": path}
 
 
 def jmeter_home(jmeter_bin: str) -> Path | None:
-    """The install that `jmeter_bin` runs, found by its bin/ApacheJMeter.jar."""
+    """The install that `jmeter_bin` runs, found by its bin/ApacheJMeter.jar. ``JMETER_HOME`` and Debian's
+    /usr/share/jmeter stand in only for the default ``jmeter`` (Debian's /usr/bin/jmeter is a wrapper script): a
+    binary the user names is run as given, never swapped for another install."""
     found = shutil.which(jmeter_bin)
-    candidates = [os.environ.get("JMETER_HOME")]
+    default = jmeter_bin == "jmeter" or (found is not None and Path(found).name == "jmeter"
+                                         and Path(found).resolve().parent == Path("/usr/bin").resolve())
+    candidates = [os.environ.get("JMETER_HOME")] if default else []
     if found:
         candidates.append(str(Path(found).resolve().parent.parent))
-    candidates.append("/usr/share/jmeter")  # Debian's /usr/bin/jmeter is a wrapper script
+    if default:
+        candidates.append("/usr/share/jmeter")
     for c in candidates:
         if c and (Path(c) / "bin" / "ApacheJMeter.jar").is_file():
             return Path(c)
