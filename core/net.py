@@ -37,11 +37,18 @@ def is_loopback(host: str) -> bool:
 
 
 def check_http_url(url: str, option: str = "--target") -> str:
-    """``url`` if it is http(s) with a host and, if any, a port in 1..65535; else ValueError with a one-line reason
-    naming ``option``."""
+    """``url`` if it is printable ASCII, http(s) with a host and, if any, a port in 1..65535; else ValueError with a
+    one-line reason naming ``option``."""
     from urllib.parse import urlsplit
 
-    u = urlsplit(url)
+    bad = next((c for c in url if not ("!" <= c <= "~")), None)
+    if bad is not None:  # http.client refuses them only when the request is sent: say so now, naming the option
+        raise ValueError(f"{option} {url!r}: {bad!r} cannot be in a URL (spaces, control characters and non-ASCII "
+                         "must be percent-encoded)")
+    try:
+        u = urlsplit(url)
+    except ValueError as e:  # "Invalid IPv6 URL"
+        raise ValueError(f"{option} {url!r}: {e}") from None
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"{option} {url!r}: expected http(s)://HOST[:PORT][/PATH]")
     try:

@@ -10,20 +10,29 @@ from __future__ import annotations
 import mmap
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from joulesched.workloads.params import memory_capacity_mib
 
 CHUNK_MIB = 64
 PAGE = mmap.PAGESIZE
 
 
 class MemoryLoad:
-    """Hold `mib` MiB resident for `duration_s`; `stop()` releases it."""
+    """Hold `mib` MiB resident for `duration_s`; `stop()` releases it.
 
-    def __init__(self, mib: int, duration_s: float):
+    What is still to allocate is checked against ``capacity_mib()`` (the headroom the request was validated
+    against) before each chunk, so that memory another process took since the request was accepted (a second
+    blocker started at the same time) stops the allocation with an error instead of exhausting the host. A load
+    that ends holding less than it was asked for reports why in ``error``."""
+
+    def __init__(self, mib: int, duration_s: float, capacity_mib: Callable[[], int] = memory_capacity_mib):
         self.mib = mib
         self.duration_s = duration_s
+        self._capacity = capacity_mib
         self._stop = threading.Event()
         self._chunks: list[mmap.mmap] = []
         self._lock = threading.Lock()
@@ -50,6 +59,10 @@ class MemoryLoad:
         left = self.mib
         while left > 0 and not self._stop.is_set():
             size = min(CHUNK_MIB, left)
+            cap = self._capacity()
+            if left > cap + CHUNK_MIB:  # a chunk of slack: MemAvailable moves by itself (page cache, other work)
+                raise MemoryError(f"stopped at {self.allocated_mib} of {self.mib} MiB: only {cap} MiB can still be "
+                                  "taken (something else took memory since the load was accepted)")
             chunk = mmap.mmap(-1, size * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             view = np.frombuffer(chunk, dtype=np.uint8)
             view[::PAGE] = 1
@@ -71,6 +84,9 @@ class MemoryLoad:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._release()
+        if self.error is None and self.allocated_mib < self.mib:
+            self.error = (f"held {self.allocated_mib} of {self.mib} MiB: the allocation had not finished when the "
+                          "load ended")
 
     def stats(self) -> dict[str, Any]:
         return {"requested_mib": self.mib, "allocated_mib": self.allocated_mib, "released": self.released, "error": self.error}

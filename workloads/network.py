@@ -100,6 +100,8 @@ class NetworkLoad:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=SEND_TIMEOUT_S + 2)
+        if self.error is None and self._sent[0] == 0 and self.last_error:  # retried all along: no load was made
+            self.error = f"nothing sent to {self.target}: {self.last_error}"
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -151,6 +152,41 @@ def test_stream_endpoint_is_paced(serve):
     assert app.get("/stream", params={"mbps": "x", "seconds": 1}).status_code == 400
 
 
+def test_a_network_load_that_sent_nothing_failed(serve):
+    """Every connection refused for the whole run: before, the run read "duration elapsed" with 0 bytes sent."""
+    sender = serve("network")
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        _start(sender, {"duration_s": 1, "net_mbps": 1, "net_target": f"http://127.0.0.1:{port}/sink"})
+        assert wait_for(lambda: sender.get("/status").json()["state"] == "idle", timeout=10)
+    last = sender.get("/status").json()["last_run"]
+    assert last["end_reason"] == "a load failed" and last["loads"]["network"]["bytes_sent"] == 0
+    assert last["loads"]["network"]["error"].startswith(f"nothing sent to http://127.0.0.1:{port}/sink: ")
+
+
+def test_a_memory_load_stops_when_memory_goes_and_says_what_it_held():
+    from joulesched.workloads.memory import CHUNK_MIB, MemoryLoad
+
+    caps = iter([10**6, 10**6, 10])  # another process takes the memory after two chunks
+    load = MemoryLoad(4 * CHUNK_MIB, 5, capacity_mib=lambda: next(caps))
+    load.start()
+    assert wait_for(lambda: load.error is not None, timeout=10)
+    assert load.allocated_mib == 2 * CHUNK_MIB and "stopped at 128 of 256 MiB: only 10 MiB" in load.error
+    load.stop()
+    assert load.stats()["released"] is True
+
+    def deadline_mid_allocation() -> int:  # the load's end comes while it is still allocating
+        load._stop.set()
+        return 10**6
+
+    load = MemoryLoad(4 * CHUNK_MIB, 5, capacity_mib=deadline_mid_allocation)
+    load.start()
+    load.stop()
+    assert load.allocated_mib == CHUNK_MIB and load.error == "held 64 of 256 MiB: the allocation had not " \
+                                                               "finished when the load ended"
+
+
 def test_combined_runs_every_load_together(serve, tmp_path):
     app = serve("combined", "--scratch-dir", str(tmp_path))
     sink = serve("network")  # not the app's own /sink: a blocker refuses to stream to itself
@@ -192,6 +228,10 @@ BAD = [
     ("network", {"duration_s": 5, "net_mbps": 10, "net_target": "file:///etc/passwd"}, "http"),
     ("network", {"duration_s": 5, "net_mbps": 10, "net_target": "http://127.0.0.1:99999/sink"}, "1..65535"),
     ("network", {"duration_s": 5, "net_mbps": 1e-300, "net_target": "http://127.0.0.1:9/sink"}, "too slow"),
+    ("network", {"duration_s": 5, "net_mbps": 1, "net_target": "http://127.0.0.1:9/si nk"}, "percent-encoded"),
+    ("network", {"duration_s": 5, "net_mbps": 1, "net_target": "http://127.0.0.1:9/\u00e9"}, "percent-encoded"),
+    ("network", {"duration_s": 5, "net_mbps": 1, "net_target": "http://127.0.0.1:9/a\r\nX: y"}, "cannot be in a URL"),
+    ("network", {"duration_s": 5, "net_mbps": 1, "net_target": "http://[::1/sink"}, "IPv6"),
     ("disk", {"duration_s": 5, "disk_read_mbps": 1e-300}, "too slow"),
     ("combined", {"duration_s": 5, "cpu_m": 100, "bogus": 1}, "bogus"),
 ]
