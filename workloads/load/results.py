@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -139,13 +139,18 @@ def read_csv_samples(path: Path, start: str, elapsed: str, ok: str) -> list[Samp
     return samples
 
 
+#: No timestamp or latency in milliseconds comes near it (it is some 30,000 years); numbers past it are no sample,
+#: and their sums would overflow the mean to a silent null.
+MAX_MILLIS = 1e15
+_DECIMAL = re.compile(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*\Z")  # float() would also take "1_0" and "١٢"
+
+
 def _millis(path: Path, line: int, field: str, text: str, since: str = "") -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise DriverError(f"{path} line {line}: {field} {text!r} is not a number of milliseconds{since}") from None
-    if not math.isfinite(v) or v < 0:
-        raise DriverError(f"{path} line {line}: {field} {text!r} is not a finite number of milliseconds >= 0")
+    if not _DECIMAL.match(text):
+        raise DriverError(f"{path} line {line}: {field} {text!r} is not a number of milliseconds{since}")
+    v = float(text)
+    if not 0 <= v <= MAX_MILLIS:
+        raise DriverError(f"{path} line {line}: {field} {text!r} is not a number of milliseconds in 0..1e15")
     return v
 
 
