@@ -359,7 +359,10 @@ def create_app(db_path: Path | None = None, part: str = "all", catalogue_url: st
         raise ValueError(f"the {part} service needs --catalogue-url")
     if part == "orders" and not cart_url:
         raise ValueError("the orders service needs --cart-url")
-    path = Path(db_path) if db_path else Path(tempfile.mkdtemp(prefix="joulesched-shop-")) / "shop.db"
+    # Without --db the database lives in a folder of its own that goes with the app, at the latest when the process
+    # exits (SIGTERM too: workloads/server.py turns it into SystemExit, so the exit handlers run).
+    tmp = None if db_path else tempfile.TemporaryDirectory(prefix="joulesched-shop-")
+    path = Path(db_path) if db_path else Path(tmp.name) / "shop.db"
     try:
         init_db(path, part)
     except sqlite3.Error as exc:  # a missing folder, a directory, a file that is not SQLite, a read-only one
@@ -368,6 +371,8 @@ def create_app(db_path: Path | None = None, part: str = "all", catalogue_url: st
         raise UsageError(f"--db {path}: cannot use it as the shop's SQLite database: {exc}") from None
     app = Flask(f"joulesched-shop-{part}")
     app.config["MAX_CONTENT_LENGTH"] = MAX_CONTENT_LENGTH
+    if tmp is not None:
+        app.extensions["joulesched-shop-db-folder"] = tmp
     if part == "all":
         cat = Catalogue(path)
         carts = Carts(path, cat)

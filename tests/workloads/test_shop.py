@@ -123,3 +123,21 @@ def test_concurrent_orders_on_one_cart_place_one_order(shop_client, monkeypatch)
     assert codes == {"first": 201, "second": 409}
     assert shop_client.get("/api/products/3").json["stock"] == stock - 2
     assert shop_client.post("/api/orders", json={"cart_id": cid}).status_code == 400  # ordered: the cart is empty
+
+
+def test_without_db_the_shop_removes_its_database_folder_on_sigterm(tmp_path, monkeypatch):
+    """The default database lives in a temp folder of its own, which outlived every run before."""
+    from tests.workloads.conftest import start_app, stop_app
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the app's own temp folder, where it makes the database's
+    app = start_app("shop", stderr_path=tmp_path / "shop.stderr")
+    try:
+        r = app.post("/api/carts", json={})
+        assert r.status_code in (200, 201), r.text
+        made = list(tmp.glob("joulesched-shop-*"))
+        assert len(made) == 1 and (made[0] / "shop.db").is_file()
+    finally:
+        assert stop_app(app) == []
+    assert app.proc.returncode is not None and list(tmp.iterdir()) == [], (tmp_path / "shop.stderr").read_text()
