@@ -41,6 +41,8 @@ KINDS = ("job", "service")
 NO_REQUEST = -1
 FORMAT = "joulesched-fitted-apps/1"
 #: Quantiles of log lifetime kept per application (0, 5, ..., 100 %).
+#: The longest life a fit may give a pod, in log seconds: a scenario lasts at most 1e9 s.
+MAX_LOG_LIFE = math.log(1e9)
 QUANTILES = np.linspace(0.0, 1.0, 21)
 #: A template with fewer pods than this takes its class's lifetime quantiles.
 MIN_OWN = 5
@@ -139,6 +141,9 @@ def load_fit(path: str | Path) -> dict:
             raise ScenarioError(f"{where}: missing or malformed field ({e})") from None
         if q.shape != QUANTILES.shape or not np.all(np.isfinite(q)) or np.any(np.diff(q) < 0):
             raise ScenarioError(f"{where}: log_life_quantiles must be {QUANTILES.size} non-decreasing numbers")
+        if q[-1] > MAX_LOG_LIFE:  # exp(1000) is inf: a life no run could reach the end of
+            raise ScenarioError(f"{where}: log_life_quantiles go up to {q[-1]:g}, a life of more than 1e9 s "
+                                f"(the most is ln(1e9) = {MAX_LOG_LIFE:.4g})")
         if n < 1 or cpu < NO_REQUEST or mem < NO_REQUEST:
             raise ScenarioError(f"{where}: pods must be >= 1 and requests >= -1 (none)")
         if cpu > MAX_CPU_M or mem > MAX_MEMORY_MIB:

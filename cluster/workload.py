@@ -1001,9 +1001,30 @@ def build_workload(scenario: Scenario, seed: int | None = None, *, pod_model: bo
         if not parts:
             raise ScenarioError(f"{scenario.source or scenario.name}: the workload has no pod before duration_s")
         wl = merge_workloads(parts)
+    check_job_ends(scenario, wl)
     if wl.has_gpus:
         check_gpu_models(scenario, wl)
     return wl
+
+
+#: A job may end at most this many times the scenario's duration_s after the start. The run lasts until its last
+#: job ends, with hourly SLO ticks and (for the report) 240 timeline bins per duration_s, so a job of 1e15 s would
+#: run for ever; the shipped scenarios' jobs end by 3x (real trace windows included).
+MAX_JOB_END_FACTOR = 100
+
+
+def check_job_ends(scenario: Scenario, wl: Workload) -> None:
+    """ScenarioError naming the first job that ends after :data:`MAX_JOB_END_FACTOR` x duration_s (services stop
+    at duration_s, so they never lengthen a run)."""
+    horizon = scenario.duration_s
+    end = np.where(wl.kind == JOB, wl.submit_s + wl.duration_s, 0.0)
+    bad = np.flatnonzero(~(end <= MAX_JOB_END_FACTOR * horizon))
+    if bad.size:
+        k = int(bad[0])
+        raise ScenarioError(
+            f"{scenario.source or scenario.name}: a job submitted at {wl.submit_s[k]:g} s runs {wl.duration_s[k]:g} s, "
+            f"ending more than {MAX_JOB_END_FACTOR} x duration_s ({horizon:g} s) after the start ({bad.size} such "
+            "job(s)): the run would last until it ends. Lengthen duration_s, or drop or shorten such jobs")
 
 
 def generate_fitted(spec: Fitted, path: Path, horizon: float, rng: np.random.Generator) -> Workload:

@@ -115,6 +115,20 @@ def test_trace_csv_not_utf8_names_its_line(tmp_path):
         load_trace(p)
 
 
+def test_a_job_that_ends_long_after_the_scenario_is_refused(tmp_path):
+    """The run lasts until its last job ends: a trace row living 1e8 s behind duration_s 100 ran for minutes and
+    gigabytes (1e15 s: for ever), and validate passed it."""
+    from joulesched.cluster.workload import MAX_JOB_END_FACTOR
+
+    _write(tmp_path, "t.csv", TRACE_HEAD + f"0,10,100,100,5\n5,{MAX_JOB_END_FACTOR * 100 - 5},100,100,5\n")
+    sc = load_scenario(_write(tmp_path, "s.yaml", _scenario()))
+    assert len(build_workload(sc)) == 2  # ends at exactly the bound
+    _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n5,1e8,100,100,5\n7,1e15,100,100,5\n")
+    with pytest.raises(ScenarioError, match=r"s\.yaml: a job submitted at 5 s runs 1e\+08 s, ending more than "
+                                            r"100 x duration_s \(100 s\) after the start \(2 such job"):
+        build_workload(sc)
+
+
 def test_include_of_no_node_group_says_so(tmp_path):
     _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n")
     _write(tmp_path, "none.yaml", "nodes: []\n")
@@ -137,6 +151,7 @@ def _fitted(tmp_path: Path, fit_text: str | bytes):
     (lambda s: re.sub(r"rate_per_s: .*", "rate_per_s: 1.0e9", s), "would draw about"),  # ran out of memory
     (lambda s: b"\xff\xfe" + s.encode(), "not UTF-8"),  # UnicodeDecodeError
     (lambda s: re.sub(r"cpu_m: \d+", "cpu_m: 100000000000000000000000", s), "cpu_m 1000"),  # OverflowError
+    (lambda s: s.replace("  - 11.213279\n", "  - 1000.0\n", 1), "a life of more than 1e9 s"),  # exp() gave inf
 ])
 def test_malformed_fit_is_refused(tmp_path, change, needle):
     with pytest.raises(ScenarioError, match=needle):
