@@ -73,6 +73,10 @@ def parse_sample(value: str | int | None) -> int | None:
     return pct
 
 
+#: The most intra-op threads a policy may ask for (the CLI's --workers has the same cap).
+MAX_THREADS = 256
+
+
 class DQNPolicy:
     """Greedy placement by a trained :class:`agent.dqn.QNetwork`.
 
@@ -109,8 +113,8 @@ class DQNPolicy:
             threads = int(threads)
         except ValueError:
             raise PolicyError(f"policy 'dqn': option threads={threads!r} is not an integer") from None
-        if threads < 0:
-            raise PolicyError(f"policy 'dqn': option threads={threads} must be 0 (leave them) or more")
+        if not 0 <= threads <= MAX_THREADS:  # torch and OpenMP start them all: 99999 segfaulted, 1e12 overflowed
+            raise PolicyError(f"policy 'dqn': option threads={threads} must be 0 (leave them) to {MAX_THREADS}")
         #: Applied when a run starts (:meth:`reset`, on the thread and in the process that decides), not here:
         #: building a policy only to check its spec, or in one process to run it in another, changes nothing.
         self.threads = threads
@@ -120,7 +124,10 @@ class DQNPolicy:
         self._folded: dict | None = None
         self._feat: FeatureBuilder | None = None
         #: None: every node; 0: kube's adaptive percentage; else that percentage (schema 2 and later).
-        self.sample_pct = parse_sample(sample) if self.schema >= 2 else None
+        self.sample_pct = parse_sample(sample)  # checked for every schema: a typo is never ignored
+        if self.schema < 2 and self.sample_pct is not None:
+            raise PolicyError(f"policy 'dqn': option sample={sample} needs a schema-2 or later model; {path} is "
+                              f"schema {self.schema} (it scores every node)")
         #: A policy that samples itself: serve leaves its feasible set alone (``ServeConfig.sample_pct``).
         self.kube_sampling = self.sample_pct is not None
         self._sample_start = 0

@@ -208,9 +208,17 @@ def test_an_option_given_twice_is_an_error_not_the_last_one_winning(spec):
         make_policy(spec)
 
 
-def test_dqn_threads_must_not_be_negative():
-    with pytest.raises(PolicyError, match="threads=-1 must be 0"):
-        make_policy("dqn=models/v2.pt:threads=-1")
+@pytest.mark.parametrize("n", ["-1", "257", "99999", "1000000000000"])
+def test_dqn_threads_are_0_to_256(n):
+    with pytest.raises(PolicyError, match=f"threads={n} must be 0 .leave them. to 256"):
+        make_policy(f"dqn=models/v2.pt:threads={n}")
+
+
+def test_a_sample_option_a_schema_1_model_cannot_use_is_refused_not_ignored():
+    for bad in ("bogus", "auto", "50"):
+        with pytest.raises(PolicyError, match="sample"):
+            make_policy(f"dqn=models/small.pt:sample={bad}")
+    make_policy("dqn=models/small.pt:sample=off")
 
 
 def test_every_option_of_the_sleep_aware_frame_is_described():
