@@ -201,6 +201,8 @@ class DQNConfig:
                 raise ValueError(f"{name} must be <= {cap:,}, got {getattr(self, name):,}")
         if self.n_step < 1 or self.train_frequency < 1 or self.target_update_interval < 1:
             raise ValueError("n_step, train_frequency and target_update_interval must be >= 1")
+        if self.replay_memory_mb < 1:  # 0 or less sized the compacted buffer at one batch, without a word
+            raise ValueError("replay_memory_mb must be >= 1")
         if not (0.0 <= self.eps_end <= self.eps_start <= 1.0):
             raise ValueError("need 0 <= eps_end <= eps_start <= 1")
         if not (0.0 < self.exploration_fraction <= 1.0) or not (0.0 <= self.heuristic_explore <= 1.0):
@@ -227,6 +229,8 @@ class DQNConfig:
             raise ValueError("need 0 <= train_seed_range low < high, validation_seeds, and 0 <= slo_slack < 1")
         if any(lo <= s < hi for s in self.validation_seeds):
             raise ValueError("validation_seeds must lie outside train_seed_range")
+        if any(not 0 <= s < 2**63 for s in self.validation_seeds):  # numpy's seeds: a traceback at the first one
+            raise ValueError("validation_seeds must be integers in 0..2^63-1")
         if self.feature_schema not in (1, 2, 3):
             raise ValueError(f"feature_schema must be 1, 2 or 3, got {self.feature_schema}")
         if self.validation_random < 0:

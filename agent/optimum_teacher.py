@@ -76,6 +76,9 @@ class OptimumTeacher(Clairvoyant):
         self.resolve = _int_opt(self.name, "resolve", str(resolve), 0, 1_000_000)
         self.resolve_s = _float_opt(self.name, "resolve_s", str(resolve_s), 0.0, math.inf)
         self.cache = Path(cache) if cache else None
+        if self.cache is not None and self.cache.exists() and not self.cache.is_dir():
+            raise PolicyError(f"policy 'optimum': option cache={cache} is a file; it names a folder for the solved "
+                              "schedules (made when missing)")
         self._inst = None
         self._plan: dict[int, int] | None = None
         self._prev = -1  # the pod of the previous decision, checked against the schedule at the next one
@@ -137,7 +140,11 @@ class OptimumTeacher(Clairvoyant):
             if path is not None:
                 from joulesched.core.fsio import atomic_write_text
 
-                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise PolicyError(f"policy 'optimum': cannot make the cache folder {path.parent}: "
+                                      f"{e.strerror or e}") from None
                 atomic_write_text(path, json.dumps({
                     "scenario": twin.scenario.name, "time_limit": self.time_limit, "status": r.status,
                     "energy_joules": r.energy_joules, "assignment": None if plan is None else

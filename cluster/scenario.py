@@ -29,7 +29,7 @@ from joulesched.core.errors import UsageError
 from joulesched.core.fsio import read_text_input
 from joulesched.core import yamlio
 from joulesched.core.names import is_dns_label, is_label_key, is_label_value
-from joulesched.power.curves import SPECPOWER, validate_curve
+from joulesched.power.curves import MAX_WATTS, SPECPOWER, validate_curve
 from joulesched.power.gpu import gpu_curve, gpu_speed
 
 
@@ -99,7 +99,7 @@ class Sleep(_Strict):
 
     mode: Literal["sleep"]
     sleep_after_s: float = Field(300.0, ge=0, allow_inf_nan=False)
-    sleep_watts: float = Field(10.0, ge=0, allow_inf_nan=False)
+    sleep_watts: float = Field(10.0, ge=0, le=MAX_WATTS, allow_inf_nan=False)
     wake_s: float = Field(60.0, ge=0, le=86_400, allow_inf_nan=False)  # a machine that takes a day to wake never slept
     min_awake: int = Field(0, ge=0)
     spare_cpu_m: int = Field(0, ge=0)

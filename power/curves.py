@@ -6,12 +6,14 @@ The SPECpower_ssj2008 figures are from reference.md section 5. Interpolation is 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 N_POINTS = 11
+#: The most watts one node (or GPU) may be given: a megawatt, far above any machine, and small enough that energies
+#: stay finite in float32 (timelines) and their sums in float64.
+MAX_WATTS = 1e6
 
 #: SPECpower_ssj2008 curves (watts at 0, 10, ..., 100 % load).
 SPECPOWER: dict[str, tuple[float, ...]] = {
@@ -29,8 +31,8 @@ def validate_curve(curve: Sequence[float]) -> tuple[float, ...]:
     if len(values) != N_POINTS:
         raise ValueError(f"a power curve needs {N_POINTS} points (0%..100% in 10% steps), got {len(values)}")
     for i, w in enumerate(values):
-        if not math.isfinite(w) or w < 0:
-            raise ValueError(f"power curve point {i * 10}% is {w!r}: watts must be finite and >= 0")
+        if not 0 <= w <= MAX_WATTS:  # NaN fails it too
+            raise ValueError(f"power curve point {i * 10}% is {w!r}: watts must be in 0..{MAX_WATTS:g}")
     if any(b < a for a, b in zip(values, values[1:])):
         raise ValueError("power curve must be non-decreasing with load")
     return values

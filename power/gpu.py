@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from joulesched.power.curves import MAX_WATTS, validate_curve
+
 #: model -> (idle W, max W). Max: datasheet TDP; idle: published idle readings with a context loaded.
 GPU_POWER: dict[str, tuple[float, float]] = {
     "T4": (10.0, 70.0),  # datasheet 70 W; ~9-10 W idle (P8) is NVML's usual idle reading
@@ -54,10 +56,10 @@ def gpu_curve(model: str, watts: Sequence[float] | None = None) -> tuple[float, 
     """One GPU's watts at 0, 10, ..., 100 % of its share: ``watts`` as given (2 values: idle and max, linear
     between; 11 values: the curve), else the model's table entry, linear."""
     if watts is not None and len(watts) == 11:
-        return tuple(float(w) for w in watts)
+        return validate_curve(watts)
     if watts is not None and len(watts) != 2:
         raise ValueError(f"GPU power is [idle, max] or 11 watts (0..100 %), got {len(watts)} values")
     idle, peak = (watts if watts is not None else GPU_POWER.get(model, DEFAULT_GPU_POWER))
-    if not 0 <= idle <= peak:
-        raise ValueError(f"GPU power needs idle <= max, got {idle}, {peak}")
+    if not 0 <= idle <= peak <= MAX_WATTS:
+        raise ValueError(f"GPU power needs 0 <= idle <= max <= {MAX_WATTS:g}, got {idle}, {peak}")
     return tuple(float(idle + (peak - idle) * k / 10.0) for k in range(11))

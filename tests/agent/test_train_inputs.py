@@ -44,6 +44,9 @@ SMALL_NET = dict(hidden=8, attention_dim=4, head_hidden=4, inducing_points=2)
     "dqn.load_scales=[0]",  # ZeroDivisionError in scale_load
     "dqn.validation_load_scales=[1.0, 30]",
     "dqn.learning_starts=-1",
+    "dqn.validation_seeds=[-1]",  # numpy refused it at the first validation, a traceback after training began
+    "dqn.replay_memory_mb=0",
+    "dqn.replay_memory_mb=-5",
 ])
 def test_config_refuses_knobs_that_break_training(override):
     with pytest.raises(ConfigError, match=override.split(".")[1].split("=")[0]):

@@ -76,6 +76,13 @@ MALFORMED_SCENARIOS = [
     (GOOD.replace("workload:\n  synthetic: {pods: 200, arrival: diurnal, mean_interarrival_s: 5, burst_mean: 3}\n",
                   "workload:\n  trace: missing.csv\n"), "file not found"),
     ("", "must be a YAML mapping"),
+    # Finite but beyond any machine: float32 timelines overflowed to inf, and benchmark blamed its own output file.
+    (GOOD.replace("sleep_watts: 5", "sleep_watts: 1.0e+39"), "idle_policy.sleep_watts: Input should be less"),
+    (GOOD.replace("[1,2,3,4,5,6,7,8,9,10,11]", "[1,2,3,4,5,6,7,8,9,10,1.0e+300]"), r"100% is 1e\+300: watts must"),
+    (GOOD.replace("count: 1,", "count: 1, gpu_count: 1, gpu_model: T4, gpu_power_watts: [10, 1.0e+300],"),
+     "GPU power needs 0 <= idle <= max <= 1e"),
+    (GOOD.replace("count: 1,", "count: 1, gpu_count: 1, gpu_model: T4, gpu_power_watts: [9,8,7,6,5,4,3,2,1,1,1],"),
+     "non-decreasing"),
 ]
 
 
