@@ -36,6 +36,8 @@ def atomic_path(dest: str | os.PathLike, mode: int | None = None) -> Iterator[Pa
     ``mode`` sets the file's permissions (default: what a plain ``open`` would give under the umask).
     """
     dest = Path(dest)
+    if dest.is_dir():  # os.replace would fail with IsADirectoryError after the work is done
+        raise UsageError(f"{dest} is a directory; cannot write a file there (remove it, or write elsewhere)")
     dest.parent.mkdir(parents=True, exist_ok=True)  # an output path names its folder too: create it
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     os.close(fd)
@@ -140,10 +142,15 @@ def check_output_file(path: str | os.PathLike, option: str,
     return path
 
 
-def check_output_dir(path: str | os.PathLike, option: str) -> Path:
-    """Fail now, before any work, if ``path`` cannot be used as an output folder."""
+def check_output_dir(path: str | os.PathLike, option: str, files: Iterable[str] = ()) -> Path:
+    """Fail now, before any work, if ``path`` cannot be used as an output folder, or one of the ``files`` the
+    command writes in it is a directory there."""
     path = _path_given(path, option)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{option} {path} exists and is not a directory")
+    for name in files:
+        if (path / name).is_dir():
+            raise UsageError(f"{option} {path}: {name} there is a directory, where this command writes a file; "
+                             "remove it or choose another folder")
     _check_creatable(path, f"{option} {path}")
     return path

@@ -212,7 +212,7 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
         raise BenchmarkInputError("--seeds must be at least 1")
     if executor not in ("local", "ray"):
         raise BenchmarkInputError(f"unknown executor {executor!r}; use local or ray")
-    out = check_output_dir(out, "--out")
+    out = check_output_dir(out, "--out", OUTPUT_FILES)
     loaded, first, built = _validated(scenarios, policies)
     # Each (scenario, seed)'s workload is built once, here, and shared by the bound, the optimum and every policy.
     workloads = {(i, s): first[i] if s == 0 else build_workload(sc, sc.seed + s)
@@ -464,6 +464,10 @@ def headroom(res: Results) -> dict[str, dict]:
                 row["learned_share_of_gap"] = row["share_of_gap"][row["learned_policy"]]
         out[name] = row
     return out
+
+
+#: The files a benchmark (and its report) write in the output folder: none may be a directory there.
+OUTPUT_FILES = ("results.json", "nodes.json", "timelines.npz", "placements.csv", "report.html")
 
 
 def write_outputs(out: Path, res: Results, timelines: dict[str, np.ndarray], meta: dict) -> None:

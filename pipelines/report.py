@@ -735,6 +735,10 @@ def _read_inputs(out: Path) -> tuple[Results, dict, dict]:
         why = "not an .npz archive" if isinstance(e, ValueError) else str(e)  # numpy's ValueError talks pickles
         raise ResultsError(f"{tl_path}: cannot read the timelines ({why}); remove it to render the report "
                            "without the power and utilisation plots") from None
+    odd = next((k for k, a in tl.items() if a.dtype.kind not in "biuf"), None)  # strings, complex numbers
+    if odd is not None:
+        raise ResultsError(f"{tl_path}: {odd}: expected real numbers, got {tl[odd].dtype} values; remove it to "
+                           "render the report without the power and utilisation plots")
     nodes_path = out / "nodes.json"
     try:
         nodes = json.loads(nodes_path.read_text()) if nodes_path.exists() else {}

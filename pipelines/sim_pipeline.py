@@ -16,7 +16,7 @@ from pathlib import Path
 from joulesched.agent.registry import default_policies
 from joulesched.cluster.scenario import Scenario, ScenarioError, load_scenario
 from joulesched.core.fsio import atomic_path, check_output_dir, check_output_file
-from joulesched.pipelines.benchmark import load_results, run_benchmark, validate_inputs
+from joulesched.pipelines.benchmark import OUTPUT_FILES, load_results, run_benchmark, validate_inputs
 from joulesched.pipelines.results import Results
 from joulesched.pipelines.report import write_report
 from joulesched.pipelines.stages import Stage, StageRunner
@@ -116,7 +116,7 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
     ``command`` is recorded in results.json as the command line that reproduces the run. ``on_plan`` gets the
     stage names once, before the first runs; ``on_event(stage, what)`` reports each.
     """
-    out = check_output_dir(out, "--out")
+    out = check_output_dir(out, "--out", OUTPUT_FILES)
     train_needed = model is None or not Path(model).exists()
     if train_needed and minutes is None and steps is None:
         raise ScenarioError("no model to load: give --model PATH of an existing model, or --minutes/--steps to train")

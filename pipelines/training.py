@@ -230,6 +230,8 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
         raise TrainError(f"--workers must be >= 1, got {workers}")
     # Before any work (the pipeline calls this too, not only `train`): NAME.json is the model's metadata copy.
     model = check_model_path(check_output_file(model, "--model"))
+    for side in (model.with_suffix(".json"), *_curve_paths(model)):  # written beside it once training is over
+        check_output_file(side, f"--model {model}: its")
     if resume and not model.exists():
         raise TrainError(f"--resume: {model} does not exist; drop --resume to create it")
     if model.exists() and not resume and not overwrite:

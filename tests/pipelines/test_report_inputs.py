@@ -70,6 +70,9 @@ def test_a_broken_input_exits_2_naming_it_and_writes_nothing(out, name, text, me
     ({"tiny/default-k8s/awake": np.zeros(2)}, "tiny/default-k8s/awake: expected one count per bin"),
     ({"tiny/default-k8s/watts": np.full(3, np.nan)}, "tiny/default-k8s/watts: expected one finite number"),
     ({"tiny/bin_s": np.array([0.0])}, "tiny/bin_s: expected one positive number of seconds per bin"),
+    ({"tiny/bin_s": np.array(["15"])}, "tiny/bin_s: expected real numbers, got <U2"),  # a TypeError traceback
+    ({"tiny/default-k8s/util": np.full((3, 3), "x")}, "tiny/default-k8s/util: expected real numbers"),
+    ({"tiny/default-k8s/watts": np.ones(3, dtype=complex)}, "tiny/default-k8s/watts: expected real numbers"),
     (None, "holds no timeline of the scenarios in results.json (another run's file?)"),  # the plots went unsaid
 ])
 def test_timelines_that_do_not_fit_the_results_exit_2_naming_the_array(out, change, message):
