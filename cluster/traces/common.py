@@ -435,7 +435,8 @@ class PodSink:
         end = math.ceil(max(self._last, last_end or 0.0) / SPAN_BIN_S + 1e-9) * SPAN_BIN_S
         # Rounded down to a whole day on a trace of more than a week (what a person would pick), else an hour.
         unit = 86400.0 if self._last - self._first > 7 * 86400 else SPAN_BIN_S
-        start = math.floor(start_h * SPAN_BIN_S / unit) * unit
+        # Never before 0, which --window refuses: a pod created before 0 is alive when a window from 0 opens.
+        start = max(0.0, math.floor(start_h * SPAN_BIN_S / unit) * unit)
         before = sum(n for h, n in self._hours.items() if h * SPAN_BIN_S < start)
         return {"first_submit_s": self._first, "last_submit_s": self._last, "last_end_s": last_end,
                 "suggested_window": f"{start:.0f}:{end:.0f}", "suggested_duration_s": end - start,

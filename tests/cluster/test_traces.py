@@ -514,6 +514,19 @@ def test_the_suggested_window_skips_an_idle_prefix():
     assert span["submitted_before_suggested_window"] == 1 and span["pods_read"] == 201
 
 
+def test_the_suggested_window_never_starts_before_0():
+    """A trace whose pods were created before its time 0 (Azure's sample) was told --window -10800:..., which
+    --window then refused."""
+    from joulesched.cluster.traces.common import ImportOptions, PodSink
+
+    sink = PodSink(ImportOptions())
+    for k in range(100):
+        t = -3 * 3600 + k * 600
+        sink.add(submit=t, start=t, end=t + 7200, kind=JOB, cpu_req=100, mem_req=64)
+    span = sink.span()
+    assert span["suggested_window"].startswith("0:") and span["submitted_before_suggested_window"] == 18
+
+
 @pytest.mark.skipif(not (Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-2023").is_dir(),
                     reason="the real OpenB trace (../shared/data/alibaba-gpu-2023) is not on this machine")
 def test_the_real_openb_trace_suggests_its_active_days(tmp_path):
