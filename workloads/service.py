@@ -122,7 +122,9 @@ class BlockerService:
         try:
             params = LoadParams.model_validate(body)
         except ValidationError as exc:
-            raise BadRequest(validation_message(exc), details=exc.errors(include_url=False, include_context=False)) from None
+            # Without the input: it is the client's own (a NaN in it made the answer JSON strict parsers refuse).
+            details = exc.errors(include_url=False, include_context=False, include_input=False)
+            raise BadRequest(validation_message(exc), details=details) from None
         if params.net_target is not None:
             try:
                 self.net_allow.check_url(params.net_target)

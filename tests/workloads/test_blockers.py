@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -248,7 +249,14 @@ def test_bad_parameters_get_400_with_a_message(serve, kind):
         assert words in r.json()["error"], (body, r.json())
     assert app.post("/start", data="not json", headers={"Content-Type": "application/json"}).status_code == 400
     assert app.post("/start", json=[1, 2]).status_code == 400
+    if kind == "cpu":  # the answer is strict JSON: it does not echo a NaN it was sent
+        r = app.post("/start", data='{"duration_s": NaN, "cpu_m": 10}', headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "NaN" not in r.text and json.loads(r.text, parse_constant=_refuse)["error"]
     assert app.get("/status").json()["state"] == "idle"  # nothing half-started
+
+
+def _refuse(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def test_second_start_is_409_until_stopped(serve):
