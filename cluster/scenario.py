@@ -621,16 +621,20 @@ def read_yaml(path: Path, what: str) -> object:
         raise ScenarioError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
 
 
-def _expand_includes(raw: dict, path: Path) -> dict:
+def _expand_includes(raw: dict, path: Path, origins: list[str | None] | None = None) -> dict:
     """Node groups may be ``{include: profile.yaml, count: N, ...}``: a node profile from `power calibrate`, or
-    ``{include: nodes.yaml}`` of several groups (the machines `trace import --machines` writes)."""
+    ``{include: nodes.yaml}`` of several groups (the machines `trace import --machines` writes). ``origins`` gets,
+    per node group of the result, where it came from (None: the scenario itself), for error messages."""
     nodes = raw.get("nodes")
+    origins = [] if origins is None else origins
     if not isinstance(nodes, list):
         return raw
     out = []
     for i, group in enumerate(nodes):
         if isinstance(group, dict) and "include" in group:
-            inc = path.parent / str(group["include"])
+            if not isinstance(group["include"], str) or not group["include"].strip():
+                raise ScenarioError(f"{path}: nodes.{i}.include: expected one file name, got {group['include']!r}")
+            inc = path.parent / group["include"]
             data = read_yaml(inc, "node profile")
             if isinstance(data, dict) and isinstance(data.get("nodes"), list) and len(data["nodes"]) > 1:
                 # Several groups (`joulesched trace import --machines`): each one, with the entry's other keys.
@@ -639,6 +643,7 @@ def _expand_includes(raw: dict, path: Path) -> dict:
                                         "'count' applies to one")
                 over = {k: v for k, v in group.items() if k != "include"}
                 out.extend({**g, **over} if isinstance(g, dict) else g for g in data["nodes"])
+                origins.extend(f"group {j} of {inc} (nodes.{i}.include)" for j in range(len(data["nodes"])))
                 continue
             if isinstance(data, dict) and data.get("nodes") == []:
                 raise ScenarioError(f"{path}: nodes.{i}.include: {inc} holds no node group (its nodes: is empty)")
@@ -648,8 +653,10 @@ def _expand_includes(raw: dict, path: Path) -> dict:
                 raise ScenarioError(f"{path}: nodes.{i}.include: {inc} must hold one node group mapping")
             merged = {**data, **{k: v for k, v in group.items() if k != "include"}}
             out.append(merged)
+            origins.append(f"{inc} (nodes.{i}.include)")
         else:
             out.append(group)
+            origins.append(None)
     return {**raw, "nodes": out}
 
 
@@ -659,11 +666,19 @@ def load_scenario(path: str | Path) -> Scenario:
     raw = read_yaml(path, "scenario")
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: a scenario must be a YAML mapping, got {type(raw).__name__}")
-    raw = _expand_includes(raw, path)
+    origins: list[str | None] = []
+    raw = _expand_includes(raw, path, origins)
     try:
         sc = Scenario.model_validate({**raw, "source": path.resolve()})
     except ValidationError as e:
-        raise ScenarioError(_format_validation_error(path, e)) from None
+        message = _format_validation_error(path, e)
+        # nodes.N counts the groups after the includes: say which file a group that came from one is in
+        where = sorted({(err["loc"][1], origins[err["loc"][1]]) for err in e.errors()
+                        if len(err["loc"]) > 1 and err["loc"][0] == "nodes" and isinstance(err["loc"][1], int)
+                        and err["loc"][1] < len(origins) and origins[err["loc"][1]] is not None})
+        if where:
+            message += "".join(f"\n  (nodes.{k} is {o})" for k, o in where)
+        raise ScenarioError(message) from None
     for tp in sc.trace_paths:
         if not tp.is_file():
             what = "a directory, not a trace CSV" if tp.is_dir() else "file not found"

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, PrivateAttr,
+                      ValidationError, model_validator)
 
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import read_text_input
@@ -39,18 +40,18 @@ class PolicyRun(BaseModel):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    energy_joules: float
-    slo_violation_rate: float
-    unschedulable_pods: int
-    mean_pending_s: float
-    placements: int
+    energy_joules: NonNegativeFloat
+    slo_violation_rate: float = Field(ge=0, le=1)
+    unschedulable_pods: NonNegativeInt
+    mean_pending_s: NonNegativeFloat
+    placements: NonNegativeInt
     decision_us_p99: float | None = Field(description="null where not observable (measured runs)")
     mean_throttling: float | None = Field(description="null where not observable (measured runs)")
     end_s: float = Field(description="when its last job finished (never before the scenario's duration_s)")
     window_end_s: float | None = Field(
         None, description="the end of the window its energies cover: the latest end_s of its (scenario, seed)'s "
                           "runs, so that every policy is metered over one window (docs/twin.md); null: end_s")
-    completed_pods: int
+    completed_pods: NonNegativeInt
     # The twin's account of every pod (docs/twin.md, "Counts"); absent in schema 1 files and measured runs.
     placed_pods: int | None = None
     unplaced_fits_no_node: int | None = None
@@ -154,12 +155,12 @@ class PolicySummary(_Strict):
     """One policy on one scenario: means over its seeds, and energy ratios (per seed, then averaged, with the
     half-width of a 95 % Student-t interval; null with one seed)."""
 
-    energy_joules: float
+    energy_joules: NonNegativeFloat
     energy_vs_lower_bound: float | None
-    slo_violation_rate: float
+    slo_violation_rate: float = Field(ge=0, le=1)
     mean_throttling: float | None
-    mean_pending_s: float
-    unschedulable_pods: float
+    mean_pending_s: NonNegativeFloat
+    unschedulable_pods: NonNegativeFloat
     decision_us_p99: float | None = Field(description="median over seeds")
     placed_pods: float | None = None
     unplaced_fits_no_node: float | None = None
@@ -183,7 +184,7 @@ class OptimumSummary(_Strict):
 
 
 class ScenarioSummary(_Strict):
-    seeds: int
+    seeds: PositiveInt
     lower_bound_joules: float | None
     pods: float | None = None
     policies: dict[str, PolicySummary]
@@ -207,7 +208,7 @@ class Results(_Strict):
     created_unix: float
     wall_s: float
     policies: list[str]
-    seeds: int
+    seeds: PositiveInt
     scenarios: list[ScenarioRun]
     summary: dict[str, ScenarioSummary]
     _read_version: int = PrivateAttr(SCHEMA_VERSION)

@@ -311,3 +311,17 @@ def test_azure_units_that_make_no_node_group_are_refused(tmp_path):
     res = runner.invoke(app, ["trace", "import", "-f", "azure-packing-2020", "--cpu-unit-m", "2e9", "-o", str(out),
                               "-m", str(mach), str(db)])  # wrote a nodes file every scenario refused
     _refused(res, tmp_path, "machine type", "makes no valid node group", "cpu_m")
+
+
+def test_an_error_in_an_included_group_names_the_file_it_is_in(tmp_path):
+    """nodes.N counts the groups after the includes: the error named nodes.2 of a scenario that lists two."""
+    _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n")
+    _write(tmp_path, "machines.yaml", "nodes:\n  - {name_prefix: x, count: 1, cpu_m: 4000, memory_mib: 8192, "
+                                      "power_watts: ibm-x3550-m3-x5675}\n  - {name_prefix: y, count: 1, cpu_m: -5, "
+                                      "memory_mib: 8192, power_watts: ibm-x3550-m3-x5675}\n")
+    text = _scenario().replace("nodes:\n", "nodes:\n  - {include: machines.yaml}\n", 1)
+    with pytest.raises(ScenarioError, match=r"nodes\.1\.cpu_m: .*\n  \(nodes\.1 is group 1 of .*machines\.yaml "
+                                            r"\(nodes\.0\.include\)\)"):
+        load_scenario(_write(tmp_path, "s.yaml", text))
+    with pytest.raises(ScenarioError, match=r"nodes\.0\.include: expected one file name, got \['a', 'b'\]"):
+        load_scenario(_write(tmp_path, "s.yaml", _scenario().replace("nodes:\n", "nodes:\n  - {include: [a, b]}\n")))

@@ -281,3 +281,19 @@ def test_a_render_that_fails_or_is_interrupted_leaves_every_plot_and_no_temporar
     write_report(out)
     after = files()
     assert set(after) == set(before) and after[Path("plots/power_0.png")] != before[Path("plots/power_0.png")]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["scenarios"][0]["policies"]["default-k8s"].update(energy_joules=-1e300), "energy_joules"),
+    (lambda d: d["summary"]["tiny"]["policies"]["default-k8s"].update(energy_joules=-5.0), "energy_joules"),
+    (lambda d: d.update(seeds=-3), "seeds"),
+    (lambda d: d["scenarios"][0]["policies"]["default-k8s"].update(slo_violation_rate=1.5), "slo_violation_rate"),
+    (lambda d: d["scenarios"][0]["policies"]["default-k8s"].update(placements=-1), "placements"),
+])
+def test_impossible_values_in_results_exit_2_naming_the_field(out, edit, field):
+    """Rendered before, with exit 0: a negative energy, negative seeds, a rate above 1."""
+    doc = json.loads((out / "results.json").read_text())
+    edit(doc)
+    (out / "results.json").write_text(json.dumps(doc))
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 2 and field in r.stderr and "Traceback" not in r.output, r.output
