@@ -68,6 +68,10 @@ class DictReader:
     def get_object(self, key: str) -> Any:
         return self._values.get(key)
 
+    def keys(self) -> list[str]:
+        """This project's settings given (another namespace's, such as ``aws:region``, are Pulumi's business)."""
+        return [k for k in self._values if ":" not in k]
+
 
 # --------------------------------------------------------------------------------------------------- cluster
 @dataclass(frozen=True)
@@ -210,9 +214,25 @@ class StackConfig:
 
 
 # ----------------------------------------------------------------------------------------------------- reading
+class _Read:
+    """A ConfigReader that remembers which keys were asked for."""
+
+    def __init__(self, reader: ConfigReader):
+        self.reader, self.asked = reader, set()
+        self.where, self.hints = getattr(reader, "where", ""), getattr(reader, "hints", {})
+
+    def get(self, key: str) -> str | None:
+        self.asked.add(key)
+        return self.reader.get(key)
+
+    def get_object(self, key: str) -> Any:
+        self.asked.add(key)
+        return self.reader.get_object(key)
+
+
 class _Collector:
     def __init__(self, reader: ConfigReader):
-        self.r = reader
+        self.r = _Read(reader)
         self.problems: list[str] = []
 
     def required(self, key: str, hint: str) -> str:
@@ -476,6 +496,10 @@ def load(reader: ConfigReader) -> StackConfig:
         cfg = StackConfig(target, prefix, aws=_aws(c))
     elif target:
         c.problems.append(f"{PROJECT}:target must be one of {', '.join(TARGETS)}, got {target!r}")
+    keys = getattr(reader, "keys", None)  # a stack file read without Pulumi (pulumi.Config cannot list them)
+    if cfg is not None and keys is not None:
+        for k in sorted(set(keys()) - c.r.asked):  # a typo would otherwise leave its setting at the default
+            c.problems.append(f"{PROJECT}:{k} is not a setting of target {target} (a typo?)")
     if c.problems or cfg is None:
         raise InfraConfigError(c.problems)
     return cfg

@@ -252,6 +252,12 @@ def test_a_stack_config_the_program_would_refuse_exits_2_before_pulumi_runs(stac
         assert r.exit_code == 2, r.output
         assert "Pulumi.kvm.yaml" in r.output and "workers must be an integer" in r.output
         assert "pulumi config set --stack kvm sshPublicKey" in r.output and "Traceback" not in r.output
+    (d / "Pulumi.kvm.yaml").write_text(f"config:\n  joulesched:target: kvm\n  joulesched:sshPublicKey: {KEY}\n"
+                                       "  joulesched:baseImage: /i.qcow2\n  joulesched:wokers: '3'\n"
+                                       "  aws:region: eu-west-1\n")  # another namespace's key is Pulumi's
+    r = runner.invoke(app, ["preview", "--stack", "kvm"])
+    assert r.exit_code == 2 and "joulesched:wokers is not a setting of target kvm (a typo?)" in r.output, r.output
+    assert "aws:region" not in r.output
     (d / "Pulumi.kvm.yaml").write_text("config: [1, 2]\n")
     r = runner.invoke(app, ["up", "--stack", "kvm", "--yes"])
     assert r.exit_code == 2 and "config: must be a mapping" in r.output
