@@ -113,6 +113,12 @@ def write_fit(fit: dict, path: str | Path) -> None:
                              + yaml.safe_dump(fit, sort_keys=False, width=120))
 
 
+#: The fields of a fit file and of each of its apps (what :func:`fit_apps` writes).
+_FIT_KEYS = frozenset({"format", "source", "until_s", "pods", "rate_per_s", "hourly_profile", "apps"})
+_APP_KEYS = frozenset({"name", "pods", "kind", "slo_class", "cpu_m", "memory_mib", "gpu_count", "gpu_milli",
+                       "gpu_spec", "usage_fraction", "usage_m", "own_lifetimes", "log_life_quantiles"})
+
+
 def load_fit(path: str | Path) -> dict:
     """A fit file, checked (every problem a :class:`ScenarioError` naming the file and the field)."""
     p = Path(path)
@@ -131,8 +137,16 @@ def load_fit(path: str | Path) -> dict:
         raise ScenarioError(f"{p}: hourly_profile must be 24 positive numbers")
     if not apps:
         raise ScenarioError(f"{p}: apps is empty")
+    unknown = sorted(set(doc) - _FIT_KEYS)
+    if unknown:  # a misspelt field would be silently left at its default
+        raise ScenarioError(f"{p}: unknown field(s) {', '.join(map(str, unknown))}")
     for k, a in enumerate(apps):
         where = f"{p}: apps[{k}]"
+        if not isinstance(a, dict):
+            raise ScenarioError(f"{where}: expected a mapping of the app's fields")
+        unknown = sorted(set(a) - _APP_KEYS)
+        if unknown:
+            raise ScenarioError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}")
         try:
             q = np.asarray(a["log_life_quantiles"], dtype=np.float64)
             n, cpu, mem = int(a["pods"]), int(a["cpu_m"]), int(a["memory_mib"])

@@ -510,6 +510,9 @@ def load_trace(path: str | Path, duration_s: float | None = None) -> Workload:
         except csv.Error as e:
             raise ScenarioError(f"{path}: line 1: unreadable CSV: {e}") from None
         header = [h.strip() for h in header]
+        twice = next((c for c in TRACE_COLUMNS + OPTIONAL_COLUMNS if header.count(c) > 1), None)
+        if twice is not None:  # which of the two would be read is a guess: say so instead
+            raise ScenarioError(f"{path}: line 1: column {twice} appears {header.count(twice)} times")
         missing = [c for c in TRACE_COLUMNS if c not in header]
         if missing:
             # A public trace's own file is the commonest cause: say how to convert it.

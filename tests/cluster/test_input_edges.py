@@ -152,6 +152,9 @@ def _fitted(tmp_path: Path, fit_text: str | bytes):
     (lambda s: b"\xff\xfe" + s.encode(), "not UTF-8"),  # UnicodeDecodeError
     (lambda s: re.sub(r"cpu_m: \d+", "cpu_m: 100000000000000000000000", s), "cpu_m 1000"),  # OverflowError
     (lambda s: s.replace("  - 11.213279\n", "  - 1000.0\n", 1), "a life of more than 1e9 s"),  # exp() gave inf
+    (lambda s: s.replace("  own_lifetimes:", "  usage_fractoin: 0.9\n  own_lifetimes:", 1),
+     r"apps\[0\]: unknown field\(s\) usage_fractoin"),  # a typo silently left the field at its default
+    (lambda s: s.replace("rate_per_s:", "rate_per_sec: 1\nrate_per_s:", 1), r"unknown field\(s\) rate_per_sec"),
 ])
 def test_malformed_fit_is_refused(tmp_path, change, needle):
     with pytest.raises(ScenarioError, match=needle):

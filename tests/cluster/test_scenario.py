@@ -104,6 +104,7 @@ MALFORMED_TRACES = [
     (TRACE_HEAD + "0,10,100\n", "line 2: 3 cells"),
     (TRACE_HEAD + "x,10,100,100,50\n", "column submit_s: 'x' is not a number"),
     (TRACE_HEAD + "99999,10,100,100,50\n", "every pod is submitted at or after"),
+    (TRACE_HEAD.strip() + ",cpu_request_m\n0,10,100,100,50,999\n", "line 1: column cpu_request_m appears 2 times"),
 ]
 
 
