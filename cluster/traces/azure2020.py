@@ -22,6 +22,7 @@ import sqlite3
 from pathlib import Path
 
 from joulesched.cluster.traces.common import (
+    MAX_CELL,
     SERVICE,
     ImportOptions,
     ImportResult,
@@ -51,6 +52,9 @@ def _num(path: Path, table: str, row: int, col: str, v: object, *, allow_null: b
         raise TraceFormatError(f"{path}: table {table}, row {row}, column {col}: {v!r} is not a number") from None
     if not math.isfinite(f):
         raise TraceFormatError(f"{path}: table {table}, row {row}, column {col}: {v!r} is not finite")
+    if abs(f) > MAX_CELL:  # as the CSV importers: 1e300 days became an 8.64e304 s submission time
+        raise TraceFormatError(f"{path}: table {table}, row {row}, column {col}: {v!r} is too large (more than "
+                               "2^53)")
     return f
 
 

@@ -403,6 +403,9 @@ MALFORMED = {
     "azure-packing-2020: a time that is not a number": (
         "azure-packing-2020", lambda t: [azure_db(t / "p.sqlite", AZURE_VMS + [(5, 1, 0, 0, "soon", 1.0)])],
         ["p.sqlite", "table vm, row 5", "column starttime", "'soon' is not a number"]),
+    "azure-packing-2020: a time beyond 2^53": (
+        "azure-packing-2020", lambda t: [azure_db(t / "p.sqlite", AZURE_VMS + [(5, 1, 0, 0, 1e300, None)])],
+        ["p.sqlite", "table vm, row 5", "column starttime", "too large"]),
     "azure-packing-2020: ends before it starts": (
         "azure-packing-2020", lambda t: [azure_db(t / "p.sqlite", [(1, 1, 0, 0, 2.0, 1.0)])],
         ["p.sqlite", "table vm, row 1 (vmId 1)", "column endtime", "before the starttime"]),
