@@ -682,7 +682,13 @@ def load_profiles(path: str) -> dict[str, tuple[float, ...]]:
     out = {}
     for name, v in data.items():
         if isinstance(v, dict):
-            v = v.get("power_watts")
+            if "power_watts" not in v:  # a node group without its curve (validate_curve said: NoneType ...)
+                raise ObjectError(f"power profiles {path}: profile {name!r}: a node group needs power_watts "
+                                  "(11 watts, 0..100 % load)")
+            v = v["power_watts"]
+        if not isinstance(v, (str, list, tuple)):
+            raise ObjectError(f"power profiles {path}: profile {name!r}: expected 11 watts (a list, or a JSON list "
+                              f"in a string), got {type(v).__name__}")
         try:
             if isinstance(v, str):  # a ConfigMap's value: the 11 watts as a JSON list
                 try:

@@ -119,6 +119,12 @@ def test_profiles_file_errors(tmp_path):
     f.write_text('x: "150, 200"\n')
     with pytest.raises(ObjectError, match="profile 'x': '150, 200' is not a JSON list of 11 watts"):
         load_profiles(str(f))
+    f.write_text("b: {x: 1}\n")  # said: 'NoneType' object is not iterable
+    with pytest.raises(ObjectError, match="profile 'b': a node group needs power_watts"):
+        load_profiles(str(f))
+    f.write_text("b: 150\n")
+    with pytest.raises(ObjectError, match="profile 'b': expected 11 watts .* got int"):
+        load_profiles(str(f))
 
 
 def test_gates_follow_kube_plugin_order():
