@@ -96,9 +96,46 @@ def _candidates(args: dict) -> tuple[list[str], list[dict] | None, bool]:
     raise ExtenderError("ExtenderArgs needs Nodes (a NodeList) or NodeNames")
 
 
+#: The Pod's fields the scheduler reads that must be objects (or absent), and those that must be lists of objects.
+_POD_OBJECTS = ("metadata", "spec", "status", "spec.resources", "spec.overhead", "spec.nodeSelector", "spec.affinity",
+                "metadata.labels", "metadata.annotations")
+_POD_LISTS = ("spec.containers", "spec.initContainers", "spec.tolerations")
+
+
+def _field(obj: dict, dotted: str):
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def _check_pod_shape(pod: dict) -> None:
+    """Name the first field of a wrong JSON type (the parser would only say "'str' object has no attribute")."""
+    for name in _POD_OBJECTS:
+        v = _field(pod, name)
+        if v is not None and not isinstance(v, dict):
+            raise ExtenderError(f"malformed Pod: {name} must be an object, not {type(v).__name__}")
+    for name in _POD_LISTS:
+        v = _field(pod, name)
+        if v is None:
+            continue
+        if not isinstance(v, list):
+            raise ExtenderError(f"malformed Pod: {name} must be a list, not {type(v).__name__}")
+        for i, item in enumerate(v):
+            if not isinstance(item, dict):
+                raise ExtenderError(f"malformed Pod: {name}[{i}] must be an object, not {type(item).__name__}")
+            if name != "spec.tolerations":
+                for sub in ("resources", "resources.requests", "resources.limits"):
+                    w = _field(item, sub)
+                    if w is not None and not isinstance(w, dict):
+                        raise ExtenderError(f"malformed Pod: {name}[{i}].{sub} must be an object, not "
+                                            f"{type(w).__name__}")
+
+
 def _pod(args: dict):
     """The Pod of ExtenderArgs, parsed strictly; a malformed one (a list where an object belongs, a quantity or
     host port no apiserver accepts) is an ExtenderError."""
+    if isinstance(args.get("Pod"), dict):
+        _check_pod_shape(args["Pod"])
     try:
         return parse_pod(args["Pod"], strict=True)
     except ObjectError as e:

@@ -106,6 +106,25 @@ def test_a_pod_no_apiserver_would_accept_is_answered_as_malformed(served, edit, 
     _verbs_refuse(ext, url, _pod_body(edit), "malformed Pod", *words)
 
 
+@pytest.mark.parametrize("edit, words", [
+    (lambda p: p.update(spec="x"), "spec must be an object, not str"),
+    (lambda p: p["spec"].update(containers={"a": 1}), "spec.containers must be a list, not dict"),
+    (lambda p: p["spec"]["containers"].append("sidecar"), "spec.containers[1] must be an object, not str"),
+    (lambda p: p["spec"]["containers"][0].update(resources=[1]), "spec.containers[0].resources must be an object"),
+    (lambda p: p["spec"]["containers"][0]["resources"].update(requests="1"),
+     "spec.containers[0].resources.requests must be an object"),
+    (lambda p: p["spec"].update(tolerations=["x"]), "spec.tolerations[0] must be an object"),
+    (lambda p: p["metadata"].update(labels=["a"]), "metadata.labels must be an object, not list"),
+], ids=["spec", "containers", "container", "resources", "requests", "toleration", "labels"])
+def test_a_field_of_the_wrong_json_type_is_named(served, edit, words):
+    """Said before: malformed Pod: AttributeError: 'str' object has no attribute 'get'."""
+    ext, url = served
+    pod = make_pod("p", cpu="1")
+    edit(pod)
+    _verbs_refuse(ext, url, json.dumps({"Pod": pod, "NodeNames": ["small", "big"]}).encode(), "malformed Pod",
+                  words)
+
+
 def test_the_pods_that_are_fine_still_pass(served):
     ext, url = served
     status, out = _post(url + "/filter", _pod_body(lambda t: t))
