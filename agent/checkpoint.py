@@ -271,9 +271,9 @@ def load_agent(path: str | Path, seed: int = 0) -> tuple[DQN, dict]:
     target = ckpt.state("target")
     try:
         agent.q_target.load_state_dict(target if target else ckpt.state("q"), strict=True)
-    except RuntimeError as e:
-        raise PolicyError(f"{path}: target network does not fit ({str(e).splitlines()[0]}); "
-                          "train without --resume") from None
+    except RuntimeError as e:  # torch's first line is only "Error(s) in loading state_dict for ...:"
+        detail = next((ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()), str(e).strip())
+        raise PolicyError(f"{path}: target network does not fit ({detail[:300]}); train without --resume") from None
     if not all(torch.isfinite(t).all() for t in target.values()):
         raise PolicyError(f"{path}: corrupt model file (non-finite target weights); train without --resume")
     optim = ckpt.state("optim")
