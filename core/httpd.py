@@ -27,6 +27,7 @@ written without it (``live/scheduler.py``'s StatusServer) gets all of the above 
 
 from __future__ import annotations
 
+import email.errors
 import io
 import logging
 import re
@@ -39,6 +40,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MIB = 1 << 20
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header field name (RFC 9110 5.1)
+#: What the email parser records for a head line that is no header: a line without a colon, or a first line that
+#: continues nothing.
+_HEAD_DEFECTS = (email.errors.MissingHeaderBodySeparatorDefect, email.errors.FirstHeaderLineIsContinuationDefect)
 log = logging.getLogger("joulesched.http")
 
 
@@ -208,22 +212,28 @@ class HardenedHandlerMixin:
             return self._refuse(400, "HTTP/0.9 requests are not supported")
         if not super().parse_request():  # type: ignore[misc]
             return False
+        return self._check_framing()
+
+    def _check_head(self) -> bool:
+        """The header lines (from :meth:`_check_framing`, so before any ``100 Continue``)."""
         headers = self.headers  # type: ignore[attr-defined]
         # The email parser ends the headers at a line that is no "name:" ("Content-Length : 4", RFC 9112 5.1: a
         # 400) and keeps the rest as its payload: read as having no Content-Length, the body would be parsed as
-        # the next request.
-        if headers.defects or headers.get_payload():
-            return self._refuse(400, "malformed header line")
+        # the next request. Only those defects: a multipart Content-Type adds others to any well-formed head.
+        if any(isinstance(d, _HEAD_DEFECTS) for d in headers.defects):
+            return self._refuse(400, "malformed header line (no 'name: value')")
         bad = next((k for k in headers.keys() if not _TOKEN.fullmatch(k)), None)
         if bad is not None:
             return self._refuse(400, f"bad header name {bad[:40]!r}")
-        return self._check_framing()
+        return True
 
     def _check_framing(self) -> bool:
         """The checks of the module docstring, once per request (from Expect handling or after parsing)."""
         if self._framing is not None:
             return self._framing
         self._framing = False
+        if not self._check_head():
+            return False
         limits: Limits = getattr(self.server, "limits", DEFAULT_LIMITS)  # type: ignore[attr-defined]
         headers = self.headers  # type: ignore[attr-defined]
         lengths = {v.strip() for v in headers.get_all("Content-Length") or []}

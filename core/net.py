@@ -41,14 +41,24 @@ def check_http_url(url: str, option: str = "--target") -> str:
     one-line reason naming ``option``."""
     from urllib.parse import urlsplit
 
-    bad = next((c for c in url if not ("!" <= c <= "~")), None)
+    bad = next((c for c in url if c.isspace() or not c.isprintable()), None)
     if bad is not None:  # http.client refuses them only when the request is sent: say so now, naming the option
-        raise ValueError(f"{option} {url!r}: {bad!r} cannot be in a URL (spaces, control characters and non-ASCII "
-                         "must be percent-encoded)")
+        raise ValueError(f"{option} {url!r}: {bad!r} cannot be in a URL (percent-encode spaces and control "
+                         "characters)")
     try:
         u = urlsplit(url)
     except ValueError as e:  # "Invalid IPv6 URL"
         raise ValueError(f"{option} {url!r}: {e}") from None
+    # A host may be an IDN (http.client sends it IDNA-encoded); the rest of the URL must be ASCII.
+    rest = "".join((u.scheme, u.path, u.query, u.fragment, u.username or "", u.password or ""))
+    bad = next((c for c in rest if not c.isascii()), None)
+    if bad is not None:
+        raise ValueError(f"{option} {url!r}: {bad!r} cannot be in a URL's path or query (percent-encode it)")
+    if u.hostname and not u.hostname.isascii():
+        try:
+            u.hostname.encode("idna")
+        except UnicodeError:
+            raise ValueError(f"{option} {url!r}: {u.hostname!r} is not a valid host name") from None
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"{option} {url!r}: expected http(s)://HOST[:PORT][/PATH]")
     try:

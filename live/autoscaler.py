@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -190,6 +191,7 @@ class AutoscalerProvider:
         self._resize = threading.Lock()
         self._wake_requested: dict[str, float] = {}  # nodes this provider woke -> when (their failures are reported)
         self._warned: set[str] = set()
+        self._shared: tuple[float, frozenset[str]] = (-math.inf, frozenset())  # (when counted, shared providerIDs)
         controller.delegated = self.delegated
 
     # ---- membership ----
@@ -216,24 +218,38 @@ class AutoscalerProvider:
         group, so that a request for one instance can never put another machine to sleep."""
         infos = self.ctl.node_infos()
         owners = Counter(i.provider_id for i in infos.values() if i.provider_id)
+        shared = frozenset(p for p, n in owners.items() if n > 1)
+        with self._lock:
+            self._shared = (time.monotonic(), shared)
         out = {}
         for name, info in infos.items():
             g = self._claim(info)
             if g is None:
                 continue
-            if owners[info.provider_id] > 1:
+            if info.provider_id in shared:
                 self._warn(name, "node %s shares providerID %s with another node: it is in no node group", name,
                            info.provider_id)
                 continue
             out[name] = (g, info)
         return out
 
+    def _shared_ids(self) -> frozenset[str]:
+        """The providerIDs more than one node has, counted at most once a second: the read-only questions
+        (NodeGroupForNode for every node, prices) would otherwise count all nodes for each node. What changes
+        machines (DeleteNodes, IncreaseSize) goes through :meth:`members`, which always counts afresh."""
+        with self._lock:
+            at, shared = self._shared
+        if time.monotonic() - at < SHARED_IDS_TTL_S:
+            return shared
+        self._membership()
+        with self._lock:
+            return self._shared[1]
+
     def group_of(self, info: NodeInfo) -> NodeGroupSpec | None:
         """The one group the node is in, or None (no providerID, a control plane, no group, two groups, or a
         providerID another node has too)."""
         g = self._claim(info)
-        if g is None or not any(i.provider_id == info.provider_id and i.name != info.name
-                                for i in self.ctl.node_infos().values()):
+        if g is None or info.provider_id not in self._shared_ids():
             return g
         self._warn(info.name, "node %s shares providerID %s with another node: it is in no node group", info.name,
                    info.provider_id)
@@ -527,6 +543,8 @@ def pod_cpu_request_m(k8s: Any, data: bytes) -> int:
     return max(main, init)
 
 
+#: How long a count of the providerIDs that nodes share answers read-only questions (:meth:`_shared_ids`).
+SHARED_IDS_TTL_S = 1.0
 #: protobuf's Duration range (duration.proto): what a well-formed one holds.
 PROTO_DURATION_S = 315_576_000_000
 

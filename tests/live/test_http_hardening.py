@@ -275,3 +275,19 @@ def test_a_header_name_that_is_no_token_is_400(status, name):
     assert code == 400
     code, _ = send(status.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Ok_1: y\r\n\r\n")
     assert code == 200
+
+
+def test_a_multipart_or_message_content_type_is_no_malformed_head(status):
+    """The email parser records multipart defects for any head with such a Content-Type (no body parsed)."""
+    for ctype in (b"multipart/form-data; boundary=abc", b"message/rfc822"):
+        code, _ = send(status.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Type: " + ctype + b"\r\n\r\n")
+        assert code == 200, ctype
+
+
+def test_a_malformed_head_is_refused_before_100_continue(extender):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", extender.port), timeout=5) as s:
+        s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\nX{}: 1\r\n\r\n")
+        head = s.recv(65536)
+    assert head.startswith(b"HTTP/1.1 400") and b"100 Continue" not in head, head[:120]

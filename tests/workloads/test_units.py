@@ -355,3 +355,13 @@ def test_exa_and_exbi_are_suffixes_not_exponents(value, number):
     from joulesched.workloads.manifests import quantity
 
     assert quantity(value, "--memory-limit") == number
+
+
+def test_a_url_takes_an_idn_host_but_no_spaces_or_non_ascii_elsewhere():
+    from joulesched.core.net import check_http_url
+
+    assert check_http_url("http://bücher.example:8080/sink", "--t") == "http://bücher.example:8080/sink"
+    for bad, why in (("http://h/a b", "percent-encode spaces"), ("http://h/é", "path or query"),
+                     ("http://h/a\r\nX: y", "control characters"), ("http://[::1/", "Invalid IPv6 URL")):
+        with pytest.raises(ValueError, match=f"--t .*{why}"):
+            check_http_url(bad, "--t")
