@@ -17,8 +17,9 @@ What it enforces, whatever the handler does (:class:`Limits`):
   unless the server decodes it (``allow_chunked``, the WSGI server), and both headers at once are ``400``
   (request smuggling);
 - a method the handler does not implement is ``405`` with ``Allow`` (the standard library says ``501``);
-- HTTP/0.9 requests are refused with ``400`` at once, and so is a header name that is no token (``Content-Length :
-  4``); every refusal of a request line has a status line.
+- HTTP/0.9 requests are refused with ``400`` at once, and so is a head line that is no ``name: value``
+  (``Content-Length : 4``) or a header name that is no token, before any ``100 Continue``; every refusal of a
+  request line has a status line.
 
 A handler reads its body with :meth:`HardenedHandlerMixin.read_body`, which never reads more than the checked
 length. :class:`BackgroundHTTPServer` wraps any ``BaseHTTPRequestHandler`` subclass in the mixin, so a handler

@@ -37,8 +37,8 @@ def is_loopback(host: str) -> bool:
 
 
 def check_http_url(url: str, option: str = "--target") -> str:
-    """``url`` if it is printable ASCII, http(s) with a host and, if any, a port in 1..65535; else ValueError with a
-    one-line reason naming ``option``."""
+    """``url`` if it is http(s) with a host and, if any, a port in 1..65535, holds no space or control character,
+    and no non-ASCII outside its host (an IDN); else ValueError with a one-line reason naming ``option``."""
     from urllib.parse import urlsplit
 
     bad = next((c for c in url if c.isspace() or not c.isprintable()), None)

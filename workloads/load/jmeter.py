@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from joulesched.core.net import check_http_url, url_port
 from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, remove_stale, summarise
 
 HERE = Path(__file__).resolve().parent.parent / "jmeter"
@@ -46,14 +47,13 @@ Launcher = Literal["auto", "jmeter", "debian-2.13"]
 
 
 def split_target(url: str) -> dict[str, str]:
-    """URL -> the plan's protocol/host/port/path properties."""
+    """URL -> the plan's protocol/host/port/path properties (checked as every --target is: core/net.py)."""
     try:
-        u = urlsplit(url)
-        port = u.port or (443 if u.scheme == "https" else 80)  # a port out of range or not a number: ValueError
+        check_http_url(url, "--target")
     except ValueError as e:
-        raise DriverError(f"--target {url!r}: {e}") from None
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise DriverError(f"--target {url!r}: expected http(s)://HOST[:PORT][/PATH]")
+        raise DriverError(str(e)) from None
+    u = urlsplit(url)
+    port = url_port(u) or (443 if u.scheme == "https" else 80)
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     return {"protocol": u.scheme, "host": u.hostname, "port": str(port), "path": path}
 
