@@ -1,10 +1,10 @@
 """Worker processes for benchmark cells that stop at once: one Ctrl-C (or SIGTERM) ends them all.
 
 Workers are spawned (never forked: a parent that imported torch must not fork its thread pools) and ignore
-SIGINT from their first instruction on (:func:`_quiet_start`), so a terminal's Ctrl-C reaches only the parent. There the KeyboardInterrupt terminates the pool and is
-raised again; while the pool is being torn down further Ctrl-Cs and SIGTERMs are ignored, so a second one
-cannot interrupt the cleanup and leave orphans behind (the hang a plain ProcessPoolExecutor shows).
-"""
+SIGINT from their first instruction on (:func:`_quiet_start`), so a terminal's Ctrl-C reaches only the parent.
+There the KeyboardInterrupt terminates the pool and is raised again; while the pool is being torn down further
+Ctrl-Cs and SIGTERMs are ignored, so a second one cannot interrupt the cleanup and leave orphans behind (the hang a
+plain ProcessPoolExecutor shows)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from multiprocessing import get_context
+from multiprocessing import get_context, resource_tracker
 from multiprocessing.pool import Pool
 
 
 def _worker_init(initializer: Callable[..., object] | None = None, args_file: str = "") -> None:
+    # The worker was spawned with SIGINT blocked (_quiet_start): ignoring it discards a Ctrl-C that came during
+    # start-up, and unblocking it leaves the worker's own children a normal signal mask.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if initializer is not None:
         with open(args_file, "rb") as f:
             initializer(*pickle.load(f))
@@ -41,21 +44,33 @@ def _signals_ignored() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_start() -> Iterator[list[int]]:
-    """While the workers are being spawned, SIGINT is ignored: an ignored disposition survives fork and exec, so
-    each worker's Python starts with Ctrl-C ignored and a terminal's Ctrl-C to the process group cannot kill it
-    half-way through its imports. A SIGTERM meanwhile is held and replayed once the pool exists. (A Ctrl-C in
-    this window of a few milliseconds is dropped; the next one is not.)"""
+    """While the workers are being spawned, SIGINT is blocked in this thread, and SIGINT and SIGTERM are held:
+    the list yielded receives what came, and the caller tears the pool down once it exists.
+
+    A signal mask survives fork and exec, so each worker's Python starts with Ctrl-C blocked, and a terminal's
+    Ctrl-C to the process group cannot kill it half-way through its imports (its ``_worker_init`` then ignores
+    and unblocks it). The parent's own Ctrl-C is *held*, not ignored: an ignored signal is discarded, and under
+    load spawning takes long enough (over 50 ms) for both of a double Ctrl-C to be lost, leaving the run going.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield []
         return
+    # CPython starts its resource tracker on the first spawn and unblocks SIGINT on the way out of that: started
+    # first, it leaves the mask below alone.
+    resource_tracker.ensure_running()
     got: list[int] = []
-    saved_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    saved_term = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    # A signal the process ignores (started with `cmd &` from a script, or by a supervisor) stays ignored.
+    saved = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)
+             if signal.getsignal(s) is not signal.SIG_IGN}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield got
     finally:
-        signal.signal(signal.SIGINT, saved_int)
-        signal.signal(signal.SIGTERM, saved_term)
+        # Unblocked while the recording handler is still in place: a pending Ctrl-C lands in ``got`` (CPython runs
+        # the handlers before pthread_sigmask returns).
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 @contextlib.contextmanager
@@ -63,7 +78,7 @@ def process_pool(jobs: int, initializer: Callable[..., object] | None = None, in
     """A pool of ``jobs`` spawned workers; on any exception (Ctrl-C included) every worker is terminated.
     ``initializer(*initargs)`` runs once in each worker (what every task shares: sent once, not per task)."""
     # What the workers share goes through a file, not the spawn pipe: a large payload in the pipe would keep the
-    # parent writing (Ctrl-C ignored, see _quiet_start) until each child had started Python and read it.
+    # parent writing (Ctrl-C held, see _quiet_start) until each child had started Python and read it.
     with tempfile.TemporaryDirectory(prefix="joulesched-pool-") as tmp:
         args_file = ""
         if initializer is not None:

@@ -17,9 +17,9 @@ CMD = [sys.executable, "-m", "joulesched.pipelines.cli", "benchmark", "-s", str(
        "-s", str(ROOT / "scenarios" / "homogeneous.yaml"), "--seeds", "3", "--jobs", "2", "--no-report"]
 
 
-def _start(out: Path) -> tuple[subprocess.Popen, float]:
+def _start(out: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, float]:
     proc = subprocess.Popen([*CMD, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=env)
     # Wait until both workers exist and are busy, so the signals land mid-run, not during start-up.
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -82,3 +82,57 @@ def test_ctrl_c_inside_a_string_exec_still_exits_130_under_python_m(tmp_path, wh
                        env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 130, (r.returncode, r.stderr)
     assert "interrupted" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_two_sigints_while_the_workers_are_spawned_stop_the_run(tmp_path):
+    """Both Ctrl-Cs land while the pool is still being built (made 0.3 s long here; under load it took over 50 ms):
+    they were ignored then, and the run went on (the rare hang of the 20-times test above). They are now held."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import multiprocessing.pool, time\n_init = multiprocessing.pool.Pool.__init__\n"
+        "def _slow(self, *a, **k):\n    _init(self, *a, **k)\n    time.sleep(0.3)\n"
+        "multiprocessing.pool.Pool.__init__ = _slow\n")
+    out = tmp_path / "run"
+    proc, _ = _start(out, env={**os.environ, "PYTHONPATH": str(site)})
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _check_stopped(proc, t0, out)
+
+
+def test_a_ctrl_c_while_the_workers_are_spawned_is_held_and_they_start_with_it_blocked(tmp_path):
+    """In the spawn window the parent holds SIGINT (not ignores it: an ignored one is lost) and blocks it, so a
+    worker spawned then starts with Ctrl-C blocked, even though CPython's resource tracker, started by the first
+    spawn, unblocks SIGINT in the parent."""
+    script = tmp_path / "window.py"
+    script.write_text(
+        "import os, signal, time\nfrom multiprocessing import get_context\n"
+        "from joulesched.pipelines.pool import _quiet_start\n\n"
+        "def report(conn):\n    conn.send(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set()))\n\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = get_context('spawn')\n    here, there = ctx.Pipe()\n"
+        "    with _quiet_start() as held:\n"
+        "        child = ctx.Process(target=report, args=(there,))\n        child.start()\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n        time.sleep(0.05)\n"
+        "    blocked = here.recv()\n    child.join()\n"
+        "    print(held == [signal.SIGINT], blocked, signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
+        "          signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set()))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    # held, blocked in the child, the parent's handler and mask as they were
+    assert r.stdout.split() == ["True", "True", "True", "False"], r.stdout
+
+
+def test_a_process_that_ignores_ctrl_c_still_ignores_it_while_the_workers_are_spawned(tmp_path):
+    """Started with SIGINT ignored (`cmd &` from a script, a supervisor): the spawn window must not turn a
+    Ctrl-C into a KeyboardInterrupt (a review of the fix above)."""
+    script = tmp_path / "ignored.py"
+    script.write_text(
+        "import os, signal, time\nfrom joulesched.pipelines.pool import _quiet_start\n\n"
+        "if __name__ == '__main__':\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "    with _quiet_start() as held:\n        os.kill(os.getpid(), signal.SIGINT)\n        time.sleep(0.05)\n"
+        "    print(held == [], signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["True", "True"], (r.stdout, r.stderr)
