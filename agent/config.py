@@ -16,6 +16,7 @@ import math
 import textwrap
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+import typing
 from typing import Any
 
 import yaml
@@ -23,6 +24,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from joulesched.core import yamlio
 from joulesched.core.errors import UsageError, validation_summary
+from joulesched.core.strict import lax_coercion
 
 #: Caps on the sizes a config (or a model file's metadata) may ask for.
 LIMITS = {"hidden": 4096, "batch_size": 65_536, "buffer_size": 10_000_000, "replay_memory_mb": 65_536,
@@ -48,6 +50,15 @@ def _check_finite(obj: Any) -> None:
         for x in (v if isinstance(v, (tuple, list)) else (v,)):
             if isinstance(x, float) and not math.isfinite(x):
                 raise ValueError(f"{f.name} must be a finite number, got {x}")
+
+
+def _kind_errors(cls: type, data: Any, prefix: str = "") -> list[str]:
+    """What pydantic's lax mode would coerce silently (core.strict), one message per field of ``cls``."""
+    if not isinstance(data, dict):
+        return []
+    hints = typing.get_type_hints(cls)
+    return [f"{prefix}{name}: {why}" for name, v in data.items()
+            if name in hints and (why := lax_coercion(hints[name], v))]
 
 
 class ConfigError(UsageError):
@@ -275,6 +286,8 @@ class DQNConfig:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
+        if kinds := _kind_errors(cls, d):
+            raise ValueError("; ".join(kinds))
         try:
             return _dqn_adapter(cls).validate_python(d)
         except ValidationError as e:
@@ -327,6 +340,11 @@ def _errors(source: str, err: ValidationError) -> ConfigError:
 
 def validate_config(data: Any, source: str = "config") -> TrainConfig:
     """A :class:`TrainConfig` from plain data (a mapping with ``dqn`` and ``reward`` sections)."""
+    if isinstance(data, dict):
+        kinds = [m for section, cls in (("dqn", DQNConfig), ("reward", RewardConfig))
+                 for m in _kind_errors(cls, data.get(section), f"{section}.")]
+        if kinds:
+            raise ConfigError(f"{source}: invalid training config: {'; '.join(kinds)}")
     try:
         return _ADAPTER.validate_python(data if data is not None else {})
     except ValidationError as e:

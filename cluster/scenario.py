@@ -14,6 +14,7 @@ from typing import Annotated, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from joulesched.cluster.filters import (
     NodeSelectorTerm,
@@ -29,6 +30,7 @@ from joulesched.core.errors import UsageError
 from joulesched.core.fsio import read_text_input
 from joulesched.core import yamlio
 from joulesched.core.names import is_dns_label, is_label_key, is_label_value
+from joulesched.core.strict import lax_coercion
 from joulesched.power.curves import MAX_WATTS, SPECPOWER, validate_curve
 from joulesched.power.gpu import gpu_curve, gpu_speed
 
@@ -45,7 +47,24 @@ class ScenarioError(UsageError):
     """A scenario, trace or node-profile file is malformed. The message names the file and the field."""
 
 
-class _Strict(BaseModel):
+class NoLaxModel(BaseModel):
+    """A model that refuses what pydantic's lax mode would coerce without a word (core.strict): ``true`` for a
+    number (read as 1), ``"no"`` or ``1`` for a switch. The base of every config file's model."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lax_coercion(cls, data: object) -> object:
+        # A model validator, not a field one: pydantic allows no before-validator on a union's discriminator.
+        if isinstance(data, dict):
+            errors = [InitErrorDetails(type=PydanticCustomError("lax_coercion", why), loc=(key,), input=data[key])
+                      for name, field in cls.model_fields.items()
+                      if (key := field.alias or name) in data and (why := lax_coercion(field.annotation, data[key]))]
+            if errors:  # raised as a ValidationError, each error keeps its field's place (nodes.0.count)
+                raise ValidationError.from_exception_data(cls.__name__, errors)
+        return data
+
+
+class _Strict(NoLaxModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -607,7 +626,7 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> str:
         # Drop pydantic's union-branch names (e.g. "Sleep") so the path reads like the YAML.
         loc = re.sub(r"\.(AlwaysOn|Sleep|always_on|sleep)(?=\.|$)", "", loc)
         msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{loc or '<root>'}: {msg}")
+        lines.append(f"{loc}: {msg}" if loc else msg)  # a whole-document error names what it is about itself
     return f"{path}: invalid scenario: " + "; ".join(lines)
 
 

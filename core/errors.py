@@ -27,9 +27,13 @@ class UsageError(JouleschedError, ValueError):
     exit_code = 2
 
 
-def validation_summary(err: object, root: str = "<root>") -> str:
+def validation_summary(err: object, root: str = "") -> str:
     """A pydantic ``ValidationError`` as one line, ``loc: message; loc: message`` (pydantic's "Value error, "
     prefix dropped: our validators' messages say what is wrong themselves). ``root``: the location of an error
-    about the whole document. Typed loosely so that core needs no pydantic."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or root}: {e['msg'].removeprefix('Value error, ')}"
-                     for e in err.errors())  # type: ignore[attr-defined]
+    about the whole document (none by default: such a message names what it is about itself). Typed loosely so
+    that core needs no pydantic."""
+    parts = []
+    for e in err.errors():  # type: ignore[attr-defined]
+        where, msg = ".".join(map(str, e["loc"])) or root, e["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)

@@ -44,12 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+from pydantic import ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from joulesched.cluster.kube.objects import NodeInfo
 from joulesched.cluster.nodepower import ASLEEP_TAINT, NodePowerCore
+from joulesched.cluster.scenario import NoLaxModel
 from joulesched.cluster.state import ClusterState
-from joulesched.core.errors import JouleschedError, UsageError
+from joulesched.core.errors import JouleschedError, UsageError, validation_summary
 from joulesched.core.fsio import read_text_input
 from joulesched.power.curves import interp
 
@@ -89,7 +90,7 @@ def _duration(gt: bool = False) -> Any:
     return Field(None, **bound, le=MAX_DURATION_S, allow_inf_nan=False)
 
 
-class GroupOptions(BaseModel):
+class GroupOptions(NoLaxModel):
     """Per-group overrides of the autoscaler's NodeGroupAutoscalingOptions (absent: the autoscaler's defaults).
     Durations are seconds, at most :data:`MAX_DURATION_S`."""
 
@@ -103,7 +104,7 @@ class GroupOptions(BaseModel):
     ignore_daemonsets_utilization: bool | None = None
 
 
-class NodeGroupSpec(BaseModel):
+class NodeGroupSpec(NoLaxModel):
     """One node group. Prefer selector labels a kubelet cannot set on itself (``node-restriction.kubernetes.io/``
     prefix) or explicit ``nodes``: membership decides which machines the autoscaler may switch."""
 
@@ -130,7 +131,7 @@ class NodeGroupSpec(BaseModel):
         return bool(self.selector) and all(labels.get(k) == v for k, v in self.selector.items())
 
 
-class ProviderConfig(BaseModel):
+class ProviderConfig(NoLaxModel):
     """The provider's configuration file (YAML): node groups and pricing."""
 
     model_config = ConfigDict(extra="forbid")
@@ -163,9 +164,7 @@ def load_provider_config(path: str | Path) -> ProviderConfig:
     try:
         return ProviderConfig.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
-        raise UsageError(f"--config {path}: {where}: {first['msg']}") from None
+        raise UsageError(f"--config {path}: {validation_summary(e)}") from None
 
 
 # ---- the provider's logic (no gRPC types: tested directly and through the server) ---------------------------

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
+from joulesched.cluster.scenario import NoLaxModel
 from joulesched.core import yamlio
 from joulesched.core.errors import validation_summary
 from joulesched.core.fsio import read_text_input
@@ -32,7 +33,7 @@ class GridError(BenchmarkInputError):
     """A malformed sweep grid; the message names the field."""
 
 
-class Grid(BaseModel):
+class Grid(NoLaxModel):
     model_config = ConfigDict(extra="forbid")
 
     scenarios: list[str] = Field(min_length=1)

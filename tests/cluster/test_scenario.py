@@ -83,6 +83,12 @@ MALFORMED_SCENARIOS = [
      "GPU power needs 0 <= idle <= max <= 1e"),
     (GOOD.replace("count: 1,", "count: 1, gpu_count: 1, gpu_model: T4, gpu_power_watts: [9,8,7,6,5,4,3,2,1,1,1],"),
      "non-decreasing"),
+    # pydantic's lax mode read true as 1: one node, one pod, without a word
+    (GOOD.replace("count: 2", "count: true"), "nodes.0.count: expected a number, got true"),
+    (GOOD.replace("pods: 200", "pods: true"), "workload.synthetic.pods: expected a number, got true"),
+    (GOOD.replace("[1,2,3,4,5,6,7,8,9,10,11]", "[1,2,3,4,5,6,7,8,9,10,true]"),
+     "nodes.1.power_watts: expected a number"),
+    (GOOD.replace("duration_s: 3600", "duration_s: false"), "duration_s: expected a number, got false"),
 ]
 
 

@@ -40,8 +40,12 @@ GROUP = "groups: [{id: g, nodes: [a]%s}]\n"
     (GROUP % ", min_size: true", "groups.0.min_size"),  # pydantic took true as 1
     (GROUP % ", max_size: 2.5", "groups.0.max_size"),
     (GROUP % "" + "price_per_kwh: 1e300\n", "price_per_kwh"),  # finite, but prices overflowed to inf
+    (GROUP % ", options: {scale_down_utilization_threshold: true}",
+     "groups.0.options.scale_down_utilization_threshold"),
+    (GROUP % ", options: {ignore_daemonsets_utilization: 'no'}", "groups.0.options.ignore_daemonsets_utilization"),
 ], ids=["unneeded-inf", "unready-nan", "provision-1e300", "startup-30d+1s", "min_size-2^40", "max_size-2^31",
-        "price-inf", "price-negative", "utilization-nan", "min_size-bool", "max_size-float", "price-1e300"])
+        "price-inf", "price-negative", "utilization-nan", "min_size-bool", "max_size-float", "price-1e300",
+        "threshold-bool", "switch-string"])
 def test_values_the_protocol_cannot_carry_are_refused_at_load(tmp_path, text, where):
     p = tmp_path / "as.yaml"
     p.write_text(text)

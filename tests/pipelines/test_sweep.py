@@ -76,6 +76,9 @@ def test_ray_executor_matches_local(grid, tmp_path):
 @pytest.mark.parametrize("text,message", [
     ("scenarios: []\n", "scenarios: List should have at least 1 item"),
     ("scenarios: [x.yaml]\nseeds: 0\n", "seeds"),
+    ("scenarios: [x.yaml]\nseeds: true\n", "seeds: expected a number, got true"),  # was one seed
+    ("scenarios: [x.yaml]\nhyperparameters: {most-allocated: {pct: [true, 50]}}\n",
+     "hyperparameters: expected a number or a string"),  # was pct=1
     ("scenarios: [x.yaml]\nhyperparameters: {peaks: {}}\n", "give at least one parameter"),
     ("scenarios: [x.yaml]\npolicies: []\n", "names no policy"),
     ("scenarios: [x.yaml]\npolicy: [a]\n", "policy: Extra inputs"),
