@@ -348,6 +348,12 @@ def scheduler_manifests(*, namespace: str, image: str, replicas: int, scheduler_
         for rule in d.get("rules", []):
             if rule.get("resources") == ["leases"] and "resourceNames" in rule:
                 rule["resourceNames"] = [scheduler_name]  # the Lease is named after the scheduler
+        if d["kind"] == "NetworkPolicy":  # Prometheus runs in the stack's namespace, not in `monitoring`
+            for rule in d["spec"].get("ingress", []):
+                for peer in rule.get("from", []):
+                    labels = peer.get("namespaceSelector", {}).get("matchLabels", {})
+                    if labels.get("kubernetes.io/metadata.name") == "monitoring":
+                        labels["kubernetes.io/metadata.name"] = namespace
         if d["kind"] == "Deployment":
             d["spec"]["replicas"] = replicas
             c = d["spec"]["template"]["spec"]["containers"][0]

@@ -82,6 +82,8 @@ def test_network_policies_guard_the_scheduler_and_exporter_ports(rec):
         for peer in rule["from"]:
             names = peer["podSelector"]["matchExpressions"][0]["values"]
             assert set(names) <= {"prometheus", "joulesched-prometheus"} and "ipBlock" not in peer, key
+            # the stack's Prometheus namespace, named: a pod's labels alone are whoever created it's choice
+            assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "joulesched"}, key
 
 
 @pytest.mark.parametrize("name", ["joulesched-power-exporter", "joulesched-node-exporter"])

@@ -79,6 +79,15 @@ def test_network_policies_open_only_the_ports_they_guard():
         for rule in spec["ingress"]:
             for peer in rule["from"]:
                 assert peer.get("podSelector") or peer.get("ipBlock", {}).get("cidr") not in ("0.0.0.0/0", None)
+                if "podSelector" in peer:  # a pod's labels are its creator's choice: its namespace must be named
+                    assert peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], (name, peer)
+
+
+def test_the_scheduler_is_ready_only_once_synced():
+    """The readiness probe asks /readyz (informers synced, the Lease answered), not /healthz (alive)."""
+    dep = next(d for d in _docs("deployment.yaml") if d["kind"] == "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
 def test_the_namespace_is_restricted():

@@ -82,6 +82,10 @@ def _admission(request: dict, obj: dict, old: dict | None):
                "variables": celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})}
         return env.program(env.compile(expr)).evaluate(act)
 
+    resource = request.get("resource", "nodes") + (f"/{request['subResource']}" if request.get("subResource") else "")
+    if not any(request["operation"] in r["operations"] and resource in r["resources"]
+               for r in spec["matchConstraints"]["resourceRules"]):
+        return None
     if not all(ev(m["expression"], {}) for m in spec["matchConditions"]):
         return None
     variables: dict = {}
@@ -107,6 +111,11 @@ def test_kubelets_cannot_write_the_power_annotations():
     create = {"metadata": {"name": "n1", "annotations": {"joulesched.io/power": "aws://i-1"}}}
     assert _admission({**KUBELET, "operation": "CREATE"}, create, None) is False  # nor at registration
     assert _admission({**KUBELET, "operation": "CREATE"}, {"metadata": {"name": "n1"}}, None) is True
+    # Through the status subresource (a kubelet PATCHes its own; the apiserver keeps metadata changed there):
+    # the policy did not match it, so a kubelet could set any power annotation that way.
+    status = {**KUBELET, "subResource": "status"}
+    assert _admission(status, bad, old) is False and _admission(status, same, old) is True
+    assert _admission({**KUBELET, "subResource": "proxy"}, bad, old) is None  # no metadata written there
     admin = {"operation": "UPDATE", "userInfo": {"username": "admin", "groups": ["system:masters"]}}
     assert _admission(admin, create, old) is None  # the operator (and the controller) are not matched
     binding = _one("ValidatingAdmissionPolicyBinding")["spec"]
