@@ -1,5 +1,5 @@
-"""Addresses as every joulesched daemon and client takes them: listen addresses (``HOST:PORT``, ``[V6]:PORT``) and
-the ports of http(s) URLs."""
+"""Addresses as every joulesched daemon and client takes them: listen addresses (``HOST:PORT``, ``[V6]:PORT``),
+the ports of http(s) URLs, and libvirt URIs that would skip a check."""
 
 from __future__ import annotations
 
@@ -78,3 +78,21 @@ def url_port(parts: Any) -> int | None:
     if port == 0:
         raise ValueError("the port must be a number in 1..65535")
     return port
+
+
+def insecure_libvirt_uri(uri: str) -> str | None:
+    """Why a libvirt ``uri`` would expose the session or skip checking the peer; ``None`` if it does neither.
+    Raises ValueError for a string that is no URI. One rule for the node power actuator and the kvm stack."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    u = urlsplit(uri)
+    if u.scheme.partition("+")[2].lower() == "tcp":
+        return ("the tcp transport sends the libvirt session unencrypted and, by default, unauthenticated "
+                "(use +tls or +ssh)")
+    for key, value in parse_qsl(u.query, keep_blank_values=True):
+        key, value = key.lower(), value.strip()
+        if key == "no_verify" and value not in ("0", "+0", "-0"):
+            return f"no_verify={value} skips checking the server's certificate or host key"
+        if key == "known_hosts_verify" and value.lower() == "ignore":
+            return "known_hosts_verify=ignore skips checking the SSH host key"
+    return None

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from joulesched.core.errors import UsageError
 from joulesched.core.names import is_dns_label
+from joulesched.core.net import insecure_libvirt_uri
 
 PROJECT = "joulesched"
 TARGETS = ("cluster", "kvm", "aws")
@@ -33,6 +34,11 @@ def check_image(value: str) -> str | None:
                 "registry/name@sha256:<64 hex digits>)")
     return None
 DEFAULT_APPS = ("cpu", "memory", "disk", "network", "testapp")
+AMI_ID = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})\Z")
+#: t3.medium, m7i-flex.large, u-6tb1.metal, m7i.metal-24xl
+INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+(?:-[a-z0-9]+)*\Z")
+#: An AWS region name: eu-central-1, us-gov-west-1, ap-southeast-4, eusc-de-east-1.
+AWS_REGION = re.compile(r"^[a-z]{2,4}(?:-[a-z]+)+-[0-9]+\Z")
 
 
 class InfraConfigError(UsageError):
@@ -414,6 +420,15 @@ def _cluster(c: _Collector) -> ClusterConfig:
     if not re.match(r"^[\w][\w.-]{0,127}\Z", cfg.workload_tag):
         c.problems.append(f"{PROJECT}:workloadTag must be a tag such as 0.1.0 (pin digests with workloadImages), "
                           f"got {cfg.workload_tag!r}")
+    else:  # the prefix is checked as the references it makes (infra/k8s.py's Workloads), one app's enough
+        from joulesched.workloads.manifests import image_of
+
+        for app in cfg.apps:
+            if app not in cfg.workload_images and (why := check_image(
+                    f"{cfg.workload_image_prefix}/{image_of(app)}:{cfg.workload_tag}")) is not None:
+                c.problems.append(f"{PROJECT}:workloadImagePrefix {cfg.workload_image_prefix!r} makes no image "
+                                  f"reference: {why}")
+                break
     return cfg
 
 
@@ -452,6 +467,11 @@ def _kvm(c: _Collector) -> KvmConfig:
             c.problems.append(f"{PROJECT}:subnet {k.subnet} has no room for the master and {k.workers} worker(s) "
                               f"from {PROJECT}:firstHost {k.first_host} (the last host address is "
                               f"{net[net.num_addresses - 2]})")
+    try:
+        if (why := insecure_libvirt_uri(k.uri)) is not None:
+            c.problems.append(f"{PROJECT}:libvirtUri: {why}")  # the URI itself may name a user
+    except ValueError as e:
+        c.problems.append(f"{PROJECT}:libvirtUri is not a URI ({e})")
     if (k.kernel is None) != (k.initrd is None):
         c.problems.append(f"{PROJECT}:kernel and {PROJECT}:initrd go together (direct kernel boot)")
     return k
@@ -470,7 +490,7 @@ def _aws(c: _Collector) -> AwsConfig:
         elif net is not None and net.prefixlen < 8:
             c.problems.append(f"{PROJECT}:sshCidr must not open SSH to the whole internet (or a /{net.prefixlen} "
                               "of it); give your address/32")
-    return AwsConfig(
+    cfg = AwsConfig(
         ami=c.required("ami", "ami-0123456789abcdef0  # a Debian 12 or Ubuntu 22.04 AMI in aws:region"),
         ssh_public_key=c.ssh_key("sshPublicKey"),
         ssh_cidr=ssh_cidr,
@@ -478,6 +498,12 @@ def _aws(c: _Collector) -> AwsConfig:
         workers=c.integer("workers", 1, 0, 16),
         kubeadm=c.kubeadm(),
     )
+    if cfg.ami and not AMI_ID.match(cfg.ami):
+        c.problems.append(f"{PROJECT}:ami must be an AMI id (ami- and 8 or 17 hex digits), got {cfg.ami!r}")
+    if not INSTANCE_TYPE.match(cfg.instance_type):
+        c.problems.append(f"{PROJECT}:instanceType must be an EC2 instance type such as t3.medium, "
+                          f"got {cfg.instance_type!r}")
+    return cfg
 
 
 def load(reader: ConfigReader) -> StackConfig:

@@ -24,8 +24,9 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
+from joulesched.core.net import insecure_libvirt_uri
 from joulesched.live.actuators.base import OFF, ON, TRANSITIONING, ActuatorError, AddressError, Target, redact
 
 try:
@@ -48,19 +49,9 @@ _loop_running = False
 def insecure_uri_reason(uri: str) -> str | None:
     """Why ``uri`` would expose the libvirt session or skip checking the peer; ``None`` if it does neither."""
     try:
-        u = urlsplit(uri)
+        return insecure_libvirt_uri(uri)
     except ValueError as e:
         raise AddressError(f"--libvirt-uri: not a URI ({e})") from None
-    if u.scheme.partition("+")[2].lower() == "tcp":
-        return ("the tcp transport sends the libvirt session unencrypted and, by default, unauthenticated "
-                "(use +tls or +ssh)")
-    for key, value in parse_qsl(u.query, keep_blank_values=True):
-        key, value = key.lower(), value.strip()
-        if key == "no_verify" and value not in ("0", "+0", "-0"):
-            return f"no_verify={value} skips checking the server's certificate or host key"
-        if key == "known_hosts_verify" and value.lower() == "ignore":
-            return "known_hosts_verify=ignore skips checking the SSH host key"
-    return None
 
 
 def check_uri(uri: str, allow_insecure: bool = False) -> None:

@@ -57,7 +57,7 @@ def _check_stack_config(stack: str) -> None:
     """Validate Pulumi.<stack>.yaml as the program will (``pulumi config set`` writes there too), so that a bad
     config is bad input, exit 2, before Pulumi runs anything. A secret value cannot be read without Pulumi: then
     the program's own check (the same ``load``) reports it, and the run exits 1."""
-    from joulesched.infra.config import DictReader, InfraConfigError, load
+    from joulesched.infra.config import AWS_REGION, DictReader, InfraConfigError, load
 
     path = REPO / f"Pulumi.{stack}.yaml"
     values = _stack_config(path)
@@ -65,9 +65,14 @@ def _check_stack_config(stack: str) -> None:
         return
     try:
         hint = f'pulumi config set --stack {stack} sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"'
-        load(DictReader(values, where=path.name, hints={"sshPublicKey": hint}))
+        cfg = load(DictReader(values, where=path.name, hints={"sshPublicKey": hint}))
     except InfraConfigError as e:
         _fail(f"--stack {stack}: {e}")
+    region = values.get("aws:region")
+    if cfg.target == "aws" and not (isinstance(region, str) and AWS_REGION.match(region)):
+        _fail(f"--stack {stack}: aws:region is required, a region such as eu-central-1"
+              + ("" if region is None else f", got {region!r}")
+              + f": pulumi config set --stack {stack} aws:region eu-central-1")
 
 
 def _pulumi_op(op: str, stack: str, *, confirm: str | None = None, **kw) -> None:

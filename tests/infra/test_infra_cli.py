@@ -277,3 +277,52 @@ def test_a_valid_stack_config_runs_pulumi(stack_dir):
         r = runner.invoke(app, ["preview", "--stack", name])
         assert r.exit_code == 0, r.output
     assert stack.ran == ["preview", "preview"]
+
+
+def test_an_aws_stack_without_its_region_exits_2_before_pulumi_runs(stack_dir):
+    """The program reads aws:region itself: without it `infra up --stack aws` failed inside Pulumi (exit 1)."""
+    d, stack = stack_dir
+    head = (f"config:\n  joulesched:target: aws\n  joulesched:sshPublicKey: {KEY}\n"
+            "  joulesched:sshCidr: 203.0.113.7/32\n  joulesched:ami: ami-0123456789abcdef0\n")
+    for region, said in (("", "aws:region is required"), ("  aws:region: Frankfurt\n", "got 'Frankfurt'")):
+        (d / "Pulumi.aws.yaml").write_text(head + region)
+        r = runner.invoke(app, ["preview", "--stack", "aws"])
+        assert r.exit_code == 2 and said in r.output and "pulumi config set --stack aws aws:region" in r.output, r.output
+    assert stack.ran == []
+    (d / "Pulumi.aws.yaml").write_text(head + "  aws:region: eu-central-1\n")
+    assert runner.invoke(app, ["preview", "--stack", "aws"]).exit_code == 0 and stack.ran == ["preview"]
+
+
+@pytest.mark.parametrize("target, setting, said", [
+    ("kvm", "libvirtUri: qemu+tcp://host/system", "libvirtUri: the tcp transport sends the libvirt session"),
+    ("kvm", "libvirtUri: qemu+tls://host/system?no_verify=1", "libvirtUri: no_verify=1 skips checking"),
+    ("aws", "ami: not-an-ami", "ami must be an AMI id"),
+    ("aws", "instanceType: 't3.medium; x'", "instanceType must be an EC2 instance type"),
+    ("cluster", "workloadImagePrefix: Registry.Example.com/Bad Prefix", "workloadImagePrefix 'Registry.Example.com"),
+])
+def test_stack_settings_the_program_would_pass_on_unchecked_are_refused(stack_dir, target, setting, said):
+    """A libvirt URI that skips TLS or host-key checks (the node power actuator already refused them), and
+    settings that would only fail at AWS or in the cluster, are named before Pulumi runs."""
+    d, stack = stack_dir
+    base = {"kvm": {"joulesched:sshPublicKey": KEY, "joulesched:baseImage": "/i.qcow2"},
+            "aws": {"joulesched:sshPublicKey": KEY, "joulesched:sshCidr": "203.0.113.7/32",
+                    "joulesched:ami": "ami-0123456789abcdef0", "aws:region": "eu-central-1"},
+            "cluster": {"joulesched:image": "registry.example.com/joulesched:0.1.0"}}[target]
+    key, _, value = setting.partition(": ")
+    values = {"joulesched:target": target, **base, f"joulesched:{key}": yaml.safe_load(value)}
+    (d / "Pulumi.s.yaml").write_text(yaml.safe_dump({"config": values}))
+    r = runner.invoke(app, ["preview", "--stack", "s"])
+    assert r.exit_code == 2 and said in r.output, r.output
+    assert stack.ran == []
+
+
+@pytest.mark.parametrize("kind, value, ok", [
+    ("instance", "t3.medium", True), ("instance", "m7i-flex.large", True), ("instance", "u-6tb1.metal", True),
+    ("instance", "m7i.metal-24xl", True), ("instance", "t3.medium; x", False), ("instance", "t3", False),
+    ("region", "eu-central-1", True), ("region", "us-gov-west-1", True), ("region", "eusc-de-east-1", True),
+    ("region", "Frankfurt", False), ("region", "eu-central", False),
+])
+def test_the_aws_name_checks_take_real_names(kind, value, ok):
+    from joulesched.infra.config import AWS_REGION, INSTANCE_TYPE
+
+    assert bool((INSTANCE_TYPE if kind == "instance" else AWS_REGION).match(value)) is ok
