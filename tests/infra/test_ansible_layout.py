@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -76,3 +77,25 @@ def test_a_package_that_starts_on_every_interface_is_restarted_on_our_settings_a
     tasks = yaml.safe_load((ROLES / role / "tasks" / "configure.yml").read_text())
     assert tasks[-1].get("ansible.builtin.meta") == "flush_handlers"
     assert any(t.get("notify") for t in tasks[:-1])
+
+
+@pytest.mark.parametrize("install_dir, ok", [("/opt/joulesched", True), ("/srv/joulesched-2.0_a", True),
+                                             ("/opt/joule sched", False), ("opt/joulesched", False),
+                                             ("/opt/../etc", False)])
+def test_the_power_exporter_install_dir_must_be_a_path_systemd_takes_as_written(tmp_path, install_dir, ok):
+    """The drop-in's ExecStart names the install dir unquoted: with a space systemd ran "/opt/joule". The
+    preflight's own assert, run by ansible-playbook on this host."""
+    exe = _tool("ansible-playbook")
+    if exe is None:
+        pytest.skip("ansible-core not installed (pip install -e '.[infra]')")
+    tasks = yaml.safe_load((ROLES / "power_exporter" / "tasks" / "preflight.yml").read_text())
+    (task,) = [t for t in tasks if t["name"].startswith("Assert the install dir")]
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{"hosts": "localhost", "connection": "local", "gather_facts": False,
+                                     "tasks": [task]}]))
+    r = subprocess.run([exe, "-i", "localhost,", str(play), "-e", yaml.safe_dump(
+        {"power_exporter_install_dir": install_dir}, default_flow_style=True).strip()],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "ANSIBLE_NOCOLOR": "1"})
+    assert (r.returncode == 0) is ok, r.stdout + r.stderr
+    if not ok:
+        assert "power_exporter_install_dir must be an absolute path" in r.stdout, r.stdout

@@ -111,13 +111,23 @@ def test_node_exporter_up(host, settings):
     addr = settings["node_exporter_web_listen_address"]
     body = _fetch(host, f"http://{addr}/metrics")
     assert "node_cpu_seconds_total" in body
-    assert _show(host, NODE_SERVICE)["NoNewPrivileges"] == "yes"
+    _check_go_exporter_sandbox(_show(host, NODE_SERVICE))
+
+
+def _check_go_exporter_sandbox(p: dict[str, str]) -> None:
+    """The drop-in's sandbox is in effect (and the service, checked running by the caller, lives with it)."""
+    assert p["NoNewPrivileges"] == "yes" and p["ProtectKernelLogs"] == "yes" and p["MemoryDenyWriteExecute"] == "yes"
+    assert p["RemoveIPC"] == "yes" and p["UMask"] == "0077" and p["CapabilityBoundingSet"] == ""
+    # a deny-list filter (~@privileged @resources over @system-service) shows as an allow-list without them
+    assert p["SystemCallFilter"] and "setuid" not in p["SystemCallFilter"].split(), p["SystemCallFilter"][:200]
+    assert p["SystemCallErrorNumber"] in ("EPERM", "1"), p["SystemCallErrorNumber"]
 
 
 def test_prometheus_scrapes_the_exporters(host, settings):
     if "monitoring" not in settings.get("groups", []):
         pytest.skip("host is not in the monitoring group")
     assert host.service("prometheus").is_running, _journal(host, "prometheus")
+    _check_go_exporter_sandbox(_show(host, "prometheus"))
     url = f"http://{settings['prometheus_web_listen_address']}/api/v1/targets"
     deadline = time.monotonic() + 60
     while True:
