@@ -62,15 +62,26 @@ class ScoringPolicy:
     def plugin_scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, tuple[int, np.ndarray]]:
         raise NotImplementedError
 
-    def total(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
+    def scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, tuple[int, np.ndarray]]:
+        """:meth:`plugin_scores`, with TaintToleration (weight 3, in every kube profile) where the scored nodes'
+        PreferNoSchedule taints that the pod does not tolerate differ in number; elsewhere it adds the same 100
+        to every node, and is left out."""
+        out = self.plugin_scores(st, pod, idx)
+        counts = _untolerated_prefer_no_schedule(st, pod, idx)
+        if counts is not None and counts.max() > counts.min():
+            out["TaintToleration"] = (3, ks.default_normalize_reverse(counts))
+        return out
+
+    def total(self, st: ClusterState, pod: PodRequest, idx: np.ndarray,
+              plugins: dict[str, tuple[int, np.ndarray]] | None = None) -> np.ndarray:
         out = None
-        for w, s in self.plugin_scores(st, pod, idx).values():
+        for w, s in (self.scores(st, pod, idx) if plugins is None else plugins).values():
             out = w * s if out is None else out + w * s
         return out
 
     def node_scores(self, st: ClusterState, pod: PodRequest, idx: np.ndarray) -> NodeScores:
-        plugins = self.plugin_scores(st, pod, idx)
-        return NodeScores(idx, plugins, self.total(st, pod, idx))
+        plugins = self.scores(st, pod, idx)
+        return NodeScores(idx, plugins, self.total(st, pod, idx, plugins))
 
     def candidates(self, st: ClusterState, mask: np.ndarray) -> np.ndarray:
         """Feasible nodes kube-scheduler would score: the first k found from a rotating start index."""
@@ -100,6 +111,14 @@ class ScoringPolicy:
         return int(ties[self.rng.integers(ties.size)]) if ties.size > 1 else int(ties[0])
 
 
+def _untolerated_prefer_no_schedule(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray | None:
+    """TaintToleration's raw score per candidate: its PreferNoSchedule taints the pod does not tolerate (kube's
+    countIntolerableTaintsPreferNoSchedule); None where no node has any (every twin scenario without taints)."""
+    per_node = st.filter_table.untolerated_prefer_no_schedule(
+        pod.constraints.tolerations if pod.constraints is not None else ())
+    return None if per_node is None else per_node[idx]
+
+
 def _fit_inputs(st: ClusterState, pod: PodRequest, idx: np.ndarray):
     alloc = (st.alloc_cpu[idx], st.alloc_mem[idx])
     req = (st.nz_cpu[idx] + pod.nz_cpu, st.nz_mem[idx] + pod.nz_mem)
@@ -118,8 +137,10 @@ def _balanced(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
 
 class DefaultK8s(ScoringPolicy):
     """kube-scheduler's default profile for a plain pod: NodeResourcesFit LeastAllocated (w=1, non-zero
-    requests) plus NodeResourcesBalancedAllocation (w=1, real requests). The other default plugins add the
-    same constant to every node for a pod without taints, affinity or spread constraints, so they are omitted.
+    requests) plus NodeResourcesBalancedAllocation (w=1, real requests), and TaintToleration (w=3) where nodes
+    carry PreferNoSchedule taints (:meth:`ScoringPolicy.scores`). The other default plugins add the same constant
+    to every node for a pod without preferred affinity or spread constraints (a twin pod has neither), so they
+    are omitted; live, see docs/live.md ("Known limits").
 
     ``gpu_weight=w`` (default 0, kube's default profile, which scores cpu and memory only) adds
     ``nvidia.com/gpu`` to NodeResourcesFit's ``resources`` with weight w, as a profile that lists the extended

@@ -130,6 +130,15 @@ def balanced_allocation(alloc: Sequence[np.ndarray], requested: Sequence[np.ndar
     return ((1 - std) * MAX_NODE_SCORE).astype(np.int64)
 
 
+def default_normalize_reverse(counts: np.ndarray) -> np.ndarray:
+    """framework's ``DefaultNormalizeScore(MaxNodeScore, reverse=true)`` over the scored nodes: a count scaled to
+    0..100 against the largest (integer, truncating), then reversed; all 100 when every count is 0."""
+    top = int(counts.max(initial=0))
+    if top == 0:
+        return np.full(counts.shape, MAX_NODE_SCORE, dtype=np.int64)
+    return MAX_NODE_SCORE - counts.astype(np.int64) * MAX_NODE_SCORE // top
+
+
 def num_nodes_to_score(n_nodes: int, percentage: int = 0) -> int:
     """kube-scheduler's numFeasibleNodesToFind (percentageOfNodesToScore; 0 = adaptive)."""
     if n_nodes < MIN_FEASIBLE_NODES_TO_FIND:

@@ -658,6 +658,11 @@ class NodeTable:
         self.names = list(names)
         self.filters = tuple(filters)
         self.plain = self.classes == [_PLAIN] or not n
+        #: Per trait class, its PreferNoSchedule taints: no filter reads them, kube's TaintToleration scores them
+        #: (agent/baselines.py); () when no node has any.
+        prefer = [tuple(t for t in c.taints if t.effect == "PreferNoSchedule") for c in self.classes]
+        self.prefer_no_schedule: list[tuple[Taint, ...]] | tuple = prefer if any(prefer) else ()
+        self._untolerated: dict[tuple[Toleration, ...], np.ndarray] = {}
         self._cache: dict[PodConstraints | None, np.ndarray | None] = {}
         self._reasons: dict[PodConstraints | None, tuple[Counter[str], np.ndarray | None]] = {}
         self.open = self.mask(None)  # the verdict for a pod that asks nothing
@@ -678,6 +683,22 @@ class NodeTable:
             self._cache.clear()
         self._cache[pod] = out
         return out
+
+    def untolerated_prefer_no_schedule(self, tolerations: tuple[Toleration, ...]) -> np.ndarray | None:
+        """Per node, its PreferNoSchedule taints that ``tolerations`` do not tolerate (kube's TaintToleration
+        score before normalising); None where no node has any. Counted once per trait class and cached per
+        distinct tolerations, as the filters' verdicts are: a decision only indexes it."""
+        if not self.prefer_no_schedule:
+            return None
+        per_node = self._untolerated.get(tolerations)
+        if per_node is None:
+            per_class = np.array([sum(not any(tol.tolerates(t) for tol in tolerations) for t in taints)
+                                  for taints in self.prefer_no_schedule], dtype=np.int64)
+            per_node = per_class[self.ids]
+            if len(self._untolerated) >= self.MAX_CACHED:
+                self._untolerated.clear()
+            self._untolerated[tolerations] = per_node
+        return per_node
 
     def verdict(self, pod: PodConstraints | None) -> np.ndarray | None:
         """:meth:`mask`, with the pod that asks nothing answered without a lookup."""

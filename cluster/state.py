@@ -45,6 +45,10 @@ class PodRequest:
     gpu_models: frozenset[str] | None = None
     named: tuple[tuple[str, int], ...] = ()
     host_ports: tuple[tuple[str, str, int], ...] = ()
+    # kube's non-zero requests when worked out per container (cluster.kube.objects: 100m / 200 MiB for each
+    # container without a request); None: from the pod's requests as a whole, as a twin pod has one container.
+    nz_cpu_m: int | None = None
+    nz_memory_mib: int | None = None
     filter_cpu: int = field(init=False, repr=False, compare=False)
     filter_mem: int = field(init=False, repr=False, compare=False)
     nz_cpu: int = field(init=False, repr=False, compare=False)
@@ -55,8 +59,10 @@ class PodRequest:
     def __post_init__(self) -> None:
         c, m = self.cpu_m, self.memory_mib
         for name, v in (("filter_cpu", c or 0), ("filter_mem", m or 0),
-                        ("nz_cpu", DEFAULT_CPU_REQUEST_M if c is None else c),
-                        ("nz_mem", DEFAULT_MEMORY_REQUEST_MIB if m is None else m),
+                        ("nz_cpu", self.nz_cpu_m if self.nz_cpu_m is not None
+                         else DEFAULT_CPU_REQUEST_M if c is None else c),
+                        ("nz_mem", self.nz_memory_mib if self.nz_memory_mib is not None
+                         else DEFAULT_MEMORY_REQUEST_MIB if m is None else m),
                         ("best_effort", c is None and m is None),
                         ("extra", bool(self.named or self.host_ports))):
             object.__setattr__(self, name, v)

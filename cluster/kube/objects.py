@@ -5,9 +5,9 @@ of the containers' and sidecars' (init containers with ``restartPolicy: Always``
 the largest ``init container + the sidecars declared before it``; a pod-level request
 (``spec.resources.requests``, KEP-2837: cpu, memory, ``hugepages-*``) replaces that sum; then
 ``spec.overhead`` is added. A resource nothing requests is ``None`` (kube-scheduler's non-zero default applies
-when scoring); an explicit 0 stays 0. The per-container non-zero rule (100m / 200 MiB for each container
-without a request) is approximated at pod level, because :class:`~cluster.state.PodRequest` carries one value
-per resource. Every other requested resource (extended resources, ``ephemeral-storage``, ``hugepages-*``; a
+when scoring); an explicit 0 stays 0. Scoring's non-zero requests are worked out per container, as kube's
+``NonMissingContainerRequests`` does: 100m / 200 MiB for each container (init containers included) without a
+request, before the sum and the maximum. Every other requested resource (extended resources, ``ephemeral-storage``, ``hugepages-*``; a
 container's limit stands for its missing request, as the apiserver defaults it) goes to ``named``, and the
 host ports of the containers and sidecars to ``host_ports``: the filter chain checks both.
 """
@@ -44,7 +44,7 @@ from joulesched.cluster.filters import (
     node_reason,
     pod_constraints,
 )
-from joulesched.cluster.state import PodRequest
+from joulesched.cluster.state import DEFAULT_CPU_REQUEST_M, DEFAULT_MEMORY_REQUEST_MIB, PodRequest
 from joulesched.cluster.workload import QOS_CLASSES, SERVICE_OWNERS, PodMeta
 from joulesched.core.errors import UsageError
 from joulesched.power.curves import SPECPOWER, validate_curve
@@ -159,24 +159,27 @@ def _pod_level(resource: str) -> bool:
     return resource in ("cpu", "memory") or resource.startswith("hugepages-")
 
 
-def _aggregate(spec: dict, res: str, conv: Callable[[str | int | float], int], from_limit: bool) -> int | None:
+def _aggregate(spec: dict, res: str, conv: Callable[[str | int | float], int], from_limit: bool,
+               default: int | None = None) -> int | None:
     """kube's ``AggregateContainerRequests`` for one resource: containers and sidecars summed, raised to the
     largest regular init container plus the sidecars declared before it. ``from_limit``: a container's limit
-    stands for its missing request (the apiserver's defaulting). None when no container requests it."""
-    def request(c: dict) -> str | int | float | None:
+    stands for its missing request (the apiserver's defaulting). ``default``: what a container without a request
+    counts (``NonMissingContainerRequests``). None when no container requests it (and there is no default)."""
+    def value(c: dict) -> int | None:
         q = _requests(c).get(res)
-        return _limits(c).get(res) if q is None and from_limit else q
+        q = _limits(c).get(res) if q is None and from_limit else q
+        return default if q is None else conv(q)
 
     seen, total = False, 0
     for c in spec.get("containers") or []:
-        q = request(c)
-        if q is not None:
-            seen, total = True, total + conv(q)
+        v = value(c)
+        if v is not None:
+            seen, total = True, total + v
     sidecars = init = 0
     for c in spec.get("initContainers") or []:
-        q = request(c)
-        v = 0 if q is None else conv(q)
-        seen = seen or q is not None
+        v = value(c)
+        seen = seen or v is not None
+        v = v or 0
         if _is_sidecar(c):
             sidecars += v
             total += v
@@ -186,10 +189,12 @@ def _aggregate(spec: dict, res: str, conv: Callable[[str | int | float], int], f
 
 
 def _resource_request(spec: dict, res: str, conv: Callable[[str | int | float], int],
-                      from_limit: bool = False) -> int | None:
-    """One resource of kube's ``PodRequests``: the pod-level request if set, else the containers'; plus overhead."""
+                      from_limit: bool = False, default: int | None = None) -> int | None:
+    """One resource of kube's ``PodRequests``: the pod-level request if set, else the containers' (``default``
+    for each container without one); plus overhead."""
     pod_level = (spec.get("resources") or {}).get("requests") or {}
-    v = conv(pod_level[res]) if res in pod_level and _pod_level(res) else _aggregate(spec, res, conv, from_limit)
+    v = conv(pod_level[res]) if res in pod_level and _pod_level(res) \
+        else _aggregate(spec, res, conv, from_limit, default)
     over = (spec.get("overhead") or {}).get(res)
     return v if over is None else (v or 0) + conv(over)
 
@@ -235,7 +240,10 @@ def pod_request(pod: dict, *, strict: bool = True) -> PodRequest:
     if strict:
         _check_quantities(spec)
     cpu, mem = _resource_request(spec, "cpu", cpu_millis), _resource_request(spec, "memory", memory_mib)
-    extra = dict(named=_named_requests(spec), host_ports=pod_host_ports(spec))
+    # Scoring's non-zero requests, per container (kube's calculatePodResourceRequest and the node's NonZeroRequested)
+    extra = dict(named=_named_requests(spec), host_ports=pod_host_ports(spec),
+                 nz_cpu_m=_resource_request(spec, "cpu", cpu_millis, default=DEFAULT_CPU_REQUEST_M),
+                 nz_memory_mib=_resource_request(spec, "memory", memory_mib, default=DEFAULT_MEMORY_REQUEST_MIB))
     try:
         gpu, milli, models = pod_gpus(pod)
     except GpuShareError as e:

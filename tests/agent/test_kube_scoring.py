@@ -238,3 +238,33 @@ def test_policy_specs():
                      ("requested-to-capacity-ratio:shape=0:20", "bad shape"), ("default-k8s:pct", "key=value")]:
         with pytest.raises(PolicyError, match=msg):
             make_policy(bad)
+
+
+def test_prefer_no_schedule_taints_are_scored_as_kubes_taint_toleration():
+    """kube's TaintToleration (weight 3): untolerated PreferNoSchedule taints counted per node, normalised to 0..100
+    against the most and reversed. Ignored before, so default-k8s always took the empty tainted node."""
+    from joulesched.cluster.filters import NodeTraits, Taint, Toleration, pod_constraints
+
+    soft = Taint("dedicated", "batch", "PreferNoSchedule")
+    st = ClusterState(["tainted", "plain"], [4000, 4000], [8192, 8192], [110, 110], [LINEAR_100_200] * 2,
+                      traits=[NodeTraits.of(taints=[soft]), NodeTraits.of()])
+    st.bind(1, PodRequest(1000, 2048))
+    pol, both = DefaultK8s(), np.array([0, 1])
+    # Fit [87, 62] + Balanced [100, 100] = [187, 162]: without the taint's score the empty tainted node wins
+    pod = PodRequest(500, 1024)
+    s = pol.node_scores(st, pod, both)
+    assert s.plugins["TaintToleration"][0] == 3
+    assert s.plugins["TaintToleration"][1].tolist() == [0, 100] and s.total.tolist() == [187, 462]
+    assert pol.choose(st, pod, np.array([True, True])) == 1
+    # A pod that tolerates it (an empty effect tolerates every effect) sees no difference: the plugin is constant
+    tolerant = PodRequest(500, 1024, pod_constraints(tolerations=[Toleration("dedicated", "Equal", "batch")]))
+    assert "TaintToleration" not in pol.node_scores(st, tolerant, both).plugins
+    assert pol.choose(st, tolerant, np.array([True, True])) == 0
+    # A toleration for another effect does not tolerate it (kube keeps only PreferNoSchedule and empty ones)
+    other = PodRequest(500, 1024, pod_constraints(tolerations=[Toleration("dedicated", "Exists", "", "NoSchedule")]))
+    assert pol.choose(st, other, np.array([True, True])) == 1
+    # Two taints against one: 100 - 1*100//2 = 50 for the node with one
+    st2 = ClusterState(["two", "one"], [4000, 4000], [8192, 8192], [110, 110], [LINEAR_100_200] * 2,
+                       traits=[NodeTraits.of(taints=[soft, Taint("slow", "", "PreferNoSchedule")]),
+                               NodeTraits.of(taints=[soft])])
+    assert pol.node_scores(st2, pod, both).plugins["TaintToleration"][1].tolist() == [0, 50]

@@ -45,13 +45,33 @@ def test_memory_allocatable_rounds_down():
 
 
 def test_pod_request_sums_containers_and_keeps_none_and_zero():
-    assert pod_request(make_pod("p")) == PodRequest(None, None)
-    assert pod_request(make_pod("p", cpu="500m", containers=3)) == PodRequest(1500, None)
-    assert pod_request(make_pod("p", cpu="0", memory="0")) == PodRequest(0, 0)
+    assert pod_request(make_pod("p")) == PodRequest(None, None, nz_cpu_m=100, nz_memory_mib=200)
+    # scoring's non-zero memory: 200 MiB for each of the three containers without a request (kube's
+    # NonMissingContainerRequests), not 200 for the pod
+    assert pod_request(make_pod("p", cpu="500m", containers=3)) == PodRequest(1500, None, nz_cpu_m=1500,
+                                                                               nz_memory_mib=600)
+    assert pod_request(make_pod("p", cpu="0", memory="0")) == PodRequest(0, 0, nz_cpu_m=0, nz_memory_mib=0)
     pod = make_pod("p", cpu="100m", memory="64Mi")
     pod["spec"]["initContainers"] = [{"name": "init", "resources": {"requests": {"cpu": "2"}}}]
     pod["spec"]["overhead"] = {"memory": "10Mi"}
-    assert pod_request(pod) == PodRequest(2000, 74)  # max(sum, largest init) + overhead
+    # max(sum, largest init) + overhead; for scoring, the init container without a memory request counts
+    # 200 MiB: max(64, 200) + 10 = 210
+    assert pod_request(pod) == PodRequest(2000, 74, nz_cpu_m=2000, nz_memory_mib=210)
+
+
+@pytest.mark.parametrize("containers, init, overhead, nz", [
+    # worked out with kube's PodRequests(NonMissingContainerRequests: 100m, 200Mi), a review's three pods
+    ([{"cpu": "500m", "memory": "256Mi"}, {}], [], None, (600, 456)),
+    ([{}], [{"cpu": "50m", "memory": "64Mi"}], None, (100, 200)),
+    ([{}], [], {"cpu": "250m", "memory": "120Mi"}, (350, 320)),
+])
+def test_scorings_non_zero_requests_are_per_container(containers, init, overhead, nz):
+    spec = {"containers": [{"name": f"c{i}", "resources": {"requests": r}} for i, r in enumerate(containers)],
+            "initContainers": [{"name": f"i{i}", "resources": {"requests": r}} for i, r in enumerate(init)]}
+    if overhead:
+        spec["overhead"] = overhead
+    req = pod_request({"metadata": {"name": "p"}, "spec": spec})
+    assert (req.nz_cpu, req.nz_mem) == nz
 
 
 def test_parse_pod_fields():
