@@ -32,6 +32,7 @@ target's ``max`` over ``s'`` (the buffer stores the next state's mask). Discount
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import NamedTuple
@@ -45,6 +46,7 @@ from torch import nn
 from joulesched.agent.config import DQNConfig
 from joulesched.agent.features import CONTEXT_SLICE, N_FEATURES, n_features
 
+log = logging.getLogger(__name__)
 NEG = -1e9
 
 
@@ -411,6 +413,7 @@ class ReplayBuffer:
         self.size = 0
         self.pos = 0  # the next slot written
         self._eid = 0
+        self.over_cap_warned = False
 
     @staticmethod
     def bytes_per_transition(max_nodes: int, n_features: int) -> int:
@@ -445,10 +448,17 @@ class ReplayBuffer:
             self.episode[i], self.step[i] = eid, k
             self.pos = (i + 1) % self.capacity
             self.size = min(self.size + 1, self.capacity)
-        # Over the memory cap: drop the oldest transitions (their episodes go with the last of them).
-        while self.memory_bytes is not None and self.bytes > self.memory_bytes and self.size > 1:
+        # Over the memory cap: drop the oldest transitions (their episodes go with the last of them), never the new
+        # episode's own: its states are freed only with its last transition, so dropping some of them saves
+        # nothing, and trimming into it left a buffer of one transition, every batch 128 copies of it.
+        while self.memory_bytes is not None and self.bytes > self.memory_bytes and self.size > n:
             self._release((self.pos - self.size) % self.capacity)
             self.size -= 1
+        if self.memory_bytes is not None and t.nbytes > self.memory_bytes and not self.over_cap_warned:
+            self.over_cap_warned = True
+            log.warning("one episode's transitions take %.1f MiB, more than replay_memory_mb (%.1f MiB): the replay "
+                        "holds that episode alone; raise dqn.replay_memory_mb", t.nbytes / 2**20,
+                        self.memory_bytes / 2**20)
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> ReplayBatch:
         r = rng.integers(self.size, size=batch_size)

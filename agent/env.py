@@ -27,8 +27,8 @@ Between two decisions the twin advances event by event. The reward of a decision
 * ``V``: pods bound to nodes whose CPU demand exceeds allocatable / ``slo_fraction`` (their pods are served
   below the SLO fraction), measured right after the placement, and ``dt`` the seconds to the next decision;
 * ``P``: pods pending (in the twin's queue, or bound to a node that is still waking), measured the same way;
-* ``scale``: the largest node peak watts times 60 s, i.e. "one big node for a minute", so that a reward unit
-  means the same at 3 nodes and at 5,000.
+* ``scale``: the largest node peak watts times ``reward.scale_seconds`` (600 s by default), i.e. "one big node
+  for ten minutes", so that a reward unit means the same at 3 nodes and at 5,000.
 
 ``slo_j`` and ``pending_j`` turn pod-seconds into joule-equivalents (defaults: 200 J per pod-second below the
 SLO, 10 J per pod-second pending; docs/dqn.md explains the choice). ``info["dt_s"]`` holds the simulated

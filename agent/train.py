@@ -416,8 +416,17 @@ class Validator:
         unique: dict[str, Scenario] = {}
         for sc in scenarios:
             unique.setdefault(sc.model_dump_json(), sc)
-        plan = [(scale_load(base, f), s, base.name + (f" x{f:g}" if f != 1.0 else ""))
-                for base in unique.values() for f in load_scales for s in seeds]
+        plan, planned = [], set()
+        for base in unique.values():
+            for f in load_scales:
+                sc = scale_load(base, f)
+                for s in seeds:
+                    # One case per distinct workload: a load factor changes only a synthetic workload, and a
+                    # seed nothing of a trace replayed as it is (which is then no held-out case at all).
+                    key = (sc.model_dump_json(), None if sc.workload.replay else s)
+                    if key not in planned:
+                        planned.add(key)
+                        plan.append((sc, s, base.name + (f" x{f:g}" if f != 1.0 else "")))
         n_random = cfg.validation_random if random_clusters is None else random_clusters
         for k in range(n_random):
             g = np.random.default_rng([seeds[0], 7, k])  # not a training stream: those are [seed, round, index]
@@ -493,6 +502,9 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
         per = ReplayBuffer.bytes_per_transition(max_nodes, nf)
         buffer = ReplayBuffer(max(cfg.batch_size, min(cfg.buffer_size, cfg.replay_memory_mb * 2**20 // per)))
     eps_start = min(cfg.eps_start, 0.2) if resumed else cfg.eps_start
+    # A resumed model has had its teacher: the margin loss goes on at the weight it ended with, not from the top
+    # (a fine-tune was pulled back toward the teacher at up to 20x that weight).
+    bc_start = cfg.bc_weight_end if resumed else cfg.bc_weight
     learning_starts = min(cfg.learning_starts, 1_000) if resumed else cfg.learning_starts
     log = TrainLog()
     t_start = time.perf_counter()
@@ -512,7 +524,7 @@ def train(env_or_scenarios, agent: DQN, *, total_steps: int | None = None, total
 
     def bc_weight(p: float) -> float:
         f = min(1.0, p / cfg.exploration_fraction)
-        return cfg.bc_weight + f * (cfg.bc_weight_end - cfg.bc_weight)
+        return bc_start + f * (cfg.bc_weight_end - bc_start)
 
     validated_at: tuple[int, int] | None = None
 

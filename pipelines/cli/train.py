@@ -53,6 +53,16 @@ def _warn_gpu_blind(scenarios, schema: int) -> None:
                   "model sees no GPU columns; --set dqn.feature_schema=3 trains one that does", soft_wrap=True)
 
 
+def _warn_replayed_validation(scenarios) -> None:
+    """A trace replayed as it is has one workload whatever the seed: its validation case is the training
+    workload itself, so the best model is picked on what it trained on."""
+    replayed = [sc.name for sc in scenarios if sc.workload.replay]
+    if replayed:
+        err.print(f"[yellow]warning:[/yellow] {escape(', '.join(dict.fromkeys(replayed)))} replays a trace as it is: "
+                  "its validation case is the workload it trains on, not a held-out one. Judge the model on a "
+                  "held-out window with `joulesched test` (docs/dqn.md, \"Training at full size\")", soft_wrap=True)
+
+
 def _resumed_config(model: Path):
     """What ``--resume`` trains with: the hyperparameters and reward weights stored in the model, not the defaults
     (``--resume --show-config`` printed those)."""
@@ -120,6 +130,7 @@ def train_cmd(
         scenarios = [load_scenario(p) for p in scenario or train_scenarios()]  # errors name the file and field
         if not resume:
             _warn_gpu_blind(scenarios, (cfg or TrainConfig()).dqn.feature_schema)
+        _warn_replayed_validation(scenarios)
         s = train(scenarios, model, minutes=minutes, steps=steps, resume=resume,
                   overwrite=overwrite, seed=seed, progress=progress, config=cfg, workers=workers, executor=executor,
                   ray_address=ray_address)

@@ -198,6 +198,19 @@ def test_the_buffer_keeps_the_newest_episodes_under_its_memory_cap():
     assert set(ring.sample(300, np.random.default_rng(1)).returns.tolist()) == {1.0, 2.0}
 
 
+def test_an_episode_larger_than_the_memory_cap_is_kept_whole_and_said(caplog):
+    """Trimming went on into the newest episode until one transition was left (its states are freed only with
+    its last one): every batch was 128 copies of it, and the RL phase never started (a review)."""
+    one = _episode(10, 4, 0.0).nbytes
+    buf = ReplayBuffer(1_000, memory_bytes=int(0.8 * one))
+    with caplog.at_level("WARNING", logger="joulesched.agent.dqn"):
+        for e in range(3):
+            buf.add_many(_episode(10, 4, float(e)))
+    assert set(buf.episodes) == {2} and len(buf) == 10  # the newest episode, all of it
+    said = [r.getMessage() for r in caplog.records if "replay_memory_mb" in r.getMessage()]
+    assert len(said) == 1 and "holds that episode alone" in said[0]
+
+
 def test_a_ring_shorter_than_an_episode_keeps_its_last_steps():
     for capacity in (1, 2, 3):
         ring = ReplayBuffer(capacity)

@@ -21,7 +21,7 @@ from joulesched.agent.checkpoint import CheckpointError, load_agent, load_checkp
 from joulesched.agent.config import ConfigError, DQNConfig, TrainConfig, with_overrides
 from joulesched.agent.dqn import DQN
 from joulesched.agent.policy import PolicyError
-from joulesched.agent.train import SerialExecutor, TrainingDiverged, episode_specs, train
+from joulesched.agent.train import SerialExecutor, TrainingDiverged, Validator, episode_specs, train
 from joulesched.cluster.scenario import load_scenario
 from joulesched.pipelines.cli import app
 
@@ -47,6 +47,10 @@ SMALL_NET = dict(hidden=8, attention_dim=4, head_hidden=4, inducing_points=2)
     "dqn.validation_seeds=[-1]",  # numpy refused it at the first validation, a traceback after training began
     "dqn.replay_memory_mb=0",
     "dqn.replay_memory_mb=-5",
+    "dqn.hidden=true",  # pydantic's lax mode read it as 1: a one-unit network trained without a word
+    "dqn.attention=1",  # ... and a number, or "no", as a switch
+    "dqn.load_scales=[true, 2.0]",
+    "reward.scale_seconds=true",
 ])
 def test_config_refuses_knobs_that_break_training(override):
     with pytest.raises(ConfigError, match=override.split(".")[1].split("=")[0]):
@@ -88,6 +92,10 @@ def test_metadata_hyperparameters_are_type_checked(tmp_path):
     assert r.exit_code == 2 and "bad hyperparameters" in r.output, r.output
     with pytest.raises(ValueError, match="attention"):
         DQNConfig.from_dict({"attention": "perhaps"})
+    with pytest.raises(ValueError, match="attention: expected true or false"):
+        DQNConfig.from_dict({"attention": "no"})  # pydantic's lax mode read it as False
+    with pytest.raises(ValueError, match="hidden: expected a number"):
+        DQNConfig.from_dict({"hidden": True})
     assert DQNConfig.from_dict({"load_scales": [1, 2]}).load_scales == (1.0, 2.0)
 
 
@@ -159,6 +167,38 @@ class _Recording(SerialExecutor):
     def map_async(self, fn, tasks):
         self.seeds += [(t.spec.workload_seed, t.spec.seed) for t in tasks if hasattr(t, "spec")]
         return super().map_async(fn, tasks)
+
+
+def test_a_resumed_run_keeps_the_teachers_weight_where_it_ended(monkeypatch):
+    """The margin loss's weight restarted at bc_weight (1.0) on --resume: a fine-tune was pulled back toward the
+    teacher at 20x the weight its first run ended with (a review). It now stays at bc_weight_end."""
+    cfg = DQNConfig(**SMALL_NET, pretrain_episodes=1, pretrain_updates=3, randomize=0.0, max_episode_decisions=40,
+                    learning_starts=10, batch_size=8, episodes_per_round=1, exploration_fraction=1.0)
+    seen: list[float] = []
+    real = DQN.update
+
+    def update(self, batch, bc_weight=0.0, **kw):
+        seen.append(bc_weight)
+        return real(self, batch, bc_weight=bc_weight, **kw)
+
+    monkeypatch.setattr(DQN, "update", update)
+    train([load_scenario(TINY)], DQN(cfg, seed=0), total_steps=80, seed=0)
+    assert seen[0] == cfg.bc_weight  # a first run starts from the teacher's full weight
+    seen.clear()
+    agent = DQN(cfg, seed=0)
+    agent.updates = 50
+    train([load_scenario(TINY)], agent, total_steps=80, seed=0, resumed=True)
+    assert seen and max(seen) == pytest.approx(cfg.bc_weight_end)
+
+
+def test_validation_has_one_case_per_distinct_workload():
+    """A load factor changes only a synthetic workload and a seed nothing of a trace replayed as it is: the
+    validation counted such a trace once per seed and factor, each the training workload itself (a review)."""
+    trace = load_scenario(ROOT / "scenarios" / "small" / "trace-sleep.yaml")
+    assert trace.workload.replay
+    v = Validator([trace, load_scenario(TINY)], DQNConfig(**SMALL_NET), seeds=(10_007, 10_009),
+                  load_scales=(1.0, 1.5), random_clusters=0)
+    assert len(v.cases) == 1 + 2 * 2  # the trace once; tiny (synthetic) at each seed and factor
 
 
 def test_a_resumed_run_draws_its_own_episodes():
@@ -282,7 +322,8 @@ def test_training_a_gpu_blind_model_on_gpus_is_warned(tmp_path, monkeypatch):
         for s, h in handlers.items():
             signal.signal(s, h)
     assert "has GPUs, but a schema-2 model sees no GPU columns" in outs[2] and "feature_schema=3" in outs[2]
-    assert "warning" not in outs[3]
+    assert "no GPU columns" not in outs[3]
+    assert "replays a trace as it is: its validation case is the workload it trains on" in outs[3]  # OpenB mini
 
 
 def test_the_best_weights_keep_their_own_optimizer_state():
