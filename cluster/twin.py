@@ -376,6 +376,7 @@ class Twin:
         self._meta = wl.pod_metas()  # what each decision hands the policy (shared objects for equal metadata)
         self._observer: PodObserver | None = None  # observe_pods(): told of binds and ends as they happen
         self._pm = wl.has_pod_model
+        self._stop_at: dict[int, float] = {}  # services' stop times (the pod model's)
         if self._pm:
             self._setup_pod_model(wl)
         self.meter = TwinMeter(self)
@@ -448,6 +449,7 @@ class Twin:
         end = np.minimum(wl.submit_s + wl.duration_s, self.scenario.duration_s)
         svc = np.flatnonzero(wl.is_service & self.placeable)
         self._stops = list(zip(end[svc].tolist(), svc.tolist()))
+        self._stop_at = {q: t for t, q in self._stops}  # a queued service is not retried at or past its stop
         self._has_svc = bool(wl.is_service.any())
         self._slo_interval = float(self.scenario.workload.slo_interval_s)
         self._start = self._start_pm
@@ -999,10 +1001,19 @@ class Twin:
             self._retry_pending(i)
 
     def _retry_pending(self, i: int) -> None:
-        """Queue for a new decision every pending pod that now fits node ``i`` (FIFO order kept)."""
+        """Queue for a new decision every pending pod that now fits node ``i`` (FIFO order kept). A service
+        whose stop time has come stays queued: its stop event, at this same instant, counts it as stopped before
+        running, whichever of the instant's events freed the room first."""
         st = self.state
         keep, retry = st.chain.retry(st, st.filter_table, i, self._pending, self._req)
         if retry:
+            stop_at, now = self._stop_at, self.now
+            if stop_at:
+                late = [q for q in retry if stop_at.get(q, math.inf) <= now]
+                if late:
+                    retry = [q for q in retry if stop_at.get(q, math.inf) > now]
+                    for q in late:
+                        insort(keep, q)
             self._pending = keep
             self._ready.extend(retry)
 

@@ -922,6 +922,8 @@ def generate_services(spec: Services, horizon: float, rng: np.random.Generator) 
         starts, ends = edges[:-1], edges[1:]
         noise = np.exp(u.noise_sigma * rng.standard_normal(len(starts)) - u.noise_sigma ** 2 / 2.0)
         per_replica = spec.cpu_m * level * _step_means(u, starts, ends, shift) * noise
+        if spec.cpu_limit_m is not None:  # a replica uses no more than its limit (cap_at_limits), means included
+            per_replica = np.minimum(per_replica, spec.cpu_limit_m)
         app = f"{spec.name}-{j}"
         a = spec.autoscale
         if a is None:
@@ -933,6 +935,8 @@ def generate_services(spec: Services, horizon: float, rng: np.random.Generator) 
         total = per_replica * R
         have = _autoscale(total, spec.cpu_m, R, a, step)
         per_pod = total / have
+        if spec.cpu_limit_m is not None:  # the autoscaler saw the demand; each replica serves up to its limit
+            per_pod = np.minimum(per_pod, spec.cpu_limit_m)
         prof = pods.add_profile(starts, per_pod)
         last = len(starts) - 1
         for r in range(int(have.max())):
@@ -1004,10 +1008,39 @@ def build_workload(scenario: Scenario, seed: int | None = None, *, pod_model: bo
         if not parts:
             raise ScenarioError(f"{scenario.source or scenario.name}: the workload has no pod before duration_s")
         wl = merge_workloads(parts)
+    wl = cap_at_limits(wl)
     check_job_ends(scenario, wl)
     if wl.has_gpus:
         check_gpu_models(scenario, wl)
     return wl
+
+
+def cap_at_limits(wl: Workload) -> Workload:
+    """A container's CPU use stops at its limit (the kernel's CFS quota throttles it there): demand above a pod's
+    CPU limit is cut to it, in its constant usage and in its profile's steps (a profile is cut where every pod
+    that follows it has that one limit, as a service's replicas do; the service generator cuts its own, and keeps
+    each pod's mean right). Every consumer of the workload (the twin, the bounds, the optimum) sees the cut
+    demand. Without a limit, or with usage within it, the workload is returned as it was."""
+    lim = wl.cpu_lim
+    limited = lim > 0  # a limit of 0 sets no CFS quota (Kubernetes reads it as none, as qos_codes does)
+    if not limited.any():
+        return wl
+    usage = wl.usage_m
+    over = limited & (usage > lim)
+    prof = wl.profile
+    changes: dict = {}
+    if over.any():
+        changes["usage_m"] = np.where(over, lim, usage).astype(usage.dtype)
+    if wl.prof_ptr is not None and (prof >= 0).any():
+        prof_m = wl.prof_m
+        for k in np.unique(prof[limited & (prof >= 0)]).tolist():
+            users = lim[prof == k]
+            a, b = int(wl.prof_ptr[k]), int(wl.prof_ptr[k + 1])
+            if (users == users[0]).all() and (prof_m[a:b] > users[0]).any():
+                if "prof_m" not in changes:
+                    changes["prof_m"] = prof_m = prof_m.copy()
+                np.minimum(prof_m[a:b], users[0], out=prof_m[a:b])
+    return replace(wl, **changes) if changes else wl
 
 
 #: A job may end at most this many times the scenario's duration_s after the start. The run lasts until its last

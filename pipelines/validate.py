@@ -65,5 +65,14 @@ def check_scenario(path: str | Path) -> dict:
             warnings.append(f"at t={at:.0f} s the pods present request {peak:.0f}{unit} {what}, "
                             f"{100 * peak / cap:.0f} % of the cluster's {int(cap)}{unit}: every policy leaves pods "
                             "pending there")
+    ip = sc.idle_policy
+    if ip.mode == "sleep":  # the twin sleeps an empty node whatever it saves (the optimum refuses such a cluster)
+        # idle as the twin prices a node awake and empty: its CPU curve's 0 % plus its GPUs' idle (off asleep)
+        idle = {g.name_prefix: g.curve[0] + g.gpu_count * g.gpu_curve[0] for g in sc.nodes if not g.never_sleep}
+        costly = [f"{n} ({w:g} W)" for n, w in idle.items() if w <= ip.sleep_watts]
+        if costly:
+            warnings.append(f"node group(s) {', '.join(costly)} draw no more idle than asleep (sleep_watts "
+                            f"{ip.sleep_watts:g} W): each sleep there costs energy and makes the next pod wait "
+                            f"wake_s; lower sleep_watts, or check the curve")
     return {"file": str(path), "name": sc.name, "nodes": sc.node_count, "pods": len(wl),
             "trace_rows_dropped": wl.dropped, "warnings": warnings}

@@ -315,6 +315,20 @@ def test_a_service_whose_stop_falls_on_its_arrival_never_runs_and_the_run_ends()
     assert r.unplaced_stopped_before_running == 1 and r.unschedulable_pods == 1 and r.completed_pods == 0
 
 
+@pytest.mark.parametrize("freed_by", ["service", "job"])
+def test_a_queued_service_is_not_placed_at_the_instant_it_stops(freed_by):
+    """At the horizon, room freed by an earlier service's stop let a still-queued service be bound before its
+    own stop was handled: it ran for 0 s and counted as placed. Room freed by a job leaving at the same instant
+    (its departure comes after the stops) did not. Both now count it as stopped before running (a review)."""
+    sc = scenario([{"cpu_m": 4000}], duration_s=1000)
+    first = {"submit": 0, "dur": math.inf, "cpu": 4000, "mem": 10, "usage": 2000, "kind": SERVICE} \
+        if freed_by == "service" else {"submit": 0, "dur": 1000, "cpu": 4000, "mem": 10, "usage": 2000}
+    wl = pods(first, {"submit": 950, "dur": math.inf, "cpu": 1000, "mem": 10, "usage": 1000, "kind": SERVICE})
+    tw, r = run(sc, wl)
+    assert math.isnan(tw.pod_start[1]) and r.placed_pods == 1
+    assert r.unplaced_stopped_before_running == 1 and r.unschedulable_pods == 1 and r.mean_pending_s == 0
+
+
 # ---- the SLO rates ----------------------------------------------------------------------------------------
 def test_slo_rate_merges_job_lives_and_service_intervals():
     # One 1000m node. A throttled job (with a second job) violates; a service alive for two 100 s intervals is

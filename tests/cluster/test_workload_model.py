@@ -365,3 +365,43 @@ def test_model_columns_default_and_limits_default_requests(tmp_path):
     assert (wl.cpu_req[0], wl.mem_req[0]) == (500, 256) and wl.meta(0).qos_class == "Guaranteed"
     assert wl.meta(1).namespace == "prod" and wl.meta(0).namespace == "default" and wl.meta(1).qos_class == "Burstable"
     assert wl.usage_step(0, 59.0) == (10.0, 60.0)
+
+
+def test_cpu_use_stops_at_the_limit_in_every_consumer(tmp_path):
+    """A container's CPU use stops at its limit (CFS quota); the twin let a pod above it raise node power and
+    throttle its neighbours (a review: 135,000 J where the limit gives 117,400 J, and a job stretched from 600 s
+    to 900 s). Cut in the workload itself, so the twin, the bounds and the optimum see one demand."""
+    from joulesched.agent.runner import run_policy
+    from joulesched.cluster.twin import Twin
+    from tests.cluster.test_twin import First
+
+    (tmp_path / "pods.csv").write_text("submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m,"
+                                       "cpu_limit_m,kind\n0,inf,1000,100,4000,1000,service\n0,600,1000,100,2000,,job\n")
+    (tmp_path / "s.yaml").write_text(textwrap.dedent("""\
+        name: capped
+        seed: 1
+        duration_s: 1000
+        idle_policy: {mode: always_on}
+        nodes:
+          - {name_prefix: n, count: 1, cpu_m: 4000, memory_mib: 16384, power_watts: hp-ml110-g5}
+        workload:
+          trace: pods.csv
+        """))
+    sc = load_scenario(tmp_path / "s.yaml")
+    wl = build_workload(sc)
+    assert wl.usage_m.tolist() == [1000, 2000]
+    r = run_policy(Twin(sc, wl), First(), 0)
+    # hp-ml110-g5 at 75 % (3000 m) 127 W for 600 s, then at 25 % 103 W for 400 s; nothing throttled
+    assert r.energy_joules == pytest.approx(127 * 600 + 103 * 400) and r.mean_throttling == 0
+    # A service generator's replicas: every profile step within the limit, each pod's mean from the cut steps
+    svc = _scenario({"services": {"count": 2, "replicas": 2, "cpu_m": 1000, "memory_mib": 64, "cpu_limit_m": 1200,
+                                  "usage": {"mean_fraction": 1.0, "swing": 3, "noise_sigma": 0.3}}}, 86_400.0)
+    wl = build_workload(svc)
+    assert wl.prof_m.max() <= 1200 and (wl.usage_m <= 1200).all() and wl.prof_m.max() == 1200
+    # A limit of 0 sets no quota (Kubernetes reads it as none): the pod keeps its use
+    from joulesched.cluster.workload import PodBuilder, cap_at_limits
+
+    b = PodBuilder()
+    b.add(0.0, 10.0, -1, -1, 1500.0, cpu_lim=0)
+    b.add(0.0, 10.0, 1000, -1, 1500.0, cpu_lim=1000)
+    assert cap_at_limits(b.build()).usage_m.tolist() == [1500.0, 1000.0]

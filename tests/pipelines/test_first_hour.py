@@ -116,6 +116,27 @@ def test_validate_warns_about_pods_that_fit_no_node_and_inevitable_queueing(tmp_
     assert ok[0]["warnings"] == []
 
 
+def test_validate_warns_where_sleeping_a_node_costs_energy(tmp_path):
+    """A curve that starts at or below sleep_watts (an energy-proportional 0 W idle): the twin sleeps the node all
+    the same, drawing more and making the next pod wait (a review); validate says so."""
+    sc = yaml.safe_load(Path(TINY).read_text())
+    sc["idle_policy"] = {"mode": "sleep", "sleep_after_s": 60, "sleep_watts": 40, "wake_s": 30}
+    sc["nodes"][0]["power_watts"] = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
+    p = tmp_path / "flat.yaml"
+    p.write_text(yaml.safe_dump(sc))
+    (found,) = json.loads(runner.invoke(app, ["validate", str(p), "--json"]).stdout)
+    assert [w for w in found["warnings"] if "draw no more idle than asleep" in w] == [
+        "node group(s) old (0 W) draw no more idle than asleep (sleep_watts 40 W): each sleep there costs energy "
+        "and makes the next pod wait wake_s; lower sleep_watts, or check the curve"]
+    # A node's GPUs count in its idle (off while it sleeps); a never_sleep group is never slept
+    sc["nodes"][0].update(gpu_count=5, gpu_model="T4")  # 5 x 10 W idle: 50 W against 45 asleep
+    sc["nodes"][1]["never_sleep"] = True
+    sc["idle_policy"]["sleep_watts"] = 45
+    p.write_text(yaml.safe_dump(sc))
+    (found,) = json.loads(runner.invoke(app, ["validate", str(p), "--json"]).stdout)
+    assert not [w for w in found["warnings"] if "draw no more idle than asleep" in w], found["warnings"]
+
+
 def test_policies_long_and_json():
     rows = json.loads(runner.invoke(app, ["policies", "--json"]).stdout)
     by = {r["name"]: r for r in rows}
