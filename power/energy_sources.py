@@ -45,6 +45,8 @@ KEPLER_NODE_LABEL = "node_name"
 KEPLER_CPU = 'kepler_node_cpu_joules_total{zone=~"package.*|dram.*"}'
 KEPLER_GPU = "kepler_node_gpu_joules_total"
 KEPLER_PLATFORM = "kepler_platform_watts"
+#: How finely the Kepler preset's energy counts the part of its window a node reported platform watts in.
+PLATFORM_STEPS = 100
 
 
 def _ms(seconds: float) -> str:
@@ -88,9 +90,18 @@ def _kepler(fn: str, w: str) -> str:
     by = f"sum by ({KEPLER_NODE_LABEL})"
     cpu = f"{by} ({fn}({KEPLER_CPU}[{w}]))"
     gpu = f"{by} ({fn}({KEPLER_GPU}[{w}]))"
-    platform = f"{by} (max by ({KEPLER_NODE_LABEL}, chassis_id) (avg_over_time({KEPLER_PLATFORM}[{w}])))"
-    if fn == "increase":  # watts averaged over the window, times its length in seconds
-        platform = f"({platform} * {int(w.removesuffix('ms')) / 1000:g})"
+    watts = f"avg_over_time({KEPLER_PLATFORM}[{w}])"
+    ms = int(w.removesuffix("ms"))
+    if fn == "increase":
+        # Watts averaged over the samples there are, times the time the node reported them: a node asleep or
+        # gone for part of the window has no samples then (a failed scrape marks its series stale), and
+        # multiplying by the whole window charged it its awake watts throughout. The share of the window it
+        # reported is counted on a subquery of PLATFORM_STEPS steps.
+        step = max(1, -(-ms // PLATFORM_STEPS))
+        watts = f"({watts} * clamp_max(count_over_time({KEPLER_PLATFORM}[{w}:{step}ms]) / {ms / step:g}, 1))"
+    platform = f"{by} (max by ({KEPLER_NODE_LABEL}, chassis_id) ({watts}))"
+    if fn == "increase":  # watts times the window's seconds (scaled above by the share reported)
+        platform = f"({platform} * {ms / 1000:g})"
     return f"({platform} or ({cpu} + {gpu}) or {cpu} or {gpu})"
 
 

@@ -168,12 +168,23 @@ class PowerMonitor:
             tot[1] += active
             tot[2] += d - active
 
-        # Per-process CPU time deltas; a pid whose start time changed is a new process.
+        # Per-process CPU time deltas; a pid whose start time changed is a new process. A child that exited and was
+        # reaped since the last read is no longer there to be read, but its whole CPU time is now in its parent's
+        # cutime/cstime: the parent is credited what of it was not seen while the child lived (short-lived workers
+        # and a process's last partial interval; before, their time was lost and their energy went to the others).
+        seen: dict[int, int] = {}  # parent pid -> ticks already counted for its children gone since
+        for pid, old in procs0.items():
+            st = procs.get(pid)
+            if st is None or st.start_time != old.start_time:
+                seen[old.ppid] = seen.get(old.ppid, 0) + old.cpu_ticks + old.child_ticks
         deltas: dict[int, int] = {}
         for pid, st in procs.items():
             old = procs0.get(pid)
-            d_ticks = st.cpu_ticks - old.cpu_ticks if old is not None and old.start_time == st.start_time \
-                else st.cpu_ticks
+            if old is not None and old.start_time == st.start_time:
+                reaped = st.child_ticks - old.child_ticks
+                d_ticks = st.cpu_ticks - old.cpu_ticks + (max(0, reaped - seen.get(pid, 0)) if reaped > 0 else 0)
+            else:
+                d_ticks = st.cpu_ticks + st.child_ticks
             if d_ticks > 0:
                 deltas[pid] = d_ticks
         total_ticks = sum(deltas.values())

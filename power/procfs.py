@@ -62,6 +62,8 @@ class ProcStat(NamedTuple):
     comm: str
     cpu_ticks: int  # utime + stime
     start_time: int  # field 22: tells a reused pid from the process that had it before
+    ppid: int = 0
+    child_ticks: int = 0  # cutime + cstime: the CPU time of its children it has reaped (waited for)
 
 
 def parse_pid_stat(data: bytes) -> ProcStat:
@@ -69,14 +71,21 @@ def parse_pid_stat(data: bytes) -> ProcStat:
     open_ = data.index(b"(")
     close = data.rindex(b")")
     rest = data[close + 2:].split()
-    # rest[0] is field 3 (state); field k is rest[k - 3]: utime 14, stime 15, starttime 22.
-    return ProcStat(data[open_ + 1:close].decode("utf-8", "replace"), int(rest[11]) + int(rest[12]), int(rest[19]))
+    # rest[0] is field 3 (state); field k is rest[k - 3]: ppid 4, utime 14, stime 15, cutime 16, cstime 17,
+    # starttime 22.
+    return ProcStat(data[open_ + 1:close].decode("utf-8", "replace"), int(rest[11]) + int(rest[12]), int(rest[19]),
+                    int(rest[1]), int(rest[13]) + int(rest[14]))
 
 
-_POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+#: A static pod's UID is the kubelet's 32-hex hash of its manifest (the mirror pod's annotation
+#: ``kubernetes.io/config.hash``), not a dashed UUID: the apiserver, etcd and the control plane's other pods.
+_STATIC_UID = r"[0-9a-fA-F]{32}(?![0-9a-fA-F])"
+_POD = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+                  rf"|{_STATIC_UID})")
 #: A cgroupfs driver's pod directory, the whole path component (``pod<uid>``): recognised without "kubepods" in
 #: the path, which a reader in a private cgroup namespace does not see (``0::/../../burstable/pod<uid>/<id>``).
-_POD_DIR = re.compile(r"pod([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})")
+_POD_DIR = re.compile(r"pod([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+                      rf"|{_STATIC_UID})")
 _CONTAINER = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-|libpod-)?([0-9a-f]{64})(?:\.scope)?\Z")
 
 

@@ -45,6 +45,27 @@ def test_the_joulesched_source_sums_cpu_zones_and_gpus(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+def test_kepler_platform_watts_count_only_while_a_node_reports_them(tmp_path):
+    """A node that appears late (woken) or goes stale early (asleep: its failed scrapes mark its series stale)
+    is charged its platform watts only while it reported them; the preset multiplied their average by the whole
+    window, so a node up for the last 90 s of 600 was charged 240 kJ instead of about 38 kJ."""
+    from joulesched.power.energy_sources import KEPLER
+
+    series = [{"series": f'kepler_platform_watts{{node_name="{n}",chassis_id="1"}}', "values": v}
+              for n, v in (("late", "_x34 400x6"), ("always", "400x40"), ("early", "400x9 stale"))]
+    # 15 s scrapes over 600 s; presence counted on 6 s steps: late 510-600 s (16 steps), early 0-144 s (25 steps
+    # of 101, Prometheus 2's closed range), always every step (clamped to the whole window)
+    want = 400 * 600 * (16 / 100) + 400 * 600 + 400 * 600 * (25 / 100)
+    tests = [{"interval": "15s", "input_series": series, "promql_expr_test": [
+        {"expr": KEPLER.joules(600), "eval_time": "600s", "exp_samples": [{"labels": "{}", "value": want}]}]}]
+    f = tmp_path / "test.yml"
+    f.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "15s", "tests": tests}))
+    r = subprocess.run([shutil.which("promtool"), "test", "rules", str(f)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 class _Prometheus:
     """Answers every query with one sample; keeps the queries."""
 

@@ -181,3 +181,44 @@ def test_an_idle_pod_or_vm_keeps_its_series_while_a_process_lives(powercap, proc
     clock.advance(1)
     proc.tick(idle=100)
     assert PodRef(UID_A, C1) not in mon.refresh().pods
+
+
+def test_children_that_exit_between_reads_count_for_their_pod(powercap, proc, clock):
+    """A pod's short-lived workers (exited and reaped within a refresh) were never read: their CPU time was lost
+    and their active energy went to the processes that survived (a review: pod A 150 J, pod B nothing, for a
+    true 15 J / 135 J). Their time is now read from the parent's cutime/cstime, without counting twice what a
+    child that lived across a read had already been credited."""
+    powercap.add("intel-rapl:0", "package-0")
+    proc.add(FakeProcess(200, "long", cgroup=pod_cgroup_v2(UID_A, C1)))
+    proc.add(FakeProcess(300, "shell", cgroup=pod_cgroup_v2(UID_B, C3)))
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock)
+    mon.refresh()
+    for k in range(3):  # each second: 100 J in the package, the node half busy (100 of 200 ticks)
+        clock.advance(1.0)
+        powercap.advance("intel-rapl:0", 100_000_000)
+        proc.tick(user=100, idle=100)
+        proc.run(200, utime=10)
+        child = proc.add(FakeProcess(1000 + k, "worker", ppid=300, start_time=200 + k,
+                                     cgroup=pod_cgroup_v2(UID_B, C3)))
+        proc.run(child.pid, utime=90)
+        proc.reap(child.pid)  # exited and waited for before the next read
+        s = mon.refresh()
+    assert s.pods[PodRef(UID_A, C1)].joules_total == pytest.approx(15.0)
+    assert s.pods[PodRef(UID_B, C3)].joules_total == pytest.approx(135.0)
+    # A child read while alive, then reaped: its 40 ticks seen before are not counted again in the parent
+    clock.advance(1.0)
+    powercap.advance("intel-rapl:0", 100_000_000)
+    proc.tick(user=100, idle=100)
+    child = proc.add(FakeProcess(2000, "worker", ppid=300, start_time=300, cgroup=pod_cgroup_v2(UID_B, C3)))
+    proc.run(child.pid, utime=40)
+    proc.run(200, utime=60)
+    mon.refresh()  # 50 J active: A 60 of 100 ticks, B's child 40
+    clock.advance(1.0)
+    powercap.advance("intel-rapl:0", 100_000_000)
+    proc.tick(user=100, idle=100)
+    proc.run(child.pid, utime=50)
+    proc.run(200, utime=50)
+    proc.reap(child.pid)  # 90 ticks in all moved to the shell's cutime, 50 of them new
+    s = mon.refresh()
+    assert s.pods[PodRef(UID_A, C1)].joules_total == pytest.approx(15.0 + 30.0 + 25.0)
+    assert s.pods[PodRef(UID_B, C3)].joules_total == pytest.approx(135.0 + 20.0 + 25.0)

@@ -42,6 +42,9 @@ def test_usage_ratio_is_keplers_and_clamped():
     assert usage_ratio(a, a) == 0.0
 
 
+STATIC = "6d8c7a3e5d1c0f9b8a7e6d5c4b3a2f1e"
+
+
 @pytest.mark.parametrize("text, expected", [
     (pod_cgroup_v2(UID, CID), PodRef(UID, CID)),
     (pod_cgroup_v2(UID, CID, qos="besteffort"), PodRef(UID, CID)),
@@ -60,6 +63,12 @@ def test_usage_ratio_is_keplers_and_clamped():
     (f"0::/../../burstable/pod{UID}/{CID}\n", PodRef(UID, CID)),
     (f"0::/../../pod{UID}/{CID}\n", PodRef(UID, CID)),
     (f"11:cpu,cpuacct:/../besteffort/pod{UID}\n", PodRef(UID, "")),
+    # Static pods (the control plane's): the kubelet's 32-hex manifest hash is their UID, with either driver
+    (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{STATIC}.slice/cri-containerd-{CID}.scope\n",
+     PodRef(STATIC, CID)),
+    (f"0::/kubepods/burstable/pod{STATIC}/{CID}\n", PodRef(STATIC, CID)),
+    (f"0::/../../burstable/pod{STATIC}/{CID}\n", PodRef(STATIC, CID)),
+    (f"0::/kubepods/burstable/pod{STATIC}0/{CID}\n", None),  # 33 hex digits: no UID
     # Without "kubepods", only a whole pod<uid> component counts: not a name that merely contains one.
     (f"0::/user.slice/mypod{UID}.scope\n", None),
     ("0::/user.slice/user-0.slice/session-3.scope\n", None),

@@ -98,6 +98,8 @@ class FakeProcess:
     start_time: int = 100
     cgroup: str = "0::/user.slice/session-1.scope\n"
     cmdline: bytes = b"/usr/bin/worker\0"
+    ppid: int = 1
+    cutime: int = 0  # the reaped children's CPU time (cutime + cstime counted here as one)
 
 
 @dataclass
@@ -145,8 +147,8 @@ class SyntheticProc:
     def write_process(self, p: FakeProcess) -> None:
         # Fields 3..: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime
         # cstime priority nice num_threads itrealvalue starttime ...
-        rest = ["S", "1", "1", "1", "0", "-1", "4194304", "0", "0", "0", "0", str(p.utime), str(p.stime),
-                "0", "0", "20", "0", "1", "0", str(p.start_time), "1000", "100"]
+        rest = ["S", str(p.ppid), "1", "1", "0", "-1", "4194304", "0", "0", "0", "0", str(p.utime), str(p.stime),
+                str(p.cutime), "0", "20", "0", "1", "0", str(p.start_time), "1000", "100"]
         _write(self.root / str(p.pid) / "stat", f"{p.pid} ({p.comm}) " + " ".join(rest) + "\n")
 
     def run(self, pid: int, *, utime: int = 0, stime: int = 0) -> None:
@@ -154,6 +156,15 @@ class SyntheticProc:
         p.utime += utime
         p.stime += stime
         self.write_process(p)
+
+    def reap(self, pid: int) -> None:
+        """Process ``pid`` exits and its parent waits for it: its CPU time moves to the parent's cutime."""
+        p = self.processes[pid]
+        parent = self.processes.get(p.ppid)
+        self.remove(pid)
+        if parent is not None:
+            parent.cutime += p.utime + p.stime + p.cutime
+            self.write_process(parent)
 
     def remove(self, pid: int) -> None:
         d = self.root / str(pid)
