@@ -175,14 +175,19 @@ class EventRecorder:
         waking that node for it."""
         self._put(("nominate", uid), (ns, name, uid, ""))
 
-    def failed(self, ns: str, name: str, uid: str, message: str, condition: bool) -> None:
+    def failed(self, ns: str, name: str, uid: str, message: str, condition: bool, rv: str = "") -> None:
+        """A failed attempt: its FailedScheduling Event, and with ``condition`` the ``PodScheduled=False``
+        condition, written only if the pod is still at ``rv`` (its resourceVersion as the decision saw it): a
+        write that lands after the pod was bound would otherwise overwrite its ``PodScheduled=True``."""
         self._record(ns, name, uid, "Warning", "FailedScheduling", message)
         if condition:
-            self._put(("condition", uid), (ns, name, uid, message))
+            self._put(("condition", uid), (ns, name, uid, message, rv))
 
     def forget(self, uid: str) -> None:
-        """The pod is bound or gone: its FailedScheduling series ends (a later failure starts a new Event)."""
+        """The pod is bound or gone: its FailedScheduling series ends (a later failure starts a new Event), and a
+        condition still queued for it is not written."""
         with self._lock:
+            self._latest.pop(("condition", uid), None)
             for reason in ("FailedScheduling", "WaitingForNode"):
                 s = self._series.get((uid, reason))
                 if s is not None and s.written == s.count and ("event", uid, reason) not in self._queued:
@@ -321,6 +326,11 @@ class EventRecorder:
                     return
                 if code == 404:
                     return  # the pod (or the Event) is gone; nothing to record
+                if code == 409 and key[0] == "condition":
+                    # The pod changed since the decision (bound, or another write): not written now, and written
+                    # again on its next failed attempt if it is still pending then.
+                    self.condition_dropped(key[1])
+                    return
                 why = f"HTTP {code}"
             self.metrics.api_errors.labels(key[0], str(code) if code else "connection").inc()
             time.sleep(0.05 * (attempt + 1))
@@ -369,11 +379,13 @@ class EventRecorder:
                                  compact_json({"status": {"nominatedNodeName": node or None}}),
                                  content_type="application/merge-patch+json", timeout=self.timeout_s).status
 
-    def _condition(self, ns: str, name: str, uid: str, message: str) -> int:
+    def _condition(self, ns: str, name: str, uid: str, message: str, rv: str = "") -> int:
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        patch = {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                            "message": message, "lastProbeTime": None,
-                                            "lastTransitionTime": now}]}}
+        patch: dict = {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                                  "message": message, "lastProbeTime": None,
+                                                  "lastTransitionTime": now}]}}
+        if rv:  # a precondition: 409 if the pod changed since the decision (bound meanwhile, above all)
+            patch["metadata"] = {"resourceVersion": rv}
         return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", compact_json(patch),
                                  content_type="application/strategic-merge-patch+json",
                                  timeout=self.timeout_s).status
@@ -477,11 +489,11 @@ class EventWriterProcess:
             return self._local.unnominated(ns, name, uid)
         self._send(("unnominated", ns, name, uid), "nominate", uid)
 
-    def failed(self, ns: str, name: str, uid: str, message: str, condition: bool) -> None:
+    def failed(self, ns: str, name: str, uid: str, message: str, condition: bool, rv: str = "") -> None:
         if self._local is not None:
-            return self._local.failed(ns, name, uid, message, condition)
+            return self._local.failed(ns, name, uid, message, condition, rv)
         self._series_of(uid)
-        self._send(("failed", ns, name, uid, message[:_MAX_MESSAGE], condition),
+        self._send(("failed", ns, name, uid, message[:_MAX_MESSAGE], condition, rv),
                    "condition" if condition else "event", uid)
 
     def forget(self, uid: str) -> None:

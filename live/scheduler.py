@@ -740,7 +740,8 @@ class Scheduler:
         dt = time.perf_counter() - t0
         self.metrics.attempts.labels("unschedulable").inc()
         self.metrics.duration.labels("unschedulable").observe(dt)
-        self.recorder.failed(e.namespace, e.name, e.uid, message, condition=message != e.last_failure)
+        self.recorder.failed(e.namespace, e.name, e.uid, message, condition=message != e.last_failure,
+                             rv=str(pod.rv) if pod is not None and pod.rv else "")
         e.last_failure = message
         self._requeue(e, backoff=True)
         return None

@@ -298,6 +298,10 @@ def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], names
         query = meter.last_query
         per_node = meter.watts_by_node(start, end, rate_window_s=rate_window_s)
         on_event(policy, f"{joules:.1f} J over {end - start:.1f} s")
+        uncovered = nodes_without_energy([n.metadata.name for n in core.list_node().items], per_node)
+        if uncovered:
+            on_event(policy, f"warning: no energy series for node(s) {', '.join(uncovered)} in the window: "
+                             "their energy is not in the total")
     finally:
         # Always tear down, also after a failure: a half-measured cluster must not carry pods into the next run.
         for name in names:
@@ -338,7 +342,18 @@ def run_policy(core, prom, policy: str, *, pods: int, apps: Sequence[str], names
         "load_tool": load.tool,
         "nodes_used": nodes,
         "node_power": per_node,
+        "nodes_without_energy": uncovered,
     }
+
+
+def nodes_without_energy(names: Sequence[str], per_node: dict) -> list[str]:
+    """The cluster's nodes that had no energy series in the window, where the series name nodes at all (the
+    source's node label: ``node`` relabelled from the scrape target, or Kepler's ``node_name``). A node whose
+    exporter is not deployed, not scraped, or failing adds 0 J to the total, so a policy packing pods onto it
+    would look cheaper; an empty list where the series carry only addresses (nothing to compare)."""
+    if not set(per_node) & set(names):
+        return []
+    return sorted(set(names) - set(per_node))
 
 
 def summarize_kube(doc: dict) -> dict:
@@ -536,6 +551,11 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
                            "policies": {pol: m["metrics"] for pol, m in measured.items()}}],
         }
         doc["summary"] = summarize_kube(doc)
+        for pol, m in measured.items():
+            if missing := m["metrics"].get("nodes_without_energy"):
+                doc["summary"][scenario_name].setdefault("warnings", []).append(
+                    f"{pol}: no energy series for node(s) {', '.join(missing)} in its window; their energy is not "
+                    "in its total (an exporter not deployed, not scraped or failing; or a node asleep throughout)")
         write_outputs(out, from_dict(doc), {}, {})
         write_report(out, header=HEADER)
 

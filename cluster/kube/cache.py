@@ -83,6 +83,10 @@ class KubeCache:
         self._m_frac = np.zeros(0)
         self._m_any = False  # some node has a measured CPU fraction
         self._m_base_req = np.zeros(0)
+        #: Each node's requested CPU when the measurement was taken: what was bound since is added to it. Kept by
+        #: node name, so that a rebuild (a label, a taint, a node added) keeps it until the next scrape.
+        self._m_base_by_node: dict[str, float] = {}
+        self._m_rebase = False  # a new measurement came: take the requests as they are now as its baseline
         self._t0 = time.monotonic()
         self._nodes_gauge = Gauge("joulesched_cache_nodes", "Nodes in the scheduler's cache.", registry=self.registry)
         self._pods_gauge = Gauge("joulesched_cache_pods", "Non-terminated pods in the scheduler's cache.",
@@ -455,19 +459,30 @@ class KubeCache:
             return self.pods.get(uid)
 
     # ---- Prometheus ----
-    def _apply_metrics(self, cpu_frac: dict[str, float], watts: dict[str, float]) -> None:
+    def _apply_metrics(self, cpu_frac: dict[str, float], watts: dict[str, float]) -> int:
+        """A new measurement; returns how many of the cache's nodes it names (the feed reports a measurement
+        whose samples name none of them, a relabelling that does not give node names, as a fallback)."""
         with self.lock:
             self._cpu_frac = {k: min(max(v, 0.0), 1.0) for k, v in cpu_frac.items()}
             self._watts = dict(watts)
+            self._m_rebase = True
             if not self._dirty and self._state is not None:
                 self._refresh_metric_arrays()
+            return sum(1 for n in set(cpu_frac) | set(watts) if n in self.nodes)
 
     def _refresh_metric_arrays(self) -> None:
         st = self._state
         assert st is not None
         self._m_frac = np.array([self._cpu_frac.get(n, np.nan) for n in st.names])
         self._m_any = bool((~np.isnan(self._m_frac)).any())
-        self._m_base_req = st.req_cpu.astype(np.float64).copy()
+        req = st.req_cpu.astype(np.float64)
+        if self._m_rebase:  # a new scrape: what is requested now is in its measurement
+            self._m_rebase = False
+            self._m_base_req = req.copy()
+            self._m_base_by_node = dict(zip(st.names, self._m_base_req.tolist()))
+        else:  # a rebuild between scrapes: what was bound since the last one stays added (by node name)
+            base = self._m_base_by_node
+            self._m_base_req = np.array([base.get(n, r) for n, r in zip(st.names, req.tolist())])
         #: Measured watts per node (NaN where Prometheus has none), for policies and reports that want it.
         st.measured_watts = np.array([self._watts.get(n, np.nan) for n in st.names])
 

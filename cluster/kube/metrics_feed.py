@@ -46,9 +46,10 @@ class FeedConfig:
 
 
 class PrometheusFeed:
-    """Polls Prometheus and calls ``apply(cpu_fraction_by_node, watts_by_node)``; either dict may be empty."""
+    """Polls Prometheus and calls ``apply(cpu_fraction_by_node, watts_by_node)``; either dict may be empty.
+    ``apply`` may return how many known nodes the samples name: 0 with samples is reported as a fallback."""
 
-    def __init__(self, cfg: FeedConfig, apply: Callable[[dict[str, float], dict[str, float]], None],
+    def __init__(self, cfg: FeedConfig, apply: Callable[[dict[str, float], dict[str, float]], int | None],
                  registry: CollectorRegistry) -> None:
         self.cfg = cfg
         self.apply = apply
@@ -94,12 +95,12 @@ class PrometheusFeed:
             log.warning("%s feed: falling back to request-based state (%s)", feed, why)
         self._in_fallback[feed] = not ok
 
-    def _query(self, feed: str, q: str) -> dict[str, float]:
+    def _query(self, q: str) -> tuple[dict[str, float], str]:
+        """The query's value per node label, and why there is none when it is empty."""
         try:
             result = self._prom.custom_query(q, timeout=self.cfg.timeout_s)
         except Exception as e:  # connection refused, timeout, bad PromQL: all mean "no data"
-            self._note(feed, False, f"{type(e).__name__}: {str(e)[:200]}")
-            return {}
+            return {}, f"{type(e).__name__}: {str(e)[:200]}"
         out = {}
         for r in result or []:
             node = (r.get("metric") or {}).get(self.cfg.node_label)
@@ -109,16 +110,22 @@ class PrometheusFeed:
                 continue
             if node and math.isfinite(v):
                 out[node] = v
-        if out:
-            self._note(feed, True)
-        else:
-            self._note(feed, False, f"query returned no samples with a {self.cfg.node_label!r} label")
-        return out
+        return out, "" if out else f"query returned no samples with a {self.cfg.node_label!r} label"
 
     def refresh(self) -> None:
-        cpu = self._query("cpu", self.cfg.cpu_query)
-        watts = self._query("power", self.cfg.power_query)
-        self.apply(cpu, watts)
+        cpu, cpu_why = self._query(self.cfg.cpu_query)
+        watts, watts_why = self._query(self.cfg.power_query)
+        matched = self.apply(cpu, watts)
+        for feed, got, why in (("cpu", cpu, cpu_why), ("power", watts, watts_why)):
+            if not got:
+                self._note(feed, False, why)
+            elif isinstance(matched, int) and matched == 0:
+                # Samples that name no node of the cluster (an FQDN or IP:port in the label) are no measurement:
+                # every node goes on with its requests, and the gauge must say so.
+                self._note(feed, False, f"no sample's {self.cfg.node_label!r} label names a node of the cluster "
+                                        f"(e.g. {', '.join(sorted(got)[:3])}); relabel it to the node's name")
+            else:
+                self._note(feed, True)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -133,3 +133,51 @@ def test_unreachable_prometheus_never_stops_scheduling(emu, make_scheduler):
     s = make_scheduler(backend_kw={"feed": FeedConfig(url="http://127.0.0.1:9", interval_s=0.05, timeout_s=0.5)})
     wait_until(lambda: len(emu.bindings) == 1)
     assert s.registry.get_sample_value("joulesched_metrics_fallback", {"feed": "power"}) == 1
+
+
+def test_a_node_change_keeps_what_was_bound_since_the_scrape(emu):
+    """Usage is the measured fraction plus what was bound since the scrape. A rebuild (any node's label, a taint,
+    a node added) reset that baseline, so the pods bound since vanished from usage until the next scrape
+    (a review: 2400 m read as 400 m)."""
+    emu.add_node("a", cpu="4")
+    emu.add_node("b", cpu="4")
+    c = KubeCache(api_client_for(emu.url)).start()  # no feed: the scrape is handed over by hand
+    try:
+        assert c.wait_synced(10)
+        with c.lock:
+            c.state()
+        assert c._apply_metrics({"a": 0.1, "b": 0.1}, {}) == 2  # one scrape, naming both nodes
+        emu.add_pod("new", cpu="2", node_name="a", scheduler_name="default-scheduler")  # bound after it
+        wait_until(lambda: any(p.name == "new" for p in c.pods.values()), what="the new pod")
+        with c.lock:
+            assert c.state().usage_cpu.tolist() == [2400.0, 400.0]
+            epoch = c.epoch
+        emu.patch("nodes", "", "b", {"metadata": {"labels": {"team": "x"}}})  # a change to another node
+        wait_until(lambda: (c.state(), c.epoch)[1] > epoch, what="the rebuild")
+        with c.lock:
+            assert c.state().usage_cpu.tolist() == [2400.0, 400.0]
+        c._apply_metrics({"a": 0.6, "b": 0.1}, {})  # the next scrape has the pod in it
+        with c.lock:
+            assert c.state().usage_cpu.tolist() == [2400.0, 400.0]
+    finally:
+        c.stop()
+
+
+def test_samples_that_name_no_node_of_the_cluster_are_a_fallback(emu, prom, caplog):
+    """node-exporter's label holding an FQDN or IP:port: every node went on with its requests while the gauge
+    said 0 and the log "using Prometheus" (a review). Now the gauge says 1 and the log says why."""
+    caplog.set_level(logging.INFO, logger="joulesched.kube")
+    emu.add_node("a", cpu="4")
+    emu.add_pod("r", cpu="1", node_name="a", scheduler_name="default-scheduler")
+    prom.results = {DEFAULT_CPU_QUERY: {"a.cluster.example": 0.9}, DEFAULT_POWER_QUERY: {"10.0.0.5:9100": 200.0}}
+    b = _backend(emu, prom.url)
+    try:
+        wait_until(lambda: len(prom.queries) >= 6, what="several refreshes")
+        assert b.registry.get_sample_value("joulesched_metrics_fallback", {"feed": "cpu"}) == 1
+        assert b.registry.get_sample_value("joulesched_metrics_fallback", {"feed": "power"}) == 1
+        with b.lock:
+            assert b.state().usage_cpu.tolist() == [1000.0]
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cpu feed")]
+        assert len(said) == 1 and "names a node of the cluster (e.g. a.cluster.example)" in said[0], said
+    finally:
+        b.stop()

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from joulesched.cluster.kube.client import FastClient, api_client_for
@@ -270,3 +271,21 @@ def test_serve_keeps_bounded_structures(emu, make_scheduler):
     assert s.bound_count == 40 and s.result()["bound"] == 40
     assert len(s.bind_sent) == 8 and s.latency.values().size == 16 and s.latency.count == 40
     assert not hasattr(s, "bound") and not hasattr(s, "latencies")
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_late_unschedulable_condition_does_not_overwrite_a_bound_pods(emu, make_scheduler, writer):
+    """The condition is written asynchronously: an apiserver slow to take it let the pod be bound first, and
+    the late PodScheduled=False then stood on a running pod (a review). It is now written only if the pod is
+    still the version the decision saw."""
+    emu.add_node("a", cpu="1", memory="1Gi")
+    emu.faults.add("slow", "patch-status:pods", times=1, delay_s=1.0)  # the first status write answers late
+    emu.add_pod("p", cpu="2", memory="256Mi")
+    s = make_scheduler(event_writer=writer, backoff_initial_s=0.05, backoff_max_s=0.1)
+    wait_until(lambda: s.metrics.attempts.labels("unschedulable")._value.get() >= 1, 10, "a first failure")
+    emu.add_node("b", cpu="4", memory="4Gi")  # room appears while that write is still on its way
+    wait_until(lambda: emu.get("pods", "p", "default")["spec"].get("nodeName"), 10, "the binding")
+    time.sleep(1.5)
+    (cond,) = [c for c in emu.get("pods", "p", "default")["status"].get("conditions", [])
+               if c["type"] == "PodScheduled"]
+    assert cond["status"] == "True", cond

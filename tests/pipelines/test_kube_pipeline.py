@@ -416,3 +416,15 @@ def test_stack_outputs_of_the_wrong_shape_exit_2(tmp_path, monkeypatch, outputs,
     r = CliRunner().invoke(app, ["pipeline", "--env", "kube", "--stack", "cluster", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2, r.output
     assert needle in " ".join(r.output.split()) and not (tmp_path / "o").exists()
+
+
+def test_a_node_without_energy_series_is_named_not_counted_as_zero_silently():
+    """A node whose exporter is not deployed, scraped or working added 0 J to the total without a word, so a
+    policy that packed pods onto it looked cheaper (a review). Where the series name nodes, the missing ones are
+    listed (results, a warning); where they carry only addresses there is nothing to compare."""
+    from joulesched.pipelines.kube_pipeline import nodes_without_energy
+
+    names = ["node-0", "node-1", "node-2"]
+    assert nodes_without_energy(names, {"node-0": [[0, 50.0]], "node-2": [[0, 40.0]]}) == ["node-1"]
+    assert nodes_without_energy(names, {n: [[0, 1.0]] for n in names}) == []
+    assert nodes_without_energy(names, {"127.0.0.1:9102": [[0, 50.0]]}) == []

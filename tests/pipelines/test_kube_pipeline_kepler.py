@@ -37,6 +37,8 @@ def test_kube_pipeline_measures_with_the_kepler_preset(emu, kubeconfig, schedule
     from joulesched.pipelines.kube_pipeline import run_kube
 
     out = tmp_path / "out"
+    for node in EXPECTED_W:  # nodes named as Kepler's node_name: the scheduler's feed matches its samples to them
+        emu.add_node(node, cpu="4", memory="8Gi")
     # A load of 5 s with a 3 s rate window: the per-node series has samples whose whole rate window lies in the
     # load (t >= 3) however the 1 s query grid falls on the window (with a 3 s load the one such sample could
     # land at 2.95 s and there was none).

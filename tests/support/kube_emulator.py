@@ -765,6 +765,10 @@ class KubeEmulator:
             obj = self._store[resource].get((namespace, name))
             if obj is None:
                 raise _ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            rv = (patch.get("metadata") or {}).get("resourceVersion")
+            if rv and rv != obj["metadata"]["resourceVersion"]:  # a precondition, as on the main resource
+                raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": the object '
+                                "has been modified; please apply your changes to the latest version and try again")
             obj = _copy(obj)
             if "status" in patch:
                 obj.setdefault("status", {})
