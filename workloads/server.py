@@ -14,7 +14,8 @@ import signal
 import sys
 from typing import Callable
 
-from flask import Flask
+from flask import Flask, request
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 
 from joulesched.core.httpd import HardenedHandlerMixin, HardenedServerMixin, Limits
@@ -35,6 +36,21 @@ class HardenedWSGIServer(HardenedServerMixin, ThreadedWSGIServer):
     def __init__(self, host: str, port: int, app, limits: Limits = APP_LIMITS) -> None:
         self.limits = limits
         super().__init__(host, port, app, handler=_Handler)
+
+
+def request_body() -> bytes:
+    """The current request's body, at most its ``max_content_length`` bytes (the app's MAX_CONTENT_LENGTH), else
+    RequestEntityTooLarge (413). werkzeug refuses a Content-Length over the cap itself, but cuts a chunked body
+    at the cap without a word, so the cut JSON read as malformed (400)."""
+    cap = request.max_content_length
+    # Only a chunked body (the server decoded it and marked the input terminated) is read raw: a request with
+    # neither length nor chunks has no body, and reading the socket would wait out the timeout for one.
+    if request.content_length is not None or cap is None or not request.environ.get("wsgi.input_terminated"):
+        return request.get_data(cache=False)
+    raw = request.environ["wsgi.input"].read(cap + 1)
+    if len(raw) > cap:
+        raise RequestEntityTooLarge()
+    return raw
 
 
 def make_server(host: str, port: int, app: Flask, limits: Limits = APP_LIMITS) -> HardenedWSGIServer:

@@ -20,6 +20,7 @@ as ``a load failed``, not ``duration elapsed``.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 
 from flask import Flask, Response, jsonify, request
 from pydantic import ValidationError
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from joulesched.core.errors import UsageError, validation_summary
 from joulesched.core.httpd import lift_deadline
@@ -38,6 +40,7 @@ from joulesched.workloads.egress import EgressError, NetAllow
 from joulesched.workloads.memory import MemoryLoad
 from joulesched.workloads.network import NetworkLoad, paced_stream
 from joulesched.workloads.params import KIND_FIELDS, KINDS, MAX_DURATION_S, MAX_NET_MBPS, LoadParams, StreamParams
+from joulesched.workloads.server import request_body
 
 #: Request bodies of /start and /stop are a few hundred bytes of JSON.
 MAX_CONTENT_LENGTH = 64 << 10
@@ -276,14 +279,20 @@ def create_app(service: BlockerService) -> Flask:
     def status():
         return jsonify(service.status())
 
+    @app.errorhandler(RequestEntityTooLarge)
+    def _too_large(exc: RequestEntityTooLarge):
+        return error_response(f"body is over the {request.max_content_length}-byte limit", 413)
+
     @app.post("/start")
     def start():
-        try:
-            body = request.get_json(silent=True)
-        except RecursionError:  # silent covers ValueError only; '[' * 60000 fits in the body cap
-            raise BadRequest("body must be a JSON object (this one nests too deeply to read)") from None
-        if body is None:
+        if not request.is_json:
             raise BadRequest("body must be JSON (Content-Type: application/json)")
+        try:
+            body = json.loads(request_body())
+        except RecursionError:  # '[' * 60000 fits in the body cap
+            raise BadRequest("body must be a JSON object (this one nests too deeply to read)") from None
+        except ValueError:
+            raise BadRequest("body must be JSON (Content-Type: application/json)") from None
         return jsonify(service.start(body, _own_address())), 202
 
     @app.post("/stop")

@@ -22,6 +22,7 @@ Ids are SQLite integers (at most 2**63 - 1; a bigger one is no product or order,
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import tempfile
@@ -35,8 +36,10 @@ from urllib.parse import quote
 import requests
 from flask import Blueprint, Flask, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from joulesched.core.errors import JouleschedError, UsageError, validation_summary
+from joulesched.workloads.server import request_body
 
 PARTS = ("all", "catalogue", "cart", "orders")
 CATALOGUE = [(f"Item {i:02d}", 199 + 150 * i, 1000) for i in range(1, 21)]
@@ -300,8 +303,8 @@ class CartHTTP(_HTTP):
 # ---- HTTP front ----------------------------------------------------------------------------------------------
 def _body(model: type[BaseModel]) -> Any:
     try:
-        data = request.get_json(silent=True)
-    except RecursionError:  # silent covers ValueError only; '[' * 60000 fits in the body cap
+        data = json.loads(request_body()) if request.is_json else None
+    except (ValueError, RecursionError):  # '[' * 60000 fits in the body cap
         data = None
     if not isinstance(data, dict):
         raise ShopError("body must be a JSON object")
@@ -387,6 +390,10 @@ def create_app(db_path: Path | None = None, part: str = "all", catalogue_url: st
     @app.errorhandler(ShopError)
     def _err(exc: ShopError):
         return jsonify(error=str(exc)), exc.status
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def _too_large(exc: RequestEntityTooLarge):
+        return jsonify(error=f"body is over the {request.max_content_length}-byte limit"), 413
 
     @app.get("/healthz")
     def healthz():
