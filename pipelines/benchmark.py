@@ -29,7 +29,8 @@ from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
 from joulesched.core.names import check_ray_address
 from joulesched.pipelines.pool import process_pool
-from joulesched.pipelines.results import SCHEMA_VERSION, OptimumRun, Results, dump, from_dict, load_results  # noqa: F401
+from joulesched.pipelines.results import (SCHEMA_VERSION, OptimumRun, Results, dump, from_dict, load_results,  # noqa: F401
+                                          weakest_optimum_label)
 from joulesched.pipelines.stats import ratios, t_halfwidth
 
 
@@ -334,6 +335,9 @@ def summarize(doc: dict) -> dict:
                    if all(k in v for v in vals)},
                 # Median across seeds: one seed's p99 can catch a burst of noise from other processes.
                 "decision_us_p99": float(np.median([v["decision_us_p99"] for v in vals])),
+                # Student-t 95 % half-widths over the seeds (None with one), as the energy ratios have
+                **{f"{k}_ci95": t_halfwidth([v[k] for v in vals])
+                   for k in ("energy_joules", "slo_violation_rate", "mean_pending_s")},
             }
             if "default-k8s" in doc["policies"] and \
                     (vs_def := ratios(energy, [e["policies"]["default-k8s"]["energy_joules"] for e in entries])):
@@ -438,7 +442,11 @@ def headroom(res: Results) -> dict[str, dict]:
             sched = [o.schedule_energy for o in opt]
             solved = all(v is not None for v in sched)
             row["optimum"] = ratio(sched) if solved else None
-            row["optimal"] = all(o.proven_optimal for o in opt)
+            # What the schedules are over the window (ScenarioRun.optimum_label): optimal only if proven so on
+            # every seed, with no idle tail the MIP did not minimise, and no run below it.
+            kind = weakest_optimum_label({e.optimum_label() for e in entries})
+            row["optimal"] = kind == "optimum"
+            row["optimum_kind"] = "best schedule" if kind == "optimum*" else kind
             # Per seed: the best bound for every run (LP, fluid), and for the runs that bind on arrival (those and
             # the MIP's own and the bind-on-arrival LP's); never below fluid.
             every = [max((v for v in (o.lp_bound_joules, e.lower_bound_joules) if v is not None), default=0.0)
@@ -448,12 +456,16 @@ def headroom(res: Results) -> dict[str, dict]:
             row["best_bound"] = row["boa_bound"]
             row["bound_assumes"] = "bind-on-arrival" if any(b > ev for b, ev in zip(boa, every)) else "every-run"
             # The MIP's gap, over its schedule's own end: the bounds were proven for that window, and the idle tail
-            # the schedule was charged to meet its policies' window (window_tail_joules) is no part of it.
-            own = [v - ((o.model_extra or {}).get("window_tail_joules") or 0.0) for v, o in zip(sched, opt)] \
-                if solved else []
-            row["optimum_gap"] = float(np.mean([(v - b) / v for v, b in zip(own, boa)])) if solved else None
+            # the schedule was charged to meet its policies' window (window_tail_joules) is no part of it. A row
+            # certify() gave no gap (a bound above the schedule: one of them is wrong) has none here either.
+            conflict = solved and any(o.certificate is not None and o.best_gap is None
+                                      and o.best_bound_joules is not None for o in opt)
+            own = [v - (o.window_tail_joules or 0.0) for v, o in zip(sched, opt)] if solved else []
+            row["optimum_gap"] = float(np.mean([(v - b) / v for v, b in zip(own, boa)])) \
+                if solved and not conflict else None
+            row["gap_conflict"] = conflict
             if solved:
-                row["target"], row["target_kind"] = row["optimum"], "optimum" if row["optimal"] else "best schedule"
+                row["target"], row["target_kind"] = row["optimum"], row["optimum_kind"]
             else:
                 row["target"], row["target_kind"] = row["best_bound"], f"bound, {row['bound_assumes']}"
             gap = row["best_heuristic"] - row["target"] if row["best_heuristic"] is not None else 0.0

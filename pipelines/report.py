@@ -38,7 +38,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 from joulesched.agent.registry import DEFAULT_POLICIES, family_of, heuristics_among  # noqa: E402
 from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
 from joulesched.core.plots import plain_text_figures  # noqa: E402
-from joulesched.pipelines.results import PolicySummary, Results, ResultsError, ScenarioRun, load_results  # noqa: E402
+from joulesched.pipelines.results import (PolicySummary, Results, ResultsError, ScenarioRun, load_results,  # noqa: E402
+                                          weakest_optimum_label)
 from joulesched.pipelines.stats import mean_ci, ratios  # noqa: E402
 
 #: "Equal service" as the project's goals state it (docs/dqn.md, docs/PERFORMANCE.md): at most default-k8s's SLO
@@ -475,7 +476,7 @@ def _target_joules(e: ScenarioRun) -> tuple[float | None, str]:
     bind-on-arrival`` where the highest holds only for the runs that bind every pod when it arrives."""
     o = e.optimum
     if o and o.schedule_energy is not None:
-        return o.schedule_energy, "optimum" if o.proven_optimal else "optimum*"
+        return o.schedule_energy, e.optimum_label() or "optimum*"
     lp, boa = o.bounds if o else (None, None)
     every = [v for v in (lp, e.lower_bound_joules) if v is not None]
     best = max(every + ([boa] if boa is not None else []), default=None)
@@ -494,7 +495,7 @@ def _target_kind(kinds: set[str]) -> str:
         return next(iter(kinds))
     schedules = {k for k in kinds if k.startswith("optimum")}
     if schedules == kinds:
-        return "optimum*"
+        return weakest_optimum_label(kinds)
     if not schedules:
         return "bound, bind-on-arrival" if "bound, bind-on-arrival" in kinds else "bound"
     return "optimum or bound"
@@ -545,9 +546,11 @@ td{white-space:nowrap}
 td.pol,th.pol{text-align:left;white-space:normal;overflow-wrap:anywhere;max-width:22em}
 td.wrap,th.wrap{white-space:normal;overflow-wrap:anywhere;max-width:16em}
 tr.best td{font-weight:600;background:#eef6ee}
+td .ci{font-size:0.85em;font-weight:400;color:#555}
 .sw{display:inline-block;width:0.8em;height:0.8em;border-radius:2px;margin-right:0.4em;vertical-align:-0.05em}
 .meta{color:#666;font-size:0.85em}
 .note{font-size:0.88em;color:#444;max-width:60em}
+.note.warning{color:#8a4b00}
 img{display:block;max-width:100%;height:auto;border:1px solid #eee;margin:0.4em 0 1.2em}
 code{background:#f4f4f4;padding:1px 4px;overflow-wrap:anywhere}
 </style></head><body>
@@ -574,7 +577,10 @@ same pods on every seed, so the seeds vary only the policies' tie-breaking and t
 other workloads). The best heuristic is the least-energy heuristic
 on each seed, whatever its SLO (named: the one best on most seeds). The optimum is the MIP of
 <code>docs/optimum.md</code>
-(<code>--optimum</code>; its schedule as the twin replays it; * = not proven optimal in its time limit); a bound is
+(<code>--optimum</code>; its schedule as the twin replays it, over the same window as the policies; * = not
+proven optimal over that window: the solver's time ran out, or the schedule ended earlier and was charged an
+idle tail its MIP did not minimise; <em>optimum, bind-on-arrival</em>: proven among the schedules that bind
+every pod when it arrives, and a run that queued pods used less); a bound is
 the largest proven lower bound (the LP's or the clairvoyant fluid relaxation of <code>docs/lower-bound.md</code>: no
 policy can use less; <em>bound, bind-on-arrival</em>: the MIP's own or the bind-on-arrival LP's, which only the
 runs that bind every pod when it arrives cannot beat: one that queues pods may use less).</p>
@@ -583,7 +589,9 @@ runs that bind every pod when it arrives cannot beat: one that queues pods may u
 {% if headroom %}<h2>Headroom</h2>
 {% set solved = headroom|selectattr("solved")|list %}
 {% if solved %}<p class="note">Energy / default-k8s, per seed then averaged. Optimum: the MIP's schedule, replayed in the twin (*
-= not proven optimal on every seed: the best schedule found). <em>Bound, bind-on-arrival</em>: the largest
+= not proven optimal over the window on every seed: the best schedule found; &dagger; = optimal among the
+schedules that bind every pod on arrival, and a run that queued pods used less). Gap <em>conflict</em>: a
+bound is above the schedule, so one of them is wrong and no gap is stated. <em>Bound, bind-on-arrival</em>: the largest
 proven lower bound for the runs that bind every pod when it arrives (the MIP's own, the bind-on-arrival LP's);
 <em>bound, every run</em>: the LP or fluid bound, which queued and throttled runs obey too (the two are equal
 where nothing assumes bind-on-arrival). Gap: (optimum &minus; bound) / optimum, per seed. The last column, and
@@ -611,11 +619,12 @@ LP's bounds and each policy's share of the best heuristic's distance to them com
 <h2>{{ s.name }}</h2>
 <p class="meta">{{ s.nodes }} nodes, {{ s.pods }} pods, n = {{ s.n }} seed(s) ({% if s.replay %}a trace replayed as it is: the same pods on every seed, which vary the policies' tie-breaking only{% else %}workload seeds {{ s.seeds }}{% endif %}); {% if s.lb is not none %}lower bound {{ s.lb }}{% else %}no lower bound (measured run){% endif %}.
 Highlighted: the least energy within the SLO budget (the verdict's pick).</p>
-<table><tr><th class="pol">policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
+{% for w in s.warnings %}<p class="note warning">Warning: {{ w }}</p>
+{% endfor %}<table><tr><th class="pol">policy</th><th>energy</th><th>vs default-k8s</th><th>vs best heuristic</th><th>vs lower bound</th><th>SLO violations</th>
 <th>mean throttling</th><th>mean pending (s)</th><th title="unplaced pods: placed + unplaced = each seed's pods, mean over seeds">unplaced</th><th>decision p99 (&micro;s)</th></tr>
-{% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td class="pol"><span class="sw" style="background:{{ colors[r.policy] }}"></span>{{ r.policy|breakable }}</td><td>{{ r.energy }}</td>
-<td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) if r.vs_lb is not none else "—" }}</td><td>{{ "%.2f"|format(r.slo) }}%</td>
-<td>{{ "%.2f"|format(r.thr) ~ "%" if r.thr is not none else "n/a" }}</td><td>{{ "%.1f"|format(r.pending) }}</td><td>{{ "%g"|format(r.uns) }}</td>
+{% for r in s.rows %}<tr class="{{ 'best' if r.best else '' }}"><td class="pol"><span class="sw" style="background:{{ colors[r.policy] }}"></span>{{ r.policy|breakable }}</td><td>{{ r.energy }}{% if r.energy_ci %}<br><span class="ci">{{ r.energy_ci }}</span>{% endif %}</td>
+<td>{{ r.vs_default }}</td><td>{{ r.vs_heur }}</td><td>{{ "%.3f"|format(r.vs_lb) if r.vs_lb is not none else "—" }}</td><td>{{ r.slo }}{% if r.slo_ci %}<br><span class="ci">{{ r.slo_ci }}</span>{% endif %}</td>
+<td>{{ "%.2f"|format(r.thr) ~ "%" if r.thr is not none else "n/a" }}</td><td>{{ r.pending }}{% if r.pending_ci %}<br><span class="ci">{{ r.pending_ci }}</span>{% endif %}</td><td>{{ "%g"|format(r.uns) }}</td>
 <td>{{ "%.0f"|format(r.p99) if r.p99 is not none else "n/a" }}</td></tr>
 {% endfor %}</table>
 <p class="meta">Unplaced: pods never bound to a node (placed + unplaced = each seed's pods, mean over seeds: {{ s.pods_mean }}): they fit no node, were still pending at the end, or were services whose stop came before they ran (docs/twin.md, "Counts"); they are not SLO violations.</p>
@@ -640,6 +649,12 @@ def _breakable(text: str) -> Markup:
     """``text`` escaped, with line-break opportunities after ``/``, ``=`` and ``:``, so that a ``dqn=/long/path``
     spec wraps inside its table cell instead of widening the page."""
     return Markup(re.sub(r"([/=:])", r"\1<wbr>", str(escape(text))))
+
+
+def _pm(ci: float | None, fmt) -> str:
+    """``± half-width`` (Student-t 95 %), under the mean in its cell; nothing without an interval (one seed, or
+    an older file)."""
+    return "" if ci is None else f"± {fmt(ci)}"
 
 
 def _ratio(row: PolicySummary, key: str) -> str:
@@ -668,7 +683,7 @@ def _headroom_rows(doc: Results) -> list[dict]:
     for name, h in headroom(doc).items():
         opt = f(h.get("optimum"))
         if h.get("optimum") is not None and not h.get("optimal"):
-            opt += "*"
+            opt += "†" if h.get("optimum_kind") == "optimum, bind-on-arrival" else "*"
         shares = h.get("share_of_gap") or {}
         def best(kind, h=h):
             who = h[f"{kind}_policy"]
@@ -677,7 +692,8 @@ def _headroom_rows(doc: Results) -> list[dict]:
         rows.append({"name": name, "solved": "target" in h, "up": best("best_upstream"), "sa": best("best_sleep_aware"),
                      "learned": best("learned"), "opt": opt, "boa": f(h.get("boa_bound")),
                      "every": f(h.get("every_run_bound")), "fluid": f(h["fluid_bound"]),
-                     "gap": pct(h.get("optimum_gap"), 1), "share": pct(h.get("learned_share_of_gap")),
+                     "gap": "conflict" if h.get("gap_conflict") else pct(h.get("optimum_gap"), 1),
+                     "share": pct(h.get("learned_share_of_gap")),
                      "target": "—" if "target" not in h else f"{h['target_kind']} {h['target']:.3f}",
                      "shares": {p: pct(v) for p, v in shares.items()}})
     return rows
@@ -691,10 +707,15 @@ def _scenario_tables(doc: Results) -> list[dict]:
         rows = []
         for p, r in s.policies.items():
             rows.append({"policy": p, "energy": fmt_energy(r.energy_joules),
+                         "energy_ci": _pm(r.energy_joules_ci95, fmt_energy),
                          "vs_default": _ratio(r, "energy_vs_default"), "vs_heur": _ratio(r, "energy_vs_best_heuristic"),
-                         "vs_lb": r.energy_vs_lower_bound, "slo": 100 * r.slo_violation_rate,
+                         "vs_lb": r.energy_vs_lower_bound,
+                         "slo": f"{100 * r.slo_violation_rate:.2f}%",
+                         "slo_ci": _pm(r.slo_violation_rate_ci95, lambda v: f"{100 * v:.2f}"),
                          "thr": None if r.mean_throttling is None else 100 * r.mean_throttling,
-                         "pending": r.mean_pending_s, "uns": r.unschedulable_pods, "p99": r.decision_us_p99,
+                         "pending": f"{r.mean_pending_s:.1f}",
+                         "pending_ci": _pm(r.mean_pending_s_ci95, lambda v: f"{v:.1f}"),
+                         "uns": r.unschedulable_pods, "p99": r.decision_us_p99,
                          "best": p == best})
         counts = sorted({e.pods for e in entries})
         mean = s.pods if s.pods is not None else float(np.mean([e.pods for e in entries]))  # an older file: no pods
@@ -703,6 +724,7 @@ def _scenario_tables(doc: Results) -> list[dict]:
                      "pods": f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}",
                      "pods_mean": f"{mean:.0f}" if mean == round(mean) else f"{mean:.1f}",
                      "seeds": ", ".join(str(e.seed) for e in entries), "rows": rows, "images": [],
+                     "warnings": list(s.warnings),
                      "lb": fmt_energy(s.lower_bound_joules) if s.lower_bound_joules else None})
     return scen
 

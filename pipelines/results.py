@@ -105,32 +105,48 @@ class OptimumRun(BaseModel):
     replay_joules: float | None = None
     replay_rel_error: float | None = None
     message: str = ""
+    # What agent/optimum.py ``certify`` and ``window_schedule`` add (absent from older rows), typed because the
+    # report computes with them: a schema-valid file must render.
+    certificate: Literal["optimal", "feasible", "bound-only"] | None = None
+    schedule_joules: float | None = None
+    best_bound_joules: float | None = None
+    best_gap: float | None = None
+    boa_bound_joules: float | None = None
+    window_end_s: float | None = None
+    window_tail_joules: float | None = None
 
     @property
     def schedule_energy(self) -> float | None:
         """The joules of the MIP's schedule as the twin meters it: its replay (``schedule_joules``, or
         ``replay_joules``), else, in a row that was not replayed, the MIP's own figure."""
-        extra = self.model_extra or {}
         if self.optimum_joules is None:
             return None
-        if extra.get("schedule_joules") is not None:
-            return float(extra["schedule_joules"])
-        # replay_joules is a field, never in model_extra: read as one (an older row has no schedule_joules).
+        if self.schedule_joules is not None:
+            return self.schedule_joules
         return self.replay_joules if self.replay_joules is not None else self.optimum_joules
 
     @property
     def proven_optimal(self) -> bool:
         """The schedule is proven optimal: the solver closed the gap *and*, where the row has a certificate,
         the twin replayed it to the MIP's energy (``certificate: optimal``, agent/optimum.py ``certify``)."""
-        cert = (self.model_extra or {}).get("certificate")
-        return self.status == "optimal" and cert in (None, "optimal")
+        return self.status == "optimal" and self.certificate in (None, "optimal")
 
     @property
     def bounds(self) -> tuple[float | None, float | None]:
         """(the best bound for every run: the LP's, or None; the best for the runs that bind each pod on arrival:
         the MIP's own or the bind-on-arrival LP's, or None). The fluid bound is the entry's ``lower_bound_joules``."""
-        boa = [v for v in (self.bound_joules, (self.model_extra or {}).get("boa_bound_joules")) if v is not None]
+        boa = [v for v in (self.bound_joules, self.boa_bound_joules) if v is not None]
         return self.lp_bound_joules, (max(boa) if boa else None)
+
+
+def weakest_optimum_label(labels: set[str | None]) -> str:
+    """What several seeds' schedules are together (:meth:`ScenarioRun.optimum_label`): the weakest claim among
+    them; a seed without a schedule (None) makes it ``optimum*``."""
+    if labels == {"optimum"}:
+        return "optimum"
+    if labels <= {"optimum", "optimum, bind-on-arrival"}:
+        return "optimum, bind-on-arrival"
+    return "optimum*"
 
 
 class ScenarioRun(_Strict):
@@ -150,16 +166,36 @@ class ScenarioRun(_Strict):
     apps: list[str] | None = Field(None, description="measured runs: the apps deployed")
     policies: dict[str, PolicyRun]
 
+    def optimum_label(self) -> str | None:
+        """What the optimum's schedule is, metered as the policies beside it are (None without one):
+
+        * ``optimum``: proven optimal, over the run's window;
+        * ``optimum, bind-on-arrival``: proven optimal among the schedules that bind each pod when it arrives
+          (the MIP's class, docs/optimum.md), and a run outside that class (one that queued a pod) used less;
+        * ``optimum*``: not proven over the window: the solver's time ran out or the replay disagreed, or the
+          schedule was charged an idle tail past its own end to meet the policies' window (the MIP minimised
+          its energy to its own end, not that tail)."""
+        o = self.optimum
+        if o is None or o.schedule_energy is None:
+            return None
+        if not o.proven_optimal or (o.window_tail_joules or 0.0) > 0.0:
+            return "optimum*"
+        below = any(r.energy_joules < o.schedule_energy * (1 - 1e-9) for r in self.policies.values())
+        return "optimum, bind-on-arrival" if below else "optimum"
+
 
 class PolicySummary(_Strict):
     """One policy on one scenario: means over its seeds, and energy ratios (per seed, then averaged, with the
     half-width of a 95 % Student-t interval; null with one seed)."""
 
     energy_joules: NonNegativeFloat
+    energy_joules_ci95: NonNegativeFloat | None = None
     energy_vs_lower_bound: float | None
     slo_violation_rate: float = Field(ge=0, le=1)
+    slo_violation_rate_ci95: NonNegativeFloat | None = None
     mean_throttling: float | None
     mean_pending_s: NonNegativeFloat
+    mean_pending_s_ci95: NonNegativeFloat | None = None
     unschedulable_pods: NonNegativeFloat
     decision_us_p99: float | None = Field(description="median over seeds")
     placed_pods: float | None = None
@@ -207,7 +243,7 @@ class Results(_Strict):
     command: str
     created_unix: float
     wall_s: float
-    policies: list[str]
+    policies: list[str] = Field(min_length=1)
     seeds: PositiveInt
     scenarios: list[ScenarioRun]
     summary: dict[str, ScenarioSummary]

@@ -66,8 +66,9 @@ def test_overlapping_stage_records_never_collide(tmp_path):
 
 
 def _results(command: str):
-    """The smallest valid results (pipelines/results.py): no scenario run."""
-    return from_dict({"schema_version": 2, "command": command, "created_unix": 0.0, "wall_s": 0.0, "policies": [],
+    """The smallest valid results (pipelines/results.py): one policy, no scenario run."""
+    return from_dict({"schema_version": 2, "command": command, "created_unix": 0.0, "wall_s": 0.0,
+                      "policies": ["default-k8s"],
                       "seeds": 1, "scenarios": [], "summary": {}})
 
 

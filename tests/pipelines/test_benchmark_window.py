@@ -66,8 +66,7 @@ def test_the_optimums_schedule_is_metered_over_the_window_and_its_gap_stays_the_
                         optimum=True, optimum_time_limit=20)
     opt = res.scenarios[0].optimum
     assert opt.certificate == "optimal" and opt.best_gap == pytest.approx(0, abs=1e-6)
-    extra = opt.model_extra
-    assert extra["window_end_s"] == 200 and extra["window_tail_joules"] == pytest.approx(100_000)
+    assert opt.window_end_s == 200 and opt.window_tail_joules == pytest.approx(100_000)
     assert opt.schedule_energy == pytest.approx(220_000)
     assert headroom(res)["window"]["optimum_gap"] == pytest.approx(0, abs=1e-6)
 

@@ -295,10 +295,11 @@ def test_the_verdict_says_which_runs_a_bound_holds_for_and_an_optimum_only_when_
 
 
 def _made_up(energies: list[dict[str, float]], optimum: dict | list[dict] | None = None,
-             metrics: dict[str, dict] | None = None, pods: list[int] | None = None) -> Results:
+             metrics: dict[str, dict] | None = None, pods: list[int] | None = None,
+             seed_metrics: list[dict[str, dict]] | None = None) -> Results:
     """Results of scenario ``s`` with one seed per dict of ``energies`` (policy -> joules), every other metric
-    alike but for ``metrics`` (policy -> its metrics on every seed); ``optimum``: each seed's optimum row (or one
-    per seed); ``pods``: each seed's pod count (3)."""
+    alike but for ``metrics`` (policy -> its metrics on every seed) and ``seed_metrics`` (per seed, policy -> its
+    metrics there); ``optimum``: each seed's optimum row (or one per seed); ``pods``: each seed's pod count (3)."""
     if isinstance(optimum, dict):
         optimum = [optimum] * len(energies)
     pods = pods or [3] * len(energies)
@@ -306,7 +307,8 @@ def _made_up(energies: list[dict[str, float]], optimum: dict | list[dict] | None
              "decision_us_p99": 1.0, "mean_throttling": 0.0, "end_s": 100.0, "completed_pods": 3}
     runs = [{"name": "s", "seed": k, "nodes": 2, "pods": pods[k], "lower_bound_joules": 80.0,
              **({"optimum": {"name": "s", "seed": k, "nodes": 2, "pods": 3, **optimum[k]}} if optimum else {}),
-             "policies": {p: {"energy_joules": e, **alike, **(metrics or {}).get(p, {})} for p, e in seed.items()}}
+             "policies": {p: {"energy_joules": e, **alike, **(metrics or {}).get(p, {}),
+                              **(seed_metrics[k].get(p, {}) if seed_metrics else {})} for p, e in seed.items()}}
             for k, seed in enumerate(energies)]
     doc = {"schema_version": 2, "command": "", "created_unix": 0.0, "wall_s": 0.0, "policies": list(energies[0]),
            "seeds": len(energies), "scenarios": runs}
@@ -322,7 +324,35 @@ def test_the_headroom_optimum_is_the_replayed_schedule_and_proven_only_with_its_
     row = headroom(_made_up([{"default-k8s": 200.0, "most-allocated": 100.0}], opt))["s"]
     assert row["optimum"] == pytest.approx(96.0 / 200.0) and row["optimal"] is False
     assert row["target_kind"] == "best schedule"
-    assert row["optimum_gap"] == pytest.approx((96.0 - 95.0) / 96.0)
+    assert row["optimum_gap"] == pytest.approx((96.0 - 95.0) / 96.0) and row["gap_conflict"] is False
+    # certify() stated no gap (a bound above the schedule): the headroom states none either, and says why
+    conflict = {**opt, "boa_bound_joules": 120.0, "best_bound_joules": 120.0, "best_gap": None}
+    row = headroom(_made_up([{"default-k8s": 200.0, "most-allocated": 100.0}], conflict))["s"]
+    assert row["optimum_gap"] is None and row["gap_conflict"] is True
+
+
+@pytest.mark.parametrize("tail, policy_j, label", [
+    (0.0, 100.0, "optimum"),  # proven, over its own end, and no run below it
+    (0.0, 90.0, "optimum, bind-on-arrival"),  # proven in the MIP's class; a run outside it (queued) used less
+    (5.0, 100.0, "optimum*"),  # charged an idle tail to the policies' window: the MIP did not minimise that
+])
+def test_the_optimum_is_called_optimal_only_where_it_is_over_the_window(tail, policy_j, label):
+    """A review found rows labelled "optimum" that a heuristic beat: the MIP minimises to its own end, and the
+    benchmark meters it to the policies' window; and its class is the schedules that bind pods on arrival."""
+    from joulesched.pipelines.benchmark import headroom
+
+    opt = {"status": "optimal", "optimum_joules": 95.0, "bound_joules": 95.0, "lp_bound_joules": 90.0, "gap": 0.0,
+           "replay_joules": 95.0, "schedule_joules": 95.0 + tail, "window_tail_joules": tail,
+           "certificate": "optimal", "best_gap": 0.0, "best_bound_joules": 95.0}
+    doc = _made_up([{"default-k8s": 200.0, "most-allocated": policy_j}], opt)
+    assert doc.scenarios[0].optimum_label() == label
+    row = headroom(doc)["s"]
+    assert row["optimal"] is (label == "optimum")
+    assert row["target_kind"] == {"optimum": "optimum", "optimum*": "best schedule"}.get(label, label)
+    from joulesched.pipelines.report import verdict
+
+    (v,) = verdict(doc)
+    assert v["target_kind"] == label
 
 
 _PROBE = """<script>
@@ -565,3 +595,34 @@ def test_the_utilisation_plot_shows_the_verdicts_pick_beside_default_k8s():
         fig = report.fig_util(doc, tl, {}, key, "s", 0)
     assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["default-k8s", "awake-first"]
     plt.close(fig)
+
+
+def test_slo_pending_time_and_energy_have_their_intervals_in_the_summary_and_the_table():
+    """Only the energy ratios had an interval; a reader comparing 13.6 s of pending time with 12.0 s could not
+    tell a difference from seed noise (a review's 3-seed run: 20.0, 12.0 and 8.74 s)."""
+    from scipy import stats
+
+    from joulesched.pipelines.report import _scenario_tables
+
+    pend = [20.0, 12.0, 8.74]
+    doc = _made_up([{"default-k8s": 100.0 + k} for k in range(3)],
+                   seed_metrics=[{"default-k8s": {"mean_pending_s": p}} for p in pend])
+    row = doc.summary["s"].policies["default-k8s"]
+    want = stats.t.ppf(0.975, 2) * np.std(pend, ddof=1) / np.sqrt(3)
+    assert row.mean_pending_s_ci95 == pytest.approx(want) and row.slo_violation_rate_ci95 == 0.0
+    assert row.energy_joules_ci95 == pytest.approx(stats.t.ppf(0.975, 2) * 1.0 / np.sqrt(3))
+    (table,) = _scenario_tables(doc)
+    assert table["rows"][0]["pending"] == "13.6" and table["rows"][0]["pending_ci"] == f"± {want:.1f}"
+    one = _made_up([{"default-k8s": 100.0}])  # one seed: no interval, and nothing printed for it
+    assert one.summary["s"].policies["default-k8s"].mean_pending_s_ci95 is None
+    assert _scenario_tables(one)[0]["rows"][0]["pending_ci"] == ""
+
+
+def test_a_scenarios_warnings_are_on_the_page(tmp_path):
+    """The summary's warnings (a measured run's nodes without energy series, a trace's dropped rows) were kept
+    in results.json and never shown (a review)."""
+    doc = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0}])
+    doc.summary["s"].warnings.append("default-k8s: no energy series for node(s) <w1> in its window")
+    page = _render(doc, tmp_path / "out")
+    assert '<p class="note warning">Warning: default-k8s: no energy series for node(s) &lt;w1&gt; in its window</p>' \
+        in page

@@ -115,3 +115,34 @@ def test_other_versions_and_shapes_exit_2_naming_the_problem(tmp_path, doc, need
     assert r.exit_code == 2, r.output
     assert needle in " ".join(r.output.split()), r.output
     assert not (tmp_path / "report.html").exists()
+
+
+@pytest.fixture(scope="module")
+def with_optimum(tmp_path_factory):
+    """A benchmark with the optimum's row, which the report renders."""
+    from joulesched.pipelines.report import verdict
+
+    out = tmp_path_factory.mktemp("optimum")
+    res = run_benchmark([SCENARIOS_DIR / "tiny.yaml"], ["default-k8s", "most-allocated"], 1, out, optimum=True,
+                        optimum_time_limit=10)
+    assert res.scenarios[0].optimum is not None and verdict(res)
+    return out
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["scenarios"][0]["optimum"].update(schedule_joules="abc"), "schedule_joules"),
+    (lambda d: d["scenarios"][0]["optimum"].update(window_tail_joules="five"), "window_tail_joules"),
+    (lambda d: d["scenarios"][0]["optimum"].update(boa_bound_joules=[1]), "boa_bound_joules"),
+    (lambda d: d["scenarios"][0]["optimum"].update(certificate="proven"), "certificate"),
+    (lambda d: d.update(policies=[]), "policies"),
+])
+def test_a_file_the_report_cannot_render_is_refused_by_the_schema_and_the_model(tmp_path, with_optimum, edit, needle):
+    """Each of these passed the schema and the model, then `joulesched report` stopped on a traceback (exit 1)."""
+    out = tmp_path / "run"
+    shutil.copytree(with_optimum, out)
+    doc = json.loads((out / "results.json").read_text())
+    edit(doc)
+    assert list(_validator().iter_errors(doc)), "the shipped schema lets it through"
+    (out / "results.json").write_text(json.dumps(doc))
+    r = CliRunner().invoke(app, ["report", str(out)])
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
