@@ -55,6 +55,11 @@ class PodModelUnsupported(OptimumError):
     """The workload has services or time-varying usage, which the MIP does not model yet."""
 
 
+class SleepModelUnsupported(PodModelUnsupported):
+    """A node draws more asleep than awake and idle: the MIP assumes sleeping saves power (a benchmark's row is
+    'unsupported'; its bounds still hold)."""
+
+
 class GpuModelUnsupported(PodModelUnsupported):
     """Pods share GPUs whose power curve is not linear: the MIP cannot state the twin's GPU watts exactly (a
     benchmark's row is 'unsupported', as for services)."""
@@ -205,7 +210,7 @@ def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None
                   gspec=wl.gpu_spec[keep].astype(np.int64), gspec_table=tuple(wl.gpu_spec_table))
         if not bounds_only:
             _check_gpus(scenario.name, st, gk)
-    return Instance(
+    inst = Instance(
         name=scenario.name, seed=seed, cap=st.alloc_cpu.astype(np.float64), mem=st.alloc_mem.astype(np.float64),
         slots=st.alloc_pods.astype(np.float64), curves=st.curves.copy(), sleep_w=st.sleep_watts.copy(),
         kinds=np.asarray(kinds), can_sleep=st.can_sleep,
@@ -215,6 +220,15 @@ def instance(scenario: Scenario, seed_offset: int = 0, workload: Workload | None
         m=np.maximum(wl.mem_req[keep], 0).astype(np.float64), u=wl.usage_m[keep].astype(np.float64),
         never_placed=int(len(wl) - keep.size), never_sleep=never, scenario=scenario, seed_offset=seed_offset,
         workload=wl, service=wl.kind[keep] == SERVICE, **gk)
+    if not bounds_only and st.can_sleep:
+        costly = np.flatnonzero(inst.node_curves[:, 0] < inst.sleep_w)
+        if costly.size:
+            i = int(costly[0])
+            raise SleepModelUnsupported(
+                f"{scenario.name}: node {st.names[i]} draws {inst.sleep_w[i]:g} W asleep, more than its "
+                f"{inst.node_curves[i, 0]:g} W awake and idle: the optimum assumes sleeping saves power (lower "
+                "sleep_watts; the fluid and LP bounds still apply)")
+    return inst
 
 
 def _check_gpus(name: str, st, gk: dict) -> None:
@@ -1906,7 +1920,7 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
                rows=res.rows, solver=res.solver, mip_nodes=res.mip_nodes, mip_dual_bound_joules=res.mip_dual_bound,
                schedule_solver=res.schedule_solver, bound_solver=res.bound_solver, cpsat_bound_joules=res.cpsat_bound,
                cpsat=res.cpsat)
-    if replay_check and res.assignment:
+    if replay_check and res.energy_joules is not None:  # a schedule, an empty one too
         try:
             rr = replay(scenario, seed_offset, res.assignment, workload)
         except ReplayError as e:  # the model and the twin disagree: its claims are not evidence
@@ -1914,7 +1928,14 @@ def optimum_entry(scenario: Scenario, seed_offset: int = 0, *, time_limit: float
                        message=f"the twin does not follow the MIP's schedule ({e}); its energy and bound are dropped")
         else:
             out["replay_joules"] = rr.energy_joules
-            out["replay_rel_error"] = abs(rr.energy_joules - res.energy_joules) / rr.energy_joules
+            scale = max(abs(rr.energy_joules), abs(res.energy_joules))  # 0 J both (an idle-free cluster): agreed
+            err = abs(rr.energy_joules - res.energy_joules) / scale if scale > 0 else 0.0
+            out["replay_rel_error"] = err
+            if err > REPLAY_TOL:  # the twin shows the model wrong for this schedule: its bound proves nothing
+                out.update(bound_joules=None, gap=None, unproven_bound_joules=res.bound_joules,
+                           message="; ".join(m for m in (out.get("message"), (
+                               f"the twin meters the MIP's schedule {err:.2e} away from its figure: the MIP's "
+                               "bound is dropped") ) if m))
             if on_replay is not None:
                 on_replay(rr)
     return certify(out, replay_check)
@@ -2001,10 +2022,22 @@ def certify(out: dict, replayed: bool) -> dict:
                # The MIP's own bound holds for the schedules that bind each pod on arrival without overloading a
                # node, the bind-on-arrival LP's for those binding on arrival (docs/optimum.md); the LP and fluid
                # bounds for every run, queued and throttled ones too.
-               bound_assumes="every-run" if bound is None or bound == every else "bind-on-arrival",
+               bound_assumes=_bound_assumes(out, bound, every),
                solver=out.get("solver"),
                time_s=sum(out.get(k) or 0.0 for k in ("lp_wall_s", "boa_wall_s", "wall_s")))
     return out
+
+
+def _bound_assumes(out: dict, bound: float | None, every: float | None) -> str:
+    """Which runs ``bound`` (the row's best) holds for: ``every-run``, ``bind-on-arrival`` (the bind-on-arrival
+    LP's, or the MIP's where no run can overload a node), or ``bind-on-arrival, no overload`` (the MIP's alone,
+    where a run can: a throttled run that binds on arrival may use less)."""
+    if bound is None or bound == every:
+        return "every-run"
+    if out.get("overload_free") is False and bound == out.get("bound_joules") \
+            and bound != out.get("boa_bound_joules"):
+        return "bind-on-arrival, no overload"
+    return "bind-on-arrival"
 
 
 def window_schedule(opt: dict, replay: RunResult, until_s: float) -> None:

@@ -443,12 +443,12 @@ def headroom(res: Results) -> dict[str, dict]:
             solved = all(v is not None for v in sched)
             row["optimum"] = ratio(sched) if solved else None
             # What the schedules are over the window (ScenarioRun.optimum_label): optimal only if proven so on
-            # every seed, with no idle tail the MIP did not minimise, and no run below it.
+            # every seed, with no idle tail the MIP did not minimise, and a bound every run obeys meeting it.
             kind = weakest_optimum_label({e.optimum_label() for e in entries})
             row["optimal"] = kind == "optimum"
             row["optimum_kind"] = "best schedule" if kind == "optimum*" else kind
-            # Per seed: the best bound for every run (LP, fluid), and for the runs that bind on arrival (those and
-            # the MIP's own and the bind-on-arrival LP's); never below fluid.
+            # Per seed: the best bound for every run (LP, fluid), and for the runs that bind on arrival (those, the
+            # bind-on-arrival LP's, and the MIP's own where no run can overload a node: OptimumRun.bounds).
             every = [max((v for v in (o.lp_bound_joules, e.lower_bound_joules) if v is not None), default=0.0)
                      for o, e in zip(opt, entries)]
             boa = [max([v for v in o.bounds[1:] if v is not None] + [ev]) for o, ev in zip(opt, every)]
