@@ -5,7 +5,8 @@ rows (numpy, no Python loop over nodes) and scores the feasible ones in one batc
 scorer's trunk and advantage head under ``torch.inference_mode``; ties go to the lowest index. Empty nodes
 whose rows repeat a lower-index empty node's row are scored once (exact: same argmax).
 
-The model file's feature schema decides the rest. Schema 1 (``models/small.pt``) reads the state alone.
+The model file's feature schema decides the rest. Schema 1 (``models/small.pt``) reads the state alone, the
+twin's true departure times included: clairvoyant, it runs in the twin only (:meth:`DQNPolicy.attach`).
 Schema 2 also reads the pod's metadata (``uses_meta``) and keeps an online lifetime predictor
 (agent/predictor.py) fed by the backend: :meth:`DQNPolicy.attach`, which ``run_policy`` calls before a run,
 subscribes it to the twin's binds and ends (``Twin.observe_pods``) or, on a cluster, to the scheduler cache's
@@ -140,7 +141,13 @@ class DQNPolicy:
     def attach(self, backend: object) -> None:
         """Before a run (``run_policy``): a fresh predictor, subscribed to ``backend``'s pod events: the twin's
         ``observe_pods``, or a live scheduler's cache (``backend.cache.add_pod_listener``; subscribed once per
-        cache, the cache has no way to unsubscribe). Nothing for schema 1."""
+        cache, the cache has no way to unsubscribe). Schema 1 runs in the twin only: its ``departure_soon``
+        column reads the twin's true end times of pods that have not ended (agent/features.py), which no cluster
+        knows, so on one it would see a column it never trained on (always 1)."""
+        if self.schema < 2 and not callable(getattr(backend, "due_ends", None)):
+            raise PolicyError(f"policy 'dqn': {self.path or 'this model'} is a schema-1 model, which reads the "
+                              "twin's true pod end times (clairvoyant): it runs in the twin only, not on "
+                              f"{type(backend).__name__}; serve a schema-2 or later model (models/v2.pt)")
         self.feed.attach(backend)
 
     def detach(self, backend: object) -> None:

@@ -135,3 +135,18 @@ def test_a_schema_2_dqn_learns_from_the_pods_the_extender_sees(extender, emu):
         assert empty_in[pred.names.index("big")] > 0 and empty_in[pred.names.index("small")] == 0
     finally:
         cache.stop()
+
+
+def test_a_schema_1_dqn_is_refused_off_the_twin(emu):
+    """Schema 1's departure column reads the twin's true end times of running pods (a review: it moved a
+    decision when durations of unfinished pods changed); no cluster has them, so a live backend refuses it."""
+    from joulesched.agent.config import DQNConfig
+    from joulesched.agent.dqn import DQN
+    from joulesched.agent.dqn_policy import DQNPolicy
+    from joulesched.agent.policy import PolicyError
+
+    cfg = DQNConfig(feature_schema=1)
+    policy = DQNPolicy(net=DQN(cfg, seed=0).q, config=cfg, threads=1)
+    cache = KubeCache(api_client_for(emu.url))
+    with pytest.raises(PolicyError, match="schema-1 model, which reads the twin's true pod end times"):
+        Extender(cache, policy)
