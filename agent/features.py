@@ -316,7 +316,9 @@ def heuristic_picks(st: ClusterState, pod: PodRequest, idx: np.ndarray,
     """The feasible nodes (of sorted ``idx``) that awake-first:fit=efficient and pabfd rank first
     (agent/sleep_aware.py with headroom 1; an exact tie names every tied node, where the policies draw one).
     Successive minima over the keys, not a sort; a later key is computed only on the earlier keys' ties.
-    ``wpc``: every node's watts per core at full load, ``tables`` the cluster's :class:`PickTables`, if known."""
+    ``wpc``: every node's watts per core at full load, ``tables`` the cluster's :class:`PickTables`, if known.
+    The free shares are the unclipped ones the models trained with; the policies clip them at 0 since 2026-12-07
+    (``free_cpu_share``), so the two can differ only where a node's non-zero requests exceed its allocatable."""
     if idx.size == 0:
         return idx, idx
     if wpc is None:

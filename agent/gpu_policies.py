@@ -34,7 +34,7 @@ from collections import Counter
 
 import numpy as np
 
-from joulesched.agent.sleep_aware import _SleepAware, power_increase, watts_per_core
+from joulesched.agent.sleep_aware import _SleepAware, free_cpu_share, power_increase, watts_per_core
 from joulesched.cluster.state import ClusterState, PodRequest
 from joulesched.power.curves import interp_many
 
@@ -241,13 +241,12 @@ def gpu_watts_added(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.nd
 def gpu_energy_keys(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> dict[str, np.ndarray]:
     """``gpu-energy``'s keys for awake candidates, lower first: CPU plus GPU watts added, GPU packing's tier,
     then the free GPU and CPU shares left (best fit)."""
-    cap = _cpu_cap(st, idx)
     dp = power_increase(st, pod, idx) + gpu_watts_added(st, pod, idx)
     tier = packing_tier(st, pod, idx) if pod.gpu else np.zeros(len(idx), dtype=np.int64)
     # Rounded so that equal increases on equal hardware tie and the packing keys decide.
     return {"PowerIncreaseW": np.round(dp, 6), "GpuPackingTier": tier.astype(np.float64),
             "FreeGpuShare": (_free_gpu(st, idx) - pod.gpu_share_milli) / _gpu_cap(st, idx) * (st.alloc_gpu[idx] > 0),
-            "FreeCpuShare": (st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu) / cap}
+            "FreeCpuShare": free_cpu_share(st, pod, idx)}
 
 
 def gpu_wake_key(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:

@@ -145,13 +145,22 @@ def test_heuristic_picks_match_the_sleep_aware_policies():
     twin.begin()
     af.reset(twin.state, np.random.default_rng(0))
     pb.reset(twin.state, np.random.default_rng(0))
-    n = 0
+    n = clipped = 0
     while (d := twin.next_decision()) is not None and n < 400:
         a_set, p_set = heuristic_picks(d.state, d.pod, np.flatnonzero(d.mask))
         a, p = af.choose(d.state, d.pod, d.mask), pb.choose(d.state, d.pod, d.mask)
-        assert a in a_set and p in p_set
+        if a not in a_set or p not in p_set:
+            # The picks keep the keys the models trained with, the free share unclipped; the policies clip it at
+            # 0 (agent/sleep_aware.py free_cpu_share). They may differ only where a pick is over-committed.
+            st, pod = d.state, d.pod
+            picked = np.concatenate([a_set, p_set])
+            over = (st.alloc_cpu[picked] - st.nz_cpu[picked] - pod.nz_cpu < 0) \
+                | (st.alloc_mem[picked] - st.nz_mem[picked] - pod.nz_mem < 0)
+            assert over.any(), (n, a, a_set, p, p_set)
+            clipped += 1
         twin.bind(d, a)
         n += 1
+    assert n == 400 and clipped < n // 4
 
 
 # ---- checkpoints: schema 1 still loads, unknown schemas are refused ------------------------------------------------
