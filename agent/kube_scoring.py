@@ -160,9 +160,10 @@ def target_load_packing(usage_m: np.ndarray, capacity_m: np.ndarray, predicted_m
 
 
 def tlp_predicted_usage(cpu_request_m: int | None, cpu_limit_m: int | None = None) -> float:
-    """TargetLoadPacking's pod usage prediction: limit, else request x 1.5, else 1000m."""
-    if cpu_limit_m:
+    """TargetLoadPacking's pod usage prediction: limit, else request x 1.5, else 1000m. A limit or request that
+    is present counts, 0 included (scheduler-plugins tests the key, not its value)."""
+    if cpu_limit_m is not None:
         return float(cpu_limit_m)
-    if cpu_request_m:
+    if cpu_request_m is not None:
         return float(int(cpu_request_m * 1.5 + 0.5))  # Go: int64(math.Round(request * 1.5))
     return 1000.0
