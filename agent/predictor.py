@@ -573,9 +573,9 @@ class PredictorFeed:
         if self.predictor is None:
             return
         self.predictor.reset()
-        observe = getattr(backend, "observe_pods", None)
-        if observe is not None:
-            observe(self.predictor)
+        add = getattr(backend, "add_pod_observer", None)
+        if add is not None:  # the twin: beside any other feed (a planner attaches several bases to one twin)
+            add(self.predictor)
             self._feed = None
             return
         cache = getattr(backend, "cache", None)
@@ -586,9 +586,9 @@ class PredictorFeed:
             listen(self._feed)
 
     def detach(self, backend: object) -> None:
-        observe = getattr(backend, "observe_pods", None)
-        if observe is not None and self.predictor is not None:
-            observe(None)
+        remove = getattr(backend, "remove_pod_observer", None)
+        if remove is not None and self.predictor is not None:
+            remove(self.predictor)
 
     def sync(self, state) -> PodPredictor | None:
         """The predictor, up to date at the ClusterState ``state``'s ``now`` (a live feed's queued events applied)."""

@@ -174,32 +174,17 @@ def episode_teacher(cfg: DQNConfig, twin: Twin, seed: int) -> str:
     return specs[min(ok)[1]]
 
 
-class _BothObservers:
-    """Tells two pod observers of every bind and end (the env's predictor and a teacher's own)."""
-
-    def __init__(self, a, b) -> None:
-        self.a, self.b = a, b
-
-    def bound(self, t, key, node, meta, cpu_m) -> None:
-        self.a.bound(t, key, node, meta, cpu_m)
-        self.b.bound(t, key, node, meta, cpu_m)
-
-    def ended(self, t, key, completed=True) -> None:
-        self.a.ended(t, key, completed)
-        self.b.ended(t, key, completed)
-
-
 def attach_teacher(teacher, twin: Twin) -> None:
     """Give a teacher that follows the run (a predictor of its own, or the twin's knowledge) the twin, keeping
-    the env's predictor subscribed: the twin has one observer slot, so both are told."""
+    the env's predictor subscribed: a teacher's feed is added beside it (``Twin.add_pod_observer``), and one that
+    replaced the twin's observers gets the env's back beside its own."""
     attach = getattr(teacher, "attach", None)
     if attach is None:
         return
     env_obs = twin.pod_observer
     attach(twin)
-    mine = twin.pod_observer
-    if env_obs is not None and mine is not env_obs:
-        twin.observe_pods(env_obs if mine is None else _BothObservers(env_obs, mine))
+    if env_obs is not None:
+        twin.add_pod_observer(env_obs)  # a no-op where it is still told
 
 
 def _inference_net(cfg: DQNConfig, weights: dict) -> torch.nn.Module:

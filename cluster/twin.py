@@ -118,6 +118,21 @@ class PodObserver(Protocol):
     def ended(self, t: float, key: int, completed: bool) -> None: ...
 
 
+class _PodObservers:
+    """Several observers told of every bind and end, in the order they were added (:meth:`Twin.add_pod_observer`)."""
+
+    def __init__(self, observers: list[PodObserver]) -> None:
+        self.observers = observers
+
+    def bound(self, t: float, key: int, node: int, meta: object, cpu_m: float) -> None:
+        for o in self.observers:
+            o.bound(t, key, node, meta, cpu_m)
+
+    def ended(self, t: float, key: int, completed: bool) -> None:
+        for o in self.observers:
+            o.ended(t, key, completed)
+
+
 class _TwinDecision(Decision):
     """The twin's one reused :class:`Decision`. Its ``meta`` is read from the workload's per-pod list by ``key``
     when a policy asks for it, so handing out a decision costs what it did before the pod model."""
@@ -600,9 +615,30 @@ class Twin:
         return self._observer
 
     def observe_pods(self, observer: PodObserver | None) -> None:
-        """Tell ``observer`` of every bind and every end as it happens (None: stop). It sees what a cluster
-        shows, never a pod's duration: the predictor of docs/dqn.md learns from this. It stays across runs."""
+        """Tell ``observer`` of every bind and every end as it happens, instead of any observer before (None:
+        stop). It sees what a cluster shows, never a pod's duration: the predictor of docs/dqn.md learns from
+        this. It stays across runs."""
         self._observer = observer
+
+    def add_pod_observer(self, observer: PodObserver) -> None:
+        """Tell ``observer`` too, beside those already told (a planner's several predictor bases: with one slot,
+        the last attached was fed and the others saw no pod)."""
+        have = self._observer_list(self._observer)
+        for o in self._observer_list(observer):
+            if not any(h is o for h in have):
+                have.append(o)
+        self._observer = have[0] if len(have) == 1 else _PodObservers(have)
+
+    @staticmethod
+    def _observer_list(observer: PodObserver | None) -> list[PodObserver]:
+        if observer is None:
+            return []
+        return list(observer.observers) if isinstance(observer, _PodObservers) else [observer]
+
+    def remove_pod_observer(self, observer: PodObserver) -> None:
+        """Stop telling ``observer``; the others go on."""
+        have = [o for o in self._observer_list(self._observer) if o is not observer]
+        self._observer = None if not have else have[0] if len(have) == 1 else _PodObservers(have)
 
     # ---- what only a simulator knows (clairvoyant references, agent/clairvoyant.py) -------------------------
     def live_lives(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

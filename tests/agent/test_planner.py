@@ -180,3 +180,27 @@ def test_options_and_backends():
     # Twin only and costly: in no best-heuristic comparison and not in the default set.
     assert entry("rollout").family == "planner" and entry("rollout-oracle").family == "clairvoyant"
     assert "rollout" not in BEST_HEURISTIC_CANDIDATES and "rollout" not in DEFAULT_POLICIES
+
+
+def test_every_predictor_base_of_a_planner_is_fed_the_runs_pods():
+    """The twin had one observer slot: with two predictor bases only the last attached learned from the run, the
+    other chose with prior-only predictions (a review). Each is now told of every bind and end, and a base's
+    detach leaves the others subscribed."""
+    from joulesched.agent.policy import decide
+
+    sc = load_scenario(ROOT / "scenarios" / "tiny.yaml")
+    tw = Twin(sc, build_workload(sc, sc.seed))
+    plan = make_policy("rollout:base=lifetime-aware|lifetime-aware:empty=asleep,samples=1")
+    plan.attach(tw)
+    p0, p1 = (b.feed.predictor for b in plan.bases)
+    driver, rng, st = make_policy("awake-first"), np.random.default_rng(0), None
+    tw.begin()
+    for _ in range(100):
+        d = tw.next_decision()
+        if d.state is not st:
+            st = d.state
+            driver.reset(st, rng)
+        tw.bind(d, decide(driver, st, d.pod, d.mask))
+    assert p0.running == p1.running > 0 and p0.model.observed == p1.model.observed > 0
+    plan.bases[0].detach(tw)
+    assert tw.pod_observer is p1
