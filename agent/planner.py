@@ -25,8 +25,9 @@ What the futures are made of decides what the policy knows:
 * ``future=oracle`` (registered as ``rollout-oracle``, family ``clairvoyant``): the run's true future, one sample:
   what planning is worth with a perfect model.
 
-The online futures read no duration of a pod that has not ended and no usage of a pod that has not run
-(tests/agent/test_planner.py shuffles them). Candidates: each base's own choice (the first base's first), then
+The online futures read no duration of a pod that has not ended, no usage of a pod that has not run, and no
+step of a usage profile ahead of now (a running profiled pod holds the demand it shows; tests/agent/test_planner.py
+shuffles the durations and checks the futures' profiles). Candidates: each base's own choice (the first base's first), then
 the feasible nodes in the first base's order of preference, empty nodes of one kind in one power state counted
 once (the lowest index), at most ``max_candidates``. Each rollout replays the run from its start, so a decision
 costs (samples x candidates x bases) runs of the episode: seconds on the small suite, too slow for clusters of
@@ -46,7 +47,7 @@ from scipy.special import ndtr, ndtri
 from joulesched.agent.baselines import _float_opt, _int_opt
 from joulesched.agent.policy import PolicyError, decide
 from joulesched.agent.runner import Pinned, run_policy
-from joulesched.cluster.state import ClusterState, PodRequest
+from joulesched.cluster.state import DEFAULT_CPU_REQUEST_M, ClusterState, PodRequest
 from joulesched.cluster.workload import SERVICE
 
 FUTURES = ("sample", "model", "oracle")
@@ -62,9 +63,23 @@ def _take(wl, idx: np.ndarray, submit: np.ndarray, duration: np.ndarray):
 
 def _unseen_usage(wl, pods: np.ndarray, share: float) -> None:
     """Set the usage of ``pods`` (which have not run: their usage is not known yet) to ``share`` of their
-    CPU request (a pod without one keeps its usage)."""
+    CPU request (of kube's non-zero 100m for a pod without one), constant: a usage profile's steps are the pod's
+    future demand, so they are dropped too (a review: services' diurnal profiles were replayed as they are)."""
     req = wl.cpu_req[pods]
-    wl.usage_m[pods] = np.where(req > 0, np.maximum(1.0, req * share), wl.usage_m[pods])
+    wl.usage_m[pods] = np.maximum(1.0, np.where(req > 0, req, DEFAULT_CPU_REQUEST_M) * share)
+    if wl.profile is not None:
+        wl.profile[pods] = -1
+
+
+def _running_usage(wl, tw, running: np.ndarray) -> None:
+    """The running ``pods`` (rows of both ``wl`` and the twin ``tw``) hold the demand they show now: a profiled
+    pod's later steps are its future, which a cluster does not know."""
+    if wl.profile is None or not running.size:
+        return
+    p = running[wl.profile[running] >= 0]
+    if p.size:
+        wl.usage_m[p] = tw.current_usage(p)
+        wl.profile[p] = -1
 
 
 def censored_lognormal(lives: np.ndarray, ages: np.ndarray, prior_s: float, prior_sigma: float = 1.0,
@@ -318,6 +333,7 @@ class Rollout:
         seen = ~np.isnan(start) & (wl.cpu_req[:k] > 0)
         share = float(np.mean(wl.usage_m[:k][seen] / wl.cpu_req[:k][seen])) if seen.any() else 0.65
         _unseen_usage(out, np.concatenate((np.flatnonzero(np.isnan(start)), np.arange(k, len(idx)))), share)
+        _running_usage(out, tw, np.flatnonzero(running))
         return out, fixed
 
     def _model(self) -> tuple[dict[int, np.ndarray], float] | None:
@@ -369,6 +385,7 @@ class Rollout:
             dur[p] = float(lives[rng.integers(lo, lives.size)]) if lo < lives.size else age * 1.5 + 1.0
         past = _take(wl, np.arange(k), wl.submit_s[:k].astype(np.float64), dur)
         _unseen_usage(past, np.flatnonzero(np.isnan(start)), share)
+        _running_usage(past, tw, np.flatnonzero((status != _DONE) & ~np.isnan(start)))
         fresh = build_workload(sc, int(rng.integers(2**31)))
         later = fresh.subset(fresh.submit_s > now)
         return (merge_workloads([past, later]) if len(later) else past), fixed

@@ -640,6 +640,12 @@ class Twin:
         have = [o for o in self._observer_list(self._observer) if o is not observer]
         self._observer = None if not have else have[0] if len(have) == 1 else _PodObservers(have)
 
+    def current_usage(self, pods: np.ndarray) -> np.ndarray:
+        """The CPU millicores each of ``pods`` demands now (a profiled pod's current step): what a cluster
+        measures of a running pod."""
+        u = self._usage
+        return np.array([u[p] for p in np.asarray(pods).tolist()], dtype=np.float64)
+
     # ---- what only a simulator knows (clairvoyant references, agent/clairvoyant.py) -------------------------
     def live_lives(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The bound pods' futures: per pod that runs or waits for its waking node, its index, its node, when its

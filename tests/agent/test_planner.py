@@ -204,3 +204,37 @@ def test_every_predictor_base_of_a_planner_is_fed_the_runs_pods():
     assert p0.running == p1.running > 0 and p0.model.observed == p1.model.observed > 0
     plan.bases[0].detach(tw)
     assert tw.pod_observer is p1
+
+
+@pytest.mark.parametrize("future", ["sample", "model"])
+def test_online_futures_read_no_usage_profile_ahead(future):
+    """A profiled pod's steps are its future demand: the online futures dropped only the unseen pods' usage_m,
+    which a profiled pod does not read, so services' diurnal profiles were replayed as they are (a review). In a
+    future now, every pod that has not run, and every running one, holds a constant demand: the running ones'
+    what they show now."""
+    from joulesched.agent.policy import decide
+
+    sc = load_scenario(ROOT / "scenarios" / "services-diurnal-sleep.yaml")
+    wl = build_workload(sc, sc.seed)
+    assert (wl.profile >= 0).any()
+    tw = Twin(sc, wl)
+    plan = make_policy(f"rollout:future={future},samples=1,seed=1")
+    plan.attach(tw)
+    plan._twin = tw
+    driver, rng, st = make_policy("awake-first"), np.random.default_rng(0), None
+    tw.begin()
+    for _ in range(150):
+        d = tw.next_decision()
+        if d.state is not st:
+            st = d.state
+            driver.reset(st, rng)
+        tw.bind(d, decide(driver, st, d.pod, d.mask))
+    k = tw._next_arrival
+    status = np.asarray(tw.pod_status[:k])
+    running = np.flatnonzero((status != 3) & ~np.isnan(np.asarray(tw.pod_start[:k], dtype=np.float64)))
+    assert (wl.profile[running] >= 0).any()
+    out, _ = plan._future()
+    assert (out.profile[:k][status != 3] < 0).all()  # an ended pod's profile is its past: seen
+    if future == "sample":  # the pods to come are the run's, resampled; with "model" a fresh draw of the generators
+        assert (out.profile[k:] < 0).all()
+    np.testing.assert_allclose(out.usage_m[running], tw.current_usage(running))
