@@ -44,6 +44,7 @@ FORMAT = "joulesched-fitted-apps/1"
 #: The longest life a fit may give a pod, in log seconds: a scenario lasts at most 1e9 s.
 MAX_LOG_LIFE = math.log(1e9)
 QUANTILES = np.linspace(0.0, 1.0, 21)
+_TOP_LOG_LIFE = math.floor(MAX_LOG_LIFE * 1e6) / 1e6  # the largest quantile a fit writes (6 decimals, not above)
 #: A template with fewer pods than this takes its class's lifetime quantiles.
 MIN_OWN = 5
 #: The most candidate arrivals a fit may draw over a scenario (about 800 MB of float64): a larger rate is a
@@ -67,12 +68,17 @@ def fit_apps(wl, *, until_s: float | None = None, source: str = "") -> dict:
     if idx.size == 0:
         raise ScenarioError("nothing to fit: no pod is submitted after the CSV's time 0"
                             + (f" and before --until {until_s:g}" if until_s is not None else ""))
-    end = float(until_s) if until_s is not None else float(sub[idx].max())
+    # The CSV's last observed instant: its last submission or finite end. The fit's horizon is that, or --until
+    # where earlier: a rate over an --until past the data counted hours in which nothing could be seen.
+    ends = wl.submit_s + wl.duration_s
+    data_end = max(float(sub.max()), float(ends[np.isfinite(ends)].max(initial=0.0)))
+    end = min(float(until_s), data_end) if until_s is not None else data_end
     life = wl.duration_s[idx].astype(np.float64)
     if until_s is not None:
         life = np.minimum(life, until_s - sub[idx])
-    # A service the trace never stops lives, as far as the fit can know, until its end.
-    life = np.maximum(np.where(np.isfinite(life), life, end - sub[idx]), 1.0)
+    # A service the trace never stops lives, as far as the fit can know, until the data's end (not the last
+    # submission: the service submitted last would live 1 s). No life is longer than a scenario may last.
+    life = np.clip(np.where(np.isfinite(life), life, end - sub[idx]), 1.0, math.exp(MAX_LOG_LIFE))
     service = np.asarray(wl.is_service)
     templates: dict[tuple, list[int]] = {}
     for k, i in enumerate(idx.tolist()):
@@ -98,7 +104,7 @@ def fit_apps(wl, *, until_s: float | None = None, source: str = "") -> dict:
                      "usage_fraction": None if frac is None else round(frac, 6),
                      "usage_m": None if frac is not None else round(float(np.mean(wl.usage_m[rows])), 3),
                      "own_lifetimes": len(ks) >= MIN_OWN,
-                     "log_life_quantiles": [round(float(v), 6) for v in q]})
+                     "log_life_quantiles": [min(round(float(v), 6), _TOP_LOG_LIFE) for v in q]})
     hours = np.floor((sub[idx] % _DAY_S) / _HOUR_S).astype(np.int64)
     counts = np.bincount(hours, minlength=24).astype(np.float64) + 1.0  # +1: no hour has a zero rate
     return {"format": FORMAT, "source": source, "until_s": until_s, "pods": int(idx.size),
@@ -147,6 +153,10 @@ def load_fit(path: str | Path) -> dict:
         unknown = sorted(set(a) - _APP_KEYS)
         if unknown:
             raise ScenarioError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}")
+        if not isinstance(a.get("name"), str) or not a["name"].strip():  # the app key the predictor reads
+            raise ScenarioError(f"{where}: name must be a non-empty string, got {a.get('name')!r}")
+        if a.get("slo_class") is not None and not isinstance(a["slo_class"], str):
+            raise ScenarioError(f"{where}: slo_class must be a string (or null), got {a['slo_class']!r}")
         try:
             q = np.asarray(a["log_life_quantiles"], dtype=np.float64)
             n, cpu, mem = int(a["pods"]), int(a["cpu_m"]), int(a["memory_mib"])

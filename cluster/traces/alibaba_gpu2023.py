@@ -105,7 +105,10 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
                                        f"creation_time {created:g}")
             sched_cell = r.get("scheduled_time", "")
             scheduled = number(p, line, "scheduled_time", sched_cell, minimum=0) if sched_cell else None
-            phase = (r.get("pod_phase") or "").strip()
+            phase = _PHASES.get((r.get("pod_phase") or "").strip().lower())
+            if phase is None:  # a phase decides whether the pod ran, and as what: none is guessed
+                raise TraceFormatError(f"{p}: line {line}, column pod_phase: {r.get('pod_phase')!r} is not one of "
+                                       "Running, Succeeded, Failed, Pending (or empty)")
             if phase == "Pending" or (phase == "" and scheduled is None and "scheduled_time" in r):
                 # Counted as the window counts every pod: one outside it is dropped by the window.
                 if created >= sink.w1:
@@ -120,7 +123,9 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             qos = (r.get("qos") or "").strip()
             g = dict(gpu=count, gpu_milli=milli, gpu_spec=spec, name=name)
             if phase == "Running":  # still running when the trace was cut: a service until its deletion
-                kept = sink.add(submit=created, end=deleted if deleted > created else None, kind=SERVICE,
+                # (a deletion at its creation is a life of 0 s, which the sink stretches to 1 s: not a service
+                # that never ends, which would hold its GPUs through every later window)
+                kept = sink.add(submit=created, end=deleted, kind=SERVICE,
                                 cpu_req=cpu, mem_req=mem, slo=qos, **g)
             else:
                 start = created if scheduled is None else max(scheduled, created)
@@ -133,6 +138,10 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
                          **{f"GPUs {m or '(no model)'}": n for m, n in sorted(gpus_by_model.items())},
                          **sink.counts},
                         span=sink.span())
+
+
+#: The pod phases of the trace (matched whatever their case), spelt as the importer tests them.
+_PHASES = {"running": "Running", "succeeded": "Succeeded", "failed": "Failed", "pending": "Pending", "": ""}
 
 
 def _gpus(p: Path, line: int, r: dict, models: set[str] | None) -> tuple[int, int, frozenset[str] | None]:
@@ -154,7 +163,9 @@ def _gpus(p: Path, line: int, r: dict, models: set[str] | None) -> tuple[int, in
     if count > 1 and milli != 1000:
         raise TraceFormatError(f"{p}: line {line}, column gpu_milli: a share of {milli} milli-GPU is of one GPU, "
                                f"not {count} (num_gpu)")
-    spec = frozenset(m.strip() for m in (r.get("gpu_spec") or "").split("|") if m.strip()) or None
+    # "nan" is how pandas prints an empty cell: no model constraint, not a model named "nan"
+    spec = frozenset(m.strip() for m in (r.get("gpu_spec") or "").split("|")
+                     if m.strip() and m.strip().lower() != "nan") or None
     if spec is not None and models is not None and not spec & models:
         raise TraceFormatError(f"{p}: line {line}, column gpu_spec: pod {r.get('name', '')} allows GPU model(s) "
                                f"{', '.join(sorted(spec))}, which no node in the node list has (their models: "

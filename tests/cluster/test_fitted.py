@@ -62,6 +62,27 @@ def test_until_fits_only_what_was_created_before_it_with_lifetimes_censored_ther
     assert np.exp(apps[(8000, 1000)]["log_life_quantiles"][-1]) == pytest.approx(1000.0 - 120.0, rel=1e-5)
 
 
+def test_the_fits_horizon_is_the_datas_end_and_no_life_outlasts_a_scenario(tmp_path):
+    """A review: the service submitted last lived 1 s (open services lived to the last submission), an --until past
+    the data divided the rate by hours in which nothing could be seen, and a life of 1e12 s made a fit that the
+    loader then refused."""
+    head = "submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m,kind\n"
+    rows = [f"{10 * k},100,1000,1024,500,job" for k in range(1, 21)] + ["150,inf,2000,2048,1000,service"]
+    p = tmp_path / "h.csv"
+    p.write_text(head + "\n".join(rows) + "\n")
+    fit = fit_apps(load_trace(p))
+    svc = np.exp(_apps(fit)[(2000, 1000)]["log_life_quantiles"])
+    assert svc[0] == pytest.approx(300.0 - 150.0, rel=1e-5)  # to the data's last end (200 + 100), not 1 s
+    assert fit["rate_per_s"] == pytest.approx(21 / 300.0)
+    assert fit_apps(load_trace(p), until_s=1e7)["rate_per_s"] == pytest.approx(21 / 300.0)  # not 21 / 1e7
+    assert fit_apps(load_trace(p), until_s=250.0)["rate_per_s"] == pytest.approx(21 / 250.0)
+    p.write_text(head + "\n".join(rows + ["190,1e12,4000,4096,1000,job"]) + "\n")
+    fit = fit_apps(load_trace(p))
+    assert np.exp(_apps(fit)[(4000, 1000)]["log_life_quantiles"][-1]) == pytest.approx(1e9, rel=1e-5)
+    write_fit(fit, tmp_path / "f.yaml")
+    assert load_fit(tmp_path / "f.yaml")["pods"] == 22  # what trace fit writes, the loader takes
+
+
 def _scenario(tmp_path, fit_name="fit.yaml", extra=""):
     p = tmp_path / "s.yaml"
     p.write_text(textwrap.dedent(f"""\
@@ -132,6 +153,9 @@ def test_cpu_only_refuses_a_fit_with_only_gpu_applications(tmp_path):
     (lambda d: d["apps"][0].pop("cpu_m"), "apps[0]: missing or malformed field"),
     (lambda d: d["apps"][0].update(gpu_count=float("inf")), "apps[0]: missing or malformed field"),  # OverflowError
     (lambda d: d["apps"][0].update(pods=float("inf")), "apps[0]: missing or malformed field"),
+    (lambda d: d["apps"][0].pop("name"), "apps[0]: name must be a non-empty string, got None"),  # was a KeyError
+    (lambda d: d["apps"][0].update(name=""), "apps[0]: name must be a non-empty string"),
+    (lambda d: d["apps"][0].update(slo_class=["x"]), "apps[0]: slo_class must be a string (or null)"),
 ])
 def test_a_malformed_fit_is_refused_naming_the_problem(tmp_path, edit, words):
     write_fit(fit_apps(load_trace(_trace(tmp_path))), tmp_path / "fit.yaml")

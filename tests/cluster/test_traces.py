@@ -160,6 +160,25 @@ def test_alibaba_gpu_2023_every_field(tmp_path):
         [(1, 96000, 786432, 8, "V100M32"), (2, 32000, 262144, None, None)]
 
 
+def test_alibaba_gpu_2023_odd_rows_a_review_found(tmp_path):
+    """A Running pod deleted at its creation was a service that never ends (its GPUs held through every later
+    window); a phase in another case was a job that ran; a gpu_spec of "nan" (pandas' empty cell) a GPU model."""
+    pods = (OPENB_PODS.replace(",BE,Failed,", ",BE,failed,")
+            + "openb-pod-0100,8000,1024,8,1000,,LS,Running,500,500,500\n"
+            + "openb-pod-0101,1000,1024,1,1000,nan,LS,pending,600,700,\n"
+            + "openb-pod-0102,1000,1024,1,1000,NaN,LS,Succeeded,800,900,800\n")
+    files = [write(tmp_path, "openb_pod_list_default.csv", pods),
+             write(tmp_path, "openb_node_list_all_node.csv", OPENB_NODES)]
+    wl, _, summary = imported(tmp_path, "alibaba-gpu-2023", files)
+    rows = {(float(wl.submit_s[i]), int(wl.cpu_req[i])): i for i in range(len(wl))}
+    zero = rows[(500.0, 8000)]
+    assert wl.kind[zero] == SERVICE and wl.service_end_s(zero) == 501.0  # stretched to 1 s, not forever
+    assert wl.kind[rows[(9965463.0, 3152)]] == JOB  # "failed": a job, as "Failed"
+    assert summary["pods never scheduled in the trace (Pending, skipped)"] == 2  # "pending" too
+    nan = rows[(800.0, 1000)]
+    assert wl.gpu[nan] == 1 and wl.gpu_spec_table[int(wl.gpu_spec[nan])] is None  # any model
+
+
 # ---- alibaba-2023 -----------------------------------------------------------------------------------------
 def alibaba_2023(folder: Path, header: bool) -> list[Path]:
     from joulesched.cluster.traces.alibaba2023 import NODE_USAGE, POD_META, POD_USAGE
@@ -367,6 +386,10 @@ MALFORMED = {
         "alibaba-gpu-2023",
         lambda t: [write(t, "openb_pod_list_x.csv", OPENB_PODS.replace(",100,200,150", ",300,200,150"))],
         ["openb_pod_list_x.csv", "line 6", "column deletion_time", "before the creation_time"]),
+    "alibaba-gpu-2023: a phase that is none of the trace's": (
+        "alibaba-gpu-2023",
+        lambda t: [write(t, "openb_pod_list_x.csv", OPENB_PODS.replace(",BE,Failed,", ",BE,Evicted,"))],
+        ["openb_pod_list_x.csv", "line 4", "column pod_phase", "'Evicted' is not one of"]),
     "alibaba-gpu-2023: the node list given as a pod list": (
         "alibaba-gpu-2023", lambda t: [write(t, "openb_pod_list_nodes.csv", OPENB_NODES)],
         ["openb_pod_list_nodes.csv", "line 1", "lacks column(s) name, creation_time, deletion_time"]),
