@@ -103,6 +103,7 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
     # Batch tasks: requests for the instances, or pods themselves.
     tasks: dict[tuple[str, str], tuple[int, int]] = {}
     w0, w1 = sink.w0, sink.w1
+    running: list[dict] = []  # jobs with no end yet, added with the trace's end once every file is read
     for p in files["batch_task"]:
         for line, r in csv_rows(p, progress, BATCH_TASK):
             start = number(p, line, "start_time", r[5], minimum=0)
@@ -121,10 +122,13 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             if not n.is_integer() or n > MAX_INSTANCES:
                 raise TraceFormatError(f"{p}: line {line}, column instance_num: {r[1].strip()!r} is not a whole "
                                        f"number of instances (0..{MAX_INSTANCES:,})")
+            pod = dict(submit=start, start=start, kind=JOB, cpu_req=cpu, mem_req=mem, owner="Job",
+                       app=f"{r[2]}/{r[0]}")
+            if end == 0:  # still running: it runs until the trace ends, known once everything is read
+                running.extend([pod] * int(n))
+                continue
             for _ in range(int(n)):
-                sink.add(submit=start, start=start, end=end if end > start else None, trace_end=None, kind=JOB,
-                         cpu_req=cpu, mem_req=mem, owner="Job", app=f"{r[2]}/{r[0]}")
-    running: list[dict] = []
+                sink.add(end=end if end > start else None, trace_end=None, **pod)
     for p in files["batch_instance"]:
         for line, r in csv_rows(p, progress, BATCH_INSTANCE):
             start = number(p, line, "start_time", r[5], minimum=0)

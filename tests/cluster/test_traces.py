@@ -129,6 +129,19 @@ def test_alibaba_2018_tasks_alone_window_and_units(tmp_path):
     assert not by_app(wl, "app_3") or wl.service_end_s(by_app(wl, "app_3")[0]) == 400.0
 
 
+def test_alibaba_2018_tasks_alone_keep_a_running_task_until_the_trace_ends(tmp_path):
+    """A task still running (end_time 0) was dropped as a job without an end when batch_task came alone, while
+    the batch_instance path runs such an instance until the trace ends (a review): now both do."""
+    p = write(tmp_path, "batch_task.csv", "M1,2,j_1,1,Terminated,100,400,150,0.5\n"
+                                          "R2_1,3,j_1,1,Running,450,0,50,1.0\n"
+                                          "R3_1,1,j_1,1,Terminated,500,900,50,1.0\n")
+    wl, _, summary = imported(tmp_path, "alibaba-2018", [p], nodes=False)
+    running = by_app(wl, "j_1/R2_1")
+    assert len(running) == 3 and all(wl.submit_s[i] == 450.0 for i in running)
+    assert all(wl.duration_s[i] == 900.0 - 450.0 for i in running)  # until the trace's last instant
+    assert not any("without an end" in k for k in summary), summary
+
+
 # ---- alibaba-gpu-2023 -------------------------------------------------------------------------------------
 OPENB_PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
               "scheduled_time\n"
