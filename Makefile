@@ -12,8 +12,10 @@ APT_PACKAGES ?= prometheus jmeter jmeter-http docker.io debootstrap cloud-init c
 DEMO_OUT ?= out/demo
 PYTEST_ARGS ?=
 # The test modules run on two pytest-xdist workers, one module per worker at a time, the heavy ones first
-# (tests/conftest.py): about 37 min instead of 64 on 2 cores. PYTEST_JOBS=0 runs them in one process.
+# (tests/conftest.py): 22 to 37 min on 2 cores, against 64 in one process. PYTEST_JOBS=0 runs them in one process.
 PYTEST_JOBS ?= 2
+# Where torch's CPU wheel comes from (empty: pip's configured indexes), e.g. https://download.pytorch.org/whl/cpu.
+TORCH_INDEX_URL ?=
 
 .PHONY: all demo test venv apt clean bench help
 
@@ -28,8 +30,10 @@ $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "joulesched needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch is pinned to the CPU wheel; installing it first keeps pip from choosing a CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	# torch 2.13.0 goes first, so that what comes after keeps it. Which build comes is the index's: the CPU one from
+	# this environment's indexes; where pip reads PyPI (whose Linux wheels are CUDA builds) TORCH_INDEX_URL names
+	# PyTorch's CPU index (README, first paragraph).
+	$(BIN)/pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(BIN)/pip install --quiet -e '.[test,load,sweep,infra,infra-aws,node-power,autoscaler]'
 	touch $@
 
