@@ -349,7 +349,11 @@ class NodePowerCore:
             if allowed is not None and disrupting >= allowed:
                 return None
         if p.balanced_k:
-            cluster_w = float(st.power()[st.power_state != ASLEEP].sum())
+            awake = np.flatnonzero(st.power_state != ASLEEP)
+            # the awake nodes' GPUs too: saving_w below counts a node's idle GPUs, so the share it is of the
+            # cluster's draw must count every GPU (on GPU clusters the CPU side alone overstated the share)
+            cluster_w = float(st.power()[awake].sum()) + (
+                sum(st.gpu_power(int(i)) for i in awake) if st.has_gpus else 0.0)
             running = sum(len(ps) for ps in pods.values())
         on = st.power_state == ON
         eff = self.efficiency(st)

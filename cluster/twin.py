@@ -99,7 +99,10 @@ def cluster_from_scenario(scenario: Scenario) -> ClusterState:
             group.append(gi)
     idle = [c[0] for c in curves]
     sleeping = isinstance(scenario.idle_policy, Sleep)
-    sleep_w = [scenario.idle_policy.sleep_watts] * len(names) if sleeping else idle
+    # A node that never sleeps draws its idle when empty, as ClusterState documents: the policy's sleep watts
+    # would be a saving it can never make (the lower bound floored it there, the features offered it).
+    never = [scenario.nodes[g].never_sleep for g in group]
+    sleep_w = [w if n else scenario.idle_policy.sleep_watts for w, n in zip(idle, never)] if sleeping else idle
     return ClusterState(names, cpu, mem, pods, curves, sleep_watts=sleep_w, group=group,
                         group_names=[g.name_prefix for g in scenario.nodes],
                         wake_s=scenario.idle_policy.wake_s if sleeping else 0.0, can_sleep=sleeping,
@@ -510,6 +513,7 @@ class Twin:
         self._thr = [0.0] * n  # integral of (1 - rate) dt
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(n)]  # heaps of (vfinish, pod)
         self._waiting: list[list[int]] = [[] for _ in range(n)]  # pods bound to a waking node
+        self._up_at = [0.0] * n  # when a waking node is up: its waiting pods start then
         self._ver = [0] * n
         self._scheduled: list[tuple[float, int] | None] = [None] * n  # heap top its departure event is for
         self._sleep_ver = [0] * n
@@ -649,15 +653,16 @@ class Twin:
     # ---- what only a simulator knows (clairvoyant references, agent/clairvoyant.py) -------------------------
     def live_lives(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The bound pods' futures: per pod that runs or waits for its waking node, its index, its node, when its
-        life began (a running job's start, a waiting job's ``now + wake_s``, a service's submit time) and when it
-        is due to end (began plus a job's work at its start, times its node's GPU runtime factor; a service's
-        stop, the scenario's end at the latest). Throttling would make them later. The future itself: for clairvoyant references and training
-        labels, never for a policy that could run on a cluster."""
+        life began (a running job's start, a waiting job's start when its node is up, a service's submit time)
+        and when it is due to end (began plus a job's work at its start, times its node's GPU runtime factor; a
+        service's stop, the scenario's end at the latest). Throttling would make them later. The future itself:
+        for clairvoyant references and training labels, never for a policy that could run on a cluster."""
         now = self.now
         node = np.fromiter(self.pod_node, np.int64, len(self.pod_node))
         status = np.fromiter(self.pod_status, np.int8, len(self.pod_status))
         live = np.flatnonzero((node >= 0) & ((status == _RUNNING) | (status == _WAITING)))
-        began = np.where(status[live] == _WAITING, now + self.state.wake_s,
+        up_at = np.asarray(self._up_at, dtype=np.float64)
+        began = np.where(status[live] == _WAITING, up_at[node[live]],
                          np.asarray(self.pod_start, dtype=np.float64)[live])
         end = began + np.asarray(self._work, dtype=np.float64)[live] * self.runtime_factors(live, node[live])
         if self._pm and live.size:
@@ -817,6 +822,7 @@ class Twin:
                 self._set_pstate(node, WAKING)
                 if self.record:
                     self.power_log.append((self.now, "wake", node))
+                self._up_at[node] = self.now + st.wake_s
                 self._push(self.now + st.wake_s, _WAKE, node, 0)
 
     # ---- internals ----------------------------------------------------------------------------------------

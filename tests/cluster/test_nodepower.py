@@ -242,3 +242,12 @@ workload: {{synthetic: {{pods: 5, mean_interarrival_s: 1}}}}
 """)
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
         load_scenario(f)
+
+
+def test_a_node_that_never_sleeps_is_given_its_idle_as_its_sleep_draw():
+    """The policy's sleep watts on a never-sleep node were a saving it can never make: the lower bound floored it
+    there, the features offered it (a review). ClusterState documents idle watts there."""
+    from joulesched.cluster.twin import cluster_from_scenario
+
+    st = cluster_from_scenario(scenario([{"never_sleep": True}, {}], duration_s=100, idle=SLEEP))
+    assert st.sleep_watts[0] == st.idle_watts[0] and st.sleep_watts[1] == SLEEP["sleep_watts"]

@@ -93,3 +93,23 @@ def test_node_power_command_refuses_bad_knobs_before_it_connects():
                       (["--disruption-budget", "1;0 9 * * *;forever"], "duration"), (["--balanced", "-1"], "-1")):
         r = CliRunner().invoke(app, ["node-power", "--kubeconfig", "/no/such/kubeconfig", *args])
         assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
+
+
+def test_balanced_counts_the_gpus_in_the_clusters_draw_as_in_the_saving():
+    """On a GPU cluster the saving counts the emptied node's idle GPUs; the cluster's draw it is a share of
+    counted the CPU side only, so the share was overstated and moves passed that should not (a review)."""
+    from joulesched.cluster.state import ClusterState
+
+    linear = [100.0 + 10.0 * k for k in range(11)]
+    gpu = [50.0 + 20.0 * k for k in range(11)]  # 50 W idle per GPU
+    st = ClusterState(["n0", "n1", "n2"], [1000] * 3, [4096] * 3, [110] * 3, [linear] * 3, sleep_watts=[5.0] * 3,
+                      can_sleep=True, gpu_count=[1] * 3, gpu_model=["T4"] * 3, gpu_curves=[gpu] * 3)
+    st.bind(0, PodRequest(200, 10))
+    st.bind(1, PodRequest(500, 10))
+    pods = {0: [MovablePod("a", PodRequest(200, 10), 200.0)], 1: [MovablePod("b", PodRequest(500, 10), 500.0)]}
+    # emptying n0 saves 95 W + its GPU's 50 W of the 300 + 150 W awake (0.322), disrupting 1 of 2 pods (0.5)
+    cluster_w = float(st.power().sum()) + 3 * 50.0
+    ratio = (145.0 / cluster_w) / 0.5
+    assert ratio == pytest.approx(0.6444, abs=1e-3)  # the CPU side alone gave 145 / 300 / 0.5 = 0.967
+    assert NodePowerCore(PowerPolicy(consolidate=True, balanced_k=0.64)).plan(st, 0.0, pods) is not None
+    assert NodePowerCore(PowerPolicy(consolidate=True, balanced_k=0.65)).plan(st, 0.0, pods) is None

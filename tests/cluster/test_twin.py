@@ -173,3 +173,19 @@ def test_filter_tracks_full_nodes_through_bind_and_unbind():
     assert st.full_nodes == 2 and not st.feasible(pod).any()
     st.unbind(0, pod)
     assert st.full_nodes == 1 and st.feasible(PodRequest(None, 5)).tolist() == [True, False]
+
+
+def test_live_lives_start_a_waiting_pod_when_its_node_is_up():
+    """A pod waiting on a waking node begins when the node is up, not wake_s after the moment asked (a review:
+    asked at 120 of a wake begun at 50, it said 220 for a pod that ran 150..170)."""
+    sc = scenario([{}], duration_s=300, idle={"mode": "sleep", "sleep_after_s": 10, "sleep_watts": 5, "wake_s": 100})
+    tw = Twin(sc, workload((50, 20, 200, 100, 200), (120, 20, 200, 100, 200)))
+    tw.begin()
+    seen = []
+    while (d := tw.next_decision()) is not None:
+        if tw.now == 120:
+            seen.append(tw.live_lives())
+        tw.place(int(np.flatnonzero(d.mask)[0]))
+    (live, _, began, end), = seen
+    assert live.tolist() == [0] and began.tolist() == [150.0] and end.tolist() == [170.0]
+    assert tw.pod_start[0] == 150.0 and tw.pod_end[0] == 170.0
