@@ -215,7 +215,8 @@ class ClusterState:
         self.gpu_whole_free = self.alloc_gpu.copy()
         self.gpu_max_free = np.where(self.alloc_gpu > 0, GPU_MILLI, 0).astype(np.int64)
         self.gpu_curves = (np.zeros((n, 11)) if curves is None
-                           else np.array([validate_curve(c) for c in curves], dtype=np.float64).reshape(n, 11))
+                           else np.array([validate_curve(c, busy_draw=False) for c in curves],
+                                         dtype=np.float64).reshape(n, 11))
         self._gpu_models: dict[frozenset[str], np.ndarray] = {}
         self.gpu_share_pods = np.zeros(n, dtype=np.int64)  # pods holding a share of one GPU, per node
         self.gpu_whole_pods = np.zeros(n, dtype=np.int64)  # pods holding whole GPUs, per node

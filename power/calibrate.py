@@ -117,6 +117,9 @@ def fit_curve(samples: Sequence[Sample], *, allow_extrapolation: bool = False) -
     support = a.sum(axis=0)
     coef = np.maximum(_pava(coef, np.maximum(support, 1e-6)), 0.0)
     curve = tuple(float(round(c, 3)) for c in coef)
+    if curve[-1] <= 0:
+        raise CalibrationError(f"the meter read no power: the fitted curve is 0 W at full load ({len(samples)} "
+                               f"samples, the most {float(y.max()):g} W); check that its energy counter advances")
     pred = np.array([interp(curve, ui) for ui in u])
     err = pred - y
     nonzero = np.abs(y) > 1e-9

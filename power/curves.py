@@ -25,8 +25,9 @@ SPECPOWER: dict[str, tuple[float, ...]] = {
 }
 
 
-def validate_curve(curve: Sequence[float]) -> tuple[float, ...]:
-    """Return the curve as a tuple, or raise ValueError saying what is wrong with it."""
+def validate_curve(curve: Sequence[float], *, busy_draw: bool = True) -> tuple[float, ...]:
+    """Return the curve as a tuple, or raise ValueError saying what is wrong with it. ``busy_draw``: it must draw
+    something at full load (a node's; a GPU curve of a node without GPUs is all 0)."""
     values = tuple(float(w) for w in curve)
     if len(values) != N_POINTS:
         raise ValueError(f"a power curve needs {N_POINTS} points (0%..100% in 10% steps), got {len(values)}")
@@ -35,6 +36,9 @@ def validate_curve(curve: Sequence[float]) -> tuple[float, ...]:
             raise ValueError(f"power curve point {i * 10}% is {w!r}: watts must be in 0..{MAX_WATTS:g}")
     if any(b < a for a, b in zip(values, values[1:])):
         raise ValueError("power curve must be non-decreasing with load")
+    if busy_draw and values[-1] <= 0:  # a meter that read nothing: every energy figure and the DQN's reward scale would be 0
+        raise ValueError("power curve is 0 W at full load: no machine draws nothing busy (a meter that read no "
+                         "power?)")
     return values
 
 

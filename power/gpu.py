@@ -56,7 +56,7 @@ def gpu_curve(model: str, watts: Sequence[float] | None = None) -> tuple[float, 
     """One GPU's watts at 0, 10, ..., 100 % of its share: ``watts`` as given (2 values: idle and max, linear
     between; 11 values: the curve), else the model's table entry, linear."""
     if watts is not None and len(watts) == 11:
-        return validate_curve(watts)
+        return validate_curve(watts, busy_draw=False)
     if watts is not None and len(watts) != 2:
         raise ValueError(f"GPU power is [idle, max] or 11 watts (0..100 %), got {len(watts)} values")
     idle, peak = (watts if watts is not None else GPU_POWER.get(model, DEFAULT_GPU_POWER))

@@ -53,6 +53,19 @@ def test_fit_rejects_degenerate_input():
         fit_curve([Sample(0.5, 100)])
     with pytest.raises(CalibrationError, match="one utilisation"):
         fit_curve([Sample(0.5, 100), Sample(0.51, 101)])
+    # A meter whose counter never advanced reads 0 W everywhere: a curve of zeros made every energy 0 and the DQN's
+    # reward scale 0 (a ZeroDivisionError in training, seen once in a loaded CI run)
+    with pytest.raises(CalibrationError, match="the meter read no power"):
+        fit_curve([Sample(k / 10, 0.0) for k in range(11)])
+
+
+def test_a_node_curve_must_draw_something_busy_a_gpu_curve_may_not():
+    from joulesched.power.curves import validate_curve
+
+    with pytest.raises(ValueError, match="0 W at full load"):
+        validate_curve([0.0] * 11)
+    assert validate_curve([0.0] * 11, busy_draw=False) == (0.0,) * 11  # the GPUs of a node that has none
+    assert validate_curve([0.0] + [10.0] * 10)[0] == 0.0  # an idle of 0 W is a curve
 
 
 @pytest.mark.parametrize("samples", [
