@@ -9,7 +9,7 @@ The model file's feature schema decides the rest. Schema 1 (``models/small.pt``)
 twin's true departure times included: clairvoyant, it runs in the twin only (:meth:`DQNPolicy.attach`).
 Schema 2 also reads the pod's metadata (``uses_meta``) and keeps an online lifetime predictor
 (agent/predictor.py) fed by the backend: :meth:`DQNPolicy.attach`, which ``run_policy`` calls before a run,
-subscribes it to the twin's binds and ends (``Twin.observe_pods``) or, on a cluster, to the scheduler cache's
+subscribes it to the twin's binds and ends (``Twin.add_pod_observer``) or, on a cluster, to the scheduler cache's
 pod events (``KubeCache.add_pod_listener``, through :class:`~joulesched.agent.predictor.KubePodFeed`). Its
 attention reads every node; identical empty nodes are read once with their multiplicity (exact).
 
@@ -140,10 +140,11 @@ class DQNPolicy:
     # ---- the predictor's feed -----------------------------------------------------------------------------
     def attach(self, backend: object) -> None:
         """Before a run (``run_policy``): a fresh predictor, subscribed to ``backend``'s pod events: the twin's
-        ``observe_pods``, or a live scheduler's cache (``backend.cache.add_pod_listener``; subscribed once per
-        cache, the cache has no way to unsubscribe). Schema 1 runs in the twin only: its ``departure_soon``
-        column reads the twin's true end times of pods that have not ended (agent/features.py), which no cluster
-        knows, so on one it would see a column it never trained on (always 1)."""
+        ``add_pod_observer``, beside any other observer, or a live scheduler's cache
+        (``backend.cache.add_pod_listener``; subscribed once per cache, the cache has no way to unsubscribe).
+        Schema 1 runs in the twin only: its ``departure_soon`` column reads the twin's true end times of pods that
+        have not ended (agent/features.py), which no cluster knows, so on one it would see a column it never
+        trained on (always 1)."""
         if self.schema < 2 and not callable(getattr(backend, "due_ends", None)):
             raise PolicyError(f"policy 'dqn': {self.path or 'this model'} is a schema-1 model, which reads the "
                               "twin's true pod end times (clairvoyant): it runs in the twin only, not on "

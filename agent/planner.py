@@ -26,10 +26,10 @@ What the futures are made of decides what the policy knows:
   what planning is worth with a perfect model.
 
 The online futures read no duration of a pod that has not ended, no usage of a pod that has not run, and no
-step of a usage profile ahead of now (a running profiled pod holds the demand it shows; tests/agent/test_planner.py
-shuffles the durations and checks the futures' profiles). Candidates: each base's own choice (the first base's first), then
-the feasible nodes in the first base's order of preference, empty nodes of one kind in one power state counted
-once (the lowest index), at most ``max_candidates``. Each rollout replays the run from its start, so a decision
+step of a usage profile ahead of now (a running profiled pod holds the demand it shows;
+tests/agent/test_planner.py shuffles the durations and checks the futures' profiles). Candidates: each base's
+own choice (the first base's first), then the feasible nodes in the first base's order of preference, empty
+nodes of one kind in one power state counted once (the lowest index), at most ``max_candidates``. Each rollout replays the run from its start, so a decision
 costs (samples x candidates x bases) runs of the episode: seconds on the small suite, too slow for clusters of
 hundreds of nodes (``budget_s`` caps the planning time). The policy runs in the twin only (family ``planner``:
 in no best-heuristic comparison, not in the default set).
@@ -331,7 +331,11 @@ class Rollout:
         # Usage is seen once a pod runs: the others (the deciding pod, and each resampled pod to come) use the
         # run's mean share of their request so far.
         seen = ~np.isnan(start) & (wl.cpu_req[:k] > 0)
-        share = float(np.mean(wl.usage_m[:k][seen] / wl.cpu_req[:k][seen])) if seen.any() else 0.65
+        # what was seen: a running profiled pod's demand now (its usage_m is its mean over its planned life)
+        used = wl.usage_m[:k].astype(np.float64)
+        live = np.flatnonzero(running & (wl.profile[:k] >= 0)) if wl.profile is not None else np.zeros(0, np.int64)
+        used[live] = tw.current_usage(live)
+        share = float(np.mean(used[seen] / wl.cpu_req[:k][seen])) if seen.any() else 0.65
         _unseen_usage(out, np.concatenate((np.flatnonzero(np.isnan(start)), np.arange(k, len(idx)))), share)
         _running_usage(out, tw, np.flatnonzero(running))
         return out, fixed

@@ -35,7 +35,7 @@ shuffles the true durations of pods that have not ended yet and checks that no d
 * **Arrivals.** Exponentially weighted rates of placements (requested CPU per second) over 5 minutes and an
   hour: the offered load (Little's law: rate x mean predicted life / cluster CPU) and its trend.
 
-Two feeds: the twin calls :meth:`PodPredictor.bound` / :meth:`PodPredictor.ended` (``Twin.observe_pods``);
+Two feeds: the twin calls :meth:`PodPredictor.bound` / :meth:`PodPredictor.ended` (``Twin.add_pod_observer``);
 on a cluster :class:`KubePodFeed` turns the scheduler cache's pod events (``KubeCache.add_pod_listener``) into
 the same calls.
 """
@@ -560,8 +560,9 @@ class KubePodFeed:
 
 
 class PredictorFeed:
-    """An online :class:`PodPredictor` fed by the run's backend: the twin's ``observe_pods`` or a live cache's pod
-    events (:class:`KubePodFeed`, subscribed once per cache: a cache cannot unsubscribe). A policy that reads
+    """An online :class:`PodPredictor` fed by the run's backend: the twin's ``add_pod_observer`` (beside any
+    other observer) or a live cache's pod events (:class:`KubePodFeed`, subscribed once per cache: a cache
+    cannot unsubscribe). A policy that reads
     predictions holds one and calls :meth:`attach` / :meth:`detach` from its own (``run_policy`` calls those)."""
 
     def __init__(self, predictor: PodPredictor | None) -> None:

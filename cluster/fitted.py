@@ -68,17 +68,18 @@ def fit_apps(wl, *, until_s: float | None = None, source: str = "") -> dict:
     if idx.size == 0:
         raise ScenarioError("nothing to fit: no pod is submitted after the CSV's time 0"
                             + (f" and before --until {until_s:g}" if until_s is not None else ""))
-    # The CSV's last observed instant: its last submission or finite end. The fit's horizon is that, or --until
-    # where earlier: a rate over an --until past the data counted hours in which nothing could be seen.
+    # The CSV's last observed instant: its last submission or finite end. Lives are seen until that, or until
+    # --until where earlier; arrivals over the submissions' span, or over --until where the data reaches it (an
+    # --until past the data counted hours in which nothing could be seen; without one, the last submission: a
+    # long job's end says nothing of arrivals).
     ends = wl.submit_s + wl.duration_s
     data_end = max(float(sub.max()), float(ends[np.isfinite(ends)].max(initial=0.0)))
-    end = min(float(until_s), data_end) if until_s is not None else data_end
-    life = wl.duration_s[idx].astype(np.float64)
-    if until_s is not None:
-        life = np.minimum(life, until_s - sub[idx])
-    # A service the trace never stops lives, as far as the fit can know, until the data's end (not the last
-    # submission: the service submitted last would live 1 s). No life is longer than a scenario may last.
-    life = np.clip(np.where(np.isfinite(life), life, end - sub[idx]), 1.0, math.exp(MAX_LOG_LIFE))
+    life_end = min(float(until_s), data_end) if until_s is not None else data_end
+    end = life_end if until_s is not None else float(sub[idx].max())
+    # Censored at the horizon; a service the trace never stops lives, as far as the fit can know, until it (not
+    # the last submission: the service submitted last would live 1 s). No life is longer than a scenario may last.
+    life = np.minimum(wl.duration_s[idx].astype(np.float64), life_end - sub[idx])
+    life = np.clip(life, 1.0, math.exp(MAX_LOG_LIFE))
     service = np.asarray(wl.is_service)
     templates: dict[tuple, list[int]] = {}
     for k, i in enumerate(idx.tolist()):

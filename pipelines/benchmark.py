@@ -395,9 +395,10 @@ def headroom(res: Results) -> dict[str, dict]:
     """The headroom table per scenario (docs/PERFORMANCE.md): energy / default-k8s (per seed, then averaged) of
     the best upstream, best sleep-aware and best heuristic, the learned policy and every policy (``policies``);
     the optimum (``optimal``: proven on every seed, else the best schedule) and the bounds: ``boa_bound``, the
-    best bound for the runs that bind each pod on arrival (the MIP's own, the bind-on-arrival LP's, or one of the
-    every-run bounds), ``every_run_bound`` (LP or fluid: queued and throttled runs too), ``bound_assumes``
-    (``bind-on-arrival`` where the first is higher on some seed), ``optimum_gap`` (per seed, (optimum − bound) /
+    best bound for the runs that bind each pod on arrival (the bind-on-arrival LP's, the MIP's own where no run
+    can overload a node: ``OptimumRun.bounds``, or one of the every-run bounds), ``every_run_bound`` (LP or
+    fluid: queued and throttled runs too), ``bound_assumes`` (``bind-on-arrival`` where the first is higher on
+    some seed), ``optimum_gap`` (per seed, (optimum − bound) /
     optimum). ``share_of_gap``: per policy, the share of the best heuristic's distance to the target (the
     optimum, or where it is not solved the best bound: ``target_kind``) that it closes; ``learned_share_of_gap``
     the learned policy's."""

@@ -474,9 +474,9 @@ def figures(doc: Results, tl: dict, nodes: dict) -> Iterator[tuple[str, str | No
 
 
 def _target_joules(e: ScenarioRun) -> tuple[float | None, str]:
-    """The seed's optimum where the MIP ran and found one (its schedule as the twin replays it; ``optimum*``
-    unless proven optimal and replayed to its energy), else its best proven bound (the MIP's own, the
-    bind-on-arrival LP's, the LP's or the fluid one, whichever is highest), with what it is: ``bound,
+    """The seed's optimum where the MIP ran and found one (its schedule as the twin replays it, labelled by
+    :meth:`ScenarioRun.optimum_label`), else its best proven bound (the bind-on-arrival LP's, the MIP's own where no
+    run can overload a node, the LP's or the fluid one, whichever is highest), with what it is: ``bound,
     bind-on-arrival`` where the highest holds only for the runs that bind every pod when it arrives."""
     o = e.optimum
     if o and o.schedule_energy is not None:

@@ -184,7 +184,8 @@ class ScenarioRun(_Strict):
         """What the optimum's schedule is, metered as the policies beside it are (None without one):
 
         * ``optimum``: proven optimal over the run's window and over every run the twin can produce: a bound
-          every run obeys (the LP's or the fluid one) meets it within :data:`EVERY_RUN_TOL`;
+          every run obeys (the LP's, or the fluid one of the row or of the entry) meets it within
+          :data:`EVERY_RUN_TOL`;
         * ``optimum, bind-on-arrival``: proven optimal among the schedules that bind each pod when it arrives and
           overload no node (the MIP's class, docs/optimum.md), and no more: a run outside the class (one that
           queues a pod, or binds on arrival onto a node its pods overload) may use less, whatever ran beside it;
@@ -196,7 +197,7 @@ class ScenarioRun(_Strict):
             return None
         if not o.proven_optimal or (o.window_tail_joules or 0.0) > 0.0:
             return "optimum*"
-        every = o.every_run_bound
+        every = max((v for v in (o.every_run_bound, self.lower_bound_joules) if v is not None), default=None)
         if every is not None and every >= o.schedule_energy * (1 - EVERY_RUN_TOL):
             return "optimum"
         return "optimum, bind-on-arrival"

@@ -12,7 +12,7 @@ python="${PYTHON:-python3}"
 extra=()
 if [ -n "${TORCH_INDEX_URL:-}" ]; then extra=(--extra-index-url "$TORCH_INDEX_URL"); fi
 mkdir -p "$dest"
-"$python" -m pip download --quiet --dest "$dest" --only-binary=:all: "${extra[@]}" \
+"$python" -m pip download --quiet --dest "$dest" --only-binary=:all: ${extra[@]+"${extra[@]}"} \
   --python-version 3.11 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -r "$reqs"

@@ -73,11 +73,14 @@ def test_the_fits_horizon_is_the_datas_end_and_no_life_outlasts_a_scenario(tmp_p
     fit = fit_apps(load_trace(p))
     svc = np.exp(_apps(fit)[(2000, 1000)]["log_life_quantiles"])
     assert svc[0] == pytest.approx(300.0 - 150.0, rel=1e-5)  # to the data's last end (200 + 100), not 1 s
-    assert fit["rate_per_s"] == pytest.approx(21 / 300.0)
-    assert fit_apps(load_trace(p), until_s=1e7)["rate_per_s"] == pytest.approx(21 / 300.0)  # not 21 / 1e7
+    assert fit["rate_per_s"] == pytest.approx(21 / 200.0)  # arrivals over the submissions' span
+    far = fit_apps(load_trace(p), until_s=1e7)
+    assert far["rate_per_s"] == pytest.approx(21 / 300.0)  # not 21 / 1e7: nothing was seen after 300 s
+    assert np.exp(_apps(far)[(2000, 1000)]["log_life_quantiles"][0]) == pytest.approx(150.0, rel=1e-5)  # nor lived
     assert fit_apps(load_trace(p), until_s=250.0)["rate_per_s"] == pytest.approx(21 / 250.0)
     p.write_text(head + "\n".join(rows + ["190,1e12,4000,4096,1000,job"]) + "\n")
     fit = fit_apps(load_trace(p))
+    assert fit["rate_per_s"] == pytest.approx(22 / 200.0)  # a long job's end says nothing of arrivals
     assert np.exp(_apps(fit)[(4000, 1000)]["log_life_quantiles"][-1]) == pytest.approx(1e9, rel=1e-5)
     write_fit(fit, tmp_path / "f.yaml")
     assert load_fit(tmp_path / "f.yaml")["pods"] == 22  # what trace fit writes, the loader takes
