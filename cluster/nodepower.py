@@ -63,6 +63,9 @@ POWER_SINCE_ANNOTATION = "joulesched.io/power-state-since"
 POWER_OWNER_ANNOTATION = "joulesched.io/power-owner"
 #: Node annotation: the cordon is the controller's own (only such a cordon is ever lifted by it).
 CORDONED_ANNOTATION = "joulesched.io/cordoned"
+#: Node annotation written by the controller just before it asks an actuator to switch the machine off, removed once
+#: the machine is confirmed off or running: while it stands, a power-off may be under way, for any replica.
+OFF_REQUESTED_ANNOTATION = "joulesched.io/power-off-requested"
 #: The controller's states, in joulesched.io/power-state.
 POWER_STATES = ("awake", "sleeping", "asleep", "waking", "draining")
 #: Labels that mark a control-plane node (never put to sleep).

@@ -71,6 +71,7 @@ from joulesched.cluster.nodepower import (
     ASLEEP_TAINT,
     CORDONED_ANNOTATION,
     DEFAULT_SLEEP_WATTS,
+    OFF_REQUESTED_ANNOTATION,
     POWER_ADDRESS_ANNOTATION,
     POWER_OWNER_ANNOTATION,
     POWER_SINCE_ANNOTATION,
@@ -81,7 +82,7 @@ from joulesched.cluster.nodepower import (
     PowerPolicy,
 )
 from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState
-from joulesched.live.actuators.access import AccessError, AddressPolicy, Resolved
+from joulesched.live.actuators.access import AccessError, AddressPolicy, Resolved, machine_keys
 from joulesched.live.actuators.base import (
     OFF,
     UNKNOWN,
@@ -364,8 +365,12 @@ class NodePowerController:
                 self._leading_since = None
             elif self._leading_since is None or self._leading_term != self._term():
                 # A new term, also one regained between two passes: the grace before resuming others' work
-                # starts again.
+                # starts again, and what this replica remembers of failed sleeps is forgotten (another leader may
+                # have asked for a power-off since): reconcile() marks each node left going down afresh.
                 self._leading_since, self._leading_term = self.clock(), self._term()
+                with self._lock:
+                    for rec in self._recs.values():
+                        rec.sleep_failed_at, rec.lease_after_window = None, None
             if self._stop.is_set() or not self.synced:
                 continue
             if not leading:
@@ -542,6 +547,7 @@ class NodePowerController:
             if len(self.core.counted) == len(names):
                 self.core.counted[going] = False
         self._adopt_addresses(infos)
+        self._assume_going_down(names, infos, busy)
         self._recover(names, infos, busy, now, (WAKING_STATE, DRAINING))
         wanted = self._wake_pass(st, names, infos, pending, busy, now)
         # A sleep left half-done is resumed only after the wake pass: a pending pod that needs the node wakes it
@@ -583,6 +589,21 @@ class NodePowerController:
         asleep = np.array([i.power_state == ASLEEP_STATE and not i.wake_failed for i in infos], dtype=bool)
         if dt > 0 and asleep.any():
             self.metrics.joules_saved.inc(float(np.maximum(st.idle_watts[asleep] - self.cfg.sleep_watts, 0).sum()) * dt)
+
+    def _assume_going_down(self, names, infos, busy) -> None:
+        """A node marked :data:`OFF_REQUESTED_ANNOTATION` that no action of this leader is on, and whose failed
+        sleep it does not remember, may have a power-off on its way (a sleep whose answer was lost, before a restart
+        or a failover): its OS may still be shutting down with its kubelet renewing. Treated as a sleep that failed
+        unconfirmed from now on this replica's clock, so it is uncordoned, or counted awake after a wake, only once
+        its kubelet outlives a whole sleep's deadline (a review: a new leader woke such a node at once, uncordoned
+        it and marked it awake, and the machine then went off with its new pods)."""
+        if self._leading_since is None:
+            return
+        now = self.clock()
+        for name, info in zip(names, infos):
+            rec = self._recs[name]
+            if info.off_requested and name not in busy and rec.sleep_failed_at is None:
+                rec.sleep_failed_at, rec.lease_after_window = now, None
 
     def _in_grace(self, info: NodeInfo, now: float) -> bool:
         """A replica's action on the node may still be on the wire: it names an owner and this replica has led
@@ -900,13 +921,31 @@ class NodePowerController:
                 return
         target.check()
         left = self._workload_pods_on(name)
-        if left is None or left:
-            why = "its pods or their DaemonSets could not be read" if left is None else "a pod landed on it"
-            if left is None:
+        info = self._node(name)
+        protected = "it is gone" if info is None else "" if self.may_sleep(info) else (
+            "it is protected now (control plane, never-sleep, delegated, this controller's node, or no usable "
+            "power address)")
+        if left is None or left or protected:
+            why = protected or ("its pods or their DaemonSets could not be read" if left is None
+                                else "a pod landed on it")
+            if left is None or protected:
                 self._backoff(name)  # not tried again at once: a cordon and uncordon on every pass otherwise
+            if self._recs[name].sleep_failed_at is not None:
+                # A power-off may be on its way (an earlier sleep's, ours or a former leader's): uncordoning now
+                # would let pods land on a machine going down. It stays cordoned; it is uncordoned only once its
+                # kubelet outlives the sleep's deadline, the power-off withdrawn first (_roll_back_if_running).
+                self._patch_node(name, state=SLEEPING, owner=False)
+                self._event(name, "Warning", "NodeSleepAborted", f"Not sleeping node {name}: {why}; an earlier "
+                            "power-off may still be under way, so it stays cordoned until its kubelet outlives "
+                            "the sleep's deadline")
+                return
             self._patch_node(name, state=AWAKE, cordon=False, taint=False)
             self._event(name, "Normal", "NodeSleepAborted", f"Not sleeping node {name}: {why}")
             return
+        # Marked on the node before anything is asked of the machine: a replica that takes over (or this one after a
+        # restart) then knows a power-off may be under way (_assume_going_down).
+        if not self._patch_node(name, state=SLEEPING, owner=True, off_requested=True):
+            return  # nothing was asked: left sleeping and cordoned, resumed or rolled back by the next pass
         try:
             target.checkpoint()
             self.actuator.sleep(target)
@@ -1144,11 +1183,13 @@ class NodePowerController:
         return left
 
     def _patch_node(self, name: str, *, state: str, owner: bool | None = None, cordon: bool | None = None,
-                    taint: bool | None = None, wake_failed: bool | None = None, stopping_ok: bool = False) -> bool:
+                    taint: bool | None = None, wake_failed: bool | None = None, off_requested: bool | None = None,
+                    stopping_ok: bool = False) -> bool:
         """Set the power-state annotation (its time, its owner on an intermediate state; and the cordon and our
         taint) with the node's resourceVersion as a precondition; re-read and retry on a conflict. Our cordon is
-        marked (``joulesched.io/cordoned``) and only a marked cordon is ever lifted. False when it could not be
-        written."""
+        marked (``joulesched.io/cordoned``) and only a marked cordon is ever lifted. ``off_requested``: set or
+        clear :data:`OFF_REQUESTED_ANNOTATION` (cleared with every ``awake`` or ``asleep``: the machine's state is
+        then known). False when it could not be written."""
         for _ in range(5):
             if not self._may_write(stopping_ok):
                 return False
@@ -1172,6 +1213,8 @@ class NodePowerController:
             patch: dict[str, Any] = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": ann}}
             if wake_failed is not None:
                 ann[WAKE_FAILED_ANNOTATION] = _now_rfc3339() if wake_failed else None
+            if off_requested is not None or state in (AWAKE, ASLEEP_STATE):
+                ann[OFF_REQUESTED_ANNOTATION] = _now_rfc3339() if off_requested else None
             spec: dict[str, Any] = {}
             ours = CORDONED_ANNOTATION in ann_now
             if cordon is True and (ours or not node_spec.get("unschedulable")):
@@ -1350,6 +1393,7 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
     if not isinstance(data, dict):
         raise DaemonInputError(f"--addresses {path}: expected a mapping of node name to power address")
     out = {}
+    machines: dict[tuple[str, str], str] = {}
     for node, text in data.items():
         if not os.path.isdir(path):
             claim(node, os.path.basename(path))
@@ -1362,6 +1406,11 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
                 access.check_map_entry(str(node), addr)
         except (AddressError, AccessError) as e:
             raise DaemonInputError(f"--addresses {path}: node {node}: {e}") from None
+        for key in machine_keys(addr, str(node)):  # a copy-paste slip: an idle node would switch off the other
+            other = machines.setdefault(key, str(node))
+            if other != str(node):
+                raise DaemonInputError(f"--addresses {path}: nodes {other} and {node} name the same machine "
+                                       f"({key[0]} {key[1]})")
         out[str(node)] = str(text)
     return out
 

@@ -329,6 +329,7 @@ class NodeInfo:
     provider_id: str = ""  # spec.providerID (immutable once set)
     wake_failed: bool = False  # joulesched.io/wake-failed
     cordoned_by_us: bool = False  # joulesched.io/cordoned: the cordon is the controller's own
+    off_requested: bool = False  # joulesched.io/power-off-requested: a power-off may be under way
     gpu_count: int = 0  # allocatable nvidia.com/gpu
     gpu_model: str = ""  # label nvidia.com/gpu.product (GPU feature discovery)
     #: allocatable of every other resource (extended, ephemeral-storage, hugepages-*), as Quantity.Value(), sorted
@@ -755,6 +756,7 @@ def parse_node(node: dict, curves: CurveResolver) -> NodeInfo:
                     provider_id=str(spec.get("providerID") or ""),
                     wake_failed=WAKE_FAILED_ANNOTATION in annotations,
                     cordoned_by_us=pw.CORDONED_ANNOTATION in annotations,
+                    off_requested=pw.OFF_REQUESTED_ANNOTATION in annotations,
                     gpu_count=gpus, gpu_model=str(labels.get(GPU_PRODUCT_LABEL, "")) if gpus else "",
                     named=tuple(named),
                     heartbeat="" if cond is None else f"{cond.get('lastHeartbeatTime', '')}|"

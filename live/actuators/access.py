@@ -187,6 +187,7 @@ class AddressPolicy:
         out: dict[str, Resolved] = {}
         claims: dict[tuple[str, str], list[str]] = {}
         mapped: dict[tuple[str, str], str] = {}
+        clash: dict[str, str] = {}
         parsed: dict[str, PowerAddress] = {}
         for name, text in addresses.items():
             try:
@@ -195,8 +196,13 @@ class AddressPolicy:
                 out[name] = Resolved(None, "map", str(e) if isinstance(e, AddressError) else "cannot be parsed")
                 continue
             for key in machine_keys(a, name):
-                mapped[key] = name
+                other = mapped.setdefault(key, name)
+                if other != name:  # two entries switch one machine: an idle node would switch off the other's
+                    clash[name], clash[other] = other, name
             parsed[name] = a
+        for name, other in clash.items():
+            parsed.pop(name, None)
+            out[name] = Resolved(None, "map", f"its address names the same machine as node {other}'s: neither is used")
         for name, (text, provider_id) in nodes.items():
             if name in parsed:
                 a = parsed[name]

@@ -291,3 +291,159 @@ def test_metal3_cancel_sleep_sets_the_host_online_again(emu):
     _add_host(emu, online=False)
     _actuator(emu, "metal3").cancel_sleep(_target("metal3://metal3/worker-1"))  # through OneActuator
     assert emu.get(BMH, "worker-1", "metal3")["spec"]["online"] is True
+
+
+class _ShuttingDown:
+    """A machine whose power-off was accepted and whose OS is still going down: the BMC reads On, wake sends
+    nothing (Redfish's wake of a machine that reads On), the kubelet still renews its Lease."""
+
+    name = "redfish"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def sleep(self, target) -> None:
+        self.calls.append(("sleep", target.node))
+
+    def wake(self, target) -> None:
+        self.calls.append(("wake", target.node))
+
+    def state(self, target) -> str:
+        return ON
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_new_leader_treats_a_node_marked_off_requested_as_going_down(emu, marked):
+    """A review: after a restart or failover, a node left `sleeping` by a sleep whose power-off was accepted was
+    woken at once, uncordoned and marked awake (its kubelet still renewing), and the machine then went off with
+    the pods bound to it. The power-off request is marked on the node before it is sent; a new leader treats such
+    a node as a sleep that failed unconfirmed from its first sight: awake only once its kubelet outlives the
+    sleep's deadline. Unmarked (no power-off was ever asked), the wake goes on as before."""
+    import threading
+    import time
+
+    from joulesched.cluster.kube.client import api_client_for
+    from joulesched.cluster.nodepower import OFF_REQUESTED_ANNOTATION
+    from joulesched.live.nodepower import NodePowerConfig, NodePowerController
+
+    emu.add_node("keep", cpu="1", memory="1Gi")  # awake, too small for the pod
+    ann = {"joulesched.io/power-state": "sleeping", "joulesched.io/cordoned": "true"}
+    if marked:
+        ann[OFF_REQUESTED_ANNOTATION] = "2026-12-07T00:00:00Z"
+    emu.add_node("a", annotations=ann, unschedulable=True)
+    emu.patch("nodes", "", "a", {"spec": {"taints": [{"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule"}]}})
+    stop = threading.Event()
+
+    def kubelet() -> None:
+        while not stop.is_set():
+            emu.renew_node_lease("a")
+            time.sleep(0.05)
+
+    threading.Thread(target=kubelet, daemon=True).start()
+    emu.add_pod("p", cpu="2", scheduler_name="default-scheduler")
+    cfg = NodePowerConfig(policy=PowerPolicy(sleep_after_s=3600, min_awake=0), leader_elect=False, resync_s=0.05,
+                          settle_s=0.1, poll_s=0.02, takeover_grace_s=0.2, sleep_timeout_s=300.0,
+                          addresses={"a": "redfish://10.0.0.1/redfish/v1/Systems/1"}, lease_namespace="default")
+    ctl = NodePowerController(api_client_for(emu.url), _ShuttingDown(), cfg).start()
+    try:
+        if marked:
+            time.sleep(3.0)
+            node = emu.get("nodes", "a")
+            assert pstate(emu, "a") != "awake" and node["spec"].get("unschedulable") is True
+        else:
+            wait_until(lambda: pstate(emu, "a") == "awake", 10, "the unmarked node woken")
+    finally:
+        stop.set()
+        ctl.stop()
+
+
+def test_the_off_request_is_on_the_node_while_the_actuator_is_asked_and_gone_once_asleep(emu, machines, kubelets,
+                                                                                         make_controller):
+    from joulesched.cluster.nodepower import OFF_REQUESTED_ANNOTATION
+    from joulesched.live.actuators.base import OFF
+
+    seen: list[bool] = []
+
+    class Recording:
+        name = "redfish"
+
+        def sleep(self, target) -> None:
+            seen.append(OFF_REQUESTED_ANNOTATION in (emu.get("nodes", target.node)["metadata"].get("annotations")
+                                                     or {}))
+
+        def wake(self, target) -> None:
+            pass
+
+        def state(self, target) -> str:
+            return OFF
+
+    add_nodes(emu, machines, ["a"])
+    ctl = make_controller(PowerPolicy(sleep_after_s=0.1), start=False)
+    ctl.actuator = Recording()
+    ctl.start()
+    wait_until(lambda: pstate(emu, "a") == "asleep", 10, "a asleep")
+    assert seen == [True]
+    assert OFF_REQUESTED_ANNOTATION not in emu.get("nodes", "a")["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("case", ["never-sleep", "control-plane", "own-node"])
+def test_a_node_protected_since_its_sleep_began_is_not_switched_off_when_the_sleep_resumes(emu, case):
+    """A review: a node left `sleeping` that the operator then protected (never-sleep, a control-plane label,
+    the controller's own node) was switched off when the sleep resumed; the checks ran only before a fresh sleep.
+    The last check before the actuator now asks the same as may_sleep, on every path."""
+    import time
+
+    from joulesched.cluster.kube.client import api_client_for
+    from joulesched.live.nodepower import NodePowerConfig, NodePowerController
+
+    ann = {"joulesched.io/power-state": "sleeping", "joulesched.io/cordoned": "true"}
+    labels = {"node-role.kubernetes.io/control-plane": ""} if case == "control-plane" else {}
+    if case == "never-sleep":
+        ann["joulesched.io/never-sleep"] = "true"
+    emu.add_node("a", annotations=ann, labels=labels, unschedulable=True)
+    emu.patch("nodes", "", "a", {"spec": {"taints": [{"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule"}]}})
+    act = _ShuttingDown()
+    cfg = NodePowerConfig(policy=PowerPolicy(sleep_after_s=3600), leader_elect=False, resync_s=0.05, settle_s=0.1,
+                          poll_s=0.02, addresses={"a": "redfish://10.0.0.1/redfish/v1/Systems/1"},
+                          lease_namespace="default", own_node="a" if case == "own-node" else "")
+    ctl = NodePowerController(api_client_for(emu.url), act, cfg).start()
+    try:
+        wait_until(lambda: events(emu, "NodeSleepAborted"), 10, "the resumed sleep aborted")
+        time.sleep(0.3)
+        assert ("sleep", "a") not in act.calls
+        assert "protected" in events(emu, "NodeSleepAborted")[0]["message"]
+        assert pstate(emu, "a") == "awake"  # no power-off was ever marked: uncordoned
+    finally:
+        ctl.stop()
+
+
+def test_a_resumed_sleep_that_finds_a_pod_keeps_a_node_whose_power_off_may_be_under_way_cordoned(emu):
+    """A review: a resumed sleep whose last check found a pod (or could not read the pods) uncordoned the node
+    although an earlier power-off might still be taking it down. It stays cordoned until its kubelet outlives the
+    sleep's deadline."""
+    import time
+
+    from joulesched.cluster.kube.client import api_client_for
+    from joulesched.cluster.nodepower import OFF_REQUESTED_ANNOTATION
+    from joulesched.live.nodepower import NodePowerConfig, NodePowerController
+
+    ann = {"joulesched.io/power-state": "sleeping", "joulesched.io/cordoned": "true",
+           OFF_REQUESTED_ANNOTATION: "2026-12-07T00:00:00Z"}
+    emu.add_node("a", annotations=ann, unschedulable=True)
+    emu.patch("nodes", "", "a", {"spec": {"taints": [{"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule"}]}})
+    emu.add_pod("web", cpu="100m", owner="ReplicaSet")
+    emu.bind("default", "web", {"target": {"name": "a"}}, None)
+    act = _ShuttingDown()
+    cfg = NodePowerConfig(policy=PowerPolicy(sleep_after_s=3600), leader_elect=False, resync_s=0.05, settle_s=0.1,
+                          poll_s=0.02, takeover_grace_s=0.2, sleep_timeout_s=300.0, retry_initial_s=0.2,
+                          addresses={"a": "redfish://10.0.0.1/redfish/v1/Systems/1"}, lease_namespace="default")
+    ctl = NodePowerController(api_client_for(emu.url), act, cfg).start()
+    try:
+        wait_until(lambda: events(emu, "NodeSleepAborted"), 10, "the resumed sleep aborted")
+        time.sleep(0.5)
+        node = emu.get("nodes", "a")
+        assert pstate(emu, "a") == "sleeping" and node["spec"].get("unschedulable") is True
+        assert "may still be under way" in events(emu, "NodeSleepAborted")[0]["message"]
+        assert ("sleep", "a") not in act.calls
+    finally:
+        ctl.stop()

@@ -98,6 +98,28 @@ def test_two_annotations_naming_one_machine_differently_are_both_refused():
     assert out["e"].address is not None and out["f"].address is not None  # machines nobody else names
 
 
+@pytest.mark.parametrize("first, second", [
+    ("redfish://10.0.0.5/redfish/v1/Systems/1", "redfish://10.0.0.5:443/redfish/v1/Systems/1/"),
+    ("ipmi://10.0.0.9", "ipmi://10.0.0.9:623"),
+])
+def test_two_map_entries_naming_one_machine_are_refused(tmp_path, first, second):
+    """A review: the map took the last of two entries naming one machine however written, so an idle worker-2
+    switched off worker-1's machine, pods and all. The file is refused (the last good map stays in force); a map
+    given in memory leaves both nodes without an address."""
+    from joulesched.live.daemon import DaemonInputError
+    from joulesched.live.nodepower import load_addresses
+
+    p = tmp_path / "map.yaml"
+    p.write_text(f"worker-1: {first}\nworker-2: {second}\nworker-3: ipmi://10.0.0.10\n")
+    with pytest.raises(DaemonInputError, match="nodes worker-1 and worker-2 name the same machine"):
+        load_addresses(str(p), AddressPolicy())
+    got = AddressPolicy().resolve_all({n: ("", "") for n in ("worker-1", "worker-2", "worker-3")},
+                                      {"worker-1": first, "worker-2": second, "worker-3": "ipmi://10.0.0.10"})
+    assert got["worker-1"].address is None and "node worker-2's" in got["worker-1"].refused
+    assert got["worker-2"].address is None and "node worker-1's" in got["worker-2"].refused
+    assert got["worker-3"].address is not None
+
+
 def test_redfish_http_only_with_the_flag():
     nodes = {"a": ("", "")}
     amap = {"a": "redfish+http://10.0.9.7/redfish/v1/Systems/1"}
