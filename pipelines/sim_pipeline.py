@@ -46,7 +46,7 @@ def _load(scenarios: Sequence[Path | Scenario], profile: Path | None) -> list[Sc
 
 def _stage_key(scenarios: Sequence[Scenario]) -> tuple[list[Path], list[dict]]:
     """What a stage over ``scenarios`` depends on: their source and trace files, and their content."""
-    files = [f for sc in scenarios for f in (sc.source, sc.trace_path) if f is not None]
+    files = [f for sc in scenarios for f in (sc.source, *sc.trace_paths, *sc.fit_paths) if f is not None]
     return files, [sc.model_dump(mode="json") for sc in scenarios]
 
 
@@ -57,8 +57,8 @@ def _train(runner: StageRunner, model_path: Path, scenarios: Sequence[Scenario],
     from joulesched.pipelines.training import train
 
     def do_train() -> None:
-        if model_path.exists():
-            model_path.unlink()  # a stale model from an interrupted or changed run is retrained
+        # A stale model from an interrupted or changed run is retrained (overwrite: the new one replaces it
+        # atomically when the run ends; deleting it first lost it to a budget train() then refused).
         train(scenarios, model_path, minutes=minutes, steps=steps, seed=seed, progress=progress and on_train is None,
               overwrite=True, on_progress=on_train)
 
@@ -77,6 +77,9 @@ def train_stage(out: Path, *, model: Path | None, minutes: float | None, steps: 
         return Path(model)
     if minutes is None and steps is None:
         raise ScenarioError(f"model {model} does not exist: give --minutes or --steps to train it")
+    from joulesched.pipelines.training import check_budget
+
+    check_budget(minutes, steps)
     loaded = _load(scenarios, node_profile)
     runner = StageRunner(out, force=force, on_event=on_event)
     Path(out).mkdir(parents=True, exist_ok=True)
@@ -87,11 +90,13 @@ def train_stage(out: Path, *, model: Path | None, minutes: float | None, steps: 
 
 def copy_training_curve(model_path: Path, out: Path) -> Path | None:
     """The model's training curve (``MODEL.curve.png``, when there is one) as ``out/plots/training_curve.png``,
-    written atomically: an interrupted or failed copy leaves the old plot or none, never half of one."""
+    written atomically: an interrupted or failed copy leaves the old plot or none, never half of one. A model
+    without a curve removes an earlier model's from the folder (the report would show it as this one's)."""
     curve = Path(str(model_path.with_suffix("")) + ".curve.png")
-    if not curve.is_file():
-        return None
     dest = out / "plots" / "training_curve.png"
+    if not curve.is_file():
+        dest.unlink(missing_ok=True)
+        return None
     with atomic_path(dest) as tmp:
         shutil.copyfile(curve, tmp)
     return dest
@@ -120,6 +125,10 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
     train_needed = model is None or not Path(model).exists()
     if train_needed and minutes is None and steps is None:
         raise ScenarioError("no model to load: give --model PATH of an existing model, or --minutes/--steps to train")
+    if train_needed:  # before the folder is touched: a typo must not cost a finished run its model
+        from joulesched.pipelines.training import check_budget
+
+        check_budget(minutes, steps)
     # Validate everything first: nothing is written for a bad scenario, profile or policy.
     bench_scenarios = _load(scenarios, node_profile)
     defaults = default_policies(any(sc.has_gpus for sc in bench_scenarios))

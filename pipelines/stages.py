@@ -1,8 +1,9 @@
-"""Resumable stages: a re-run skips a stage whose outputs exist and whose inputs are unchanged.
+"""Resumable stages: a re-run skips a stage whose outputs exist, unchanged, and whose inputs are unchanged.
 
-Each stage records ``DIR/.stages/NAME.json`` with the hash of its inputs (file contents plus parameters) only
-after its outputs are complete, so an interrupted run (Ctrl-C, a crash) leaves either the old record or none,
-and the stage runs again.
+Each stage records ``DIR/.stages/NAME.json`` with the hash of its inputs (file contents plus parameters) and of
+its outputs only after its outputs are complete, so an interrupted run (Ctrl-C, a crash) leaves either the old
+record or none, and the stage runs again; so does one whose outputs another command has since overwritten (a
+``joulesched benchmark --out`` into a pipeline's folder).
 """
 
 from __future__ import annotations
@@ -60,9 +61,13 @@ class StageRunner:
         if self.force or not rec.is_file() or not all(Path(o).exists() for o in stage.outputs):
             return False
         try:
-            return json.loads(rec.read_text()).get("hash") == fingerprint(stage.inputs, stage.params)
+            doc = json.loads(rec.read_text())
         except (OSError, json.JSONDecodeError):
             return False
+        if doc.get("hash") != fingerprint(stage.inputs, stage.params):
+            return False
+        # (a record from before the outputs were hashed: its outputs are taken as they are)
+        return "outputs_hash" not in doc or doc["outputs_hash"] == fingerprint(stage.outputs, {})
 
     def run(self, stage: Stage) -> bool:
         """Run ``stage`` unless it is fresh; returns True when it ran."""
@@ -78,6 +83,7 @@ class StageRunner:
             raise RuntimeError(f"stage {stage.name} did not produce {', '.join(missing)}")
         self.records.mkdir(parents=True, exist_ok=True)
         atomic_write_text(rec, json.dumps({"hash": fingerprint(stage.inputs, stage.params), "params": stage.params,
-                                           "outputs": [str(o) for o in stage.outputs]}, default=str) + "\n")
+                                           "outputs": [str(o) for o in stage.outputs],
+                                           "outputs_hash": fingerprint(stage.outputs, {})}, default=str) + "\n")
         self.on_event(stage.name, "done")
         return True

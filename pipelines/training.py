@@ -201,6 +201,19 @@ def load_resumed(model: Path, seed: int = 0) -> tuple[DQN, dict, RewardConfig]:
     return agent, meta, RewardConfig(**meta["reward"])
 
 
+def check_budget(minutes: float | None, steps: int | None) -> None:
+    """A training budget: exactly one of ``minutes`` (0, 1440] and ``steps`` 1..:data:`MAX_STEPS`; else
+    :class:`TrainError`. Pipelines check it before they touch their folder."""
+    if (minutes is None) == (steps is None):
+        raise TrainError("give exactly one of --minutes or --steps")
+    if minutes is not None and not (0 < minutes <= 24 * 60):
+        raise TrainError(f"--minutes must be in (0, 1440], got {minutes}")
+    if steps is not None and steps < 1:
+        raise TrainError(f"--steps must be >= 1, got {steps}")
+    if steps is not None and steps > MAX_STEPS:
+        raise TrainError(f"--steps must be at most {MAX_STEPS:,} (some 45 days of training on 2 cores), got {steps}")
+
+
 def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float | None = None,
           steps: int | None = None, resume: bool = False, overwrite: bool = False, seed: int = 0,
           progress: bool = True, config: TrainConfig | None = None, validate: bool = True, threads: int = 1,
@@ -209,20 +222,13 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
     """Train (or resume) a DQN on ``scenarios`` (files or loaded scenarios) for ``minutes`` of wall time or
     ``steps`` decisions, with ``config`` (default: :class:`~joulesched.agent.config.TrainConfig`'s defaults),
     its rollouts on ``workers`` processes of ``executor`` (the same model whichever)."""
-    if (minutes is None) == (steps is None):
-        raise TrainError("give exactly one of --minutes or --steps")
-    if minutes is not None and not (0 < minutes <= 24 * 60):
-        raise TrainError(f"--minutes must be in (0, 1440], got {minutes}")
-    if steps is not None and steps < 1:
-        raise TrainError(f"--steps must be >= 1, got {steps}")
+    check_budget(minutes, steps)
     if not scenarios:
         raise TrainError("give at least one --scenario")
     if seed < 0:
         raise TrainError(f"--seed must be >= 0, got {seed}")
     if executor not in EXECUTORS:
         raise TrainError(f"unknown executor {executor!r}; use {' or '.join(EXECUTORS)}")
-    if steps is not None and steps > MAX_STEPS:
-        raise TrainError(f"--steps must be at most {MAX_STEPS:,} (some 45 days of training on 2 cores), got {steps}")
     if ray_address is not None and executor != "ray":
         raise TrainError("--ray-address needs --executor ray")
     check_ray_address(ray_address)

@@ -748,8 +748,9 @@ def sweep(
         doc = run_sweep(grid, out_dir, executor=executor.value, jobs=jobs, ray_address=ray_address, command=command,
                         on_start=lambda n: prog.update(task, total=n),
                         on_progress=lambda item: prog.update(task, advance=1, item=item))
-    if report:
-        write_report(out_dir)
+    with errors(), interrupted(out_dir):  # a report that fails or is interrupted says so in one line, as benchmark
+        if report:
+            write_report(out_dir)
     print_summary(doc, as_json, out_dir, report)
 
 

@@ -34,7 +34,10 @@ def test_stage_runs_once_and_reruns_when_inputs_change(tmp_path):
     assert r.run(make({"k": 2})) is True  # parameters changed
     out.unlink()
     assert r.run(make({"k": 2})) is True  # output missing
-    assert len(calls) == 4
+    out.write_text("another command's")
+    assert r.run(make({"k": 2})) is True  # output overwritten since (a benchmark --out into the folder)
+    assert r.run(make({"k": 2})) is False
+    assert len(calls) == 5
 
 
 def test_interrupted_stage_is_not_recorded(tmp_path):
@@ -78,6 +81,42 @@ def test_pipeline_trains_benchmarks_reports_and_resumes(tmp_path):
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and again.output.count("skipped") == 3
     assert (out / "results.json").stat().st_mtime_ns == mtime
+
+
+def test_a_bad_budget_on_a_finished_folder_keeps_its_model(tmp_path):
+    """A review: the train stage deleted the folder's model before train() refused a bad --minutes or --steps, so a
+    typo cost a finished run its model (and a fresh --out was left behind, empty)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    model = out / "model.pt"
+    model.write_bytes(b"trained")
+    for bad in (["--minutes", "-1"], ["--minutes", "5000"], ["--steps", "0"]):
+        r = runner.invoke(app, ["pipeline", "-s", "scenarios/tiny.yaml", "--out", str(out), *bad])
+        assert r.exit_code == 2 and "must be" in r.output, r.output
+        assert model.read_bytes() == b"trained"
+    fresh = tmp_path / "fresh"
+    r = runner.invoke(app, ["pipeline", "-s", "scenarios/tiny.yaml", "--out", str(fresh), "--steps", "0"])
+    assert r.exit_code == 2
+    assert not fresh.exists()
+
+
+def test_every_file_a_scenario_reads_keys_its_stages(tmp_path):
+    """A review: only the first trace of a list was in the stage key, and no fit file, so editing one left the
+    benchmark "unchanged"."""
+    from joulesched.pipelines.sim_pipeline import _stage_key
+
+    sc = load_scenario(SUITE / "openb" / "openb-cpu-fitted-sleep.yaml")
+    files, _ = _stage_key([sc])
+    assert sc.fit_paths and set(sc.fit_paths) <= set(files)
+    head = "submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m\n"
+    (tmp_path / "a.csv").write_text(head + "0,10,100,10,50\n")
+    (tmp_path / "b.csv").write_text(head + "5,10,100,10,50\n")
+    (tmp_path / "two.yaml").write_text(
+        "name: two\nseed: 1\nduration_s: 100\nidle_policy: {mode: always_on}\n"
+        "nodes: [{name_prefix: n, count: 1, cpu_m: 1000, memory_mib: 1000, power_watts: hp-ml110-g5}]\n"
+        "workload: {trace: [a.csv, b.csv]}\n")
+    files, _ = _stage_key([load_scenario(tmp_path / "two.yaml")])
+    assert {tmp_path / "a.csv", tmp_path / "b.csv"} <= {p.resolve() for p in files}
 
 
 @pytest.mark.parametrize("args,message", [

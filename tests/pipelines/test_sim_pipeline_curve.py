@@ -40,3 +40,14 @@ def test_a_copy_that_fails_part_way_leaves_the_old_plot_and_no_temporary_file(tm
     # Then a copy that succeeds replaces it whole; no curve beside a model, nothing to copy.
     assert copy_training_curve(model, out) == old and old.read_bytes() == PNG
     assert copy_training_curve(tmp_path / "none.pt", out) is None
+
+
+def test_a_model_without_a_curve_removes_an_earlier_models_plot(tmp_path):
+    """A review: the report showed the previous model's training curve for a model that has none."""
+    out = tmp_path / "run"
+    (out / "plots").mkdir(parents=True)
+    (out / "plots" / "training_curve.png").write_bytes(b"v2's")
+    model = tmp_path / "nocurve.pt"
+    model.write_bytes(b"")
+    assert copy_training_curve(model, out) is None
+    assert not (out / "plots" / "training_curve.png").exists()
