@@ -870,7 +870,15 @@ class NodePowerController:
         r = self.address_of(name)
         if r.address is None:
             return None
-        return Target(name, r.address, source=r.source, deadline=self.clock() + deadline_s, check=self._guard(term))
+        return Target(name, r.address, source=r.source, deadline=self.clock() + deadline_s, check=self._guard(term),
+                      before_force=lambda: self._still_empty(name))
+
+    def _still_empty(self, name: str) -> None:
+        """Before a hard power-off: the node's workload pods read afresh; raises ActionAborted unless none."""
+        left = self._workload_pods_on(name)
+        if left is None or left:
+            raise ActionAborted(f"{name}: " + ("its pods could not be read" if left is None else
+                                               f"pod {left[0]} landed on it") + ": no hard power-off")
 
     def _backoff(self, name: str) -> float:
         with self._lock:

@@ -239,6 +239,10 @@ class Target:
     source: str = "map"  # "map" (the operator's) or "annotation" (allowed by the operator's policy)
     deadline: float = field(default=math.inf, compare=False)
     check: Callable[[], None] = field(default=_no_check, compare=False, repr=False)
+    #: Called just before a graceful power-off escalates to a hard one (up to its graceful timeout after the last
+    #: pod check): raises :class:`ActionAborted` when a workload pod has landed on the node since, so the machine
+    #: is not switched off under it (a pod bound by spec.nodeName or tolerating every taint).
+    before_force: Callable[[], None] = field(default=_no_check, compare=False, repr=False)
 
     def checkpoint(self) -> None:
         """Raise :class:`ActionAborted` if the action must not send another request."""

@@ -91,6 +91,7 @@ class IpmiActuator:
                             raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after a "
                                                 "soft off (hard off is not allowed)")
                         target.checkpoint()  # never a hard off once another replica leads
+                        target.before_force()  # nor under a pod that landed on the node since the last check
                         c.set_power("off", wait=int(target.budget(30)))
                         break
                     target.pause(self.poll_s)

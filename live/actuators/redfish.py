@@ -87,6 +87,7 @@ class RedfishActuator:
                     raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after "
                                         "GracefulShutdown (ForceOff is not allowed)")
                 target.checkpoint()  # a new leader may have woken the node meanwhile: never ForceOff for it
+                target.before_force()  # nor for a pod that landed on it since the last check
                 system.reset_system(sushy.ResetType.FORCE_OFF)
                 if not self._wait(target, system, sushy.PowerState.OFF, self.timeout_s):
                     raise ActuatorError(f"{target.node}: still on {self.timeout_s:g} s after ForceOff")

@@ -126,6 +126,7 @@ class RufioActuator:
                 raise ActuatorError(f"{target.node}: Rufio soft power-off " + (
                     f"failed: {msg}" if cond == "Failed" else f"did not finish in {self.graceful_timeout_s:.0f} s")
                     + " (hard off not allowed)")
+            target.before_force()  # never a hard off under a pod that landed on the node since the last check
         cond, msg = self._job(target, "off", give_up)
         if cond == "Failed":
             e = ActuatorError(f"{target.node}: Rufio power-off failed: {msg}")

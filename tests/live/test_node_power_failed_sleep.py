@@ -92,6 +92,46 @@ def test_redfish_marks_the_errors_after_a_shutdown_it_may_have_done(monkeypatch,
     assert off_requested(e.value) is marked
 
 
+@pytest.mark.parametrize("landed", [True, False])
+def test_redfish_asks_before_a_forceoff_whether_a_pod_landed(monkeypatch, landed):
+    """A review: up to the graceful timeout passes between the last pod check and ForceOff; a pod bound since (by
+    spec.nodeName, or tolerating every taint) died with the machine. The target's before_force is asked first:
+    a pod there stops the hard off, and the error is marked (the graceful shutdown was accepted)."""
+    sushy = pytest.importorskip("sushy")
+    from joulesched.live.actuators import redfish
+    from joulesched.live.actuators.base import ActionAborted
+
+    class StaysOn:
+        power_state = sushy.PowerState.ON
+        resets: list = []
+
+        def reset_system(self, kind) -> None:
+            self.resets.append(kind)
+            if kind == sushy.ResetType.FORCE_OFF:
+                self.power_state = sushy.PowerState.OFF
+
+        def refresh(self, force=False) -> None:
+            pass
+
+    system = StaysOn()
+    monkeypatch.setattr(redfish.sushy, "Sushy", lambda *a, **kw: type("Root", (), {
+        "get_system": lambda self, path: system})())
+
+    def before_force() -> None:
+        if landed:
+            raise ActionAborted("n1: pod default/web landed on it: no hard power-off")
+
+    target = Target("n1", parse_address("redfish://bmc/redfish/v1/Systems/1"), before_force=before_force)
+    act = redfish.RedfishActuator(poll_s=0.01, graceful_timeout_s=0.05)
+    if landed:
+        with pytest.raises(ActionAborted) as e:
+            act.sleep(target)
+        assert off_requested(e.value) and sushy.ResetType.FORCE_OFF not in system.resets
+    else:
+        act.sleep(target)
+        assert system.resets[-1] == sushy.ResetType.FORCE_OFF
+
+
 @pytest.mark.parametrize("fails, marked", [("before", False), ("shutdown", True), ("after", True)])
 def test_ipmi_marks_the_errors_from_its_soft_off_request_on(monkeypatch, fails, marked):
     """An error before the soft off is sent is no power-off. One from the request itself is taken as possibly
