@@ -34,8 +34,8 @@ def _expected_view(twin: Twin, wl) -> np.ndarray:
             continue
         if svc[p]:
             end = min(float(wl.submit_s[p] + wl.duration_s[p]), twin.horizon)
-        elif twin.pod_status[p] == 1:
-            end = now + twin.state.wake_s + float(wl.duration_s[p])
+        elif twin.pod_status[p] == 1:  # waiting: it starts when its node is up (the wake began at the first bind)
+            end = twin._up_at[node] + float(wl.duration_s[p])
         else:
             end = twin.pod_start[p] + float(wl.duration_s[p])
         out[node] = max(out[node], end)

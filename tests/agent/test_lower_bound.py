@@ -49,7 +49,8 @@ def test_bound_ignores_pods_that_can_never_be_placed():
 
 
 curves = stg.lists(stg.floats(0, 40), min_size=10, max_size=10).flatmap(
-    lambda inc: stg.floats(0, 120).map(lambda idle: [idle + sum(inc[:k]) for k in range(11)]))
+    lambda inc: stg.floats(0, 120).map(lambda idle: [idle + sum(inc[:k]) for k in range(11)])).filter(
+    lambda c: c[-1] > 0)  # a node draws something busy (power/curves.py validate_curve)
 
 
 @stg.composite
