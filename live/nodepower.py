@@ -930,9 +930,11 @@ class NodePowerController:
         target.check()
         left = self._workload_pods_on(name)
         info = self._node(name)
-        protected = "it is gone" if info is None else "" if self.may_sleep(info) else (
-            "it is protected now (control plane, never-sleep, delegated, this controller's node, or no usable "
-            "power address)")
+        # What request_sleep refuses too (a delegated node is slept on its delegate's request: not asked here).
+        protected = "it is gone" if info is None else "" if not (
+            info.control_plane or info.never_sleep or name in self._keep_awake
+            or self.address_of(name).address is None) else (
+            "it is protected now (control plane, never-sleep, this controller's node, or no usable power address)")
         if left is None or left or protected:
             why = protected or ("its pods or their DaemonSets could not be read" if left is None
                                 else "a pod landed on it")

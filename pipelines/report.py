@@ -889,12 +889,10 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
             colors=policy_colors(pols), fmt_ci=_fmt_ci, summary_images=summary_images, headroom=_headroom_rows(doc),
             headroom_policies=[p for p in pols if p != "default-k8s"],
             training_curve=(plots / "training_curve.png").is_file())
-        # The new plots first, the page that shows them last (an interrupt in between leaves the old page over
-        # new figures of the same names, never a new page over old or missing ones), then what no page shows.
+        written = atomic_write_text(out / "report.html", page)
         plots.mkdir(exist_ok=True)
         for fname in drawn:
             os.replace(staging / fname, plots / fname)
-        written = atomic_write_text(out / "report.html", page)
         for stale in report_plots(out):
             if stale.name not in drawn:
                 stale.unlink(missing_ok=True)
