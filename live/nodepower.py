@@ -462,8 +462,8 @@ class NodePowerController:
         node, not delegated, and with a power address it may use (the cache's :attr:`KubeCache.sleeper` where a
         scheduler shares the cache: its states' ``may_sleep``). The addresses are resolved on every pass, by a
         leader or a standby; before the first, only the ``none`` actuator (cordon only) answers yes."""
-        return not (info.control_plane or info.never_sleep or (self.delegated is not None and self.delegated(info))
-                    or info.name in self._keep_awake or self.address_of(info.name).address is None)
+        return not (self._never_slept(info, self._keep_awake)
+                    or (self.delegated is not None and self.delegated(info)))
 
     def address_of(self, name: str) -> Resolved:
         if getattr(self.actuator, "name", "") == "none":
@@ -813,6 +813,12 @@ class NodePowerController:
         self._start(name, "wake", self._do_wake)
         return True
 
+    def _never_slept(self, info: NodeInfo, keep_awake: frozenset[str]) -> bool:
+        """Whatever asks: a control plane, a never-sleep node, one in ``keep_awake`` (control-plane static pods,
+        this controller's node), or one without a usable power address."""
+        return (info.control_plane or info.never_sleep or info.name in keep_awake
+                or self.address_of(info.name).address is None)
+
     def request_sleep(self, name: str) -> bool:
         """Put ``name`` to sleep as the controller's own sleeps do (cordon, taint, settle, a fresh check that no
         workload pod is left, the actuator with its deadline). False when it is not awake, is protected (control
@@ -822,9 +828,8 @@ class NodePowerController:
         info = nodes.get(name)
         with self._lock:
             busy = name in self._busy
-        if (info is None or info.power_state != AWAKE or busy or info.control_plane or info.never_sleep
-                or name in _keep_awake(pods, self.cfg.own_node)
-                or self.address_of(name).address is None):
+        if (info is None or info.power_state != AWAKE or busy
+                or self._never_slept(info, _keep_awake(pods, self.cfg.own_node))):
             return False
         self._start(name, "sleep", self._do_sleep)
         return True
@@ -931,9 +936,7 @@ class NodePowerController:
         left = self._workload_pods_on(name)
         info = self._node(name)
         # What request_sleep refuses too (a delegated node is slept on its delegate's request: not asked here).
-        protected = "it is gone" if info is None else "" if not (
-            info.control_plane or info.never_sleep or name in self._keep_awake
-            or self.address_of(name).address is None) else (
+        protected = "it is gone" if info is None else "" if not self._never_slept(info, self._keep_awake) else (
             "it is protected now (control plane, never-sleep, this controller's node, or no usable power address)")
         if left is None or left or protected:
             why = protected or ("its pods or their DaemonSets could not be read" if left is None

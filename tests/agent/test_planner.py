@@ -18,7 +18,7 @@ from joulesched.agent.runner import run_policy
 from joulesched.cluster.scenario import load_scenario
 from joulesched.cluster.twin import Twin
 from joulesched.cluster.workload import build_workload
-from tests.support.decisions import decisions, unseen_durations
+from tests.support.decisions import decisions, drive, unseen_durations
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ROOT / "scenarios" / "small"
@@ -186,21 +186,12 @@ def test_every_predictor_base_of_a_planner_is_fed_the_runs_pods():
     """The twin had one observer slot: with two predictor bases only the last attached learned from the run, the
     other chose with prior-only predictions (a review). Each is now told of every bind and end, and a base's
     detach leaves the others subscribed."""
-    from joulesched.agent.policy import decide
-
     sc = load_scenario(ROOT / "scenarios" / "tiny.yaml")
     tw = Twin(sc, build_workload(sc, sc.seed))
     plan = make_policy("rollout:base=lifetime-aware|lifetime-aware:empty=asleep,samples=1")
     plan.attach(tw)
     p0, p1 = (b.feed.predictor for b in plan.bases)
-    driver, rng, st = make_policy("awake-first"), np.random.default_rng(0), None
-    tw.begin()
-    for _ in range(100):
-        d = tw.next_decision()
-        if d.state is not st:
-            st = d.state
-            driver.reset(st, rng)
-        tw.bind(d, decide(driver, st, d.pod, d.mask))
+    drive(tw, "awake-first", 100)
     assert p0.running == p1.running > 0 and p0.model.observed == p1.model.observed > 0
     plan.bases[0].detach(tw)
     assert tw.pod_observer is p1
@@ -212,8 +203,6 @@ def test_online_futures_read_no_usage_profile_ahead(future):
     which a profiled pod does not read, so services' diurnal profiles were replayed as they are (a review). In a
     future now, every pod that has not run, and every running one, holds a constant demand: the running ones'
     what they show now."""
-    from joulesched.agent.policy import decide
-
     sc = load_scenario(ROOT / "scenarios" / "services-diurnal-sleep.yaml")
     wl = build_workload(sc, sc.seed)
     assert (wl.profile >= 0).any()
@@ -221,14 +210,7 @@ def test_online_futures_read_no_usage_profile_ahead(future):
     plan = make_policy(f"rollout:future={future},samples=1,seed=1")
     plan.attach(tw)
     plan._twin = tw
-    driver, rng, st = make_policy("awake-first"), np.random.default_rng(0), None
-    tw.begin()
-    for _ in range(150):
-        d = tw.next_decision()
-        if d.state is not st:
-            st = d.state
-            driver.reset(st, rng)
-        tw.bind(d, decide(driver, st, d.pod, d.mask))
+    drive(tw, "awake-first", 150)
     k = tw._next_arrival
     status = np.asarray(tw.pod_status[:k])
     running = np.flatnonzero((status != 3) & ~np.isnan(np.asarray(tw.pod_start[:k], dtype=np.float64)))

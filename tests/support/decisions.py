@@ -25,6 +25,22 @@ def decisions(twin: Twin, policy, seed: int, until: float = float("inf")) -> lis
     return list(twin.pod_node)
 
 
+def drive(twin: Twin, spec: str, n: int, seed: int = 0) -> None:
+    """Begin ``twin`` and bind its first ``n`` decisions as policy ``spec`` chooses (reset on each new state): a run
+    to a point, for tests that then look at what an observer or a planner made of it."""
+    from joulesched.agent.policy import decide
+    from joulesched.agent.registry import make_policy
+
+    policy, rng, st = make_policy(spec), np.random.default_rng(seed), None
+    twin.begin()
+    for _ in range(n):
+        d = twin.next_decision()
+        if d.state is not st:
+            st = d.state
+            policy.reset(st, rng)
+        twin.bind(d, decide(policy, st, d.pod, d.mask))
+
+
 def unseen_durations(wl, twin: Twin, cut: int = 500, min_running: int = 10):
     """For the honesty tests, after a full run of ``twin`` on ``wl``: (cut time T, durations with every pod arriving
     from T on shuffled and the pods still running at T made 3x longer, so they still end after T, the mask of
