@@ -39,6 +39,7 @@ joules saved. ``/healthz``: the loop is turning; ``/readyz``: the cache has sync
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -96,6 +97,7 @@ from joulesched.live.actuators.base import ON as POWER_ON
 from joulesched.live.daemonsets import DaemonSetCheck
 from joulesched.live.httpd import BackgroundHTTPServer, reply
 from joulesched.live.leader import LeaderElector, default_identity
+from joulesched.live.ratelog import RateLimitedLog
 
 log = logging.getLogger("joulesched.nodepower")
 
@@ -133,6 +135,10 @@ class NodePowerConfig:
     :param own_node: the node this process runs on (the downward API's ``spec.nodeName`` in
         ``JOULESCHED_NODE_NAME``): never put to sleep, or nothing would be left to wake the others.
     :param wake_workers, sleep_workers: the bounded pools of wakes and of sleeps (drains and recoveries too).
+    :param max_sleeps_per_hour: at most this many sleeps started over any sliding hour (0 = no limit): a bound
+        on how many machines a misconfiguration or a bug can switch off, and on power cycles. Every sleep
+        started counts (a resumed one, a consolidated node's, the autoscaler provider's); only the controller's
+        own idle sleeps wait for room. Counted by this replica: a new leader starts with an empty hour.
     """
 
     policy: PowerPolicy = field(default_factory=PowerPolicy)
@@ -163,6 +169,7 @@ class NodePowerConfig:
     poll_s: float = 0.5
     scheduler_name: str = "joulesched"
     nominate_grace_s: float = 10.0
+    max_sleeps_per_hour: int = 60
     component: str = "joulesched-node-power"
     event_namespace: str = "default"  # where kube puts Events about nodes
 
@@ -263,6 +270,8 @@ class NodePowerController:
         self._delegated: set[str] = set()
         self._lock = threading.RLock()
         self._recs: dict[str, _NodeRec] = {}
+        self._sleeps_started: collections.deque[float] = collections.deque()  # this clock's times, the last hour
+        self._ratelog = RateLimitedLog(log, interval_s=300.0)
         self._busy: dict[str, str] = {}  # nodes with an action in flight -> the action
         self._stop = threading.Event()
         self._kick = threading.Event()
@@ -681,8 +690,10 @@ class NodePowerController:
             del seen[uid]
         grace = self.cfg.nominate_grace_s
         # Our scheduler's pods: the node it nominates, or, if it says nothing within the grace, the core's choice.
-        pending = [p for p in pending if p.nominated_node or p.scheduler_name != self.cfg.scheduler_name
-                   or now - seen.setdefault(p.uid, now) >= grace]
+        # Within the grace such a pod wakes nothing, but the awake nodes it fits are still wanted: it is about to
+        # be bound to one of them, which must not be put to sleep meanwhile.
+        in_grace = [not p.nominated_node and p.scheduler_name == self.cfg.scheduler_name
+                    and now - seen.setdefault(p.uid, now) < grace for p in pending]
         if not pending:
             return np.zeros(len(names), dtype=bool)
         n = len(names)
@@ -708,6 +719,8 @@ class NodePowerController:
         nominated: list[int] = []
         rest: list[int] = []  # pods whose wake is not already taken care of
         for k, p in enumerate(pending):
+            if in_grace[k]:
+                continue  # its wake is its scheduler's to nominate
             j = index.get(p.nominated_node, -1)
             if j >= 0 and st.power_state[j] == ASLEEP and fits[k, j]:
                 nominated.append(j)  # the scheduler's choice
@@ -743,7 +756,7 @@ class NodePowerController:
             if states[i] != AWAKE or now - rec.empty_since < sleep_after or wanted[i]:
                 continue  # (a pending pod fits it: it would only be woken again)
             verdict = self.core.may_sleep(st, i, 0)
-            if verdict:
+            if verdict or not self._sleep_room(name, now):
                 continue
             st.power_state[i] = ASLEEP  # later verdicts in this pass count it as asleep
             self.core.counted[i] = False
@@ -835,10 +848,24 @@ class NodePowerController:
         return True
 
     # ---- actions (wakes and sleeps on their own bounded pools; at most one per node) ----
+    def _sleep_room(self, name: str, now: float) -> bool:
+        """Whether ``max_sleeps_per_hour`` leaves room for one more sleep now (logged, rate-limited, when not)."""
+        cap, started = self.cfg.max_sleeps_per_hour, self._sleeps_started
+        while started and now - started[0] >= 3600.0:
+            started.popleft()
+        if not cap or len(started) < cap:
+            return True
+        self._ratelog.warn("sleep-cap", "node %s stays awake: %d sleeps were started in the last hour "
+                           "(max_sleeps_per_hour); the next may start in %.0f s", name, len(started),
+                           3600.0 - (now - started[0]))
+        return False
+
     def _start(self, name: str, action: str, fn: Callable[[str], None]) -> None:
         if self.cfg.dry_run:
             if (action, name) not in self._announced:
                 self._announced.add((action, name))
+                if action == "sleep":
+                    self._sleeps_started.append(self.clock())
                 self.actions.append((self.clock(), action, name))
                 self.metrics.actions.labels(action).inc()
                 log.info("dry-run: would %s node %s", action, name)
@@ -847,6 +874,8 @@ class NodePowerController:
             if name in self._busy or self._stop.is_set():
                 return
             self._busy[name] = action
+            if action == "sleep":
+                self._sleeps_started.append(self.clock())
         self.actions.append((self.clock(), action, name))
         if len(self.actions) > 10_000:
             del self.actions[:5_000]
@@ -1446,7 +1475,7 @@ class NodePowerDaemon:
                  resync_s: float = 5.0, wake_timeout_s: float = 600.0, scheduler_name: str = "joulesched",
                  actuator_options: dict | None = None, cache: KubeCache | None = None,
                  identity: str | None = None, allow_annotated: list[str] | tuple[str, ...] = (),
-                 allow_redfish_http: bool = False, status: bool = True) -> None:
+                 allow_redfish_http: bool = False, status: bool = True, max_sleeps_per_hour: int = 60) -> None:
         from joulesched.cluster.kube.client import load_api_client
         from joulesched.cluster.kube.objects import load_profiles
         from joulesched.core.net import parse_listen
@@ -1471,7 +1500,8 @@ class NodePowerDaemon:
                                    addresses=load_addresses(addresses, access), addresses_file=addresses,
                                    access=access,
                                    leader_elect=leader_elect, lease_namespace=lease_namespace or default_namespace(),
-                                   scheduler_name=scheduler_name, **({"identity": identity} if identity else {}))
+                                   scheduler_name=scheduler_name, max_sleeps_per_hour=max_sleeps_per_hour,
+                                   **({"identity": identity} if identity else {}))
         if cache is None:
             curves = CurveResolver(load_profiles(power_profiles) if power_profiles else None)
             source: KubeCache | k8s.ApiClient = load_api_client(kubeconfig, context)
