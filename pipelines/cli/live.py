@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Annotated, Any, Optional
@@ -85,8 +86,79 @@ AllowRedfishHttpOpt = Annotated[bool, typer.Option("--allow-redfish-http", help=
 AllowLibvirtInsecureOpt = Annotated[bool, typer.Option(
     "--allow-libvirt-insecure", help="Accept a --libvirt-uri that is unencrypted (qemu+tcp://) or skips checking "
     "the peer (no_verify=1, known_hosts_verify=ignore).")]
+ConsolidateIntervalOpt = Annotated[float, float_option("--consolidate-interval", min=1.0,
+                                                       help="Seconds between consolidation rounds.")]
+MaxEvictionsOpt = Annotated[int, typer.Option("--max-evictions-per-hour", min=0,
+                                              help="Eviction budget over any sliding hour.")]
+RestartOpt = Annotated[float, float_option("--restart-s", min=0.0, help="Predicted cost of restarting one evicted "
+                                           "pod, in seconds at its request.")]
+HorizonOpt = Annotated[float, float_option("--horizon-s", min=0.0, help="Seconds a consolidation's saving is "
+                                           "counted for against that cost.")]
+DisruptionBudgetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--disruption-budget", help="NODES or 'NODES;CRON;DURATION' (repeatable; Karpenter's budgets): at most "
+    "NODES (3 or 10%) nodes emptied at once, only in the cron window (UTC) if given, e.g. '0;0 9 * * "
+    "1-5;8h' stops consolidation in office hours.")]
+BalancedOpt = Annotated[float, float_option("--balanced", min=0.0, help="Consolidate only when the savings "
+                                            "fraction over the disruption fraction is at least this (Karpenter's "
+                                            "Balanced: 0.5; 0 = off).")]
+WakeTimeoutOpt = Annotated[float, float_option("--wake-timeout", min=1.0, help="Seconds a woken node has to turn "
+                                               "Ready before the next node is tried.")]
+MaxSleepsOpt = Annotated[int, typer.Option(
+    "--max-sleeps-per-hour", min=0, help="At most this many sleeps started over any sliding hour (0 = no limit): "
+    "bounds how many machines a misconfiguration can switch off, and power cycles. Idle nodes wait for room.")]
+RedfishCaOpt = Annotated[Optional[str], typer.Option("--redfish-ca", help="CA bundle for BMC certificates "
+                                                     "(default: the system store; never unverified).")]
+ForceOffOpt = Annotated[bool, typer.Option("--force-off/--no-force-off", help="Allow a hard power-off when a "
+                                           "graceful one does not finish (Redfish, IPMI).")]
+SshKeyOpt = Annotated[Optional[str], typer.Option("--ssh-key", help="Key file for the wol actuator's SSH.")]
+KnownHostsOpt = Annotated[Optional[str], typer.Option("--known-hosts", help="Pinned host keys for the wol "
+                                                      "actuator's SSH (default ~/.ssh/known_hosts).")]
+SshUserOpt = Annotated[str, typer.Option("--ssh-user", help="SSH user of the wol actuator.")]
+SuspendCommandOpt = Annotated[str, typer.Option("--suspend-command", help="What the wol actuator runs on the "
+                                                "host to sleep.")]
+AwsRegionOpt = Annotated[Optional[str], typer.Option("--aws-region", help="EC2 region (default: boto3's).")]
+AwsEndpointOpt = Annotated[Optional[str], typer.Option("--aws-endpoint", help="EC2 endpoint URL.")]
 
 
+#: The node power controller's options beyond those each command declares itself, shared by `node-power` and
+#: `serve --node-power` (:func:`_with_power_options`): name -> (annotation, default).
+_POWER_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "consolidate_interval": (ConsolidateIntervalOpt, 300.0), "max_evictions_per_hour": (MaxEvictionsOpt, 60),
+    "restart_s": (RestartOpt, 30.0), "horizon_s": (HorizonOpt, 3600.0),
+    "disruption_budget": (DisruptionBudgetOpt, None),
+    "balanced": (BalancedOpt, 0.0), "wake_timeout": (WakeTimeoutOpt, 600.0), "max_sleeps_per_hour": (MaxSleepsOpt, 60),
+    "redfish_ca": (RedfishCaOpt, None), "force_off": (ForceOffOpt, True), "ssh_key": (SshKeyOpt, None),
+    "known_hosts": (KnownHostsOpt, None), "ssh_user": (SshUserOpt, "root"),
+    "suspend_command": (SuspendCommandOpt, "systemctl suspend"), "aws_region": (AwsRegionOpt, None),
+    "aws_endpoint": (AwsEndpointOpt, None),
+}
+
+
+def _with_power_options(fn: Callable) -> Callable:
+    """Give ``fn`` (which takes ``**shared``) the options of :data:`_POWER_OPTIONS` too, for typer: one
+    definition for both commands."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    base = inspect.signature(fn, eval_str=True)
+    own = [p.replace(kind=kw) for p in base.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = [inspect.Parameter(n, kw, default=d, annotation=a) for n, (a, d) in _POWER_OPTIONS.items()]
+    fn.__signature__ = base.replace(parameters=own + extra)  # type: ignore[attr-defined]
+    return fn
+
+
+def _power_options(*, consolidate_interval, max_evictions_per_hour, restart_s, horizon_s, disruption_budget,
+                   balanced, wake_timeout, max_sleeps_per_hour, redfish_ca, force_off, ssh_key, known_hosts,
+                   ssh_user, suspend_command, aws_region, aws_endpoint) -> dict:
+    """:data:`_POWER_OPTIONS`' values as :func:`_node_power_daemon` takes them."""
+    return dict(consolidation=dict(consolidate_interval_s=consolidate_interval,
+                                   max_evictions_per_hour=max_evictions_per_hour, restart_s=restart_s,
+                                   horizon_s=horizon_s, budgets=disruption_budget or [], balanced_k=balanced),
+                wake_timeout_s=wake_timeout, max_sleeps_per_hour=max_sleeps_per_hour,
+                actuator_options=dict(redfish_ca=redfish_ca, force_off=force_off, ssh_key=ssh_key,
+                                      known_hosts=known_hosts, ssh_user=ssh_user, suspend_command=suspend_command,
+                                      aws_region=aws_region, aws_endpoint=aws_endpoint))
+
+
+@_with_power_options
 def serve(
     scheduler_name: Annotated[str, typer.Option("--scheduler-name", help="Schedule pods whose spec.schedulerName is this.")] = "joulesched",
     policy: PolicyOpt = "default-k8s",
@@ -134,15 +206,18 @@ def serve(
     allow_libvirt_insecure: AllowLibvirtInsecureOpt = False,
     node_sleep_watts: NodeSleepWattsOpt = None,
     node_wake_s: NodeWakeOpt = DEFAULT_WAKE_S,
+    **shared: Any,
 ) -> None:
     """Run POLICY as a secondary scheduler: bind pending pods whose schedulerName matches, until SIGTERM."""
-    if node_sleep_watts is None and node_power:
-        node_sleep_watts = DEFAULT_SLEEP_WATTS
+    shared = {n: shared.get(n, d) for n, (_, d) in _POWER_OPTIONS.items()}  # (a direct call may leave some out)
     power = dict(actuator=actuator, sleep_after=sleep_after, min_awake=min_awake, spare_cpu=spare_cpu,
                  consolidate=consolidate, credentials=credentials, addresses=addresses,
                  libvirt_uri=libvirt_uri, allow_annotated=allow_annotated or [],
-                 allow_redfish_http=allow_redfish_http,
-                 allow_libvirt_insecure=allow_libvirt_insecure) if node_power else None
+                 allow_redfish_http=allow_redfish_http, allow_libvirt_insecure=allow_libvirt_insecure, **shared)
+    if not node_power:
+        _refuse_node_power_options(power)
+    elif node_sleep_watts is None:
+        node_sleep_watts = DEFAULT_SLEEP_WATTS
     run_serve(scheduler_name=scheduler_name, policy=policy, listen=listen, leader_elect=leader_elect,
               lease_namespace=lease_namespace, bind_workers=bind_workers, batch=batch, event_writer=event_writer,
               sample_pct=sample_pct,
@@ -150,7 +225,27 @@ def serve(
               cache=dict(kubeconfig=kubeconfig, context=context, prometheus=prometheus or "", cpu_query=cpu_query,
                          power_query=power_query, node_label=node_label, power_profiles=power_profiles,
                          metrics_interval=metrics_interval, energy_source=energy_source,
-                         sleep_watts=node_sleep_watts, wake_s=node_wake_s), node_power=power)
+                         sleep_watts=node_sleep_watts, wake_s=node_wake_s),
+              node_power=_node_power_args(power) if node_power else None)
+
+
+def _node_power_args(power: dict) -> dict:
+    """``serve``'s node power options as :func:`_node_power_daemon` takes them."""
+    shared = {k: power.pop(k) for k in list(power) if k in inspect.signature(_power_options).parameters}
+    return {**power, **_power_options(**shared)}
+
+
+def _refuse_node_power_options(power: dict) -> None:
+    """``serve`` without ``--node-power``: an option of the controller given anyway would do nothing; say so."""
+    from joulesched.core.errors import UsageError
+
+    params = inspect.signature(serve).parameters
+    given = [k for k, v in power.items() if v != (params[k].default if k != "allow_annotated" else [])]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        with errors():
+            raise UsageError(f"{flags}: options of the node power controller; add --node-power (or run "
+                             "`joulesched node-power`)")
 
 
 def _node_power_daemon(*, actuator: str, sleep_after: float, min_awake: int, spare_cpu: int, consolidate: bool,
@@ -198,6 +293,7 @@ def run_serve(*, log_level: str = "info", stop: threading.Event | None = None, c
                 wait_for_signal(stop)
 
 
+@_with_power_options
 def node_power(
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
@@ -214,23 +310,6 @@ def node_power(
     min_awake: MinAwakeOpt = 1,
     spare_cpu: SpareCpuOpt = 0,
     consolidate: ConsolidateOpt = False,
-    consolidate_interval: Annotated[float, float_option("--consolidate-interval", min=1.0,
-                                                        help="Seconds between consolidation rounds.")] = 300.0,
-    max_evictions_per_hour: Annotated[int, typer.Option("--max-evictions-per-hour", min=0,
-                                                        help="Eviction budget over any sliding hour.")] = 60,
-    restart_s: Annotated[float, float_option("--restart-s", min=0.0, help="Predicted cost of restarting one "
-                                             "evicted pod, in seconds at its request.")] = 30.0,
-    horizon_s: Annotated[float, float_option("--horizon-s", min=0.0, help="Seconds a consolidation's saving is "
-                                             "counted for against that cost.")] = 3600.0,
-    disruption_budget: Annotated[Optional[list[str]], typer.Option(
-        "--disruption-budget", help="NODES or 'NODES;CRON;DURATION' (repeatable; Karpenter's budgets): at most "
-        "NODES (3 or 10%) nodes emptied at once, only in the cron window (UTC) if given, e.g. '0;0 9 * * "
-        "1-5;8h' stops consolidation in office hours.")] = None,
-    balanced: Annotated[float, float_option("--balanced", min=0.0, help="Consolidate only when the savings "
-                                            "fraction over the disruption fraction is at least this (Karpenter's "
-                                            "Balanced: 0.5; 0 = off).")] = 0.0,
-    wake_timeout: Annotated[float, float_option("--wake-timeout", min=1.0, help="Seconds a woken node has to turn "
-                                                "Ready before the next node is tried.")] = 600.0,
     resync: Annotated[float, float_option("--resync", min=0.05, help="Seconds between reconciles "
                                           "(informer events also trigger one).")] = 5.0,
     sleep_watts: Annotated[float, float_option("--sleep-watts", min=0.0, help="Estimated draw of a sleeping node, "
@@ -241,38 +320,22 @@ def node_power(
     addresses: AddressesOpt = None,
     power_profiles: ProfilesOpt = None,
     libvirt_uri: LibvirtUriOpt = "qemu:///system",
-    redfish_ca: Annotated[Optional[str], typer.Option("--redfish-ca", help="CA bundle for BMC certificates "
-                                                      "(default: the system store; never unverified).")] = None,
-    force_off: Annotated[bool, typer.Option("--force-off/--no-force-off", help="Allow a hard power-off when a "
-                                            "graceful one does not finish (Redfish, IPMI).")] = True,
-    ssh_key: Annotated[Optional[str], typer.Option("--ssh-key", help="Key file for the wol actuator's SSH.")] = None,
-    known_hosts: Annotated[Optional[str], typer.Option("--known-hosts", help="Pinned host keys for the wol "
-                                                       "actuator's SSH (default ~/.ssh/known_hosts).")] = None,
-    ssh_user: Annotated[str, typer.Option("--ssh-user", help="SSH user of the wol actuator.")] = "root",
-    suspend_command: Annotated[str, typer.Option("--suspend-command", help="What the wol actuator runs on the "
-                                                 "host to sleep.")] = "systemctl suspend",
-    aws_region: Annotated[Optional[str], typer.Option("--aws-region", help="EC2 region (default: boto3's).")] = None,
-    aws_endpoint: Annotated[Optional[str], typer.Option("--aws-endpoint", help="EC2 endpoint URL.")] = None,
     allow_annotated: AllowAnnotatedOpt = None,
     allow_redfish_http: AllowRedfishHttpOpt = False,
     allow_libvirt_insecure: AllowLibvirtInsecureOpt = False,
     log_level: LogOpt = "info",
+    **shared: Any,
 ) -> None:
     """Put idle nodes to sleep, wake them for pending pods, optionally consolidate, until SIGTERM."""
     run_node_power(log_level=log_level, actuator=actuator, dry_run=dry_run, listen=listen, leader_elect=leader_elect,
                    lease_namespace=lease_namespace, kubeconfig=kubeconfig, context=context, sleep_after=sleep_after,
                    min_awake=min_awake, spare_cpu=spare_cpu, consolidate=consolidate,
-                   consolidation=dict(consolidate_interval_s=consolidate_interval,
-                                      max_evictions_per_hour=max_evictions_per_hour, restart_s=restart_s,
-                                      horizon_s=horizon_s, budgets=disruption_budget or [], balanced_k=balanced),
-                   wake_timeout_s=wake_timeout, resync_s=resync, sleep_watts=sleep_watts,
+                   resync_s=resync, sleep_watts=sleep_watts,
                    scheduler_name=scheduler_name, credentials=credentials, addresses=addresses,
                    power_profiles=power_profiles, libvirt_uri=libvirt_uri,
                    allow_annotated=allow_annotated or [], allow_redfish_http=allow_redfish_http,
                    allow_libvirt_insecure=allow_libvirt_insecure,
-                   actuator_options=dict(redfish_ca=redfish_ca, force_off=force_off, ssh_key=ssh_key,
-                                         known_hosts=known_hosts, ssh_user=ssh_user, suspend_command=suspend_command,
-                                         aws_region=aws_region, aws_endpoint=aws_endpoint))
+                   **_power_options(**{n: shared.get(n, d) for n, (_, d) in _POWER_OPTIONS.items()}))
 
 
 #: A command built on ``node-power`` (``autoscaler-provider``) sets this to ``daemon -> context manager``: it is

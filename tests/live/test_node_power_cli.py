@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from joulesched.cluster.nodepower import POWER_STATE_ANNOTATION
 from joulesched.live.actuators.credentials import Credentials, CredentialsError
-from joulesched.pipelines.cli.live import node_power, run_node_power, run_serve
+from joulesched.pipelines.cli import live as live_cli
+from joulesched.pipelines.cli.live import _node_power_daemon, node_power, run_node_power, run_serve, serve
 from tests.live.conftest import wait_until
 
 
@@ -21,7 +22,7 @@ from tests.live.conftest import wait_until
 def app() -> typer.Typer:
     a = typer.Typer(add_completion=False)
     a.command("node-power")(node_power)
-    a.command("other")(lambda: None)
+    a.command("serve")(serve)
     return a
 
 
@@ -124,3 +125,31 @@ def test_serve_with_node_power_sleeps_idle_nodes_and_wakes_one_for_a_pod(emu, tm
         stop.set()
         t.join(20)
     assert not t.is_alive()
+
+
+def test_serve_refuses_node_power_options_without_node_power(app):
+    """They would do nothing: a `--no-force-off` the operator relies on must not be dropped in silence."""
+    r = CliRunner().invoke(app, ["serve", "--actuator", "redfish", "--no-force-off", "--max-sleeps-per-hour", "5"])
+    assert r.exit_code == 2, r.output
+    assert "--actuator, --max-sleeps-per-hour, --force-off: options of the node power controller; add --node-power" \
+        in " ".join(r.output.split())
+
+
+def test_serve_passes_every_node_power_option_to_the_controller(app, emu, tmp_path, monkeypatch):
+    """`serve --node-power` takes what `node-power` takes (a review: the actuator's options, the wake timeout and
+    consolidation's knobs could not be given there), and the controller is built with them."""
+    seen: dict = {}
+    monkeypatch.setattr(live_cli, "run_serve", lambda **kw: seen.update(kw))
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    r = CliRunner().invoke(app, [
+        "serve", "--node-power", "--actuator", "redfish", "--no-force-off", "--redfish-ca", str(ca),
+        "--max-sleeps-per-hour", "5", "--wake-timeout", "90", "--disruption-budget", "2",
+        "--max-evictions-per-hour", "7"])
+    assert r.exit_code == 0, r.output
+    daemon = _node_power_daemon(**seen["node_power"], kubeconfig=emu.kubeconfig(str(tmp_path / "kc")),
+                                context=None, status=False)
+    redfish = daemon.actuator.actuator
+    assert redfish.force_off is False and redfish.verify == str(ca)
+    assert daemon.cfg.max_sleeps_per_hour == 5 and daemon.cfg.wake_timeout_s == 90
+    assert daemon.cfg.policy.max_evictions_per_hour == 7 and daemon.cfg.policy.budgets[0].nodes == "2"
