@@ -565,7 +565,20 @@ def test_each_scenario_table_highlights_the_verdicts_pick_not_the_least_energy_o
     assert report.verdict(doc)[0]["best"] == "awake-first"
     highlighted = re.findall(r'<tr class="best"><td class="pol"><span[^>]*></span>([^<]*)</td>', page)
     assert highlighted == ["awake-first"]
-    assert "Highlighted: the least energy within the SLO budget (the verdict's pick)." in page
+    assert "Highlighted: the least energy of equal service (the verdict's pick)." in page
+
+
+def test_the_verdict_does_not_pick_a_policy_that_leaves_more_pods_unplaced(tmp_path):
+    """A review: the verdict budgeted SLO violations only, so a policy that placed fewer pods (less work, less
+    energy) could be named the least energy at equal service."""
+    doc = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0, "awake-first": 150.0}],
+                   metrics={"most-allocated": {"unschedulable_pods": 3.0}})
+    assert report.verdict(doc)[0]["best"] == "awake-first"
+    page = " ".join(_render(doc, tmp_path / "out").split())
+    assert "leaves more pods unplaced than default-k8s (mean over seeds) is not picked either" in page
+    same = _made_up([{"default-k8s": 200.0, "most-allocated": 100.0, "awake-first": 150.0}],
+                    metrics={"most-allocated": {"unschedulable_pods": 3.0}, "default-k8s": {"unschedulable_pods": 3.0}})
+    assert report.verdict(same)[0]["best"] == "most-allocated"  # no more than default-k8s left
 
 
 def test_the_gpu_split_takes_the_cpu_side_as_the_rest_where_a_row_has_no_cpu_joules():
