@@ -44,7 +44,23 @@ def _kubeconfig_file(content: str) -> Iterator[str]:
         os.unlink(path)
 
 
+#: Options that only one --env reads (given with the other they would do nothing), and those of --sleep.
+_KUBE_ONLY = ("kubeconfig", "context", "prometheus", "target", "load_seconds", "pods", "policy", "load_driver",
+              "start_scheduler", "energy_selector", "energy_source", "sleep", "sleep_actuator", "sleep_after")
+_SIM_ONLY = ("seeds", "jobs")
+_SLEEP_ONLY = ("sleep_actuator", "sleep_after")
+
+
+def _given(ctx: typer.Context, names: tuple[str, ...]) -> list[str]:
+    """The options among ``names`` given on the command line, as their flags."""
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    # By the source's name: typer vendors its own click, whose ParameterSource is not click's.
+    return [flags[n] for n in names
+            if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+
+
 def pipeline(
+    ctx: typer.Context,
     env: Annotated[Env, typer.Option(help="Where to run: the embedded twin (sim) or a real cluster (kube).")] = Env.sim,
     scenario: Annotated[Optional[list[Path]], typer.Option(
         "--scenario", "-s", help="Scenario YAML (repeatable). Default: the standard suite in scenarios/.")] = None,
@@ -105,6 +121,8 @@ def pipeline(
              "metal3, rufio).")] = "none",
     sleep_after: Annotated[float, float_option(
         min=0.0, help="kube, with --sleep: seconds a node must be empty before it sleeps.")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results' summary as JSON on stdout (the "
+                                          "progress stays on stderr).")] = False,
 ) -> None:
     """Calibrate (optional), train or load the DQN, benchmark it against every baseline and the bound, report.
 
@@ -114,14 +132,19 @@ def pipeline(
     if sleep and env is not Env.kube:
         _fail("--sleep runs the node power controller on a cluster: it needs --env kube (in the twin, sleep is "
               "the scenario's idle_policy)")
-    if env is not Env.kube:
-        # Options only --env kube reads: given with the twin they would be silently ignored.
-        kube_only = [o for o, v in (("--kubeconfig", kubeconfig), ("--context", context), ("--prometheus", prometheus),
-                                    ("--target", target), ("--policy", policy), ("--energy-selector", energy_selector))
-                     if v]
-        if kube_only:
-            _fail(f"{', '.join(kube_only)} {'is' if len(kube_only) == 1 else 'are'} for --env kube; the twin "
-                  "(--env sim) benchmarks the default policy set and the DQN")
+    # Options the chosen --env does not read: given anyway they would be silently ignored.
+    if env is not Env.kube and (kube_only := _given(ctx, _KUBE_ONLY)):
+        _fail(f"{', '.join(kube_only)} {'is' if len(kube_only) == 1 else 'are'} for --env kube; the twin "
+              "(--env sim) benchmarks the default policy set and the DQN")
+    if env is Env.kube:
+        if sim_only := _given(ctx, _SIM_ONLY):
+            _fail(f"{', '.join(sim_only)} {'is' if len(sim_only) == 1 else 'are'} for --env sim; a cluster run "
+                  "measures each policy once")
+        if not sleep and (sleep_only := _given(ctx, _SLEEP_ONLY)):
+            _fail(f"{', '.join(sleep_only)} {'is' if len(sleep_only) == 1 else 'are'} for --sleep")
+        if node_profile is not None and model is None and minutes is None and steps is None:
+            _fail("--node-profile on a cluster is what the DQN trains on: give --minutes or --steps (or --model "
+                  "to train into)")
     if load_driver not in ("locust", "jmeter"):
         _fail(f"--load-driver must be locust or jmeter, not {load_driver!r}")
     environment = None
@@ -160,13 +183,13 @@ def pipeline(
                            model=model, minutes=minutes, steps=steps, scenario=scenario,
                            train_scenario=train_scenario, hosts=host_list, known_hosts=known_hosts,
                            calibrate=calibrate, calibrate_step_seconds=calibrate_step_seconds,
-                           collect_logs=collect_logs, stack=stack,
+                           collect_logs=collect_logs, stack=stack, node_profile=node_profile, as_json=as_json,
                            sleep={"actuator": sleep_actuator, "sleep_after_s": sleep_after} if sleep else None)
             return
         _pipeline_sim(out_dir, scenario=scenario, model=model, train_scenario=train_scenario, minutes=minutes,
                       steps=steps, seeds=seeds, jobs=jobs, node_profile=node_profile, force=force, hosts=host_list,
                       known_hosts=known_hosts, calibrate=calibrate, calibrate_step_seconds=calibrate_step_seconds,
-                      collect_logs=collect_logs)
+                      collect_logs=collect_logs, as_json=as_json)
 
 
 def _host_stages(out_dir: Path, hosts, known_hosts, calibrate: bool, step_seconds: float, force: bool, show):
@@ -181,7 +204,7 @@ def _host_stages(out_dir: Path, hosts, known_hosts, calibrate: bool, step_second
 
 
 def _pipeline_sim(out_dir: Path, *, scenario, model, train_scenario, minutes, steps, seeds, jobs, node_profile,
-                  force, hosts, known_hosts, calibrate, calibrate_step_seconds, collect_logs) -> None:
+                  force, hosts, known_hosts, calibrate, calibrate_step_seconds, collect_logs, as_json=False) -> None:
     from joulesched.pipelines.cli.bench import print_summary
     from joulesched.pipelines.sim_pipeline import run_sim
 
@@ -196,7 +219,7 @@ def _pipeline_sim(out_dir: Path, *, scenario, model, train_scenario, minutes, st
             from joulesched.pipelines.host_steps import collect_host_logs
 
             collect_host_logs(out_dir, hosts, known_hosts, on_event=show.event)
-    print_summary(doc, False, out_dir)
+    print_summary(doc, as_json, out_dir)
 
 
 def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Optional[str], prometheus: Optional[str],
@@ -206,7 +229,7 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
                    model: Optional[Path], minutes: Optional[float], steps: Optional[int],
                    scenario: Optional[list[Path]], train_scenario: Optional[list[Path]], hosts, known_hosts,
                    calibrate: bool, calibrate_step_seconds: float, collect_logs: bool, stack: Optional[str],
-                   sleep: Optional[dict] = None) -> None:
+                   sleep: Optional[dict] = None, node_profile: Optional[Path] = None, as_json: bool = False) -> None:
     from joulesched.pipelines.kube_pipeline import run_kube
     from joulesched.power.energy_sources import energy_source as source_named
 
@@ -223,10 +246,9 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
     command = command_line()
     try:
         with errors(), interrupted(out_dir), StageDisplay() as show:
-            node_profile = None
-            if hosts:
+            if hosts:  # (--calibrate and --node-profile together were refused)
                 node_profile = _host_stages(out_dir, hosts, known_hosts, calibrate, calibrate_step_seconds, force,
-                                            show)
+                                            show) or node_profile
             from joulesched.agent.registry import DEFAULT_POLICIES
 
             policies = list(policy or DEFAULT_POLICIES)
@@ -258,6 +280,11 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
             raise
         what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
         _fail(f"kube pipeline failed: {what}", 1)
+    if as_json:
+        from joulesched.pipelines.cli.bench import print_summary
+
+        print_summary(doc, True, out_dir)
+        return
     for name, s in doc.summary.items():
         t = Table(title=f"{name} (measured on a real cluster)", title_justify="left")
         for col in ("policy", "joules", "×default", "errors", "p99 ms", "unplaced"):

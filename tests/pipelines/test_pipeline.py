@@ -137,6 +137,61 @@ def test_pipeline_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--pods", "8", "--load-seconds", "5"], "--load-seconds, --pods are for --env kube"),
+    (["--energy-source", "kepler"], "--energy-source is for --env kube"),
+    (["--env", "kube", "--seeds", "3"], "--seeds is for --env sim"),
+    (["--env", "kube", "--jobs", "2"], "--jobs is for --env sim"),
+    (["--env", "kube", "--sleep-after", "30"], "--sleep-after is for --sleep"),
+    (["--env", "kube", "--node-profile", "p.yaml"], "--node-profile on a cluster is what the DQN trains on"),
+])
+def test_an_option_the_chosen_env_does_not_read_is_refused_not_ignored(tmp_path, args, message):
+    """A review: `pipeline` accepted the other environment's options and did nothing with them (a kube run's
+    --node-profile was dropped, so the DQN trained on the scenario's curves, not the measured ones)."""
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["pipeline", "-s", "scenarios/tiny.yaml", "--out", str(out), *args])
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split())
+    assert not out.exists()
+
+
+def test_a_kube_run_trains_the_dqn_on_the_node_profile_given(tmp_path, monkeypatch):
+    """A review: `--env kube --node-profile P --steps N` dropped P, and the DQN trained on the scenario's curves."""
+    from joulesched.pipelines import kube_pipeline
+    from joulesched.pipelines.cli import pipeline as cli_pipeline
+    from joulesched.workloads.load.results import DriverError
+
+    seen = {}
+
+    def train(out_dir, model, minutes, steps, scenario, train_scenario, node_profile, force, show):
+        seen["profile"] = node_profile
+        return tmp_path / "model.pt"
+
+    def run_kube(*a, **kw):
+        raise DriverError("the cluster run is not under test here")
+
+    monkeypatch.setattr(cli_pipeline, "_train_for_cluster", train)
+    monkeypatch.setattr(kube_pipeline, "run_kube", run_kube)
+    prof = tmp_path / "p.yaml"
+    prof.write_text("anything: 1\n")
+    r = runner.invoke(app, ["pipeline", "--env", "kube", "--kubeconfig", str(tmp_path / "kc"), "--prometheus",
+                            "http://127.0.0.1:1", "--target", "http://127.0.0.1:2", "--node-profile", str(prof),
+                            "--steps", "10", "--out", str(tmp_path / "run")])
+    assert "the cluster run is not under test here" in r.output and r.exit_code == 1, r.output
+    assert seen["profile"] == prof
+
+
+def test_pipeline_json_prints_the_summary_on_stdout(tmp_path):
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["pipeline", "-s", "scenarios/tiny.yaml", "--out", str(out), "--steps", "150", "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["out"] == str(out)
+    rows = doc["summary"]["tiny"]["policies"]
+    dqn = next(p for p in rows if p.startswith("dqn="))
+    assert rows["default-k8s"]["energy_joules"] > 0 and rows[dqn]["energy_joules"] > 0
+
+
 def test_ctrl_c_during_training_leaves_dir_consistent_then_resumes(tmp_path):
     """SIGINT to the real CLI process mid-training: exit 130, the train stage unrecorded, no model, results or
     temp files; the same command again runs every stage."""
