@@ -434,6 +434,8 @@ class Scheduler:
             recorder.leadership_changed()
         if not leading:
             self.ready.clear()
+            with self.cache.lock:  # (before the queue's lock: the cache's listeners take that one under this)
+                self.cache.unreserve()  # the next leader decides those pods; nothing of ours holds room
         with self._cv:
             if leading:  # pods may have waited in backoff while we were standby: look at all of them now
                 now = time.monotonic()
@@ -617,6 +619,8 @@ class Scheduler:
             asleep = info is not None and info.asleep
             if awake:
                 self.cache.assume(p.entry.uid, name)
+            elif asleep:  # its room on the node it waits for is taken, as kube-scheduler counts a nominated pod
+                self.cache.reserve(p.entry.uid, name)
         finally:
             p.unlock(self.cache.lock)
         e = p.entry
@@ -700,6 +704,7 @@ class Scheduler:
                 # pending pod must not lead to a second binding request).
                 self._done(e)
                 return None
+            self.cache.unreserve(e.uid)  # decided again: its own reservation must not crowd it out
             st = self.cache.state()
             mask = self.cache.feasible(pod, st)  # NotReady nodes that are not asleep are out (NodeReady)
             nominated = pod.nominated_node if e.nominated is None else e.nominated
@@ -712,7 +717,8 @@ class Scheduler:
                     if k >= 0 and mask[k]:  # never woke: afresh means without it for a while
                         e.avoid, e.avoid_until = w, now + self.cfg.node_wait_max_s
                 elif not self.cache.node_awake(w):
-                    self._requeue(e, backoff=False, delay=self.cfg.node_wait_poll_s)  # still asleep: keep waiting
+                    self.cache.reserve(e.uid, w)  # still asleep: keep waiting, its room kept
+                    self._requeue(e, backoff=False, delay=self.cfg.node_wait_poll_s)
                     return None
                 else:  # awake now: the node it waited for first, as kube-scheduler tries a nominated node first
                     only = np.zeros_like(mask)

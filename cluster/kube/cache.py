@@ -3,7 +3,9 @@
 Nodes give allocatable cpu, memory and pod slots and, through labels or annotations, a power curve (see
 :class:`~cluster.kube.objects.CurveResolver`). Pods give requests: every non-terminated pod bound to a node is
 accounted on it, like kube-scheduler's cache. A pod the scheduler has just bound is *assumed* on its node
-until the watch confirms it, so back-to-back decisions never overcommit a node.
+until the watch confirms it, so back-to-back decisions never overcommit a node. A pod waiting for the sleeping
+node it was nominated for is *reserved* there (counted on it for other pods, as kube-scheduler counts a
+nominated pod's requests on its node), until it is decided again, bound or gone.
 
 Threads: two informers and the optional Prometheus feed write; the scheduler reads. Everything that touches
 the cache holds :attr:`KubeCache.lock`; pod listeners are called with it held and must only enqueue.
@@ -66,6 +68,7 @@ class KubeCache:
         self.nodes: dict[str, NodeInfo] = {}
         self.pods: dict[str, PodInfo] = {}
         self._assumed: dict[str, str] = {}
+        self._reserved: dict[str, str] = {}
         self._accounted: dict[str, tuple[str, PodRequest]] = {}
         self._tombstones: dict[str, int] = {}  # uid -> resourceVersion of its deletion, seen by a resync
         self._listeners: list[PodListener] = []
@@ -251,10 +254,12 @@ class KubeCache:
         if info is None:
             self.pods.pop(uid, None)
             self._assumed.pop(uid, None)
+            self._reserved.pop(uid, None)
         else:
             self.pods[uid] = info
             if info.node_name:
                 self._assumed.pop(uid, None)  # the binding is confirmed: account where it really is
+                self._reserved.pop(uid, None)
         self._reaccount(uid)
         self._pods_gauge.set(len(self.pods))
         if old is None and info is None:
@@ -265,7 +270,7 @@ class KubeCache:
 
     def _reaccount(self, uid: str) -> None:
         pod = self.pods.get(uid)
-        node = (pod.node_name or self._assumed.get(uid, "")) if pod is not None else ""
+        node = (pod.node_name or self._assumed.get(uid) or self._reserved.get(uid, "")) if pod is not None else ""
         want = (node, pod.request) if node else None
         have = self._accounted.get(uid)
         if want == have:
@@ -294,6 +299,21 @@ class KubeCache:
         """Undo :meth:`assume` (the binding failed or its outcome is unknown)."""
         if self._assumed.pop(uid, None) is not None:
             self._reaccount(uid)
+
+    def reserve(self, uid: str, node: str) -> None:
+        """Count pending ``uid`` on ``node``, the sleeping node it waits for, for every other pod's decision."""
+        self._reserved[uid] = node
+        self._reaccount(uid)
+
+    def unreserve(self, uid: str | None = None) -> None:
+        """Undo :meth:`reserve` for ``uid`` (it is decided again), or for every pod (None: leadership lost)."""
+        for u in list(self._reserved) if uid is None else [uid]:
+            if self._reserved.pop(u, None) is not None:
+                self._reaccount(u)
+
+    def reserved_on(self, node: str) -> list[str]:
+        """The pods reserved on ``node``."""
+        return [u for u, n in self._reserved.items() if n == node]
 
     def state(self) -> ClusterState | None:
         """The current ClusterState (rebuilt after node changes, which bump :attr:`epoch`); None without nodes."""

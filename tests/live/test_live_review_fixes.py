@@ -198,6 +198,29 @@ def test_a_sleeping_notready_node_is_still_waited_for(emu, make_scheduler):
     _waiting_for_sleepy(emu, make_scheduler, good_cpu="1000", pod_cpu="100m")
 
 
+def test_the_room_a_pod_waits_for_is_kept_from_other_pods(emu, make_scheduler):
+    """As kube-scheduler counts a nominated pod's requests on its node: a second pod does not count on the room
+    the first one waits for (a review: both were nominated for a node that holds one, and the second, bound
+    first, left the first to be decided afresh once the node had woken)."""
+    emu.add_node("good", cpu="4", memory="8Gi")
+    emu.add_node("sleepy", cpu="2", memory="8Gi")
+    _put_to_sleep(emu, "sleepy")
+    emu.add_pod("filler", cpu="3", memory="64Mi", node_name="good")
+    emu.add_pod("p", cpu="1500m", memory="100Mi")  # fits only sleepy
+    sched = make_scheduler(node_wait_poll_s=0.05)
+    wait_until(lambda: _pod(emu)["status"].get("nominatedNodeName") == "sleepy", 10, "p nominated for sleepy")
+    uid = _pod(emu)["metadata"]["uid"]
+    with sched.cache.lock:
+        assert sched.cache.reserved_on("sleepy") == [uid]
+    emu.add_pod("q", cpu="1500m", memory="100Mi")  # would fit sleepy, but for p
+    wait_until(lambda: _events(emu, "FailedScheduling"), 10, "q unschedulable")
+    assert not _pod(emu, "q")["status"].get("nominatedNodeName")
+    emu.delete("pods", "default", "p")  # gone: its room is free again, and q waits for it
+    wait_until(lambda: _pod(emu, "q")["status"].get("nominatedNodeName") == "sleepy", 20, "q nominated for sleepy")
+    with sched.cache.lock:
+        assert sched.cache.reserved_on("sleepy") == [_pod(emu, "q")["metadata"]["uid"]]
+
+
 # ---- 2. the nomination is cleared when the pod is decided away from its node -----------------------------------
 def test_the_nomination_is_cleared_when_the_pod_is_bound_elsewhere(emu, make_scheduler):
     _waiting_for_sleepy(emu, make_scheduler, good_cpu="1000", pod_cpu="100m")
