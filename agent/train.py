@@ -42,7 +42,7 @@ from joulesched.agent.features import NODE_FEATURES, n_features
 from joulesched.agent.randomize import random_scenario
 from joulesched.agent.registry import SLEEP_AWARE_HEURISTICS, make_policy
 from joulesched.agent.runner import run_policy
-from joulesched.cluster.scenario import Scenario, Sleep
+from joulesched.cluster.scenario import Scenario, ScenarioError, Sleep
 from joulesched.cluster.twin import RunResult, Twin, common_window, extend_run
 from joulesched.cluster.workload import build_workload
 from joulesched.core.errors import JouleschedError
@@ -422,10 +422,15 @@ class Validator:
         for sc, s, label in plan:
             twin = _twin(sc, s)
             slo_ref = run_policy(twin, make_policy("default-k8s"), s).slo_violation_rate
-            runs = [run_policy(twin, make_policy(h), s) for h in refs + (GPU_REFERENCES if sc.has_gpus else ())]
+            names = refs + (GPU_REFERENCES if sc.has_gpus else ())
+            runs = [run_policy(twin, make_policy(h), s) for h in names]
             window = max(r.end_s for r in runs)
             e = [extend_run(r, window).energy_joules for r in runs]
             k = int(np.argmin(e))
+            if e[k] <= 0:  # the score is energy / this: nothing to measure a model against
+                raise ScenarioError(f"validation case {label}: {names[k]} "
+                                    "draws 0 J (the nodes' power curves draw nothing at the load it runs): the "
+                                    "validation score is energy / that; give the nodes curves that draw power")
             self.cases.append(ValidationCase(sc, s, e[k], slo_ref, runs[k].mean_pending_s, label, runs[k], window))
         self.last: list[tuple[float, float, float, float]] = []
 

@@ -408,3 +408,16 @@ def test_the_curve_logs_the_epsilon_each_episode_ran_with(monkeypatch):
     log = train([load_scenario(TINY)], DQN(cfg, seed=0), total_seconds=150.0, seed=0, executor=ex)
     logged = [r.epsilon for r in log.rows if r.scenario != "validation"]
     assert len(logged) >= 3 and logged == ex.eps[:len(logged)], (logged, ex.eps)
+
+
+def test_a_validation_reference_of_0_joules_is_refused_with_its_case(tmp_path):
+    """Curves that draw nothing below 90 % load run a light workload on 0 J: the validation score (energy / the
+    reference's) divided by 0 and training ended in a ZeroDivisionError traceback."""
+    sc = tmp_path / "dark.yaml"
+    sc.write_text(TINY.read_text().replace("power_watts: hp-ml110-g5", "power_watts: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]")
+                  .replace("power_watts: ibm-x3250-x3470", "power_watts: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]"))
+    model = tmp_path / "m.pt"
+    r = runner.invoke(app, ["train", "-s", str(sc), "--model", str(model), "--steps", "10", "--no-progress"])
+    assert r.exit_code == 2, r.output
+    assert "validation case tiny: " in r.output and "draws 0 J" in r.output and "Traceback" not in r.output
+    assert not model.exists()
