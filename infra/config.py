@@ -86,7 +86,7 @@ class PowerExporterConfig:
 
     :param image: image holding joulesched (`joulesched power exporter` is run from it).
     :param port: container port the exporter serves /metrics on.
-    :param msr: also read RAPL through /dev/cpu/*/msr; adds CAP_SYS_RAWIO and that hostPath. Off by default:
+    :param msr: also read RAPL through /dev/cpu/*/msr; runs the container privileged with that hostPath. Off by default:
         powercap needs no capability at all.
     :param interval_s: sampling interval handed to the exporter.
     """

@@ -71,9 +71,13 @@ class PowerExporter(pulumi.ComponentResource):
 
     Root inside the container only so it can read `energy_uj` (root-only since Linux 5.10); every capability is
     dropped, so it can read what root owns and nothing else: no CAP_DAC_OVERRIDE, no ptrace, no raw I/O. Two
-    read-only hostPaths (powercap and /proc, which lists the host's processes whatever the pod's PID namespace,
+    read-only hostPaths (/sys, and /proc, which lists the host's processes whatever the pod's PID namespace,
     so no hostPID), no ServiceAccount token, a read-only root filesystem, seccomp RuntimeDefault, and only
-    Prometheus may connect. `msr=True` adds CAP_SYS_RAWIO and /dev/cpu.
+    Prometheus may connect. The whole of /sys, not /sys/class/powercap alone: each zone there is a relative link
+    into /sys/devices, which a mount of the class folder alone leaves dangling (no zone is found, and `--meter
+    auto` falls back to the model). `msr=True` makes the container privileged, with /dev/cpu: a hostPath of a
+    device node does not let a container open it (only runc's default devices are allowed), CAP_SYS_RAWIO or
+    not; the host must have loaded the `msr` module.
     """
 
     def __init__(self, name: str, *, namespace: pulumi.Input[str], cfg: PowerExporterConfig,
@@ -85,21 +89,23 @@ class PowerExporter(pulumi.ComponentResource):
             f"{name}-sa", metadata=_meta("joulesched-power-exporter", namespace, labels),
             automount_service_account_token=False, opts=child)
         volumes = [
-            {"name": "powercap", "hostPath": {"path": "/sys/class/powercap", "type": "DirectoryOrCreate"}},
+            {"name": "sys", "hostPath": {"path": "/sys", "type": "Directory"}},
             {"name": "proc", "hostPath": {"path": "/proc", "type": "Directory"}},
         ]
         mounts = [
-            {"name": "powercap", "mountPath": "/host/sys/class/powercap", "readOnly": True},
+            {"name": "sys", "mountPath": "/host/sys", "readOnly": True},
             {"name": "proc", "mountPath": "/host/proc", "readOnly": True},
         ]
         args = ["power", "exporter", "--listen", f"0.0.0.0:{cfg.port}", "--interval", str(cfg.interval_s),
                 "--powercap-root", "/host/sys/class/powercap", "--proc-root", "/host/proc"]
-        caps: dict = {"drop": ["ALL"]}
+        security: dict = {**RESTRICTED_CONTAINER, "runAsUser": 0, "runAsNonRoot": False,
+                          "capabilities": {"drop": ["ALL"]}}
         if cfg.msr:
             volumes.append({"name": "dev-cpu", "hostPath": {"path": "/dev/cpu", "type": "Directory"}})
             mounts.append({"name": "dev-cpu", "mountPath": "/host/dev/cpu", "readOnly": True})
             args += ["--dev-root", "/host/dev"]
-            caps["add"] = ["SYS_RAWIO"]
+            # Opening /dev/cpu/N/msr needs the device allowed in the container's cgroup: privileged only.
+            security = {"privileged": True, "runAsUser": 0, "readOnlyRootFilesystem": True}
         self.daemonset = k8s.apps.v1.DaemonSet(
             f"{name}-ds",
             metadata=_meta("joulesched-power-exporter", namespace, labels),
@@ -122,10 +128,9 @@ class PowerExporter(pulumi.ComponentResource):
                             "ports": [{"name": "metrics", "containerPort": cfg.port}],
                             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
                                           "limits": {"memory": "256Mi"}},
-                            "securityContext": {**RESTRICTED_CONTAINER, "runAsUser": 0, "runAsNonRoot": False,
-                                                "capabilities": caps},
+                            "securityContext": security,
                             "volumeMounts": mounts,
-                            "readinessProbe": {"httpGet": {"path": POWER_METRICS_PATH, "port": "metrics"},
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                                                "periodSeconds": 10},
                         }],
                         "volumes": volumes,

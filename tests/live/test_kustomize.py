@@ -113,6 +113,12 @@ def test_pods_are_non_root_and_hardened(rendered, overlay):
         if d["kind"] == "DaemonSet":  # the exporter reads the host, read-only, with no API token
             assert spec["automountServiceAccountToken"] is False
             assert all(m["readOnly"] for m in spec["containers"][0]["volumeMounts"])
+            # All of /sys under the powercap root: its zones are links into /sys/devices (a review: a mount of
+            # /sys/class/powercap alone left them dangling, and the exporter fell back to the model meter)
+            host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+            mounts = {m["mountPath"]: host[m["name"]] for m in spec["containers"][0]["volumeMounts"]}
+            assert mounts.get("/host/sys") == "/sys" and "--powercap-root=/host/sys/class/powercap" in \
+                spec["containers"][0]["args"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -55,6 +55,42 @@ def test_nested_sysfs_layout_gives_the_same_zones(tmp_path):
     assert PowercapMeter(str(flat.root)).zones == PowercapMeter(str(nested.root)).zones
 
 
+def test_zones_linked_from_the_class_folder_read_only_where_sys_is_whole(tmp_path):
+    """Real sysfs: /sys/class/powercap/intel-rapl:0 is a relative link into /sys/devices. Read through a mount
+    of /sys they resolve; a mount of the class folder alone leaves them dangling (what the DaemonSet did until a
+    review: no zone, and --meter auto fell back to the model), so the manifests mount /sys whole."""
+    from tests.support.sysfs import SyntheticPowercap
+
+    sys_root = tmp_path / "host" / "sys"
+    devices = SyntheticPowercap(sys_root / "devices" / "virtual" / "powercap" / "intel-rapl")
+    devices.add("intel-rapl:0", "package-0", energy_uj=5_000_000)
+    cls = sys_root / "class" / "powercap"
+    cls.mkdir(parents=True)
+    (cls / "intel-rapl:0").symlink_to("../../devices/virtual/powercap/intel-rapl/intel-rapl:0")
+    meter = PowercapMeter(str(cls))
+    assert list(meter.zones) == ["package-0"]
+    alone = tmp_path / "class-only" / "powercap"  # the class folder mounted by itself: links left as they are
+    alone.mkdir(parents=True)
+    (alone / "intel-rapl:0").symlink_to("../../devices/virtual/powercap/intel-rapl/intel-rapl:0")
+    with pytest.raises(MeterUnavailable):
+        PowercapMeter(str(alone))
+
+
+def test_a_meters_window_counts_the_node_zones_packages_and_dram(powercap, clock):
+    """What calibration measures (``meter.joules``) is what a cluster run's energy counts: packages and DRAM,
+    never core, uncore or psys (a review: the packages alone, so a calibrated curve left DRAM out)."""
+    intel_two_socket(powercap)
+    m = PowercapMeter(str(powercap.root), clock=clock)
+    t0 = m.mark()
+    for zone, uj in (("intel-rapl:0", 50e6), ("intel-rapl:0:0", 30e6), ("intel-rapl:0:1", 5e6),
+                     ("intel-rapl:0:2", 8e6), ("intel-rapl:1", 40e6), ("intel-rapl:1:0", 20e6),
+                     ("intel-rapl:1:1", 6e6), ("intel-rapl:2", 200e6)):
+        powercap.advance(zone, int(uj))
+    clock.advance(1.0)
+    t1 = m.mark()
+    assert m.joules(t0, t1) == pytest.approx(50 + 8 + 40 + 6)
+
+
 ZONES = ["intel-rapl:0", "intel-rapl:0:0", "intel-rapl:0:1", "intel-rapl:0:2", "intel-rapl:1", "intel-rapl:1:0",
          "intel-rapl:1:1", "intel-rapl:2"]
 
