@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from joulesched.core.errors import UsageError
+from joulesched.power.meter import NODE_ZONES
 
-#: Whole-node energy without double counting: RAPL packages and DRAM (core/uncore sit inside a package, psys
-#: contains everything), or the model meter's platform zone. Hosts with psys only: pass another selector.
-ENERGY_METRIC = 'joulesched_node_joules_total{zone=~"package-.*|dram-.*|platform.*"}'
+#: Whole-node energy without double counting (:data:`~joulesched.power.meter.NODE_ZONES`): RAPL packages and DRAM,
+#: or the model meter's platform zone. Hosts with psys only: pass another selector.
+ENERGY_METRIC = f'joulesched_node_joules_total{{zone=~"{NODE_ZONES}"}}'
 #: Each GPU's energy (the NVML meter), added to :data:`ENERGY_METRIC` by the ``joulesched`` source.
 GPU_ENERGY_METRIC = "joulesched_node_gpu_joules_total"
 

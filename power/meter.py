@@ -15,6 +15,7 @@ in a :class:`CounterBank`, so what it returns never decreases and the layers abo
 from __future__ import annotations
 
 import logging
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -139,8 +140,22 @@ class CounterBank:
         self._prev.pop(key, None)
 
 
+#: The zones whose sum is a whole node's energy, without double counting: RAPL packages and DRAM (core and uncore
+#: sit inside a package, psys contains everything), or the model meter's platform zone. The measured energy of a
+#: cluster run (``power.energy_sources``), the scheduler's watts feed and a calibration all count these.
+NODE_ZONES = r"package-.*|dram-.*|platform.*"
+_NODE_ZONE = re.compile(NODE_ZONES)
+
+
+def node_total(zones: dict[str, float], primary: tuple[str, ...]) -> float:
+    """``zones``' sum over :data:`NODE_ZONES`, or over ``primary`` where none matches (a psys-only host, GPUs)."""
+    keys = [z for z in zones if _NODE_ZONE.fullmatch(z)] or [z for z in primary if z in zones]
+    return float(sum(zones[z] for z in keys))
+
+
 class ReadingLog:
-    """The last ``maxlen`` readings of a cumulative meter as (instant, joules of the primary zones).
+    """The last ``maxlen`` readings of a cumulative meter as (instant, joules of the node's zones:
+    :func:`node_total`).
 
     Between two readings energy is interpolated linearly (power assumed constant), so a window bounded by
     :meth:`PowerMeter.mark` instants is exact. Windows outside the log raise :class:`MeterError`.
@@ -192,7 +207,7 @@ class LoggedMeter:
                         "%.0f J): wraps may have been missed, and their joules with them; read at least every %.0f s",
                         getattr(self, "source", "energy"), gap, PEAK_ZONE_WATTS, self.wrap_joules,
                         max_read_interval_s(self.wrap_joules))
-        self._log.record(now, float(sum(zones[z] for z in self.primary_zones)))
+        self._log.record(now, node_total(zones, self.primary_zones))
         return zones
 
     def read(self) -> dict[str, Joules]:  # pragma: no cover - every meter defines it

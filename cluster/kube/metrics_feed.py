@@ -17,14 +17,18 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from joulesched.power.meter import NODE_ZONES
+
 log = logging.getLogger("joulesched.kube")
 
 #: CPU busy fraction (0..1) per node, from node-exporter. Needs a ``node`` label on the series, which the usual
 #: kubernetes_sd relabelling (``__meta_kubernetes_pod_node_name`` or ``__meta_kubernetes_node_name``) adds.
 DEFAULT_CPU_QUERY = '1 - avg by (node) (rate(node_cpu_seconds_total{mode="idle"}[2m]))'
-#: Watts per node from the joulesched power exporter (package zones only: a parent zone already contains its
-#: core and uncore children, so summing them all would count power twice).
-DEFAULT_POWER_QUERY = 'sum by (node) (joulesched_node_watts{zone=~"package.*"})'
+#: Watts per node from the joulesched power exporter: the zones a whole node's energy is measured by
+#: (:data:`~joulesched.power.meter.NODE_ZONES`: packages and DRAM, or the model meter's platform; a package
+#: already contains its core and uncore, so summing every zone would count power twice). Before 2026-12-07 the
+#: packages alone: DRAM left out, and no watts at all from a host on the model meter.
+DEFAULT_POWER_QUERY = f'sum by (node) (joulesched_node_watts{{zone=~"{NODE_ZONES}"}})'
 
 
 @dataclass
