@@ -172,11 +172,7 @@ class PowerMonitor:
         # reaped since the last read is no longer there to be read, but its whole CPU time is now in its parent's
         # cutime/cstime: the parent is credited what of it was not seen while the child lived (short-lived workers
         # and a process's last partial interval; before, their time was lost and their energy went to the others).
-        seen: dict[int, int] = {}  # parent pid -> ticks already counted for its children gone since
-        for pid, old in procs0.items():
-            st = procs.get(pid)
-            if st is None or st.start_time != old.start_time:
-                seen[old.ppid] = seen.get(old.ppid, 0) + old.cpu_ticks + old.child_ticks
+        seen = self._seen_in_gone(procs0, procs)
         deltas: dict[int, int] = {}
         for pid, st in procs.items():
             old = procs0.get(pid)
@@ -219,6 +215,36 @@ class PowerMonitor:
                 del table[key]
         self._snapshot = self._build(now, dt, ratio, d_energy, procs)
         return self._snapshot
+
+    @staticmethod
+    def _seen_in_gone(procs0: dict, procs: dict) -> dict[int, int]:
+        """Parent pid -> the ticks already counted of its children gone since the last read, and of theirs: a
+        child reaped by a parent that is itself gone and reaped reaches the grandparent's cutime whole, with
+        what the gone parent had reaped of it (a review: only the parent's own ticks were subtracted, so a
+        long-lived grandchild's whole life was credited again to the grandparent, a container's shim)."""
+        gone = {pid: old for pid, old in procs0.items()
+                if (st := procs.get(pid)) is None or st.start_time != old.start_time}
+        children: dict[int, list[int]] = {}
+        for pid, old in gone.items():
+            children.setdefault(old.ppid, []).append(pid)
+        below: dict[int, int] = {}  # gone pid -> what its own gone descendants had been counted
+
+        def under(pid: int) -> int:  # iterative post-order: a chain of gone processes can be long
+            stack, order, visiting = [pid], [], set()
+            while stack:
+                p = stack.pop()
+                if p in visiting or p in below:
+                    continue
+                visiting.add(p)  # (a pid reused within one interval cannot loop us)
+                order.append(p)
+                stack.extend(c for c in children.get(p, ()) if c in gone and c not in below)
+            for p in reversed(order):
+                below[p] = sum(gone[c].cpu_ticks + gone[c].child_ticks + below.get(c, 0)
+                               for c in children.get(p, ()) if c != p)
+            return below[pid]
+
+        return {parent: sum(gone[c].cpu_ticks + gone[c].child_ticks + under(c) for c in kids)
+                for parent, kids in children.items()}
 
     @staticmethod
     def _add(table: dict, key: object, joules: float, now: float) -> None:

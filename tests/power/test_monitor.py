@@ -222,3 +222,33 @@ def test_children_that_exit_between_reads_count_for_their_pod(powercap, proc, cl
     s = mon.refresh()
     assert s.pods[PodRef(UID_A, C1)].joules_total == pytest.approx(15.0 + 30.0 + 25.0)
     assert s.pods[PodRef(UID_B, C3)].joules_total == pytest.approx(135.0 + 20.0 + 25.0)
+
+
+def test_a_grandchild_reaped_through_a_parent_that_is_gone_too_is_not_credited_twice(powercap, proc, clock):
+    """A container's end: its long-lived process exits, its ``sh -c`` parent reaps it and exits, and the shim
+    reaps that, all within one read. The shim's cutime then holds the grandchild's whole life, already credited
+    while it ran (a review: the shim took 99 J of the last 100, the other busy process 1)."""
+    powercap.add("intel-rapl:0", "package-0")
+    proc.add(FakeProcess(10, "containerd-shim", ppid=1))
+    proc.add(FakeProcess(20, "sh", ppid=10, cgroup=pod_cgroup_v2(UID_A, C1)))
+    proc.add(FakeProcess(30, "train", ppid=20, cgroup=pod_cgroup_v2(UID_A, C1)))
+    proc.add(FakeProcess(40, "other", ppid=1, cgroup=pod_cgroup_v2(UID_B, C3)))
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock)
+    mon.refresh()
+    for _ in range(20):  # 100 J/s, train and other one core each
+        clock.advance(1.0)
+        powercap.advance("intel-rapl:0", 100_000_000)
+        proc.tick(user=200, idle=0)
+        proc.run(30, utime=100)
+        proc.run(40, utime=100)
+        mon.refresh()
+    clock.advance(1.0)  # the last second: train runs it, then exits; sh reaps it and exits; the shim reaps sh
+    powercap.advance("intel-rapl:0", 100_000_000)
+    proc.tick(user=200, idle=0)
+    proc.run(30, utime=100)
+    proc.run(40, utime=100)
+    proc.reap(30)
+    proc.reap(20)
+    s = mon.refresh()
+    watts = {p.comm: p.watts for p in s.processes}
+    assert watts["other"] == pytest.approx(50.0) and watts["containerd-shim"] == pytest.approx(50.0)
