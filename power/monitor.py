@@ -113,7 +113,7 @@ class PowerMonitor:
     def __post_init__(self) -> None:
         if self.top_n < 0:
             raise ValueError("top_n must be >= 0")
-        self._scanner = ProcScanner(self.proc_root)
+        self._scanner = ProcScanner(self.proc_root, clock=self.clock)
         self._snapshot = Snapshot(timestamp=self.clock(), source=self.meter.source)
 
     @property

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -148,12 +150,21 @@ class Identity:
     vm_name: str | None
 
 
-class ProcScanner:
-    """Reads CPU time of every process; identity is read once per process incarnation."""
+#: A process with neither a pod nor a VM has its identity read again this often: ``runc init`` is moved into its
+#: pod's cgroup after it starts, and a process found before it was put there would otherwise stay no pod's.
+UNKNOWN_IDENTITY_RECHECK_S = 10.0
 
-    def __init__(self, proc_root: str = "/proc") -> None:
+
+class ProcScanner:
+    """Reads CPU time of every process; identity is read once per process incarnation and program (an exec
+    changes the program: a qemu found between fork and exec is a VM from its exec on), and again every
+    :data:`UNKNOWN_IDENTITY_RECHECK_S` while it is neither a pod's nor a VM's."""
+
+    def __init__(self, proc_root: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
         self.proc_root = proc_root
-        self._identity: dict[tuple[int, int], Identity] = {}
+        self.clock = clock
+        # (pid, start time) -> (comm it was read for, identity, when read)
+        self._identity: dict[tuple[int, int], tuple[str, Identity, float]] = {}
 
     def _read(self, path: str) -> bytes:
         fd = os.open(path, os.O_RDONLY)
@@ -179,16 +190,21 @@ class ProcScanner:
 
     def identity(self, pid: int, stat: ProcStat) -> Identity:
         key = (pid, stat.start_time)
-        ident = self._identity.get(key)
-        if ident is None:
-            base = f"{self.proc_root}/{pid}"
-            try:
-                pod = parse_cgroup(self._read(f"{base}/cgroup"))
-            except OSError:
-                pod = None
-            try:
-                vm = parse_vm_name(self._read(f"{base}/cmdline"))
-            except OSError:
-                vm = None
-            ident = self._identity[key] = Identity(pod, vm)
+        cached = self._identity.get(key)
+        now = self.clock()
+        if cached is not None and cached[0] == stat.comm and (
+                cached[1].pod is not None or cached[1].vm_name is not None
+                or now - cached[2] < UNKNOWN_IDENTITY_RECHECK_S):
+            return cached[1]
+        base = f"{self.proc_root}/{pid}"
+        try:
+            pod = parse_cgroup(self._read(f"{base}/cgroup"))
+        except OSError:
+            pod = None
+        try:
+            vm = parse_vm_name(self._read(f"{base}/cmdline"))
+        except OSError:
+            vm = None
+        ident = Identity(pod, vm)
+        self._identity[key] = (stat.comm, ident, now)
         return ident

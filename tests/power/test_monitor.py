@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from joulesched.power.monitor import PowerMonitor
+from joulesched.power.monitor import PowerMonitor, Snapshot
 from joulesched.power.powercap import PowercapMeter
 from joulesched.power.procfs import PodRef
 from tests.support.sysfs import FakeProcess, SyntheticPowercap, SyntheticProc, pod_cgroup_v1, pod_cgroup_v2
@@ -252,3 +252,35 @@ def test_a_grandchild_reaped_through_a_parent_that_is_gone_too_is_not_credited_t
     s = mon.refresh()
     watts = {p.comm: p.watts for p in s.processes}
     assert watts["other"] == pytest.approx(50.0) and watts["containerd-shim"] == pytest.approx(50.0)
+
+
+def test_an_exec_or_a_move_into_a_pods_cgroup_is_seen(powercap, proc, clock):
+    """Identity was read once per process for its whole life (a review): libvirtd's child found before it
+    execs qemu stayed no VM, and ``runc init`` found before it is moved into its pod's cgroup stayed no pod's.
+    An exec (a new comm) is read again at once; a process of no pod or VM every 10 s."""
+    powercap.add("intel-rapl:0", "package-0")
+    proc.add(FakeProcess(50, "libvirtd", cmdline=b"/usr/sbin/libvirtd\0", cgroup="0::/system.slice/libvirtd.service\n"))
+    runc = proc.add(FakeProcess(60, "runc:[2:INIT]", cmdline=b"runc\0init\0",
+                                cgroup="0::/system.slice/containerd.service\n"))
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock)
+
+    def second() -> Snapshot:
+        clock.advance(1.0)
+        powercap.advance("intel-rapl:0", 100_000_000)
+        proc.tick(user=100)
+        proc.run(50, utime=50)
+        proc.run(60, utime=50)
+        return mon.refresh()
+
+    mon.refresh()
+    second()  # both seen: neither a VM nor a pod's
+    vm = proc.processes[50]
+    vm.comm, vm.cmdline = "qemu-system-x86", b"/usr/bin/qemu-system-x86_64\0-name\0guest=vm-1,debug-threads=on\0"
+    proc.add(vm)  # the exec: same pid and start time, a new program
+    (proc.root / "60" / "cgroup").write_text(pod_cgroup_v2(UID_A, C1))  # runc moved into the pod's cgroup
+    s = second()
+    assert "vm-1" in s.vms and s.vms["vm-1"].watts == pytest.approx(50.0)
+    assert PodRef(UID_A, C1) not in s.pods  # the same program: looked at again within 10 s
+    for _ in range(10):
+        s = second()
+    assert s.pods[PodRef(UID_A, C1)].watts == pytest.approx(50.0) and runc.comm == "runc:[2:INIT]"
