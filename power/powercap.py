@@ -187,27 +187,35 @@ class PowercapMeter(LoggedMeter):
 
     def read(self) -> dict[str, Joules]:
         """Every zone's joules. A zone whose ``energy_uj`` has gone (its package hot-removed, the driver
-        reloading) holds its total, with a warning, while the others go on being read (they wrap); when it comes
-        back its first reading is a new baseline. With every primary zone gone the read fails."""
+        reloading) or cannot be read (EIO, ENODATA, a value out of range) holds its total, with a warning, while
+        the others go on being read (they wrap); when it comes back its first reading is a new baseline. With
+        every primary zone gone or unreadable the read fails; a permission error always does."""
         now = self._clock()
         out: dict[str, Joules] = {}
         gone: set[str] = set()
+        why: dict[str, str] = {}
         for z in self._zones:
             try:
                 raw = self._raw(z)
-            except FileNotFoundError:
+            except (FileNotFoundError, MeterError) as e:
+                if isinstance(e, MeterPermissionError):
+                    raise
+                # Gone, or unreadable (EIO, ENODATA: psys on some laptops; a value out of range): held, so that
+                # one bad zone does not stop the others (a review: any error but a missing file failed the read)
                 gone.add(z.label)
+                why[z.label] = (f"{self._path_of[z.label]} has gone (package removed, RAPL driver unloaded?)"
+                                if isinstance(e, FileNotFoundError) else str(e))
                 self._bank.rebase(z.label)
                 out[z.label] = uj_to_j(self._bank.total(z.label))
                 continue
             out[z.label] = uj_to_j(self._bank.update(z.label, raw, z.max_range_uj, now=now, units_per_joule=UJ_PER_J))
         for label in sorted(gone - self._gone):
-            log.warning("powercap zone %s: %s has gone (package removed, RAPL driver unloaded?); its total is held "
-                        "at %.3f J and counted on from its next reading", label, self._path_of[label], out[label])
+            log.warning("powercap zone %s: %s; its total is held at %.3f J and counted on from its next reading",
+                        label, why[label], out[label])
         for label in sorted(self._gone - gone):
             log.warning("powercap zone %s is back; counting on from its new reading", label)
         self._gone = gone
         if gone.issuperset(self.primary_zones):
             raise MeterError(f"no primary zone ({', '.join(self.primary_zones)}) can be read under {self.root}: "
-                             "their energy_uj files have gone (RAPL driver unloaded?)")
+                             + "; ".join(why[z] for z in self.primary_zones))
         return self._logged(out)

@@ -42,6 +42,35 @@ def test_a_zone_that_goes_away_holds_its_total_while_the_others_go_on(powercap, 
     assert m.read()["package-1"] == pytest.approx(27.0)
 
 
+def test_a_zone_that_answers_an_io_error_is_held_too(powercap, clock, caplog):
+    """ENODATA from psys (some laptops), EIO: one zone's error stopped every read, packages included (a review:
+    the exporter then served a frozen snapshot). It is held like a zone that has gone."""
+    import errno
+
+    from joulesched.power.meter import default_read
+
+    powercap.add("intel-rapl:0", "package-0")
+    psys = powercap.add("intel-rapl:1", "psys")
+    broken = {"on": False}
+
+    def read(path: str) -> bytes:
+        if broken["on"] and path == str(psys / "energy_uj"):
+            raise OSError(errno.ENODATA, "No data available")
+        return default_read(path)
+
+    m = PowercapMeter(str(powercap.root), read_fn=read, clock=clock)
+    broken["on"] = True
+    powercap.advance("intel-rapl:0", 30_000_000)
+    clock.advance(1.0)
+    with caplog.at_level("WARNING", logger="joulesched.power.powercap"):
+        assert m.read()["package-0"] == pytest.approx(30.0)
+    assert "psys" in caplog.text and "No data available" in caplog.text
+    broken["on"] = False
+    powercap.advance("intel-rapl:1", 9_000_000)
+    clock.advance(1.0)
+    assert m.read()["psys"] == pytest.approx(0.0)  # back: a new baseline, counted on from there
+
+
 def test_every_primary_zone_gone_is_a_meter_error_the_exporter_counts(powercap, proc, clock):
     powercap.add("intel-rapl:0", "package-0")
     powercap.add("intel-rapl:0:0", "core")
