@@ -54,10 +54,11 @@ def _loop(backend: Backend[R], policy: Policy, rng: np.random.Generator) -> R:
     with_meta = bool(getattr(policy, "uses_meta", False))
     nxt, bind = backend.next_decision, backend.bind
     while (d := nxt()) is not None:
-        if d.state is not state:
-            state = d.state
-            reset(state, rng)
-        try:
+        try:  # reset too: a decision is handed over with the backend's lock held, which abandon() releases
+            if d.state is not state:
+                state = None  # until the reset succeeds: a failed one is tried again on the next decision
+                reset(d.state, rng)
+                state = d.state
             node = choose(state, d.pod, d.mask, meta=d.meta) if with_meta else choose(state, d.pod, d.mask)
             bind(d, node)
         except Exception as e:

@@ -746,9 +746,10 @@ class Scheduler:
         dt = time.perf_counter() - t0
         self.metrics.attempts.labels("unschedulable").inc()
         self.metrics.duration.labels("unschedulable").observe(dt)
-        self.recorder.failed(e.namespace, e.name, e.uid, message, condition=message != e.last_failure,
+        write = message != e.last_failure
+        e.last_failure = message  # first: a condition the recorder drops at once resets it (_condition_dropped)
+        self.recorder.failed(e.namespace, e.name, e.uid, message, condition=write,
                              rv=str(pod.rv) if pod is not None and pod.rv else "")
-        e.last_failure = message
         self._requeue(e, backoff=True)
         return None
 

@@ -1,0 +1,94 @@
+"""What the scheduler does when a part of it fails (a review, 2026-12-07): a policy whose reset raises on a new
+cluster shape, and a PodScheduled condition the event recorder drops at once (its queue full)."""
+
+from __future__ import annotations
+
+import pytest
+
+from joulesched.agent.registry import make_policy
+from joulesched.cluster.kube.cache import KubeCache
+from joulesched.cluster.kube.client import api_client_for
+from joulesched.live.scheduler import Scheduler, ServeConfig
+from tests.live.conftest import wait_until
+
+
+class _ResetFailsOnce:
+    """default-k8s, but its second reset (a new ClusterState: a node was added) raises."""
+
+    name, scorer = "reset-fails-once", None
+
+    def __init__(self) -> None:
+        self.inner, self.resets = make_policy("default-k8s"), 0
+
+    def reset(self, st, rng) -> None:
+        self.resets += 1
+        if self.resets == 2:
+            raise ValueError("this policy cannot read the new node")
+        self.inner.reset(st, rng)
+
+    def choose(self, st, pod, mask):
+        return self.inner.choose(st, pod, mask)
+
+
+@pytest.fixture
+def scheduler(emu):
+    made: list[Scheduler] = []
+
+    def make(policy, **kw) -> Scheduler:
+        cfg = ServeConfig(leader_elect=False, lease_namespace="default", event_writer="thread", **kw)
+        s = Scheduler(KubeCache(api_client_for(emu.url)), policy, cfg)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def _node(emu, pod: str) -> str:
+    return emu.get("pods", pod, "default")["spec"].get("nodeName") or ""
+
+
+def test_a_policy_whose_reset_raises_loses_no_pod_and_holds_no_lock(emu, scheduler):
+    """The reset ran outside the loop's error handling: its exception ended the scheduling thread while it held
+    the cache's lock, so the informers blocked for good and no pod was bound again."""
+    emu.add_node("n1")
+    policy = _ResetFailsOnce()
+    s = scheduler(policy, backoff_initial_s=0.05, backoff_max_s=0.2).start()
+    emu.add_pod("p1", cpu="100m")
+    wait_until(lambda: _node(emu, "p1"), 10, "p1 bound")
+    emu.add_node("n2")  # a new cluster shape: the next decision resets the policy, which raises once
+    wait_until(lambda: "n2" in s.cache.nodes, 10, "n2 in the cache")
+    emu.add_pod("p2", cpu="100m")
+    emu.add_pod("p3", cpu="100m")
+    wait_until(lambda: _node(emu, "p2") and _node(emu, "p3"), 10, "p2 and p3 bound (the reset tried again)")
+    assert policy.resets >= 3 and s._loop_thread.is_alive()
+    assert s.metrics.attempts.labels("error")._value.get() >= 1
+    assert s.cache.lock.acquire(timeout=1.0)
+    s.cache.lock.release()
+
+
+def test_a_condition_the_recorder_drops_at_once_is_written_on_a_later_attempt(emu, scheduler):
+    """The drop reset the pod's last failure so that the next attempt writes the condition again, and the line
+    after the call set it back: no PodScheduled=False was ever written (cluster-autoscaler scales up for it)."""
+    emu.add_node("n1", cpu="1")
+    s = scheduler(make_policy("default-k8s"), backoff_initial_s=0.05, backoff_max_s=0.2)
+    rec, put, drops = s.recorder, s.recorder._put, []
+
+    def put_dropping_the_first_condition(key, args):
+        if key[0] == "condition" and not drops:
+            drops.append(key)
+            rec._dropped(key, "the recorder's queue is full")  # as _put does on queue.Full
+            return
+        put(key, args)
+
+    rec._put = put_dropping_the_first_condition
+    s.start()
+    emu.add_pod("big", cpu="8")
+
+    def condition():
+        return [c for c in emu.get("pods", "big", "default")["status"].get("conditions") or []
+                if c["type"] == "PodScheduled"]
+
+    wait_until(condition, 10, "a PodScheduled condition on the pod")
+    assert drops and condition()[0]["status"] == "False" and condition()[0]["reason"] == "Unschedulable"
