@@ -172,10 +172,14 @@ class LeaderElector:
         holder = spec.get("holderIdentity") or ""
         record = (holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"),
                   lease["metadata"].get("resourceVersion"))
+        # A rival's lease is timed from when its record was read, not from when the read began (as client-go's
+        # observedTime): a slow read of a lease renewed meanwhile would otherwise be counted as old, and its
+        # holder's term overlapped (a review: a read answered 6 s late let a rival take over 0.5 s early).
+        t_read = self.clock()
         if record != self._observed:
-            self._observed, self._observed_at = record, t0
+            self._observed, self._observed_at = record, t_read
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
-        if holder and holder != self.identity and t0 < self._observed_at + duration:
+        if holder and holder != self.identity and t_read < self._observed_at + duration:
             if self._leading:
                 self._set_leading(False)
             return False

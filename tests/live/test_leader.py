@@ -84,3 +84,81 @@ def test_a_renewal_after_the_renew_deadline_starts_a_new_term(emu):
     assert a.try_acquire_or_renew() and a.is_leader()
     assert a.transitions == 2 and seen == [True, False, True]
     assert len(a.terms) == 2 and a.terms[0][1] <= a.terms[1][0]
+
+
+class _SlowLeaseStore:
+    """One Lease in memory, read and written by electors on one fake clock; a read can take ``delay`` seconds,
+    during which ``meanwhile`` runs (another replica's round)."""
+
+    def __init__(self, now: list[float]) -> None:
+        self.now, self.lease, self.rv = now, None, 0
+
+    def client(self):
+        import json
+        import types
+
+        from kubernetes.client.exceptions import ApiException
+
+        store = self
+
+        class Coord:
+            delay, meanwhile = 0.0, None
+
+            def read_namespaced_lease(self, name, ns, **kw):
+                t_answer = store.now[0] + self.delay
+                if self.meanwhile is not None:
+                    self.meanwhile()
+                store.now[0] = max(store.now[0], t_answer)
+                if store.lease is None:
+                    raise ApiException(status=404)
+                return types.SimpleNamespace(data=json.dumps(store.lease).encode())
+
+            def _write(self, body, expect_rv):
+                if (store.lease or {}).get("metadata", {}).get("resourceVersion") != expect_rv:
+                    raise ApiException(status=409)
+                store.rv += 1
+                body["metadata"]["resourceVersion"] = str(store.rv)
+                store.lease = body
+                return types.SimpleNamespace(data=json.dumps(body).encode())
+
+            def create_namespaced_lease(self, ns, body, **kw):
+                return self._write(body, None)
+
+            def replace_namespaced_lease(self, name, ns, body, **kw):
+                return self._write(body, body["metadata"].get("resourceVersion"))
+
+        return Coord()
+
+
+def test_a_rivals_slow_read_does_not_shorten_the_leaders_term():
+    """A rival timed the lease it read from when its read began: a read that started before the leader's last
+    renewal and was answered after it made that renewal look older than it was, and the rival took over while
+    the leader still led (a review: 0.5 s of two leaders)."""
+    import types
+
+    now = [0.0]
+    store = _SlowLeaseStore(now)
+
+    def elector(identity: str) -> LeaderElector:
+        e = LeaderElector(types.SimpleNamespace(), "ns", "l", identity=identity, clock=lambda: now[0])
+        e.coord = store.client()
+        return e
+
+    a, b = elector("a"), elector("b")
+    assert a.try_acquire_or_renew()
+    now[0] = 2.0
+    assert not b.try_acquire_or_renew()
+    now[0] = 3.0
+    b.coord.delay = 6.0  # b's read starts at 3 and is answered at 9, with a's renewal of 8.5 in it
+
+    def a_renews() -> None:
+        now[0] = 8.5
+        assert a.try_acquire_or_renew()
+
+    b.coord.meanwhile = a_renews
+    assert not b.try_acquire_or_renew()
+    b.coord.delay, b.coord.meanwhile = 0.0, None
+    a_ends = a.leading_until()  # a is partitioned from here on: it leads until its renew deadline
+    while now[0] < a_ends + 0.01:
+        assert not b.try_acquire_or_renew(), f"b took over at {now[0]} while a led until {a_ends}"
+        now[0] += 0.25
