@@ -274,19 +274,23 @@ class Extender:
         return (idx == pick).astype(np.float64)
 
     def handle(self, verb: str, args: Any) -> tuple[int, Any]:
-        """(HTTP status, JSON body) for one request; nothing raises: bad ExtenderArgs are 400 (``Error`` on
-        /filter), a bug 500, both counted as ``result="error"``."""
+        """(HTTP status, JSON body) for one request; nothing raises: bad ExtenderArgs (invalid JSON too: an
+        :class:`InvalidJSON`) are 400 (``Error`` on /filter), a bug 500, both counted as ``result="error"``."""
         t0 = time.perf_counter()
         result = "ok"
         try:
             if verb == "filter":
                 try:
+                    if isinstance(args, InvalidJSON):
+                        raise ExtenderError(str(args))
                     return 200, self.filter(args)
                 except (ExtenderError, CacheUnavailable) as e:  # filter errors travel in the Error field
                     result = "error" if isinstance(e, ExtenderError) else "unavailable"
                     return 200, {"Nodes": None, "NodeNames": None, "FailedNodes": {},
                                  "FailedAndUnresolvableNodes": {}, "Error": str(e)}
             try:
+                if isinstance(args, InvalidJSON):
+                    raise ExtenderError(str(args))
                 return 200, self.prioritize(args)
             except ExtenderError as e:
                 result = "error"
@@ -302,6 +306,11 @@ class Extender:
         finally:
             self.requests.labels(verb, result).inc()
             self.duration.labels(verb).observe(time.perf_counter() - t0)
+
+
+class InvalidJSON(str):
+    """A request body that is not JSON, handed to :meth:`Extender.handle` as its arguments, which answers it as
+    any bad ExtenderArgs (the Error field on /filter, 400 on /prioritize) and counts it."""
 
 
 class ExtenderServer(BackgroundHTTPServer):
@@ -327,10 +336,9 @@ class ExtenderServer(BackgroundHTTPServer):
                     return
                 raw = self.read_body()  # Content-Length checked by the hardened base (400 / 413)
                 try:
-                    args = json.loads(raw or b"null")
+                    args: Any = json.loads(raw or b"null")
                 except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
-                    self._send(400, json.dumps({"Error": f"invalid JSON: {str(e)[:200]}"}).encode())
-                    return
+                    args = InvalidJSON(f"invalid JSON: {str(e)[:200]}")  # answered and counted as bad args are
                 code, body = ext.handle(verb, args)
                 self._send(code, json.dumps(body, separators=(",", ":")).encode())
 
