@@ -17,6 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import ReadTimeoutError
+
+#: A watch that has sent nothing for this long, not even a BOOKMARK (the apiserver sends one about every minute
+#: to a watch that allows them), is given up and opened again; until then, at most this long counts as fresh. A
+#: connection that died without a FIN or RST (the apiserver's host gone, a NAT dropping it) otherwise looked
+#: healthy for the whole server-side timeout plus 30 s (a review: 330 s of decisions on a frozen view).
+WATCH_QUIET_S = 90.0
 
 log = logging.getLogger("joulesched.kube")
 
@@ -80,8 +87,10 @@ class Informer:
         self._thread.join(10)
 
     def stale_for(self) -> float:
-        """Seconds since the apiserver last answered, 0 while a watch is open (a quiet watch is not stale)."""
-        return 0.0 if self.streaming else max(0.0, time.monotonic() - self.last_contact)
+        """Seconds since the apiserver last answered; an open watch is fresh for :data:`WATCH_QUIET_S` after its
+        last chunk (a quiet watch is not stale, one silent for longer may be a dead connection)."""
+        quiet = time.monotonic() - self.last_contact
+        return max(0.0, quiet - WATCH_QUIET_S) if self.streaming else max(0.0, quiet)
 
     def _list(self) -> None:
         resp = self.list_fn(_preload_content=False, _request_timeout=30, **self.kwargs)
@@ -115,6 +124,10 @@ class Informer:
             except Exception as e:  # dropped stream, connection refused, half an event
                 if self._stop.is_set():
                     break
+                if isinstance(e, ReadTimeoutError) or isinstance(getattr(e, "__context__", None), ReadTimeoutError):
+                    # nothing for WATCH_QUIET_S, not even a bookmark: opened again at once, from where it was
+                    log.debug("%s: watch silent for %.0f s, opened again", self.name, WATCH_QUIET_S)
+                    continue
                 log.info("%s: watch interrupted (%s), resuming from %s", self.name, type(e).__name__,
                          self.resource_version)
                 self.resumes += 1
@@ -128,7 +141,7 @@ class Informer:
             return
         resp = self.list_fn(watch=True, resource_version=self.resource_version, allow_watch_bookmarks=True,
                             timeout_seconds=self.watch_timeout_s, _preload_content=False,
-                            _request_timeout=(10, self.watch_timeout_s + 30), **self.kwargs)
+                            _request_timeout=(10, min(self.watch_timeout_s + 30, WATCH_QUIET_S)), **self.kwargs)
         self._resp = resp
         self.last_contact, self.streaming = time.monotonic(), True
         try:

@@ -92,3 +92,60 @@ def test_a_condition_the_recorder_drops_at_once_is_written_on_a_later_attempt(em
 
     wait_until(condition, 10, "a PodScheduled condition on the pod")
     assert drops and condition()[0]["status"] == "False" and condition()[0]["reason"] == "Unschedulable"
+
+
+def test_a_watch_on_a_connection_that_went_silent_is_opened_again(emu, monkeypatch):
+    """A connection that dies without a FIN or RST (the apiserver's host gone, a NAT dropping it) kept the watch
+    "open" until the server-side timeout plus 30 s: the cache froze while /healthz stayed green (a review). Now
+    a watch silent for WATCH_QUIET_S (90 s, not even a bookmark) is opened again, and counts as stale past it."""
+    import socket
+    import threading
+    import time
+
+    import joulesched.cluster.kube.informer as informer
+
+    monkeypatch.setattr(informer, "WATCH_QUIET_S", 1.0)
+    emu.add_node("n1")
+    dead: set[int] = set()
+    opened: list[int] = []
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(16)
+
+    def pump(a: socket.socket, b: socket.socket, conn: int) -> None:
+        try:
+            while d := a.recv(65536):
+                if conn not in dead:  # a dead path: bytes vanish, nobody is told
+                    b.sendall(d)
+        except OSError:
+            pass
+
+    def accept() -> None:
+        while True:
+            try:
+                c, _ = lst.accept()
+            except OSError:
+                return
+            u = socket.create_connection(("127.0.0.1", emu.port))
+            opened.append(len(opened))
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=pump, args=(a, b, opened[-1]), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    cache = KubeCache(api_client_for(f"http://127.0.0.1:{lst.getsockname()[1]}"))
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        wait_until(lambda: cache.node_informer.streaming, 10, "the node watch open")
+        time.sleep(0.2)
+        dead.update(opened)  # every connection open now goes silent; new ones work
+        emu.add_node("n2")
+        t0 = time.monotonic()
+        wait_until(lambda: "n2" in cache.nodes, 10, "n2 seen through a watch opened again")
+        assert time.monotonic() - t0 < 5
+    finally:
+        cache.stop()
+        lst.shutdown(socket.SHUT_RDWR)  # wakes the accept()
+        lst.close()
+        acceptor.join(5)
