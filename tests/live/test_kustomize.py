@@ -165,3 +165,14 @@ def test_kubectl_apply_lands_every_object_on_the_emulator(rendered, overlay, tmp
             got = emu.get(RESOURCE[d["kind"]], d["metadata"]["name"], d["metadata"].get("namespace", ""))
             assert got is not None, (d["kind"], d["metadata"]["name"])
             assert got.get("spec") == d.get("spec") and got.get("rules") == d.get("rules")
+
+
+@pytest.mark.parametrize("overlay, port, cidr", [("kvm-libvirt", 16514, "192.168.122.1/32"), ("aws", 443, "0.0.0.0/0")])
+def test_the_node_power_egress_reaches_the_overlays_actuator_and_apiserver(rendered, overlay, port, cidr):
+    """A review: the base's egress allowed only the BMC ports and a placeholder apiserver network, so the
+    libvirt (TLS, 16514) and EC2 overlays could reach neither their actuator nor the apiserver."""
+    egress = _one(rendered[overlay][1], "NetworkPolicy", "joulesched-node-power-egress")["spec"]["egress"]
+    reach = {(b["ipBlock"]["cidr"], p["port"]) for r in egress for b in r["to"] if "ipBlock" in b for p in r["ports"]}
+    assert (cidr, port) in reach
+    apiserver = {"kvm-libvirt": "192.168.122.0/24", "aws": "172.31.0.0/16"}[overlay]
+    assert (apiserver, 6443) in reach
