@@ -143,6 +143,10 @@ CNI_URLS = {
 SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
+#: The pod network of flannel's manifest (net-conf.json), which is applied unchanged.
+FLANNEL_NETWORK = "10.244.0.0/16"
+
+
 @dataclass(frozen=True)
 class KubeadmConfig:
     """What every kubeadm guest installs (containerd from the distro, kubeadm from pkgs.k8s.io).
@@ -151,7 +155,9 @@ class KubeadmConfig:
         exists for the pinned version."""
 
     kubernetes_minor: str = "v1.30"
-    pod_network_cidr: str = "192.168.0.0/16"
+    #: flannel's manifest's own network (its net-conf.json); outside the usual LANs and the kvm stack's subnet
+    #: (until 2026-12-07 it was Calico's 192.168.0.0/16, which holds the kvm stack's 192.168.122.0/24)
+    pod_network_cidr: str = "10.244.0.0/16"
     cni: str = "calico"
     calico_version: str = CNI_PINS["calico"][0]
     flannel_version: str = CNI_PINS["flannel"][0]
@@ -326,6 +332,11 @@ class _Collector:
             except ValueError as e:
                 self.problems.append(f"{PROJECT}:cniManifestSha256: {e}")
         self.cidr("podNetworkCidr", k.pod_network_cidr)
+        if k.cni == "flannel" and k.pod_network_cidr != FLANNEL_NETWORK:
+            # The pinned manifest is applied as it is: flannel would hand out 10.244.0.0/16 on nodes whose pod
+            # ranges the controller-manager cut from another network.
+            self.problems.append(f"{PROJECT}:podNetworkCidr {k.pod_network_cidr}: flannel's manifest uses "
+                                 f"{FLANNEL_NETWORK} (its net-conf.json); give that, or cni: calico")
         return k
 
 
@@ -459,6 +470,15 @@ def _kvm(c: _Collector) -> KvmConfig:
             net = ipaddress.ip_network(k.subnet, strict=True)
         except ValueError:
             net = None  # c.cidr has said why
+        try:
+            pods = ipaddress.ip_network(k.kubeadm.pod_network_cidr, strict=True)
+        except ValueError:
+            pods = None  # said by kubeadm()
+        if net is not None and pods is not None and net.version == pods.version and net.overlaps(pods):
+            # kubeadm: the pod network must not overlap a host network (the CNI routes its addresses into the
+            # overlay: the apiserver among them)
+            c.problems.append(f"{PROJECT}:podNetworkCidr {pods} overlaps {PROJECT}:subnet {net} of the guests: "
+                              "give a pod network apart from every host network (the default is 10.244.0.0/16)")
         if net is not None and net.version != 4:
             c.problems.append(f"{PROJECT}:subnet {k.subnet}: IPv4 only (the guests' static addresses and SSH "
                               "targets are IPv4)")

@@ -299,8 +299,12 @@ def test_an_aws_stack_without_its_region_exits_2_before_pulumi_runs(stack_dir):
     ("aws", "ami: not-an-ami", "ami must be an AMI id"),
     ("aws", "instanceType: 't3.medium; x'", "instanceType must be an EC2 instance type"),
     ("cluster", "workloadImagePrefix: Registry.Example.com/Bad Prefix", "workloadImagePrefix 'Registry.Example.com"),
+    # A review: the kvm stack's default pod network (192.168.0.0/16) held its guests' 192.168.122.0/24
+    ("kvm", "podNetworkCidr: 192.168.0.0/16", "podNetworkCidr 192.168.0.0/16 overlaps joulesched:subnet"),
+    ("aws", "cni: flannel", None),  # with the default pod network: flannel's own
+    ("aws", "podNetworkCidr: 10.32.0.0/16", None),  # calico takes any
 ])
-def test_stack_settings_the_program_would_pass_on_unchecked_are_refused(stack_dir, target, setting, said):
+def test_stack_settings_the_program_would_pass_on_unchecked_are_refused(stack_dir, target, setting, said: str | None):
     """A libvirt URI that skips TLS or host-key checks (the node power actuator already refused them), and
     settings that would only fail at AWS or in the cluster, are named before Pulumi runs."""
     d, stack = stack_dir
@@ -312,7 +316,23 @@ def test_stack_settings_the_program_would_pass_on_unchecked_are_refused(stack_di
     values = {"joulesched:target": target, **base, f"joulesched:{key}": yaml.safe_load(value)}
     (d / "Pulumi.s.yaml").write_text(yaml.safe_dump({"config": values}))
     r = runner.invoke(app, ["preview", "--stack", "s"])
+    if said is None:  # a setting that must pass
+        assert r.exit_code == 0 and stack.ran == ["preview"], r.output
+        return
     assert r.exit_code == 2 and said in r.output, r.output
+    assert stack.ran == []
+
+
+def test_flannel_needs_its_manifests_pod_network(stack_dir):
+    """The pinned flannel manifest is applied unchanged: its net-conf.json says 10.244.0.0/16, so any other
+    pod network would give nodes pod ranges flannel does not route."""
+    d, stack = stack_dir
+    values = {"joulesched:target": "aws", "joulesched:sshPublicKey": KEY, "joulesched:sshCidr": "203.0.113.7/32",
+              "joulesched:ami": "ami-0123456789abcdef0", "aws:region": "eu-central-1", "joulesched:cni": "flannel",
+              "joulesched:podNetworkCidr": "10.32.0.0/16"}
+    (d / "Pulumi.s.yaml").write_text(yaml.safe_dump({"config": values}))
+    r = runner.invoke(app, ["preview", "--stack", "s"])
+    assert r.exit_code == 2 and "flannel's manifest uses 10.244.0.0/16" in r.output, r.output
     assert stack.ran == []
 
 
