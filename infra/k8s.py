@@ -363,7 +363,10 @@ def scheduler_manifests(*, namespace: str, image: str, replicas: int, scheduler_
             d["spec"]["replicas"] = replicas
             c = d["spec"]["template"]["spec"]["containers"][0]
             c["image"] = image
-            args = [a for a in c["args"] if a.split("=", 1)[0] not in overrides]
+            # This stack deploys no node power controller: a scheduler told that nodes sleep would weigh a
+            # sleep saving and a wake delay no node has (deployment.yaml's comment: drop it where none runs).
+            args = [a for a in c["args"] if a.split("=", 1)[0] not in (*overrides, "--node-sleep-watts",
+                                                                          "--node-wake-s")]
             if not prometheus_url:
                 args = [a for a in args if not a.startswith("--prometheus=")]
             c["args"] = args + [f"{k}={v}" for k, v in overrides.items()] + list(extra_args)

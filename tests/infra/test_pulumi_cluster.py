@@ -178,6 +178,9 @@ def test_scheduler_is_the_live_scheduler_from_deploy(rec):
                 "--prometheus=http://joulesched-prometheus.joulesched.svc:9090"):
         assert c["args"].count(arg) == 1, (arg, c["args"])
     assert len([a for a in c["args"] if a.startswith("--policy=")]) == 1
+    # No node power controller in this stack: the scheduler is not told that nodes sleep (a review: its policy
+    # weighed a sleep saving and a wake delay no node had)
+    assert not [a for a in c["args"] if a.startswith(("--node-sleep-watts", "--node-wake-s"))], c["args"]
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     rec.by_k8s_name("kubernetes:core/v1:ConfigMap", "joulesched-power-profiles")
 
