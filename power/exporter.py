@@ -151,7 +151,7 @@ def metrics_handler(registry: CollectorRegistry,
             path = urlsplit(self.path).path
             if path == "/metrics":
                 encoder, ctype = choose_encoder(self.headers.get("Accept"))
-                data, extra = encoder(registry), {"Vary": "Accept-Encoding"}
+                data, extra = encoder(registry), {"Vary": "Accept, Accept-Encoding"}  # text or OpenMetrics; gzip
                 if accepts_gzip(self.headers.get("Accept-Encoding")):
                     data = gzip.compress(data, compresslevel=5)
                     extra["Content-Encoding"] = "gzip"

@@ -54,7 +54,7 @@ def test_gzip_only_where_the_scraper_accepts_it(exporter, header, gz):
     r = urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{exporter.port}/metrics",
                                                       headers={"Accept-Encoding": header}), timeout=5)
     body = r.read()
-    assert (r.headers["Content-Encoding"] == "gzip") is gz and r.headers["Vary"] == "Accept-Encoding"
+    assert (r.headers["Content-Encoding"] == "gzip") is gz and r.headers["Vary"] == "Accept, Accept-Encoding"
     assert b"joulesched_node_watts" in (gzip.decompress(body) if gz else body)
 
 
