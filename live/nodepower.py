@@ -83,12 +83,13 @@ from joulesched.cluster.nodepower import (
     PowerPolicy,
 )
 from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState
-from joulesched.live.actuators.access import AccessError, AddressPolicy, Resolved, machine_keys
+from joulesched.live.actuators.access import AccessError, AddressPolicy, Resolved, machine_keys, protocol_clash
 from joulesched.live.actuators.base import (
     OFF,
     UNKNOWN,
     ActionAborted,
     AddressError,
+    PowerAddress,
     Target,
     off_requested,
     parse_address,
@@ -1436,6 +1437,7 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
         raise DaemonInputError(f"--addresses {path}: expected a mapping of node name to power address")
     out = {}
     machines: dict[tuple[str, str], str] = {}
+    parsed: dict[str, PowerAddress] = {}
     for node, text in data.items():
         if not os.path.isdir(path):
             claim(node, os.path.basename(path))
@@ -1453,7 +1455,11 @@ def load_addresses(path: str | None, access: AddressPolicy | None = None, *,
             if other != str(node):
                 raise DaemonInputError(f"--addresses {path}: nodes {other} and {node} name the same machine "
                                        f"({key[0]} {key[1]})")
+        parsed[str(node)] = addr
         out[str(node)] = str(text)
+    if (found := protocol_clash(parsed)) is not None:
+        raise DaemonInputError(f"--addresses {path}: nodes {found[1]} and {found[0]} reach one BMC ({found[2]}) by "
+                               "IPMI and by Redfish: one BMC is one machine")
     return out
 
 

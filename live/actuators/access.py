@@ -100,8 +100,10 @@ def machine_keys(addr: PowerAddress, node: str) -> tuple[tuple[str, str], ...]:
     if addr.actuator == "ipmi":
         return (("ipmi", _endpoint(addr.host, DEFAULT_PORTS["ipmi"])),)
     if addr.actuator == "redfish":
+        # The BMC's host and the system's path, whatever port or scheme: one BMC serves a system over HTTPS and
+        # plain HTTP alike (a review: redfish+http:// to the map's redfish:// system was another machine).
         path = "/".join(p for p in addr.path.lower().split("/") if p)
-        return (("redfish", f"{_endpoint(addr.host, DEFAULT_PORTS[addr.scheme])}/{path}"),)
+        return (("redfish", f"{bmc_host(addr)}/{path}"),)
     if addr.actuator == "wol":
         mac = "".join(c for c in addr.host.lower() if c in "0123456789abcdef")
         return ("wol", mac), ("ssh", _endpoint(addr.params.get("ssh") or node, DEFAULT_PORTS["ssh"]))
@@ -111,7 +113,34 @@ def machine_keys(addr: PowerAddress, node: str) -> tuple[tuple[str, str], ...]:
         return (("aws", addr.host),)
     if addr.actuator in ("metal3", "rufio"):
         return ((addr.actuator, f"{addr.host.lower()}/{addr.path}"),)
+    if addr.actuator == "none":
+        return ()  # cordon only: no machine is ever switched
     return ((addr.scheme, addr.raw),)
+
+
+def bmc_host(addr: PowerAddress) -> str | None:
+    """The BMC's host (canonical, no port) of an IPMI or Redfish address, else None. One BMC serves IPMI and
+    Redfish (on several ports) for one machine: the same host under two protocols is one machine."""
+    if addr.actuator not in ("ipmi", "redfish"):
+        return None
+    return _endpoint(addr.host, "0").rsplit(":", 1)[0]
+
+
+def protocol_clash(entries: Mapping[str, PowerAddress]) -> tuple[str, str, str] | None:
+    """Two nodes whose addresses reach one BMC host by different protocols (IPMI and Redfish: a copy-paste slip
+    that would let an idle node switch off the other's machine), as (node, other node, host); else None. The
+    same protocol on one host is allowed (VirtualBMC serves a VM per port, sushy-tools a system per path)."""
+    seen: dict[str, dict[str, str]] = {}
+    for name, a in entries.items():
+        host = bmc_host(a)
+        if host is None:
+            continue
+        by_protocol = seen.setdefault(host, {})
+        for protocol, other in by_protocol.items():
+            if protocol != a.actuator and other != name:
+                return name, other, host
+        by_protocol.setdefault(a.actuator, name)
+    return None
 
 
 @dataclass(frozen=True)
@@ -189,6 +218,7 @@ class AddressPolicy:
         mapped: dict[tuple[str, str], str] = {}
         clash: dict[str, str] = {}
         parsed: dict[str, PowerAddress] = {}
+        annotated: dict[str, PowerAddress] = {}
         for name, text in addresses.items():
             try:
                 a = parse_address(text)
@@ -200,9 +230,14 @@ class AddressPolicy:
                 if other != name:  # two entries switch one machine: an idle node would switch off the other's
                     clash[name], clash[other] = other, name
             parsed[name] = a
+        while (found := protocol_clash(parsed)) is not None:
+            clash[found[0]], clash[found[1]] = found[1], found[0]
+            for n in found[:2]:
+                parsed.pop(n, None)
         for name, other in clash.items():
             parsed.pop(name, None)
             out[name] = Resolved(None, "map", f"its address names the same machine as node {other}'s: neither is used")
+
         for name, (text, provider_id) in nodes.items():
             if name in parsed:
                 a = parsed[name]
@@ -223,6 +258,10 @@ class AddressPolicy:
             why = self._annotation_refusal(name, a, provider_id)
             keys = machine_keys(a, name)
             owner = next((mapped[k] for k in keys if mapped.get(k, name) != name), None)
+            if owner is None and (clash_with := protocol_clash({**parsed, name: a})) is not None:
+                # the map's BMC reached by the other protocol (a review: ipmi:// to a BMC the map reaches by
+                # redfish:// switched the map's node off)
+                owner = clash_with[1] if clash_with[0] == name else clash_with[0]
             if not why and owner is not None:
                 why = f"the address map gives that machine to node {owner}"
             if why:
@@ -230,7 +269,12 @@ class AddressPolicy:
                 continue
             for key in keys:
                 claims.setdefault(key, []).append(name)
+            annotated[name] = a
             out[name] = Resolved(a, "annotation")
+        while (found := protocol_clash(annotated)) is not None:  # two annotations: one BMC by two protocols
+            claims.setdefault(("bmc", found[2]), []).extend(found[:2])
+            for n in found[:2]:
+                annotated.pop(n, None)
         for key, names in claims.items():
             if len(set(names)) > 1:
                 for n in names:

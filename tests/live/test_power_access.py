@@ -70,6 +70,9 @@ MAP = {"z": "ipmi://10.0.9.7", "r": "redfish://10.0.9.8/redfish/v1/Systems/1",
     "wol://52:54:00:00:00:01?ssh=10.0.2.9",  # another MAC, but the SSH endpoint that suspends w
     "wol://52:54:00:00:00:02?ssh=10.0.2.9:22",
     "wol://52-54-00-00-00-0A?ssh=10.0.2.200",  # w's MAC in another spelling
+    # A review: one BMC serves IPMI and Redfish, HTTPS and plain HTTP, for one machine
+    "redfish://10.0.9.7/redfish/v1/Systems/1",  # z's BMC, by the other protocol
+    "ipmi://10.0.9.8",  # r's BMC, likewise
 ])
 def test_no_spelling_of_a_mapped_machine_lets_another_node_claim_it(claim):
     out = resolve(AddressPolicy.from_options(POLICY), {"y": (claim, ""), **{n: ("", "") for n in MAP}}, MAP)
@@ -88,12 +91,14 @@ def test_other_machines_behind_one_host_are_not_refused(claim):
 
 
 def test_two_annotations_naming_one_machine_differently_are_both_refused():
-    pol = AddressPolicy.from_options(["ipmi=10.0.9.0/24", "wol=10.0.2.0/24", "wol=255.255.255.255"])
+    pol = AddressPolicy.from_options(["ipmi=10.0.9.0/24", "redfish=10.0.9.0/24", "wol=10.0.2.0/24",
+                                      "wol=255.255.255.255"])
     out = resolve(pol, {"a": ("ipmi://10.0.9.5", ""), "b": ("ipmi://10.0.9.5:623", ""),
                         "c": ("wol://52:54:00:00:00:03?ssh=10.0.2.4", ""),
                         "d": ("wol://52:54:00:00:00:04?ssh=10.0.2.4:22", ""),
-                        "e": ("ipmi://10.0.9.6", ""), "f": ("ipmi://10.0.9.6:6230", "")})
-    for n in "abcd":
+                        "e": ("ipmi://10.0.9.6", ""), "f": ("ipmi://10.0.9.6:6230", ""),
+                        "g": ("ipmi://10.0.9.11", ""), "h": ("redfish://10.0.9.11/redfish/v1/Systems/1", "")})
+    for n in "abcdgh":
         assert out[n].address is None and "claim the same machine" in out[n].refused, (n, out[n])
     assert out["e"].address is not None and out["f"].address is not None  # machines nobody else names
 
@@ -101,6 +106,7 @@ def test_two_annotations_naming_one_machine_differently_are_both_refused():
 @pytest.mark.parametrize("first, second", [
     ("redfish://10.0.0.5/redfish/v1/Systems/1", "redfish://10.0.0.5:443/redfish/v1/Systems/1/"),
     ("ipmi://10.0.0.9", "ipmi://10.0.0.9:623"),
+    ("ipmi://10.0.0.9", "redfish://10.0.0.9/redfish/v1/Systems/1"),  # one BMC by two protocols (a review)
 ])
 def test_two_map_entries_naming_one_machine_are_refused(tmp_path, first, second):
     """A review: the map took the last of two entries naming one machine however written, so an idle worker-2
@@ -111,7 +117,7 @@ def test_two_map_entries_naming_one_machine_are_refused(tmp_path, first, second)
 
     p = tmp_path / "map.yaml"
     p.write_text(f"worker-1: {first}\nworker-2: {second}\nworker-3: ipmi://10.0.0.10\n")
-    with pytest.raises(DaemonInputError, match="nodes worker-1 and worker-2 name the same machine"):
+    with pytest.raises(DaemonInputError, match="nodes worker-1 and worker-2 (name the same machine|reach one BMC)"):
         load_addresses(str(p), AddressPolicy())
     got = AddressPolicy().resolve_all({n: ("", "") for n in ("worker-1", "worker-2", "worker-3")},
                                       {"worker-1": first, "worker-2": second, "worker-3": "ipmi://10.0.0.10"})
@@ -306,3 +312,23 @@ def test_credentials_that_are_not_utf8_are_one_line(tmp_path):
         p.chmod(0o600)
     with pytest.raises(CredentialsError, match="must be UTF-8 text"):
         Credentials.load(d)
+
+
+def test_several_nodes_may_be_mapped_to_none(tmp_path):
+    """``none`` (cordon only) switches no machine: two nodes mapped to it are no clash (a review: every ``none``
+    entry "named the same machine" and the map was refused)."""
+    from joulesched.live.nodepower import load_addresses
+
+    p = tmp_path / "map.yaml"
+    p.write_text("worker-1: none\nworker-2: none\n")
+    assert load_addresses(str(p), AddressPolicy()) == {"worker-1": "none", "worker-2": "none"}
+    got = AddressPolicy().resolve_all({"worker-1": ("", ""), "worker-2": ("", "")},
+                                      {"worker-1": "none", "worker-2": "none"})
+    assert got["worker-1"].address is not None and got["worker-2"].address is not None
+
+
+def test_the_maps_redfish_system_over_plain_http_is_the_same_machine():
+    pol = AddressPolicy.from_options(POLICY, allow_redfish_http=True)
+    out = resolve(pol, {"y": ("redfish+http://10.0.9.8/redfish/v1/Systems/1", ""), **{n: ("", "") for n in MAP}},
+                  MAP)
+    assert out["y"].address is None and "gives that machine to node r" in out["y"].refused, out["y"]
