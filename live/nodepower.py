@@ -1025,7 +1025,10 @@ class NodePowerController:
         # sleep's deadline shows that it kept running (_roll_back_if_running).
         if untouched or (not off_requested(e) and self._power(
                 Target(name, target.address, source=target.source, check=target.check,
-                       deadline=self.clock() + self.cfg.request_timeout_s)) == POWER_ON):
+                       deadline=self.clock() + self.cfg.request_timeout_s)) == POWER_ON
+                and self._withdraw_power_off(name, Target(name, target.address, source=target.source,
+                                                          check=target.check,
+                                                          deadline=self.clock() + self.cfg.request_timeout_s))):
             self._patch_node(name, state=AWAKE, cordon=False, taint=False)
             self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
                         f"sleep; it reports the machine on: uncordoned, retrying in {delay:g} s")
@@ -1037,6 +1040,22 @@ class NodePowerController:
             self._event(name, "Warning", "NodeSleepFailed", f"{self.actuator.name} could not put node {name} to "
                         f"sleep and cannot confirm it is on: kept cordoned and tainted, retrying in {delay:g} s")
 
+    def _withdraw_power_off(self, name: str, target: Target) -> bool:
+        """Before a node whose sleep failed is uncordoned: a power-off left standing with the machine's owner
+        (metal3's spec.online: false, a Rufio Job not yet run) would be carried out once it gets to it, pods and
+        all, so it is withdrawn first. False (the node stays cordoned) when that fails."""
+        cancel = getattr(self.actuator, "cancel_sleep", None)
+        if cancel is None:
+            return True
+        try:
+            cancel(target)
+            return True
+        except LostLeadership:
+            raise
+        except Exception as e:
+            log.warning("node %s: the power-off asked for could not be withdrawn (%s): it stays cordoned", name, e)
+            return False
+
     def _roll_back_if_running(self, name: str, term: int) -> bool:
         """After a sleep that failed unconfirmed: if the kubelet outlived a whole sleep's deadline, the machine
         kept running (a BMC that cannot be reached, an SSH suspend that never ran). Uncordon it rather than keep
@@ -1044,19 +1063,9 @@ class NodePowerController:
         info = self._node(name)
         if info is None or not info.ready or not self._alive_after_failed_sleep(name):
             return False
-        # A power-off left standing (metal3's spec.online: false) would be carried out once its owner gets to
-        # it, pods and all: withdrawn first, or the node stays cordoned and the sleep is retried.
-        cancel = getattr(self.actuator, "cancel_sleep", None)
         target = self._target(name, self.cfg.request_timeout_s, term)
-        if cancel is not None and target is not None:
-            try:
-                cancel(target)
-            except LostLeadership:
-                raise
-            except Exception as e:
-                log.warning("node %s kept running after a failed sleep, but the power-off asked for could not be "
-                            "withdrawn (%s): it stays cordoned", name, e)
-                return False
+        if target is not None and not self._withdraw_power_off(name, target):
+            return False
         self._recs[name].sleep_failed_at = None
         delay = self._backoff(name)
         self._patch_node(name, state=AWAKE, cordon=False, taint=False, wake_failed=False)

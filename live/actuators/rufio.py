@@ -127,10 +127,12 @@ class RufioActuator:
                     f"failed: {msg}" if cond == "Failed" else f"did not finish in {self.graceful_timeout_s:.0f} s")
                     + " (hard off not allowed)")
             target.before_force()  # never a hard off under a pod that landed on the node since the last check
-        cond, msg = self._job(target, "off", give_up)
-        if cond == "Failed":
-            e = ActuatorError(f"{target.node}: Rufio power-off failed: {msg}")
-            raise marked(e) if accepted else e
+            # Still under the soft off's mark: that Job may run yet, so a refused or failed hard off leaves the
+            # machine possibly going down (a review: a 429 here read as "not sent", the node was uncordoned, and
+            # the queued soft off switched it off later, pods and all).
+            cond, msg = self._job(target, "off", give_up)
+            if cond == "Failed":
+                raise ActuatorError(f"{target.node}: Rufio power-off failed: {msg}")
         with after_power_off():
             while self.state(target) != OFF:
                 if time.monotonic() > give_up:

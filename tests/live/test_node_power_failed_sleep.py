@@ -247,6 +247,29 @@ def test_rufio_a_power_off_job_whose_create_went_unanswered_is_marked_and_withdr
     assert objs.deleted == [name] and objs.jobs == {}
 
 
+def test_rufio_a_refused_hard_off_after_a_soft_off_that_may_run_is_marked():
+    """The soft off's Job was made and not run within the graceful timeout; the hard off's create is refused (a
+    429): the soft Job may still run, so the error is marked (a review: it read as "not sent", the controller saw
+    the machine on and uncordoned it, and Rufio later ran the soft off under the new pods)."""
+    from joulesched.live.actuators.rufio import RufioActuator
+
+    class Refusing(_RufioObjects):
+        def create(self, target, plural, body):
+            if body["spec"]["tasks"][0]["powerAction"] == "off":
+                raise ActuatorError(f"{target.node}: create jobs in ns: HTTP 429 Too Many Requests")
+            return super().create(target, plural, body)
+
+    act = RufioActuator(api_client=object(), poll_s=0.01, graceful_timeout_s=0.05)
+    act.objects = objs = Refusing()
+    t = _target("rufio://ns/m1")
+    with pytest.raises(ActuatorError, match="429") as e:
+        act.sleep(t)
+    assert off_requested(e.value)
+    (soft,) = objs.jobs
+    act.cancel_sleep(t)  # what the controller does before it uncordons a node whose sleep failed
+    assert objs.deleted == [soft]
+
+
 @pytest.mark.parametrize("stop, marked", [("accepted", True), ("refused", False), ("lost", True)])
 def test_aws_marks_the_errors_after_a_stop_it_may_have_done(monkeypatch, stop, marked):
     """A stop EC2 refused (ClientError) switched nothing off; an accepted one, or one whose answer never came
