@@ -27,7 +27,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from joulesched.core.net import insecure_libvirt_uri
-from joulesched.live.actuators.base import OFF, ON, TRANSITIONING, ActuatorError, AddressError, Target, redact
+from joulesched.live.actuators.base import (OFF, ON, TRANSITIONING, ActuatorError, AddressError, NoAnswer, Target, marked,
+                                            redact)
 
 try:
     import libvirt
@@ -113,12 +114,16 @@ class _Request:
         finally:
             self._done.set()
 
-    def result(self, target: Target, what: str) -> Any:
+    def result(self, target: Target, what: str, power_off: bool = False) -> Any:
+        """The call's value, or its error; given up at the target's deadline. ``power_off``: a call that may
+        still switch the machine off once given up (a managedSave waiting for the domain's job lock): the
+        error is then marked, since the machine may yet go down (:func:`off_requested`)."""
         while not self._done.wait(max(0.0, min(_POLL_S, target.deadline - time.monotonic()))):
             target.check()
             if time.monotonic() >= target.deadline:
-                raise ActuatorError(f"{target.node}: {what}: no answer by the action's deadline (left to finish "
-                                    "in the background)")
+                e = NoAnswer(f"{target.node}: {what}: no answer by the action's deadline (left to finish in the "
+                             "background)")
+                raise marked(e) if power_off else e
         if isinstance(self._error, ActuatorError):
             raise type(self._error)(str(self._error)) from None  # a fresh one per waiter
         if self._error is not None:
@@ -178,7 +183,7 @@ class LibvirtActuator:
         except _OpenFailed as e:
             raise ActuatorError(f"{target.node}: {where}: {e}") from None
 
-    def _call(self, target: Target, what: str, fn: Callable[[Any], Any]) -> Any:
+    def _call(self, target: Target, what: str, fn: Callable[[Any], Any], power_off: bool = False) -> Any:
         """``fn(domain)`` for the target's domain, in a worker, given up at the action's deadline."""
         target.checkpoint()
         conn = self._connection(target)
@@ -191,19 +196,20 @@ class LibvirtActuator:
             except libvirt.libvirtError as e:
                 raise ActuatorError(f"{target.node}: libvirt {self.uri} domain {name}: "
                                     f"{e.get_error_message()}") from None
+            target.checkpoint()  # never sent once the action has given up (its waiter told the controller so)
             try:
                 return fn(dom)
             except libvirt.libvirtError as e:
                 raise ActuatorError(f"{target.node}: {what} of {name}: {e.get_error_message()}") from None
 
-        return _Request(run, f"libvirt {what} {name}").result(target, f"{what} of {name}")
+        return _Request(run, f"libvirt {what} {name}").result(target, f"{what} of {name}", power_off)
 
     def sleep(self, target: Target) -> None:
         def save(dom) -> None:
             if dom.isActive():  # else already saved or off
                 dom.managedSave(0)
 
-        self._call(target, "managedSave", save)
+        self._call(target, "managedSave", save, power_off=True)
 
     def wake(self, target: Target) -> None:
         def start(dom) -> None:

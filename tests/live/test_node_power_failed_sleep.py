@@ -510,3 +510,56 @@ def test_a_resumed_sleep_that_finds_a_pod_keeps_a_node_whose_power_off_may_be_un
         assert ("sleep", "a") not in act.calls
     finally:
         ctl.stop()
+
+
+def test_libvirt_a_save_given_up_at_the_deadline_is_marked_and_one_not_yet_sent_never_is(monkeypatch):
+    """A managedSave waiting for the domain's job lock outlives the action's deadline and then runs: the error
+    is marked (a review: it read as "not sent", the domain still read running, the node was uncordoned and then
+    saved with its new pods). A save whose deadline passed before it was sent is not sent at all."""
+    import threading
+    import time
+
+    libvirt = pytest.importorskip("libvirt")
+    from joulesched.live.actuators.libvirt import LibvirtActuator
+
+    started, release = threading.Event(), threading.Event()
+    orig = libvirt.virDomain.managedSave
+
+    def slow(self, flags=0):
+        started.set()
+        release.wait(5)
+        return orig(self, flags)
+
+    monkeypatch.setattr(libvirt.virDomain, "managedSave", slow)
+    act = LibvirtActuator("test:///default")
+    addr = parse_address("libvirt:///test")
+    with pytest.raises(ActuatorError) as e:
+        act.sleep(Target("test", addr, deadline=time.monotonic() + 0.3))
+    assert started.is_set() and off_requested(e.value)
+    release.set()
+    t_end = time.monotonic() + 5
+    while act.state(Target("test", addr, deadline=time.monotonic() + 5)) != "off" and time.monotonic() < t_end:
+        time.sleep(0.02)  # the save given up on runs to its end: the machine goes down after all
+    assert act.state(Target("test", addr, deadline=time.monotonic() + 5)) == "off"
+
+    sent = []
+    monkeypatch.setattr(libvirt.virDomain, "managedSave", lambda self, flags=0: sent.append(1))
+    lookups = threading.Event()
+    orig_lookup = libvirt.virConnect.lookupByName
+
+    def slow_lookup(self, name):
+        time.sleep(0.4)  # past the deadline before the save is sent
+        lookups.set()
+        return orig_lookup(self, name)
+
+    fresh = LibvirtActuator("test:///default")
+    fresh.wake(Target("test", addr, deadline=time.monotonic() + 5))  # running again (restored from its save)
+    monkeypatch.setattr(libvirt.virConnect, "lookupByName", slow_lookup)
+    with pytest.raises(ActuatorError):
+        fresh.sleep(Target("test", addr, deadline=time.monotonic() + 0.2))
+    assert lookups.wait(2)
+    time.sleep(0.2)
+    assert sent == []
+    monkeypatch.setattr(libvirt.virConnect, "lookupByName", orig_lookup)
+    fresh.sleep(Target("test", addr, deadline=time.monotonic() + 5))  # in time, it is sent
+    assert sent == [1]
