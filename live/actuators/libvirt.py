@@ -27,8 +27,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from joulesched.core.net import insecure_libvirt_uri
-from joulesched.live.actuators.base import (OFF, ON, TRANSITIONING, ActuatorError, AddressError, NoAnswer, Target, marked,
-                                            redact)
+from joulesched.live.actuators.base import (
+    OFF,
+    ON,
+    TRANSITIONING,
+    ActuatorError,
+    AddressError,
+    NoAnswer,
+    Target,
+    marked,
+    redact,
+)
 
 try:
     import libvirt
