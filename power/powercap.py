@@ -205,7 +205,9 @@ class PowercapMeter(LoggedMeter):
                 gone.add(z.label)
                 why[z.label] = (f"{self._path_of[z.label]} has gone (package removed, RAPL driver unloaded?)"
                                 if isinstance(e, FileNotFoundError) else str(e))
-                self._bank.rebase(z.label)
+                if isinstance(e, FileNotFoundError):  # a counter that comes back has restarted: a new baseline
+                    self._bank.rebase(z.label)
+                # (an unreadable one has not: its next reading counts the whole gap from its last good one)
                 out[z.label] = uj_to_j(self._bank.total(z.label))
                 continue
             out[z.label] = uj_to_j(self._bank.update(z.label, raw, z.max_range_uj, now=now, units_per_joule=UJ_PER_J))
