@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import ReadTimeoutError
+from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 #: A watch that has sent nothing for this long, not even a BOOKMARK (the apiserver sends one about every minute
 #: to a watch that allows them), is given up and opened again; until then, at most this long counts as fresh. A
@@ -65,6 +65,7 @@ class Informer:
         #: with ``streaming`` it tells a quiet watch (healthy) from one that cannot reconnect (stale).
         self.last_contact = time.monotonic()
         self.streaming = False
+        self._reopening = False  # a watch that went quiet is being opened again
         self._stop = threading.Event()
         self._resp: Any = None
         self._thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
@@ -87,10 +88,11 @@ class Informer:
         self._thread.join(10)
 
     def stale_for(self) -> float:
-        """Seconds since the apiserver last answered; an open watch is fresh for :data:`WATCH_QUIET_S` after its
-        last chunk (a quiet watch is not stale, one silent for longer may be a dead connection)."""
+        """Seconds since the apiserver last answered; an open watch, and one being opened again after it went
+        quiet, are fresh for :data:`WATCH_QUIET_S` after its last chunk (a quiet watch is not stale, one silent
+        for longer may be a dead connection: it is opened again, and counts as stale if that fails)."""
         quiet = time.monotonic() - self.last_contact
-        return max(0.0, quiet - WATCH_QUIET_S) if self.streaming else max(0.0, quiet)
+        return max(0.0, quiet - WATCH_QUIET_S) if self.streaming or self._reopening else max(0.0, quiet)
 
     def _list(self) -> None:
         resp = self.list_fn(_preload_content=False, _request_timeout=30, **self.kwargs)
@@ -112,6 +114,7 @@ class Informer:
                 self._watch_once()
                 delay = self.retry_s
             except ApiException as e:
+                self._reopening = False
                 if self._stop.is_set():
                     break
                 if e.status == 410:
@@ -124,10 +127,7 @@ class Informer:
             except Exception as e:  # dropped stream, connection refused, half an event
                 if self._stop.is_set():
                     break
-                if isinstance(e, ReadTimeoutError) or isinstance(getattr(e, "__context__", None), ReadTimeoutError):
-                    # nothing for WATCH_QUIET_S, not even a bookmark: opened again at once, from where it was
-                    log.debug("%s: watch silent for %.0f s, opened again", self.name, WATCH_QUIET_S)
-                    continue
+                self._reopening = False
                 log.info("%s: watch interrupted (%s), resuming from %s", self.name, type(e).__name__,
                          self.resource_version)
                 self.resumes += 1
@@ -143,39 +143,51 @@ class Informer:
                             timeout_seconds=self.watch_timeout_s, _preload_content=False,
                             _request_timeout=(10, min(self.watch_timeout_s + 30, WATCH_QUIET_S)), **self.kwargs)
         self._resp = resp
-        self.last_contact, self.streaming = time.monotonic(), True
+        self.last_contact, self.streaming, self._reopening = time.monotonic(), True, False
         try:
             if self._stop.is_set():
                 return
-            for lines in _line_batches(resp):
-                self.last_contact = time.monotonic()
-                batch: list[tuple[str, dict]] = []
-                rv = ""
-                error = None
-                for line in lines:
-                    ev = json.loads(line)
-                    etype, obj = ev.get("type"), ev.get("object") or {}
-                    if etype == "ERROR":
-                        error = ApiException(status=int(obj.get("code") or 500),
-                                             reason=obj.get("message", "watch error"))
+            try:
+                for lines in _line_batches(resp):
+                    self._apply(lines)
+                    if self._stop.is_set():
                         break
-                    if etype in ("ADDED", "MODIFIED", "DELETED"):
-                        batch.append((etype, obj))
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                if batch:
-                    if self.on_events is not None:
-                        self.on_events(batch)
-                    else:
-                        for etype, obj in batch:
-                            self.on_event(etype, obj)
-                if rv:
-                    self.resource_version = rv  # applied: a resumed watch starts after it
-                if error is not None:
-                    raise error
-                if self._stop.is_set():
-                    break
+            except (ReadTimeoutError, ProtocolError) as e:
+                if self._stop.is_set() or not (isinstance(e, ReadTimeoutError)
+                                               or isinstance(e.__context__, ReadTimeoutError)
+                                               or any(isinstance(a, ReadTimeoutError) for a in e.args)):
+                    raise
+                # nothing for WATCH_QUIET_S, not even a bookmark: opened again at once, from where it was
+                log.debug("%s: watch silent for %.0f s, opening it again", self.name, WATCH_QUIET_S)
+                self._reopening = True
         finally:
             self.streaming = False
             self._resp = None
             resp.close()
             resp.release_conn()
+
+    def _apply(self, lines: list[bytes]) -> None:
+        """One chunk's events, in order; an ERROR event raises (after what came before it is applied)."""
+        self.last_contact = time.monotonic()
+        batch: list[tuple[str, dict]] = []
+        rv = ""
+        error = None
+        for line in lines:
+            ev = json.loads(line)
+            etype, obj = ev.get("type"), ev.get("object") or {}
+            if etype == "ERROR":
+                error = ApiException(status=int(obj.get("code") or 500), reason=obj.get("message", "watch error"))
+                break
+            if etype in ("ADDED", "MODIFIED", "DELETED"):
+                batch.append((etype, obj))
+            rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+        if batch:
+            if self.on_events is not None:
+                self.on_events(batch)
+            else:
+                for etype, obj in batch:
+                    self.on_event(etype, obj)
+        if rv:
+            self.resource_version = rv  # applied: a resumed watch starts after it
+        if error is not None:
+            raise error
