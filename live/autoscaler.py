@@ -357,17 +357,23 @@ class AutoscalerProvider:
         dup = next((n for n, c in Counter(names).items() if c > 1), None)
         if dup is not None:  # refused before any sleep starts: the second one would fail after the first began
             raise ProviderError("INVALID_ARGUMENT", f"node {dup} is listed twice")
-        running = [n for n in names if (i := self._instance(members[n])) is not None and i.state == "running"]
-        target, floor = self.target_size(group_id), self._group(group_id).min_size
-        if target - len(running) < floor:
+        instances = {n: self._instance(i) for n, i in members.items()}
+        waking = next((n for n in names if (i := instances[n]) is not None and i.state == "creating" and not i.error),
+                      None)
+        if waking is not None:  # reported deleted and left to wake, it would stay (and the target with it)
+            raise ProviderError("FAILED_PRECONDITION", f"node {waking} is being woken: it can be put to sleep once "
+                                "it is up")
+        running = [n for n in names if (i := instances[n]) is not None and i.state == "running"]
+        # What the group has or will have: running machines and wakes under way, not a wake that failed (the
+        # target counts it, so that the autoscaler hears of it; a review: it let the last running node go)
+        capacity = sum(1 for i in instances.values()
+                       if i is not None and (i.state == "running" or (i.state == "creating" and not i.error)))
+        floor = self._group(group_id).min_size
+        if capacity - len(running) < floor:
             raise ProviderError("FAILED_PRECONDITION", f"deleting {len(running)} nodes would take {group_id} "
-                                f"below its min size {floor} (target {target})")
+                                f"below its min size {floor} ({capacity} running or waking)")
         self._leading()
-        for n in names:
-            if n not in running:  # asleep (a failed wake the autoscaler gives up on) or already going
-                with self._lock:
-                    self._wake_requested.pop(n, None)
-                continue
+        for n in running:  # every node checked before any sleep starts: a refusal leaves none half done
             left = self.ctl.workload_pods_on(n)
             if left is None:
                 raise ProviderError("UNAVAILABLE", f"cannot read the pods of {n} or a DaemonSet they name; nothing "
@@ -375,9 +381,14 @@ class AutoscalerProvider:
             if left:
                 raise ProviderError("FAILED_PRECONDITION", f"node {n} still runs {len(left)} workload pods "
                                     f"(first {left[0]}): drain it first")
+        for n in names:
+            if n not in running:  # asleep (a failed wake the autoscaler gives up on) or already going
+                with self._lock:
+                    self._wake_requested.pop(n, None)
+                continue
             if not self.ctl.request_sleep(n):
                 raise ProviderError("FAILED_PRECONDITION", f"node {n} cannot be put to sleep now (protected, no "
-                                    "power address, or another action in flight)")
+                                    "power address, another action in flight, or max_sleeps_per_hour reached)")
             with self._lock:
                 self._wake_requested.pop(n, None)
         log.info("autoscaler: putting %s to sleep (group %s)", ", ".join(running) or "nothing", group_id)

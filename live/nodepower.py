@@ -138,8 +138,8 @@ class NodePowerConfig:
     :param wake_workers, sleep_workers: the bounded pools of wakes and of sleeps (drains and recoveries too).
     :param max_sleeps_per_hour: at most this many sleeps started over any sliding hour (0 = no limit): a bound
         on how many machines a misconfiguration or a bug can switch off, and on power cycles. Every sleep
-        started counts (a resumed one, a consolidated node's, the autoscaler provider's); only the controller's
-        own idle sleeps wait for room. Counted by this replica: a new leader starts with an empty hour.
+        started counts; the controller's own idle sleeps and the autoscaler provider's wait for room, a resumed
+        one and a node consolidation emptied go ahead. Counted by this replica: a new leader starts afresh.
     """
 
     policy: PowerPolicy = field(default_factory=PowerPolicy)
@@ -836,14 +836,16 @@ class NodePowerController:
     def request_sleep(self, name: str) -> bool:
         """Put ``name`` to sleep as the controller's own sleeps do (cordon, taint, settle, a fresh check that no
         workload pod is left, the actuator with its deadline). False when it is not awake, is protected (control
-        plane, never-sleep), has an action in flight, or has no usable power address."""
+        plane, never-sleep), has an action in flight, has no usable power address, or ``max_sleeps_per_hour``
+        leaves no room."""
         nodes, pods = self._snapshot()  # one copy of the cache for the whole check
         self._resolve(nodes)  # the addresses as of now (a reconcile may not have run since the cache changed)
         info = nodes.get(name)
         with self._lock:
             busy = name in self._busy
         if (info is None or info.power_state != AWAKE or busy
-                or self._never_slept(info, _keep_awake(pods, self.cfg.own_node))):
+                or self._never_slept(info, _keep_awake(pods, self.cfg.own_node))
+                or not self._sleep_room(name, self.clock())):
             return False
         self._start(name, "sleep", self._do_sleep)
         return True

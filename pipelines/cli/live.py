@@ -105,7 +105,8 @@ WakeTimeoutOpt = Annotated[float, float_option("--wake-timeout", min=1.0, help="
                                                "Ready before the next node is tried.")]
 MaxSleepsOpt = Annotated[int, typer.Option(
     "--max-sleeps-per-hour", min=0, help="At most this many sleeps started over any sliding hour (0 = no limit): "
-    "bounds how many machines a misconfiguration can switch off, and power cycles. Idle nodes wait for room.")]
+    "bounds how many machines a misconfiguration can switch off, and power cycles. Idle nodes and the autoscaler "
+    "provider's sleeps wait for room; a resumed sleep and a node consolidation emptied count but go ahead.")]
 RedfishCaOpt = Annotated[Optional[str], typer.Option("--redfish-ca", help="CA bundle for BMC certificates "
                                                      "(default: the system store; never unverified).")]
 ForceOffOpt = Annotated[bool, typer.Option("--force-off/--no-force-off", help="Allow a hard power-off when a "
@@ -226,7 +227,8 @@ def serve(
                          power_query=power_query, node_label=node_label, power_profiles=power_profiles,
                          metrics_interval=metrics_interval, energy_source=energy_source,
                          sleep_watts=node_sleep_watts, wake_s=node_wake_s),
-              node_power=_node_power_args(power) if node_power else None)
+              # (the controller's joules-saved and wake choices use the draw the scheduler is told of)
+              node_power={**_node_power_args(power), "sleep_watts": node_sleep_watts} if node_power else None)
 
 
 def _node_power_args(power: dict) -> dict:

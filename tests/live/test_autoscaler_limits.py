@@ -126,3 +126,70 @@ def test_deleting_a_node_listed_twice_is_refused_before_any_sleep(serve):
     stub.NodeGroupDeleteNodes(PB.NodeGroupDeleteNodesRequest(id="g", nodes=[PB.ExternalGrpcNode(name="w1")]),
                               timeout=5)
     assert ctl.slept == ["w1"]
+
+
+class _Controller:
+    """The controller as the provider sees it: two nodes of one group, w1 running and w2 asleep."""
+
+    class cfg:
+        dry_run, wake_timeout_s, request_timeout_s = False, 60.0, 5.0
+
+    def __init__(self) -> None:
+        from joulesched.cluster.kube.objects import NodeInfo
+        from joulesched.power.curves import SPECPOWER
+
+        curve = SPECPOWER["ibm-x3250-x3470"]
+        self.infos = {"w1": NodeInfo("w1", 4000, 8192, 110, curve, "d", provider_id="joulesched://w1"),
+                      "w2": NodeInfo("w2", 4000, 8192, 110, curve, "d", provider_id="joulesched://w2",
+                                     power_state="asleep", asleep=True)}
+        self.slept: list[str] = []
+        self.woken: list[str] = []
+        self.delegated = None
+
+    def node_infos(self):
+        return dict(self.infos)
+
+    def action_of(self, n):
+        return "sleep" if n in self.slept else ("wake" if n in self.woken else None)
+
+    def is_leader(self):
+        return True
+
+    def workload_pods_on(self, n):
+        return []
+
+    def request_sleep(self, n):
+        self.slept.append(n)
+        return True
+
+    def request_wake(self, n):
+        self.woken.append(n)
+        return True
+
+
+def test_a_failed_wake_is_no_capacity_and_a_waking_node_is_not_deleted():
+    """A review: the min-size check counted a wake that failed (reported "creating" with its error, so the
+    autoscaler hears of it) as a machine, and let the group's last running node go; and DeleteNodes of a node
+    being woken answered success while the wake went on."""
+    import dataclasses
+
+    from joulesched.live.autoscaler import AutoscalerProvider, ProviderConfig, ProviderError
+
+    ctl = _Controller()
+    p = AutoscalerProvider(ctl, ProviderConfig.model_validate({"groups": [{"id": "g", "nodes": ["w1", "w2"],
+                                                                           "min_size": 1}]}))
+    p.increase_size("g", 1)
+    ctl.woken.clear()  # w2's wake failed: the controller ended it and marked the node
+    ctl.infos["w2"] = dataclasses.replace(ctl.infos["w2"], wake_failed=True)
+    assert [(i.name, i.state, bool(i.error)) for i in p.instances("g")] == [("w1", "running", False),
+                                                                           ("w2", "creating", True)]
+    with pytest.raises(ProviderError, match="below its min size 1"):
+        p.delete_nodes("g", [("joulesched://w1", "w1")])
+    assert ctl.slept == []
+
+    ctl = _Controller()
+    p = AutoscalerProvider(ctl, ProviderConfig.model_validate({"groups": [{"id": "g", "nodes": ["w1", "w2"]}]}))
+    p.increase_size("g", 1)  # w2 is being woken
+    with pytest.raises(ProviderError, match="w2 is being woken"):
+        p.delete_nodes("g", [("joulesched://w2", "w2")])
+    assert ctl.slept == [] and p.target_size("g") == 2

@@ -239,6 +239,8 @@ def test_no_more_sleeps_start_in_an_hour_than_max_sleeps_per_hour(emu, machines,
     assert sum(asleep(emu, machines, n) for n in "abc") == 2
     assert sum(a == "sleep" for _, a, _ in ctl.actions) == 2
     assert "sleeps were started in the last hour (max_sleeps_per_hour)" in caplog.text
+    (left,) = [n for n in "abc" if not asleep(emu, machines, n)]
+    assert ctl.request_sleep(left) is False  # the autoscaler provider's sleeps wait for room too
 
 
 def test_control_plane_and_never_sleep_nodes_are_never_touched_and_min_awake_holds(emu, machines, kubelets,

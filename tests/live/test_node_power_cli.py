@@ -145,7 +145,7 @@ def test_serve_passes_every_node_power_option_to_the_controller(app, emu, tmp_pa
     r = CliRunner().invoke(app, [
         "serve", "--node-power", "--actuator", "redfish", "--no-force-off", "--redfish-ca", str(ca),
         "--max-sleeps-per-hour", "5", "--wake-timeout", "90", "--disruption-budget", "2",
-        "--max-evictions-per-hour", "7"])
+        "--max-evictions-per-hour", "7", "--node-sleep-watts", "30"])
     assert r.exit_code == 0, r.output
     daemon = _node_power_daemon(**seen["node_power"], kubeconfig=emu.kubeconfig(str(tmp_path / "kc")),
                                 context=None, status=False)
@@ -153,3 +153,4 @@ def test_serve_passes_every_node_power_option_to_the_controller(app, emu, tmp_pa
     assert redfish.force_off is False and redfish.verify == str(ca)
     assert daemon.cfg.max_sleeps_per_hour == 5 and daemon.cfg.wake_timeout_s == 90
     assert daemon.cfg.policy.max_evictions_per_hour == 7 and daemon.cfg.policy.budgets[0].nodes == "2"
+    assert daemon.cfg.sleep_watts == 30 and seen["cache"]["sleep_watts"] == 30  # one estimate for both
