@@ -30,6 +30,7 @@ class IpmiActuator:
         self.max_sessions = max_sessions
         self._sessions: OrderedDict[str, command.Command] = OrderedDict()
         self._lock = threading.Lock()
+        self._host_locks: dict[str, threading.Lock] = {}  # one per BMC host seen (as many as the nodes')
 
     def _cmd(self, target: Target, fresh: bool = False) -> command.Command:
         host = target.address.host
@@ -38,19 +39,28 @@ class IpmiActuator:
         if login is None:
             raise ActuatorError(f"{target.node}: no IPMI login for {host} in the credentials file")
         target.checkpoint()
+        # One lock per BMC for the login (seconds against a silent one), the shared one only for the table: a
+        # dead BMC must not hold up every other node's action past its deadline (a review: 5 s per dead BMC).
         with self._lock:
-            if fresh:
-                self._sessions.pop(host, None)
-            if host not in self._sessions:
+            host_lock = self._host_locks.setdefault(host, threading.Lock())
+        with host_lock:
+            with self._lock:
+                if fresh:
+                    self._sessions.pop(host, None)
+                c = self._sessions.get(host)
+            if c is None:
+                target.checkpoint()
                 try:
-                    self._sessions[host] = command.Command(bmc=bmc, userid=login.username, password=login.password,
-                                                           port=int(port or 623))
+                    c = command.Command(bmc=bmc, userid=login.username, password=login.password,
+                                        port=int(port or 623))
                 except (ipmi_exc.IpmiException, OSError) as e:
                     raise ActuatorError(f"{target.node}: IPMI {host}: {type(e).__name__}") from None
+            with self._lock:
+                self._sessions[host] = c
+                self._sessions.move_to_end(host)
                 while len(self._sessions) > self.max_sessions:
                     self._sessions.popitem(last=False)
-            self._sessions.move_to_end(host)
-            return self._sessions[host]
+            return c
 
     def _power(self, c: command.Command) -> str:
         return c.get_power().get("powerstate", "")
@@ -92,7 +102,8 @@ class IpmiActuator:
                                                 "soft off (hard off is not allowed)")
                         target.checkpoint()  # never a hard off once another replica leads
                         target.before_force()  # nor under a pod that landed on the node since the last check
-                        c.set_power("off", wait=int(target.budget(30)))
+                        # (at least 1 s: a wait of 0 returns at once, and an unconfirmed off read as done)
+                        c.set_power("off", wait=max(1, int(target.budget(30))))
                         break
                     target.pause(self.poll_s)
             except ipmi_exc.IpmiException as e:

@@ -137,6 +137,39 @@ def test_ipmi_against_a_pyghmi_bmc(bmc):
             nologin.wake(t)
 
 
+def test_ipmi_a_silent_bmc_holds_up_no_other_nodes_action(bmc):
+    """A BMC that answers nothing keeps its login waiting for seconds; that wait held the actuator's one lock,
+    so every other node's action waited too, past its deadline (a review: 5 s per dead BMC)."""
+    import time
+
+    host, state, a, _ = bmc
+    black = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    black.bind(("127.0.0.1", 0))  # receives and never answers
+    dead_host = f"127.0.0.1:{black.getsockname()[1]}"
+    creds = a.actuator.credentials  # (the module's actuator, its live BMC session open)
+    creds.hosts[dead_host] = Login("x", "y")
+    err: list[BaseException] = []
+
+    def sleep_dead() -> None:
+        try:
+            a.sleep(target("dead", f"ipmi://{dead_host}"))
+        except BaseException as e:  # noqa: BLE001 - what it raised is what we check
+            err.append(e)
+
+    th = threading.Thread(target=sleep_dead)
+    th.start()
+    try:
+        time.sleep(0.5)  # the dead BMC's login under way
+        t0 = time.monotonic()
+        assert a.state(target("n1", f"ipmi://{host}")) in (ON, OFF)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        th.join(30)
+        black.close()
+        del creds.hosts[dead_host]
+    assert err and isinstance(err[0], ActuatorError)
+
+
 # ---- Wake-on-LAN + SSH ------------------------------------------------------------------------------------
 def test_wake_on_lan_sends_the_magic_packet():
     port = free_port()
