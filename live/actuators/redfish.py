@@ -67,13 +67,36 @@ class RedfishActuator:
                 return False
             target.pause(self.poll_s)
 
+    @staticmethod
+    def _allowed(system) -> set:
+        """The ResetType values the system offers (its ``ResetType@Redfish.AllowableValues``; sushy gives every
+        value where the BMC lists none)."""
+        try:
+            return set(system.get_allowed_reset_system_values())
+        except sushy.exceptions.SushyError:
+            return set(sushy.ResetType)
+
     def sleep(self, target: Target) -> None:
         system = self._system(target)
         try:
             if system.power_state == sushy.PowerState.OFF:
                 return
+            allowed = self._allowed(system)
+            # A graceful off the system offers: GracefulShutdown, else a press of the power button (an ACPI
+            # shutdown); a BMC offering neither is switched off hard only where that is allowed (a review: some
+            # firmware has no GracefulShutdown, sushy refused it before sending, and no sleep ever worked).
+            soft = next((r for r in (sushy.ResetType.GRACEFUL_SHUTDOWN, sushy.ResetType.PUSH_POWER_BUTTON)
+                         if r in allowed), None)
+            if soft is None:
+                if not self.force_off or sushy.ResetType.FORCE_OFF not in allowed:
+                    raise ActuatorError(f"{target.node}: the BMC offers no graceful power-off (its ResetTypes: "
+                                        f"{', '.join(sorted(r.value for r in allowed)) or 'none'})"
+                                        + ("" if self.force_off else " and ForceOff is not allowed"))
+                target.checkpoint()
+                target.before_force()
+                soft = sushy.ResetType.FORCE_OFF
             target.checkpoint()
-            system.reset_system(sushy.ResetType.GRACEFUL_SHUTDOWN)
+            system.reset_system(soft)
         except sushy.exceptions.ConnectionError as e:  # no answer (a read timing out): it may have been done
             raise marked(ActuatorError(f"{target.node}: Redfish power off: {_why(e)}")) from None
         except sushy.exceptions.SushyError as e:  # an HTTP error: the BMC answered, and refused
@@ -83,9 +106,14 @@ class RedfishActuator:
             try:
                 if self._wait(target, system, sushy.PowerState.OFF, self.graceful_timeout_s):
                     return
+                if soft == sushy.ResetType.FORCE_OFF:
+                    raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after ForceOff")
                 if not self.force_off:
                     raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after "
-                                        "GracefulShutdown (ForceOff is not allowed)")
+                                        f"{soft.value} (ForceOff is not allowed)")
+                if sushy.ResetType.FORCE_OFF not in allowed:
+                    raise ActuatorError(f"{target.node}: still on {self.graceful_timeout_s:g} s after {soft.value}, "
+                                        "and the BMC offers no ForceOff")
                 target.checkpoint()  # a new leader may have woken the node meanwhile: never ForceOff for it
                 target.before_force()  # nor for a pod that landed on it since the last check
                 system.reset_system(sushy.ResetType.FORCE_OFF)
@@ -99,8 +127,14 @@ class RedfishActuator:
         try:
             if system.power_state in (sushy.PowerState.ON, sushy.PowerState.POWERING_ON):
                 return
+            allowed = self._allowed(system)
+            on = next((r for r in (sushy.ResetType.ON, sushy.ResetType.FORCE_ON, sushy.ResetType.PUSH_POWER_BUTTON)
+                       if r in allowed), None)
+            if on is None:
+                raise ActuatorError(f"{target.node}: the BMC offers no power-on (its ResetTypes: "
+                                    f"{', '.join(sorted(r.value for r in allowed)) or 'none'})")
             target.checkpoint()
-            system.reset_system(sushy.ResetType.ON)
+            system.reset_system(on)
         except sushy.exceptions.SushyError as e:
             raise ActuatorError(f"{target.node}: Redfish power on: {_why(e)}") from None
 

@@ -4,6 +4,7 @@ moto's EC2 server. (The libvirt actuator on a real QEMU guest: tests/infra/test_
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import threading
@@ -19,6 +20,7 @@ from joulesched.live.actuators.base import (
     AddressError,
     PowerAddress,
     Target,
+    off_requested,
     parse_address,
 )
 from joulesched.live.actuators.credentials import Credentials, Login
@@ -107,6 +109,89 @@ def test_redfish_against_sushy_emulator(tmp_path):
         plain = make_actuator("redfish", ActuatorOptions(credentials=Credentials(Login(user, password))))
         with pytest.raises(ActuatorError, match="allow-redfish-http"):
             plain.state(t)  # plain HTTP is refused before any connection unless the operator allows it
+
+
+class _FirmwareBmc:
+    """A Redfish BMC whose one system offers only ``allowed`` ResetTypes; an accepted reset sets its power state
+    (PushPowerButton toggles it). Plain HTTP on loopback, as a lab BMC is reached with --allow-redfish-http."""
+
+    def __init__(self, allowed: list[str]) -> None:
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        bmc = self
+        self.power, self.posts = "On", []
+        reset = "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a) -> None:
+                pass
+
+            def _send(self, code: int, body: dict | None = None) -> None:
+                data = json.dumps(body or {}).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                docs = {"/redfish/v1": {"@odata.id": "/redfish/v1", "Id": "RootService", "RedfishVersion": "1.0.0",
+                                        "Systems": {"@odata.id": "/redfish/v1/Systems"}},
+                        "/redfish/v1/Systems/1": {
+                            "@odata.id": "/redfish/v1/Systems/1", "Id": "1", "PowerState": bmc.power,
+                            "Actions": {"#ComputerSystem.Reset": {
+                                "target": reset, "ResetType@Redfish.AllowableValues": allowed}}}}
+                p = self.path.rstrip("/")
+                self._send(200, docs[p]) if p in docs else self._send(404)
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path != reset:  # a session login: none here, basic auth it is
+                    self._send(404)
+                    return
+                kind = json.loads(body)["ResetType"]
+                bmc.posts.append(kind)
+                bmc.power = {"On": "On", "ForceOn": "On", "ForceOff": "Off", "GracefulShutdown": "Off",
+                             "PushPowerButton": "Off" if bmc.power == "On" else "On"}[kind]
+                self._send(204)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.address = f"redfish+http://127.0.0.1:{self.server.server_port}/redfish/v1/Systems/1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("allowed, force_off, sleep_sent, wake_sent", [
+    (["On", "ForceOff", "ForceRestart", "Nmi", "PushPowerButton"], True, ["PushPowerButton"], ["On"]),
+    (["ForceOn", "ForceOff", "GracefulShutdown"], True, ["GracefulShutdown"], ["ForceOn"]),
+    (["On", "ForceOff"], True, ["ForceOff"], ["On"]),
+    (["On", "ForceOff"], False, None, None),
+])
+def test_redfish_uses_the_reset_types_the_system_offers(allowed, force_off, sleep_sent, wake_sent):
+    """A review: GracefulShutdown and On were hard-coded, and sushy refused them before sending where the firmware
+    does not list them (some offer PushPowerButton only), so no sleep ever worked there."""
+    from joulesched.live.actuators.redfish import RedfishActuator
+
+    bmc = _FirmwareBmc(allowed)
+    try:
+        a = RedfishActuator(Credentials(default=Login("u", "p")), allow_http=True, force_off=force_off,
+                            graceful_timeout_s=1, poll_s=0.05)
+        t = Target("n1", parse_address(bmc.address), deadline=math.inf)
+        if sleep_sent is None:  # no graceful off offered and no hard off allowed: nothing is sent
+            with pytest.raises(ActuatorError, match="offers no graceful power-off") as e:
+                a.sleep(t)
+            assert bmc.posts == [] and not off_requested(e.value)
+            return
+        a.sleep(t)
+        assert bmc.posts == sleep_sent and a.state(t) == OFF
+        a.wake(t)
+        assert bmc.posts == sleep_sent + wake_sent and a.state(t) == ON
+    finally:
+        bmc.close()
 
 
 # ---- IPMI -------------------------------------------------------------------------------------------------

@@ -64,6 +64,11 @@ class _FakeSystem:
         self.power_state = sushy.PowerState.ON
         self.reset = reset
 
+    def get_allowed_reset_system_values(self) -> set:
+        import sushy
+
+        return set(sushy.ResetType)
+
     def reset_system(self, kind) -> None:
         import sushy
 
@@ -104,6 +109,9 @@ def test_redfish_asks_before_a_forceoff_whether_a_pod_landed(monkeypatch, landed
     class StaysOn:
         power_state = sushy.PowerState.ON
         resets: list = []
+
+        def get_allowed_reset_system_values(self) -> set:
+            return set(sushy.ResetType)
 
         def reset_system(self, kind) -> None:
             self.resets.append(kind)
