@@ -619,7 +619,8 @@ class Scheduler:
             asleep = info is not None and info.asleep
             if awake:
                 self.cache.assume(p.entry.uid, name)
-            elif asleep:  # its room on the node it waits for is taken, as kube-scheduler counts a nominated pod
+            elif asleep and self.is_leader():  # its room on the node it waits for is taken, as kube-scheduler
+                # counts a nominated pod (not once leadership is lost: the release of every reservation is done)
                 self.cache.reserve(p.entry.uid, name)
         finally:
             p.unlock(self.cache.lock)
