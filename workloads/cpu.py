@@ -55,6 +55,7 @@ class CpuLoad:
         self.duration_s = duration_s
         self._stop = _CTX.Event()
         self._procs: list[mp.process.BaseProcess] = []
+        self.error: str | None = None  # a worker that ended early
 
     def start(self) -> None:
         parent = os.getpid()
@@ -65,11 +66,16 @@ class CpuLoad:
 
     def stop(self) -> None:
         self._stop.set()
+        # A worker that ended by itself before the stop (killed, OOM) delivered less than asked: the run failed.
+        died = [p for p in self._procs if not p.is_alive() and p.exitcode not in (None, 0)]
         for p in self._procs:
             p.join(timeout=2 * PERIOD_S + 1)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=1)
+        if died and self.error is None:
+            self.error = (f"{len(died)} of {len(self._procs)} CPU workers ended early (exit codes "
+                          f"{', '.join(str(p.exitcode) for p in died)}): less CPU than asked")
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p.pid is not None]
@@ -77,5 +83,6 @@ class CpuLoad:
     def stats(self) -> dict[str, Any]:
         return {
             "millicores": self.millicores,
-            "workers": [{"pid": p.pid, "alive": p.is_alive()} for p in self._procs],
+            "workers": [{"pid": p.pid, "alive": p.is_alive(), "exitcode": p.exitcode} for p in self._procs],
+            "error": self.error,
         }

@@ -13,6 +13,7 @@ address it checked, so DNS cannot re-point a running stream at a refused address
 from __future__ import annotations
 
 import http.client
+import math
 import os
 import socket
 import threading
@@ -25,6 +26,9 @@ from joulesched.workloads.pacing import NET_CHUNK, TokenBucket, chunk_size
 
 SEND_TIMEOUT_S = 5.0
 RETRY_S = 1.0
+#: A load that ran at least SHORTFALL_MIN_S and sent less than SHORTFALL of the rate asked failed (the pacing's
+#: start-up and a reconnect's pause stay well inside the margin).
+SHORTFALL, SHORTFALL_MIN_S = 0.8, 2.0
 
 
 def paced_stream(mbps: float, seconds: float, stop: threading.Event, counter: list[int]) -> Iterator[bytes]:
@@ -52,7 +56,9 @@ class NetworkLoad:
         self._sent = [0]
         self.connections = 0
         self.last_error: str | None = None  # a connection that failed and was retried
-        self.error: str | None = None  # what ended the load early
+        self.error: str | None = None  # what ended the load early, or a rate far short of the one asked
+        self._began: float | None = None
+        self._end = math.inf
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="network-blocker", daemon=True)
@@ -79,29 +85,56 @@ class NetworkLoad:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _stream(self) -> None:
-        end = time.monotonic() + self.duration_s
+        self._began = time.monotonic()
+        end = self._end = self._began + self.duration_s
         while not self._stop.is_set() and time.monotonic() < end:
+            before = self._sent[0]
             try:
                 conn = self._connect()
                 self.connections += 1
                 try:
                     left = end - time.monotonic()
-                    for block in paced_stream(self.mbps, left, self._stop, self._sent):
-                        conn.send(b"%x\r\n%s\r\n" % (len(block), block))
-                    conn.send(b"0\r\n\r\n")
-                    conn.getresponse().read()
+                    try:
+                        for block in paced_stream(self.mbps, left, self._stop, self._sent):
+                            conn.send(b"%x\r\n%s\r\n" % (len(block), block))
+                        conn.send(b"0\r\n\r\n")
+                    except OSError as exc:  # the target may have answered and closed: its status says why
+                        raise http.client.HTTPException(f"{type(exc).__name__}: {exc}{self._early_status(conn)}")
+                    resp = conn.getresponse()
+                    resp.read()
+                    if not 200 <= resp.status < 300:  # a 404, 413 or 429: nothing it got counts as load
+                        raise http.client.HTTPException(f"HTTP {resp.status} {resp.reason} from {self.target}")
                 finally:
                     conn.close()
             except (OSError, ValueError, http.client.HTTPException) as exc:
+                # Bytes the target did not accept are no load (a review: a 404 answered at once was counted
+                # as sent on every reconnect, and the run "completed").
+                self._sent[0] = before
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self._stop.wait(RETRY_S)
 
+    @staticmethod
+    def _early_status(conn: http.client.HTTPConnection) -> str:
+        """The status of a reply the target sent before it closed the connection (", HTTP 404 ..."), or ""."""
+        try:
+            resp = conn.getresponse()
+            return f", HTTP {resp.status} {resp.reason}"
+        except Exception:  # noqa: BLE001 - nothing to read: the error says enough
+            return ""
+
     def stop(self) -> None:
+        stopped = time.monotonic()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=SEND_TIMEOUT_S + 2)
         if self.error is None and self._sent[0] == 0 and self.last_error:  # retried all along: no load was made
             self.error = f"nothing sent to {self.target}: {self.last_error}"
+        active = min(stopped, self._end) - self._began if self._began is not None else 0.0
+        if self.error is None and active >= SHORTFALL_MIN_S:
+            got = self._sent[0] * 8 / 1e6 / active
+            if got < SHORTFALL * self.mbps:  # the link, the target or this host could not carry it
+                self.error = (f"sent {got:.1f} Mbit/s of the {self.mbps:g} asked to {self.target}"
+                              + (f" (last error: {self.last_error})" if self.last_error else ""))
 
     def stats(self) -> dict[str, Any]:
         return {

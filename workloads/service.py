@@ -177,8 +177,8 @@ class BlockerService:
             started: list[Load] = []
             try:
                 for load in run.loads.values():
-                    load.start()
-                    started.append(load)
+                    started.append(load)  # before start(): one that fails half started (a worker forked, the
+                    load.start()  # next refused) is stopped too (a review: its workers spun on, unreachable)
             except Exception as exc:
                 for load in started:
                     load.stop()

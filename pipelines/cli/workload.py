@@ -168,7 +168,7 @@ def jmeter(
     launcher: Annotated[str, typer.Option(help="auto | jmeter | debian-2.13 (see workloads/jmeter/xstream-allow.bsh).")] = "auto",
     workdir: Annotated[Optional[Path], typer.Option(help="Keep results.jtl and jmeter.log here (default: a temp dir, removed).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    max_error_rate: MaxErrorOpt = 0.5,
+    max_error_rate: MaxErrorOpt = 0.01,
 ) -> None:
     """Run JMeter headless against TARGET and report p50/p95/p99 latency, throughput and error rate."""
     from joulesched.workloads.load import jmeter as driver
@@ -199,7 +199,7 @@ def locust(
     duration: Annotated[int, typer.Option(min=1, max=86_400, help="Seconds to run.")] = 10,
     workdir: Annotated[Optional[Path], typer.Option(help="Keep Locust's per-request samples here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    max_error_rate: MaxErrorOpt = 0.5,
+    max_error_rate: MaxErrorOpt = 0.01,
 ) -> None:
     """Run Locust headless against TARGET; same report as `load jmeter`, for machines without Java."""
     from joulesched.workloads.load import locust as driver

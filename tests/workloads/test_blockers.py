@@ -166,6 +166,66 @@ def test_a_network_load_that_sent_nothing_failed(serve):
     assert last["loads"]["network"]["error"].startswith(f"nothing sent to http://127.0.0.1:{port}/sink: ")
 
 
+def test_a_network_load_its_target_refuses_failed(serve):
+    """A target that answers 404 (a wrong path) and closes: every reconnect's bytes were counted as sent and the
+    run read "duration elapsed" (a review). Bytes the target did not accept are no load, and the status says
+    why."""
+    sender = serve("network")
+    sink = serve("network")
+    _start(sender, {"duration_s": 2, "net_mbps": 8, "net_target": sink.url + "/nope"})
+    assert wait_for(lambda: sender.get("/status").json()["state"] == "idle", timeout=15)
+    net = sender.get("/status").json()["last_run"]
+    assert net["end_reason"] == "a load failed" and net["loads"]["network"]["bytes_sent"] == 0
+    assert "404" in net["loads"]["network"]["error"], net
+    assert sink.get("/status").json()["sink_bytes"] == 0
+
+
+def test_a_network_load_far_short_of_its_rate_failed():
+    """Asked more than the path carries, it used to end "duration elapsed" at a fraction of the rate."""
+    from joulesched.workloads.network import NetworkLoad
+
+    load = NetworkLoad(100.0, "http://127.0.0.1:9/sink", duration_s=5)
+    load._began, load._end = time.monotonic() - 2.5, time.monotonic() + 2.5  # 2.5 s in, having sent 1 MB
+    load._sent[0] = 1_000_000
+    load.stop()
+    assert load.error is not None and load.error.startswith("sent 3.2 Mbit/s of the 100 asked")
+
+
+def test_a_cpu_worker_that_dies_fails_the_run_and_a_half_started_load_is_stopped(monkeypatch):
+    """A worker killed (OOM, a signal) left the run "duration elapsed"; and a load whose second worker could
+    not be forked (a pids limit) answered 500 while its first spun on, out of /stop's reach (a review)."""
+    import os
+    import signal
+
+    from joulesched.workloads import cpu
+    from joulesched.workloads.service import BlockerService, BadRequest
+
+    load = cpu.CpuLoad(300, duration_s=10)
+    load.start()
+    try:
+        os.kill(load.pids()[0], signal.SIGKILL)
+        assert wait_for(lambda: not load._procs[0].is_alive(), timeout=5)
+    finally:
+        load.stop()
+    assert load.stats()["error"].startswith("1 of 1 CPU workers ended early")
+
+    made: list = []
+    real = cpu._CTX.Process
+
+    def second_fails(*a, **kw):
+        if made:
+            raise OSError(11, "Resource temporarily unavailable")
+        made.append(real(*a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(cpu._CTX, "Process", second_fails)
+    svc = BlockerService("cpu")
+    with pytest.raises(BadRequest, match="could not start the load"):
+        svc.start({"duration_s": 30, "cpu_m": 1500})
+    assert made and wait_for(lambda: not made[0].is_alive(), timeout=5)  # the first worker was stopped too
+    assert svc.status()["state"] == "idle"
+
+
 def test_a_memory_load_stops_when_memory_goes_and_says_what_it_held():
     from joulesched.workloads.memory import CHUNK_MIB, MemoryLoad
 
