@@ -127,9 +127,11 @@ def bmc_host(addr: PowerAddress) -> str | None:
 
 
 def protocol_clash(entries: Mapping[str, PowerAddress]) -> tuple[str, str, str] | None:
-    """Two nodes whose addresses reach one BMC host by different protocols (IPMI and Redfish: a copy-paste slip
-    that would let an idle node switch off the other's machine), as (node, other node, host); else None. The
-    same protocol on one host is allowed (VirtualBMC serves a VM per port, sushy-tools a system per path)."""
+    """Two nodes whose addresses reach one BMC host by different protocols (IPMI and Redfish), as (node, other
+    node, host); else None. Applied where a node's own annotation is involved: a real BMC serves both protocols
+    for one machine, so an annotation may not reach the map's BMC by the other one. The operator's map may (a
+    hypervisor serving VirtualBMC for some guests and sushy-tools for others), as may one protocol on one host
+    (VirtualBMC serves a VM per port, sushy-tools a system per path)."""
     seen: dict[str, dict[str, str]] = {}
     for name, a in entries.items():
         host = bmc_host(a)
@@ -230,10 +232,6 @@ class AddressPolicy:
                 if other != name:  # two entries switch one machine: an idle node would switch off the other's
                     clash[name], clash[other] = other, name
             parsed[name] = a
-        while (found := protocol_clash(parsed)) is not None:
-            clash[found[0]], clash[found[1]] = found[1], found[0]
-            for n in found[:2]:
-                parsed.pop(n, None)
         for name, other in clash.items():
             parsed.pop(name, None)
             out[name] = Resolved(None, "map", f"its address names the same machine as node {other}'s: neither is used")
