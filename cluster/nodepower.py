@@ -112,7 +112,7 @@ class DisruptionBudget:
             return True
         from croniter import croniter
 
-        t = datetime.fromtimestamp(wall_s, timezone.utc)
+        t = datetime.fromtimestamp(math.floor(wall_s), timezone.utc)  # whole seconds: 08:59:59.5 is before 09:00
         prev = croniter(self.schedule, t + timedelta(seconds=1)).get_prev(datetime)  # the last tick at or before t
         return (t - prev).total_seconds() < self.duration_s
 

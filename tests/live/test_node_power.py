@@ -949,3 +949,58 @@ def test_label_selectors_know_only_their_own_operators(selector, labels, pdb, ds
 
     assert selector_matches(selector, labels, empty_matches=True) is pdb
     assert selector_matches(selector, labels, empty_matches=False) is ds
+
+
+def _consolidating(emu, **kw) -> NodePowerController:
+    cfg = NodePowerConfig(policy=PowerPolicy(sleep_after_s=600, consolidate=True, consolidate_interval_s=0.3,
+                                             restart_s=1, **kw), leader_elect=False, resync_s=0.05, settle_s=0.1,
+                          retry_initial_s=30, retry_max_s=60.0, drain_timeout_s=5.0, sleep_timeout_s=5.0, poll_s=0.02,
+                          lease_namespace="default")
+    return NodePowerController(api_client_for(emu.url), make_actuator("none", ActuatorOptions()), cfg).start()
+
+
+def test_consolidation_evicts_no_pod_whose_room_it_cannot_count_nor_more_than_a_pdb_allows(emu):
+    """A review: a pod asking for a device plugin's resource was evicted to a node whose only one was in use (its
+    replacement stayed Pending, its node asleep); and two pods under a PDB allowing one disruption were both
+    planned, the second refused (429) after the first was restarted for nothing."""
+    from tests.support.kube_emulator import make_node
+
+    for n in "ab":
+        node = make_node(n)
+        for f in ("capacity", "allocatable"):
+            node["status"][f]["example.com/dongle"] = "1"
+        emu.add_object("nodes", node)
+    emu.add_node("c")
+
+    def dongle(name: str, node: str, owner: str) -> dict:
+        p = make_pod(name, cpu="500m", node_name=node, owner=owner, scheduler_name="default-scheduler")
+        p["spec"]["containers"][0]["resources"]["requests"]["example.com/dongle"] = "1"
+        return p
+
+    emu.add_object("pods", dongle("pin", "b", ""), "default")  # b's dongle in use; b is no candidate
+    emu.add_object("pods", dongle("d-1", "a", "ReplicaSet"), "default")
+    emu.add_pod("hold", cpu="1", node_name="c")  # c is no candidate either
+    for k in (1, 2):
+        emu.add_pod(f"web-{k}", cpu="100m", node_name="c", owner="ReplicaSet", labels={"app": "web"},
+                    scheduler_name="default-scheduler")
+    emu.add_pdb("web", match_labels={"app": "web"}, max_unavailable=1)
+    ctl = _consolidating(emu)
+    time.sleep(2.0)
+    ctl.stop()
+    assert emu.evictions == [] and not any(a == "drain" for _, a, _ in ctl.actions)
+
+
+def test_a_drain_backs_off_and_two_drains_never_outrun_the_eviction_budget(emu):
+    """A review: evictions were counted when a drain ended, so a second drain planned meanwhile took 4 of a budget
+    of 3; one drain at a time now."""
+    for n in "abc":
+        emu.add_node(n)
+    emu.add_pod("pin", cpu="1", node_name="c")
+    for n in "ab":
+        for k in (1, 2):
+            emu.add_pod(f"{n}-web-{k}", cpu="500m", node_name=n, owner="ReplicaSet", scheduler_name="default-scheduler")
+    emu.faults.add("slow", "create-eviction:pods", times=-1, delay_s=0.6)
+    ctl = _consolidating(emu, max_evictions_per_hour=3)
+    time.sleep(3.0)
+    ctl.stop()
+    assert 0 < len(emu.evictions) <= 3, emu.evictions
