@@ -61,6 +61,7 @@ class Clairvoyant(LifetimeAware):
     """
 
     name = "clairvoyant"
+    twin_only = True  # it reads the twin's true pod lifetimes: a cluster refuses it before anything starts
     uses_meta = False  # it reads the twin, not the pod's metadata
     #: It must be handed the twin it runs in (``attach``), also where it is only a teacher (agent/train.py).
     reads_twin = True

@@ -137,6 +137,11 @@ class DQNPolicy:
     def scorer(self) -> Scorer:
         return self
 
+    @property
+    def twin_only(self) -> bool:
+        """Whether it reads what only the twin knows (schema 1: pods' true end times); a cluster refuses it."""
+        return self.schema < 2
+
     # ---- the predictor's feed -----------------------------------------------------------------------------
     def attach(self, backend: object) -> None:
         """Before a run (``run_policy``): a fresh predictor, subscribed to ``backend``'s pod events: the twin's

@@ -297,3 +297,13 @@ def make_policy(spec: str) -> Policy:
         raise PolicyError(f"policy {name!r}: bad option ({ex})") from None
     pol.name = canonical_spec(spec)
     return pol
+
+
+def refuse_twin_only(policy: object, spec: str) -> None:
+    """Raise :class:`PolicyError` for a policy that runs in the twin only (``twin_only``: a schema-1 model, the
+    clairvoyant rule), before a cluster run starts anything (its ``attach`` would refuse it only once the
+    scheduling loop ran, leaving a process that schedules nothing)."""
+    if getattr(policy, "twin_only", False):
+        raise PolicyError(f"policy {spec!r} reads what only the twin knows (pods' true end times): it runs in the "
+                          "twin only (benchmark, training), not on a cluster; serve a schema-2 or later model "
+                          "(models/v2.pt) or a heuristic")

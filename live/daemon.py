@@ -153,7 +153,7 @@ class SchedulerDaemon:
                  leader_elect: bool = True, lease_namespace: Optional[str] = None, bind_workers: int = 4,
                  seed: int = 0, cache: CacheOptions | None = None, sample_pct: Optional[int] = None,
                  batch: int = 8, event_writer: str = "process") -> None:
-        from joulesched.agent.registry import make_policy
+        from joulesched.agent.registry import make_policy, refuse_twin_only
         from joulesched.live.events import EVENT_WRITERS
         from joulesched.live.scheduler import Scheduler, ServeConfig, StatusServer
 
@@ -167,6 +167,7 @@ class SchedulerDaemon:
             raise DaemonInputError(f"--event-writer {event_writer!r} must be process or thread")
         parse_listen(listen)
         pol = make_policy(policy)
+        refuse_twin_only(pol, policy)
         self.policy_spec = policy
         self.cache = build_cache(cache or CacheOptions())
         self.cfg = ServeConfig(scheduler_name=scheduler_name, seed=seed, leader_elect=leader_elect,
@@ -204,11 +205,12 @@ class ExtenderDaemon:
 
     def __init__(self, *, policy: str, listen: str = "127.0.0.1:8888", seed: int = 0,
                  cache: CacheOptions | None = None) -> None:
-        from joulesched.agent.registry import make_policy
+        from joulesched.agent.registry import make_policy, refuse_twin_only
         from joulesched.live.extender import Extender, ExtenderServer
 
         parse_listen(listen)
         pol = make_policy(policy)
+        refuse_twin_only(pol, policy)
         self.policy_spec = policy
         self.cache = build_cache(cache or CacheOptions())
         self.extender = Extender(self.cache, pol, seed=seed)

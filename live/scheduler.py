@@ -84,7 +84,7 @@ import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from joulesched.agent.kube_scoring import num_nodes_to_score
-from joulesched.agent.policy import Policy
+from joulesched.agent.policy import Policy, PolicyError
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.backend import Decision
 from joulesched.cluster.kube.cache import KubeCache
@@ -322,6 +322,7 @@ class Scheduler:
         #: seconds, decision + binding request, of successful attempts (a uniform sample)
         self.latency = LatencyReservoir(self.cfg.latency_reservoir, seed=self.cfg.seed)
         self._alive = time.monotonic()
+        self.loop_error = ""  # why the scheduling loop ended by itself (it never should)
         self._sample_start = 0
         torch = sys.modules.get("torch")
         self._torch_threads = torch.get_num_threads() if torch is not None else 0
@@ -395,8 +396,9 @@ class Scheduler:
         loop = time.monotonic() - self._alive
         return [("informers", stale <= self.cfg.informer_stale_s,
                  f"no answer from the apiserver for {stale:.0f} s" if stale else "watching"),
-                ("scheduling-loop", loop < self.cfg.loop_stale_s and not self._stop.is_set(),
-                 "stopped" if self._stop.is_set() else f"last turn {loop:.1f} s ago")]
+                ("scheduling-loop", loop < self.cfg.loop_stale_s and not self._stop.is_set() and not self.loop_error,
+                 f"ended: {self.loop_error}" if self.loop_error else "stopped" if self._stop.is_set()
+                 else f"last turn {loop:.1f} s ago")]
 
     def readiness_checks(self) -> list[tuple[str, bool, str]]:
         """``/readyz``: informer sync, and leadership. A standby whose Lease calls are answered is ready (it
@@ -536,7 +538,11 @@ class Scheduler:
             torch.set_num_threads(self._torch_threads)
         # run_policy warms the policy first (compiled code built on this thread before begin(), not under the
         # cache lock in the first decision's reset).
-        run_policy(self, self.policy, self.cfg.seed)
+        try:
+            run_policy(self, self.policy, self.cfg.seed)
+        except Exception as e:  # the policy refused this backend (attach), or a bug: said now, not 30 s later
+            self.loop_error = f"{type(e).__name__}: {e}"
+            log.error("the scheduling loop ended: %s", self.loop_error, exc_info=not isinstance(e, PolicyError))
 
     def begin(self) -> None:
         """Nothing to reset: decisions wait for the caches (:meth:`next_decision`)."""

@@ -441,7 +441,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     from kubernetes import client as k8s
     from prometheus_api_client import PrometheusConnect
 
-    from joulesched.agent.registry import DEFAULT_POLICIES, make_policy
+    from joulesched.agent.registry import DEFAULT_POLICIES, make_policy, refuse_twin_only
     from joulesched.cluster.kube.client import load_api_client
     from joulesched.live.actuators.base import redact
     from joulesched.core.net import check_http_url as check_url
@@ -472,7 +472,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     if not policies or len(set(policies)) != len(policies):
         raise KubePipelineError("give each --policy once, at least one")
     for p in policies:
-        make_policy(p)  # a bad spec fails before anything is created
+        refuse_twin_only(make_policy(p), p)  # a bad spec, or one for the twin only, fails before anything is made
     for a in apps:
         if a not in APPS:
             raise KubePipelineError(f"unknown app {a!r}; expected one of {', '.join(APPS)}")

@@ -157,3 +157,38 @@ def test_a_watch_on_a_connection_that_went_silent_is_opened_again(emu, monkeypat
         lst.shutdown(socket.SHUT_RDWR)  # wakes the accept()
         lst.close()
         acceptor.join(5)
+
+
+@pytest.mark.parametrize("command, spec", [("serve", "dqn=models/small.pt"), ("serve", "clairvoyant"),
+                                           ("extender", "dqn=models/small.pt")])
+def test_a_policy_for_the_twin_only_is_refused_before_anything_starts(command, spec):
+    """A review: `serve --policy dqn=models/small.pt` started the cache, the Lease and /healthz, then its loop
+    thread died on the refusal in attach(): a process that scheduled nothing and looked healthy for 30 s."""
+    from typer.testing import CliRunner
+
+    from joulesched.pipelines.cli import app
+
+    r = CliRunner().invoke(app, [command, "--policy", spec, "--kubeconfig", "/nonexistent/kubeconfig"])
+    assert r.exit_code == 2 and "runs in the twin only" in r.output, r.output
+
+
+def test_a_scheduling_loop_that_ends_says_so_in_healthz_at_once(emu, scheduler):
+    class Refuses:
+        name, scorer = "refuses", None
+
+        def attach(self, backend) -> None:
+            from joulesched.agent.policy import PolicyError
+
+            raise PolicyError("this policy cannot run here")
+
+        def reset(self, st, rng) -> None:
+            pass
+
+        def choose(self, st, pod, mask):
+            return 0
+
+    emu.add_node("n1")
+    s = scheduler(Refuses()).start()
+    wait_until(lambda: not s._loop_thread.is_alive(), 10, "the loop ended")
+    checks = {name: (ok, why) for name, ok, why in s.health_checks()}
+    assert checks["scheduling-loop"] == (False, "ended: PolicyError: this policy cannot run here")
