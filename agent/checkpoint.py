@@ -104,8 +104,8 @@ def save_checkpoint(path: str | Path, agent: DQN, training: dict, reward: dict |
         "training": {**training, "updates": agent.updates}, "tensors_sha256": tensors_digest(tensors),
     }
     with atomic_path(path) as tmp:  # a model is an ordinary file: the umask's mode, not mkstemp's 0600
-        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
-    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta, sort_keys=True, allow_nan=False)})
+    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=2, sort_keys=True, allow_nan=False) + "\n")
     return path
 
 
@@ -186,7 +186,8 @@ def _metadata(path: Path, header: dict) -> dict:
     if len(raw) > MAX_META_BYTES:
         raise PolicyError(f"{path}: corrupt model metadata ({len(raw):,} bytes, at most {MAX_META_BYTES:,})")
     try:
-        meta = json.loads(raw)
+        meta = json.loads(raw, parse_constant=_no_constant)  # NaN and Infinity are no JSON (a review: they
+        # were read, and `test --json` then wrote them back out, which no strict parser reads)
     except (ValueError, RecursionError) as e:  # also too deep a nesting, or an integer of too many digits
         raise PolicyError(f"{path}: corrupt model metadata ({str(e)[:200] or type(e).__name__})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -328,3 +329,7 @@ def _training_record(path: Path, meta: dict) -> tuple[dict, dict]:
     except (TypeError, ValueError) as e:
         raise PolicyError(f"{path}: bad reward weights in model metadata ({e})") from None
     return training, reward
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")

@@ -8,11 +8,12 @@ time). Ctrl-C and SIGTERM exit 130.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import shlex
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -26,7 +27,8 @@ from joulesched.pipelines.progress import err
 # Piped output (logs, CI) gets a wide console so that tables are not truncated to 80 columns.
 out = Console(highlight=False) if sys.stdout.isatty() else Console(width=160, highlight=False)
 
-__all__ = ["EXIT_INTERRUPTED", "command_line", "err", "errors", "fail", "float_option", "interrupted", "out"]
+__all__ = ["EXIT_INTERRUPTED", "command_line", "err", "errors", "fail", "float_option", "interrupted", "json_text",
+           "out"]
 
 
 def _finite(value: float | None) -> float | None:
@@ -34,6 +36,22 @@ def _finite(value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number")
     return value
+
+
+def json_text(doc: object, **kw) -> str:
+    """``doc`` as strict JSON: a NaN or an infinity (a ratio of nothing to nothing) becomes null, since
+    ``json.dumps`` would write ``NaN``, which no strict parser reads."""
+
+    def clean(v: object) -> object:
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(doc), allow_nan=False, **kw)
 
 
 def float_option(*names: str, **kw) -> typer.models.OptionInfo:
@@ -76,7 +94,7 @@ def _forget_caught_interrupt() -> None:
 
 
 @contextlib.contextmanager
-def interrupted(out_dir: Path, message: str | None = None) -> Iterator[None]:
+def interrupted(out_dir: Path, message: str | Callable[[], str] | None = None) -> Iterator[None]:
     """Ctrl-C: say what was kept and how to resume (``message``: the command's own words), exit 130 (stages
     record themselves only when complete)."""
     try:
@@ -90,5 +108,6 @@ def interrupted(out_dir: Path, message: str | None = None) -> Iterator[None]:
             message = (f"{out_dir} is consistent: nothing half-written is left (results are written only when "
                        "complete; a pipeline keeps its finished stages, and a cluster run deleted its pods). "
                        "Re-run the same command to resume.")
-        err.print(f"[yellow]interrupted:[/yellow] {escape(message)}", soft_wrap=True)
+        text = message() if callable(message) else message  # (a callable says what is true when it happens)
+        err.print(f"[yellow]interrupted:[/yellow] {escape(text)}", soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -7,15 +7,15 @@ overrides single knobs and ``--show-config`` prints the result. The epilog of ``
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Optional
 
 import typer
 
 from rich.markup import escape
 
-from joulesched.pipelines.cli.common import err, errors, fail, float_option, interrupted, out
+from joulesched.pipelines.cli.common import err, errors, fail, float_option, interrupted, json_text, out
 from joulesched.pipelines.suite import SHIPPED_MODEL, display, standard_suite, train_scenarios
 
 DEFAULT_MODEL = Path("models/dqn.pt")
@@ -35,13 +35,32 @@ def knobs_epilog() -> str:
     return "\n\n".join(lines)
 
 
-def _interrupted_message(model: Path, resume: bool) -> str:
-    """What Ctrl-C leaves: a model is written once, when its run ends, so the interrupted run's training is lost."""
-    hint = ("Re-run the same command to train it again from there." if resume else
-            "Re-run with a smaller --steps or --minutes to keep a shorter run, and --resume it to go on.")
-    was = "is as it was before this run" if model.exists() else "was not created"
-    return (f"nothing was written: {model} {was} (a model is saved only when its run ends), and this run's "
-            f"training is lost. {hint}")
+def _stamp(model: Path) -> tuple[int, int] | None:
+    try:
+        st = model.stat()
+        return st.st_mtime_ns, st.st_size
+    except OSError:
+        return None
+
+
+def _interrupted_message(model: Path, resume: bool) -> Callable[[], str]:
+    """What Ctrl-C leaves, said when it comes: a model is written once, when its run ends, so the interrupted
+    run's training is lost, unless the Ctrl-C came after the model was saved, while its side files were written
+    (a review: "nothing was written" was said of a model already replaced)."""
+    before = _stamp(model)
+
+    def message() -> str:
+        if _stamp(model) != before:
+            return (f"{model} was saved before the interrupt and holds this run's training; its {model.stem}.json "
+                    "and training curve may be the previous run's or missing. Do not re-run the same command: "
+                    "it would train again on top of it.")
+        hint = ("Re-run the same command to train it again from there." if resume else
+                "Re-run with a smaller --steps or --minutes to keep a shorter run, and --resume it to go on.")
+        was = "is as it was before this run" if before is not None else "was not created"
+        return (f"nothing was written: {model} {was} (a model is saved only when its run ends), and this run's "
+                f"training is lost. {hint}")
+
+    return message
 
 
 def _warn_gpu_blind(scenarios, schema: int) -> None:
@@ -161,7 +180,7 @@ def test_cmd(
         res = evaluate(model, scenario or standard_suite(), seeds, lower=bound, optimum=optimum,
                        optimum_time_limit=optimum_time_limit)
     if as_json:
-        typer.echo(json.dumps(res, indent=2, sort_keys=True))
+        typer.echo(json_text(res, indent=2, sort_keys=True))
     else:
         out.print(format_table(res), soft_wrap=True)
 

@@ -245,6 +245,17 @@ def test_ctrl_c_in_train_says_what_was_lost(tmp_path, monkeypatch):
                                 "--no-progress"])
         assert r.exit_code == 130
         assert "is as it was before this run" in " ".join(r.output.split())
+
+        def saved_then_interrupted(scenarios, path, **k):  # Ctrl-C while the side files are written
+            path.write_bytes(b"the new model")
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(training, "train", saved_then_interrupted)
+        r = runner.invoke(app, ["train", "-s", str(TINY), "--model", str(old), "--steps", "10", "--resume",
+                                "--no-progress"])
+        text = " ".join(r.output.split())
+        # A review: "nothing was written" was said of a model already replaced, and a re-run advised.
+        assert r.exit_code == 130 and "was saved before the interrupt" in text and "Do not re-run" in text, text
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
@@ -421,3 +432,20 @@ def test_a_validation_reference_of_0_joules_is_refused_with_its_case(tmp_path):
     assert r.exit_code == 2, r.output
     assert "validation case tiny: " in r.output and "draws 0 J" in r.output and "Traceback" not in r.output
     assert not model.exists()
+
+
+def test_nan_or_infinity_in_a_models_metadata_is_refused(tmp_path):
+    """json.loads read NaN and Infinity, and `test --json` wrote them back out, which no strict parser reads (a
+    review)."""
+    bad = _rewrite(_model(tmp_path), tmp_path / "bad.pt", meta_edit=lambda m: m["training"].update(note=float("nan")))
+    with pytest.raises(PolicyError, match="NaN is not a JSON value"):
+        load_checkpoint(bad)
+    r = runner.invoke(app, ["test", "--model", str(bad), "-s", str(TINY), "--no-bound", "--no-optimum", "--json"])
+    assert r.exit_code == 2 and "NaN is not a JSON value" in r.output, r.output
+
+
+def test_json_text_writes_null_for_what_json_cannot_carry():
+    from joulesched.pipelines.cli.common import json_text
+
+    assert json.loads(json_text({"a": float("nan"), "b": [1.5, float("inf")], "c": (2,)})) == {
+        "a": None, "b": [1.5, None], "c": [2]}
