@@ -235,6 +235,10 @@ class AddressPolicy:
         for name, other in clash.items():
             parsed.pop(name, None)
             out[name] = Resolved(None, "map", f"its address names the same machine as node {other}'s: neither is used")
+        map_bmcs: dict[str, dict[str, str]] = {}  # BMC host -> protocol -> a mapped node reaching it so
+        for name, a in parsed.items():
+            if (host := bmc_host(a)) is not None:
+                map_bmcs.setdefault(host, {}).setdefault(a.actuator, name)
 
         for name, (text, provider_id) in nodes.items():
             if name in parsed:
@@ -256,10 +260,11 @@ class AddressPolicy:
             why = self._annotation_refusal(name, a, provider_id)
             keys = machine_keys(a, name)
             owner = next((mapped[k] for k in keys if mapped.get(k, name) != name), None)
-            if owner is None and (clash_with := protocol_clash({**parsed, name: a})) is not None:
+            if owner is None and (host := bmc_host(a)) is not None:
                 # the map's BMC reached by the other protocol (a review: ipmi:// to a BMC the map reaches by
                 # redfish:// switched the map's node off)
-                owner = clash_with[1] if clash_with[0] == name else clash_with[0]
+                owner = next((n for proto, n in map_bmcs.get(host, {}).items()
+                              if proto != a.actuator and n != name), None)
             if not why and owner is not None:
                 why = f"the address map gives that machine to node {owner}"
             if why:

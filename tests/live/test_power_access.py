@@ -338,6 +338,8 @@ def test_the_map_may_reach_one_host_by_ipmi_for_one_guest_and_redfish_for_anothe
     and it is used; a node's own annotation may not do the same against the map's BMC."""
     amap = {"g1": "ipmi://10.0.9.20:6230", "g2": "redfish://10.0.9.20:8000/redfish/v1/Systems/abc"}
     pol = AddressPolicy.from_options(["ipmi=10.0.9.0/24", "redfish=10.0.9.0/24"])
-    out = resolve(pol, {"g1": ("", ""), "g2": ("", ""), "y": ("ipmi://10.0.9.20", "")}, amap)
+    out = resolve(pol, {"g1": ("", ""), "g2": ("", ""), "y": ("ipmi://10.0.9.20", ""),
+                        "z": ("ipmi://10.0.9.21", "")}, amap)
     assert out["g1"].address is not None and out["g2"].address is not None
     assert out["y"].address is None and "gives that machine to node" in out["y"].refused
+    assert out["z"].address is not None  # a BMC of its own, whatever the map's two share
