@@ -234,19 +234,19 @@ def test_a_grandchild_reaped_through_a_parent_that_is_gone_too_is_not_credited_t
     proc.add(FakeProcess(30, "train", ppid=20, cgroup=pod_cgroup_v2(UID_A, C1)))
     proc.add(FakeProcess(40, "other", ppid=1, cgroup=pod_cgroup_v2(UID_B, C3)))
     mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock)
-    mon.refresh()
-    for _ in range(20):  # 100 J/s, train and other one core each
+
+    def second() -> None:  # 100 J, train and other one core each
         clock.advance(1.0)
         powercap.advance("intel-rapl:0", 100_000_000)
         proc.tick(user=200, idle=0)
         proc.run(30, utime=100)
         proc.run(40, utime=100)
+
+    mon.refresh()
+    for _ in range(20):
+        second()
         mon.refresh()
-    clock.advance(1.0)  # the last second: train runs it, then exits; sh reaps it and exits; the shim reaps sh
-    powercap.advance("intel-rapl:0", 100_000_000)
-    proc.tick(user=200, idle=0)
-    proc.run(30, utime=100)
-    proc.run(40, utime=100)
+    second()  # the last one: train runs it, then exits; sh reaps it and exits; the shim reaps sh
     proc.reap(30)
     proc.reap(20)
     s = mon.refresh()
