@@ -32,7 +32,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from joulesched.agent.config import DQNConfig, RewardConfig
+from joulesched.agent.config import DQNConfig, RewardConfig, from_metadata
 from joulesched.agent.dqn import DQN, make_network
 from joulesched.agent.features import feature_names as schema_feature_names
 from joulesched.agent.policy import PolicyError
@@ -154,9 +154,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         with safe_open(str(path), framework="pt") as f:
             meta = _metadata(path, f.metadata() or {})
             cfg = _config(path, meta)
-            net = make_network(cfg)
-            _check_specs(path, net, {k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in f.keys()})
+            with torch.device("meta"):  # shapes only: a file without its weights must not allocate the largest
+                shapes = make_network(cfg)  # network its metadata may ask for (about 450 MB) before it is refused
+            _check_specs(path, shapes, {k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in f.keys()})
             tensors = {k: f.get_tensor(k) for k in f.keys()}
+            net = make_network(cfg)  # as large as the weights the file holds
     except PolicyError:  # a ValueError too: already says what is wrong
         raise
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -222,8 +224,12 @@ def _config(path: Path, meta: dict) -> DQNConfig:
 def _check_specs(path: Path, net: torch.nn.Module, specs: dict[str, tuple[str, list[int]]]) -> None:
     """Refuse, from the header alone, a tensor the network (or its target and Adam state) does not have, one not
     float32 (load_state_dict would cast it silently), and q weights not of the network's shape. Target and Adam
-    state need only be no larger than their parameter: inference does not read them, --resume checks them."""
+    state need only be no larger than their parameter: inference does not read them, --resume checks them.
+    Every q weight must be there (``net`` may be on the meta device: only shapes are read)."""
     want = {name: tuple(t.shape) for name, t in net.state_dict().items()}
+    if missing := sorted(k for k in want if f"q.{k}" not in specs):
+        raise PolicyError(f"{path}: weights do not fit the network (missing {', '.join(missing[:3])}"
+                          f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''})")
     params = [tuple(p.shape) for p in net.parameters()]  # the optimizer's parameter order (agent/dqn.py)
     for name in sorted(specs, key=lambda n: (not n.startswith("q."), n)):  # the network's own weights first
         dtype, shape = specs[name]
@@ -323,9 +329,7 @@ def _training_record(path: Path, meta: dict) -> tuple[dict, dict]:
         raise PolicyError(f"{path}: corrupt model metadata (training.runs is not a list)")
     reward = meta.get("reward") or {}
     try:
-        if not isinstance(reward, dict):
-            raise TypeError(f"a {type(reward).__name__}, not a mapping")
-        RewardConfig(**reward)
+        from_metadata(RewardConfig, reward)
     except (TypeError, ValueError) as e:
         raise PolicyError(f"{path}: bad reward weights in model metadata ({e})") from None
     return training, reward

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import json
 import math
 import textwrap
 from dataclasses import asdict, dataclass, field, fields
@@ -66,8 +67,26 @@ class ConfigError(UsageError):
 
 
 @functools.cache
-def _dqn_adapter(cls: type) -> TypeAdapter:
+def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)  # built once: some milliseconds, paid on every model load otherwise
+
+
+def from_metadata(cls: type, d: Any) -> Any:
+    """A config dataclass from a model file's metadata (JSON), every field's type checked strictly: ``hidden:
+    48.5``, ``"48"`` or ``attention: "no"`` is refused (ValueError), not handed to torch. (``--config`` is YAML
+    a person wrote, where a quoted number is still read as one; a file we wrote holds none.)"""
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a mapping, got {type(d).__name__}")
+    unknown = set(d) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown key(s): {', '.join(sorted(unknown))}")
+    if kinds := _kind_errors(cls, d):
+        raise ValueError("; ".join(kinds))
+    try:  # strict JSON mode: a JSON array is still a tuple, an integer still a float
+        return _adapter(cls).validate_json(json.dumps(d, allow_nan=False), strict=True)
+    except ValidationError as e:
+        raise ValueError("; ".join((f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
+                                   + err["msg"].removeprefix("Value error, ") for err in e.errors())) from None
 
 
 @dataclass
@@ -278,21 +297,8 @@ class DQNConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DQNConfig":
-        """A config from plain data (a model file's metadata), every field's type checked as ``--config``'s are:
-        ``hidden: 48.5`` or ``attention: "no"`` is refused (ValueError), not handed to torch."""
-        if not isinstance(d, dict):
-            raise ValueError(f"hyperparameters must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
-        if kinds := _kind_errors(cls, d):
-            raise ValueError("; ".join(kinds))
-        try:
-            return _dqn_adapter(cls).validate_python(d)
-        except ValidationError as e:
-            raise ValueError("; ".join((f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
-                                       + err["msg"].removeprefix("Value error, ") for err in e.errors())) from None
+        """The hyperparameters in a model file's metadata (:func:`from_metadata`)."""
+        return from_metadata(cls, d)
 
 
 @dataclass(frozen=True)

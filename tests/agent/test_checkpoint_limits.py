@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from joulesched.agent.checkpoint import MAX_META_BYTES, META_KEY, load_checkpoint, save_checkpoint, tensors_digest
 from joulesched.agent.config import LIMITS, DQNConfig
-from joulesched.agent.dqn import DQN
+from joulesched.agent.dqn import DQN, make_network
 from joulesched.agent.policy import PolicyError
 from joulesched.pipelines.cli import app
 
@@ -139,6 +139,28 @@ def test_a_foreign_or_huge_tensor_is_refused_from_the_header(model, tmp_path, na
         load_checkpoint(bad)
     r = CliRunner().invoke(app, ["test", "--model", str(bad), "-s", str(TINY), "--no-bound", "--no-optimum"])
     assert r.exit_code == 2 and name in r.output, r.output
+
+
+def test_a_file_without_its_weights_is_refused_before_the_network_is_built(model, tmp_path, monkeypatch):
+    # Metadata asking for the largest network allowed (about 450 MB of float32) and no tensor at all: the
+    # network was built at full size before load_state_dict found every weight missing.
+    meta, _ = _meta_and_tensors(model)
+    del meta["tensors_sha256"]
+    meta["config"].update(hidden=LIMITS["hidden"], head_hidden=LIMITS["head_hidden"],
+                          attention_dim=LIMITS["attention_dim"], inducing_points=LIMITS["inducing_points"])
+    bad = _write_raw(tmp_path / "bad.pt", meta, {})
+    import joulesched.agent.checkpoint as ck
+    built = []
+
+    def counted(cfg):
+        net = make_network(cfg)
+        built.append(next(net.parameters()).device.type)
+        return net
+
+    monkeypatch.setattr(ck, "make_network", counted)
+    with pytest.raises(PolicyError, match=r"weights do not fit the network \(missing .* and \d+ more\)"):
+        load_checkpoint(bad)
+    assert built == ["meta"]  # shapes only: nothing of that size was allocated
 
 
 @pytest.mark.parametrize("raw, match", [

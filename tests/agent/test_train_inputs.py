@@ -97,6 +97,13 @@ def test_metadata_hyperparameters_are_type_checked(tmp_path):
     with pytest.raises(ValueError, match="hidden: expected a number"):
         DQNConfig.from_dict({"hidden": True})
     assert DQNConfig.from_dict({"load_scales": [1, 2]}).load_scales == (1.0, 2.0)
+    # Strict, as the docs say: pydantic's lax mode read these as numbers (a file we wrote holds none of them).
+    for field, value in (("hidden", "48"), ("hidden", 48.0), ("learning_rate", "0.001")):
+        with pytest.raises(ValueError, match=field):
+            DQNConfig.from_dict({field: value})
+    quoted = _rewrite(src, tmp_path / "quoted.pt", meta_edit=lambda m: m["config"].update(hidden="8"))
+    with pytest.raises(PolicyError, match="bad hyperparameters in model metadata.*hidden"):
+        load_checkpoint(quoted)
 
 
 def _set_target_nan(t: dict) -> None:
@@ -115,6 +122,9 @@ def _shrink_target(t: dict) -> None:
     ("training record", lambda m: m.update(training=[1]), None, "training is list"),
     ("step counter", lambda m: m["training"].update(steps="many"), None, "training.steps"),
     ("reward weights", lambda m: m.update(reward={"bogus": 1.0}), None, "reward weights"),
+    ("reward weight's type", lambda m: m.update(reward={"scale_seconds": "600"}), None, "reward weights"),
+    ("reward weight as a switch", lambda m: m.update(reward={"invalid_action_penalty": True}), None,
+     "reward weights"),
     ("target weights", None, _set_target_nan, "non-finite target"),
     ("target shape", None, _shrink_target, r"target network does not fit \(size mismatch for embed.0.weight"),
     ("optimizer state", None, _shrink_optim, "optimizer state does not fit"),
