@@ -6,7 +6,8 @@ chunk the pages are dropped with posix_fadvise(DONTNEED); reads drop their range
 come from the device, not the cache. O_DIRECT would do the same more strictly but needs aligned buffers and
 is refused by tmpfs and some overlay setups; fadvise works everywhere and degrades to cached I/O at worst.
 The scratch directory is created at start and removed at stop. No wait for tokens outlasts the load's end, and an
-error that ends a worker is kept in the stats.
+error that ends a worker is kept in the stats, as is a device that could not keep up (under 80 % of the rate
+asked over the paced time: the blocker did not make the load it was asked for).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from joulesched.workloads.pacing import TokenBucket, chunk_size
+from joulesched.workloads.pacing import TokenBucket, chunk_size, shortfall
 
 MB = 10**6
 
@@ -40,10 +41,12 @@ class DiskLoad:
         self.bytes_read = 0
         self.prefill_bytes = 0
         self.error: str | None = None
+        self._end = 0.0
+        self._began: dict[str, float] = {}  # when each direction's pacing started (reads: after the prefill)
 
     def start(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="joulesched-disk-", dir=self.scratch_dir))
-        end = time.monotonic() + self.duration_s
+        end = self._end = time.monotonic() + self.duration_s
         if self.write_mbps > 0:
             self._spawn(self._write_loop, self._dir / "write.bin", end)
         if self.read_mbps > 0:
@@ -69,6 +72,7 @@ class DiskLoad:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             off = 0
+            self._began["write"] = time.monotonic()
             while time.monotonic() < end and bucket.take(n, self._stop, until=end):
                 written = os.pwrite(fd, buf, off)
                 os.fdatasync(fd)
@@ -94,6 +98,7 @@ class DiskLoad:
             self.prefill_bytes = size
             bucket = TokenBucket(rate, burst=n)
             off = 0
+            self._began["read"] = time.monotonic()
             while time.monotonic() < end and bucket.take(n, self._stop, until=end):
                 os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
                 got = len(os.pread(fd, n, off))
@@ -103,9 +108,16 @@ class DiskLoad:
             os.close(fd)
 
     def stop(self) -> None:
+        stopped = time.monotonic()
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
+        for way, done, mbps in (("wrote", self.bytes_written, self.write_mbps), ("read", self.bytes_read,
+                                                                                  self.read_mbps)):
+            began = self._began.get("write" if way == "wrote" else "read")
+            got = shortfall(done, min(stopped, self._end) - began, mbps * MB) if began is not None else None
+            if self.error is None and got is not None:  # the device (or a neighbour's I/O) could not carry it
+                self.error = f"{way} {got / MB:.1f} MB/s of the {mbps:g} asked in {self.scratch_dir}"
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -22,13 +22,10 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from joulesched.workloads.egress import NetAllow
-from joulesched.workloads.pacing import NET_CHUNK, TokenBucket, chunk_size
+from joulesched.workloads.pacing import NET_CHUNK, TokenBucket, chunk_size, shortfall
 
 SEND_TIMEOUT_S = 5.0
 RETRY_S = 1.0
-#: A load that ran at least SHORTFALL_MIN_S and sent less than SHORTFALL of the rate asked failed (the pacing's
-#: start-up and a reconnect's pause stay well inside the margin).
-SHORTFALL, SHORTFALL_MIN_S = 0.8, 2.0
 
 
 def paced_stream(mbps: float, seconds: float, stop: threading.Event, counter: list[int]) -> Iterator[bytes]:
@@ -130,11 +127,10 @@ class NetworkLoad:
         if self.error is None and self._sent[0] == 0 and self.last_error:  # retried all along: no load was made
             self.error = f"nothing sent to {self.target}: {self.last_error}"
         active = min(stopped, self._end) - self._began if self._began is not None else 0.0
-        if self.error is None and active >= SHORTFALL_MIN_S:
-            got = self._sent[0] * 8 / 1e6 / active
-            if got < SHORTFALL * self.mbps:  # the link, the target or this host could not carry it
-                self.error = (f"sent {got:.1f} Mbit/s of the {self.mbps:g} asked to {self.target}"
-                              + (f" (last error: {self.last_error})" if self.last_error else ""))
+        got = shortfall(self._sent[0], active, self.mbps * 1e6 / 8)
+        if self.error is None and got is not None:  # the link, the target or this host could not carry it
+            self.error = (f"sent {got * 8 / 1e6:.1f} Mbit/s of the {self.mbps:g} asked to {self.target}"
+                          + (f" (last error: {self.last_error})" if self.last_error else ""))
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -9,6 +9,18 @@ from typing import Callable
 #: (smallest, largest) transfer of the disk blocker, and of the network blocker and ``GET /stream``.
 DISK_CHUNK = (4096, 1 << 20)
 NET_CHUNK = (1024, 64 << 10)
+#: A load that ran at least SHORTFALL_MIN_S and moved less than SHORTFALL of the rate asked failed (the pacing's
+#: start-up, a reconnect's pause and the last partial chunk stay well inside the margin).
+SHORTFALL, SHORTFALL_MIN_S = 0.8, 2.0
+
+
+def shortfall(done_bytes: int, active_s: float, rate: float) -> float | None:
+    """The rate reached (bytes/s) where it fell short of SHORTFALL x ``rate`` over at least SHORTFALL_MIN_S of
+    pacing, else None (too short a run to judge, or the rate was kept)."""
+    if active_s < SHORTFALL_MIN_S:
+        return None
+    got = done_bytes / active_s
+    return got if got < SHORTFALL * rate else None
 
 
 class TokenBucket:

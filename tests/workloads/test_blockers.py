@@ -191,6 +191,26 @@ def test_a_network_load_far_short_of_its_rate_failed():
     assert load.error is not None and load.error.startswith("sent 3.2 Mbit/s of the 100 asked")
 
 
+def test_a_disk_load_far_short_of_its_rate_failed(tmp_path, monkeypatch):
+    """A device that cannot keep up (each write's sync takes 0.5 s: two chunks a second at most) used to end
+    "duration elapsed" at a fraction of the rate; a write rate it keeps passes."""
+    from joulesched.workloads import disk
+
+    real = disk.os.fdatasync
+    monkeypatch.setattr(disk.os, "fdatasync", lambda fd: (time.sleep(0.5), real(fd)))
+    slow = disk.DiskLoad(read_mbps=0, write_mbps=8, file_mib=4, duration_s=2.5, scratch_dir=tmp_path)
+    slow.start()
+    time.sleep(2.6)
+    slow.stop()
+    assert slow.error is not None and slow.error.startswith("wrote ") and "of the 8 asked" in slow.error, slow.stats()
+    monkeypatch.setattr(disk.os, "fdatasync", real)
+    kept = disk.DiskLoad(read_mbps=1, write_mbps=1, file_mib=4, duration_s=2.5, scratch_dir=tmp_path)
+    kept.start()
+    time.sleep(2.6)
+    kept.stop()
+    assert kept.error is None and kept.bytes_written > 0 and kept.bytes_read > 0, kept.stats()
+
+
 def test_a_cpu_worker_that_dies_fails_the_run_and_a_half_started_load_is_stopped(monkeypatch):
     """A worker killed (OOM, a signal) left the run "duration elapsed"; and a load whose second worker could
     not be forked (a pids limit) answered 500 while its first spun on, out of /stop's reach (a review)."""
