@@ -2,7 +2,10 @@
 
     catalogue   GET  /api/products                  the catalogue
                 GET  /api/products/<id>
-                POST /api/products/reserve          {"lines": [{"product_id", "quantity"}]} -> prices; 409 when short
+                POST /api/products/reserve          {"lines": [{"product_id", "quantity"}], "reservation_id"?}
+                                                    -> prices; 409 when short (the same id again: the same answer)
+                DELETE /api/products/reservations/<id>   give a reservation's stock back (orders does, when the
+                                                    reserve's answer was lost or the order could not be recorded)
     cart        POST /api/carts                     -> {"cart_id"}
                 POST /api/carts/<id>/items          {"product_id", "quantity"}   (checks the product with catalogue)
                 GET  /api/carts/<id>                items priced by catalogue
@@ -52,12 +55,15 @@ UPSTREAM_TIMEOUT_S = 5.0
 MAX_CONTENT_LENGTH = 64 << 10
 #: The largest id SQLite stores (a signed 64-bit INTEGER); a bigger one would be an OverflowError, not a 404.
 MAX_ID = 2**63 - 1
-#: A cart id as Carts.create makes it (uuid4().hex).
+#: A cart id as Carts.create makes it (uuid4().hex); a reservation id is one too.
 CART_ID = re.compile(r"[0-9a-f]{32}")
 
 SCHEMAS = {
     "catalogue": "CREATE TABLE IF NOT EXISTS products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
-                 "price_cents INTEGER NOT NULL, stock INTEGER NOT NULL);",
+                 "price_cents INTEGER NOT NULL, stock INTEGER NOT NULL);"
+                 # what each reservation took (its answer, for a retry), and whether it was given back
+                 "CREATE TABLE IF NOT EXISTS reservations (id TEXT PRIMARY KEY, lines TEXT NOT NULL, "
+                 "released INTEGER NOT NULL DEFAULT 0);",
     "cart": "CREATE TABLE IF NOT EXISTS carts (id TEXT PRIMARY KEY);"
             "CREATE TABLE IF NOT EXISTS cart_items (cart_id TEXT NOT NULL REFERENCES carts(id), "
             "product_id INTEGER NOT NULL, quantity INTEGER NOT NULL, PRIMARY KEY (cart_id, product_id));",
@@ -83,6 +89,7 @@ class Line(BaseModel):
 class Reserve(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     lines: list[Line] = Field(min_length=1, max_length=100)
+    reservation_id: str | None = Field(default=None, pattern=CART_ID.pattern)
 
 
 class PlaceOrder(BaseModel):
@@ -95,6 +102,12 @@ def check_cart_id(cid: str) -> str:
     if CART_ID.fullmatch(cid) is None:
         raise ShopError(f"no cart {cid!r} (cart ids are 32 hex digits, as POST /api/carts gives them)", 404)
     return cid
+
+
+def check_reservation_id(rid: str) -> str:
+    if CART_ID.fullmatch(rid) is None:
+        raise ShopError(f"no reservation {rid!r} (reservation ids are 32 hex digits)", 404)
+    return rid
 
 
 #: How long a write waits for SQLite's lock: less than a neighbour's upstream timeout, so a service gives up on
@@ -123,7 +136,8 @@ def init_db(path: Path, part: str) -> None:
 class CatalogueAPI(Protocol):
     def products(self) -> list[dict]: ...
     def product(self, pid: int) -> dict: ...
-    def reserve(self, lines: list[dict]) -> list[dict]: ...
+    def reserve(self, lines: list[dict], reservation_id: str | None = None) -> list[dict]: ...
+    def release(self, reservation_id: str) -> bool: ...
 
 
 class CartAPI(Protocol):
@@ -146,12 +160,20 @@ class Catalogue:
             raise ShopError(f"no product {pid}", 404)
         return dict(row)
 
-    def reserve(self, lines: list[dict]) -> list[dict]:
-        """Take stock for every line or for none (409); returns the lines with their prices."""
+    def reserve(self, lines: list[dict], reservation_id: str | None = None) -> list[dict]:
+        """Take stock for every line or for none (409); returns the lines with their prices. Under a
+        ``reservation_id`` the reservation is recorded: the same id again answers as the first time and takes
+        nothing more (a retry whose first answer was lost), and an id already released is a 409."""
         with closing(_connect(self.path)) as db:
             # BEGIN IMMEDIATE takes the write lock before checking stock: two orders cannot both take the last item.
             db.execute("BEGIN IMMEDIATE")
             try:
+                if reservation_id is not None and (row := db.execute(
+                        "SELECT lines, released FROM reservations WHERE id = ?", (reservation_id,)).fetchone()):
+                    if row["released"]:
+                        raise ShopError(f"reservation {reservation_id} was released", 409)
+                    db.rollback()
+                    return json.loads(row["lines"])
                 out = []
                 for ln in lines:
                     cur = db.execute("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?",
@@ -161,11 +183,32 @@ class Catalogue:
                     price = db.execute("SELECT price_cents FROM products WHERE id = ?",
                                        (ln["product_id"],)).fetchone()[0]
                     out.append({**ln, "price_cents": price})
+                if reservation_id is not None:
+                    db.execute("INSERT INTO reservations (id, lines) VALUES (?, ?)", (reservation_id, json.dumps(out)))
                 db.commit()
             except BaseException:
                 db.rollback()
                 raise
         return out
+
+    def release(self, reservation_id: str) -> bool:
+        """Give a reservation's stock back, once; True if this call gave it back. An id not reserved yet is
+        recorded as released, so a reserve still on its way (held up on the lock or the network) takes nothing."""
+        with closing(_connect(self.path)) as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute("SELECT lines, released FROM reservations WHERE id = ?", (reservation_id,)).fetchone()
+                if row is None:
+                    db.execute("INSERT INTO reservations (id, lines, released) VALUES (?, '[]', 1)", (reservation_id,))
+                elif not row["released"]:
+                    db.executemany("UPDATE products SET stock = stock + ? WHERE id = ?",
+                                   [(ln["quantity"], ln["product_id"]) for ln in json.loads(row["lines"])])
+                    db.execute("UPDATE reservations SET released = 1 WHERE id = ?", (reservation_id,))
+                db.commit()
+            except BaseException:
+                db.rollback()
+                raise
+        return row is not None and not row["released"]
 
 
 class Carts:
@@ -239,18 +282,37 @@ class Orders:
         content = self.carts.get(cid)
         if not content["items"]:
             raise ShopError("cart is empty")
-        lines = self.catalogue.reserve([{"product_id": x["product_id"], "quantity": x["quantity"]}
-                                        for x in content["items"]])
+        rid = uuid.uuid4().hex
+        try:
+            lines = self.catalogue.reserve([{"product_id": x["product_id"], "quantity": x["quantity"]}
+                                            for x in content["items"]], rid)
+        except ShopError as e:
+            if e.status == 502:  # no answer: the stock may have been taken all the same
+                self._release(rid)
+            raise
         total = sum(x["quantity"] * x["price_cents"] for x in lines)
-        with closing(_connect(self.path)) as db, db:
-            oid = db.execute("INSERT INTO orders (cart_id, total_cents) VALUES (?, ?)", (cid, total)).lastrowid
-            db.executemany("INSERT INTO order_lines VALUES (?, ?, ?, ?)",
-                           [(oid, x["product_id"], x["quantity"], x["price_cents"]) for x in lines])
+        try:
+            with closing(_connect(self.path)) as db, db:
+                oid = db.execute("INSERT INTO orders (cart_id, total_cents) VALUES (?, ?)", (cid, total)).lastrowid
+                db.executemany("INSERT INTO order_lines VALUES (?, ?, ?, ?)",
+                               [(oid, x["product_id"], x["quantity"], x["price_cents"]) for x in lines])
+        except sqlite3.Error:  # no order holds that stock: give it back
+            self._release(rid)
+            raise
         try:
             self.carts.clear(cid)
         except ShopError as e:  # the order stands: a 502 now would make the client order it again
             log.warning("order %s placed, but cart %s could not be emptied: %s", oid, cid, e)
         return {"order_id": oid, "total_cents": total}
+
+    def _release(self, rid: str) -> None:
+        """Compensate a reservation no order records (a saga's undo); the catalogue's id makes it safe to send
+        whether or not the reservation was made, and a reserve that arrives after it takes nothing."""
+        try:
+            if self.catalogue.release(rid):
+                log.info("reservation %s given back: no order records it", rid)
+        except ShopError as e:  # logged with its id, for the operator to release by hand
+            log.error("reservation %s may still hold stock (DELETE /api/products/reservations/%s): %s", rid, rid, e)
 
     def get(self, oid: int) -> dict:
         with closing(_connect(self.path)) as db:
@@ -299,8 +361,12 @@ class CatalogueHTTP(_HTTP):
     def product(self, pid: int) -> dict:
         return self.call("GET", f"/api/products/{int(pid)}")
 
-    def reserve(self, lines: list[dict]) -> list[dict]:
-        return self.call("POST", "/api/products/reserve", json={"lines": lines})["lines"]
+    def reserve(self, lines: list[dict], reservation_id: str | None = None) -> list[dict]:
+        body = {"lines": lines} | ({"reservation_id": reservation_id} if reservation_id else {})
+        return self.call("POST", "/api/products/reserve", json=body)["lines"]
+
+    def release(self, reservation_id: str) -> bool:
+        return self.call("DELETE", f"/api/products/reservations/{check_reservation_id(reservation_id)}")["released"]
 
 
 class CartHTTP(_HTTP):
@@ -334,7 +400,11 @@ def catalogue_routes(cat: Catalogue) -> Blueprint:
     @bp.post("/api/products/reserve")
     def reserve():
         req = _body(Reserve)
-        return jsonify(lines=cat.reserve([ln.model_dump() for ln in req.lines]))
+        return jsonify(lines=cat.reserve([ln.model_dump() for ln in req.lines], req.reservation_id))
+
+    @bp.delete("/api/products/reservations/<rid>")
+    def release(rid: str):
+        return jsonify(released=cat.release(check_reservation_id(rid)))
 
     return bp
 

@@ -100,10 +100,10 @@ def test_concurrent_orders_on_one_cart_place_one_order(shop_client, monkeypatch)
     entered, release = threading.Event(), threading.Event()
     reserve = shop.Catalogue.reserve
 
-    def slow_reserve(self, lines):  # hold the first order inside its critical steps
+    def slow_reserve(self, lines, rid=None):  # hold the first order inside its critical steps
         entered.set()
         release.wait(10)
-        return reserve(self, lines)
+        return reserve(self, lines, rid)
 
     monkeypatch.setattr(shop.Catalogue, "reserve", slow_reserve)
     codes = {}
@@ -123,6 +123,73 @@ def test_concurrent_orders_on_one_cart_place_one_order(shop_client, monkeypatch)
     assert codes == {"first": 201, "second": 409}
     assert shop_client.get("/api/products/3").json["stock"] == stock - 2
     assert shop_client.post("/api/orders", json={"cart_id": cid}).status_code == 400  # ordered: the cart is empty
+
+
+def test_a_reservation_no_order_records_is_given_back(shop_client, monkeypatch):
+    """A reserve whose answer was lost (the catalogue committed, the orders service saw a 502), and one made for
+    an order that then could not be recorded, kept their stock for good before (a review)."""
+    from joulesched.workloads import shop
+
+    stock = lambda: shop_client.get("/api/products/4").json["stock"]  # noqa: E731
+    before = stock()
+    reserve = shop.Catalogue.reserve
+
+    def answer_lost(self, lines, rid=None):
+        reserve(self, lines, rid)  # committed...
+        raise shop.ShopError("upstream http://catalogue unreachable: ReadTimeout", 502)  # ...but never answered
+
+    cid = shop_client.post("/api/carts").json["cart_id"]
+    shop_client.post(f"/api/carts/{cid}/items", json={"product_id": 4, "quantity": 5})
+    monkeypatch.setattr(shop.Catalogue, "reserve", answer_lost)
+    r = shop_client.post("/api/orders", json={"cart_id": cid})
+    assert r.status_code == 502 and stock() == before, (r.json, stock())
+    monkeypatch.setattr(shop.Catalogue, "reserve", reserve)
+
+    real_connect = shop._connect
+
+    def orders_db_broken(path):  # the orders service's own write fails after the reserve succeeded
+        db = real_connect(path)
+        db.execute("DROP TABLE IF EXISTS order_lines")
+        return db
+
+    # Break only the recording: the reserve has run by the time the order's lines are written.
+    real_reserve = shop.Catalogue.reserve
+
+    def reserve_then_break(self, lines, rid=None):
+        out = real_reserve(self, lines, rid)
+        monkeypatch.setattr(shop, "_connect", orders_db_broken)
+        return out
+
+    monkeypatch.setattr(shop.Catalogue, "reserve", reserve_then_break)
+    assert shop_client.post("/api/orders", json={"cart_id": cid}).status_code == 500  # no such table
+    monkeypatch.setattr(shop, "_connect", real_connect)
+    assert stock() == before
+    assert shop_client.get(f"/api/carts/{cid}").json["items"] != []  # no order: the cart keeps its items
+
+
+def test_reservations_by_id_are_idempotent_and_a_release_outruns_a_late_reserve(serve, tmp_path):
+    """Over HTTP, as the split orders service calls it: the same id again takes nothing more; a release that
+    arrives before its reserve (held up on the network) makes the reserve a 409 that takes nothing."""
+    import requests
+
+    from joulesched.workloads.shop import CatalogueHTTP, ShopError
+
+    cat = serve("shop", "--part", "catalogue", "--db", str(tmp_path / "catalogue.db"))
+    api = CatalogueHTTP(cat.url)
+    stock = lambda: cat.get("/api/products/5").json()["stock"]  # noqa: E731
+    before = stock()
+    lines = [{"product_id": 5, "quantity": 7}]
+    first = api.reserve(lines, "a" * 32)
+    assert api.reserve(lines, "a" * 32) == first and stock() == before - 7  # the retry took nothing more
+    assert api.release("a" * 32) is True and stock() == before
+    assert api.release("a" * 32) is False and stock() == before  # once
+    assert api.release("b" * 32) is False  # not reserved yet: recorded as released
+    with pytest.raises(ShopError, match="was released") as late:
+        api.reserve(lines, "b" * 32)
+    assert late.value.status == 409 and stock() == before
+    assert requests.delete(cat.url + "/api/products/reservations/..%2Fx", timeout=5).status_code == 404
+    r = cat.post("/api/products/reserve", json={"lines": lines, "reservation_id": "not-hex"})
+    assert r.status_code == 400 and "reservation_id" in r.json()["error"]
 
 
 def test_without_db_the_shop_removes_its_database_folder_on_sigterm(tmp_path, monkeypatch):
