@@ -187,23 +187,27 @@ def pod_constraints(node_selector: Mapping[str, str] | Iterable[tuple[str, str]]
 @dataclass(frozen=True, slots=True)
 class NodeTraits:
     """What the node filters read of a node. ``asleep``: the node power controller put it to sleep (its
-    taint ``joulesched.io/asleep`` and its cordon are the controller's, see :meth:`awake`)."""
+    taint ``joulesched.io/asleep`` is the controller's, and so is its cordon unless ``foreign_cordon``: someone
+    else's, which the wake leaves in place; see :meth:`awake`)."""
 
     labels: tuple[tuple[str, str], ...] = ()
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     ready: bool = True
     asleep: bool = False
+    foreign_cordon: bool = False
 
     @classmethod
     def of(cls, labels: Mapping[str, str] | None = None, taints: Iterable[Taint] = (), *,
-           unschedulable: bool = False, ready: bool = True, asleep: bool = False) -> "NodeTraits":
+           unschedulable: bool = False, ready: bool = True, asleep: bool = False,
+           foreign_cordon: bool = False) -> "NodeTraits":
         return cls(tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items())), tuple(taints),
-                   bool(unschedulable), bool(ready), bool(asleep))
+                   bool(unschedulable), bool(ready), bool(asleep), bool(unschedulable and foreign_cordon))
 
     def awake(self) -> "NodeTraits":
-        """The node as it will be once awake: without the controller's taint and cordon, Ready."""
-        return replace(self, unschedulable=False, ready=True, asleep=False,
+        """The node as it will be once awake: without the controller's taint and cordon, Ready. A cordon that is
+        not the controller's stays: the wake does not lift it (live/nodepower.py), so the node takes no pod."""
+        return replace(self, unschedulable=self.foreign_cordon, ready=True, asleep=False,
                        taints=tuple(t for t in self.taints if t.key != ASLEEP_TAINT))
 
     @property

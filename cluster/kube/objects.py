@@ -347,12 +347,13 @@ class NodeInfo:
     def traits(self) -> NodeTraits:
         """What the filter chain reads of this node (:mod:`joulesched.cluster.filters`)."""
         return NodeTraits.of(self.labels, self.taints, unschedulable=self.unschedulable, ready=self.ready,
-                             asleep=self.asleep)
+                             asleep=self.asleep, foreign_cordon=not self.cordoned_by_us)
 
     def awake_view(self) -> "NodeInfo":
-        """The node as it will be once awake: without the controller's taint and cordon, Ready."""
-        return replace(self, unschedulable=False, ready=True, asleep=False, waking=False,
-                       taints=tuple(t for t in self.taints if t.key != ASLEEP_TAINT))
+        """The node as it will be once awake: without the controller's taint and cordon (a cordon not ours
+        stays: the wake does not lift it), Ready."""
+        return replace(self, unschedulable=self.unschedulable and not self.cordoned_by_us, ready=True,
+                       asleep=False, waking=False, taints=tuple(t for t in self.taints if t.key != ASLEEP_TAINT))
 
 
 @dataclass(frozen=True)

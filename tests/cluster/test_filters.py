@@ -490,3 +490,27 @@ def test_the_cache_states_the_clusters_sleep_model_as_the_twin_does():
     assert (FeatureBuilder(st_).static[:, 3] > 0).all()
     with pytest.raises(ValueError, match="must be >= 0"):
         cache.sleep_model = (-1.0, 45.0)
+
+
+def test_a_sleeping_node_keeps_a_cordon_that_is_not_the_controllers():
+    """The wake lifts only the controller's cordon (live/nodepower.py); judging a sleeping node as it will be
+    once awake must keep anyone else's, or a pod is sent to wake a node it can never run on (a review)."""
+    from joulesched.cluster.filters import REASON_UNSCHEDULABLE, node_unschedulable, power_state_view
+
+    asleep = Taint("joulesched.io/asleep", "true", "NoSchedule")
+    ours = NodeTraits.of(taints=[asleep], unschedulable=True, ready=False, asleep=True)
+    theirs = NodeTraits.of(taints=[asleep], unschedulable=True, ready=False, asleep=True, foreign_cordon=True)
+    assert power_state_view(ours, wake_sleeping=True) == NodeTraits.of()
+    woken = power_state_view(theirs, wake_sleeping=True)
+    assert woken.unschedulable and woken.taints == () and woken.ready and not woken.asleep
+    assert node_unschedulable(woken, None, {}) == REASON_UNSCHEDULABLE
+    # From the API: the marker says whose cordon it is.
+    node = {"metadata": {"name": "n", "annotations": {"joulesched.io/power-state": "asleep"}},
+            "spec": {"unschedulable": True, "taints": [{"key": "joulesched.io/asleep", "value": "true",
+                                                         "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}, "conditions": []}}
+    admin = parse_node(node, CurveResolver())
+    node["metadata"]["annotations"]["joulesched.io/cordoned"] = "true"
+    mine = parse_node(node, CurveResolver())
+    assert admin.awake_view().unschedulable and admin.traits.awake().unschedulable
+    assert not mine.awake_view().unschedulable and not mine.traits.awake().unschedulable

@@ -36,6 +36,7 @@ def _put_to_sleep(emu, name: str) -> None:
     """What the node power controller leaves behind: cordoned, tainted joulesched.io/asleep, and NotReady."""
     node = emu.get("nodes", name)
     node["spec"]["unschedulable"] = True
+    node["metadata"].setdefault("annotations", {})["joulesched.io/cordoned"] = "true"  # the cordon is ours
     node["spec"]["taints"] = [{"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule"}]
     emu.replace("nodes", "", name, node)
     emu.set_node_ready(name, False)

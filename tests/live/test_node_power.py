@@ -531,8 +531,15 @@ def test_our_uncordon_never_lifts_a_cordon_we_did_not_set(emu, machines, kubelet
     emu.patch("nodes", "", "a", {"metadata": {"annotations": {POWER_STATE_ANNOTATION: "asleep"}},
                                  "spec": {"unschedulable": True, "taints": [
                                      {"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule"}]}})
-    make_controller(PowerPolicy(sleep_after_s=60))
-    emu.add_pod("k", cpu="100m", scheduler_name="default-scheduler")  # fits only a, once awake
+    ctl = make_controller(PowerPolicy(sleep_after_s=60))
+    # A pod that does not tolerate the cordon wakes nothing: the wake would not lift the admin's cordon, so the
+    # node would stay of no use to it (a review: the wake planner judged the node without any cordon).
+    emu.add_pod("plain", cpu="100m", scheduler_name="default-scheduler")
+    time.sleep(1.0)
+    assert pstate(emu, "a") == "asleep" and not any(a == "wake" for _, a, _ in ctl.actions)
+    emu.delete("pods", "default", "plain")
+    emu.add_pod("k", cpu="100m", scheduler_name="default-scheduler", tolerations=[  # a DaemonSet's, say
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}])
     wait_until(lambda: pstate(emu, "a") == "awake" and machines.running("a"), 10, "a woken")
     node = emu.get("nodes", "a")
     assert node["spec"].get("unschedulable") is True  # the admin's cordon stays
