@@ -136,8 +136,9 @@ def _balanced(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.ndarray:
 
 
 class DefaultK8s(ScoringPolicy):
-    """kube-scheduler's default profile for a plain pod: NodeResourcesFit LeastAllocated (w=1, non-zero
-    requests) plus NodeResourcesBalancedAllocation (w=1, real requests), and TaintToleration (w=3) where nodes
+    """kube-scheduler's (1.33 and later) default profile for a plain pod: NodeResourcesFit LeastAllocated (w=1,
+    non-zero requests) plus NodeResourcesBalancedAllocation (w=1, real requests; skipped for a pod requesting no
+    cpu or memory, as 1.33 does: 1.28-1.32 still score it), and TaintToleration (w=3) where nodes
     carry PreferNoSchedule taints (:meth:`ScoringPolicy.scores`). The other default plugins add the same constant
     to every node for a pod without preferred affinity or spread constraints (a twin pod has neither), so they
     are omitted; live, see docs/live.md ("Known limits").
