@@ -153,6 +153,9 @@ class PowerPolicy:
     :param budgets: disruption budgets (:class:`DisruptionBudget`); none = no limit beyond one node per round.
     :param balanced_k: approve a move only if savings fraction / disruption fraction >= this (0 = off;
         Karpenter's Balanced policy uses 0.5).
+    :param max_sleeps_per_hour: at most this many sleeps started over any sliding hour (0 = no limit; the live
+        controller's ``--max-sleeps-per-hour``, 60 by default): idle sleeps wait for room, a node consolidation
+        emptied sleeps at once and counts (:class:`SleepCap`).
     """
 
     sleep_after_s: float = 300.0
@@ -166,6 +169,7 @@ class PowerPolicy:
     horizon_s: float = 3600.0
     budgets: tuple[DisruptionBudget, ...] = ()
     balanced_k: float = 0.0
+    max_sleeps_per_hour: int = 0
 
     def __post_init__(self) -> None:
         if not (self.balanced_k >= 0 and math.isfinite(self.balanced_k)):
@@ -176,9 +180,38 @@ class PowerPolicy:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         if self.recheck_s <= 0 or self.consolidate_interval_s <= 0:
             raise ValueError("recheck_s and consolidate_interval_s must be > 0")
-        for name in ("min_awake", "spare_cpu_m", "max_evictions_per_hour"):
+        for name in ("min_awake", "spare_cpu_m", "max_evictions_per_hour", "max_sleeps_per_hour"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+
+
+class SleepCap:
+    """At most ``per_hour`` sleeps started over any sliding hour (0 = no limit): a bound on how many machines a
+    misconfiguration or a bug can switch off, and on power cycles. The live controller and the twin count with
+    it alike."""
+
+    def __init__(self, per_hour: int):
+        self.per_hour = per_hour
+        self.started: deque[float] = deque()  # when each sleep of the last hour started, in order
+
+    def wait(self, now: float) -> float:
+        """Seconds until one more sleep may start (0: now)."""
+        while self.started and now - self.started[0] >= 3600.0:
+            self.started.popleft()
+        if not self.per_hour or len(self.started) < self.per_hour:
+            return 0.0
+        return 3600.0 - (now - self.started[0])
+
+    def record(self, now: float) -> None:
+        """A sleep started at ``now`` (one that goes ahead whatever the cap counts too)."""
+        if self.per_hour:
+            self.started.append(now)
+
+    def copy(self) -> "SleepCap":
+        """The same count, to play forward without changing this one (the twin's idle tail)."""
+        out = SleepCap(self.per_hour)
+        out.started = deque(self.started)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +258,10 @@ class NodePowerCore:
     protected: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     counted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     evictions: deque = field(default_factory=deque)  # times of past evictions
+    sleep_cap: SleepCap = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sleep_cap = SleepCap(self.policy.max_sleeps_per_hour)
 
     # ---- sleep -------------------------------------------------------------------------------------------
     def may_sleep(self, st: ClusterState, i: int, workload_pods: int | None = None) -> str:

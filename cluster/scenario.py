@@ -112,8 +112,9 @@ class Sleep(_Strict):
     """An empty node sleeps after ``sleep_after_s``; binding a pod to it wakes it, which takes ``wake_s``.
 
     ``min_awake`` nodes, with ``spare_cpu_m`` of free requested CPU among them, always stay awake (a node held
-    awake by them is looked at again every ``recheck_s``); ``consolidation`` (off unless given) evicts pods so
-    that more nodes can sleep. The defaults keep the plain rule: every node that has been empty long enough
+    awake by them is looked at again every ``recheck_s``); at most ``max_sleeps_per_hour`` sleeps start over any
+    sliding hour (0, the default: no limit; the live controller's default is 60), an idle node waiting for room;
+    ``consolidation`` (off unless given) evicts pods so that more nodes can sleep. The defaults keep the plain rule: every node that has been empty long enough
     sleeps."""
 
     mode: Literal["sleep"]
@@ -123,6 +124,7 @@ class Sleep(_Strict):
     min_awake: int = Field(0, ge=0)
     spare_cpu_m: int = Field(0, ge=0)
     recheck_s: float = Field(60.0, ge=1, allow_inf_nan=False)
+    max_sleeps_per_hour: int = Field(0, ge=0)
     consolidation: Consolidation | None = None
 
     def power_policy(self) -> PowerPolicy:
@@ -133,7 +135,7 @@ class Sleep(_Strict):
                                           horizon_s=c.horizon_s, budgets=tuple(b.core() for b in c.budgets),
                                           balanced_k=c.balanced_k)
         return PowerPolicy(sleep_after_s=self.sleep_after_s, min_awake=self.min_awake, spare_cpu_m=self.spare_cpu_m,
-                           recheck_s=self.recheck_s, **extra)
+                           recheck_s=self.recheck_s, max_sleeps_per_hour=self.max_sleeps_per_hour, **extra)
 
 
 IdlePolicy = Annotated[Union[AlwaysOn, Sleep], Field(discriminator="mode")]

@@ -931,7 +931,10 @@ class Twin:
         if ver != self._sleep_ver[i] or self._pstate[i] != ON or self.state.pods[i] != 0:
             return  # a pod came, or the node is not idle-awake: this timer is stale
         verdict = self.power.may_sleep(self.state, i)
-        if not verdict:
+        if not verdict and (wait := self.power.sleep_cap.wait(self.now)) > 0:
+            self._push(self.now + wait, _SLEEP, i, ver)  # max_sleeps_per_hour: looked at again once there is room
+        elif not verdict:
+            self.power.sleep_cap.record(self.now)
             self._set_pstate(i, ASLEEP)
             if self.record:
                 self.power_log.append((self.now, "sleep", i))
@@ -1002,6 +1005,7 @@ class Twin:
         svcs.clear()
         self._refresh(i)
         self._sleep_ver[i] += 1
+        self.power.sleep_cap.record(now)  # emptied to sleep: it goes ahead whatever the cap, and counts
         self._set_pstate(i, ASLEEP)
         if self.record:
             self.power_log.append((now, "sleep", i))
@@ -1352,6 +1356,9 @@ class Twin:
         # Past a whole round of timers after the last change, every held node has been looked at in the final
         # state (the decision core reads no clock): nothing changes any more.
         wait = max(self.sleep_after, pp.recheck_s if pp is not None else 0.0, st.wake_s)
+        cap = self.power.sleep_cap.copy() if self.power is not None else None
+        if cap is not None and cap.per_hour:
+            wait = max(wait, 3600.0)  # a sleep held by max_sleeps_per_hour is looked at again within the hour
         last = end
         while events:
             t, _, kind, i, v = heapq.heappop(events)
@@ -1374,6 +1381,11 @@ class Twin:
                     continue
                 if verdict:
                     continue
+                if (held := cap.wait(t)) > 0:  # as _sleep_event: looked at again once there is room
+                    seq += 1
+                    heapq.heappush(events, (t + held, seq, _SLEEP, i, v))
+                    continue
+                cap.record(t)
                 pstate[i] = view.power_state[i] = ASLEEP
                 wi, gi = float(st.sleep_watts[i]), 0.0
             changes.append((t, i, wi, gi))

@@ -82,6 +82,7 @@ from joulesched.cluster.nodepower import (
     MovablePod,
     NodePowerCore,
     PowerPolicy,
+    SleepCap,
 )
 from joulesched.cluster.state import ASLEEP, ON, WAKING, ClusterState
 from joulesched.live.actuators.access import AccessError, AddressPolicy, Resolved, machine_keys
@@ -271,7 +272,7 @@ class NodePowerController:
         self._delegated: set[str] = set()
         self._lock = threading.RLock()
         self._recs: dict[str, _NodeRec] = {}
-        self._sleeps_started: collections.deque[float] = collections.deque()  # this clock's times, the last hour
+        self._sleep_cap = SleepCap(self.cfg.max_sleeps_per_hour)  # on this replica's clock
         self._ratelog = RateLimitedLog(log, interval_s=300.0)
         self._busy: dict[str, str] = {}  # nodes with an action in flight -> the action
         self._stop = threading.Event()
@@ -876,14 +877,12 @@ class NodePowerController:
     # ---- actions (wakes and sleeps on their own bounded pools; at most one per node) ----
     def _sleep_room(self, name: str, now: float) -> bool:
         """Whether ``max_sleeps_per_hour`` leaves room for one more sleep now (logged, rate-limited, when not)."""
-        cap, started = self.cfg.max_sleeps_per_hour, self._sleeps_started
-        while started and now - started[0] >= 3600.0:
-            started.popleft()
-        if not cap or len(started) < cap:
+        wait = self._sleep_cap.wait(now)
+        if not wait:
             return True
         self._ratelog.warn("sleep-cap", "node %s stays awake: %d sleeps were started in the last hour "
-                           "(max_sleeps_per_hour); the next may start in %.0f s", name, len(started),
-                           3600.0 - (now - started[0]))
+                           "(max_sleeps_per_hour); the next may start in %.0f s", name, len(self._sleep_cap.started),
+                           wait)
         return False
 
     def _start(self, name: str, action: str, fn: Callable[[str], None]) -> None:
@@ -891,7 +890,7 @@ class NodePowerController:
             if (action, name) not in self._announced:
                 self._announced.add((action, name))
                 if action == "sleep":
-                    self._sleeps_started.append(self.clock())
+                    self._sleep_cap.record(self.clock())
                 self.actions.append((self.clock(), action, name))
                 self.metrics.actions.labels(action).inc()
                 log.info("dry-run: would %s node %s", action, name)
@@ -901,7 +900,7 @@ class NodePowerController:
                 return
             self._busy[name] = action
             if action == "sleep":
-                self._sleeps_started.append(self.clock())
+                self._sleep_cap.record(self.clock())
         self.actions.append((self.clock(), action, name))
         if len(self.actions) > 10_000:
             del self.actions[:5_000]

@@ -65,7 +65,8 @@ def _jobs(seed: int, n: int = 40) -> list[tuple]:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-@pytest.mark.parametrize("extra", [{}, {"min_awake": 2}, {"spare_cpu_m": 1500}], ids=["plain", "min-awake", "spare"])
+@pytest.mark.parametrize("extra", [{}, {"min_awake": 2}, {"spare_cpu_m": 1500}, {"max_sleeps_per_hour": 1}],
+                         ids=["plain", "min-awake", "spare", "sleep-cap"])
 @pytest.mark.parametrize("policy", ["awake-first", "round-robin"])
 def test_a_run_metered_past_its_end_is_the_same_run_with_a_later_horizon(seed, extra, policy):
     # Jobs only: the horizon changes no decision, only where the run stops being metered.
@@ -74,7 +75,7 @@ def test_a_run_metered_past_its_end_is_the_same_run_with_a_later_horizon(seed, e
                                                                        200, 215]}]
     wl = workload(*_jobs(seed))
     short = run_policy(Twin(scenario(nodes, duration_s=600, idle=idle), wl), make_policy(policy), seed)
-    until = short.end_s + 1000
+    until = short.end_s + (5000 if extra.get("max_sleeps_per_hour") else 1000)  # sleeps held up to an hour
     long = run_policy(Twin(scenario(nodes, duration_s=until, idle=idle), wl), make_policy(policy), seed)
     assert long.end_s == until and long.placements == short.placements
     assert extend_run(short, until).energy_joules == pytest.approx(long.energy_joules, rel=1e-12)

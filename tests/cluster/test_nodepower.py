@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from joulesched.agent.registry import make_policy
 from joulesched.agent.runner import run_policy
 from joulesched.cluster.nodepower import HELD_MIN_AWAKE, HELD_SPARE, MovablePod, NodePowerCore, PowerPolicy
 from joulesched.cluster.scenario import ScenarioError, load_scenario
@@ -149,6 +151,24 @@ def test_twin_min_awake_keeps_a_node_on_and_rechecks_it():
     # n1 sleeps at 10; n0 is then the last awake node and stays on for good.
     assert tw.power_log == [(10.0, "sleep", 1)]
     assert r.energy_joules == pytest.approx(150 * 30 + 100 * 70 + 100 * 10 + 5 * 90)
+
+
+def test_twin_sleep_cap_holds_idle_sleeps_for_room_and_counts_consolidations():
+    """max_sleeps_per_hour, as the live controller counts it (cluster.nodepower.SleepCap): the twin put every
+    idle node to sleep at once, so a cluster the controller keeps awake under its default cap of 60 looked
+    cheaper in the benchmark than on the machines."""
+    sc = scenario([{}, {}, {}], duration_s=8000, idle={**SLEEP, "max_sleeps_per_hour": 2})
+    tw, r = _twin(sc, workload((0, 30, 500, 10, 500)))
+    # n1 and n2 sleep at 10; n0 empties at 30 but waits for the first sleep to leave the sliding hour.
+    assert tw.power_log == [(10.0, "sleep", 1), (10.0, "sleep", 2), (3610.0, "sleep", 0)]
+    free = _twin(scenario([{}, {}, {}], duration_s=8000, idle=SLEEP), workload((0, 30, 500, 10, 500)))
+    assert r.energy_joules - free[1].energy_joules == pytest.approx((100 - 5) * (3610 - 40))
+    cap = NodePowerCore(PowerPolicy(max_sleeps_per_hour=1)).sleep_cap
+    cap.record(0.0)  # a consolidation's sleep: it went ahead, and counts
+    assert cap.wait(100.0) == pytest.approx(3500.0) and cap.wait(3600.0) == 0.0
+    assert NodePowerCore(PowerPolicy()).sleep_cap.wait(0.0) == 0.0  # 0: no limit
+    with pytest.raises(ValidationError, match="max_sleeps_per_hour"):
+        scenario([{}], duration_s=10, idle={**SLEEP, "max_sleeps_per_hour": -1})
 
 
 def test_twin_never_sleep_group_is_never_put_to_sleep():
