@@ -955,9 +955,14 @@ class Twin:
                 continue
             self._touch(i)
             v, rate = self._vclock[i], self._rate[i]
+            # A job that does not checkpoint is evicted once at most (a review: the policy may put an evicted pod
+            # straight back on the node it left, waking it, and such a job then lost its progress at every tick and
+            # never ended: the run, and the benchmark, went on for ever). Services and checkpointing jobs keep what
+            # they did, and may move again.
+            again = self._first_start
             pods[i] = [MovablePod(p, self._req[p], self._usage[p],
                                   0.0 if self._ckpt[p] else self._work[p] * self._runtime_factor(p, i) - (vf - v),
-                                  "", (vf - v) / rate)
+                                  "evicted before" if p in again and not self._ckpt[p] else "", (vf - v) / rate)
                        for vf, p in self._running[i] if p >= 0]  # p < 0: a profiled job's next demand change
             # A service loses no work when evicted; it would empty the node by itself at its stop time.
             pods[i] += [MovablePod(p, self._req[p], self._usage[p], 0.0, "",

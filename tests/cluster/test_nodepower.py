@@ -171,6 +171,20 @@ def test_twin_sleep_cap_holds_idle_sleeps_for_room_and_counts_consolidations():
         scenario([{}], duration_s=10, idle={**SLEEP, "max_sleeps_per_hour": -1})
 
 
+def test_a_job_that_loses_its_progress_is_evicted_once_so_the_run_still_ends():
+    """default-k8s (LeastAllocated) puts the evicted job straight back on the empty node it left, waking it; the
+    next tick drained that node again, and a job that does not checkpoint lost its progress every time: the run,
+    and `joulesched benchmark`, never ended (a review: 132,975 evictions by simulated day 92)."""
+    idle = {**SLEEP, "sleep_after_s": 300, "wake_s": 30,
+            "consolidation": {"interval_s": 60, "restart_s": 0}}
+    sc = scenario([{"memory_mib": 32000}, {"cpu_m": 8000, "memory_mib": 8000, "never_sleep": True}],
+                  duration_s=3600, idle=idle)
+    tw = Twin(sc, workload((0, 300, 0, None, 1400)), record=True)
+    r = run_policy(tw, make_policy("default-k8s"), 0)
+    assert tw.evictions == 1 and r.end_s < 3 * 3600, (tw.evictions, r.end_s)
+    assert [a for _, a, _ in tw.power_log].count("evict") == 1
+
+
 def test_twin_never_sleep_group_is_never_put_to_sleep():
     sc = scenario([{"never_sleep": True}, {}], duration_s=100, idle=SLEEP)
     tw, _ = _twin(sc, workload((0, 30, 500, 10, 500)))
