@@ -153,15 +153,23 @@ class _TwinDecision(Decision):
 
 @dataclass
 class Timeline:
-    """Power and utilisation sampled on a fixed grid, for plots."""
+    """Power and utilisation sampled on a fixed grid, for plots: bin ``k`` covers ``[k bin_s, (k + 1) bin_s)``,
+    the last one up to ``end_s`` (the window's end: it may hold only part of a bin)."""
 
     bin_s: float
-    energy_j: list[float] = field(default_factory=list)  # joules per bin (mean watts = energy / bin_s)
+    energy_j: list[float] = field(default_factory=list)  # joules per bin (mean watts = energy / its length)
     util: list[np.ndarray] = field(default_factory=list)  # per-node utilisation at each bin's start
     awake: list[int] = field(default_factory=list)  # nodes not asleep at each bin's start
+    end_s: float | None = None  # None: every bin whole
 
     def watts(self) -> np.ndarray:
-        return np.asarray(self.energy_j) / self.bin_s
+        """Mean watts per bin, the last one over the part of it the window covers (a review: a run ending 30 s
+        into a bin plotted a tenth of its power there)."""
+        e = np.asarray(self.energy_j, dtype=float)
+        length = np.full(len(e), self.bin_s)
+        if self.end_s is not None and len(e):
+            length[-1] = min(self.bin_s, max(self.end_s - (len(e) - 1) * self.bin_s, 1e-9))
+        return e / length
 
 
 @dataclass
@@ -304,17 +312,17 @@ def extend_run(r: RunResult, until_s: float) -> RunResult:
     tl = r.timeline
     if tl is not None and tl.energy_j:
         b = tl.bin_s
-        k = len(tl.energy_j)  # the twin opens a bin at every boundary up to and including the end
+        k = len(tl.energy_j)  # the twin's bins end with the one its end falls in (or ends at)
         energy_j = list(tl.energy_j)
         energy_j[-1] += tail.energy(r.end_s, min(k * b, until_s))[0]
         util, awake = list(tl.util), list(tl.awake)
         idle = np.zeros_like(util[-1]) if util else None
-        for j in range(k, math.floor(until_s / b) + 1):
+        for j in range(k, math.ceil(until_s / b)):  # the last bin is the one until_s falls in (or ends at)
             energy_j.append(tail.energy(j * b, min((j + 1) * b, until_s))[0])
             awake.append(tail.awake_at(j * b))
             if idle is not None:
                 util.append(idle)
-        tl = Timeline(bin_s=b, energy_j=energy_j, util=util, awake=awake)
+        tl = Timeline(bin_s=b, energy_j=energy_j, util=util, awake=awake, end_s=until_s)
     return dataclasses.replace(r, energy_joules=r.energy_joules + e, gpu_energy_joules=r.gpu_energy_joules + g,
                                window_end_s=until_s, timeline=tl, **extra)
 
@@ -855,7 +863,7 @@ class Twin:
             tl.energy_j.append(0.0)
             tl.util.append(self.state.utilization().astype(np.float32))
             tl.awake.append(int((self.state.power_state != ASLEEP).sum()))
-            self._bin_end += tl.bin_s
+            self._bin_end = len(tl.energy_j) * tl.bin_s  # a product: a sum of bin_s drifts
         self._energy_bin_add(self._ptot * (t - t0))
 
     def _energy_bin_add(self, joules: float) -> None:
@@ -1094,6 +1102,13 @@ class Twin:
             self._close_services()
         self._end_s = end
         self.done = True
+        if self.timeline is not None:
+            tl = self.timeline
+            if len(tl.energy_j) > 1 and (len(tl.energy_j) - 1) * tl.bin_s >= end:  # opened at the end: empty
+                tl.energy_j.pop()
+                tl.util.pop()
+                tl.awake.pop()
+            tl.end_s = end
 
     # ---- the pod model: services and usage profiles --------------------------------------------------------
     # _live counts bound jobs, and services bound to a waking node until they start: the run waits for jobs only.

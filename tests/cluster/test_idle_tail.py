@@ -125,3 +125,21 @@ def test_padded_bins_count_the_nodes_awake_before_a_change_on_their_boundary():
     w = extend_run(short, 200).timeline
     assert w.awake == long.timeline.awake and w.awake[12] == 1
     assert w.energy_j == pytest.approx(long.timeline.energy_j)
+
+
+@pytest.mark.parametrize("job_s", [1030.0, 1000.0, 300.0])
+def test_the_timelines_last_bin_is_the_mean_power_of_what_it_covers(job_s):
+    """One node idling at 100 W all along: every bin reads 100 W, the last one too. It was divided by a whole
+    bin: a run ending 30 s into one plotted a tenth of its power there, one ending on a boundary a bin of 0 W (a
+    review); and metered past its end, the window's last bin likewise."""
+    sc = scenario([{}], duration_s=1000)
+    r = run_policy(Twin(sc, workload((0, job_s, 100, 10, 0)), record=True), First(), 0)
+    tl = r.timeline
+    assert len(tl.energy_j) == len(tl.util) == len(tl.awake) == int(np.ceil(r.end_s / tl.bin_s - 1e-9))
+    assert tl.watts() == pytest.approx(np.full(len(tl.energy_j), 100.0))
+    assert sum(tl.energy_j) == pytest.approx(r.energy_joules)
+    for until in (r.end_s + 10.0, r.end_s + 5 * tl.bin_s):
+        w = extend_run(r, until).timeline
+        assert len(w.energy_j) == len(w.awake) == int(np.ceil(until / tl.bin_s - 1e-9))
+        assert w.watts() == pytest.approx(np.full(len(w.energy_j), 100.0))
+        assert sum(w.energy_j) == pytest.approx(100.0 * until)
