@@ -620,6 +620,12 @@ class Scenario(_Strict):
         base = self.source.parent if self.source else Path.cwd()
         return [(base / f.fit).resolve() for f in self.workload.fitted or []]
 
+    @property
+    def input_files(self) -> list[Path]:
+        """The files this scenario was read from: itself, its traces and its fits (what a stage depends on, and
+        what no command may write its output over)."""
+        return [f for f in (self.source, *self.trace_paths, *self.fit_paths) if f is not None]
+
 
 def _format_validation_error(path: Path | str, err: ValidationError) -> str:
     lines = []

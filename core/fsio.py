@@ -3,7 +3,8 @@
 Every output joulesched writes (results, timelines, plots, checkpoints, traces, stage records) goes through
 :func:`atomic_path`: a uniquely named temporary file in the destination's own folder (so two overlapping runs
 never share a temp name and the final rename stays on one filesystem), flushed to disk, then renamed over the
-destination. On any error the temporary file is removed and the destination is untouched.
+destination. On any error the temporary file is removed and the destination is untouched. A destination that
+is a symbolic link is written through (the link stays); one that is a device, FIFO or socket is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def _writable_target(dest: Path) -> Path:
+    """The regular file to replace for ``dest``: a symbolic link is followed (the link stays, its target is
+    written), and a directory, a device, a FIFO or a socket is refused (a review: ``-o /dev/full`` and a FIFO
+    were replaced by regular files; a directory would fail only after the work)."""
+    if dest.is_symlink():
+        dest = Path(os.path.realpath(dest))
+    if dest.is_dir():  # os.replace would fail with IsADirectoryError after the work is done
+        raise UsageError(f"{dest} is a directory; cannot write a file there (remove it, or write elsewhere)")
+    if dest.exists() and not dest.is_file():
+        raise UsageError(f"{dest} exists and is not a regular file (a device, FIFO or socket); write elsewhere")
+    return dest
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``dest`` (creating its folder); when the block succeeds, fsync it and
@@ -35,9 +49,7 @@ def atomic_path(dest: str | os.PathLike, mode: int | None = None) -> Iterator[Pa
 
     ``mode`` sets the file's permissions (default: what a plain ``open`` would give under the umask).
     """
-    dest = Path(dest)
-    if dest.is_dir():  # os.replace would fail with IsADirectoryError after the work is done
-        raise UsageError(f"{dest} is a directory; cannot write a file there (remove it, or write elsewhere)")
+    dest = _writable_target(Path(dest))
     dest.parent.mkdir(parents=True, exist_ok=True)  # an output path names its folder too: create it
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     os.close(fd)
@@ -138,6 +150,8 @@ def check_output_file(path: str | os.PathLike, option: str,
             raise UsageError(f"{option} {path} is also an input of this command; writing it would replace it")
     if path.is_dir():
         raise UsageError(f"{option} {path} is a directory; give a file name")
+    if path.exists() and not path.is_file():
+        raise UsageError(f"{option} {path} exists and is not a regular file (a device, FIFO or socket)")
     _check_creatable(path.parent if str(path.parent) else Path("."), f"{option} {path}")
     return path
 

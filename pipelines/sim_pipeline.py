@@ -46,7 +46,7 @@ def _load(scenarios: Sequence[Path | Scenario], profile: Path | None) -> list[Sc
 
 def _stage_key(scenarios: Sequence[Scenario]) -> tuple[list[Path], list[dict]]:
     """What a stage over ``scenarios`` depends on: their source and trace files, and their content."""
-    files = [f for sc in scenarios for f in (sc.source, *sc.trace_paths, *sc.fit_paths) if f is not None]
+    files = [f for sc in scenarios for f in sc.input_files]
     return files, [sc.model_dump(mode="json") for sc in scenarios]
 
 

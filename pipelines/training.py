@@ -243,6 +243,8 @@ def train(scenarios: Sequence[Path | Scenario], model: Path, *, minutes: float |
     if model.exists() and not resume and not overwrite:
         raise TrainError(f"{model} exists; pass --resume to continue training it or --overwrite to replace it")
     loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]  # errors name the field
+    for sc in loaded:  # the model written over a scenario or its trace replaced it with a safetensors file
+        check_output_file(model, "--model", inputs=sc.input_files)
     if threads > 0:
         torch.set_num_threads(threads)
     prev_training: dict = {}

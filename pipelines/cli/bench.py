@@ -321,8 +321,9 @@ def explain(
         fail(f"policy {policy!r} reads the run's future in the twin, which explain does not replay; compare it with "
              "`joulesched benchmark`")
     with errors():
-        if save_snapshot is not None:
-            check_output_file(save_snapshot, "--save-snapshot")
+        if save_snapshot is not None:  # never over the scenario or a file it reads (it was replaced by JSON)
+            from joulesched.cluster.scenario import load_scenario
+            check_output_file(save_snapshot, "--save-snapshot", inputs=load_scenario(scenario).input_files)
         pol = make_policy(policy)
         meta = None
         if scenario is not None:
@@ -524,9 +525,9 @@ def trace(
     if to_stdout and as_json:
         fail("--json needs an --out file: with -o - the trace CSV itself is stdout")
     with errors():
-        if not to_stdout:
-            check_output_file(out_file, "--out", inputs=[scenario])
         sc = load_scenario(scenario)
+        if not to_stdout:  # the scenario's own trace among the inputs: a mix written over it grew at every run
+            check_output_file(out_file, "--out", inputs=[scenario, *sc.input_files])
         wl = build_workload(sc, seed, pod_model=True)
         write_trace(wl, sys.stdout if to_stdout else out_file)
     if as_json:

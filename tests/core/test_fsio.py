@@ -39,3 +39,49 @@ def test_benchmark_refuses_before_running_and_writes_nothing(tmp_path, name):
                             "-o", str(tmp_path)])
     assert r.exit_code == 2 and f"{name} there is a directory" in r.output and "Traceback" not in r.output, r.output
     assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+def test_a_device_or_fifo_is_not_replaced_and_a_symlink_is_written_through(tmp_path):
+    """``-o /dev/full`` exited 0 and left /dev/full a regular file; a FIFO and a symlink were replaced too (a
+    review). Now a device or FIFO is refused, and a link keeps pointing at its target, which is written."""
+    import os
+
+    from joulesched.core.fsio import check_output_file
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for dest in (fifo, Path("/dev/null")):
+        with pytest.raises(UsageError, match="is not a regular file"):
+            atomic_write_text(dest, "x")
+        with pytest.raises(UsageError, match="is not a regular file"):
+            check_output_file(dest, "--out")
+    assert fifo.is_fifo() and Path("/dev/null").is_char_device()
+    target = tmp_path / "real.csv"
+    target.write_text("old")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    atomic_write_text(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    dangling = tmp_path / "dangling.csv"
+    dangling.symlink_to(tmp_path / "sub" / "made.csv")
+    atomic_write_text(dangling, "made")
+    assert dangling.is_symlink() and (tmp_path / "sub" / "made.csv").read_text() == "made"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.csv", "fifo", "link.csv", "real.csv", "sub"]
+
+
+def test_no_command_writes_its_output_over_a_file_its_scenario_reads(tmp_path):
+    """`trace -o` over the scenario's own trace (it grew at every run), `explain --save-snapshot` over the
+    scenario, `train --model` over it: each replaced an input, exit 0 (a review)."""
+    trace = tmp_path / "base.csv"
+    trace.write_text("submit_s,duration_s,cpu_request_m,memory_request_mib,cpu_usage_m\n0,30,100,10,100\n")
+    sc = tmp_path / "sc.yaml"
+    sc.write_text("name: sc\nseed: 1\nduration_s: 60\nidle_policy: {mode: always_on}\n"
+                  "nodes: [{name_prefix: a, count: 1, cpu_m: 1000, memory_mib: 1024, power_watts: hp-ml110-g5}]\n"
+                  "workload: {trace: base.csv}\n")
+    before = (sc.read_bytes(), trace.read_bytes())
+    for args in (["trace", "-s", str(sc), "-o", str(trace)],
+                 ["explain", "-s", str(sc), "--save-snapshot", str(sc)],
+                 ["train", "-s", str(sc), "--model", str(trace), "--overwrite", "--steps", "10", "--no-progress"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "is also an input of this command" in r.output, (args, r.output)
+    assert (sc.read_bytes(), trace.read_bytes()) == before
