@@ -446,7 +446,7 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
                     "decision_us_p99": r.decision_us_p99}
             entry = {"name": sc.name, "nodes": sc.node_count, "seed": seed, "rows": rows}
             e = rows["dqn"]["energy_joules"]
-            if "default-k8s" in rows:
+            if "default-k8s" in rows and rows["default-k8s"]["energy_joules"] > 0:  # 0 J: curves that draw nothing
                 entry["ratio_vs_default"] = e / rows["default-k8s"]["energy_joules"]
                 entry["slo_vs_default_pp"] = 100 * (rows["dqn"]["slo_violation_rate"]
                                                     - rows["default-k8s"]["slo_violation_rate"])
@@ -454,13 +454,15 @@ def evaluate(model: Path, scenarios: Sequence[Path], seeds: int = 1, *, baseline
             if heur:
                 best = min(heur, key=lambda h: rows[h]["energy_joules"])
                 entry["best_heuristic"] = best
-                entry["ratio_vs_best_heuristic"] = e / rows[best]["energy_joules"]
+                if rows[best]["energy_joules"] > 0:
+                    entry["ratio_vs_best_heuristic"] = e / rows[best]["energy_joules"]
             # Every GPU-aware heuristic is sleep-aware too (the same frame): on a GPU cluster they are its best.
             sleepy = [h for h in rows if h in SLEEP_AWARE or (sc.has_gpus and family_of(h) == "gpu-aware")]
             best_sa = min(sleepy, key=lambda h: rows[h]["energy_joules"])
             entry["best_sleep_aware"] = best_sa
             e_sa = rows[best_sa]["energy_joules"]
-            entry["ratio_vs_best_sleep_aware"] = e / e_sa
+            if e_sa > 0:  # a ratio to 0 J is no ratio: left out, as the benchmark writes null
+                entry["ratio_vs_best_sleep_aware"] = e / e_sa
             entry["pending_vs_best_sleep_aware"] = (rows["dqn"]["mean_pending_s"]
                                                     - rows[best_sa]["mean_pending_s"])
             if lower:

@@ -444,6 +444,22 @@ def test_a_validation_reference_of_0_joules_is_refused_with_its_case(tmp_path):
     assert not model.exists()
 
 
+def test_test_on_a_cluster_that_draws_0_joules_leaves_the_ratios_out(tmp_path):
+    """`test` divided the DQN's energy by default-k8s's 0 J: a ZeroDivisionError traceback, exit 1 (a review);
+    the benchmark writes null there, and `test` now leaves such a ratio out."""
+    sc = tmp_path / "dark.yaml"
+    sc.write_text(TINY.read_text().replace("power_watts: hp-ml110-g5", "power_watts: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]")
+                  .replace("power_watts: ibm-x3250-x3470", "power_watts: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]"))
+    r = runner.invoke(app, ["test", "--model", str(_model(tmp_path)), "-s", str(sc), "--no-bound", "--no-optimum",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    entry = json.loads(r.output)["scenarios"][0]
+    assert entry["rows"]["default-k8s"]["energy_joules"] == 0
+    assert "ratio_vs_default" not in entry
+    sa = entry["rows"][entry["best_sleep_aware"]]["energy_joules"]
+    assert ("ratio_vs_best_sleep_aware" in entry) == (sa > 0)
+
+
 def test_nan_or_infinity_in_a_models_metadata_is_refused(tmp_path):
     """json.loads read NaN and Infinity, and `test --json` wrote them back out, which no strict parser reads (a
     review)."""
