@@ -26,7 +26,7 @@ from joulesched.cluster.scenario import Scenario, load_scenario
 from joulesched.cluster.twin import RunResult, Twin
 from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
-from joulesched.core.fsio import atomic_path, atomic_write_text, check_output_dir
+from joulesched.core.fsio import atomic_path, check_output_dir
 from joulesched.core.names import check_ray_address
 from joulesched.pipelines.pool import process_pool
 from joulesched.pipelines.results import (SCHEMA_VERSION, OptimumRun, Results, dump, from_dict, load_results,  # noqa: F401
@@ -485,10 +485,17 @@ OUTPUT_FILES = ("results.json", "nodes.json", "timelines.npz", "placements.csv",
 
 def write_outputs(out: Path, res: Results, timelines: dict[str, np.ndarray], meta: dict) -> None:
     """Write timelines.npz, nodes.json and, last, results.json, each atomically (core/fsio.py): results.json
-    is the set's commit record, so a reader that finds a new one finds the files it describes beside it."""
+    is the set's commit record, so a reader that finds a new one finds the files it describes beside it. All
+    three are written in full before any is renamed into place (a full disk leaves the earlier set whole), and
+    the earlier results.json goes just before the renames: one that fails then leaves no record, never the old
+    one beside new timelines (a review: `report` drew such a folder without a word)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "timelines.npz") as tmp, open(tmp, "wb") as fh:
-        np.savez_compressed(fh, **timelines)
-    atomic_write_text(out / "nodes.json", json.dumps(meta) + "\n")
-    atomic_write_text(out / "results.json", dump(res))
+    # Renamed in reverse order of entry as the blocks close: timelines, nodes, then results.
+    with atomic_path(out / "results.json") as res_tmp, atomic_path(out / "nodes.json") as nodes_tmp, \
+            atomic_path(out / "timelines.npz") as tl_tmp:
+        with open(tl_tmp, "wb") as fh:
+            np.savez_compressed(fh, **timelines)
+        nodes_tmp.write_bytes((json.dumps(meta) + "\n").encode("utf-8"))
+        res_tmp.write_bytes(dump(res).encode("utf-8"))
+        (out / "results.json").unlink(missing_ok=True)

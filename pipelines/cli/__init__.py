@@ -10,9 +10,11 @@ The root :data:`app` is assembled on first use, so that importing one command mo
 
 from __future__ import annotations
 
+import errno
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 from typer.models import TyperPath
 
@@ -51,11 +53,27 @@ def _refuse_empty_paths(command: Any) -> None:
             param.type.__class__ = _NonEmptyPath  # same state, one more check
 
 
+#: What a full disk, a quota, a read-only or immutable file system or a dying device does to a read or write:
+#: the machine's state, not a bug, so one line and exit 1 rather than a traceback (a review).
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
+                             errno.EFBIG})
+
+
 class _RootGroup(TyperGroup):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         # Typer builds the click tree afresh for each invocation (CliRunner's too), then calls the root's main.
         _refuse_empty_paths(self)
-        return super().main(*args, **kwargs)
+        try:
+            return super().main(*args, **kwargs)
+        except OSError as e:
+            if e.errno not in _STORAGE_ERRNOS:
+                raise
+            from joulesched.pipelines.cli.common import err
+
+            where = f"{e.filename}: " if e.filename else ""
+            err.print(f"[red]error:[/red] {escape(where + (e.strerror or str(e)))} (nothing half-written is left: "
+                      "outputs are renamed into place only when whole)", soft_wrap=True)
+            raise SystemExit(1) from None
 
 
 def build_app() -> typer.Typer:

@@ -85,3 +85,27 @@ def test_no_command_writes_its_output_over_a_file_its_scenario_reads(tmp_path):
         r = runner.invoke(app, args)
         assert r.exit_code == 2 and "is also an input of this command" in r.output, (args, r.output)
     assert (sc.read_bytes(), trace.read_bytes()) == before
+
+
+def test_a_full_disk_is_one_line_and_exit_1_not_a_traceback(tmp_path, monkeypatch):
+    """A write that fails for the machine's reasons (ENOSPC, a read-only or immutable folder) printed a Python
+    traceback (a review); it is one line naming the file, exit 1, and the output is left as it was."""
+    import errno
+
+    import joulesched.cluster.workload as workload
+
+    def full(wl, out):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out))
+
+    monkeypatch.setattr(workload, "write_trace", full)
+    r = runner.invoke(app, ["trace", "-s", str(ROOT / "scenarios" / "tiny.yaml"), "-o", str(tmp_path / "t.csv")])
+    assert r.exit_code == 1, r.output
+    assert "t.csv: No space left on device" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "t.csv").exists()
+
+    def bug(wl, out):
+        raise FileNotFoundError(errno.ENOENT, "a bug's own error", "x")  # not the machine's state: not hidden
+
+    monkeypatch.setattr(workload, "write_trace", bug)
+    r = runner.invoke(app, ["trace", "-s", str(ROOT / "scenarios" / "tiny.yaml"), "-o", str(tmp_path / "t.csv")])
+    assert isinstance(r.exception, FileNotFoundError)
