@@ -126,18 +126,33 @@ _APP_KEYS = frozenset({"name", "pods", "kind", "slo_class", "cpu_m", "memory_mib
                        "gpu_spec", "usage_fraction", "usage_m", "own_lifetimes", "log_life_quantiles"})
 
 
+def _numbers(v: object, where: str, integer: bool = False) -> None:
+    """Refuse what ``int()`` / ``float()`` would have read silently: ``true`` (1), ``"48"``, ``48.9`` (48) for a
+    count (a review), at any depth of a list."""
+    for x in (v if isinstance(v, list) else [v]):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or (integer and not isinstance(x, int)):
+            raise ScenarioError(f"{where}: expected {'a whole number' if integer else 'a number'}, got {x!r}")
+
+
 def load_fit(path: str | Path) -> dict:
     """A fit file, checked (every problem a :class:`ScenarioError` naming the file and the field)."""
     p = Path(path)
     doc = read_yaml(p, "fit")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ScenarioError(f"{p}: not a fit file (format {FORMAT!r}); write one with `joulesched trace fit`")
+    for key in ("rate_per_s", "hourly_profile"):
+        if key in doc:
+            _numbers(doc[key], f"{p}: {key}")
     try:
         rate = float(doc["rate_per_s"])
         prof = np.asarray(doc["hourly_profile"], dtype=np.float64)
         apps = list(doc["apps"])
     except (KeyError, TypeError, ValueError) as e:
         raise ScenarioError(f"{p}: missing or malformed rate_per_s, hourly_profile or apps ({e})") from None
+    if "pods" in doc:
+        _numbers(doc["pods"], f"{p}: pods", integer=True)
+    if doc.get("until_s") is not None:
+        _numbers(doc["until_s"], f"{p}: until_s")
     if not (math.isfinite(rate) and rate > 0):
         raise ScenarioError(f"{p}: rate_per_s must be a positive number, got {doc['rate_per_s']!r}")
     if prof.shape != (24,) or not np.all(np.isfinite(prof)) or (prof <= 0).any():
@@ -158,6 +173,13 @@ def load_fit(path: str | Path) -> dict:
             raise ScenarioError(f"{where}: name must be a non-empty string, got {a.get('name')!r}")
         if a.get("slo_class") is not None and not isinstance(a["slo_class"], str):
             raise ScenarioError(f"{where}: slo_class must be a string (or null), got {a['slo_class']!r}")
+        for key in ("pods", "cpu_m", "memory_mib", "gpu_count", "gpu_milli"):
+            if a.get(key) is not None:
+                _numbers(a[key], f"{where}: {key}", integer=True)
+        if "log_life_quantiles" in a:
+            _numbers(a["log_life_quantiles"], f"{where}: log_life_quantiles")
+        if not isinstance(a.get("own_lifetimes", False), bool):
+            raise ScenarioError(f"{where}: own_lifetimes must be true or false, got {a['own_lifetimes']!r}")
         try:
             q = np.asarray(a["log_life_quantiles"], dtype=np.float64)
             n, cpu, mem = int(a["pods"]), int(a["cpu_m"]), int(a["memory_mib"])

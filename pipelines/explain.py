@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from joulesched.agent.policy import Policy
 from joulesched.cluster.state import (ASLEEP, DEFAULT_CPU_REQUEST_M, DEFAULT_MEMORY_REQUEST_MIB, ON, WAKING, ClusterState,
                                       PodRequest)
+from joulesched.cluster.scenario import MAX_CPU_M, MAX_MEMORY_MIB, NoLaxModel
 from joulesched.core.errors import UsageError, validation_summary
 from joulesched.core.fsio import read_text_input
 from joulesched.power.curves import SPECPOWER, validate_curve
@@ -28,20 +29,21 @@ class SnapshotError(UsageError):
     """A snapshot file is malformed; the message names the field."""
 
 
-class _M(BaseModel):
-    # No NaN or infinity anywhere in a snapshot: `explain --json` would print them as invalid JSON.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class _M(NoLaxModel):
+    # No NaN or infinity anywhere in a snapshot: `explain --json` would print them as invalid JSON. Strict (a
+    # snapshot is JSON a program wrote): "3600" for a number, true for a count or "yes" for a switch is refused.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class SnapPod(_M):
-    cpu_m: int | None = Field(None, ge=0)
-    memory_mib: int | None = Field(None, ge=0)
+    cpu_m: int | None = Field(None, ge=0, le=MAX_CPU_M)
+    memory_mib: int | None = Field(None, ge=0, le=MAX_MEMORY_MIB)
 
 
-class SnapAlloc(_M):
-    cpu_m: int = Field(ge=0)
-    memory_mib: int = Field(ge=0)
-    pods: int = Field(110, ge=0)
+class SnapAlloc(_M):  # bounded as a scenario's nodes are (10**30 millicores overflowed the state's int64)
+    cpu_m: int = Field(ge=0, le=MAX_CPU_M)
+    memory_mib: int = Field(ge=0, le=MAX_MEMORY_MIB)
+    pods: int = Field(110, ge=0, le=MAX_CPU_M)
 
 
 class SnapNode(_M):

@@ -154,8 +154,17 @@ def test_cpu_only_refuses_a_fit_with_only_gpu_applications(tmp_path):
     (lambda d: d["apps"][0].update(gpu_count=2, gpu_milli=500), "a share below 1000 is of one GPU"),
     (lambda d: d["apps"][0].update(kind="daemon"), "kind 'daemon' is not one of job, service"),
     (lambda d: d["apps"][0].pop("cpu_m"), "apps[0]: missing or malformed field"),
-    (lambda d: d["apps"][0].update(gpu_count=float("inf")), "apps[0]: missing or malformed field"),  # OverflowError
-    (lambda d: d["apps"][0].update(pods=float("inf")), "apps[0]: missing or malformed field"),
+    (lambda d: d["apps"][0].update(gpu_count=float("inf")), "apps[0]: gpu_count: expected a whole number, got inf"),
+    (lambda d: d["apps"][0].update(pods=float("inf")), "apps[0]: pods: expected a whole number, got inf"),
+    # What int() and float() read silently before (a review): a quoted or fractional count, a switch as a number.
+    (lambda d: d["apps"][0].update(pods="48"), "apps[0]: pods: expected a whole number, got '48'"),
+    (lambda d: d["apps"][0].update(pods=48.9), "apps[0]: pods: expected a whole number, got 48.9"),
+    (lambda d: d["apps"][0].update(cpu_m=True), "apps[0]: cpu_m: expected a whole number, got True"),
+    (lambda d: d.update(rate_per_s=True), "rate_per_s: expected a number, got True"),
+    (lambda d: d.update(until_s="yesterday"), "until_s: expected a number, got 'yesterday'"),
+    (lambda d: d["apps"][0].update(own_lifetimes="banana"), "apps[0]: own_lifetimes must be true or false"),
+    (lambda d: d["apps"][0].update(log_life_quantiles=["1"] * QUANTILES.size),
+     "apps[0]: log_life_quantiles: expected a number, got '1'"),
     (lambda d: d["apps"][0].pop("name"), "apps[0]: name must be a non-empty string, got None"),  # was a KeyError
     (lambda d: d["apps"][0].update(name=""), "apps[0]: name must be a non-empty string"),
     (lambda d: d["apps"][0].update(slo_class=["x"]), "apps[0]: slo_class must be a string (or null)"),

@@ -316,3 +316,17 @@ def test_a_snapshot_with_an_infinite_number_is_refused(tmp_path):
     (tmp_path / "s.json").write_text(text)
     _one_line_exit_2(runner.invoke(app, ["explain", "--snapshot", str(tmp_path / "s.json"), "--json"]),
                      "now_s: Input should be a finite number")
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda s: s["nodes"][0]["allocatable"].update(cpu_m=10**30), "cpu_m: Input should be less than or equal"),
+    (lambda s: s["nodes"][0]["allocatable"].update(cpu_m=True), "cpu_m: expected a number, got true"),
+    (lambda s: s["nodes"][0].update(never_sleep="yes"), 'never_sleep: expected true or false, got "yes"'),
+    (lambda s: s.update(now_s="3600"), "now_s: Input should be a valid number"),
+])
+def test_a_snapshot_is_read_strictly(tmp_path, edit, words):
+    """An OverflowError traceback for 10**30 millicores, and true, "yes" and "3600" read silently (a review)."""
+    snap = json.loads((ROOT / "scenarios" / "snapshots" / "example.json").read_text())
+    edit(snap)
+    (tmp_path / "s.json").write_text(json.dumps(snap))
+    _one_line_exit_2(runner.invoke(app, ["explain", "--snapshot", str(tmp_path / "s.json")]), words)
