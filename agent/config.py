@@ -381,7 +381,7 @@ def with_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
             raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE with a key of `joulesched train "
                               "--help` (e.g. dqn.hidden=128)")
         try:
-            data[section][name] = yaml.safe_load(raw)
+            data[section][name] = yamlio.load(raw)
         except yaml.YAMLError:
             data[section][name] = raw
     return validate_config(data, "--set")

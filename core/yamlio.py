@@ -3,10 +3,13 @@
 PyYAML's ``safe_load`` keeps the last of two equal keys without a word: a second ``duration_s:`` in a scenario,
 ``lr:`` in a training config or a node's name in the power address map would silently replace the first. Every
 file a user writes for joulesched is read through :func:`load`, which makes that an error naming both lines.
+It also reads ``1e9`` and ``1.0e9`` as numbers, as YAML 1.2 does (PyYAML's YAML 1.1 rules need ``1.0e+9``: a
+rate of ``1e9`` was the string "1e9", refused as no number).
 """
 
 from __future__ import annotations
 
+import re
 from typing import IO, Any
 
 import yaml
@@ -42,6 +45,15 @@ class UniqueKeyLoader(yaml.SafeLoader):
             if first is not None:
                 raise DuplicateKeyError(key, (first, line), key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's floats: PyYAML (YAML 1.1) wants a dot and a signed exponent. The table is copied first:
+# add_implicit_resolver would otherwise append to the lists SafeLoader shares with every yaml.safe_load.
+UniqueKeyLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def load(stream: str | bytes | IO[str] | IO[bytes]) -> Any:

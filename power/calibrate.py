@@ -124,8 +124,12 @@ def fit_curve(samples: Sequence[Sample], *, allow_extrapolation: bool = False) -
     err = pred - y
     nonzero = np.abs(y) > 1e-9
     mape = float(np.mean(np.abs(err[nonzero] / y[nonzero])) * 100) if nonzero.any() else 0.0
-    return Fit(validate_curve(curve), float(np.sqrt(np.mean(err**2))), mape, float(np.max(np.abs(err))),
-               len(samples), unsupported)
+    try:
+        checked = validate_curve(curve)
+    except ValueError as e:  # samples of absurd watts (1e300) fit a curve no scenario takes: was a traceback
+        raise CalibrationError(f"the fitted curve is not a node's: {e}") from None
+    return Fit(checked, float(np.sqrt(np.mean(err**2))), mape, float(np.max(np.abs(err))), len(samples),
+               unsupported)
 
 
 def read_samples_csv(path: str | Path) -> list[Sample]:

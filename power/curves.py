@@ -28,6 +28,9 @@ SPECPOWER: dict[str, tuple[float, ...]] = {
 def validate_curve(curve: Sequence[float], *, busy_draw: bool = True) -> tuple[float, ...]:
     """Return the curve as a tuple, or raise ValueError saying what is wrong with it. ``busy_draw``: it must draw
     something at full load (a node's; a GPU curve of a node without GPUs is all 0)."""
+    for w in curve:  # float() would read true as 1 W and "70" as 70 W (a node profile's [true, 70, ...])
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise ValueError(f"a power curve's points are numbers of watts, got {w!r}")
     values = tuple(float(w) for w in curve)
     if len(values) != N_POINTS:
         raise ValueError(f"a power curve needs {N_POINTS} points (0%..100% in 10% steps), got {len(values)}")

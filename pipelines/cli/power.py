@@ -297,7 +297,23 @@ def calibrate(
 
     with errors():
         check_output_file(out_path, "--out", inputs=[from_samples] if from_samples else [])  # before measuring
+    if from_samples is not None and (profile is not None or curve is not None):
+        _fail("--profile and --curve choose the model meter's curve for a measurement; --from-samples measures "
+              "nothing (they were silently ignored)")
     facts = host_facts(str(proc_root))
+    # The group as a scenario will read it, checked before minutes of measuring (a profile of 10,000,000 nodes
+    # was written, exit 0, and refused by every scenario that included it).
+    from pydantic import ValidationError
+
+    from joulesched.cluster.scenario import NodeGroup
+    from joulesched.core.errors import validation_summary
+    try:
+        NodeGroup.model_validate({"name_prefix": "check", "count": count, "max_pods": max_pods,
+                                  "cpu_m": int(facts["cpu_m"]) if cpu_m is None else cpu_m,
+                                  "memory_mib": int(facts["memory_mib"]) if memory_mib is None else memory_mib,
+                                  "power_watts": "hp-ml110-g5"})
+    except ValidationError as e:
+        _fail(f"the node group would be refused by a scenario: {validation_summary(e)}")
     try:
         if from_samples is not None:
             samples = read_samples_csv(from_samples)

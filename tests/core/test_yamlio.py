@@ -65,3 +65,15 @@ def test_every_reader_of_a_users_yaml_refuses_a_key_given_twice(tmp_path, what):
     if what == "credentials":  # nothing of a credentials file's text reaches the message
         assert "default" not in str(e.value) and "password" not in str(e.value)
 
+
+
+def test_exponents_read_as_numbers_as_yaml_1_2_does_and_safe_load_is_left_alone():
+    """PyYAML's YAML 1.1 rules read 1e9 as a string: a fit's rate of 1e9 was refused as no number, and
+    `--set dqn.hidden=1e9` said "unable to parse string as an integer" (a review)."""
+    import yaml
+
+    from joulesched.core import yamlio
+
+    doc = yamlio.load("a: 1e9\nb: 1.0e9\nc: -2E-3\nd: .5e3\ne: 12\nf: 1e\ng: e9\nh: '1e9'\n")
+    assert doc == {"a": 1e9, "b": 1e9, "c": -0.002, "d": 500.0, "e": 12, "f": "1e", "g": "e9", "h": "1e9"}
+    assert yaml.safe_load("a: 1e9") == {"a": "1e9"}  # the shared SafeLoader's table was not changed

@@ -162,6 +162,33 @@ def test_cli_bad_input_exits_2_and_leaves_the_old_profile(tmp_path):
     assert r.exit_code == 2
 
 
+@pytest.mark.parametrize("samples, extra, words", [
+    # Samples of absurd watts fitted a curve validate_curve refused: a ValueError traceback (a review).
+    ("".join(f"{u / 10},{1e300 if u == 5 else 100 + u}\n" for u in range(11)), [], "the fitted curve is not a node's"),
+    # Sizes a scenario refuses were written (exit 0), for every scenario including the profile to fail.
+    ("".join(f"{u / 10},{100 + u}\n" for u in range(11)), ["--count", "10000000"],
+     "would be refused by a scenario: count"),
+    ("".join(f"{u / 10},{100 + u}\n" for u in range(11)), ["--cpu-m", "99999999999999"],
+     "would be refused by a scenario: cpu_m"),
+    # The model meter's options with nothing to measure were silently ignored.
+    ("".join(f"{u / 10},{100 + u}\n" for u in range(11)), ["--curve", "nope"], "--from-samples measures nothing"),
+])
+def test_cli_refuses_what_no_scenario_would_read(tmp_path, samples, extra, words):
+    src = _csv(tmp_path, "utilization,watts\n" + samples)
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["power", "calibrate", "--from-samples", str(src), "--out", str(out), *extra])
+    assert r.exit_code == 2 and words in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
+    assert not out.exists()
+
+
+def test_a_curve_of_switches_or_words_is_refused():
+    from joulesched.power.curves import validate_curve
+
+    for bad in ([True] + [70.0] * 10, ["70"] * 11):  # float() read them as 1 W and 70 W
+        with pytest.raises(ValueError, match="points are numbers of watts"):
+            validate_curve(bad)
+
+
 def test_cli_refuses_too_few_samples_with_exit_2_unless_extrapolation_is_allowed(tmp_path):
     few = _csv(tmp_path, "utilization,watts\n0,100\n0.06,106\n")
     out = tmp_path / "p.yaml"
