@@ -195,11 +195,12 @@ def _metadata(path: Path, header: dict) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         fmt = meta.get("format") if isinstance(meta, dict) else None
         raise PolicyError(f"{path}: not a joulesched DQN model (format {fmt!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise PolicyError(f"{path}: model file format {meta.get('format_version')!r}, this joulesched reads "
-                          f"{FORMAT_VERSION}; re-train it")
+    version = meta.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:  # true == 1.0 == 1 in Python: a type check first
+        raise PolicyError(f"{path}: model file format {version!r}, this joulesched reads {FORMAT_VERSION!r}; "
+                          "re-train it")
     schema = meta.get("feature_schema")
-    if schema not in KNOWN_SCHEMAS:
+    if type(schema) is not int or schema not in KNOWN_SCHEMAS:
         raise PolicyError(f"{path}: trained on feature schema {schema!r}, which this joulesched does not know (it "
                           f"reads schemas {', '.join(map(str, KNOWN_SCHEMAS))}); use the joulesched that wrote it, or "
                           f"re-train with `joulesched train --model {path} --overwrite`")
@@ -215,7 +216,9 @@ def _config(path: Path, meta: dict) -> DQNConfig:
         # Schema-1 files predate the schema knob: the file's schema is the truth. A model saved before the replay
         # kept compacted states trained on the old layout: --resume goes on with it. (One saved compacted before
         # bc_margin_twins trained without the twins' margin: the default.)
-        config = {"compact_replay": False, **(meta.get("config") or {}), "feature_schema": meta["feature_schema"]}
+        if not isinstance(meta.get("config"), dict):  # every model train writes has one: the defaults are no model's
+            raise ValueError(f"config is {type(meta.get('config')).__name__}, not a mapping of hyperparameters")
+        config = {"compact_replay": False, **meta["config"], "feature_schema": meta["feature_schema"]}
         return DQNConfig.from_dict(config)
     except (TypeError, ValueError) as e:
         raise PolicyError(f"{path}: bad hyperparameters in model metadata ({e})") from None
@@ -327,6 +330,11 @@ def _training_record(path: Path, meta: dict) -> tuple[dict, dict]:
             raise PolicyError(f"{path}: corrupt model metadata (training.{key} = {v!r})")
     if not isinstance(training.get("runs", []), list):
         raise PolicyError(f"{path}: corrupt model metadata (training.runs is not a list)")
+    scenarios, seed = training.get("scenarios", []), training.get("seed", 0)
+    if not isinstance(scenarios, list) or not all(isinstance(x, str) for x in scenarios):
+        raise PolicyError(f"{path}: corrupt model metadata (training.scenarios = {scenarios!r}, not a list of names)")
+    if type(seed) is not int:
+        raise PolicyError(f"{path}: corrupt model metadata (training.seed = {seed!r}, not a whole number)")
     reward = meta.get("reward") or {}
     try:
         from_metadata(RewardConfig, reward)

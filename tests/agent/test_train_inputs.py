@@ -8,6 +8,7 @@ model), a resumed run's own episodes, and the Ctrl-C message of `train`.
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -101,6 +102,13 @@ def test_metadata_hyperparameters_are_type_checked(tmp_path):
     for field, value in (("hidden", "48"), ("hidden", 48.0), ("learning_rate", "0.001")):
         with pytest.raises(ValueError, match=field):
             DQNConfig.from_dict({field: value})
+    # true == 1.0 == 1 in Python: a format version or schema of true or 1.0 loaded as 1 (a review).
+    for edit, words in ((lambda m: m.update(format_version=True), "model file format True"),
+                        (lambda m: m.update(format_version=1.0), "model file format 1.0"),
+                        (lambda m: m.update(feature_schema=True), "feature schema True"),
+                        (lambda m: m.pop("config"), "config is NoneType, not a mapping")):
+        with pytest.raises(PolicyError, match=re.escape(words)):
+            load_checkpoint(_rewrite(src, tmp_path / "meta.pt", meta_edit=edit))
     quoted = _rewrite(src, tmp_path / "quoted.pt", meta_edit=lambda m: m["config"].update(hidden="8"))
     with pytest.raises(PolicyError, match="bad hyperparameters in model metadata.*hidden"):
         load_checkpoint(quoted)
@@ -121,6 +129,8 @@ def _shrink_target(t: dict) -> None:
 @pytest.mark.parametrize("what, meta_edit, tensor_edit, match", [
     ("training record", lambda m: m.update(training=[1]), None, "training is list"),
     ("step counter", lambda m: m["training"].update(steps="many"), None, "training.steps"),
+    ("scenario list", lambda m: m["training"].update(scenarios=5), None, "training.scenarios"),
+    ("seed", lambda m: m["training"].update(seed="7"), None, "training.seed"),
     ("reward weights", lambda m: m.update(reward={"bogus": 1.0}), None, "reward weights"),
     ("reward weight's type", lambda m: m.update(reward={"scale_seconds": "600"}), None, "reward weights"),
     ("reward weight as a switch", lambda m: m.update(reward={"invalid_action_penalty": True}), None,
