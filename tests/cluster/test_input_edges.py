@@ -124,9 +124,25 @@ def test_a_job_that_ends_long_after_the_scenario_is_refused(tmp_path):
     sc = load_scenario(_write(tmp_path, "s.yaml", _scenario()))
     assert len(build_workload(sc)) == 2  # ends at exactly the bound
     _write(tmp_path, "t.csv", TRACE_HEAD + "0,10,100,100,5\n5,1e8,100,100,5\n7,1e15,100,100,5\n")
-    with pytest.raises(ScenarioError, match=r"s\.yaml: a job submitted at 5 s runs 1e\+08 s, ending more than "
-                                            r"100 x duration_s \(100 s\) after the start \(2 such job"):
+    with pytest.raises(ScenarioError, match=r"s\.yaml: a job submitted at 5 s runs at least 1e\+08 s \(1e\+08 s of "
+                                            r"work at its CPU demand\), ending more than 100 x duration_s \(100 s\) "
+                                            r"after the start \(2 such job"):
         build_workload(sc)
+
+
+@pytest.mark.parametrize("row, words", [
+    # 1e18 millicores stretched a 100 s job to 1e16 s: validate passed it and the benchmark never ended.
+    ("0,100,100,100,1e18", "column cpu_usage_m: 1e18 millicores is more than any node has"),
+    ("0,100,100,100,9e8", "runs at least 2.25e+07 s (100 s of work"),  # within the bound, stretched past the run
+])
+def test_a_demand_no_node_can_carry_for_long_is_refused(tmp_path, row, words):
+    _write(tmp_path, "t.csv", TRACE_HEAD + row + "\n")
+    with pytest.raises(ScenarioError, match=re.escape(words)):
+        build_workload(load_scenario(_write(tmp_path, "s.yaml", _scenario())))
+    profiled = TRACE_HEAD.strip() + ",usage_profile\n0,100,100,100,5,0:5 10:9e8\n"
+    _write(tmp_path, "t.csv", profiled)
+    with pytest.raises(ScenarioError, match="runs at least"):  # a profile's steps stretch it as much
+        build_workload(load_scenario(_write(tmp_path, "s.yaml", _scenario())))
 
 
 def test_include_of_no_node_group_says_so(tmp_path):
