@@ -127,8 +127,11 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
             if end == 0:  # still running: it runs until the trace ends, known once everything is read
                 running.extend([pod] * int(n))
                 continue
+            if end <= start:  # ended as it started, or before: no life to replay
+                sink.count("tasks that ended when they started, or before (skipped)")
+                continue
             for _ in range(int(n)):
-                sink.add(end=end if end > start else None, trace_end=None, **pod)
+                sink.add(end=end, trace_end=None, **pod)
     for p in files["batch_instance"]:
         for line, r in csv_rows(p, progress, BATCH_INSTANCE):
             start = number(p, line, "start_time", r[5], minimum=0)
@@ -146,10 +149,12 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
                 continue
             pod = dict(submit=start, start=start, kind=JOB, cpu_req=req[0], mem_req=req[1],
                        usage_m=None if usage < 0 else usage * 10.0, owner="Job", app=f"{r[2]}/{r[1]}")
-            if end > start:
-                sink.add(end=end, **pod)
-            else:
+            if end == 0:
                 running.append(pod)  # no end yet: it ran until the trace ends, known once everything is read
+            elif end > start:
+                sink.add(end=end, **pod)
+            else:  # (a review: these ran "until the trace ends", a day, where they had ended at once)
+                sink.count("instances that ended when they started, or before (skipped)")
     # Containers.
     conts: dict[str, list] = {}
     for p in files["container_meta"]:
@@ -177,6 +182,9 @@ def import_files(paths: list[Path], options: ImportOptions, progress: Progress |
         sink.add(trace_end=trace_end, **pod)
     for cid, (first, last, status, cpu, lim, mem, app) in conts.items():
         stopped = status.strip().lower() in STOPPED
+        if stopped and last <= first:  # seen once, already stopped: it would have run for ever
+            sink.count("containers seen only stopped (skipped)")
+            continue
         req = max(cpu, 0)
         series = util.series(cid, scale=req / 100.0) if req > 0 else None  # percent of the request
         sink.add(submit=first, end=last if stopped and last > first else None, kind=SERVICE, cpu_req=cpu,

@@ -142,6 +142,32 @@ def test_alibaba_2018_tasks_alone_keep_a_running_task_until_the_trace_ends(tmp_p
     assert not any("without an end" in k for k in summary), summary
 
 
+def test_alibaba_2018_a_life_of_zero_or_less_is_skipped_not_run_to_the_end(tmp_path):
+    """An instance or task that ended as it started (or before), and a container seen once already stopped, ran
+    "until the trace ends" (a day where it had ended at once) or for ever (a review): they are skipped, counted."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    files = [
+        write(folder, "batch_task.csv", "t1,4,j1,1,Terminated,100,500,50,0.5\nt2,1,j1,1,Terminated,300,300,50,0.5\n"),
+        write(folder, "batch_instance.csv", "i1,t1,j1,1,Terminated,100,200,m1,1,1,50,60,0.5,0.6\n"
+                                            "i2,t1,j1,1,Terminated,300,300,m1,1,1,50,60,0.5,0.6\n"
+                                            "i3,t1,j1,1,Terminated,400,350,m1,1,1,50,60,0.5,0.6\n"
+                                            "i4,t1,j1,1,Running,500,0,m1,1,1,50,60,0.5,0.6\n"),
+        write(folder, "container_meta.csv", "c1,m1,100,app1,stopped,400,800,2.0\n"
+                                            "c2,m1,100,app1,started,400,800,2.0\nc2,m1,200,app1,stopped,400,800,2.0\n"),
+        write(folder, "machine_meta.csv", "m1,0,1,a,96,100,USING\n"),
+    ]
+    wl, _, summary = imported(tmp_path, "alibaba-2018", files)
+    jobs = sorted((wl.submit_s[i], wl.duration_s[i]) for i in by_app(wl, "j1/t1"))
+    assert jobs[0] == (100.0, 100.0) and [t for t, _ in jobs] == [100.0, 500.0]  # i1, and i4 still running
+    assert summary["instances that ended when they started, or before (skipped)"] == 2
+    (svc,) = by_app(wl, "app1")  # c2 only: c1 was seen once, already stopped
+    assert wl.service_end_s(svc) == 200.0 and summary["containers seen only stopped (skipped)"] == 1
+    tasks = [f for f in files if f.name == "batch_task.csv"]
+    wl, _, summary = imported(tmp_path, "alibaba-2018", tasks, nodes=False)
+    assert len(by_app(wl, "j1/t2")) == 0 and summary["tasks that ended when they started, or before (skipped)"] == 1
+
+
 # ---- alibaba-gpu-2023 -------------------------------------------------------------------------------------
 OPENB_PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
               "scheduled_time\n"
