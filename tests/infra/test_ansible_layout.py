@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -99,3 +100,41 @@ def test_the_power_exporter_install_dir_must_be_a_path_systemd_takes_as_written(
     assert (r.returncode == 0) is ok, r.stdout + r.stderr
     if not ok:
         assert "power_exporter_install_dir must be an absolute path" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("cidr, cni, ok, words", [
+    ("10.244.0.0/16", "flannel", True, ""),
+    ("HOST/16", "calico", False, "overlaps this host's network"),  # the host's own network
+    ("172.31.0.0/16", "calico", True, ""),
+    ("172.31.0.0/16", "flannel", False, "flannel's manifest routes 10.244.0.0/16"),
+    ("10.244.0.1/16", "calico", False, "is no IPv4 network"),  # host bits set
+])
+def test_the_pod_network_must_be_apart_from_the_hosts(tmp_path, cidr, cni, ok, words):
+    """kubeadm was given a pod network that could hold the hosts' own LAN (a 192.168 default on a 192.168 LAN):
+    pods were routed onto it. The role's preflight asserts, run by ansible-playbook on this host with its
+    facts."""
+    import ipaddress
+    import socket
+
+    exe = _tool("ansible-playbook")
+    if exe is None:
+        pytest.skip("ansible-core not installed (pip install -e '.[infra]')")
+    if cidr.startswith("HOST"):  # this host's first non-loopback IPv4 address's /16
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route's source address is chosen
+            addr = s.getsockname()[0]
+        cidr = str(ipaddress.IPv4Network(f"{addr}/16", strict=False))
+    tasks = yaml.safe_load((ROLES / "kube_node" / "tasks" / "preflight.yml").read_text())
+    chosen = [t for t in tasks if "pod network" in t["name"] or "flannel" in t["name"]]
+    assert len(chosen) == 2
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{"hosts": "localhost", "connection": "local", "gather_facts": True,
+                                     "gather_subset": ["network"], "tasks": chosen}]))
+    r = subprocess.run([exe, "-i", "localhost,", str(play), "-e", json.dumps(
+        {"kube_node_pod_network_cidr": cidr, "kube_node_cni": cni, "ansible_python_interpreter": sys.executable})],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_FILTER_PLUGINS": str(ROLES / "kube_node" / "filter_plugins")})
+    assert (r.returncode == 0) is ok, r.stdout + r.stderr
+    if not ok:
+        assert words in r.stdout + r.stderr, r.stdout + r.stderr
