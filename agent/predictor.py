@@ -512,7 +512,8 @@ class KubePodFeed:
     it (:meth:`drain`) when it decides, translating the monotonic clock into the ClusterState's ``now``. A pod
     starts when it is first seen on a node (one first seen already on a node, e.g. at start-up, is followed for
     its node but its lifetime is not learned: its start is unknown) and ends when it is deleted or terminal
-    (Succeeded: completed; Failed or deleted while running: also completed, as kube-scheduler's cache sees it).
+    (Succeeded: completed; Failed or deleted while running: also completed, as kube-scheduler's cache sees it;
+    one carrying the DisruptionTarget condition, evicted or preempted, is censored, as the twin counts evictions).
     """
 
     MAX_QUEUE = 1_000_000
@@ -535,7 +536,9 @@ class KubePodFeed:
                 self._seen_pending.add(new.uid)
             elif old is not None and old.node_name:
                 self._seen_pending.discard(old.uid)
-                self._q.append(("ended", t, old.uid))
+                # An evicted pod (consolidation's, a preemption's: DisruptionTarget) did not live its life out:
+                # censored, as the twin counts an eviction; it was learnt as a whole life (a review).
+                self._q.append(("ended", t, old.uid, not getattr(old, "disrupted", False)))
             elif old is not None:
                 self._seen_pending.discard(old.uid)
 
@@ -555,7 +558,7 @@ class KubePodFeed:
                 if i is not None:
                     predictor.bound(t - offset, uid, i, meta, cpu, learn=learn)
             else:
-                predictor.ended(ev[1] - offset, ev[2], completed=True)
+                predictor.ended(ev[1] - offset, ev[2], completed=ev[3])
         return len(events)
 
 

@@ -384,6 +384,8 @@ class PodInfo:
     safe_to_evict: str = ""  # the cluster-autoscaler / joulesched safe-to-evict annotation, lower-cased
     local_storage: bool = False  # an emptyDir or hostPath volume
     claims: tuple[str, ...] = ()  # names of its PersistentVolumeClaims (their PVs may pin it to nodes)
+    # Condition DisruptionTarget=True: evicted, preempted or its node going away (kube 1.26+), not a life run out
+    disrupted: bool = False
 
     @property
     def key(self) -> str:
@@ -422,6 +424,8 @@ def parse_pod(pod: dict, *, strict: bool = False) -> PodInfo:
                    tolerations=tuple(tuple(sorted((k, str(v)) for k, v in t.items())) for t in
                                      spec.get("tolerations") or []),
                    meta=pod_meta(pod), labels=dict(meta.get("labels") or {}), owner_name=pod_owner(pod)[1],
+                   disrupted=any(isinstance(c, dict) and c.get("type") == "DisruptionTarget"
+                                 and c.get("status") == "True" for c in status.get("conditions") or []),
                    **_pod_power_fields(meta, spec, status))
 
 

@@ -144,6 +144,34 @@ def test_kube_feed_turns_cache_events_into_observations():
     assert 120 < pred.pod_remaining(BATCH, 0.0) < 600
 
 
+def test_kube_feed_learns_nothing_from_an_evicted_pod_and_parse_pod_reads_the_condition():
+    """A pod the node power controller's consolidation evicted was learnt as a whole life (the twin censors
+    evictions): the DisruptionTarget condition kube sets on an evicted or preempted pod now censors it."""
+    import dataclasses
+
+    from joulesched.cluster.kube.objects import parse_pod
+
+    now = [0.0]
+    feed = KubePodFeed(clock=lambda: now[0])
+    pred = PodPredictor()
+    pred.set_nodes(["n0"])
+    for uid in ("done", "evicted"):
+        feed(None, _info(uid))
+        feed(_info(uid), _info(uid, "n0", "Running"))
+    feed.drain(pred, now=0.0)
+    now[0] = 50.0
+    feed(_info("done", "n0", "Running"), None)
+    feed(dataclasses.replace(_info("evicted", "n0", "Running"), disrupted=True), None)
+    feed.drain(pred, now=50.0)
+    assert pred.running == 0 and pred.model.observed == 1
+    pod = {"metadata": {"name": "p", "namespace": "d", "uid": "u"}, "spec": {"nodeName": "n0"},
+           "status": {"phase": "Running", "conditions": [
+               {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}}
+    assert parse_pod(pod).disrupted
+    pod["status"]["conditions"][0]["status"] = "False"
+    assert not parse_pod(pod).disrupted
+
+
 # ---- honesty ----------------------------------------------------------------------------------------------------
 def _v2_policy() -> DQNPolicy:
     torch.manual_seed(7)

@@ -645,6 +645,13 @@ class KubeEmulator:
                         self.evictions.append((namespace, name, 429, time.monotonic()))
                         raise _ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
                                         "disruption budget.")
+            # As the apiserver does (PodDisruptionConditions, GA in 1.31): the DisruptionTarget condition first,
+            # seen by watchers as an update, then the deletion.
+            marked = _copy(pod)
+            marked.setdefault("status", {}).setdefault("conditions", []).append(
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                 "message": "Eviction API: evicting"})
+            self._commit("pods", (namespace, name), marked)
             self._commit("pods", (namespace, name), None)
             self.evictions.append((namespace, name, 201, time.monotonic()))
             owners = pod["metadata"].get("ownerReferences") or []
