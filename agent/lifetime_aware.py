@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from joulesched.agent import fused
-from joulesched.agent.baselines import _float_opt, _int_opt
+from joulesched.agent.baselines import _int_opt
 from joulesched.agent.gpu_policies import gpu_energy_keys, gpu_wake_key, node_idle_watts
 from joulesched.agent.predictor import PodPredictor, PredictorFeed
 from joulesched.agent.sleep_aware import _SleepAware, free_shares, watts_per_core
@@ -72,7 +72,6 @@ class LifetimeAware(_SleepAware):
     :param headroom: as awake-first's (0 < h <= 1, default 1).
     :param empty: ``awake`` or ``asleep``, how an awake node without pods ranks (agent/sleep_aware.py).
     :param prediction: 0 drops the predictor (then the policy is awake-first:fit=efficient, the ablation).
-    :param horizon_s: the predictor's load horizon (as the DQN's ``prediction_horizon_s``).
     :param fit_classes: how coarse the best fit is before co-location by predicted end decides (1-1000).
     """
 
@@ -82,13 +81,14 @@ class LifetimeAware(_SleepAware):
     #: choose() is handed the pod's metadata: the predictor keys lifetimes by app, QoS class and kind.
     uses_meta = True
 
-    def __init__(self, headroom: str | float = "1", prediction: str = "1", horizon_s: str | float = "600",
-                 fit_classes: str | int = "8", empty: str = "awake") -> None:
+    # No horizon_s option: the predictor's load horizon feeds only its load share, which these keys do not read
+    # (a review: every value made the same decisions, so a sweep over it measured nothing).
+    def __init__(self, headroom: str | float = "1", prediction: str = "1", fit_classes: str | int = "8",
+                 empty: str = "awake") -> None:
         super().__init__(headroom, empty)
         self.fit_classes = _int_opt(self.name, "fit_classes", str(fit_classes), 1, 1000)
-        h = _float_opt(self.name, "horizon_s", str(horizon_s), 0.0, float("inf"))
         use = _int_opt(self.name, "prediction", str(prediction), 0, 1)
-        self.feed = PredictorFeed(PodPredictor(h) if use else None)
+        self.feed = PredictorFeed(PodPredictor() if use else None)
         self._meta = None
         self._names: list[str] | None = None
 
@@ -177,13 +177,11 @@ class GpuLifetimeAware(LifetimeAware):
     :param headroom: as awake-first's (0 < h <= 1, default 1).
     :param empty: ``awake`` or ``asleep``, how an awake node without pods ranks (agent/sleep_aware.py).
     :param prediction: 0 drops the predictor: the policy is then exactly ``gpu-energy``, the ablation.
-    :param horizon_s: the predictor's load horizon (as the DQN's ``prediction_horizon_s``).
     """
 
     name = "gpu-lifetime-aware"
     power = "gpu"
     wake_label = "WattsPerUnit"
 
-    def __init__(self, headroom: str | float = "1", prediction: str = "1", horizon_s: str | float = "600",
-                 empty: str = "awake") -> None:
-        super().__init__(headroom, prediction, horizon_s, empty=empty)  # no best fit in classes: watts decide
+    def __init__(self, headroom: str | float = "1", prediction: str = "1", empty: str = "awake") -> None:
+        super().__init__(headroom, prediction, empty=empty)  # no best fit in classes: watts decide
