@@ -69,7 +69,10 @@ def free_cpu_share(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> np.nda
     non-zero requests (100m each) already exceed its allocatable, and an unclipped "tightest fit" then chose the
     most over-committed node every time (a review: 581 of 584 best-effort pods, demand 4.8x capacity there)."""
     cpu = np.maximum(st.alloc_cpu[idx], 1).astype(np.float64)
-    return np.maximum(st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu, 0) / cpu
+    share = np.maximum(st.alloc_cpu[idx] - st.nz_cpu[idx] - pod.nz_cpu, 0) / cpu
+    # A node of no allocatable CPU (a live node reporting 0) is no tight fit: MostAllocated scores such a
+    # resource 0, the least packed; read as wholly free (a review: every packer chose it first).
+    return np.where(st.alloc_cpu[idx] > 0, share, 1.0)
 
 
 def free_shares(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +80,8 @@ def free_shares(st: ClusterState, pod: PodRequest, idx: np.ndarray) -> tuple[np.
     as MostAllocated reads them, capped at 0: :func:`free_cpu_share`): best fit's keys. Full and over-committed
     nodes tie, and the policy's generator draws among them, as kube-scheduler's does."""
     mem = np.maximum(st.alloc_mem[idx], 1).astype(np.float64)
-    return free_cpu_share(st, pod, idx), np.maximum(st.alloc_mem[idx] - st.nz_mem[idx] - pod.nz_mem, 0) / mem
+    free_mem = np.maximum(st.alloc_mem[idx] - st.nz_mem[idx] - pod.nz_mem, 0) / mem
+    return free_cpu_share(st, pod, idx), np.where(st.alloc_mem[idx] > 0, free_mem, 1.0)
 
 
 def _rank(keys: list[np.ndarray]) -> np.ndarray:

@@ -229,3 +229,18 @@ def test_a_best_effort_pod_does_not_always_go_to_the_most_over_committed_node(sp
     assert st.nz_cpu[1] > st.alloc_cpu[1] >= st.nz_cpu[0]
     chosen = {pick(spec, st, PodRequest(None, None), seed) for seed in range(16)}
     assert chosen == {0, 1}
+
+
+def test_a_node_of_no_allocatable_cpu_or_memory_is_no_tight_fit():
+    """A node reporting 0 allocatable read as 0 % free, the tightest fit: every packer put a pod of no requests
+    there first (a review). MostAllocated scores such a resource 0, the least packed: read as wholly free."""
+    from joulesched.agent.sleep_aware import free_shares
+    from tests.helpers import LINEAR_100_200
+
+    st = ClusterState(["zero", "n"], [0, 8000], [0, 8192], [110, 110], [LINEAR_100_200] * 2)
+    cpu, mem = free_shares(st, PodRequest(0, 0), np.arange(2))
+    assert cpu.tolist() == [1.0, 1.0] and mem.tolist() == [1.0, 1.0]
+    pol = make_policy("awake-first")
+    pol.reset(st, np.random.default_rng(1))
+    picks = {int(pol.choose(st, PodRequest(0, 0), np.ones(2, dtype=bool))) for _ in range(40)}
+    assert picks == {0, 1}  # a tie, drawn at random as kube-scheduler draws among equal scores
