@@ -8,12 +8,15 @@ only when no awake one fits, the most efficient first. Vectors are normalised by
 (the simulator's ``NormByNode``) over CPU and GPU share; a node without GPUs has a GPU share of 0.
 
 * ``gpu-random``: random fit among awake nodes.
-* ``gpu-best-fit``: the node left with the least CPU plus GPU share free after placement.
+* ``gpu-best-fit``: the node left with the least CPU plus GPU share free after placement, each share of the
+  node's own capacity. (The simulator's ``best_fit_score.go`` divides by fixed cluster-wide maxima, weights
+  0.5/0.5, and truncates to an integer score: not reproduced, so this baseline can choose another node.)
 * ``gpu-dot-product``: Tetris' alignment as the simulator scores it: the smallest dot product of the node's
   free vector and the pod's request.
 * ``gpu-packing``: a shared-GPU pod to a node with a partly used GPU it fits, then to a node already running
   GPU pods, then to an idle one (best fit on GPUs inside each tier); a whole-GPU pod the same without the
-  first tier.
+  first tier. A pod without GPUs gets the same tiers (so it too goes to nodes already running GPU pods), where
+  the simulator gives it no preference.
 * ``gpu-clustering``: a pod to the nodes whose GPU pods are of its kind (shared or whole GPUs), away from
   nodes that run the other kind.
 * ``gpu-energy`` (ours, not the paper's): PABFD that knows GPU power: the least CPU plus GPU watts added among
@@ -85,8 +88,9 @@ class GpuRandom(_SleepAware):
 
 
 class GpuBestFit(_SleepAware):
-    """Best fit on CPU and GPUs (the FGD paper's baseline): the awake node left with the smallest free share of
-    its CPU plus of its GPUs after placement; wakes as awake-first does."""
+    """Best fit on CPU and GPUs (after the FGD paper's baseline): the awake node left with the smallest free share
+    of its CPU plus of its GPUs after placement, each of the node's own capacity (the simulator normalises by
+    cluster-wide maxima instead; module docstring); wakes as awake-first does."""
 
     name = "gpu-best-fit"
 
