@@ -245,6 +245,10 @@ def test_time_limits_and_unsupported_idle_policies_are_usage_errors(tmp_path):
                 {"mode": "sleep", "sleep_after_s": 10, "min_awake": 1}, name="held")
     with pytest.raises(opt.OptimumError, match="min_awake"):
         opt.instance(held, 0)
+    capped = make(tmp_path, [(0.0, 10.0, 100, 10, 50.0)], [{"count": 2}],
+                  {"mode": "sleep", "sleep_after_s": 10, "max_sleeps_per_hour": 1}, name="capped")
+    with pytest.raises(opt.OptimumError, match="max_sleeps_per_hour=1"):  # certified optimal, 20 % beatable
+        opt.instance(capped, 0)
 
 
 @pytest.mark.parametrize("args,message", [
