@@ -48,6 +48,11 @@ def import_trace(fmt: str, paths: Sequence[str | Path], options: ImportOptions |
     """Read ``paths`` in format ``fmt``. Raises :class:`TraceFormatError` (exit 2) naming the file, line and
     column of the first problem; nothing is written here."""
     mod = _module(fmt)
+    if options is not None:  # an option the format has no use for was silently ignored (a review)
+        for name in ("cpu_unit_m", "memory_unit_mib", "machine_id"):
+            if getattr(options, name) is not None and name not in mod.READS:
+                raise TraceFormatError(f"--{name.replace('_', '-')} does not apply to {fmt} (docs/twin.md gives "
+                                       "each format's units); leave it out")
     files = [Path(p) for p in paths]
     if not files:
         raise TraceFormatError(f"{fmt}: give the trace file(s) to import")

@@ -59,6 +59,8 @@ TABLES = {"batch_task": BATCH_TASK, "batch_instance": BATCH_INSTANCE, "container
 
 #: The trace publishes normalised memory only. Default: 100 = 96 cores x 3789 MiB (its machines have 96 cores;
 #: 3789 MiB per core is the Alibaba 2023 GPU trace's memory per core).
+#: The optional ImportOptions this format reads (import_trace refuses the others when given).
+READS: frozenset[str] = frozenset({"memory_unit_mib"})
 DEFAULTS = {"memory_unit_mib": 96 * 3789.0}
 #: The most instances one task may have (the published trace's largest has tens of thousands): a larger
 #: instance_num is a corrupt cell, refused rather than expanded into that many pods.

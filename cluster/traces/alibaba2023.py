@@ -53,6 +53,8 @@ TABLES = {"pod_meta_info": POD_META, "pod_resource_usage": POD_USAGE, "node_reso
 
 #: What a normalised 1.0 stands for (the release does not say). CPU: 128 cores, since the schema's examples
 #: (a request of 0.0390625, a limit of 0.046875) are 5 and 6 cores of 128. Memory: 1 TiB.
+#: The optional ImportOptions this format reads (import_trace refuses the others when given).
+READS: frozenset[str] = frozenset({"cpu_unit_m", "memory_unit_mib"})
 DEFAULTS = {"cpu_unit_m": 128_000.0, "memory_unit_mib": 1_048_576.0}
 JOB_CLASSES = frozenset({"BE", ""})
 

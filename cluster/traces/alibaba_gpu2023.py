@@ -39,6 +39,8 @@ POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "creation_time", "deletion_tim
 POD_OPTIONAL = ("num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase", "scheduled_time")
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib")
 NODE_OPTIONAL = ("gpu", "model")
+#: The optional ImportOptions this format reads (import_trace refuses the others when given).
+READS: frozenset[str] = frozenset()
 DEFAULTS: dict[str, float] = {}
 
 

@@ -37,6 +37,8 @@ from joulesched.cluster.traces.common import (
 VM_COLUMNS = ("vmId", "tenantId", "vmTypeId", "priority", "starttime", "endtime")
 TYPE_COLUMNS = ("vmTypeId", "machineId", "core", "memory")
 DAY = 86_400.0
+#: The optional ImportOptions this format reads (import_trace refuses the others when given).
+READS: frozenset[str] = frozenset({"cpu_unit_m", "memory_unit_mib", "machine_id"})
 DEFAULTS = {"cpu_unit_m": 96_000.0, "memory_unit_mib": 393_216.0}
 SQLITE_MAGIC = b"SQLite format 3\x00"
 

@@ -49,6 +49,8 @@ ENDS = frozenset({4, 5, 6, 7, 8})
 AFTER_TRACE = 2**63 - 1
 US = 1e-6
 #: Size of the largest machine (1.0 in the trace); the trace does not publish it.
+#: The optional ImportOptions this format reads (import_trace refuses the others when given).
+READS: frozenset[str] = frozenset({"cpu_unit_m", "memory_unit_mib"})
 DEFAULTS = {"cpu_unit_m": 96_000.0, "memory_unit_mib": 393_216.0}
 PRODUCTION_PRIORITY = 120
 

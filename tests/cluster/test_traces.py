@@ -617,3 +617,12 @@ def test_the_hint_says_when_the_window_already_holds_the_activity(tmp_path):
     text = " ".join(r.output.split())
     assert r.exit_code == 0 and "this window holds it: in the scenario duration_s: 12906000" in text
     assert "to simulate it" not in text
+
+
+def test_an_option_the_format_does_not_read_is_refused(tmp_path):
+    """--cpu-unit-m and --machine-id on an OpenB import made a byte-identical file, exit 0 (a review)."""
+    pods = write(tmp_path, "openb_pod_list_default.csv", OPENB_PODS)
+    for extra in (["--cpu-unit-m", "7"], ["--machine-id", "7"]):
+        r = run("-f", "alibaba-gpu-2023", "-o", tmp_path / "out.csv", *extra, pods)
+        assert r.exit_code == 2 and f"{extra[0]} does not apply to alibaba-gpu-2023" in r.output, r.output
+        assert not (tmp_path / "out.csv").exists()
