@@ -141,10 +141,15 @@ def read_samples_csv(path: str | Path) -> list[Sample]:
         header = [h.strip().lower() for h in (reader.fieldnames or [])]
         if "utilization" not in header or "watts" not in header:
             raise CalibrationError(f"{path}: needs a header with columns utilization,watts; got {header or 'none'}")
+        if dup := sorted({h for h in header if header.count(h) > 1}):
+            raise CalibrationError(f"{path}: column(s) {', '.join(dup)} given twice in the header")
         reader.fieldnames = header
         samples = []
         for row in reader:
             line = reader.line_num
+            if None in row or len(row) != len(header) or any(v is None for v in row.values()):  # DictReader pads
+                cells = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None) or [])
+                raise CalibrationError(f"{path}:{line}: {cells} cell(s) where the header has {len(header)}")
             try:
                 u, w = float(row["utilization"]), float(row["watts"])
             except (TypeError, ValueError):

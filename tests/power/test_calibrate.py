@@ -99,6 +99,9 @@ def _csv(tmp_path, text):
     ("utilization,watts\n0.1,-4\n", "samples.csv:2: watts -4.0 must be finite"),
     ("utilization,watts\n0.1,nan\n", "must be finite"),
     ("", "needs a header"),
+    ("utilization,watts\n0.1,100\n0.2,110,5\n", "samples.csv:3: 3 cell(s) where the header has 2"),  # was read
+    ("utilization,watts\n0.1\n", "samples.csv:2: 1 cell(s) where the header has 2"),
+    ("utilization,watts,watts\n0.1,100,1\n", "column(s) watts given twice"),  # was "got '0.1', None"
 ])
 def test_bad_sample_files_say_where(tmp_path, text, message):
     with pytest.raises(CalibrationError, match=message):
