@@ -1055,16 +1055,22 @@ MAX_JOB_END_FACTOR = 100
 
 
 def _least_stretch(scenario: Scenario, wl: Workload) -> np.ndarray:
-    """Per pod, the least factor a job's run is stretched by: alone on the largest node, a demand above its
-    cores runs at cores / demand (the twin's CPU share), segment by segment of a profile's progress."""
-    cap = float(max(g.cpu_m for g in scenario.nodes))
-    stretch = np.maximum(1.0, wl.usage_m / cap)
+    """Per pod, the least factor a job's run is stretched by: alone on the largest node its requests fit, a
+    demand above its cores runs at cores / demand (the twin's CPU share), segment by segment of a profile's
+    progress; a pod that fits no node never runs (1)."""
+    # The largest node each pod's requests fit (0: none, so it never runs and stretches nothing).
+    cpu_req, mem_req = np.maximum(wl.cpu_req, 0), np.maximum(wl.mem_req, 0)
+    cap = np.zeros(len(wl))
+    for g in scenario.nodes:
+        cap = np.where((cpu_req <= g.cpu_m) & (mem_req <= g.memory_mib), np.maximum(cap, float(g.cpu_m)), cap)
+    runs = cap > 0
+    stretch = np.where(runs, np.maximum(1.0, wl.usage_m / np.maximum(cap, 1.0)), 1.0)
     if wl.profile is not None:
-        for k in np.flatnonzero((wl.profile >= 0) & (wl.kind == JOB)).tolist():
+        for k in np.flatnonzero((wl.profile >= 0) & (wl.kind == JOB) & runs).tolist():
             p = int(wl.profile[k])
             a, b = int(wl.prof_ptr[p]), int(wl.prof_ptr[p + 1])
             t = np.append(np.minimum(wl.prof_t[a:b], wl.duration_s[k]), wl.duration_s[k])
-            stretch[k] = float(np.sum(np.diff(t) * np.maximum(1.0, wl.prof_m[a:b] / cap))) / wl.duration_s[k]
+            stretch[k] = float(np.sum(np.diff(t) * np.maximum(1.0, wl.prof_m[a:b] / cap[k]))) / wl.duration_s[k]
     return stretch
 
 

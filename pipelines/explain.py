@@ -149,6 +149,7 @@ class _StopAt:
 
     def __init__(self, twin, at: float) -> None:
         self.twin, self.at, self.decision = twin, at, None
+        self.decisions = 0  # before ``at``
 
     def __getattr__(self, name):  # observe_pods and the rest, for a policy that attaches to the twin
         return getattr(self.twin, name)
@@ -161,6 +162,7 @@ class _StopAt:
         if d is not None and self.twin.now >= self.at:
             self.decision = d
             return None
+        self.decisions += d is not None
         return d
 
     def bind(self, d, node: int) -> None:
@@ -188,6 +190,9 @@ def scenario_decision(scenario: Path, policy: Policy, at_s: float, seed: int | N
     twin = Twin(sc, build_workload(sc, s))
     stop = _StopAt(twin, at_s)
     d = run_policy(stop, policy, s)
+    if d is None and not stop.decisions:  # no pod fits any node: there is no decision to explain at all
+        raise UsageError(f"{scenario}: the run makes no decision ({twin.unschedulable} pod(s) fit no node, even "
+                         f"empty); `joulesched validate {scenario}` says why")
     if d is None:
         raise UsageError(f"{scenario}: no decision at or after --at {at_s:g} s (the last one is earlier; the run "
                          f"ends at {twin.now:g} s)")

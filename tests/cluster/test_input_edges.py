@@ -139,6 +139,8 @@ def test_a_demand_no_node_can_carry_for_long_is_refused(tmp_path, row, words):
     _write(tmp_path, "t.csv", TRACE_HEAD + row + "\n")
     with pytest.raises(ScenarioError, match=re.escape(words)):
         build_workload(load_scenario(_write(tmp_path, "s.yaml", _scenario())))
+    _write(tmp_path, "t.csv", TRACE_HEAD + "0,100,99999,100,9e8\n")  # fits no node: never runs, stretches nothing
+    assert len(build_workload(load_scenario(_write(tmp_path, "s.yaml", _scenario())))) == 1
     profiled = TRACE_HEAD.strip() + ",usage_profile\n0,100,100,100,5,0:5 10:9e8\n"
     _write(tmp_path, "t.csv", profiled)
     with pytest.raises(ScenarioError, match="runs at least"):  # a profile's steps stretch it as much

@@ -330,3 +330,11 @@ def test_a_snapshot_is_read_strictly(tmp_path, edit, words):
     edit(snap)
     (tmp_path / "s.json").write_text(json.dumps(snap))
     _one_line_exit_2(runner.invoke(app, ["explain", "--snapshot", str(tmp_path / "s.json")]), words)
+
+
+def test_explain_on_a_run_without_any_decision_says_so(tmp_path):
+    """Every pod too large for every node: explain said "the last one is earlier" of a run with no decision."""
+    sc = tmp_path / "none.yaml"
+    sc.write_text(Path(TINY).read_text().replace("cpu_m: 4000", "cpu_m: 10")
+                  .replace("cpu_scale: 0.03}", "cpu_scale: 0.03, best_effort_fraction: 0}"))
+    _one_line_exit_2(runner.invoke(app, ["explain", "-s", str(sc)]), "the run makes no decision")
