@@ -123,6 +123,8 @@ KeyOpt = Annotated[Optional[Path], typer.Option(
 def _stack_config(config: Path) -> dict:
     """The ``config:`` block of a stack file. A file that is missing, unreadable, not YAML or not a mapping is
     bad input: one line naming the file, exit 2."""
+    if config.is_dir():
+        _fail(f"--config {config} is a directory, not a Pulumi stack file (Pulumi.<stack>.yaml)")
     if not config.is_file():
         _fail(f"--config {config} does not exist")
     try:

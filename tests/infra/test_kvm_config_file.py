@@ -26,6 +26,12 @@ def test_a_bad_stack_file_exits_2_naming_it(tmp_path, command, text, message):
 
 
 @pytest.mark.parametrize("command", [["kvm", "up"], ["kvm", "down"]])
+def test_a_folder_given_as_the_stack_file_is_named_as_one(tmp_path, command):
+    r = runner.invoke(app, [*command, "--config", str(tmp_path)])  # it said "does not exist" (a review)
+    assert r.exit_code == 2 and "is a directory, not a Pulumi stack file" in r.output, r.output
+
+
+@pytest.mark.parametrize("command", [["kvm", "up"], ["kvm", "down"]])
 def test_a_key_yaml_reads_as_a_number_is_named_not_a_traceback(tmp_path, command):
     _bad_stack_file(tmp_path, command, "config: {1: x}\n", "1 is not a setting name (a key YAML reads as int")
 
