@@ -194,13 +194,20 @@ class SleepCap:
         self.per_hour = per_hour
         self.started: deque[float] = deque()  # when each sleep of the last hour started, in order
 
-    def wait(self, now: float) -> float:
-        """Seconds until one more sleep may start (0: now)."""
-        while self.started and now - self.started[0] >= 3600.0:
+    def room_at(self, now: float) -> float:
+        """When one more sleep may start: ``now``, or the instant the oldest counted sleep leaves the hour. Both
+        the expiry and the answer are ``started[0] + 3600``, one expression: a gap computed as ``3600 - (now -
+        started[0])`` could be positive yet too small to move ``now`` (a review: the twin re-queued its check at
+        the same instant for ever)."""
+        while self.started and now >= self.started[0] + 3600.0:
             self.started.popleft()
         if not self.per_hour or len(self.started) < self.per_hour:
-            return 0.0
-        return 3600.0 - (now - self.started[0])
+            return now
+        return self.started[0] + 3600.0
+
+    def wait(self, now: float) -> float:
+        """Seconds until one more sleep may start (0: now)."""
+        return self.room_at(now) - now
 
     def record(self, now: float) -> None:
         """A sleep started at ``now`` (one that goes ahead whatever the cap counts too)."""

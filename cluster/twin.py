@@ -939,8 +939,8 @@ class Twin:
         if ver != self._sleep_ver[i] or self._pstate[i] != ON or self.state.pods[i] != 0:
             return  # a pod came, or the node is not idle-awake: this timer is stale
         verdict = self.power.may_sleep(self.state, i)
-        if not verdict and (wait := self.power.sleep_cap.wait(self.now)) > 0:
-            self._push(self.now + wait, _SLEEP, i, ver)  # max_sleeps_per_hour: looked at again once there is room
+        if not verdict and (room := self.power.sleep_cap.room_at(self.now)) > self.now:
+            self._push(room, _SLEEP, i, ver)  # max_sleeps_per_hour: looked at again once there is room
         elif not verdict:
             self.power.sleep_cap.record(self.now)
             self._set_pstate(i, ASLEEP)
@@ -1401,9 +1401,9 @@ class Twin:
                     continue
                 if verdict:
                     continue
-                if (held := cap.wait(t)) > 0:  # as _sleep_event: looked at again once there is room
+                if (room := cap.room_at(t)) > t:  # as _sleep_event: looked at again once there is room
                     seq += 1
-                    heapq.heappush(events, (t + held, seq, _SLEEP, i, v))
+                    heapq.heappush(events, (room, seq, _SLEEP, i, v))
                     continue
                 cap.record(t)
                 pstate[i] = view.power_state[i] = ASLEEP

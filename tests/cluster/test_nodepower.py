@@ -171,6 +171,18 @@ def test_twin_sleep_cap_holds_idle_sleeps_for_room_and_counts_consolidations():
         scenario([{}], duration_s=10, idle={**SLEEP, "max_sleeps_per_hour": -1})
 
 
+def test_a_sleep_held_by_the_cap_is_looked_at_again_at_an_instant_that_moves():
+    """Times that are not whole seconds: the hold was computed as 3600 - (now - first), positive yet too small
+    to move now, and the twin re-queued its check at the same instant for ever (a review)."""
+    sc = scenario([{}, {}, {}], duration_s=1000, idle={**SLEEP, "sleep_after_s": 300, "max_sleeps_per_hour": 1})
+    d0, d1 = 129638.252, 130334.119
+    tw = Twin(sc, workload((0, d0, 500, 10, 500), (0, d1, 500, 10, 500), (0, d1 + 20000, 500, 10, 500)),
+              record=True)
+    r = run_policy(tw, make_policy("round-robin"), 0)
+    sleeps = [t for t, a, _ in tw.power_log if a == "sleep"]
+    assert r.end_s == pytest.approx(d1 + 20000) and sleeps[1] - sleeps[0] == pytest.approx(3600.0)
+
+
 def test_a_job_that_loses_its_progress_is_evicted_once_so_the_run_still_ends():
     """default-k8s (LeastAllocated) puts the evicted job straight back on the empty node it left, waking it; the
     next tick drained that node again, and a job that does not checkpoint lost its progress every time: the run,
