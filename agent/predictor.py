@@ -183,6 +183,8 @@ class LifetimeModel:
                 # That row alone, as a rebuild would compute it now (the others move with the general levels,
                 # 5 % of all ends at a time): a whole rebuild per new key's first end cost O(keys) a decision.
                 self._table[kid] = self._estimate(self._kid_rows[kid])
+                self._table = self._buf[:self._table.shape[0]]  # a new object: PodPredictor's node view, keyed on
+                # the table's identity, is recomputed (a review: written in place, it kept the old predicted ends)
                 self._kid_stale_at[kid] = n + max(1, n // 4)
             else:
                 self._fresh_at = -1
@@ -575,7 +577,9 @@ class KubePodFeed:
                 self._seen_pending.discard(old.uid)
                 # An evicted pod (consolidation's, a preemption's: DisruptionTarget) did not live its life out:
                 # censored, as the twin counts an eviction; it was learnt as a whole life (a review).
-                self._q.append(("ended", t, old.uid, not getattr(old, "disrupted", False)))
+                # (The condition may come with the end itself, a kubelet's node-pressure eviction: new has it.)
+                disrupted = getattr(old, "disrupted", False) or getattr(new, "disrupted", False)
+                self._q.append(("ended", t, old.uid, not disrupted))
             elif old is not None:
                 self._seen_pending.discard(old.uid)
 
