@@ -107,7 +107,8 @@ def test_the_power_exporter_install_dir_must_be_a_path_systemd_takes_as_written(
     ("HOST/16", "calico", False, "overlaps this host's network"),  # the host's own network
     ("172.31.0.0/16", "calico", True, ""),
     ("172.31.0.0/16", "flannel", False, "flannel's manifest routes 10.244.0.0/16"),
-    ("10.244.0.1/16", "calico", False, "is no IPv4 network"),  # host bits set
+    ("10.244.0.1/16", "calico", False, "is no network"),  # host bits set
+    ("172.31.0.0/16,fd00:10:244::/56", "calico", True, ""),  # dual-stack: its IPv4 part is checked
 ])
 def test_the_pod_network_must_be_apart_from_the_hosts(tmp_path, cidr, cni, ok, words):
     """kubeadm was given a pod network that could hold the hosts' own LAN (a 192.168 default on a 192.168 LAN):
@@ -138,3 +139,21 @@ def test_the_pod_network_must_be_apart_from_the_hosts(tmp_path, cidr, cni, ok, w
     assert (r.returncode == 0) is ok, r.stdout + r.stderr
     if not ok:
         assert words in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_the_cni_interfaces_of_a_node_already_set_up_are_not_host_networks():
+    """A re-run of the (idempotent) role on a node flannel set up failed: its cni0 sits inside 10.244.0.0/16."""
+    import importlib.util
+
+    pytest.importorskip("ansible", reason="ansible-core not installed (pip install -e '.[infra]')")
+    spec = importlib.util.spec_from_file_location(
+        "pod_network", ROLES / "kube_node" / "filter_plugins" / "pod_network.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    facts = {"interfaces": ["lo", "eth0", "cni0", "flannel.1"],
+             "lo": {"ipv4": {"address": "127.0.0.1", "netmask": "255.0.0.0"}},
+             "eth0": {"ipv4": {"address": "192.168.1.5", "netmask": "255.255.255.0"}},
+             "cni0": {"ipv4": {"address": "10.244.0.1", "netmask": "255.255.255.0"}},
+             "flannel_1": {"ipv4": {"address": "10.244.0.0", "netmask": "255.255.255.255"}}}
+    assert mod.pod_network_clashes("10.244.0.0/16", facts) == []
+    assert mod.pod_network_clashes("192.168.0.0/16", facts) == ["eth0 192.168.1.5/24"]
