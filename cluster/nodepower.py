@@ -153,9 +153,10 @@ class PowerPolicy:
     :param budgets: disruption budgets (:class:`DisruptionBudget`); none = no limit beyond one node per round.
     :param balanced_k: approve a move only if savings fraction / disruption fraction >= this (0 = off;
         Karpenter's Balanced policy uses 0.5).
-    :param max_sleeps_per_hour: at most this many sleeps started over any sliding hour (0 = no limit; the live
-        controller's ``--max-sleeps-per-hour``, 60 by default): idle sleeps wait for room, a node consolidation
-        emptied sleeps at once and counts (:class:`SleepCap`).
+    :param max_sleeps_per_hour: the twin's cap: at most this many sleeps started over any sliding hour (0 = no
+        limit): idle sleeps wait for room, a node consolidation emptied sleeps at once and counts
+        (:class:`SleepCap`). The live controller counts with the same rule under its own option,
+        ``NodePowerConfig.max_sleeps_per_hour`` (``--max-sleeps-per-hour``, 60 by default).
     """
 
     sleep_after_s: float = 300.0

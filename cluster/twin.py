@@ -1104,8 +1104,11 @@ class Twin:
         self.done = True
         if self.timeline is not None:
             tl = self.timeline
-            if len(tl.energy_j) > 1 and (len(tl.energy_j) - 1) * tl.bin_s >= end:  # opened at the end: empty
-                tl.energy_j.pop()
+            # A bin opened at the end, or a float's width before it (240 * (245 / 240) < 245): its energy (none,
+            # or a sliver's) joins the bin before, which would otherwise read as 0 W (a review).
+            if len(tl.energy_j) > 1 and (len(tl.energy_j) - 1) * tl.bin_s >= end - 1e-9 * max(end, 1.0):
+                sliver = tl.energy_j.pop()
+                tl.energy_j[-1] += sliver
                 tl.util.pop()
                 tl.awake.pop()
             tl.end_s = end

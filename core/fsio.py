@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -37,9 +38,19 @@ def _writable_target(dest: Path) -> Path:
         dest = Path(os.path.realpath(dest))
     if dest.is_dir():  # os.replace would fail with IsADirectoryError after the work is done
         raise UsageError(f"{dest} is a directory; cannot write a file there (remove it, or write elsewhere)")
-    if dest.exists() and not dest.is_file():
+    if _special(dest):
         raise UsageError(f"{dest} exists and is not a regular file (a device, FIFO or socket); write elsewhere")
     return dest
+
+
+def _special(path: Path) -> bool:
+    """``path`` exists and is neither a regular file nor a directory: one stat, so a file another writer
+    replaces or removes meanwhile is never mistaken for one (exists() then is_file() raced)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 @contextlib.contextmanager
@@ -150,7 +161,7 @@ def check_output_file(path: str | os.PathLike, option: str,
             raise UsageError(f"{option} {path} is also an input of this command; writing it would replace it")
     if path.is_dir():
         raise UsageError(f"{option} {path} is a directory; give a file name")
-    if path.exists() and not path.is_file():
+    if _special(path):
         raise UsageError(f"{option} {path} exists and is not a regular file (a device, FIFO or socket)")
     _check_creatable(path.parent if str(path.parent) else Path("."), f"{option} {path}")
     return path
@@ -166,5 +177,7 @@ def check_output_dir(path: str | os.PathLike, option: str, files: Iterable[str] 
         if (path / name).is_dir():
             raise UsageError(f"{option} {path}: {name} there is a directory, where this command writes a file; "
                              "remove it or choose another folder")
+        if _special(path / name):  # refused only after the run otherwise
+            raise UsageError(f"{option} {path}: {name} there is not a regular file (a device, FIFO or socket)")
     _check_creatable(path, f"{option} {path}")
     return path

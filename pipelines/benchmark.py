@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import pickle
 import time
 from collections.abc import Callable, Sequence
@@ -498,4 +499,4 @@ def write_outputs(out: Path, res: Results, timelines: dict[str, np.ndarray], met
             np.savez_compressed(fh, **timelines)
         nodes_tmp.write_bytes((json.dumps(meta) + "\n").encode("utf-8"))
         res_tmp.write_bytes(dump(res).encode("utf-8"))
-        (out / "results.json").unlink(missing_ok=True)
+        Path(os.path.realpath(out / "results.json")).unlink(missing_ok=True)  # a link's target: the link stays

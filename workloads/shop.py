@@ -89,7 +89,7 @@ class Line(BaseModel):
 class Reserve(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     lines: list[Line] = Field(min_length=1, max_length=100)
-    reservation_id: str | None = Field(default=None, pattern=CART_ID.pattern)
+    reservation_id: str | None = Field(default=None, pattern=f"^{CART_ID.pattern}$")  # (unanchored: a search)
 
 
 class PlaceOrder(BaseModel):

@@ -66,7 +66,8 @@ class _RootGroup(TyperGroup):
         try:
             return super().main(*args, **kwargs)
         except OSError as e:
-            if e.errno not in _STORAGE_ERRNOS:
+            # EACCES and EPERM come from sockets and signals too: only a file's is the machine's state here.
+            if e.errno not in _STORAGE_ERRNOS or (e.errno in (errno.EACCES, errno.EPERM) and not e.filename):
                 raise
             from joulesched.pipelines.cli.common import err
 

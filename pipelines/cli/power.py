@@ -308,7 +308,8 @@ def calibrate(
     from joulesched.cluster.scenario import NodeGroup
     from joulesched.core.errors import validation_summary
     try:
-        NodeGroup.model_validate({"name_prefix": "check", "count": count, "max_pods": max_pods,
+        NodeGroup.model_validate({"name_prefix": name_prefix or str(facts["name_prefix"]), "count": count,
+                                  "max_pods": max_pods,
                                   "cpu_m": int(facts["cpu_m"]) if cpu_m is None else cpu_m,
                                   "memory_mib": int(facts["memory_mib"]) if memory_mib is None else memory_mib,
                                   "power_watts": "hp-ml110-g5"})

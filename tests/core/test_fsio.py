@@ -109,3 +109,19 @@ def test_a_full_disk_is_one_line_and_exit_1_not_a_traceback(tmp_path, monkeypatc
     monkeypatch.setattr(workload, "write_trace", bug)
     r = runner.invoke(app, ["trace", "-s", str(ROOT / "scenarios" / "tiny.yaml"), "-o", str(tmp_path / "t.csv")])
     assert isinstance(r.exception, FileNotFoundError)
+
+
+
+def test_a_permission_error_without_a_file_is_not_called_a_storage_failure(monkeypatch):
+    """EACCES from a socket bind (a port below 1024) was printed as "Permission denied (nothing half-written is
+    left ...)" with no word of what failed (a review): without a file name it is not the machine's storage."""
+    import errno
+
+    import joulesched.cluster.workload as workload
+
+    def bind(wl, out):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(workload, "write_trace", bind)
+    r = runner.invoke(app, ["trace", "-s", str(ROOT / "scenarios" / "tiny.yaml"), "-o", "-"])
+    assert isinstance(r.exception, PermissionError)

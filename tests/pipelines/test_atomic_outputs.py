@@ -142,3 +142,25 @@ def test_a_failed_plot_leaves_the_old_png(tmp_path):
         atomic_savefig(Broken(), png)
     assert png.read_bytes() == old and _leftovers(tmp_path) == []
     plt.close(fig)
+
+
+def test_a_symlinked_results_json_stays_a_link_and_a_fifo_in_the_folder_is_refused_before_the_run(tmp_path):
+    """The old record was unlinked by its link's name, so a folder whose results.json links to an archive lost it;
+    a FIFO named nodes.json passed the folder check and was refused only after the whole run (a review)."""
+    import os
+
+    from joulesched.core.errors import UsageError
+    from joulesched.core.fsio import check_output_dir
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / "results.json").write_text("old")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").symlink_to(archive / "results.json")
+    benchmark.write_outputs(out, _results("new"), {"a": np.arange(3)}, {"n": 1})
+    assert (out / "results.json").is_symlink() and json.loads((archive / "results.json").read_text())["command"] == "new"
+    os.mkfifo(out / "nodes.json.fifo")
+    os.replace(out / "nodes.json.fifo", out / "nodes.json")
+    with pytest.raises(UsageError, match="nodes.json there is not a regular file"):
+        check_output_dir(out, "--out", benchmark.OUTPUT_FILES)

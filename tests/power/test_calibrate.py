@@ -177,6 +177,8 @@ def test_cli_bad_input_exits_2_and_leaves_the_old_profile(tmp_path):
      "would be refused by a scenario: cpu_m"),
     # The model meter's options with nothing to measure were silently ignored.
     ("".join(f"{u / 10},{100 + u}\n" for u in range(11)), ["--curve", "nope"], "--from-samples measures nothing"),
+    ("".join(f"{u / 10},{100 + u}\n" for u in range(11)), ["--name-prefix", "Bad_Name"],
+     "would be refused by a scenario: name_prefix"),
 ])
 def test_cli_refuses_what_no_scenario_would_read(tmp_path, samples, extra, words):
     src = _csv(tmp_path, "utilization,watts\n" + samples)

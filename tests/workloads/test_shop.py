@@ -188,8 +188,9 @@ def test_reservations_by_id_are_idempotent_and_a_release_outruns_a_late_reserve(
         api.reserve(lines, "b" * 32)
     assert late.value.status == 409 and stock() == before
     assert requests.delete(cat.url + "/api/products/reservations/..%2Fx", timeout=5).status_code == 404
-    r = cat.post("/api/products/reserve", json={"lines": lines, "reservation_id": "not-hex"})
-    assert r.status_code == 400 and "reservation_id" in r.json()["error"]
+    for bad in ("not-hex", "XXX" + "a" * 32 + "/../zz"):  # the pattern was a search: the second passed
+        r = cat.post("/api/products/reserve", json={"lines": lines, "reservation_id": bad})
+        assert r.status_code == 400 and "reservation_id" in r.json()["error"], bad
 
 
 def test_without_db_the_shop_removes_its_database_folder_on_sigterm(tmp_path, monkeypatch):
