@@ -151,6 +151,14 @@ class _TwinDecision(Decision):
         pass
 
 
+def bin_count(end_s: float, bin_s: float) -> int:
+    """How many timeline bins cover ``[0, end_s)``: a bin that would start a float's width before the end (240 x
+    (245 / 240) < 245) is none (its sliver would read as about 0 W: a review). The twin's run and
+    :func:`extend_run` count their bins with it alike."""
+    n = max(1, math.ceil(end_s / bin_s))
+    return n - 1 if n > 1 and (n - 1) * bin_s >= end_s - 1e-9 * max(end_s, 1.0) else n
+
+
 @dataclass
 class Timeline:
     """Power and utilisation sampled on a fixed grid, for plots: bin ``k`` covers ``[k bin_s, (k + 1) bin_s)``,
@@ -317,7 +325,7 @@ def extend_run(r: RunResult, until_s: float) -> RunResult:
         energy_j[-1] += tail.energy(r.end_s, min(k * b, until_s))[0]
         util, awake = list(tl.util), list(tl.awake)
         idle = np.zeros_like(util[-1]) if util else None
-        for j in range(k, math.ceil(until_s / b)):  # the last bin is the one until_s falls in (or ends at)
+        for j in range(k, bin_count(until_s, b)):  # the last bin is the one until_s falls in (or ends at)
             energy_j.append(tail.energy(j * b, min((j + 1) * b, until_s))[0])
             awake.append(tail.awake_at(j * b))
             if idle is not None:
@@ -1104,9 +1112,9 @@ class Twin:
         self.done = True
         if self.timeline is not None:
             tl = self.timeline
-            # A bin opened at the end, or a float's width before it (240 * (245 / 240) < 245): its energy (none,
-            # or a sliver's) joins the bin before, which would otherwise read as 0 W (a review).
-            if len(tl.energy_j) > 1 and (len(tl.energy_j) - 1) * tl.bin_s >= end - 1e-9 * max(end, 1.0):
+            # A bin opened at the end, or a float's width before it: its energy (none, or a sliver's) joins the
+            # bin before (bin_count).
+            while len(tl.energy_j) > bin_count(end, tl.bin_s):
                 sliver = tl.energy_j.pop()
                 tl.energy_j[-1] += sliver
                 tl.util.pop()

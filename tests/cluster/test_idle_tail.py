@@ -153,3 +153,5 @@ def test_a_horizon_whose_bins_do_not_add_up_exactly_has_no_sliver_bin():
     tl = r.timeline
     assert len(tl.energy_j) == 240 and tl.watts() == pytest.approx(np.full(240, 100.0))
     assert sum(tl.energy_j) == pytest.approx(r.energy_joules)
+    w = extend_run(r, 490.0).timeline  # the window's end on a float's width too: extend_run counted a sliver bin
+    assert len(w.energy_j) == 480 and w.watts() == pytest.approx(np.full(480, 100.0))
