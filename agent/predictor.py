@@ -102,11 +102,12 @@ class _Level:
                 self.sums = np.concatenate((self.sums, np.zeros_like(self.sums)))
         return r
 
-    def conditional(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per key and bin ``j``: (number of lifetimes >= edge j, their mean)."""
-        k = len(self.index)
-        c = np.cumsum(self.counts[:k, ::-1], axis=1)[:, ::-1]
-        s = np.cumsum(self.sums[:k, ::-1], axis=1)[:, ::-1]
+    def conditional(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per key (every one, or ``rows``) and bin ``j``: (number of lifetimes >= edge j, their mean)."""
+        counts, sums = (self.counts[:len(self.index)], self.sums[:len(self.index)]) if rows is None else \
+            (self.counts[rows], self.sums[rows])
+        c = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1]
+        s = np.cumsum(sums[:, ::-1], axis=1)[:, ::-1]
         with np.errstate(invalid="ignore", divide="ignore"):
             m = np.where(c > 0, s / np.maximum(c, 1e-300), 0.0)
         return c, m
@@ -153,22 +154,20 @@ class LifetimeModel:
                 # CronJobs, a new owner name per run, reach), and nothing the new key knows changed the others.
                 if k >= self._buf.shape[0]:  # room doubles: a copy per new key was O(keys) again
                     self._buf = np.concatenate((self._buf, np.empty_like(self._buf)))
-                    self._buf[:k] = self._table
-                self._buf[k] = self._estimate(self._kid_rows[k])
+                self._buf[k] = self._estimate(np.asarray([self._kid_rows[k]]))[0]
                 self._table = self._buf[:k + 1]
             else:
                 self._fresh_at = -1
         return k
 
-    def _estimate(self, rows: list[int]) -> np.ndarray:
-        """One key's row of :meth:`table` (its rows at each level), computed alone."""
-        est = self._prior.copy()
-        for li in range(N_LEVELS - 1, -1, -1):
-            lv, r = self.levels[li], rows[li]
-            c = np.cumsum(lv.counts[r, ::-1])[::-1]
-            m = np.where(c > 0, np.cumsum(lv.sums[r, ::-1])[::-1] / np.maximum(c, 1e-300), 0.0)
+    def _estimate(self, rows: np.ndarray) -> np.ndarray:
+        """Rows of :meth:`table` for keys whose rows at each level are ``rows`` (keys x levels): each level's
+        conditional means, shrunk from all pods to the key's own."""
+        est = np.broadcast_to(self._prior, (rows.shape[0], N_BINS))
+        for li in range(N_LEVELS - 1, -1, -1):  # from all pods to the pod's own key
+            c, m = self.levels[li].conditional(rows[:, li])
             est = (c * m + self.shrink * est) / (c + self.shrink)
-        return est
+        return np.array(est, dtype=np.float64)  # (a copy: est may be the prior's broadcast view)
 
     def observe(self, kid: int, life_s: float) -> None:
         """A pod of key ``kid`` ended after ``life_s`` seconds."""
@@ -182,7 +181,7 @@ class LifetimeModel:
             if self._fresh_at >= 0 and kid < self._table.shape[0] and len(self.kid) >= INCREMENTAL_KEYS:
                 # That row alone, as a rebuild would compute it now (the others move with the general levels,
                 # 5 % of all ends at a time): a whole rebuild per new key's first end cost O(keys) a decision.
-                self._table[kid] = self._estimate(self._kid_rows[kid])
+                self._table[kid] = self._estimate(np.asarray([self._kid_rows[kid]]))[0]
                 self._table = self._buf[:self._table.shape[0]]  # a new object: PodPredictor's node view, keyed on
                 # the table's identity, is recomputed (a review: written in place, it kept the old predicted ends)
                 self._kid_stale_at[kid] = n + max(1, n // 4)
@@ -196,16 +195,8 @@ class LifetimeModel:
         stale = self.observed - max(self._fresh_at, 0) >= max(1, self.observed // 20)
         if self._fresh_at >= 0 and not stale and self._table.shape[0] == len(self.kid):
             return self._table
-        rows = np.asarray(self._kid_rows, dtype=np.int64).reshape(len(self.kid), N_LEVELS)
-        est = np.broadcast_to(self._prior, (len(self.kid), N_BINS))
         k = self.shrink
-        for li in range(N_LEVELS - 1, -1, -1):  # from all pods to the pod's own key
-            c, m = self.levels[li].conditional()
-            if c.shape[0] == 0:
-                continue
-            cr, mr = c[rows[:, li]], m[rows[:, li]]
-            est = (cr * mr + k * est) / (cr + k)
-        self._table = self._buf = np.array(est, dtype=np.float64)  # (a copy: est may be a broadcast view)
+        self._table = self._buf = self._estimate(np.asarray(self._kid_rows, dtype=np.int64).reshape(-1, N_LEVELS))
         if self._buf.shape[0] == 0:
             self._buf = np.zeros((1, N_BINS))
             self._table = self._buf[:0]

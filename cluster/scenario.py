@@ -114,8 +114,8 @@ class Sleep(_Strict):
     ``min_awake`` nodes, with ``spare_cpu_m`` of free requested CPU among them, always stay awake (a node held
     awake by them is looked at again every ``recheck_s``); at most ``max_sleeps_per_hour`` sleeps start over any
     sliding hour (0, the default: no limit; the live controller's default is 60), an idle node waiting for room;
-    ``consolidation`` (off unless given) evicts pods so that more nodes can sleep. The defaults keep the plain rule: every node that has been empty long enough
-    sleeps."""
+    ``consolidation`` (off unless given) evicts pods so that more nodes can sleep. The defaults keep the plain
+    rule: every node that has been empty long enough sleeps."""
 
     mode: Literal["sleep"]
     sleep_after_s: float = Field(300.0, ge=0, allow_inf_nan=False)

@@ -1085,8 +1085,9 @@ def check_job_ends(scenario: Scenario, wl: Workload) -> None:
         k = int(bad[0])
         raise ScenarioError(
             f"{scenario.source or scenario.name}: a job submitted at {wl.submit_s[k]:g} s runs at least "
-            f"{end[k] - wl.submit_s[k]:g} s ({wl.duration_s[k]:g} s of work at its CPU demand), ending more than {MAX_JOB_END_FACTOR} x duration_s ({horizon:g} s) after the start ({bad.size} such "
-            "job(s)): the run would last until it ends. Lengthen duration_s, or drop or shorten such jobs")
+            f"{end[k] - wl.submit_s[k]:g} s ({wl.duration_s[k]:g} s of work at its CPU demand), ending more than "
+            f"{MAX_JOB_END_FACTOR} x duration_s ({horizon:g} s) after the start ({bad.size} such job(s)): the run "
+            "would last until it ends. Lengthen duration_s, or drop or shorten such jobs")
 
 
 def generate_fitted(spec: Fitted, path: Path, horizon: float, rng: np.random.Generator) -> Workload:

@@ -170,7 +170,8 @@ def test_a_new_key_adds_its_row_without_rebuilding_the_table(monkeypatch):
     assert np.allclose(model.table(), appended, rtol=1e-12, atol=0)
     kid = model.key_id(dataclasses.replace(OTHER, app="cron-0", qos_class="Burstable"))
     model.observe(kid, 42.0)  # its own first end: its row alone, as a rebuild would give it for that key
-    assert model._fresh_at >= 0 and model.table()[kid] == pytest.approx(model._estimate(model._kid_rows[kid]))
+    alone = model._estimate(np.asarray([model._kid_rows[kid]]))[0]
+    assert model._fresh_at >= 0 and model.table()[kid] == pytest.approx(alone)
 
 
 def test_the_node_view_follows_a_row_updated_alone(monkeypatch):

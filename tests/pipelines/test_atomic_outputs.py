@@ -159,7 +159,8 @@ def test_a_symlinked_results_json_stays_a_link_and_a_fifo_in_the_folder_is_refus
     out.mkdir()
     (out / "results.json").symlink_to(archive / "results.json")
     benchmark.write_outputs(out, _results("new"), {"a": np.arange(3)}, {"n": 1})
-    assert (out / "results.json").is_symlink() and json.loads((archive / "results.json").read_text())["command"] == "new"
+    assert (out / "results.json").is_symlink()
+    assert json.loads((archive / "results.json").read_text())["command"] == "new"
     os.mkfifo(out / "nodes.json.fifo")
     os.replace(out / "nodes.json.fifo", out / "nodes.json")
     with pytest.raises(UsageError, match="nodes.json there is not a regular file"):
