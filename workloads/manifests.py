@@ -209,7 +209,15 @@ def render(
     check_namespace(namespace)
     if image is not None:
         check_image(image)
+    if app.startswith("shop") and replicas > 1:
+        raise ValueError(f"--replicas {replicas}: {app} keeps its state in a SQLite file of its own pod (carts, "
+                         "stock and orders would differ from one replica to the next); use 0 or 1")
     resources = _resources(app, cpu_request, memory_request, cpu_limit, memory_limit)
+    if app in ("disk", "combined"):
+        # The scratch files live on the node's disk: schedulers must find the room for them (and the kubelet keep
+        # it), or the blocker's writes push the node into disk-pressure evictions of its neighbours.
+        scratch = SIZE_LIMITS["scratch"]
+        resources["requests"]["ephemeral-storage"] = resources["limits"]["ephemeral-storage"] = scratch
     name = f"joulesched-{app}"
     lab = labels(app)
     volumes = [_empty_dir("tmp")]

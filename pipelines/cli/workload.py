@@ -135,11 +135,11 @@ def _check_workdir(workdir: Path | None) -> None:
 
 
 def _check_target(url: str, option: str = "--target") -> None:
-    from joulesched.core.net import check_http_url as check_url
+    from joulesched.workloads.load.results import DriverError, check_target
 
     try:
-        check_url(url, option)
-    except ValueError as exc:
+        check_target(url, option)
+    except DriverError as exc:
         _fail(str(exc))
 
 
@@ -162,7 +162,7 @@ def jmeter(
     target: Annotated[str, typer.Option(help="URL to load, path included, e.g. http://127.0.0.1:8080/work?ms=5.")],
     plan: Annotated[Path, typer.Option(help="JMeter plan taking host/port/protocol/path/threads/rampup/duration properties.")] = JMETER_PLAN,
     threads: Annotated[int, typer.Option(min=1, max=10_000, help="Concurrent JMeter threads.")] = 10,
-    rampup: Annotated[int, typer.Option(min=0, max=3600, help="Seconds to start all threads.")] = 1,
+    rampup: Annotated[int, typer.Option(min=0, max=3600, help="Seconds to start all threads, within --duration.")] = 1,
     duration: Annotated[int, typer.Option(min=1, max=86_400, help="Seconds the thread group runs (then JMeter stops).")] = 10,
     jmeter_bin: Annotated[str, typer.Option("--jmeter", help="JMeter executable (a name on PATH or a path).")] = "jmeter",
     launcher: Annotated[str, typer.Option(help="auto | jmeter | debian-2.13 (see workloads/jmeter/xstream-allow.bsh).")] = "auto",
@@ -178,6 +178,9 @@ def jmeter(
         _fail(f"--launcher {launcher!r}: expected auto, jmeter or debian-2.13")
     if not plan.is_file():
         _fail(f"--plan {plan} not found")
+    if rampup > duration:
+        _fail(f"--rampup {rampup} is longer than --duration {duration}: the ramp-up is part of the duration "
+              "(threads due after it never start)")
     if shutil.which(jmeter_bin) is None:
         _fail(f"--jmeter {jmeter_bin!r} is not an executable (not found on PATH or not executable); install JMeter "
               "(Debian: apt-get install jmeter jmeter-http) or give its path")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from joulesched.workloads.load import jmeter as jm
+from joulesched.workloads.load import locust as lc
 from joulesched.workloads.load.results import DriverError, Sample, read_csv_samples, summarise
 
 BIN = Path(sys.executable).parent / "joulesched"
@@ -141,6 +142,34 @@ def test_split_target():
             jm.split_target(bad)
 
 
+def test_credentials_in_a_target_are_refused_by_both_drivers(tmp_path):
+    for url in ("http://alice:s3cret@127.0.0.1:9/x", "http://alice@127.0.0.1:9/x"):
+        with pytest.raises(DriverError, match="user-info") as exc:
+            jm.split_target(url)
+        assert "s3cret" not in str(exc.value)
+        with pytest.raises(DriverError, match="user-info"):
+            lc.run(url, duration_s=1, workdir=tmp_path)
+
+
+def test_a_relative_jmeter_is_run_from_the_callers_folder(tmp_path, monkeypatch):
+    # JMeter runs inside its work folder: a relative --jmeter named nothing there (a FileNotFoundError traceback).
+    (tmp_path / "jm" / "bin").mkdir(parents=True)
+    fake = tmp_path / "jm" / "bin" / "jmeter"
+    fake.write_text(FAKE_JMETER)
+    fake.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    res = jm.run("http://127.0.0.1:9/", jmeter_bin="jm/bin/jmeter", launcher="jmeter", duration_s=1)
+    assert res.requests == 1
+
+
+def test_results_are_forced_to_one_row_per_request_whatever_jmeter_properties_say():
+    # JMeter 5 writes a redirect's hops as rows of their own unless subresults are off; a user.properties may
+    # change the delimiter; timeStamp must be the start for start + elapsed to be the end.
+    assert jm.RESULT_PROPS["jmeter.save.saveservice.subresults"] == "false"
+    assert jm.RESULT_PROPS["jmeter.save.saveservice.default_delimiter"] == ","
+    assert jm.RESULT_PROPS["sampleresult.timestamp.start"] == "true"
+
+
 def test_plan_is_parameterised_and_finite():
     text = jm.DEFAULT_PLAN.read_text()
     for prop in ("host", "port", "path", "threads", "rampup", "duration", "protocol"):
@@ -153,6 +182,11 @@ def test_plan_is_parameterised_and_finite():
     ["load", "jmeter", "--target", "http://127.0.0.1:1/", "--threads", "0"],
     ["load", "jmeter", "--target", "http://127.0.0.1:1/", "--plan", "/nonexistent.jmx"],
     ["load", "locust", "--target", "nope"],
+    # Credentials in a target would be printed and kept; JMeter would drop them where Locust sends them.
+    ["load", "locust", "--target", "http://alice:s3cret@127.0.0.1:1/"],
+    ["load", "jmeter", "--target", "http://alice@127.0.0.1:1/"],
+    ["load", "jmeter", "--target", "http://127.0.0.1:1/", "--rampup", "20", "--duration", "10"],
+    ["workload", "manifest", "shop-cart", "--replicas", "2"],
     ["workload", "serve", "cpu", "--listen", "127.0.0.1"],
     ["workload", "serve", "cpu", "--listen", "127.0.0.1:99999"],
     ["workload", "serve", "gpu"],
@@ -198,7 +232,8 @@ def test_jtl_parser_names_the_file_line_and_field_of_a_bad_row(tmp_path, rows, w
 def test_jtl_parser_takes_blank_lines_any_case_and_extra_columns(tmp_path):
     f = tmp_path / "r.jtl"
     f.write_text(JTL_HEAD + "1000,5,GET,200,TRUE,10,5\n\n1001,6,GET,500,False,10,6,extra\n")
-    assert read_csv_samples(f, "timeStamp", "elapsed", "success") == [Sample(1000, 5, True), Sample(1001, 6, False)]
+    rows = list(read_csv_samples(f, "timeStamp", "elapsed", "success"))
+    assert rows == [Sample(1000, 5, True), Sample(1001, 6, False)]
 
 
 # A stand-in for JMeter that writes its -l file as JMeter does: appending, with a header only to a new file.

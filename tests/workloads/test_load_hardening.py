@@ -112,3 +112,34 @@ def test_a_reused_locust_workdir_does_not_report_the_previous_runs_samples(tmp_p
     (wd / "samples.csv").write_text("start_ms,elapsed_ms,ok\n" + "1000,5,true\n" * 50)  # the last run's
     with pytest.raises(DriverError, match="without results"):
         lc.run("http://127.0.0.1:9/", users=1, duration_s=1, locustfile=quits, workdir=wd)
+
+
+@pytest.mark.slow
+def test_a_request_that_hangs_is_a_failure_not_a_missing_row(monkeypatch):
+    """Locust's HttpSession waits forever: a hung request was killed at the run's end and left no row, so a target
+    that stopped answering read as 0 % errors. It now fails after the JMeter plan's 5 s. A user's LOCUST_* setting
+    (here tags that select no task) no longer changes the driver's run."""
+    if importlib.util.find_spec("locust") is None:
+        pytest.skip("locust not installed (pip install 'joulesched[load]')")
+    import http.server
+    import threading
+    import time
+
+    class Hangs(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(20)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hangs)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("LOCUST_TAGS", "no-such-tag")
+    try:
+        res = lc.run(f"http://127.0.0.1:{srv.server_address[1]}/x", users=1, spawn_rate=1, duration_s=1)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert res.requests >= 1 and res.errors == res.requests
+    assert res.latency_ms.min >= lc.REQUEST_TIMEOUT_S * 1000 * 0.9

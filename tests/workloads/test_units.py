@@ -313,8 +313,21 @@ def test_params_cap_cpu_and_memory_at_the_cgroup_limits(tmp_path, monkeypatch):
 def test_manifests_set_limits_and_size_limits(app):
     pod = render(app)[0]["spec"]["template"]["spec"]
     res = pod["containers"][0]["resources"]
-    assert set(res["limits"]) == {"cpu", "memory"} and set(res["requests"]) == {"cpu", "memory"}
+    # The blockers that write to /scratch reserve the node's disk for it (its emptyDir's size limit).
+    want = {"cpu", "memory"} | ({"ephemeral-storage"} if app in ("disk", "combined") else set())
+    assert set(res["limits"]) == want and set(res["requests"]) == want
     assert all(v["emptyDir"].get("sizeLimit") for v in pod["volumes"])
+    if app in ("disk", "combined"):
+        scratch = next(v for v in pod["volumes"] if v["name"] == "scratch")["emptyDir"]["sizeLimit"]
+        assert res["requests"]["ephemeral-storage"] == res["limits"]["ephemeral-storage"] == scratch
+
+
+@pytest.mark.parametrize("app", [a for a in APPS if a.startswith("shop")])
+def test_a_shop_is_one_replica_at_most(app):
+    # Each replica would have its own SQLite database behind one Service: a cart made on one pod is a 404 on the next.
+    assert render(app, replicas=1)[0]["spec"]["replicas"] == 1
+    with pytest.raises(ValueError, match="--replicas 2: .* SQLite file of its own pod"):
+        render(app, replicas=2)
 
 
 def test_the_scratch_size_limit_holds_two_files_of_the_largest_size():

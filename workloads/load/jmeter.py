@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from joulesched.core.net import check_http_url, url_port
-from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, remove_stale, summarise
+from joulesched.core.net import url_port
+from joulesched.workloads.load.results import (
+    DriverError,
+    LoadResult,
+    check_target,
+    read_csv_samples,
+    remove_stale,
+    summarise,
+)
 
 HERE = Path(__file__).resolve().parent.parent / "jmeter"
 DEFAULT_PLAN = HERE / "test-app.jmx"
@@ -41,6 +48,11 @@ RESULT_PROPS = {
     "jmeter.save.saveservice.response_message": "false",
     "jmeter.save.saveservice.thread_name": "false",
     "jmeter.save.saveservice.assertion_results_failure_message": "false",
+    "jmeter.save.saveservice.default_delimiter": ",",
+    # JMeter 5 writes a redirect's hops as rows of their own (label-0, label-1): one request must be one row.
+    "jmeter.save.saveservice.subresults": "false",
+    # timeStamp is the request's start (5.x and Debian's 2.13 ship it so; JMeter's code default is its end).
+    "sampleresult.timestamp.start": "true",
 }
 
 Launcher = Literal["auto", "jmeter", "debian-2.13"]
@@ -48,10 +60,7 @@ Launcher = Literal["auto", "jmeter", "debian-2.13"]
 
 def split_target(url: str) -> dict[str, str]:
     """URL -> the plan's protocol/host/port/path properties (checked as every --target is: core/net.py)."""
-    try:
-        check_http_url(url, "--target")
-    except ValueError as e:
-        raise DriverError(str(e)) from None
+    check_target(url)
     u = urlsplit(url)
     port = url_port(u) or (443 if u.scheme == "https" else 80)
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
@@ -93,7 +102,8 @@ def command(jmeter_bin: str = "jmeter", launcher: Launcher = "auto") -> list[str
     if launcher == "jmeter":
         if shutil.which(jmeter_bin) is None:
             raise DriverError(f"{jmeter_bin!r} not found; install JMeter (Debian: apt-get install jmeter jmeter-http)")
-        return [jmeter_bin]
+        # Absolute: JMeter runs in its work folder, where a relative path names nothing (or another file).
+        return [str(Path(shutil.which(jmeter_bin) or jmeter_bin).absolute())]
     if home is None or bsh is None:
         raise DriverError("the debian-2.13 launcher needs /usr/share/jmeter and /usr/share/java/bsh.jar (apt-get install jmeter)")
     java = shutil.which("java")
@@ -124,6 +134,9 @@ def run(
         raise DriverError(f"plan {plan} not found")
     if threads < 1 or rampup_s < 0 or duration_s < 1:
         raise DriverError("need threads >= 1, rampup >= 0 and duration >= 1")
+    if rampup_s > duration_s:  # JMeter's end time is start + duration: threads due after it never start
+        raise DriverError(f"rampup ({rampup_s} s) is longer than duration ({duration_s} s): the ramp-up is part of "
+                          "the duration")
     props = split_target(target) | {"threads": str(threads), "rampup": str(rampup_s), "duration": str(duration_s)}
     argv = command(jmeter_bin, launcher)
     own_dir = workdir is None

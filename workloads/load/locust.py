@@ -16,10 +16,13 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from joulesched.workloads.load.results import DriverError, LoadResult, read_csv_samples, remove_stale, summarise
+from joulesched.workloads.load.results import DriverError, LoadResult, check_target
+from joulesched.workloads.load.results import read_csv_samples, remove_stale, summarise
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locust" / "locustfile.py"
 STARTUP_GRACE_S = 60.0
+REQUEST_TIMEOUT_S = 5.0
+"""A request unanswered this long fails (the JMeter plan's timeout); Locust's own HttpSession waits forever."""
 
 
 def run(
@@ -31,9 +34,7 @@ def run(
     locustfile: Path = LOCUSTFILE,
     workdir: Path | None = None,
 ) -> LoadResult:
-    u = urlsplit(target)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise DriverError(f"--target {target!r}: expected http(s)://HOST[:PORT][/PATH]")
+    u = urlsplit(check_target(target))
     if users < 1 or spawn_rate <= 0 or duration_s < 1:
         raise DriverError("need users >= 1, spawn-rate > 0 and duration >= 1")
     # find_spec, not import: importing locust monkey-patches this process with gevent.
@@ -60,9 +61,14 @@ def _run(wd: Path, target: str, host: str, path: str, users: int, spawn_rate: fl
     argv = [
         sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--host", host,
         "-u", str(users), "-r", str(spawn_rate), "-t", f"{duration_s}s",
-        "--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING",
+        # Longer than a request may take: a user stopped mid-request would leave no row for it.
+        "--stop-timeout", str(int(REQUEST_TIMEOUT_S) + 2), "--only-summary", "--loglevel", "WARNING",
     ]
-    env = os.environ | {"JOULESCHED_LOCUST_PATH": path, "JOULESCHED_LOCUST_SAMPLES": str(samples)}
+    # The user's LOCUST_* settings would change the run behind the driver's back (processes, tags, exit codes);
+    # ~/.locust.conf is still read, but the options above override it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")} | {
+        "JOULESCHED_LOCUST_PATH": path, "JOULESCHED_LOCUST_SAMPLES": str(samples),
+        "JOULESCHED_LOCUST_TIMEOUT": str(REQUEST_TIMEOUT_S)}
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

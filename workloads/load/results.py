@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import io
 import re
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 from pydantic import BaseModel
@@ -17,6 +17,25 @@ from joulesched.core.errors import JouleschedError
 
 class DriverError(JouleschedError, RuntimeError):
     """A load driver could not run or produced no results; the message says what to fix."""
+
+
+def check_target(url: str, option: str = "--target") -> str:
+    """``url`` if it is an http(s) URL (core/net.py's rules) without user-info; else DriverError. Credentials in a
+    target would be printed, kept in the results and shown in ``ps``, and the drivers would not agree on them
+    (JMeter drops them, Locust sends them as Basic auth)."""
+    from urllib.parse import urlsplit
+
+    from joulesched.core.net import check_http_url
+
+    try:
+        check_http_url(url, option)
+    except ValueError as e:
+        raise DriverError(str(e)) from None
+    u = urlsplit(url)
+    if u.username is not None or u.password is not None:
+        raise DriverError(f"{option}: a URL with user-info (USER:PASSWORD@) is refused: it would be printed and kept "
+                          "in the results; put the target behind no login or a proxy that adds it")
+    return url
 
 
 def remove_stale(*paths: Path) -> None:
@@ -37,6 +56,23 @@ class Sample:
     start_ms: float  # epoch milliseconds
     elapsed_ms: float
     ok: bool
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Many requests, column-wise: a day's run at 1,000 req/s is 86 million rows, 17 bytes each here (a
+    :class:`Sample` object per row would need tens of GB)."""
+
+    start_ms: np.ndarray
+    elapsed_ms: np.ndarray
+    ok: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ms)
+
+    def __iter__(self) -> Iterator[Sample]:
+        for s, e, k in zip(self.start_ms.tolist(), self.elapsed_ms.tolist(), self.ok.tolist()):
+            yield Sample(s, e, bool(k))
 
 
 class Latency(BaseModel):
@@ -65,24 +101,29 @@ class LoadResult(BaseModel):
     """the tool's whole run, start-up included"""
 
 
-def summarise(samples: Iterable[Sample], tool: str, target: str, wall_s: float = 0.0) -> LoadResult:
-    s = list(samples)
-    if not s:
+def summarise(samples: Samples | Iterable[Sample], tool: str, target: str, wall_s: float = 0.0) -> LoadResult:
+    if not isinstance(samples, Samples):
+        rows = list(samples)
+        samples = Samples(np.array([x.start_ms for x in rows], dtype=float),
+                          np.array([x.elapsed_ms for x in rows], dtype=float),
+                          np.array([x.ok for x in rows], dtype=bool))
+    n = len(samples)
+    if not n:
         raise DriverError(f"{tool} recorded no requests against {target}; is the target up and the path right?")
-    elapsed = np.array([x.elapsed_ms for x in s], dtype=float)
-    first = min(x.start_ms for x in s)
-    last = max(x.start_ms + x.elapsed_ms for x in s)
+    elapsed = samples.elapsed_ms
+    first = float(samples.start_ms.min())
+    last = float((samples.start_ms + elapsed).max())
     duration = max((last - first) / 1000, 1e-3)
-    errors = sum(not x.ok for x in s)
+    errors = int(n - np.count_nonzero(samples.ok))
     p50, p95, p99 = np.percentile(elapsed, [50, 95, 99])  # linear interpolation between ranks
     return LoadResult(
         tool=tool,
         target=target,
-        requests=len(s),
+        requests=n,
         errors=errors,
-        error_rate=errors / len(s),
+        error_rate=errors / n,
         duration_s=round(duration, 3),
-        throughput_rps=round(len(s) / duration, 3),
+        throughput_rps=round(n / duration, 3),
         latency_ms=Latency(
             min=float(elapsed.min()),
             mean=round(float(elapsed.mean()), 3),
@@ -95,8 +136,8 @@ def summarise(samples: Iterable[Sample], tool: str, target: str, wall_s: float =
     )
 
 
-def read_csv_samples(path: Path, start: str, elapsed: str, ok: str) -> list[Sample]:
-    """Samples from a CSV with a header row, naming the start, elapsed and success columns.
+def read_csv_samples(path: Path, start: str, elapsed: str, ok: str) -> Samples:
+    """Samples from a CSV with a header row, naming the start, elapsed and success columns, read as a stream.
 
     Every row must be whole in those columns: start and elapsed in milliseconds (finite and not negative; start
     since the epoch, as JMeter's timestamp_format=ms writes it) and success ``true`` or ``false``. Anything else (a
@@ -104,39 +145,46 @@ def read_csv_samples(path: Path, start: str, elapsed: str, ok: str) -> list[Samp
     DriverError naming the file, the line and the field, never a traceback or a silently wrong number: a file cut
     off mid-row is a run to repeat, not one to summarise. Blank lines are skipped.
     """
+    starts, lasts, oks = array("d"), array("d"), array("b")
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            # strict: a quote left open is an error at the end of the file, not the rest read as one field.
+            reader = csv.reader(_text_lines(f, path), strict=True)
+            try:
+                header = next(reader, None) or []
+                missing = {start, elapsed, ok} - set(header)
+                if missing:
+                    raise DriverError(f"{path} lacks column(s) {', '.join(sorted(missing))}; "
+                                      f"header: {header or '(none)'}")
+                cols = [(name, header.index(name)) for name in (start, elapsed, ok)]
+                for row in reader:
+                    if not row:
+                        continue
+                    line = reader.line_num
+                    cells = []
+                    for name, i in cols:
+                        if i >= len(row):
+                            raise DriverError(f"{path} line {line}: no {name} field (the row has {len(row)} of the "
+                                              f"header's {len(header)}; cut short?)")
+                        cells.append(row[i])
+                    starts.append(_millis(path, line, start, cells[0], " since the epoch"))
+                    lasts.append(_millis(path, line, elapsed, cells[1]))
+                    oks.append(_success(path, line, ok, cells[2]))
+            except csv.Error as exc:
+                raise DriverError(f"{path} line {reader.line_num}: not readable as CSV ({exc})") from None
     except OSError as exc:
         raise DriverError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise DriverError(f"{path} line {line}: not UTF-8 text (byte {data[exc.start]:#04x})") from None
-    # strict: a quote left open is an error at the end of the file, not the rest of the file read as one field.
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    samples = []
-    try:
-        header = next(reader, None) or []
-        missing = {start, elapsed, ok} - set(header)
-        if missing:
-            raise DriverError(f"{path} lacks column(s) {', '.join(sorted(missing))}; header: {header or '(none)'}")
-        col = {name: header.index(name) for name in (start, elapsed, ok)}
-        for row in reader:
-            if not row:
-                continue
-            line = reader.line_num
-            cells = {}
-            for name, i in col.items():
-                if i >= len(row):
-                    raise DriverError(f"{path} line {line}: no {name} field (the row has {len(row)} of the header's "
-                                      f"{len(header)}; cut short?)")
-                cells[name] = row[i]
-            samples.append(Sample(_millis(path, line, start, cells[start], " since the epoch"),
-                                  _millis(path, line, elapsed, cells[elapsed]), _success(path, line, ok, cells[ok])))
-    except csv.Error as exc:
-        raise DriverError(f"{path} line {reader.line_num}: not readable as CSV ({exc})") from None
-    return samples
+    return Samples(np.frombuffer(starts, dtype=np.float64), np.frombuffer(lasts, dtype=np.float64),
+                   np.frombuffer(oks, dtype=np.int8).astype(bool))
+
+
+def _text_lines(f, path: Path) -> Iterator[str]:
+    """The file's lines as text, each decoded alone so that a byte that is not UTF-8 names its line."""
+    for n, raw in enumerate(f, 1):
+        try:
+            yield raw.decode("utf-8-sig" if n == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise DriverError(f"{path} line {n}: not UTF-8 text (byte {raw[exc.start]:#04x})") from None
 
 
 #: No timestamp or latency in milliseconds comes near it (it is some 30,000 years); numbers past it are no sample,

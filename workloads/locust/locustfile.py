@@ -3,6 +3,7 @@
 Configured by environment (set by `joulesched load locust`):
     JOULESCHED_LOCUST_PATH     path and query to GET (default /work?ms=5)
     JOULESCHED_LOCUST_SAMPLES  CSV file that gets one row per request: start_ms,elapsed_ms,ok
+    JOULESCHED_LOCUST_TIMEOUT  seconds after which an unanswered request fails (default 5, as the JMeter plan)
 Per-request rows (rather than Locust's rounded percentile CSV) let both drivers compute the same statistics.
 """
 
@@ -12,6 +13,7 @@ import time
 from locust import HttpUser, constant, events, task
 
 PATH = os.environ.get("JOULESCHED_LOCUST_PATH", "/work?ms=5")
+TIMEOUT_S = float(os.environ.get("JOULESCHED_LOCUST_TIMEOUT", "5"))
 _samples = open(os.environ.get("JOULESCHED_LOCUST_SAMPLES", os.devnull), "w", buffering=1 << 16)
 _samples.write("start_ms,elapsed_ms,ok\n")
 
@@ -34,4 +36,5 @@ class TestAppUser(HttpUser):
 
     @task
     def get_path(self):
-        self.client.get(PATH, name="GET test app")
+        # A timeout, or a hung request would never end: killed at the run's end it would leave no row at all.
+        self.client.get(PATH, name="GET test app", timeout=TIMEOUT_S)
