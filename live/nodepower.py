@@ -222,6 +222,8 @@ def _now_rfc3339() -> str:
 
 def eviction_blocker(p: PodInfo) -> str:
     """Why consolidation may not evict ``p`` ("" = it may)."""
+    if p.deleting:  # already going (a finalizer may hold it for ever): its node would be planned at every round
+        return "terminating"
     if p.safe_to_evict == "false":
         return "safe-to-evict: false"
     if p.local_storage and p.safe_to_evict != "true":
@@ -232,7 +234,15 @@ def eviction_blocker(p: PodInfo) -> str:
         return "names a DaemonSet that does not select it (or could not be read)"
     if p.meta.kind == "job" and p.safe_to_evict != "true":
         return "a Job's pod (not marked safe-to-evict: \"true\")"  # its progress would be lost
+    if p.inter_pod:
+        # Where it may go depends on the other pods, which the plan does not model: a replica evicted for a node its
+        # anti-affinity excludes would stay Pending (a review), and its node sleep meanwhile.
+        return "inter-pod (anti-)affinity or topology spread"
     return ""
+
+
+#: A claim whose volume could not be read: no constraint known to a wake, a reason not to evict for consolidation.
+UNREADABLE = object()
 
 
 class LostLeadership(ActionAborted):
@@ -291,6 +301,8 @@ class NodePowerController:
         self._pv_cache: dict[tuple[str, str], list[NodeSelectorTerm] | None] = {}
         self._leading_since: float | None = None
         self._leading_term = -1
+        self._seed_cap = False  # a new term: count the last hour's sleeps the nodes show (_seed_sleep_cap)
+        self._slept: dict[str, float] = {}  # node -> when (our clock) this replica last started its sleep
         self._keep_awake: frozenset[str] = frozenset()  # control planes by their static pods, our own node
         self._resolve_lock = threading.Lock()
         self._addresses_stamp = _files_stamp(self.cfg.addresses_file) if self.cfg.addresses_file else None
@@ -382,6 +394,10 @@ class NodePowerController:
                 with self._lock:
                     for rec in self._recs.values():
                         rec.sleep_failed_at, rec.lease_after_window = None, None
+                        # When a node emptied is this term's to see: a time kept from an earlier term would let a
+                        # node that has run pods since (under another leader) sleep without its sleep_after_s.
+                        rec.empty_since = None
+                self._seed_cap = True
             if self._stop.is_set() or not self.synced:
                 continue
             if not leading:
@@ -557,9 +573,14 @@ class NodePowerController:
             st.power_state[going] = ASLEEP
             if len(self.core.counted) == len(names):
                 self.core.counted[going] = False
+        if self._seed_cap:
+            self._seed_cap = False
+            self._seed_sleep_cap(infos, now)
         self._adopt_addresses(infos)
+        self._forget_lifted_cordons(infos, busy)
         self._assume_going_down(names, infos, busy)
         self._recover(names, infos, busy, now, (WAKING_STATE, DRAINING))
+        self._resume_failed_wakes(names, infos, busy, now)
         wanted = self._wake_pass(st, names, infos, pending, busy, now)
         # A sleep left half-done is resumed only after the wake pass: a pending pod that needs the node wakes it
         # instead (a sleep the actuator could not confirm leaves the node cordoned; retrying it must not win).
@@ -569,12 +590,79 @@ class NodePowerController:
         self._sleep_pass(st, names, states, workload, busy, now, wanted)
         if self.cfg.policy.consolidate and now >= self._next_consolidation:
             self._next_consolidation = now + self.cfg.policy.consolidate_interval_s
-            self._consolidate(st, names, infos, by_node, busy, now)
+            self._consolidate(st, names, infos, by_node, busy, now, pending)
         counts = {s: 0 for s in POWER_STATES}
         for s in states:
             counts[s] += 1
         for s, c in counts.items():
             self.metrics.nodes.labels(s).set(c)
+
+    def _seed_sleep_cap(self, infos: list[NodeInfo], now: float) -> None:
+        """At a new term, count toward ``max_sleeps_per_hour`` the sleeps of the last hour that the nodes show
+        (sleeping or asleep since then) and this replica did not start itself: a restarted or failed-over controller
+        started from an empty count, so a crash loop was bounded by nothing. Both times compared are wall-clock
+        times a controller wrote (``power-state-since``) and ours."""
+        if not self._sleep_cap.per_hour:
+            return
+        wall = time.time()
+        seeds = []
+        for info in infos:
+            if info.power_state not in (SLEEPING, ASLEEP_STATE) or not info.power_since:
+                continue
+            mine = self._slept.get(info.name)
+            if mine is not None and now - mine < 3600.0:
+                continue  # counted when this replica started it
+            try:
+                since = datetime.fromisoformat(info.power_since.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+            age = wall - since
+            if 0.0 <= age < 3600.0:
+                seeds.append(now - age)
+        if seeds:
+            with self._lock:
+                self._sleep_cap.started = collections.deque(sorted([*self._sleep_cap.started, *seeds]))
+            log.info("%d sleeps of the last hour by an earlier leader count toward max_sleeps_per_hour", len(seeds))
+
+    def _forget_lifted_cordons(self, infos: list[NodeInfo], busy) -> None:
+        """A node marked as cordoned by us that is schedulable was uncordoned by someone else: the mark goes, or a
+        cordon an administrator sets later would be taken for ours and lifted by our next wake or undrain (a
+        review). Written with the node's resourceVersion: a cordon set meanwhile keeps the mark's removal out."""
+        if not self._may_write():
+            return
+        for info in infos:
+            if not info.cordoned_by_us or info.unschedulable or info.name in busy:
+                continue
+            try:
+                obj = json.loads(self.core_api.read_node(info.name, _preload_content=False,
+                                                         _request_timeout=self.cfg.request_timeout_s).data)
+                meta = obj.get("metadata") or {}
+                if (obj.get("spec") or {}).get("unschedulable") or CORDONED_ANNOTATION not in (
+                        meta.get("annotations") or {}):
+                    continue
+                resp = self.core_api.patch_node(
+                    info.name, {"metadata": {"resourceVersion": meta["resourceVersion"],
+                                             "annotations": {CORDONED_ANNOTATION: None}}},
+                    _content_type="application/merge-patch+json", _preload_content=False,
+                    _request_timeout=self.cfg.request_timeout_s)
+                self.cache.observe_node(json.loads(resp.data))
+                log.info("node %s was uncordoned by someone else: our cordon mark is removed", info.name)
+            except Exception as e:  # the next pass tries again
+                log.info("could not remove the cordon mark of node %s: %s", info.name, type(e).__name__)
+
+    def _resume_failed_wakes(self, names, infos, busy, now) -> None:
+        """A wake that timed out leaves the node asleep with ``wake-failed``; if its machine came up after all
+        (a slow boot, a BMC job run late) it is Ready yet cordoned and tainted, and no pass would ever wake or
+        sleep it. Such a node is woken again once its backoff is over: the wake is idempotent and counts the node
+        awake only on a fresh heartbeat."""
+        if self._leading_since is None:
+            return
+        for name, info in zip(names, infos):
+            if (info.power_state == ASLEEP_STATE and info.wake_failed and info.ready and name not in busy
+                    and self._recs[name].retry_at <= now and name not in self._delegated
+                    and not self._in_grace(info, now)):
+                log.info("node %s is Ready after its wake failed: waking it again", name)
+                self._start(name, "wake", self._do_wake)
 
     def _adopt_addresses(self, infos: list[NodeInfo]) -> None:
         """Write the address map's entry onto a node that does not show it, so that ``kubectl get node``
@@ -657,13 +745,15 @@ class NodePowerController:
         claims waiting for a sleeping node is rare) and cached per reconcile."""
         for claim in pod.claims:
             terms = self._pv_terms(pod.namespace, claim)
-            if terms is None:
+            if terms is None or terms is UNREADABLE:  # a wake trusts the scheduler; an eviction refuses (below)
                 continue
             if terms and not any(t.matches(info.labels, {"metadata.name": info.name}) for t in terms):
                 return False
         return True
 
-    def _pv_terms(self, namespace: str, claim: str) -> list | None:
+    def _pv_terms(self, namespace: str, claim: str) -> list | None | object:
+        """The node affinity of the claim's volume: None when it has none (or is not bound), :data:`UNREADABLE`
+        when the claim or volume could not be read."""
         key = (namespace, claim)
         cache = self._pv_cache
         if key in cache:
@@ -679,7 +769,9 @@ class NodePowerController:
                 req = (((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {})
                 terms = node_selector_terms(req.get("nodeSelectorTerms"))
         except Exception as e:  # unreadable: no constraint known (the scheduler still applies it)
-            log.debug("volume of claim %s/%s: %s", namespace, claim, type(e).__name__)
+            self._ratelog.warn("pv-read", "cannot read the volume of claim %s/%s (%s): a pod waiting for it may not "
+                               "wake its node, and its pods are not moved", namespace, claim, type(e).__name__)
+            terms = UNREADABLE
         cache[key] = terms
         return terms
 
@@ -758,13 +850,19 @@ class NodePowerController:
             if states[i] != AWAKE or now - rec.empty_since < sleep_after or wanted[i]:
                 continue  # (a pending pod fits it: it would only be woken again)
             verdict = self.core.may_sleep(st, i, 0)
-            if verdict or not self._sleep_room(name, now):
+            if verdict or not self._sleep_room(name, now) or not self._start(name, "sleep", self._do_sleep,
+                                                                              capped=True):
                 continue
             st.power_state[i] = ASLEEP  # later verdicts in this pass count it as asleep
             self.core.counted[i] = False
-            self._start(name, "sleep", self._do_sleep)
 
-    def _consolidate(self, st, names, infos, by_node, busy, now) -> None:
+    def _consolidate(self, st, names, infos, by_node, busy, now, pending=()) -> None:
+        if any(i.power_state == DRAINING for i in infos) or pending:
+            # One drain at a time, until its node has emptied and its pods are placed: the evictions are sent in
+            # seconds, but the pods take their grace to go and their replacements to be placed, and meanwhile the
+            # room they will take on other nodes would be counted as free again (a review). A pod that stays
+            # Pending for good therefore holds consolidation off; the wake pass is what serves it.
+            return
         try:
             pdbs = json.loads(self.policy_api.list_pod_disruption_budget_for_all_namespaces(
                 _preload_content=False, _request_timeout=self.cfg.request_timeout_s).data).get("items") or []
@@ -797,6 +895,8 @@ class NodePowerController:
                     blocker = "pdb"
                 if not blocker and p.namespace == "kube-system" and not covering:
                     blocker = "kube-system pod without a PDB"
+                if not blocker and any(self._pv_terms(p.namespace, c) is UNREADABLE for c in p.claims):
+                    blocker = "its volumes could not be read"  # a local volume would pin it to this node
                 if not blocker and (p.request.named or p.request.host_ports):
                     # Where they could go is not known here: the plan counts CPU, memory, pods and GPUs, and a
                     # named resource only against a node's total (a review: a pod of a device plugin's resource
@@ -806,7 +906,12 @@ class NodePowerController:
                     budget[id(covering[0])] = budget.get(id(covering[0]), 0) + 1
                 ms.append(MovablePod(p.uid, p.request, float(p.request.filter_cpu), 0.0, blocker))
                 if not blocker:  # where it may go: by its own selectors, affinity, tolerations and volumes
-                    fits[p.uid] = np.array([j != i and self._fits(infos[j], p) for j in range(len(infos))])
+                    # Only to nodes that hold workload or never sleep: an empty node is about to sleep (its own
+                    # timer runs on, and nothing pending holds it while the pod is still terminating here), so
+                    # moving pods there would swap which node sleeps, after a restart, and could leave them
+                    # nowhere (a review).
+                    fits[p.uid] = np.array([j != i and (j in by_node or bool(self.core.protected[j]))
+                                            and self._fits(infos[j], p) for j in range(len(infos))])
             # A PDB allows disruptionsAllowed evictions in all: more of its pods on the node than that and the
             # drain would stop half done at a 429, one pod restarted for nothing (a review).
             if any(n > int((b.get("status") or {}).get("disruptionsAllowed") or 0)
@@ -814,8 +919,8 @@ class NodePowerController:
                 ms = [m if m.blocker else dataclasses.replace(m, blocker="pdb: fewer disruptions allowed than its "
                                                                          "pods here") for m in ms]
             movable[i] = ms
-        draining = sum(1 for i in infos if i.power_state == DRAINING)  # nodes being disrupted now (budgets)
-        plan = self.core.plan(st, now, movable, fits, wall_s=time.time(), disrupting=draining)
+        # (No node is draining here, see above: none is being disrupted for the budgets.)
+        plan = self.core.plan(st, now, movable, fits, wall_s=time.time(), disrupting=0)
         if plan is None:
             return
         name = names[plan.node]
@@ -871,8 +976,7 @@ class NodePowerController:
                 or self._never_slept(info, _keep_awake(pods, self.cfg.own_node))
                 or not self._sleep_room(name, self.clock())):
             return False
-        self._start(name, "sleep", self._do_sleep)
-        return True
+        return self._start(name, "sleep", self._do_sleep, capped=True)
 
     # ---- actions (wakes and sleeps on their own bounded pools; at most one per node) ----
     def _sleep_room(self, name: str, now: float) -> bool:
@@ -885,22 +989,30 @@ class NodePowerController:
                            wait)
         return False
 
-    def _start(self, name: str, action: str, fn: Callable[[str], None]) -> None:
+    def _start(self, name: str, action: str, fn: Callable[[str], None], *, capped: bool = False) -> bool:
+        """Run ``fn(name)`` on the action's pool, at most one action per node; False when not started. A
+        ``capped`` sleep starts only while ``max_sleeps_per_hour`` leaves room, checked and counted under one lock
+        (the loop and the autoscaler's requests could each pass a separate check and together exceed it)."""
         if self.cfg.dry_run:
             if (action, name) not in self._announced:
+                if capped and self._sleep_cap.wait(self.clock()):
+                    return False
                 self._announced.add((action, name))
                 if action == "sleep":
                     self._sleep_cap.record(self.clock())
                 self.actions.append((self.clock(), action, name))
                 self.metrics.actions.labels(action).inc()
                 log.info("dry-run: would %s node %s", action, name)
-            return
+            return True
         with self._lock:
             if name in self._busy or self._stop.is_set():
-                return
+                return False
+            if capped and self._sleep_cap.wait(self.clock()):
+                return False
             self._busy[name] = action
             if action == "sleep":
                 self._sleep_cap.record(self.clock())
+                self._slept[name] = self.clock()
         self.actions.append((self.clock(), action, name))
         if len(self.actions) > 10_000:
             del self.actions[:5_000]
@@ -924,6 +1036,8 @@ class NodePowerController:
         except RuntimeError:  # the pool is shut down: stopping
             with self._lock:
                 self._busy.pop(name, None)
+            return False
+        return True
 
     def _target(self, name: str, deadline_s: float, term: int) -> Target | None:
         r = self.address_of(name)
@@ -1106,6 +1220,8 @@ class NodePowerController:
         if rec.sleep_failed_at is None or self.clock() - rec.sleep_failed_at < self.cfg.sleep_timeout_s:
             return False
         renew = self._heartbeat(name)[1]
+        if not renew:  # unread: kept as the reference, the next good read of a stale Lease would look like a renewal
+            return False
         if rec.lease_after_window is None:
             rec.lease_after_window = renew
             return False

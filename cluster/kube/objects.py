@@ -386,6 +386,9 @@ class PodInfo:
     claims: tuple[str, ...] = ()  # names of its PersistentVolumeClaims (their PVs may pin it to nodes)
     # Condition DisruptionTarget=True: evicted, preempted or its node going away (kube 1.26+), not a life run out
     disrupted: bool = False
+    #: a required inter-pod (anti-)affinity or a DoNotSchedule topology spread: where it may run depends on the
+    #: other pods, which the node power controller's plan does not model
+    inter_pod: bool = False
 
     @property
     def key(self) -> str:
@@ -466,7 +469,13 @@ def _pod_power_fields(meta: dict, spec: dict, status: dict) -> dict:
     volumes = spec.get("volumes") or []
     refs = [o for o in meta.get("ownerReferences") or [] if isinstance(o, dict)]
     ds = next((o for o in refs if o.get("kind") == "DaemonSet" and o.get("controller")), None)
-    return dict(nominated_node=status.get("nominatedNodeName") or "",
+    aff = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
+    spread = spec.get("topologySpreadConstraints")
+    inter_pod = any(isinstance(aff.get(k), dict) and aff[k].get("requiredDuringSchedulingIgnoredDuringExecution")
+                    for k in ("podAffinity", "podAntiAffinity")) or any(
+        isinstance(c, dict) and c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"
+        for c in (spread if isinstance(spread, list) else []))
+    return dict(nominated_node=status.get("nominatedNodeName") or "", inter_pod=inter_pod,
                 daemon=any(o.get("kind") == "DaemonSet" for o in refs) or MIRROR_ANNOTATION in ann,
                 daemonset=(str(ds.get("name") or ""), str(ds.get("uid") or "")) if ds else (),
                 mirror=MIRROR_ANNOTATION in ann,

@@ -66,6 +66,12 @@ class CustomObjects:
         return self.call(target, f"get {plural} {target.address.host}/{name}", "get_namespaced_custom_object",
                          target.address.host, plural, name, missing_ok=missing_ok)
 
+    def list(self, target: Target, plural: str, label_selector: str = "") -> list[dict]:
+        """The objects of ``plural`` in the target's namespace (with ``label_selector``)."""
+        out = self.call(target, f"list {plural} in {target.address.host}", "list_namespaced_custom_object",
+                        target.address.host, plural, label_selector=label_selector)
+        return [o for o in out.get("items") or [] if isinstance(o, dict)]
+
     def patch(self, target: Target, plural: str, name: str, body: dict) -> dict:
         """A JSON merge patch (only the fields given change; the owner keeps the rest)."""
         return self.call(target, f"patch {plural} {target.address.host}/{name}", "patch_namespaced_custom_object",

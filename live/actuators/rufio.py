@@ -15,10 +15,11 @@ Completed Jobs are deleted; a failed one is left for the operator to read (``kub
 may have made the Job), labelled ``app.kubernetes.io/managed-by: joulesched``.
 A power-off Job a sleep gave up on before it ended (Rufio down or slow) would still run once Rufio gets to it,
 whatever became of the node meanwhile: it is deleted before a wake and when the controller withdraws a failed
-sleep (:meth:`RufioActuator.cancel_sleep`). Those Jobs are known by this process only: after a restart, one
-left unfinished is the operator's to delete.
+sleep (:meth:`RufioActuator.cancel_sleep`), found by listing the namespace's Jobs of ours for the machine, so
+that those another replica (or this one before a restart) created are found too.
 
-RBAC: ``get`` on ``machines``; ``create``, ``get``, ``delete`` on ``jobs`` (the bare-metal Rufio component).
+RBAC: ``get`` on ``machines``; ``create``, ``get``, ``list``, ``delete`` on ``jobs`` (the bare-metal Rufio
+component).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, NoAn
 from joulesched.live.actuators.delegate import CustomObjects
 
 GROUP_VERSION = "bmc.tinkerbell.org/v1alpha1"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "joulesched")
+POWER_OFF_ACTIONS = ("soft", "off")
 
 
 def _condition(job: dict) -> tuple[str, str]:
@@ -71,7 +74,7 @@ class RufioActuator:
         try:
             job = self.objects.create(target, "jobs", {
                 "apiVersion": GROUP_VERSION, "kind": "Job",
-                "metadata": {"name": name, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "joulesched"}},
+                "metadata": {"name": name, "namespace": ns, "labels": dict([MANAGED_BY])},
                 "spec": {"machineRef": {"name": machine, "namespace": ns}, "tasks": [{"powerAction": action}]}})
         except NoAnswer as e:  # the Job may exist, and Rufio may run it: kept as unfinished
             raise marked(e) if off else e
@@ -99,11 +102,21 @@ class RufioActuator:
 
     def cancel_sleep(self, target: Target) -> None:
         """Delete the power-off Jobs for this machine that a sleep gave up on before they ended: Rufio would run
-        them whenever it got to them, switching off a node that has been kept running or woken since."""
+        them whenever it got to them, switching off a node that has been kept running or woken since. Those this
+        process remembers, and every unfinished one of ours the namespace lists for the machine (another replica's,
+        or this one's before a restart: a review found them run after a failover, pods and all). A failed list
+        raises: the caller keeps the node cordoned."""
         ns, machine = target.address.host, target.address.path
         with self._lock:
-            names = sorted(self._unfinished.get((ns, machine), ()))
-        for name in names:
+            names = set(self._unfinished.get((ns, machine), ()))
+        for job in self.objects.list(target, "jobs", label_selector="=".join(MANAGED_BY)):
+            meta, spec = job.get("metadata") or {}, job.get("spec") or {}
+            ref = spec.get("machineRef") or {}
+            actions = {str((t or {}).get("powerAction")) for t in spec.get("tasks") or [] if isinstance(t, dict)}
+            if ((meta.get("labels") or {}).get(MANAGED_BY[0]) == MANAGED_BY[1] and ref.get("name") == machine
+                    and (ref.get("namespace") or ns) == ns and actions & set(POWER_OFF_ACTIONS) and meta.get("name")):
+                names.add(str(meta["name"]))
+        for name in sorted(names):
             job = self.objects.get(target, "jobs", name, missing_ok=True)
             if job and not _condition(job)[0]:  # (one that ended is no threat; a failed one stays to be read)
                 self.objects.delete(target, "jobs", name, missing_ok=True)

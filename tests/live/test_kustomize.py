@@ -140,7 +140,7 @@ def test_rbac_is_the_flat_manifests_plus_one_namespaced_role_per_owner(rendered,
             {"apiGroups": ["metal3.io"], "resources": ["baremetalhosts"], "verbs": ["get", "patch"]}]},
         "bare-metal-rufio": {("tink-system", "joulesched-node-power-rufio"): [
             {"apiGroups": ["bmc.tinkerbell.org"], "resources": ["machines"], "verbs": ["get"]},
-            {"apiGroups": ["bmc.tinkerbell.org"], "resources": ["jobs"], "verbs": ["create", "get", "delete"]}]},
+            {"apiGroups": ["bmc.tinkerbell.org"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]}]},
     }.get(overlay, {})
     assert extra == expected
     for (ns, name) in expected:

@@ -223,6 +223,9 @@ class _RufioObjects:
             raise NoAnswer(f"{target.node}: create jobs: ReadTimeoutError")
         return job
 
+    def list(self, target, plural, label_selector=""):
+        return list(self.jobs.values())
+
     def delete(self, target, plural, name, missing_ok=False):
         self.deleted.append(name)
         self.jobs.pop(name, None)

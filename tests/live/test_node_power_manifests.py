@@ -25,9 +25,9 @@ def test_cluster_role_is_exactly_what_the_controller_uses():
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in _one("ClusterRole")["rules"]}
     assert rules == {
         (("",), ("nodes",)): ["get", "list", "patch", "watch"],
-        (("",), ("pods",)): ["get", "list", "watch"],
+        (("",), ("pods",)): ["list", "watch"],
         (("",), ("pods/eviction",)): ["create"],
-        (("policy",), ("poddisruptionbudgets",)): ["get", "list", "watch"],
+        (("policy",), ("poddisruptionbudgets",)): ["list"],
         (("",), ("events",)): ["create"],
         (("",), ("persistentvolumeclaims", "persistentvolumes")): ["get"],
         (("apps",), ("daemonsets",)): ["get"],

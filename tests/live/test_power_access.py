@@ -30,16 +30,18 @@ def test_nothing_annotated_is_allowed_by_default():
 def test_allow_lists_per_scheme():
     pol = AddressPolicy.from_options(["redfish=10.0.9.0/24", "ipmi=bmc-8.example:623", "wol=10.0.2.3",
                                       "wol=10.0.2.255", "aws=*", "libvirt=*"])
+    # BMCs named by host name are resolved apart: with others named by IP, any of them could be one of those.
+    named = resolve(pol, {"b": ("ipmi://BMC-8.example:623", ""), "b2": ("ipmi://bmc-8.example:624", "")})  # port
+    assert named["b"].address is not None and named["b2"].address is None
     nodes = {"a": ("redfish://10.0.9.7/redfish/v1/Systems/1", ""),
              "a2": ("redfish://10.0.8.7/redfish/v1/Systems/1", ""),  # outside the CIDR
-             "b": ("ipmi://BMC-8.example:623", ""), "b2": ("ipmi://bmc-8.example:624", ""),  # wrong port
              "c": ("wol://52:54:00:12:34:56?ssh=10.0.2.3&broadcast=10.0.2.255", ""),
              "c2": ("wol://52:54:00:12:34:57?ssh=10.0.2.3", ""),  # default broadcast not listed
              "d": ("aws://i-0abc", "aws:///us-east-1a/i-0abc"), "d2": ("aws://i-0def", "aws:///us-east-1a/i-0abc"),
              "d3": ("aws://i-0aaa", ""),  # no providerID: an annotation cannot be checked against it
              "e": ("libvirt:///e", ""), "e2": ("libvirt:///control-plane", "")}
     out = resolve(pol, nodes)
-    assert {n for n, r in out.items() if r.address is not None} == {"a", "b", "c", "d", "e"}
+    assert {n for n, r in out.items() if r.address is not None} == {"a", "c", "d", "e"}
     assert "10.0.2.255" not in out["c2"].refused and "255.255.255.255" in out["c2"].refused
     assert "providerID" in out["d2"].refused and "own name" in out["e2"].refused
 
