@@ -20,12 +20,18 @@ unites their series and the sum counts each once; a node without GPUs has only t
 - ``kepler_platform_watts{bmc_id, chassis_id, power_control_id}`` (a gauge read from the BMC over Redfish):
   one series per PowerControl entry, and a BMC may list the whole server *and* its CPU or memory subsystems.
   Per chassis the largest entry is taken (the server's total bounds each of its subsystems), then chassis are
-  summed.
+  summed. ``bmc_id`` is the BMC's key in Kepler's Redfish configuration (nodes map to BMC keys), and every
+  node mapped to one BMC reports that BMC's readings: VMs on one bare-metal host all report the host's
+  platform watts (Kepler's EP-001, "Multiple VMs on the same bare metal to report the same platform power").
 
 Per node, the platform reading wins where there is one: it measures the whole machine (CPUs, DRAM, GPUs,
 fans, power-supply losses), which contains the CPU and GPU counters, so it is never added to them. Elsewhere
-a node's energy is package + DRAM + GPU (or whichever of the two it has). The platform gauge's energy over
-a window is its mean over the window times the window's length.
+a node's energy is package + DRAM + GPU (or whichever of the two it has). A node's watts (``node_watts``) are
+its host's platform watts where it has them, so VMs sharing a host each read the whole host. The cluster's
+joules (:meth:`EnergySource.joules`) count each BMC's chassis once, however many nodes report it (summing the
+nodes counted a host once per VM), plus package + DRAM + GPU of the nodes with no platform reading. The
+platform gauge's energy over a window is its mean over the window times the part of the window it was
+reported in.
 """
 
 from __future__ import annotations
@@ -65,10 +71,14 @@ class EnergySource:
     fresh: str
     node_joules: Callable[[str], str]
     node_watts: Callable[[str], str]
+    #: The cluster's joules over ``w`` (sum included) where they are not the sum of ``node_joules``: Kepler's,
+    #: whose nodes on one BMC all report its platform watts. None: ``sum(node_joules(w))``.
+    cluster_joules: Callable[[str], str] | None = None
 
     def joules(self, window_s: float) -> str:
         """The cluster's joules over the ``window_s`` seconds before the evaluation time."""
-        return f"sum({self.node_joules(_ms(window_s))})"
+        w = _ms(window_s)
+        return self.cluster_joules(w) if self.cluster_joules is not None else f"sum({self.node_joules(w)})"
 
     def watts(self, rate_window_s: float, label: str | None = None) -> str:
         """Each node's watts (``rate_window_s`` must span two scrapes), with the node's name in ``label``
@@ -86,11 +96,17 @@ def selector_source(selector: str) -> EnergySource:
                         lambda w: f"sum by (node, instance) (rate({selector}[{w}]))")
 
 
-def _kepler(fn: str, w: str) -> str:
-    """Kepler's per-node energy (``fn`` = increase) or power (``fn`` = rate) over ``w`` (module docstring)."""
+def _kepler_parts(fn: str, w: str) -> str:
+    """Each node's package + DRAM + GPU (or whichever it has) by ``fn`` (increase or rate) over ``w``."""
     by = f"sum by ({KEPLER_NODE_LABEL})"
     cpu = f"{by} ({fn}({KEPLER_CPU}[{w}]))"
     gpu = f"{by} ({fn}({KEPLER_GPU}[{w}]))"
+    return f"({cpu} + {gpu}) or {cpu} or {gpu}"
+
+
+def _kepler(fn: str, w: str) -> str:
+    """Kepler's per-node energy (``fn`` = increase) or power (``fn`` = rate) over ``w`` (module docstring)."""
+    by = f"sum by ({KEPLER_NODE_LABEL})"
     watts = f"avg_over_time({KEPLER_PLATFORM}[{w}])"
     ms = int(w.removesuffix("ms"))
     if fn == "increase":
@@ -103,12 +119,29 @@ def _kepler(fn: str, w: str) -> str:
     platform = f"{by} (max by ({KEPLER_NODE_LABEL}, chassis_id) ({watts}))"
     if fn == "increase":  # watts times the window's seconds (scaled above by the share reported)
         platform = f"({platform} * {ms / 1000:g})"
-    return f"({platform} or ({cpu} + {gpu}) or {cpu} or {gpu})"
+    return f"({platform} or {_kepler_parts(fn, w)})"
+
+
+def _kepler_cluster(w: str) -> str:
+    """The cluster's joules over ``w``: every BMC chassis once, plus the parts of the nodes without a platform
+    reading. Nodes mapped to one BMC (VMs on one host) report the same chassis, each: the largest reading of a
+    (bmc_id, chassis_id) at each step is the chassis (its server entry, as per node), and its energy is that
+    series' mean times the part of the window in which some node reported it (a VM asleep while another on its
+    host still reports does not halve the host). The two vectors carry different labels, so ``or`` keeps both."""
+    ms = int(w.removesuffix("ms"))
+    step = max(1, -(-ms // PLATFORM_STEPS))
+    chassis = f"(max by (bmc_id, chassis_id) ({KEPLER_PLATFORM}))[{w}:{step}ms]"
+    platform = (f"avg_over_time({chassis}) * clamp_max(count_over_time({chassis}) / {ms / step:g}, 1)"
+                f" * {ms / 1000:g}")
+    reported = f"count by ({KEPLER_NODE_LABEL}) (count_over_time({KEPLER_PLATFORM}[{w}]))"
+    return f"sum(({platform}) or (({_kepler_parts('increase', w)}) unless on ({KEPLER_NODE_LABEL}) {reported}))"
 
 
 KEPLER = EnergySource("kepler", KEPLER_NODE_LABEL,
                       f'{{__name__=~"kepler_node_cpu_joules_total|{KEPLER_GPU}|{KEPLER_PLATFORM}"}}',
-                      lambda w: _kepler("increase", w), lambda w: _kepler("rate", w))
+                      lambda w: _kepler("increase", w), lambda w: _kepler("rate", w), _kepler_cluster)
+
+
 def _joulesched(fn: str, w: str) -> str:
     """The CPU zones' and the GPUs' series of ``fn`` (increase or rate) over ``w``, united (module docstring)."""
     return f"{fn}({ENERGY_METRIC}[{w}]) or {fn}({GPU_ENERGY_METRIC}[{w}])"

@@ -4,7 +4,8 @@ Refreshing runs on its own timer, decoupled from scrapes (as in Kepler), so scra
 the numbers nor the overhead. Counters are cumulative from the monitor and never decrease, wraps included.
 
 A refresh that fails leaves the previous snapshot served; ``joulesched_exporter_refresh_errors_total{part}``
-counts the failures (``node``: the whole refresh, ``gpu``: the GPU reading alone, the CPU side going on),
+counts the failures (``node``: the whole refresh; ``gpu``: one GPU or every GPU not read, their joules held
+and their watts 0, the other GPUs and the CPU side going on),
 ``joulesched_exporter_last_refresh_timestamp_seconds`` says when the last one succeeded, and ``/healthz``
 answers 503 once that is older than ``max_age_s``.
 """
@@ -61,7 +62,8 @@ class SnapshotCollector(Collector):
                                  "Unix time of the last successful refresh (the snapshot /metrics shows).")
         errors = CounterMetricFamily("joulesched_exporter_refresh_errors",
                                      "Failed refreshes: node (the whole refresh; the previous snapshot is served) "
-                                     "or gpu (the GPU reading only; the CPU metrics went on).", labels=["part"])
+                                     "or gpu (a GPU not read, one or all: its joules held, its watts 0; the other "
+                                     "GPUs and the CPU metrics went on).", labels=["part"])
         if s is not None:
             st = self._status()
             last.add_metric([], st.last_refresh_unix)

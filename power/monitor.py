@@ -64,7 +64,8 @@ class Snapshot:
     vms: Mapping[str, WorkloadEnergy] = field(default_factory=_empty)
     #: Per GPU (``gpu0``, ...): joules since the exporter started and watts over the last interval (GPU meter).
     gpus: Mapping[str, WorkloadEnergy] = field(default_factory=_empty)
-    #: GPU readings that failed since the monitor started (the CPU side went on; the GPUs' series held).
+    #: GPU readings that failed, for every GPU or some, since the monitor started (the CPU side and the GPUs that
+    #: could be read went on; a failing GPU's joules held and its watts read 0).
     gpu_errors: int = 0
 
     @property
@@ -98,7 +99,8 @@ class PowerMonitor:
     stale_after_s: float = 300.0
     read_fn: ReadFn = default_read
     gpu_meter: PowerMeter | None = None
-    _gpu_prev: tuple[float, dict[str, float]] | None = field(init=False, default=None)  # (instant, joules)
+    # GPU -> (instant, joules) of its last good reading: a GPU that reads again is averaged over the time since.
+    _gpu_prev: dict[str, tuple[float, float]] = field(init=False, default_factory=dict)
     _gpu_errors: int = field(init=False, default=0)
     _gpu_total: dict[str, float] = field(init=False, default_factory=dict)
     _gpu_watts: dict[str, float] = field(init=False, default_factory=dict)
@@ -122,21 +124,31 @@ class PowerMonitor:
         return self._snapshot
 
     def _refresh_gpus(self, now: float) -> None:
-        """GPU joules since the first reading (never decreasing) and watts since the last good reading.
+        """GPU joules since the first reading (never decreasing) and watts since each GPU's last good reading.
 
-        Read after the CPU side and on its own: a GPU that cannot be read (an NVML call failing) is counted in
-        ``gpu_errors`` and its series hold their last values, while the CPU zones, pods and VMs go on."""
+        Read after the CPU side and on its own: a GPU that cannot be read (an NVML call failing, the GPU lost) is
+        counted in ``gpu_errors``, its joules hold and its watts read 0 (no power is known for it: its last value
+        would go on saying it draws what it drew), while the other GPUs and the CPU zones, pods and VMs go on."""
         try:
             e = self.gpu_meter.read()
-        except MeterError as err:
+        except MeterError as err:  # every GPU failed
             self._gpu_errors += 1
+            self._gpu_watts = dict.fromkeys(self._gpu_watts, 0.0)
             log.warning("GPU energy not read this time (CPU metrics go on): %s", err)
             return
-        prev, self._gpu_prev = self._gpu_prev, (now, e)
-        dt = now - prev[0] if prev is not None else 0.0
+        held = set(getattr(self.gpu_meter, "held_zones", ()))  # NvmlMeter's: not read this time, totals held
+        if held:
+            self._gpu_errors += 1
         for g, j in e.items():
-            d = 0.0 if prev is None else max(j - prev[1].get(g, j), 0.0)
-            self._gpu_total[g] = self._gpu_total.get(g, 0.0) + d
+            self._gpu_total.setdefault(g, 0.0)
+            prev = self._gpu_prev.get(g)
+            if g in held:
+                self._gpu_watts[g] = 0.0
+                continue
+            self._gpu_prev[g] = (now, j)
+            d = 0.0 if prev is None else max(j - prev[1], 0.0)
+            dt = now - prev[0] if prev is not None else 0.0
+            self._gpu_total[g] += d
             self._gpu_watts[g] = d / dt if dt > 0 else 0.0
 
     def refresh(self) -> Snapshot:

@@ -6,9 +6,13 @@ reports joules since it was opened. When that counter goes back (the driver relo
 are carried forward and the new reading becomes the baseline, so what the meter returns never decreases (the
 interval of the reload counts nothing). A read that finds NVML uninitialised, the driver gone or a GPU lost (a
 driver upgrade, a GPU reset) re-opens NVML, at most every :data:`REOPEN_EVERY_S`, and finds each GPU again by its
-UUID (indices may change), so a long-running exporter recovers without a restart. A GPU without it (``NVML_ERROR_NOT_SUPPORTED``: Pascal and older) is read
-through ``nvmlDeviceGetPowerUsage`` (milliwatts) and integrated by the trapezoid rule between readings, so
-its energy is as good as the reading rate. Every GPU is a primary zone: boards are disjoint.
+UUID (indices may change), so a long-running exporter recovers without a restart. Reads are per GPU: one that
+cannot be read (an NVML error, lost, not found again after a re-open: *gone*, looked for again at the same
+rate) holds its total, as :class:`~joulesched.power.powercap.PowercapMeter` holds a zone that has gone, and the
+others go on counting; only when every GPU fails does the read fail. A GPU without the counter
+(``NVML_ERROR_NOT_SUPPORTED``: Pascal and older) is read through ``nvmlDeviceGetPowerUsage`` (milliwatts) and
+integrated by the trapezoid rule between readings, so its energy is as good as the reading rate (the time it
+could not be read is not integrated). Every GPU is a primary zone: boards are disjoint.
 
 The NVML module is injected (``nvml=``), so that the logic is tested with recorded responses
 (tests/power/test_nvml.py) and a machine without a GPU fails with :class:`MeterUnavailable`, not an import error.
@@ -75,7 +79,8 @@ class NvmlMeter(LoggedMeter):
             raise MeterUnavailable(f"NVML lists no GPUs: {e}") from None
         if count == 0:
             raise MeterUnavailable("NVML sees no GPU")
-        self._handles, devices = [], []
+        self._handles: list[Any] = []  # None: a GPU a re-open did not find (gone)
+        devices = []
         for i in range(count):
             call = "nvmlDeviceGetHandleByIndex"
             try:  # a GPU lost or not ours (NO_PERMISSION) here is a meter that cannot open, said as such
@@ -101,6 +106,10 @@ class NvmlMeter(LoggedMeter):
         self._carried: dict[int, float] = {}  # counter GPUs: joules counted before the last rebase
         self._last: dict[int, tuple[float, float | None, float]] = {}  # power GPUs: (t, watts, joules so far)
         self._reopened_at: float | None = None
+        self._sought_at = float("-inf")  # when the GPUs a re-open did not find were last looked for
+        self._failing: set[int] = set()  # GPUs that could not be read at the last read (their totals held)
+        #: The zones (``gpu<index>``) whose totals were held at the last read: they could not be read.
+        self.held_zones: tuple[str, ...] = ()
         # The codes after which the handles are stale: a re-open may mend them.
         self._stale = {nv.NVML_ERROR_UNINITIALIZED, nv.NVML_ERROR_DRIVER_NOT_LOADED, nv.NVML_ERROR_GPU_IS_LOST,
                        nv.NVML_ERROR_RESET_REQUIRED}
@@ -138,21 +147,84 @@ class NvmlMeter(LoggedMeter):
         self._mj_last[i] = mj
         return self._carried.get(i, 0.0) + (mj - self._mj0[i]) / 1000.0
 
+    def _held(self, d: GpuDevice) -> float:
+        """The joules counted so far on ``d``: what a GPU that cannot be read reports until it reads again."""
+        i = d.index
+        if d.counter:
+            return self._carried.get(i, 0.0) + (self._mj_last[i] - self._mj0[i]) / 1000.0 if i in self._mj_last else 0.0
+        last = self._last.get(i)
+        return last[2] if last is not None else 0.0
+
+    def _read_each(self, now: float) -> tuple[dict[str, Joules], dict[int, str], bool]:
+        """Every GPU's joules, a failing one's held; (joules, why each failing GPU failed, whether a failure was
+        a stale handle that re-opening NVML may mend)."""
+        out: dict[str, Joules] = {}
+        why: dict[int, str] = {}
+        stale = False
+        for d in self.devices:
+            if self._handles[d.index] is None:
+                why[d.index] = f"gpu{d.index} ({d.name}, {d.uuid}) is gone: not found by its UUID after re-opening NVML"
+            else:
+                try:
+                    out[f"gpu{d.index}"] = self._energy(d, now)
+                    continue
+                except _ReadFailed as f:
+                    why[d.index] = f"gpu{d.index}: NVML read failed: {f.error}"
+                    stale = stale or getattr(f.error, "value", None) in self._stale
+            j = out[f"gpu{d.index}"] = self._held(d)
+            if not d.counter:  # power only: the time it could not be read is not integrated
+                self._last[d.index] = (now, None, j)
+        return out, why, stale
+
     def read(self) -> dict[str, Joules]:
+        """Every GPU's joules. A GPU that cannot be read (an NVML call failing, the GPU lost, or not found by its
+        UUID after NVML was re-opened) holds its total while the others go on being counted (one lost GPU used to
+        fail every read, so the healthy ones stopped counting until a restart); :attr:`held_zones` names them.
+        A stale handle re-opens NVML first (:meth:`_reopen`). With every GPU failing the read fails."""
         now = self._clock()
-        try:
-            return self._logged({f"gpu{d.index}": self._energy(d, now) for d in self.devices})
-        except _ReadFailed as f:
-            if getattr(f.error, "value", None) not in self._stale or not self._reopen(now):
-                raise MeterError(f"gpu{f.device.index}: NVML read failed: {f.error}") from None
-        try:
-            return self._logged({f"gpu{d.index}": self._energy(d, now) for d in self.devices})
-        except _ReadFailed as f:
-            raise MeterError(f"gpu{f.device.index}: NVML read failed after re-opening NVML: {f.error}") from None
+        self._find_gone(now)
+        out, why, stale = self._read_each(now)
+        if stale and self._reopen(now):
+            out, why, _ = self._read_each(now)
+        for i in sorted(why.keys() - self._failing):
+            log.warning("%s; its total is held at %.3f J and counted on when it reads again", why[i], out[f"gpu{i}"])
+        for i in sorted(self._failing - why.keys()):
+            log.warning("gpu%d reads again", i)
+        self._failing = set(why)
+        self.held_zones = tuple(f"gpu{i}" for i in sorted(why))
+        if len(why) == len(self.devices):
+            raise MeterError("; ".join(why[i] for i in sorted(why)))
+        return self._logged(out)
+
+    def _find_gone(self, now: float) -> None:
+        """Look again, by UUID, for the GPUs a re-open did not find (at most every :data:`REOPEN_EVERY_S`). One
+        found counts on from its next reading: what it drew while gone is not known (a reset may restart its
+        counter), so nothing is counted for that time."""
+        gone = [d for d in self.devices if self._handles[d.index] is None]
+        if not gone or now - self._sought_at < REOPEN_EVERY_S:
+            return
+        self._sought_at = now
+        nv = self._nvml
+        for d in gone:
+            try:
+                h = nv.nvmlDeviceGetHandleByUUID(d.uuid)
+            except nv.NVMLError:
+                continue
+            held = self._held(d)
+            if d.counter:  # a new baseline: the next reading counts nothing, later ones count on from it
+                self._carried[d.index] = held
+                self._mj_last.pop(d.index, None)
+                self._mj0.pop(d.index, None)
+            else:
+                self._last[d.index] = (now, None, held)
+            self._handles[d.index] = h
+            log.warning("gpu%d (%s, %s) is found again", d.index, d.name, d.uuid)
 
     def _reopen(self, now: float) -> bool:
         """Open NVML again and find each GPU by its UUID; False when it was tried too recently. The zones keep
-        their names (``gpu<index at open>``); a GPU that is gone is a :class:`MeterError` naming it."""
+        their names (``gpu<index at open>``); a GPU not found is marked gone (no handle: its total is held and
+        it is looked for again, :meth:`_find_gone`) and the others are read on. NVML not opening again is a
+        :class:`MeterError` (no GPU can be read)."""
         if self._reopened_at is not None and now - self._reopened_at < REOPEN_EVERY_S:
             return False
         self._reopened_at = now
@@ -164,14 +236,17 @@ class NvmlMeter(LoggedMeter):
             pass  # already shut down with the driver
         try:
             nv.nvmlInit()
-            handles = []
-            for d in self.devices:
-                try:
-                    handles.append(nv.nvmlDeviceGetHandleByUUID(d.uuid))
-                except nv.NVMLError as e:
-                    raise MeterError(f"gpu{d.index} ({d.name}, {d.uuid}) is gone after re-opening NVML: {e}") from None
         except nv.NVMLError as e:
             raise MeterError(f"NVML cannot be re-opened: {e}") from None
+        handles: list[Any] = []
+        for d in self.devices:
+            try:
+                handles.append(nv.nvmlDeviceGetHandleByUUID(d.uuid))
+            except nv.NVMLError as e:
+                handles.append(None)
+                self._sought_at = now
+                log.warning("gpu%d (%s, %s) is not found after re-opening NVML (%s): looked for again every %g s",
+                            d.index, d.name, d.uuid, e, REOPEN_EVERY_S)
         self._handles = handles
         # Power-only GPUs: the gap is not integrated, the joules so far are kept (counters rebase on their own).
         self._last = {i: (t, None, j) for i, (t, _w, j) in self._last.items()}

@@ -141,7 +141,10 @@ def exporter(
     proc_root: ProcRoot = Path("/proc"),
     dev_root: DevRoot = Path("/dev"),
     meter: MeterOpt = MeterKind.auto,
-    top_n: Annotated[int, typer.Option(help="Processes exported, by energy.", min=0)] = 20,
+    top_n: Annotated[int, typer.Option(
+        help="Processes exported, by energy (0: none). Each process is a series of its own (pid, comm), so over time "
+             "their number grows without bound: for a look at one host, not for a Prometheus that keeps them.",
+        min=0)] = 0,
     profile: ProfileOpt = None,
     curve: CurveOpt = None,
     gpu: Annotated[GpuMode, typer.Option(

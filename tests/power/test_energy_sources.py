@@ -52,7 +52,8 @@ def test_kepler_platform_watts_count_only_while_a_node_reports_them(tmp_path):
     window, so a node up for the last 90 s of 600 was charged 240 kJ instead of about 38 kJ."""
     from joulesched.power.energy_sources import KEPLER
 
-    series = [{"series": f'kepler_platform_watts{{node_name="{n}",chassis_id="1"}}', "values": v}
+    # Each node on its own BMC (Kepler labels every reading with its BMC's key, bmc_id).
+    series = [{"series": f'kepler_platform_watts{{node_name="{n}",bmc_id="bmc-{n}",chassis_id="1"}}', "values": v}
               for n, v in (("late", "_x34 400x6"), ("always", "400x40"), ("early", "400x9 stale"))]
     # 15 s scrapes over 600 s; presence counted on 6 s steps: late 510-600 s (16 steps), early 0-144 s (25 steps
     # of 101, Prometheus 2's closed range), always every step (clamped to the whole window)
@@ -64,6 +65,50 @@ def test_kepler_platform_watts_count_only_while_a_node_reports_them(tmp_path):
     r = subprocess.run([shutil.which("promtool"), "test", "rules", str(f)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _promtool(tmp_path, interval: str, series: list[dict], exprs: list[dict]) -> None:
+    tests = [{"interval": interval, "input_series": series, "promql_expr_test": exprs}]
+    f = tmp_path / "test.yml"
+    f.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": interval, "tests": tests}))
+    r = subprocess.run([shutil.which("promtool"), "test", "rules", str(f)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+def test_kepler_counts_a_host_its_vms_share_once(tmp_path):
+    """Kepler in two VMs on one bare-metal host reports the host's platform watts twice (one BMC: Kepler's design,
+    EP-001): the cluster's joules count that chassis once, where summing the nodes counted it once per VM. Each
+    VM's own watts stay the host's (per node nothing else is known). A node with no platform reading counts its
+    package + DRAM + GPU; a VM's RAPL-like counters are not added to its host's platform energy."""
+    from joulesched.power.energy_sources import KEPLER
+
+    def plat(node, bmc, chassis, pc, watts):
+        return {"series": f'kepler_platform_watts{{source="redfish",node_name="{node}",bmc_id="{bmc}",'
+                          f'chassis_id="{chassis}",power_control_id="{pc}"}}', "values": f"{watts}x40"}
+
+    def counter(metric, node, per_step, **labels):
+        extra = "".join(f',{k}="{v}"' for k, v in labels.items())
+        return {"series": f'{metric}{{node_name="{node}"{extra}}}', "values": f"0+{per_step}x40"}
+
+    series = [
+        # vm1 and vm2 on one host (bmc-a): its server entry and its CPU subsystem's, seen from both VMs.
+        *(plat(vm, "bmc-a", "System.Embedded.1", pc, w) for vm in ("vm1", "vm2") for pc, w in (("PC1", 400),
+                                                                                              ("PC2", 150))),
+        counter("kepler_node_cpu_joules_total", "vm1", 1500, zone="package", path="intel-rapl:0"),
+        plat("bm", "bmc-b", "1", "PC1", 300),  # bare metal on its own BMC
+        # No BMC: 1 W package, 2 W DRAM, 3 W GPU (15 s steps).
+        counter("kepler_node_cpu_joules_total", "rapl", 15, zone="package", path="intel-rapl:0"),
+        counter("kepler_node_cpu_joules_total", "rapl", 30, zone="dram", path="intel-rapl:0:2"),
+        counter("kepler_node_gpu_joules_total", "rapl", 45, gpu="0"),
+    ]
+    want = 400 * 600 + 300 * 600 + (1 + 2 + 3) * 600  # the host once, the bare-metal node, the RAPL node
+    _promtool(tmp_path, "15s", series, [
+        {"expr": KEPLER.joules(600), "eval_time": "600s", "exp_samples": [{"labels": "{}", "value": want}]},
+        {"expr": KEPLER.watts(300), "eval_time": "600s", "exp_samples": [
+            {"labels": f'{{node_name="{n}"}}', "value": w} for n, w in (("vm1", 400), ("vm2", 400), ("bm", 300),
+                                                                         ("rapl", 6))]}])
 
 
 class _Prometheus:

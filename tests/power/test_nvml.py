@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from joulesched.power.exporter import RefreshStatus, SnapshotCollector
 from joulesched.power.meter import MeterError, MeterUnavailable
 from joulesched.power.monitor import PowerMonitor
-from joulesched.power.nvml import NvmlMeter
+from joulesched.power.nvml import REOPEN_EVERY_S, NvmlMeter
 from joulesched.power.powercap import PowercapMeter
 
 
@@ -194,15 +194,30 @@ def test_a_driver_reload_reopens_nvml_and_finds_each_gpu_by_its_uuid(caplog):
     assert r == pytest.approx({"gpu0": 4.0, "gpu1": 20.0})  # zones keep their names though the indices swapped
     clock.t += 1.0
     assert m.read() == pytest.approx({"gpu0": 5.0, "gpu1": 50.0})  # +1 J; 30 W x 1 s
-    # A GPU gone after the reload is named; a stale handle again within REOPEN_EVERY_S is not retried in a loop.
+    # A GPU not found after a re-open is gone: named, its total held, and the other GPU counts on. It used to fail
+    # every read, so the healthy GPU stopped counting until the exporter restarted.
     nv.devices.pop()  # GPU-a
+    b["power_mw"] += [40_000, 40_000, 40_000, 40_000]
     nv.generation += 1
     clock.t += 100.0
-    with pytest.raises(MeterError, match="gpu0 .*GPU-a.* is gone"):
-        m.read()
-    with pytest.raises(MeterError, match="NVML read failed: .*Uninitialized"):
-        m.read()
-    assert nv.inits == 3
+    with caplog.at_level("WARNING", logger="joulesched.power.nvml"):
+        assert m.read() == pytest.approx({"gpu0": 5.0, "gpu1": 50.0})  # re-opened: gpu1's new baseline
+    assert nv.inits == 3 and m.held_zones == ("gpu0",)
+    assert "gpu0 (A10, GPU-a) is not found after re-opening NVML" in caplog.text
+    clock.t += 1.0
+    assert m.read() == pytest.approx({"gpu0": 5.0, "gpu1": 90.0})  # 40 W x 1 s; no re-open in a loop
+    assert nv.inits == 3 and m.held_zones == ("gpu0",)
+    # Back (a GPU reset): looked for again after REOPEN_EVERY_S, found by its UUID, counted on from a new baseline
+    # (its counter may have restarted; what it drew while gone is not known).
+    a["energy_mj"] += [7_000, 8_000]
+    nv.devices.append(a)
+    clock.t += REOPEN_EVERY_S
+    with caplog.at_level("WARNING", logger="joulesched.power.nvml"):
+        assert m.read() == pytest.approx({"gpu0": 5.0, "gpu1": 90.0 + REOPEN_EVERY_S * 40.0})
+    assert "gpu0 (A10, GPU-a) is found again" in caplog.text and m.held_zones == ()
+    clock.t += 1.0
+    assert m.read() == pytest.approx({"gpu0": 6.0, "gpu1": 130.0 + REOPEN_EVERY_S * 40.0})
+    assert nv.inits == 3  # found by a lookup, NVML not re-opened
 
 
 def test_a_failing_gpu_leaves_the_cpu_metrics_updating(powercap, proc, clock, caplog):
@@ -226,7 +241,8 @@ def test_a_failing_gpu_leaves_the_cpu_metrics_updating(powercap, proc, clock, ca
         totals.append((s.zones["package-0"].joules_total, s.gpus["gpu0"], s.gpu_errors))
     assert [t[0] for t in totals] == pytest.approx([100.0, 200.0, 300.0, 400.0])  # every refresh
     assert totals[0][1] == (pytest.approx(200.0), pytest.approx(200.0)) and totals[0][2] == 0
-    assert totals[1][1] == totals[0][1] and totals[2][1] == totals[0][1]  # held while NVML fails
+    # While NVML fails the joules hold and the watts read 0: the last value would say the GPU still draws 200 W.
+    assert totals[1][1] == totals[2][1] == (pytest.approx(200.0), 0.0)
     assert [t[2] for t in totals] == [0, 1, 2, 2]
     assert "GPU energy not read" in caplog.text and "gpu0: NVML read failed: GPU is lost" in caplog.text
     # Back: the 600 J since the last good reading, over the 3 s since it.
@@ -236,6 +252,45 @@ def test_a_failing_gpu_leaves_the_cpu_metrics_updating(powercap, proc, clock, ca
     errors = [(s.labels["part"], s.value) for fam in text_string_to_metric_families(generate_latest(reg).decode())
               for s in fam.samples if s.name == "joulesched_exporter_refresh_errors_total"]
     assert sorted(errors) == [("gpu", 2.0), ("node", 0.0)]
+
+
+def test_one_lost_gpu_holds_while_the_others_count_on(powercap, proc, clock, caplog):
+    """One GPU lost (NVML_ERROR_GPU_IS_LOST, before and after a re-open): its joules hold and its watts read 0,
+    counted as a GPU error, while the other GPU goes on counting; it used to fail every read, so the healthy GPU's
+    joules stopped and its watts gauge kept its last value. Only every GPU failing fails the read."""
+    powercap.add("intel-rapl:0", "package-0")
+    lost = pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    # Readings: the probe and the baseline at open, the monitor's baseline, then one a refresh (two where NVML is
+    # re-opened: the second refresh re-opens it and reads again; the third is within REOPEN_EVERY_S).
+    a = {"name": "A100-SXM4-40GB", "uuid": "GPU-a", "energy_mj": [1_000_000] * 3 + [1_100_000, lost, lost, lost,
+                                                                                  1_400_000, lost]}
+    b = {"name": "A100-SXM4-40GB", "uuid": "GPU-b", "energy_mj": [2_000_000] * 3 + [2_050_000, 2_100_000, 2_100_000,
+                                                                                  2_150_000, 2_200_000, lost]}
+    gpus = NvmlMeter(nvml=FailingNvml([a, b]), clock=clock)
+    mon = PowerMonitor(PowercapMeter(str(powercap.root)), proc_root=str(proc.root), clock=clock, gpu_meter=gpus)
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector(lambda: mon.snapshot))
+    mon.refresh()
+    seen, watts = [], []
+    for _ in range(5):
+        clock.advance(1)
+        powercap.advance("intel-rapl:0", 100_000_000)
+        proc.tick(user=50, idle=50)
+        with caplog.at_level("WARNING"):
+            s = mon.refresh()
+        seen.append((s.gpus["gpu0"], s.gpus["gpu1"], s.gpu_errors))
+        watts.append({smp.labels["gpu"]: smp.value for fam in text_string_to_metric_families(
+            generate_latest(reg).decode()) for smp in fam.samples if smp.name == "joulesched_node_gpu_watts"})
+    assert [x[0] for x in seen] == [(100.0, 100.0), (100.0, 0.0), (100.0, 0.0), (400.0, 100.0), (400.0, 0.0)]
+    assert [x[1] for x in seen] == [(50.0, 50.0), (100.0, 50.0), (150.0, 50.0), (200.0, 50.0), (200.0, 0.0)]
+    # gpu0 back: the 300 J its counter went on counting, over the 3 s since its last good reading.
+    assert watts[1] == {"gpu0": 0.0, "gpu1": 50.0} and watts[3] == {"gpu0": 100.0, "gpu1": 50.0}
+    assert [x[2] for x in seen] == [0, 1, 2, 2, 3]
+    assert "gpu0: NVML read failed: GPU is lost; its total is held at 100.000 J" in caplog.text
+    assert "gpu0 reads again" in caplog.text
+    # The last refresh: both lost, no re-open within REOPEN_EVERY_S, so the read failed, naming both.
+    assert "gpu0: NVML read failed: GPU is lost; gpu1: NVML read failed: GPU is lost" in caplog.text
+    assert s.zones["package-0"].joules_total == pytest.approx(500.0)  # the CPU side every refresh
 
 
 def test_the_exporter_exports_gpu_joules(powercap, proc, clock):

@@ -87,3 +87,21 @@ def test_systemd_security_exposure_is_low(tmp_path, gpu):
         pytest.skip("systemd-analyze too old for --offline (needs systemd >= 252)")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr  # exposure 2.0 or less out of 10
     assert ("char-nvidia-frontend:rw" in r.stdout) is gpu  # the drop-in was read (its device ACL is scored)
+
+
+def test_the_shipped_exporters_export_no_per_process_series():
+    """joulesched_process_joules_total is labelled by pid: every short-lived process that enters the top N is a
+    new series, so over time their number has no bound. The unit and the cluster DaemonSet pass --top-n 0."""
+    import typer
+    import yaml
+
+    from joulesched.pipelines.cli.power import exporter
+
+    assert "--top-n 0" in _directives()["Environment"][0]
+    daemonset = REPO / "deploy" / "kustomize" / "base" / "power-exporter.yaml"
+    (ds,) = [d for d in yaml.safe_load_all(daemonset.read_text()) if d and d["kind"] == "DaemonSet"]
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert "--top-n=0" in c["args"]
+    app = typer.Typer()
+    app.command()(exporter)
+    assert "--top-n" in {o for p in typer.main.get_command(app).params for o in p.opts}  # still its name
