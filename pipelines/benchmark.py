@@ -14,6 +14,7 @@ import os
 import pickle
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,7 +215,7 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
         raise BenchmarkInputError("--seeds must be at least 1")
     if executor not in ("local", "ray"):
         raise BenchmarkInputError(f"unknown executor {executor!r}; use local or ray")
-    out = check_output_dir(out, "--out", OUTPUT_FILES)
+    out = check_outputs(out)
     loaded, first, built = _validated(scenarios, policies)
     # Each (scenario, seed)'s workload is built once, here, and shared by the bound, the optimum and every policy.
     workloads = {(i, s): first[i] if s == 0 else build_workload(sc, sc.seed + s)
@@ -300,11 +301,7 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
                       "group_curves": bounds[(i, 0)]["group_curves"], "name": sc.name}
             for i, sc in enumerate(loaded)}
     res = from_dict(doc)
-    write_outputs(out, res, timelines, meta)
-    if placements:
-        from joulesched.pipelines.placements import write_placements
-
-        write_placements(out / "placements.csv", placed_rows)
+    write_outputs(out, res, timelines, meta, placed_rows if placements else None)
     return res
 
 
@@ -463,8 +460,10 @@ def headroom(res: Results) -> dict[str, dict]:
             conflict = solved and any(o.certificate is not None and o.best_gap is None
                                       and o.best_bound_joules is not None for o in opt)
             own = [v - (o.window_tail_joules or 0.0) for v, o in zip(sched, opt)] if solved else []
+            # No relative gap to a schedule of no energy of its own (0 J, or a tail as large as the schedule: a
+            # schema-valid file, which must render): none rather than a ZeroDivisionError or a sign flipped.
             row["optimum_gap"] = float(np.mean([(v - b) / v for v, b in zip(own, boa)])) \
-                if solved and not conflict else None
+                if solved and not conflict and all(v > 0 for v in own) else None
             row["gap_conflict"] = conflict
             if solved:
                 row["target"], row["target_kind"] = row["optimum"], row["optimum_kind"]
@@ -480,23 +479,56 @@ def headroom(res: Results) -> dict[str, dict]:
     return out
 
 
-#: The files a benchmark (and its report) write in the output folder: none may be a directory there.
+#: The files a benchmark (and its report) write in the output folder: none may be a directory there. The one
+#: folder they write, plots/, must be one: :func:`check_outputs` checks it (report_files.py ``check_report_outputs``).
 OUTPUT_FILES = ("results.json", "nodes.json", "timelines.npz", "placements.csv", "report.html")
 
 
-def write_outputs(out: Path, res: Results, timelines: dict[str, np.ndarray], meta: dict) -> None:
-    """Write timelines.npz, nodes.json and, last, results.json, each atomically (core/fsio.py): results.json
-    is the set's commit record, so a reader that finds a new one finds the files it describes beside it. All
-    three are written in full before any is renamed into place (a full disk leaves the earlier set whole), and
-    the earlier results.json goes just before the renames: one that fails then leaves no record, never the old
-    one beside new timelines (a review: `report` drew such a folder without a word)."""
+def check_outputs(out: Path, option: str = "--out") -> Path:
+    """Fail now, before the grid runs, if the benchmark or its report could not write ``out``'s files: the folder
+    itself, a directory (or device) in place of one of :data:`OUTPUT_FILES`, and a ``plots`` that is not a folder
+    or holds a folder in place of a figure (refused by the report only after the whole run otherwise)."""
+    from joulesched.pipelines.report_files import check_report_outputs
+
+    out = check_output_dir(out, option, OUTPUT_FILES)
+    check_report_outputs(out, lambda why: BenchmarkInputError(f"{option}: {why}"))
+    return out
+
+
+def write_outputs(out: Path, res: Results, timelines: dict[str, np.ndarray], meta: dict,
+                  placements: Sequence[tuple] | None = None) -> None:
+    """Write timelines.npz, nodes.json, placements.csv (``placements``' rows, where given) and, last,
+    results.json, each atomically (core/fsio.py): results.json is the set's commit record, so a reader that
+    finds a new one finds the files it describes beside it. All are written in full before any is renamed into
+    place (a full disk leaves the earlier set whole), and the earlier results.json goes just before the renames:
+    one that fails then leaves no record, never the old one beside new timelines (a review: `report` drew such a
+    folder without a word).
+
+    What described the earlier results goes with them (a review: a re-run with ``--no-report`` or without
+    ``--placements`` left the old page, its figures or placements.csv beside the new results.json): report.html
+    and the figures its render drew (report_files.py ``report_plots``; the training curve stays: it is the model's),
+    which a report of these results writes anew, and placements.csv where no ``placements`` are given."""
+    from joulesched.pipelines.placements import write_placements
+    from joulesched.pipelines.report_files import report_plots
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    # Renamed in reverse order of entry as the blocks close: timelines, nodes, then results.
+    # Renamed in reverse order of entry as the blocks close: placements, timelines, nodes, then results.
     with atomic_path(out / "results.json") as res_tmp, atomic_path(out / "nodes.json") as nodes_tmp, \
-            atomic_path(out / "timelines.npz") as tl_tmp:
+            atomic_path(out / "timelines.npz") as tl_tmp, \
+            (atomic_path(out / "placements.csv") if placements is not None else nullcontext()) as pl_tmp:
         with open(tl_tmp, "wb") as fh:
             np.savez_compressed(fh, **timelines)
         nodes_tmp.write_bytes((json.dumps(meta) + "\n").encode("utf-8"))
+        if pl_tmp is not None:  # its own atomic write onto the staged name: one CSV writer (placements.py)
+            write_placements(pl_tmp, placements)
         res_tmp.write_bytes(dump(res).encode("utf-8"))
-        Path(os.path.realpath(out / "results.json")).unlink(missing_ok=True)  # a link's target: the link stays
+        # Everything is written: what described the earlier results goes, the page first, the record last. A
+        # file written through a link (core/fsio.py) goes as its target, the link staying for the next write; a
+        # figure is renamed over its link (report.py), so the link itself goes. A folder in a file's place is
+        # left to be named by the write that needs it (check_outputs refuses it before a benchmark runs).
+        linked = ["report.html", *(["placements.csv"] if placements is None else [])]
+        for path in [*(Path(os.path.realpath(out / n)) for n in linked), *report_plots(out),
+                     Path(os.path.realpath(out / "results.json"))]:
+            if path.is_symlink() or not path.is_dir():
+                path.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ import tempfile
 import textwrap
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import matplotlib
@@ -36,11 +36,12 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from joulesched.agent.registry import DEFAULT_POLICIES, family_of, heuristics_among  # noqa: E402
-from joulesched.core.fsio import atomic_savefig, atomic_write_text  # noqa: E402
+from joulesched.core.fsio import atomic_path, atomic_savefig, atomic_write_text, read_text_input  # noqa: E402
 from joulesched.core.plots import plain_text_figures  # noqa: E402
 from joulesched.pipelines.results import (PolicySummary, Results, ResultsError, ScenarioRun, load_results,  # noqa: E402
-                                          weakest_optimum_label)
+                                          parse_json, weakest_optimum_label)
 from joulesched.pipelines.stats import mean_ci, ratios  # noqa: E402
+from joulesched.pipelines.report_files import check_report_outputs, report_plots  # noqa: E402,F401
 
 #: "Equal service" as the project's goals state it (docs/dqn.md, docs/PERFORMANCE.md): at most default-k8s's SLO
 #: violation rate plus half a percentage point.
@@ -176,10 +177,18 @@ def _within_budget(rows: dict[str, PolicySummary]) -> list[str]:
     return [p for p in slo_ok if rows[p].unschedulable_pods <= cap + 1e-9] or slo_ok
 
 
-def _least_energy_within_budget(rows: dict[str, PolicySummary]) -> str:
+def _least_energy_within_budget(doc: Results, name: str) -> str:
     """The verdict's pick, which each scenario's table highlights too: the least-energy policy of equal service
-    (:func:`_within_budget`; the first of equals in ``rows``' order)."""
-    return min(_within_budget(rows), key=lambda p: rows[p].energy_joules)
+    (:func:`_within_budget`; the first of equals in ``doc.policies``' order), ranked by what the page shows beside
+    it, energy / the reference per seed then averaged (:func:`_ratios_to_reference`). Mean joules over seeds can
+    rank otherwise (a seed of larger energies weighs more; a review: the pick showed a worse ratio than another
+    policy of equal service). Where the reference drew nothing there is no ratio: then mean joules."""
+    rows = {p: doc.summary[name].policies[p] for p in doc.policies}
+    within = _within_budget(rows)
+    vs_ref = _ratios_to_reference(doc, name)
+    if all(math.isfinite(vs_ref[p]) for p in within):
+        return min(within, key=lambda p: vs_ref[p])
+    return min(within, key=lambda p: rows[p].energy_joules)
 
 
 def _ratios_to_reference(doc: Results, name: str) -> dict[str, float]:
@@ -342,9 +351,7 @@ def _spaced(centers: list[float], min_gap: float) -> list[int]:
 def fig_util(doc: Results, tl: dict, nodes: dict, key: str, name: str, seed: int) -> Figure | None:
     """Per-node CPU utilisation over time for default-k8s and the verdict's pick (the least energy within the SLO
     budget), the policy the scenario's table highlights."""
-    policies = doc.policies
-    summ = doc.summary[name].policies
-    best = _least_energy_within_budget({p: summ[p] for p in policies})
+    best = _least_energy_within_budget(doc, name)
     show = [p for p in dict.fromkeys(["default-k8s", best]) if f"{key}/{p}/util" in tl]
     if not show or f"{key}/bin_s" not in tl:
         return None
@@ -527,7 +534,7 @@ def verdict(doc: Results) -> list[dict]:
     for name, s in doc.summary.items():
         rows, entries = s.policies, doc.runs(name)
         budget = _slo_budget(rows)
-        best = _least_energy_within_budget({p: rows[p] for p in pols})
+        best = _least_energy_within_budget(doc, name)
         v = {"name": name, "n": len(entries), "replay": s.replay, "budget": budget, "best": best,
              "best_vs_ref": _ratios_to_reference(doc, name)[best], "best_slo": rows[best].slo_violation_rate,
              "learned": {}, "best_heuristic": None, "target": None, "target_kind": ""}
@@ -722,7 +729,7 @@ def _scenario_tables(doc: Results) -> list[dict]:
     scen = []
     for name, s in doc.summary.items():
         entries = doc.runs(name)
-        best = _least_energy_within_budget({p: s.policies[p] for p in doc.policies})
+        best = _least_energy_within_budget(doc, name)
         rows = []
         for p, r in s.policies.items():
             rows.append({"policy": p, "energy": fmt_energy(r.energy_joules),
@@ -744,21 +751,9 @@ def _scenario_tables(doc: Results) -> list[dict]:
                      "pods_mean": f"{mean:.0f}" if mean == round(mean) else f"{mean:.1f}",
                      "seeds": ", ".join(str(e.seed) for e in entries), "rows": rows, "images": [],
                      "warnings": list(s.warnings),
-                     "lb": fmt_energy(s.lower_bound_joules) if s.lower_bound_joules else None})
+                     # 0 J is a bound (a cluster whose curves start at 0 W); None: a measured run has none
+                     "lb": fmt_energy(s.lower_bound_joules) if s.lower_bound_joules is not None else None})
     return scen
-
-
-#: The files :func:`figures` draws: the only ones in plots/ that a render replaces or, when it no longer draws
-#: them, removes (``training_curve.png`` is the training's).
-_FIGURE_FILE = re.compile(r"(energy_ratio|energy_vs_service|energy_vs_slo"
-                          r"|(power|util|gpu_energy|node_power|awake|placement)_\d+)\.png")
-
-
-def report_plots(out: Path) -> list[Path]:
-    """The plots of ``out/plots`` that :func:`write_report` draws, sorted: after a render, exactly the ones it
-    wrote (it removes those it no longer draws); ``training_curve.png``, the training's, is not among them."""
-    plots = Path(out) / "plots"
-    return sorted(p for p in plots.iterdir() if _FIGURE_FILE.fullmatch(p.name)) if plots.is_dir() else []
 
 
 def _read_inputs(out: Path) -> tuple[Results, dict, dict]:
@@ -781,10 +776,9 @@ def _read_inputs(out: Path) -> tuple[Results, dict, dict]:
         raise ResultsError(f"{tl_path}: {odd}: expected real numbers, got {tl[odd].dtype} values; remove it to "
                            "render the report without the power and utilisation plots")
     nodes_path = out / "nodes.json"
-    try:
-        nodes = json.loads(nodes_path.read_text()) if nodes_path.exists() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ResultsError(f"{nodes_path}: not valid JSON: {e}") from None
+    # As results.json is read: a directory, bad bytes or JSON too deep to parse is one line naming the file.
+    nodes = parse_json(read_text_input(nodes_path, "a nodes.json", ResultsError), nodes_path) \
+        if nodes_path.exists() else {}
     if not isinstance(nodes, dict):
         raise ResultsError(f"{nodes_path}: expected a JSON object (timeline key -> node groups)")
     for key, entry in nodes.items():
@@ -874,13 +868,16 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
     one does not are removed, so plots/ never shows a figure of other data than the page's."""
     out = Path(out)
     doc, tl, nodes = _read_inputs(out)
+    check_report_outputs(out)
     plots = out / "plots"
     scen = _scenario_tables(doc)
     by_name = {s["name"]: s for s in scen}
     summary_images = []
     drawn = []
     # Every figure is drawn beside plots/ (the same file system, so each moves in with a rename) and moved in
-    # only with the new page: a render that fails or is interrupted leaves the old page and its plots as they were.
+    # only once the page is rendered and written, and before it replaces the old one: a render that fails or is
+    # interrupted before leaves the old page and its plots as they were, and a new page never shows plots not
+    # yet there.
     staging = Path(tempfile.mkdtemp(prefix=".plots-", dir=out))
     try:
         with plain_text_figures():  # scenario and policy names are the user's text, not mathtext
@@ -901,13 +898,17 @@ def write_report(out: Path, header: str = "Measured on the embedded twin (simula
             colors=policy_colors(pols), fmt_ci=_fmt_ci, summary_images=summary_images, headroom=_headroom_rows(doc),
             headroom_policies=[p for p in pols if p != "default-k8s"],
             training_curve=(plots / "training_curve.png").is_file())
-        written = atomic_write_text(out / "report.html", page)
-        plots.mkdir(exist_ok=True)
-        for fname in drawn:
-            os.replace(staging / fname, plots / fname)
+        # The page is written in full first (its own atomic write onto the staged name: a full disk fails here,
+        # before any plot moved), the figures move in, then the page is renamed over the old one, and only then
+        # go the plots it no longer shows (the old page showed them until that rename).
+        with atomic_path(out / "report.html") as page_tmp:
+            atomic_write_text(page_tmp, page)
+            plots.mkdir(exist_ok=True)
+            for fname in drawn:
+                os.replace(staging / fname, plots / fname)
         for stale in report_plots(out):
             if stale.name not in drawn:
                 stale.unlink(missing_ok=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return written
+    return out / "report.html"

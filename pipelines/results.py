@@ -272,8 +272,18 @@ class Results(_Strict):
     def _consistent(self) -> Results:
         """Every run holds every policy of ``policies``, and the summary has exactly the runs' scenarios, each
         with every policy: what the report and the CLI index by (a partial or hand-edited file is refused here,
-        naming what is missing, instead of failing halfway through a render)."""
+        naming what is missing, instead of failing halfway through a render). A policy is listed once and a
+        (scenario, seed) run once, and each summary counts its scenario's runs: a repeat would be averaged in
+        twice, and the page's n would not be the number of runs its ratios average."""
+        twice = next((p for i, p in enumerate(self.policies) if p in self.policies[:i]), None)
+        if twice is not None:
+            raise ValueError(f"policies lists {twice!r} twice")
+        seen: dict[tuple[str, int], int] = {}
         for k, e in enumerate(self.scenarios):
+            if (e.name, e.seed) in seen:
+                raise ValueError(f"scenarios.{k} repeats the run of ({e.name!r}, seed {e.seed}) of "
+                                 f"scenarios.{seen[(e.name, e.seed)]}")
+            seen[(e.name, e.seed)] = k
             missing = [p for p in self.policies if p not in e.policies]
             if missing:
                 raise ValueError(f"scenarios.{k} ({e.name!r}, seed {e.seed}) has no run of policy {missing[0]!r}, "
@@ -285,6 +295,10 @@ class Results(_Strict):
             missing = [p for p in self.policies if p not in self.summary[name].policies]
             if missing:
                 raise ValueError(f"summary.{name}.policies has no entry for policy {missing[0]!r}")
+            runs = sum(e.name == name for e in self.scenarios)
+            if self.summary[name].seeds != runs:
+                raise ValueError(f"summary.{name}.seeds is {self.summary[name].seeds}, but scenarios has {runs} "
+                                 f"run(s) of {name!r}")
         extra = [n for n in self.summary if n not in names]
         if extra:
             raise ValueError(f"summary has scenario {extra[0]!r}, which no entry of scenarios runs")
@@ -348,13 +362,24 @@ def from_dict(doc: object, where: str = "results") -> Results:
     return res
 
 
-def load_results(path: Path) -> Results:
-    """Read a results.json written by the benchmark or the kube pipeline (schema 1 or 2)."""
+def parse_json(text: str, path: Path | str) -> object:
+    """``text`` (the file ``path``'s) as JSON, or a one-line :class:`ResultsError` naming the file. Not only a
+    syntax error: json's decoder recurses per nesting level (``[[[...`` deep enough is a RecursionError) and refuses
+    an integer of more than ``sys.get_int_max_str_digits()`` digits with a plain ValueError; each was a traceback."""
     try:
-        doc = json.loads(read_text_input(path, "a results.json", ResultsError,
-                                         missing=f"{path}: no results.json there; run `joulesched benchmark` first"))
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise ResultsError(f"{path}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: cannot read it as JSON: nested too deeply") from None
+    except ValueError as e:  # the advice that follows ";" (sys.set_int_max_str_digits) is for programmers
+        raise ResultsError(f"{path}: cannot read it as JSON: {str(e).split(';')[0]}") from None
+
+
+def load_results(path: Path) -> Results:
+    """Read a results.json written by the benchmark or the kube pipeline (schema 1 or 2)."""
+    doc = parse_json(read_text_input(path, "a results.json", ResultsError,
+                                     missing=f"{path}: no results.json there; run `joulesched benchmark` first"), path)
     return from_dict(doc, str(path))
 
 

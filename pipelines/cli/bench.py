@@ -116,7 +116,9 @@ def print_summary(doc: Results, as_json: bool, out_dir: Path, report: bool = Tru
     n = len(doc.policies)
     out.print(f"{n} polic{'y' if n == 1 else 'ies'} × {len(doc.summary)} scenario(s) × {doc.seeds} "
               f"seed(s) ran in {doc.wall_s:.1f} s")
-    out.print(f"results: {out_dir / 'results.json'}" + (f"   report: {out_dir / 'report.html'}" if report else ""))
+    # A folder's name is the user's text, not markup (a `[/x]` in it raised MarkupError after the run).
+    out.print(f"results: {escape(str(out_dir / 'results.json'))}"
+              + (f"   report: {escape(str(out_dir / 'report.html'))}" if report else ""))
 
 
 def _print_unplaced(s: ScenarioSummary) -> None:

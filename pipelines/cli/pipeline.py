@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from joulesched.pipelines.cli.common import command_line, errors, float_option, interrupted, out
@@ -286,15 +287,16 @@ def _pipeline_kube(out_dir: Path, *, kubeconfig: Optional[Path], context: Option
         print_summary(doc, True, out_dir)
         return
     for name, s in doc.summary.items():
-        t = Table(title=f"{name} (measured on a real cluster)", title_justify="left")
+        # Names are the user's text, not rich markup (a `dqn=/m/[/x].pt` spec raised MarkupError after the run).
+        t = Table(title=f"{escape(name)} (measured on a real cluster)", title_justify="left")
         for col in ("policy", "joules", "×default", "errors", "p99 ms", "unplaced"):
             t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
         for p, r in s.policies.items():
             vs = r.energy_vs_default
-            t.add_row(p, f"{r.energy_joules:.1f}", "—" if vs is None else f"{vs:.3f}",
+            t.add_row(escape(p), f"{r.energy_joules:.1f}", "—" if vs is None else f"{vs:.3f}",
                       f"{100 * r.slo_violation_rate:.2f}%", f"{r.latency_p99_ms:.1f}", f"{r.unschedulable_pods:g}")
         out.print(t)
-    out.print(f"results: {out_dir / 'results.json'}   report: {out_dir / 'report.html'}")
+    out.print(f"results: {escape(str(out_dir / 'results.json'))}   report: {escape(str(out_dir / 'report.html'))}")
 
 
 def _train_for_cluster(out_dir: Path, model: Optional[Path], minutes, steps, scenario, train_scenario,
