@@ -24,8 +24,11 @@ from joulesched.infra.config import AwsConfig, InfraConfigError
 METADATA_OPTIONS = {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1}
 
 
-def ca_key_parameter_name(prefix: str) -> str:
-    return f"/{prefix}/kubeadm/ca-key"
+def ca_key_parameter_name(prefix: str, stack: str) -> str:
+    """The SSM name of the CA key: per stack, not only per namePrefix (SSM names are unique in an account and
+    region, and two stacks with one namePrefix there would write, and delete, each other's key). Pulumi stack
+    names (letters, digits, -, _ and .) are valid in an SSM name."""
+    return f"/{prefix}/{stack}/kubeadm/ca-key"
 
 
 def master_policy(parameter_arn: str, region: str) -> str:
@@ -49,8 +52,10 @@ class AwsTarget(pulumi.ComponentResource):
             raise InfraConfigError(["aws:region is required: pulumi config set aws:region eu-central-1"])
         self.pki = KubeadmPki(f"{name}-pki", common_name=f"{prefix}-kubernetes", opts=child)
         tags = {"app.kubernetes.io/part-of": "joulesched"}
+        parameter = ca_key_parameter_name(prefix, pulumi.get_stack())
+        # The master role's policy names this parameter's ARN (below), so it follows the name.
         self.ca_key = aws.ssm.Parameter(
-            f"{name}-ca-key", name=ca_key_parameter_name(prefix), type="SecureString", value=self.pki.ca_key_pem,
+            f"{name}-ca-key", name=parameter, type="SecureString", value=self.pki.ca_key_pem,
             description="joulesched kubeadm cluster CA key (read by the master's instance role only)", tags=tags,
             opts=child)
         self.master_role = aws.iam.Role(
@@ -96,7 +101,7 @@ class AwsTarget(pulumi.ComponentResource):
         master_host = f"{prefix}-master"
         self.master = instance(master_host, pki.apply(lambda v: render_kube_node(
             role="master", hostname=master_host, ssh_authorized_keys=[cfg.ssh_public_key], kubeadm=cfg.kubeadm,
-            token=v[2], ca_cert_pem=v[0], ca_key_parameter=ca_key_parameter_name(prefix), aws_region=region)),
+            token=v[2], ca_cert_pem=v[0], ca_key_parameter=parameter, aws_region=region)),
             # an instance profile's id is its name; the role's permission before the master that uses it (nothing
             # else orders the policy before the instance, whose first boot reads the key with it)
             profile=self.master_profile.id, deps=[self.ca_key, self.master_role_policy])

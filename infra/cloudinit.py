@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from joulesched.core.errors import JouleschedError
-from joulesched.infra.config import KubeadmConfig
+from joulesched.infra.config import GPG_FINGERPRINT, KUBERNETES_APT_KEY_FINGERPRINT, KubeadmConfig
 
 TEMPLATES = Path(__file__).resolve().parent / "cloud-init"
 ADMIN_USER = "joulesched"
@@ -37,8 +37,11 @@ _CA_HASH = re.compile(re.escape(CA_HASH_MARKER) + r"(sha256:[0-9a-f]{64})\b")
 
 def render_kube_node(*, role: str, hostname: str, ssh_authorized_keys: list[str], kubeadm: KubeadmConfig,
                      token: str, ca_cert_pem: str = "", ca_key_parameter: str = "", aws_region: str = "",
-                     ca_cert_hash: str = "", master_address: str = "", advertise_address: str = "") -> str:
+                     ca_cert_hash: str = "", master_address: str = "", advertise_address: str = "",
+                     apt_key_fingerprint: str = KUBERNETES_APT_KEY_FINGERPRINT) -> str:
     """user-data for a kubeadm master or worker. No private key ever goes in.
+
+    The pkgs.k8s.io Release.key is installed only when its one primary key has ``apt_key_fingerprint``.
 
     A master either lets ``kubeadm init`` make the cluster CA (the default; its hash appears on the serial
     console, see :func:`ca_hash_from_console`), or, given ``ca_cert_pem`` with ``ca_key_parameter`` and
@@ -53,6 +56,8 @@ def render_kube_node(*, role: str, hostname: str, ssh_authorized_keys: list[str]
         raise ValueError("ca_cert_pem holds a private key; user-data must never carry one")
     if role == "worker" and not (ca_cert_hash.startswith("sha256:") and master_address):
         raise ValueError("a worker needs ca_cert_hash (sha256:...) and master_address")
+    if not GPG_FINGERPRINT.match(apt_key_fingerprint):
+        raise ValueError(f"apt_key_fingerprint must be 40 upper-case hex digits, got {apt_key_fingerprint!r}")
     cni_url, cni_sha256 = kubeadm.cni_manifest()
     return _render("kube-node.yaml.j2", role=role, hostname=hostname, admin_user=ADMIN_USER,
                    ssh_authorized_keys=ssh_authorized_keys, kubernetes_minor=kubeadm.kubernetes_minor,
@@ -60,7 +65,8 @@ def render_kube_node(*, role: str, hostname: str, ssh_authorized_keys: list[str]
                    cni_sha256=cni_sha256, token=token, ca_cert_pem=ca_cert_pem if role == "master" else "",
                    ca_key_parameter=ca_key_parameter if role == "master" else "", aws_region=aws_region,
                    fetch_ca_key_script=FETCH_CA_KEY.read_text(), ca_cert_hash=ca_cert_hash,
-                   master_address=master_address, advertise_address=advertise_address)
+                   master_address=master_address, advertise_address=advertise_address,
+                   apt_key_fingerprint=apt_key_fingerprint)
 
 
 #: SHA-256 of no bytes: what the console line reads when the CA's key could not be read (a failed init).
@@ -76,10 +82,29 @@ def ca_hash_from_console(text: str) -> str | None:
     return None
 
 
-def wait_for_ca_hash(console_log: str | Path, timeout_s: float, alive=lambda: True, poll_s: float = 1.0) -> str:
-    """Poll a master's serial console log until it prints the CA hash; GuestError-like RuntimeError on timeout.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-_])")  # terminal control sequences (colours, cursor moves)
 
-    The console is the guest's own output, written by QEMU on the host: only public values come back this way.
+
+def console_tail(console_log: str | Path, lines: int = 40, max_chars: int = 4000) -> str:
+    """The last ``lines`` lines of a serial console log (at most ``max_chars``), terminal escapes and control
+    characters removed, for an error message; a note when there is none."""
+    try:
+        text = Path(console_log).read_text(errors="replace")
+    except OSError as e:
+        return f"(no serial console log: {e.strerror or e})"
+    text = _ESCAPES.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    text = "".join(ch for ch in text if ch in "\n\t" or ch.isprintable())
+    tail = "\n".join(line.rstrip() for line in text.strip().splitlines()[-lines:])[-max_chars:]
+    return tail or "(the serial console log is empty)"
+
+
+def wait_for_ca_hash(console_log: str | Path, timeout_s: float, alive=lambda: True, poll_s: float = 1.0) -> str:
+    """Poll a master's serial console log until it prints the CA hash; :class:`CaHashTimeout` when the guest
+    stops or the time runs out, its message ending with the tail of the console (:func:`console_tail`): the
+    caller then deletes the guest, console log included, so the message is where the reason survives.
+
+    The console is the guest's own output, written by QEMU on the host: only public values come back this way
+    (command output, the bootstrap token's included, goes to a log inside the guest; infra/cloud-init/).
     """
     import time
 
@@ -93,9 +118,11 @@ def wait_for_ca_hash(console_log: str | Path, timeout_s: float, alive=lambda: Tr
         if found:
             return found
         if not alive():
-            raise CaHashTimeout(f"the master stopped before printing its CA hash; see {path}")
+            raise CaHashTimeout("the master stopped before printing its CA hash; the end of its serial console:\n"
+                                + console_tail(path))
         if time.monotonic() > deadline:
-            raise CaHashTimeout(f"the master printed no CA hash within {timeout_s:.0f} s; see {path}")
+            raise CaHashTimeout(f"the master printed no CA hash within {timeout_s:.0f} s (kubeadm init failed, or "
+                                "is still running); the end of its serial console:\n" + console_tail(path))
         time.sleep(poll_s)
 
 

@@ -141,6 +141,13 @@ CNI_URLS = {
     "flannel": "https://raw.githubusercontent.com/flannel-io/flannel/{version}/Documentation/kube-flannel.yml",
 }
 SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
+#: The pkgs.k8s.io signing key ("isv:kubernetes OBS Project <isv:kubernetes@build.opensuse.org>", rsa2048 made
+#: 2022-08-25), one key for every core:/stable:/v1.N/ repository (its expiry is extended, its fingerprint stays):
+#: what `curl -fsSL https://pkgs.k8s.io/core:/stable:/v1.30/deb/Release.key | gpg --show-keys` prints. Its
+#: Release.key is fetched over TLS and trusted only when its one primary key has this fingerprint (the guests'
+#: runcmd and the kube_node role's kube_node_apt_key_fingerprint, kept equal by tests/infra/test_ansible_secrets.py).
+KUBERNETES_APT_KEY_FINGERPRINT = "DE15B14486CD377B9E876E1A234654DA9A296436"
+GPG_FINGERPRINT = re.compile(r"^[0-9A-F]{40}\Z")
 
 
 #: The pod network of flannel's manifest (net-conf.json), which is applied unchanged.
@@ -177,14 +184,38 @@ class KubeadmConfig:
         return CNI_URLS[self.cni].format(version=self.cni_version), sha
 
 
+#: kubeadm's preflight minimum (NumCPU, Mem: 1700 MB of what the kernel reports); every kvm guest runs kubeadm, and
+#: a guest below it never makes a CA, so the stack only fails once the CA wait (30 minutes) runs out. The guest's
+#: kernel keeps part of its RAM, hence 1800 MiB for 1700 reported.
+KUBEADM_MIN_VCPUS = 2
+KUBEADM_MIN_MEMORY_MIB = 1800
+
+
+def local_libvirt_uri(uri: str) -> str | None:
+    """Why the guests cannot be made through ``uri`` from here, or None for a local connection (no host, no
+    transport but the local socket: qemu:///system, qemu:///session, qemu+unix:///system, test:///default).
+
+    A guest's overlay disk, NoCloud seed and serial console log are files this process writes and polls in
+    ``poolDir`` on this machine; a remote libvirtd would look for them on its own."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(uri)
+    transport = u.scheme.partition("+")[2].lower()
+    if u.netloc or transport not in ("", "unix"):
+        return ("names a remote libvirtd (a host or a network transport), but the guests' disks, seeds and console "
+                "logs are files in poolDir on this machine: run on the libvirt host: qemu:///system or "
+                "qemu:///session")
+    return None
+
+
 @dataclass(frozen=True)
 class KvmConfig:
-    """Guests through libvirt-python.
+    """Guests through libvirt-python, on this machine's libvirtd (a local URI: see :func:`local_libvirt_uri`).
 
     :param virt_type: libvirt domain type. `auto` picks `kvm` only when /dev/kvm is usable (not kvm_pvm).
-    :param network: `user` (qemu user-mode, restrict=on, SSH forwarded to 127.0.0.1:ssh_port_base+i; guests
-        cannot reach each other, so one-guest tests only) or a libvirt network name (e.g. `default`), in which
-        case guests get the static addresses below.
+    :param network: `user` (qemu user-mode, restrict=on, SSH forwarded to 127.0.0.1:ssh_port_base+i; every
+        guest is 10.0.2.15 and none can reach another, so the master alone: workers 0) or a libvirt network name
+        (e.g. `default`), in which case guests get the static addresses below.
     """
 
     uri: str
@@ -452,7 +483,7 @@ def _kvm(c: _Collector) -> KvmConfig:
         ssh_public_key=c.ssh_key("sshPublicKey"),
         virt_type=c.choice("virtType", d.virt_type, ("auto", "kvm", "qemu")),
         workers=c.integer("workers", d.workers, 0, 16),
-        memory_mib=c.integer("memoryMib", d.memory_mib, 512, 262144),
+        memory_mib=c.integer("memoryMib", d.memory_mib, 1, 262144),
         vcpus=c.integer("vcpus", d.vcpus, 1, 64),
         disk_gib=c.integer("diskGib", d.disk_gib, 3, 2048),
         network=c.opt("network", d.network),
@@ -464,6 +495,20 @@ def _kvm(c: _Collector) -> KvmConfig:
         kernel_cmdline=c.opt("kernelCmdline", d.kernel_cmdline),
         kubeadm=c.kubeadm(),
     )
+    if k.vcpus < KUBEADM_MIN_VCPUS:
+        c.problems.append(f"{PROJECT}:vcpus {k.vcpus}: every guest runs kubeadm, whose preflight refuses fewer "
+                          f"than {KUBEADM_MIN_VCPUS} CPUs (the master would never make a CA); give "
+                          f"{KUBEADM_MIN_VCPUS} or more")
+    if k.memory_mib < KUBEADM_MIN_MEMORY_MIB:
+        c.problems.append(f"{PROJECT}:memoryMib {k.memory_mib}: every guest runs kubeadm, whose preflight refuses "
+                          f"less than 1700 MB (the kernel keeps some of the guest's); give {KUBEADM_MIN_MEMORY_MIB} "
+                          "or more")
+    if k.network == "user" and k.workers > 0:
+        # QEMU's user-mode network gives every guest 10.0.2.15 behind its own NAT: a worker would try to join
+        # itself, never the master.
+        c.problems.append(f"{PROJECT}:network user supports one guest only (workers: 0), got workers {k.workers}: "
+                          "each user-mode guest is 10.0.2.15 and cannot reach another; give a libvirt network "
+                          "(network: default)")
     if k.network != "user":
         c.cidr("subnet", k.subnet)
         try:
@@ -490,6 +535,8 @@ def _kvm(c: _Collector) -> KvmConfig:
     try:
         if (why := insecure_libvirt_uri(k.uri)) is not None:
             c.problems.append(f"{PROJECT}:libvirtUri: {why}")  # the URI itself may name a user
+        if (why := local_libvirt_uri(k.uri)) is not None:
+            c.problems.append(f"{PROJECT}:libvirtUri {why}")
     except ValueError as e:
         c.problems.append(f"{PROJECT}:libvirtUri is not a URI ({e})")
     if (k.kernel is None) != (k.initrd is None):

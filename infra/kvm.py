@@ -48,7 +48,9 @@ def guest_spec(prefix: str, cfg: KvmConfig, g: PlannedGuest, master: PlannedGues
     user_data = render_kube_node(
         role=g.role, hostname=g.hostname, ssh_authorized_keys=[cfg.ssh_public_key], kubeadm=cfg.kubeadm,
         token=token, ca_cert_hash=ca_cert_hash if g.role == "worker" else "",
-        master_address=master.address or "10.0.2.15", advertise_address=g.address if g.role == "master" else "")
+        # No fallback for user-mode networking: there every guest is 10.0.2.15, so its config takes no worker
+        # (infra.config refuses one), and a worker without the master's address is refused by the renderer.
+        master_address=master.address, advertise_address=g.address if g.role == "master" else "")
     network_config = ""
     if g.address:
         net = ipaddress.ip_network(cfg.subnet)

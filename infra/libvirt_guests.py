@@ -2,8 +2,10 @@
 
 The same functions back the Pulumi dynamic provider (`infra.dynamic.LibvirtGuest`) and `joulesched infra kvm
 up|down`, which needs no Pulumi. Files live in `pool_dir/<name>/`; `delete_guest` removes the domain and them.
-That folder is 0700 (owned by libvirt's QEMU user under qemu:///system, so QEMU can still open its files) and
-the seed is 0600: a seed holds the bootstrap token, and never a private key (infra/cloud-init/).
+That folder is 0700 and the seed 0600: a seed holds the bootstrap token, and never a private key
+(infra/cloud-init/). Under qemu:///session QEMU runs as this user, who owns the folder; under qemu:///system it
+runs as libvirt's QEMU user, so the folder is handed to that user, which only root can do: qemu:///system is
+refused to anyone else (:func:`check_connection`).
 
 Networking is either a libvirt network (`<interface type='network'>`) or QEMU user-mode with `restrict=on`
 (the guest reaches nothing; only SSH is forwarded, and only to 127.0.0.1).
@@ -187,10 +189,27 @@ def make_seed(seed: Path, *, user_data: str, meta_data: str, network_config: str
                 raise GuestError("no seed tool: apt-get install cloud-image-utils (cloud-localds) or genisoimage")
 
 
+def _system_driver(uri: str) -> bool:
+    """Whether ``uri`` is libvirt's system QEMU driver on this machine (qemu:///system, qemu+unix:///system)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(uri)
+    return u.scheme.partition("+")[0] == "qemu" and not u.netloc and u.path.rstrip("/") == "/system"
+
+
+def check_connection(uri: str) -> None:
+    """Refuse qemu:///system to anyone but root: QEMU then runs as libvirt's QEMU user, and the guest folder
+    (0700, see :func:`private_dir`) would stay this user's, so QEMU could not open the disk, seed or console log
+    in it; only root can hand the folder over."""
+    if _system_driver(uri) and os.geteuid() != 0:
+        raise GuestError(f"{uri}: libvirt's QEMU runs guests as its own user there, and only root can give it the "
+                         "private guest folders: run as root, or use qemu:///session (QEMU runs as you)")
+
+
 def qemu_user(uri: str) -> pwd.struct_passwd | None:
     """The account libvirt's system QEMU driver runs guests as (Debian: libvirt-qemu, Fedora: qemu), when this
     process is root on a qemu:///system connection; None otherwise (a session's QEMU is this user)."""
-    if not uri.startswith("qemu:///system") or os.geteuid() != 0:
+    if not _system_driver(uri) or os.geteuid() != 0:
         return None
     for name in ("libvirt-qemu", "qemu"):
         try:
@@ -224,7 +243,7 @@ def _open(uri: str):
     try:
         import libvirt
     except ImportError:
-        raise GuestError("libvirt-python is not installed: pip install -e '.[infra]' "
+        raise GuestError("libvirt-python is not installed: pip install -e '.[infra-libvirt]' "
                          "(building it needs apt packages pkg-config and libvirt-dev)") from None
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors arrive as exceptions; no stderr noise
     try:
@@ -237,6 +256,7 @@ def create_guest(spec: GuestSpec) -> GuestInfo:
     """Define and start the guest; on any failure remove what was made. Refuses to overwrite a domain."""
     import libvirt
 
+    check_connection(spec.uri)  # before anything is made
     virt_type = resolve_virt_type(spec.virt_type)
     conn = _open(spec.uri)
     try:

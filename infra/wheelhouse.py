@@ -9,6 +9,10 @@ controller; the hosts never do.
 
 The joulesched wheel is built with ``SOURCE_DATE_EPOCH`` fixed, so the same source gives the same bytes (and no
 needless reinstall on the hosts).
+
+The wheels are the hosts' (:class:`WheelTarget`, by default :data:`HOSTS`), never the controller's: numpy and the
+other compiled requirements ship one wheel per Python version and platform, and a wheelhouse resolved for a
+controller on another Python or OS would hold wheels the hosts cannot install.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -40,6 +45,51 @@ SOURCE_DATE_EPOCH = "315532800"
 
 class WheelhouseError(JouleschedError, RuntimeError):
     pass
+
+
+_PYTHON_VERSION = re.compile(r"^3\.[0-9]{1,2}\Z")
+_PLATFORM_TAG = re.compile(r"^[a-z0-9_]+\Z")
+
+
+@dataclass(frozen=True)
+class WheelTarget:
+    """The interpreter and platform the hosts install the wheels on: pip's ``--python-version``,
+    ``--implementation``, ``--platform`` (each given one is accepted; pip does not widen a manylinux_X_Y tag to
+    older ones, so the list names them) and, when given, ``--abi``. Always binary only: pip refuses the target
+    options otherwise, and a source build would run on the controller, for the controller."""
+
+    python_version: str = "3.11"
+    implementation: str = "cp"
+    platforms: tuple[str, ...] = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+    abis: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _PYTHON_VERSION.match(self.python_version):
+            raise ValueError(f"python version {self.python_version!r}: expected 3.N, such as 3.11")
+        if not self.platforms:
+            raise ValueError("at least one platform tag is needed, such as manylinux_2_17_x86_64")
+        for tag in (self.implementation, *self.platforms, *self.abis):
+            if not _PLATFORM_TAG.match(tag):
+                raise ValueError(f"{tag!r} is not a wheel tag (lower-case letters, digits and _)")
+
+    def pip_args(self) -> list[str]:
+        args = ["--only-binary", ":all:", "--python-version", self.python_version,
+                "--implementation", self.implementation]
+        for platform in self.platforms:
+            args += ["--platform", platform]
+        for abi in self.abis:
+            args += ["--abi", abi]
+        return args
+
+    def describe(self) -> str:
+        return f"{self.implementation}{self.python_version} on {', '.join(self.platforms)}"
+
+
+#: The power_exporter role's hosts (its meta/main.yml): CPython 3.11, Debian bookworm's, on glibc x86_64, the
+#: same target as scripts/download-wheels.sh. Hosts on another Python (Ubuntu noble's 3.12) need a wheelhouse built
+#: for it (``joulesched infra wheelhouse --python-version 3.12``) and ``power_exporter_python_version`` set to
+#: match, which the role's preflight checks against the host's python3.
+HOSTS = WheelTarget()
 
 
 def exporter_requirements() -> list[str]:
@@ -68,10 +118,21 @@ def package_folders() -> list[str]:
     return sorted({name.split(".")[1] for name in _pyproject()["tool"]["setuptools"]["packages"]})
 
 
+def download_argv(out: Path, reqs: list[str], target: WheelTarget = HOSTS) -> list[str]:
+    """pip's arguments fetching the wheels of ``reqs`` (and their closure) for ``target`` into ``out``."""
+    return ["download", "--dest", str(out), "--find-links", str(out), *target.pip_args(), *reqs]
+
+
+def resolve_argv(out: Path, reqs: list[str], report: Path, target: WheelTarget = HOSTS) -> list[str]:
+    """pip's arguments resolving ``reqs`` from ``out`` alone, as ``target`` would install them (a dry run)."""
+    return ["install", "--dry-run", "--ignore-installed", "--no-index", "--find-links", str(out),
+            *target.pip_args(), "--quiet", "--report", str(report), *reqs]
+
+
 def build_wheelhouse(out: Path, *, requirements: list[str] | None = None, all_deps: bool = False,
-                     source: Path = REPO) -> Path:
+                     source: Path = REPO, target: WheelTarget = HOSTS) -> Path:
     """Write joulesched-<version>-py3-none-any.whl (built from ``source``, a checkout), the requirements' wheels
-    and :data:`LOCK_NAME` into `out`; return the wheel.
+    for ``target`` and :data:`LOCK_NAME` into `out`; return the wheel.
 
     Reuses wheels already in `out` (pip download skips what it has), so a cached wheelhouse refreshes fast."""
     out = Path(out)
@@ -95,9 +156,8 @@ def build_wheelhouse(out: Path, *, requirements: list[str] | None = None, all_de
             shutil.copyfile(built / name, t)
     reqs = [str(wheel)] if all_deps else (requirements if requirements is not None else exporter_requirements())
     if reqs:
-        _pip("download", "--dest", str(out), "--find-links", str(out), "--only-binary", ":all:", *reqs,
-             what="downloading the requirements' wheels")
-    write_lock(out, wheel, reqs, all_deps=all_deps)
+        _pip(*download_argv(out, reqs, target), what=f"downloading the requirements' wheels for {target.describe()}")
+    write_lock(out, wheel, reqs, all_deps=all_deps, target=target)
     return wheel
 
 
@@ -113,16 +173,16 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def resolve(out: Path, reqs: list[str]) -> dict[str, tuple[str, Path]]:
-    """``{name: (version, wheel)}``: what pip installs for ``reqs`` from the wheelhouse alone (its resolver, a
-    dry run ignoring what this interpreter has)."""
+def resolve(out: Path, reqs: list[str], target: WheelTarget = HOSTS) -> dict[str, tuple[str, Path]]:
+    """``{name: (version, wheel)}``: what pip installs for ``reqs`` from the wheelhouse alone on ``target`` (its
+    resolver, a dry run ignoring what this interpreter has, and its version and platform: the markers and wheel
+    tags are the hosts')."""
     if not reqs:
         return {}
     with tempfile.TemporaryDirectory(prefix="js-lock-") as tmp:
         report = Path(tmp) / "report.json"
-        _pip("install", "--dry-run", "--ignore-installed", "--no-index", "--find-links", str(out),
-             "--only-binary", ":all:", "--quiet", "--report", str(report), *reqs,
-             what="resolving the wheelhouse's requirements")
+        _pip(*resolve_argv(out, reqs, report, target),
+             what=f"resolving the wheelhouse's requirements for {target.describe()}")
         doc = json.loads(report.read_text())
     found = {}
     for item in doc.get("install", []):
@@ -135,14 +195,16 @@ def resolve(out: Path, reqs: list[str]) -> dict[str, tuple[str, Path]]:
     return found
 
 
-def write_lock(out: Path, wheel: Path, reqs: list[str], *, all_deps: bool = False) -> Path:
-    """``out/requirements.lock``: joulesched and the closure of ``reqs``, ``name==version --hash=sha256:...``
-    each, sorted; written atomically. Returns its path."""
-    pins = resolve(out, reqs)
+def write_lock(out: Path, wheel: Path, reqs: list[str], *, all_deps: bool = False,
+               target: WheelTarget = HOSTS) -> Path:
+    """``out/requirements.lock``: joulesched and the closure of ``reqs`` on ``target``,
+    ``name==version --hash=sha256:...`` each, sorted; written atomically. Returns its path."""
+    pins = resolve(out, reqs, target)
     if not all_deps:  # joulesched itself goes in without its training dependencies
         pins["joulesched"] = (project_version(), wheel)
     lines = [f"# {LOCK_NAME}: written by `joulesched infra wheelhouse`; install with pip --require-hashes --no-deps.",
-             "# Its SHA-256 is the wheelhouse's content hash: the power_exporter role reinstalls when it changes."]
+             "# Its SHA-256 is the wheelhouse's content hash: the power_exporter role reinstalls when it changes.",
+             f"# For {target.describe()} (power_exporter_python_version: \"{target.python_version}\")."]
     for name in sorted(pins):
         version, path = pins[name]
         lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha256_file(path)}")

@@ -3,7 +3,7 @@
     joulesched infra preview|up|destroy --stack cluster|kvm|aws
     joulesched infra kvm up|down [--config Pulumi.kvm.yaml] [--ssh-public-key ~/.ssh/id_ed25519.pub]
     joulesched infra provision --inventory inventory/hosts.yml [--limit HOST] [--json]
-    joulesched infra wheelhouse --out DIR
+    joulesched infra wheelhouse --out DIR [--python-version 3.11] [--platform TAG ...]
 
 Bad input (a stack config the program would refuse included) prints one red line and exits 2; a failed run
 (play, guest, Pulumi update) exits 1.
@@ -170,7 +170,7 @@ def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt 
     makes the cluster CA, and the workers pin the hash it prints on its serial console)."""
     from joulesched.infra.cloudinit import CaHashTimeout, wait_for_ca_hash
     from joulesched.infra.kvm import CA_HASH_TIMEOUT_S, guest_spec, plan
-    from joulesched.infra.libvirt_guests import GuestError, create_guest, delete_guest, domain_active
+    from joulesched.infra.libvirt_guests import GuestError, check_connection, create_guest, delete_guest, domain_active
     from joulesched.infra.pki import new_token
 
     cfg = _kvm_config(config, ssh_public_key, prefix)
@@ -178,6 +178,10 @@ def kvm_up(config: ConfigOpt = REPO / "Pulumi.kvm.yaml", ssh_public_key: KeyOpt 
     if not base.is_file():  # before anything is created: nothing to undo
         _fail(f"--config {config}: baseImage {base} does not exist (download a cloud image there, or set "
               "joulesched:baseImage to one)")
+    try:
+        check_connection(cfg.kvm.uri)  # create_guest checks it too; here it is bad input, before anything is made
+    except GuestError as e:
+        _fail(f"--config {config}: joulesched:libvirtUri {e}")
     planned = plan(cfg.name_prefix, cfg.kvm)
     token = new_token()
     new_dirs = _missing_dirs(Path(cfg.kvm.pool_dir))  # what the first guest creates: removed again on failure
@@ -298,18 +302,35 @@ def wheelhouse(
     archive: Annotated[bool, typer.Option(
         help="Also write DIR.tar, one reproducible archive for power_exporter_wheelhouse_src (much faster to copy "
              "than a directory).")] = False,
+    python_version: Annotated[str, typer.Option(
+        help="The hosts' Python (X.Y); the role's power_exporter_python_version must match it.")] = "3.11",
+    platform: Annotated[Optional[list[str]], typer.Option(
+        help="A wheel platform tag the hosts accept (repeat it); default manylinux_2_28, _2_17 and 2014 x86_64.")]
+    = None,
 ) -> None:
     """Build the wheelhouse power_exporter installs from with `pip --no-index` on air-gapped hosts, and its
-    requirements.lock (every wheel pinned by SHA-256, for `pip install --require-hashes`)."""
+    requirements.lock (every wheel pinned by SHA-256, for `pip install --require-hashes`). The wheels are for the
+    hosts' Python and platform (--python-version, --platform), whatever this controller runs."""
     from joulesched.core.fsio import check_output_dir
-    from joulesched.infra.wheelhouse import LOCK_NAME, WheelhouseError, archive_wheelhouse, build_wheelhouse
+    from joulesched.infra.wheelhouse import (
+        HOSTS,
+        LOCK_NAME,
+        WheelhouseError,
+        WheelTarget,
+        archive_wheelhouse,
+        build_wheelhouse,
+    )
 
+    try:
+        target = WheelTarget(python_version=python_version, platforms=tuple(platform or HOSTS.platforms))
+    except ValueError as e:
+        _fail(f"--python-version/--platform: {e}")
     with errors():
         check_output_dir(out_dir, "--out")
     try:
-        wheel = build_wheelhouse(out_dir, all_deps=all_deps)
+        wheel = build_wheelhouse(out_dir, all_deps=all_deps, target=target)
         tar = archive_wheelhouse(out_dir) if archive else None
     except WheelhouseError as e:
         _fail(str(e), 1)
-    out.print(f"wheelhouse {out_dir}: {wheel.name} and {len(list(out_dir.glob('*.whl'))) - 1} requirement wheel(s), "
-              f"pinned in {out_dir / LOCK_NAME}" + (f"; archive {tar}" if tar else ""))
+    out.print(f"wheelhouse {out_dir}: {wheel.name} and {len(list(out_dir.glob('*.whl'))) - 1} requirement wheel(s) "
+              f"for {target.describe()}, pinned in {out_dir / LOCK_NAME}" + (f"; archive {tar}" if tar else ""))

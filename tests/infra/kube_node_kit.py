@@ -29,3 +29,24 @@ def stand_in_kubeadm(tmp_path: Path, kubelet_conf: Path | None = None) -> tuple[
         "children": {"kube_master": {"hosts": {"Master-1": {}}}, "kube_workers": {"hosts": {"Worker-7": {}}}}}}))
     path = f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"
     return inv, calls, {"PATH": path}
+
+
+def gpg_public_key(tmp_path: Path, name: str) -> tuple[bytes, str]:
+    """(an ASCII-armored public key made here, its fingerprint): a stand-in for a signing key such as
+    pkgs.k8s.io's Release.key. ed25519, no passphrase, in a keyring of its own under tmp_path."""
+    import subprocess
+
+    home = tmp_path / f"gnupg-{name}"
+    home.mkdir(mode=0o700)
+    gpg = ["gpg", "--batch", "--homedir", str(home)]
+    try:
+        subprocess.run([*gpg, "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key",
+                        f"{name} <{name}@example.invalid>", "ed25519", "sign", "never"],
+                       check=True, capture_output=True, timeout=120)
+        colons = subprocess.run([*gpg, "--with-colons", "--list-keys"], check=True, capture_output=True, text=True,
+                                timeout=60).stdout
+        armored = subprocess.run([*gpg, "--armor", "--export"], check=True, capture_output=True, timeout=60).stdout
+    finally:  # key generation started an agent for this keyring
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, timeout=60)
+    fpr = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
+    return armored, fpr

@@ -42,6 +42,8 @@ class Recording(pulumi.runtime.Mocks):
                 outputs["ca_cert_hash"] = MASTER_CA_HASH
         elif args.typ == "aws:ec2/instance:Instance":
             outputs.update(private_ip="10.0.1.10", public_ip="203.0.113.10")
+        elif args.typ == "aws:ssm/parameter:Parameter":  # AWS's ARN of a parameter named /a/b: ...:parameter/a/b
+            outputs.update(arn=f"arn:aws:ssm:eu-central-1:123456789012:parameter{args.inputs['name']}")
         self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs))
         return f"{args.name}-id", outputs
 

@@ -102,6 +102,64 @@ def test_the_power_exporter_install_dir_must_be_a_path_systemd_takes_as_written(
         assert "power_exporter_install_dir must be an absolute path" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("wanted, mode, ok", [("HOST", "wheelhouse", True), ("3.99", "wheelhouse", False),
+                                               ("3.99", "index", False), ("3.99", "none", True)])
+def test_the_power_exporter_refuses_a_host_whose_python_is_not_the_wheelhouses(tmp_path, wanted, mode, ok):
+    """A wheelhouse holds wheels for one Python (numpy's are per version): a host on another python3 failed deep in
+    pip install. The preflight's two tasks, run by ansible-playbook on this host; HOST is this host's python3."""
+    exe = _tool("ansible-playbook")
+    if exe is None or shutil.which("python3") is None:
+        pytest.skip("needs ansible-core (pip install -e '.[infra]') and a python3 on PATH")
+    host = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    tasks = yaml.safe_load((ROLES / "power_exporter" / "tasks" / "preflight.yml").read_text())
+    chosen = [t for t in tasks if "python3" in t["name"]]
+    assert len(chosen) == 2
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{"hosts": "localhost", "connection": "local", "gather_facts": False,
+                                     "tasks": chosen}]))
+    r = subprocess.run([exe, "-i", "localhost,", str(play), "--check", "-e", json.dumps(
+        {"power_exporter_python_version": host if wanted == "HOST" else wanted, "power_exporter_install_mode": mode,
+         "ansible_python_interpreter": sys.executable})],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "ANSIBLE_NOCOLOR": "1"})
+    assert (r.returncode == 0) is ok, r.stdout + r.stderr
+    if not ok:  # --check too: the version is read, not skipped
+        assert f"this host's python3 is {host}, but the wheelhouse's wheels are for Python 3.99" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("keys, pinned, ok", [("good", "good", True), ("good", "real", False),
+                                              ("good+other", "good", False), ("other", "good", False)])
+def test_the_kube_node_role_trusts_only_the_pinned_kubernetes_apt_key(tmp_path, keys, pinned, ok):
+    """The role put pkgs.k8s.io's Release.key where apt reads it as downloaded. Its check, run by ansible-playbook
+    on this host against keys made here: the one pinned primary key passes; another, or a second beside it, not."""
+    from joulesched.infra.config import KUBERNETES_APT_KEY_FINGERPRINT
+    from tests.infra.kube_node_kit import gpg_public_key
+
+    exe = _tool("ansible-playbook")
+    if exe is None or shutil.which("gpg") is None:
+        pytest.skip("needs ansible-core (pip install -e '.[infra]') and gpg")
+    made = {n: gpg_public_key(tmp_path, n) for n in ("good", "other")}
+    download = tmp_path / "Release.key"
+    download.write_bytes(b"".join(made[n][0] for n in keys.split("+")))
+    fpr = made["good"][1] if pinned == "good" else KUBERNETES_APT_KEY_FINGERPRINT
+    tasks = yaml.safe_load((ROLES / "kube_node" / "tasks" / "install.yml").read_text())
+    chosen = [t for t in tasks if t["name"] in ("Read the signing key's fingerprint",
+                                                 "Refuse a signing key with another fingerprint")]
+    assert len(chosen) == 2
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{"hosts": "localhost", "connection": "local", "gather_facts": False,
+                                     "tasks": chosen}]))
+    (tmp_path / "gnupg").mkdir(mode=0o700)
+    r = subprocess.run([exe, "-i", "localhost,", str(play), "-e", json.dumps(
+        {"_kube_node_key_download": str(download), "kube_node_apt_repo": True, "kube_node_apt_key_fingerprint": fpr,
+         "_kube_node_key_fetched": {"changed": False}, "ansible_python_interpreter": sys.executable})],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "GNUPGHOME": str(tmp_path / "gnupg")})
+    assert (r.returncode == 0) is ok, r.stdout + r.stderr
+    if not ok:
+        assert f"not {fpr} (kube_node_apt_key_fingerprint): not trusted" in " ".join(r.stdout.split()), r.stdout
+
+
 @pytest.mark.parametrize("cidr, cni, ok, words", [
     ("10.244.0.0/16", "flannel", True, ""),
     ("HOST/16", "calico", False, "overlaps this host's network"),  # the host's own network

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from joulesched.infra.config import CNI_PINS
+from joulesched.infra.config import CNI_PINS, KUBERNETES_APT_KEY_FINGERPRINT
 
 ROLES = Path(__file__).resolve().parents[2] / "playbooks" / "roles"
 # What a task handling a secret mentions: the bootstrap token, the join command, private keys.
@@ -51,6 +51,19 @@ def test_the_role_pins_the_same_cni_manifests_as_cloud_init():
     assert get["ansible.builtin.get_url"]["checksum"].startswith("sha256:")
     names = [t["name"] for t in master]
     assert names.index("Refuse a CNI manifest with another checksum") < names.index("Apply the CNI")
+
+
+def test_the_role_pins_the_same_kubernetes_apt_key_as_cloud_init():
+    defaults = yaml.safe_load((ROLES / "kube_node" / "defaults" / "main.yml").read_text())
+    assert defaults["kube_node_apt_key_fingerprint"] == KUBERNETES_APT_KEY_FINGERPRINT
+    tasks = yaml.safe_load((ROLES / "kube_node" / "tasks" / "install.yml").read_text())
+    names = [t["name"] for t in tasks]
+    # downloaded aside, checked, and only then put where apt's signed-by reads it
+    get = next(t for t in tasks if "ansible.builtin.get_url" in t and "Release.key" in str(t))
+    assert get["ansible.builtin.get_url"]["dest"] == "{{ _kube_node_key_download }}"
+    assert names.index("Refuse a signing key with another fingerprint") < \
+        names.index("Install the pkgs.k8s.io signing key where apt reads it") < \
+        names.index("Add the pkgs.k8s.io repository")
 
 
 def test_the_exporter_installs_from_the_hashed_lock_keyed_on_its_hash():

@@ -43,6 +43,22 @@ def _docs(pki):
     return {"master": master, "aws-master": aws_master, "worker": worker, "host": host}
 
 
+#: Where the master's runcmd marks a successful `kubeadm init` (infra/cloud-init/kube-node.yaml.j2).
+INIT_MARKER = "/run/joulesched-kubeadm-init.ok"
+
+
+def _init_command(runcmd: list) -> list[str]:
+    """The runcmd item running `kubeadm init`: ``sh -c 'if kubeadm init "$@"; then touch MARKER; ...' NAME ARGS``."""
+    (cmd,) = [c for c in runcmd if isinstance(c, list) and "kubeadm init" in " ".join(c[:3])]
+    return cmd
+
+
+def _kubeadm_init(runcmd: list) -> list[str]:
+    """The master's `kubeadm init` argv, as kubeadm gets it."""
+    cmd = _init_command(runcmd)
+    return cmd if cmd[0] == "kubeadm" else ["kubeadm", "init", *cmd[4:]]
+
+
 def test_documents_are_cloud_config(pki):
     for name, doc in _docs(pki).items():
         assert doc.startswith("#cloud-config\n"), name
@@ -53,7 +69,7 @@ def test_master_makes_its_own_ca_and_prints_only_its_hash(pki):
     d = yaml.safe_load(_docs(pki)["master"])
     paths = {f["path"] for f in d["write_files"]}
     assert not any(p.startswith("/etc/kubernetes/pki/") for p in paths)  # kubeadm init makes the CA itself
-    init = next(c for c in d["runcmd"] if c[:2] == ["kubeadm", "init"])
+    init = _kubeadm_init(d["runcmd"])
     assert init[init.index("--token") + 1] == pki.token and "--pod-network-cidr" in init
     assert "JOULESCHED-CA-CERT-HASH" in " ".join(" ".join(c) for c in d["runcmd"] if isinstance(c, list))
     assert "containerd" in d["packages"] and "python3-boto3" not in d["packages"]
@@ -75,13 +91,102 @@ def test_the_ca_hash_line_prints_the_cas_hash_and_nothing_without_a_ca(pki, tmp_
 
     d = yaml.safe_load(_docs(pki)["master"])
     (line,) = [c[2] for c in d["runcmd"] if c[:2] == ["sh", "-c"] and "JOULESCHED-CA-CERT-HASH" in c[2]]
-    ca, console = tmp_path / "ca.crt", tmp_path / "console"
-    line = line.replace("/etc/kubernetes/pki/ca.crt", str(ca)).replace("/dev/console", str(console))
+    ca, console, marker = tmp_path / "ca.crt", tmp_path / "console", tmp_path / "init.ok"
+    line = (line.replace("/etc/kubernetes/pki/ca.crt", str(ca)).replace("/dev/console", str(console))
+            .replace(INIT_MARKER, str(marker)))
+    marker.touch()  # kubeadm init succeeded (see the next test), yet no CA file
     r = subprocess.run(["sh", "-c", line], capture_output=True, text=True)
     assert r.returncode != 0 and "JOULESCHED-CA-CERT-HASH" not in r.stdout and not console.exists()
     ca.write_text(pki.ca_cert_pem)
     r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
     assert ca_hash_from_console(r.stdout) == pki.ca_cert_hash == ca_hash_from_console(console.read_text())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI (the guests' image has it)")
+@pytest.mark.parametrize("init_rc", [1, 0])
+def test_the_ca_hash_is_printed_only_after_kubeadm_init_succeeded(pki, tmp_path, init_rc):
+    """kubeadm writes ca.crt early in its certs phase: a failed init (a preflight error, an API server that never
+    came up) leaves one, and a hash printed from it creates workers that can never join. The master's two runcmd
+    lines run here as the guest runs them, in order, with a stand-in kubeadm that writes the CA and exits init_rc."""
+    import os
+    import subprocess
+
+    d = yaml.safe_load(_docs(pki)["master"])
+    cmds = [c for c in d["runcmd"] if isinstance(c, list)]
+    init, args = _init_command(cmds), _kubeadm_init(cmds)[1:]
+    (line,) = [c for c in cmds if c[:2] == ["sh", "-c"] and "JOULESCHED-CA-CERT-HASH" in c[2]]
+    ca, console, marker = tmp_path / "ca.crt", tmp_path / "console", tmp_path / "init.ok"
+    where = {"/etc/kubernetes/pki/ca.crt": str(ca), "/dev/console": str(console), INIT_MARKER: str(marker)}
+    init, line = list(init), list(line)
+    for old, new in where.items():
+        init, line[2] = [a.replace(old, new) for a in init], line[2].replace(old, new)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ca.with_name("pem").write_text(pki.ca_cert_pem)
+    (bin_dir / "kubeadm").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncp {tmp_path}/pem {ca}\n'
+                                     f"exit {init_rc}\n")
+    (bin_dir / "kubeadm").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(init, capture_output=True, text=True, env=env)
+    assert r.returncode == init_rc and ca.read_text() == pki.ca_cert_pem
+    # every argument reached kubeadm as written, none through the shell
+    assert (tmp_path / "args").read_text().split() == args
+    if init_rc:  # said on the console, which the host's error quotes (kubeadm's own output is not)
+        assert console.read_text() == ("joulesched: kubeadm init failed (exit 1); its output is in "
+                                       "/var/log/cloud-init-output.log\n")
+    r = subprocess.run(line, capture_output=True, text=True, env=env)
+    if init_rc:
+        assert r.returncode != 0 and "JOULESCHED-CA-CERT-HASH" not in r.stdout + console.read_text()
+    else:
+        assert ca_hash_from_console(console.read_text()) == pki.ca_cert_hash == ca_hash_from_console(r.stdout)
+
+
+@pytest.mark.skipif(shutil.which("gpg") is None, reason="needs gpg (the guests install it)")
+@pytest.mark.parametrize("keys, pinned, ok", [("good", "good", True), ("good", "real", False),
+                                              ("good+other", "good", False), ("other", "good", False)])
+def test_the_kubernetes_apt_key_is_used_only_with_its_pinned_fingerprint(pki, tmp_path, keys, pinned, ok):
+    """The Release.key was trusted as downloaded: the guests' runcmd line now dearmors it into the keyring apt reads
+    only when its one primary key has the pinned fingerprint (a second key beside it is refused too). Run as the
+    guest runs it, with a stand-in curl serving the key file."""
+    import os
+    import subprocess
+
+    from joulesched.infra.config import KUBERNETES_APT_KEY_FINGERPRINT
+    from tests.infra.kube_node_kit import gpg_public_key
+
+    made = {n: gpg_public_key(tmp_path, n) for n in ("good", "other")}
+    served = tmp_path / "Release.key"
+    served.write_bytes(b"".join(made[n][0] for n in keys.split("+")))
+    fpr = made["good"][1] if pinned == "good" else KUBERNETES_APT_KEY_FINGERPRINT
+    d = yaml.safe_load(render_kube_node(role="master", hostname="m", ssh_authorized_keys=[KEY], kubeadm=KubeadmConfig(),
+                                        token=pki.token, apt_key_fingerprint=fpr))
+    (line,) = [c for c in d["runcmd"] if isinstance(c, list) and "Release.key" in " ".join(c)]
+    keyring, console = tmp_path / "kubernetes-apt-keyring.gpg", tmp_path / "console"
+    script = (line[2].replace("/etc/apt/keyrings/kubernetes-apt-keyring.gpg", str(keyring))
+              .replace("/dev/console", str(console)))
+    assert "https://pkgs.k8s.io/core:/stable:/v1.30/deb/Release.key" in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "curl").write_text(f'#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\ncp {served} "$2"\n')
+    (bin_dir / "curl").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "GNUPGHOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir(mode=0o700)
+    r = subprocess.run(line[:2] + [script], capture_output=True, text=True, env=env, timeout=60)
+    if ok:
+        assert r.returncode == 0, r.stderr
+        listed = subprocess.run(["gpg", "--batch", "--show-keys", "--with-colons", str(keyring)], capture_output=True,
+                                text=True, env=env, check=True).stdout
+        assert f"fpr:::::::::{fpr}:" in listed and not keyring.read_bytes().startswith(b"-----")  # dearmored
+    else:
+        assert r.returncode != 0 and not keyring.exists()
+        assert console.read_text() == ("joulesched: no pkgs.k8s.io signing key: its download failed, or its "
+                                       f"fingerprint is not {fpr}\n")
+
+
+def test_the_pinned_kubernetes_apt_key_fingerprint_is_well_formed(pki):
+    with pytest.raises(ValueError, match="40 upper-case hex digits"):
+        render_kube_node(role="master", hostname="m", ssh_authorized_keys=[KEY], kubeadm=KubeadmConfig(),
+                         token=pki.token, apt_key_fingerprint="234654DA9A296436")
 
 
 def test_aws_master_fetches_the_key_through_its_role(pki):
@@ -93,7 +198,7 @@ def test_aws_master_fetches_the_key_through_its_role(pki):
     assert script["permissions"] == "0700" and "get_parameter" in script["content"]
     cmds = [c for c in d["runcmd"] if isinstance(c, list)]
     fetch = next(i for i, c in enumerate(cmds) if c[0] == "/usr/local/sbin/joulesched-fetch-ca-key")
-    init = next(i for i, c in enumerate(cmds) if c[:2] == ["kubeadm", "init"])
+    init = next(i for i, c in enumerate(cmds) if c[:2] == ["sh", "-c"] and "kubeadm init \"$@\"" in c[2])
     assert fetch < init and cmds[fetch][cmds[fetch].index("--parameter") + 1] == "/js/kubeadm/ca-key"
     assert "python3-boto3" in d["packages"]
 

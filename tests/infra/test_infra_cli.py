@@ -110,7 +110,7 @@ def test_kvm_up_and_down_on_the_libvirt_test_driver(tmp_path):
         cfg.write_text(yaml.safe_dump({"config": {
             "joulesched:libvirtUri": "test:///default", "joulesched:baseImage": str(base),
             "joulesched:poolDir": str(tmp_path / "pool"), "joulesched:virtType": "qemu",
-            "joulesched:workers": "1", "joulesched:diskGib": "3", "joulesched:memoryMib": "1024"}}))
+            "joulesched:workers": "1", "joulesched:diskGib": "3", "joulesched:memoryMib": "1800"}}))
         pub = tmp_path / "id.pub"
         pub.write_text(KEY + "\n")
         # The test driver runs no guest: write the master's serial console as QEMU would, once it exists.
@@ -166,6 +166,22 @@ def test_kvm_up_without_its_base_image_exits_2_and_creates_nothing(tmp_path):
     assert r.exit_code == 2, r.output
     assert r.stderr.strip() == (f"error: --config {cfg}: baseImage {base} does not exist (download a cloud image "
                                 "there, or set joulesched:baseImage to one)")
+    assert not (tmp_path / "images").exists()
+
+
+def test_kvm_up_refuses_the_system_driver_to_a_user_and_creates_nothing(monkeypatch, tmp_path):
+    """Under qemu:///system QEMU runs as libvirt's user, and a user's 0700 guest folder shuts it out: only root
+    can hand the folder over. Bad input, said before anything is made."""
+    base, pool = tmp_path / "base.raw", tmp_path / "images" / "pool"
+    base.write_bytes(b"\0" * 1024)
+    cfg, pub = _kvm_files(tmp_path, base, pool)
+    values = yaml.safe_load(cfg.read_text())
+    values["config"]["joulesched:libvirtUri"] = "qemu:///system"
+    cfg.write_text(yaml.safe_dump(values))
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    r = runner.invoke(app, ["kvm", "up", "--config", str(cfg), "--ssh-public-key", str(pub), "--prefix", "jsu"])
+    assert r.exit_code == 2, r.output
+    assert "run as root, or use qemu:///session" in " ".join(r.output.split()), r.output
     assert not (tmp_path / "images").exists()
 
 
@@ -296,6 +312,12 @@ def test_an_aws_stack_without_its_region_exits_2_before_pulumi_runs(stack_dir):
 @pytest.mark.parametrize("target, setting, said", [
     ("kvm", "libvirtUri: qemu+tcp://host/system", "libvirtUri: the tcp transport sends the libvirt session"),
     ("kvm", "libvirtUri: qemu+tls://host/system?no_verify=1", "libvirtUri: no_verify=1 skips checking"),
+    # Reviews: the guests' files are local, whatever libvirtd the URI names; kubeadm's preflight minimum; user-mode
+    # guests are all 10.0.2.15 (the default is one worker)
+    ("kvm", "libvirtUri: qemu+ssh://root@host/system", "run on the libvirt host: qemu:///system or qemu:///session"),
+    ("kvm", "vcpus: '1'", "vcpus 1: every guest runs kubeadm"),
+    ("kvm", "memoryMib: '1024'", "memoryMib 1024: every guest runs kubeadm"),
+    ("kvm", "network: user", "network user supports one guest only (workers: 0)"),
     ("aws", "ami: not-an-ami", "ami must be an AMI id"),
     ("aws", "instanceType: 't3.medium; x'", "instanceType must be an EC2 instance type"),
     ("cluster", "workloadImagePrefix: Registry.Example.com/Bad Prefix", "workloadImagePrefix 'Registry.Example.com"),

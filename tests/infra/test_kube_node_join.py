@@ -23,4 +23,6 @@ def test_init_and_join_name_the_nodes_from_the_inventory(tmp_path):
     assert r.succeeded, r.stdout[-4000:]
     init, join = (c.split() for c in calls.read_text().splitlines() if c.split()[0] in ("init", "join"))
     assert init[init.index("--node-name") + 1] == "master-1", init
+    # init's own bootstrap token, which no worker uses (each gets a fresh 1 h one), lived kubeadm's default 24 h
+    assert init[init.index("--token-ttl") + 1] == "1h", init
     assert join[:2] == ["join", "10.0.0.1:6443"] and join[join.index("--node-name") + 1] == "worker-7", join

@@ -88,6 +88,29 @@ def test_workers_power_addresses_go_to_the_map_and_a_second_run_changes_nothing(
     assert second.succeeded and second.changed == 0, second.stdout[-4000:]
 
 
+@pytest.mark.parametrize("existing", [None, {"worker-1": "ipmi://bmc-worker-1:623"}, {"worker-7": "ipmi://bmc-7"}])
+def test_a_check_run_reads_the_map_and_writes_nothing(emu, tmp_path, existing):
+    """`--check` skipped the read-only `kubectl get` (a command task), and every later task failed on its missing
+    result: a dry run failed on any host with a power address. The read runs in check mode; nothing is written,
+    and the refusals still apply."""
+    _needs_kubectl_and_runner()
+    from joulesched.infra.provision import provision
+
+    if existing is not None:
+        emu.add_object("configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                      "metadata": {"name": MAP[1], "namespace": MAP[0]}, "data": dict(existing)},
+                       namespace=MAP[0])
+    inv = _inventory(emu, tmp_path, {"worker-1": {"kube_node_power_address": "ipmi://bmc-worker-1:623"}})
+    r = provision(inv, tags="kube_node_power_address", check=True, timeout_s=300)
+    assert r.succeeded, r.stdout[-4000:]
+    cm = emu.get("configmaps", MAP[1], MAP[0])
+    assert (cm and cm["data"]) == existing  # not created, not patched
+    assert emu.get("namespaces", MAP[0]) is None
+    refused = _inventory(emu, tmp_path, {"worker-1": {"kube_node_power_address": "ipmi://bmc-7"}})
+    r = provision(refused, tags="kube_node_power_address", check=True, timeout_s=300)
+    assert r.succeeded is (existing is None), r.stdout[-4000:]  # the map gives bmc-7 to worker-7 already
+
+
 def test_the_node_name_comes_from_the_inventory_not_the_hosts_own_hostname(emu, tmp_path):
     """No kube_node_name given: the key is the inventory name, lower-cased (the host here reports another)."""
     _needs_kubectl_and_runner()

@@ -125,3 +125,61 @@ def test_a_tool_that_runs_past_its_timeout_is_a_guest_error(monkeypatch):
     monkeypatch.setattr(subprocess, "run", slow)
     with pytest.raises(guests.GuestError, match="cloud-localds ran past 300 s"):
         guests._run(["cloud-localds", "seed.img"], "the seed image")
+
+
+def _kvm(**settings):
+    from joulesched.infra.config import DictReader, load
+
+    values = {"target": "kvm", "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBn1 user@example",
+              "baseImage": "/x.qcow2", **settings}
+    return load(DictReader(values))
+
+
+@pytest.mark.parametrize("settings, needle", [
+    # kubeadm's preflight (NumCPU, Mem) fails on such a guest: the master never made a CA and the stack only
+    # failed when the 30-minute CA wait ran out
+    ({"vcpus": "1"}, "joulesched:vcpus 1: every guest runs kubeadm, whose preflight refuses fewer than 2 CPUs"),
+    ({"memoryMib": "1024"}, "joulesched:memoryMib 1024: every guest runs kubeadm"),
+    ({"memoryMib": "1799"}, "give 1800 or more"),
+])
+def test_a_guest_too_small_for_kubeadm_is_refused(settings, needle):
+    from joulesched.infra.config import InfraConfigError
+
+    with pytest.raises(InfraConfigError, match=re.escape(needle)):
+        _kvm(**settings)
+
+
+def test_the_smallest_guest_kubeadm_takes_is_accepted():
+    k = _kvm(vcpus="2", memoryMib="1800").kvm
+    assert (k.vcpus, k.memory_mib) == (2, 1800)
+
+
+@pytest.mark.parametrize("uri", ["qemu+ssh://root@host.example/system", "qemu://host.example/system",
+                                 "qemu+tls://host.example/system", "qemu+ssh://host.example/session",
+                                 "qemu+tcp:///system", "qemu+ext:///system?command=/bin/x",
+                                 "qemu+libssh2://u@h/system"])
+def test_a_remote_libvirt_uri_is_refused(uri):
+    """Disks, seeds and the console log are files this process makes and polls in poolDir, here: a remote
+    libvirtd passed validation and then looked for them on its own machine."""
+    from joulesched.infra.config import InfraConfigError
+
+    with pytest.raises(InfraConfigError, match=re.escape(
+            "run on the libvirt host: qemu:///system or qemu:///session")) as e:
+        _kvm(libvirtUri=uri)
+    assert "root@" not in str(e.value)  # the URI (and a user in it) is not repeated
+
+
+@pytest.mark.parametrize("uri", ["qemu:///system", "qemu:///session", "qemu+unix:///system", "test:///default"])
+def test_a_local_libvirt_uri_is_accepted(uri):
+    assert _kvm(libvirtUri=uri).kvm.uri == uri
+
+
+def test_user_networking_takes_the_master_alone():
+    """Every QEMU user-mode guest is 10.0.2.15 behind its own NAT: workers were accepted and joined nothing."""
+    from joulesched.infra.config import InfraConfigError
+
+    with pytest.raises(InfraConfigError, match=re.escape("network user supports one guest only (workers: 0), "
+                                                         "got workers 1")):
+        _kvm(network="user", workers="1")
+    assert _kvm(network="user", workers="0").kvm.workers == 0
+    assert _kvm(network="default", workers="2").kvm.workers == 2

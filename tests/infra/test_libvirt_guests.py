@@ -3,6 +3,7 @@ the dynamic provider's create/delete. No libvirtd needed."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -19,7 +20,7 @@ from joulesched.infra.libvirt_guests import (
     resolve_virt_type,
 )
 
-libvirt = pytest.importorskip("libvirt", reason="libvirt-python not installed (pip install -e '.[infra]')")
+libvirt = pytest.importorskip("libvirt", reason="libvirt-python not installed (pip install -e '.[infra-libvirt]')")
 need_tools = pytest.mark.skipif(
     shutil.which("qemu-img") is None or not (shutil.which("cloud-localds") or shutil.which("genisoimage")),
     reason="needs qemu-img (qemu-utils) and cloud-localds (cloud-image-utils) or genisoimage")
@@ -123,6 +124,64 @@ def test_qemu_user_only_for_root_on_the_system_driver(monkeypatch):
     assert qemu_user("test:///default") is None and qemu_user("qemu:///session") is None
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     assert qemu_user("qemu:///system") is None
+
+
+@pytest.mark.parametrize("uri", ["qemu:///system", "qemu+unix:///system", "qemu:///system?socket=/run/x"])
+def test_the_system_driver_is_refused_to_a_user_before_anything_is_made(monkeypatch, tmp_path, base, uri):
+    """Under qemu:///system QEMU runs as libvirt's QEMU user; a user's guest folder is 0700 and stays theirs (only
+    root can hand it over), so QEMU could not open the disk in it. The docs said the folder was QEMU's."""
+    from joulesched.infra.libvirt_guests import check_connection
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(GuestError, match=r"run as root, or use qemu:///session"):
+        create_guest(_spec(tmp_path, base, uri=uri))
+    assert not (tmp_path / "pool").exists()
+    for fine in ("qemu:///session", "test:///default"):
+        check_connection(fine)
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    check_connection(uri)  # root hands the folder to the QEMU user (qemu_user)
+
+
+def test_without_libvirt_python_the_hint_names_its_extra(monkeypatch):
+    import sys
+
+    from joulesched.infra.libvirt_guests import _open
+
+    monkeypatch.setitem(sys.modules, "libvirt", None)  # import libvirt raises ImportError
+    with pytest.raises(GuestError, match=re.escape("pip install -e '.[infra-libvirt]'")):
+        _open("qemu:///session")
+
+
+@need_tools
+def test_a_master_that_printed_no_ca_hash_is_removed_and_its_console_is_in_the_error(tmp_path, base):
+    """The error said "see <console.log>", a file in the guest's folder, which the provider deletes with the guest:
+    the end of the console is in the message instead."""
+    pytest.importorskip("pulumi", reason="infra extra not installed")
+    import threading
+    import time
+
+    from joulesched.infra.cloudinit import CaHashTimeout
+    from joulesched.infra.dynamic import LibvirtGuestProvider
+
+    console = tmp_path / "pool" / "js-test-guest" / "console.log"
+
+    def guest_prints():
+        deadline = time.monotonic() + 20
+        while not console.parent.is_dir() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        console.write_text("[  3.1] systemd[1]: Started cloud-final.service\r\n"
+                           "joulesched: kubeadm init failed (exit 1); its output is in "
+                           "/var/log/cloud-init-output.log\r\n")
+
+    t = threading.Thread(target=guest_prints)
+    t.start()
+    with pytest.raises(CaHashTimeout) as e:
+        LibvirtGuestProvider().create({**_spec(tmp_path, base).to_dict(), "wait_ca_hash_s": 1})
+    t.join()
+    assert "no CA hash within 1 s" in str(e.value) and "see " not in str(e.value)
+    assert str(e.value).endswith("Started cloud-final.service\njoulesched: kubeadm init failed (exit 1); its output "
+                                 "is in /var/log/cloud-init-output.log")
+    assert not console.parent.exists() and list_guests("test:///default", "js-test-") == []
 
 
 @need_tools

@@ -39,7 +39,7 @@ def test_kvm_guest_properties(kvm):
     assert m["uri"] == "qemu:///system" and m["virt_type"] == "auto" and m["memory_mib"] == 4096
     assert m["base_image"].endswith(".qcow2") and m["network"] == "default"
     ud = yaml.safe_load(m["user_data"])
-    assert any(c[:2] == ["kubeadm", "init"] for c in ud["runcmd"])
+    assert any(c[:2] == ["sh", "-c"] and "kubeadm init \"$@\"" in c[2] for c in ud["runcmd"])
     net = yaml.safe_load(m["network_config"])
     assert net["ethernets"]["primary"]["addresses"] == ["192.168.122.10/24"]
     w = yaml.safe_load(g["joulesched-worker-1"]["user_data"])
@@ -106,7 +106,7 @@ def test_aws_instances_share_the_kubeadm_cloud_init(aws_rec):
     inst = {r.inputs["tags"]["Name"]: r.inputs for r in aws_rec.of_type("aws:ec2/instance:Instance")}
     assert set(inst) == {"joulesched-master", "joulesched-worker-0", "joulesched-worker-1"}
     m = yaml.safe_load(inst["joulesched-master"]["userData"])
-    assert any(c[:2] == ["kubeadm", "init"] for c in m["runcmd"])
+    assert any(c[:2] == ["sh", "-c"] and "kubeadm init \"$@\"" in c[2] for c in m["runcmd"])
     w = yaml.safe_load(inst["joulesched-worker-0"]["userData"])
     join = next(c for c in w["runcmd"] if c[:2] == ["kubeadm", "join"])
     assert join[2] == "10.0.1.10:6443"  # the master's private IP, through an Output
@@ -126,11 +126,12 @@ def test_aws_ca_key_goes_through_ssm_and_the_master_role_only(aws_rec):
     value = param.inputs["value"]  # a secret in the state: the key never appears in plain text there
     assert value[rpc._special_sig_key] == rpc._special_secret_sig and value["value"] == pki.outputs["ca_key_pem"]
     assert param.inputs["type"] == "SecureString"
-    assert param.inputs["name"] == "/joulesched/kubeadm/ca-key"
+    # per stack (the harness's is "test"): two stacks with one namePrefix in an account shared "/joulesched/..."
+    assert param.inputs["name"] == "/joulesched/test/kubeadm/ca-key"
     (policy,) = aws_rec.of_type("aws:iam/rolePolicy:RolePolicy")
     stmts = json.loads(policy.inputs["policy"])["Statement"]
     assert [s["Action"] for s in stmts] == [["ssm:GetParameter"], ["kms:Decrypt"]]
-    assert stmts[0]["Resource"] != "*"
+    assert stmts[0]["Resource"] == "arn:aws:ssm:eu-central-1:123456789012:parameter/joulesched/test/kubeadm/ca-key"
     assert stmts[1]["Condition"] == {"StringEquals": {"kms:ViaService": "ssm.eu-central-1.amazonaws.com"}}
     inst = {r.inputs["tags"]["Name"]: r.inputs for r in aws_rec.of_type("aws:ec2/instance:Instance")}
     assert inst["joulesched-master"].get("iamInstanceProfile")
@@ -138,9 +139,17 @@ def test_aws_ca_key_goes_through_ssm_and_the_master_role_only(aws_rec):
     m = yaml.safe_load(inst["joulesched-master"]["userData"])
     fetch = next(c for c in m["runcmd"] if isinstance(c, list) and c[0].endswith("joulesched-fetch-ca-key"))
     assert fetch[fetch.index("--region") + 1] == "eu-central-1"
+    assert fetch[fetch.index("--parameter") + 1] == param.inputs["name"]  # the master reads what the role may
     w = yaml.safe_load(inst["joulesched-worker-0"]["userData"])
     join = next(c for c in w["runcmd"] if c[:2] == ["kubeadm", "join"])
     assert join[join.index("--discovery-token-ca-cert-hash") + 1] == pki.outputs["ca_cert_hash"]
+
+
+def test_two_stacks_with_one_name_prefix_get_their_own_ca_key_parameter():
+    pytest.importorskip("pulumi_aws", reason="pulumi-aws not installed (pip install -e '.[infra-aws]')")
+    from joulesched.infra.aws import ca_key_parameter_name
+
+    assert ca_key_parameter_name("joulesched", "aws") != ca_key_parameter_name("joulesched", "aws-eu")
 
 
 def test_aws_ssh_only_from_the_operator(aws_rec):

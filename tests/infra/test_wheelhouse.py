@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,73 @@ def test_the_lock_pins_the_closure_by_hash_and_changes_with_the_code(tmp_path):
     tar = archive_wheelhouse(wh)
     with tarfile.open(tar) as t:
         assert LOCK_NAME in t.getnames()
+
+
+def _option_values(argv: list[str], option: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == option]
+
+
+def test_both_pip_calls_take_the_hosts_python_and_platform_not_the_controllers():
+    """pip download and the lock's dry-run resolve without --python-version/--platform chose wheels for the
+    controller's interpreter: a controller on Python 3.12 or macOS built a wheelhouse the hosts (CPython 3.11,
+    glibc x86_64) could not install. Both argvs name the hosts' target, binary only."""
+    from joulesched.infra.wheelhouse import HOSTS, download_argv, resolve_argv
+
+    for argv in (download_argv(Path("/wh"), ["numpy>=1.26"]),
+                 resolve_argv(Path("/wh"), ["numpy>=1.26"], Path("/r.json"))):
+        assert _option_values(argv, "--python-version") == ["3.11"], argv
+        assert _option_values(argv, "--implementation") == ["cp"], argv
+        assert _option_values(argv, "--platform") == ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
+                                                      "manylinux2014_x86_64"], argv
+        assert _option_values(argv, "--only-binary") == [":all:"], argv
+        assert argv[-1] == "numpy>=1.26"
+    assert HOSTS.python_version == "3.11"
+
+
+def test_build_wheelhouse_passes_its_target_to_download_and_resolve(tmp_path, monkeypatch):
+    """What build_wheelhouse hands pip (pip itself stood in for: no index, no build)."""
+    import json
+
+    from joulesched.infra import wheelhouse as wh
+    from joulesched.infra.wheelhouse import WheelTarget, build_wheelhouse, project_version
+
+    calls: list[list[str]] = []
+
+    def pip(*args, what, env=None):
+        calls.append(list(args))
+        if args[0] == "wheel":  # the joulesched wheel, built from the checkout
+            out = Path(args[args.index("--wheel-dir") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"joulesched-{project_version()}-py3-none-any.whl").write_bytes(b"wheel")
+        elif args[0] == "install":  # the dry run: its report, installing nothing more
+            Path(args[args.index("--report") + 1]).write_text(json.dumps({"install": []}))
+
+    monkeypatch.setattr(wh, "_pip", pip)
+    target = WheelTarget(python_version="3.12", platforms=("manylinux_2_39_x86_64",))
+    build_wheelhouse(tmp_path / "wh", requirements=["numpy>=1.26"], target=target)
+    by_cmd = {c[0]: c for c in calls}
+    for cmd in ("download", "install"):
+        assert _option_values(by_cmd[cmd], "--python-version") == ["3.12"], by_cmd[cmd]
+        assert _option_values(by_cmd[cmd], "--platform") == ["manylinux_2_39_x86_64"], by_cmd[cmd]
+    assert "cp3.12" in (tmp_path / "wh" / "requirements.lock").read_text()
+
+
+@pytest.mark.parametrize("kw, words", [({"python_version": "3"}, "expected 3.N"),
+                                       ({"python_version": "2.7"}, "expected 3.N"),
+                                       ({"platforms": ()}, "at least one platform"),
+                                       ({"platforms": ("linux x86_64",)}, "not a wheel tag")])
+def test_a_bad_target_is_refused(kw, words):
+    from joulesched.infra.wheelhouse import WheelTarget
+
+    with pytest.raises(ValueError, match=words):
+        WheelTarget(**kw)
+
+
+def test_the_cli_refuses_a_bad_target_with_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from joulesched.pipelines.cli.infra import app
+
+    r = CliRunner().invoke(app, ["wheelhouse", "--out", str(tmp_path / "wh"), "--python-version", "311"])
+    assert r.exit_code == 2 and "expected 3.N, such as 3.11" in r.output, r.output
+    assert not (tmp_path / "wh").exists()
