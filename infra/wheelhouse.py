@@ -60,7 +60,9 @@ class WheelTarget:
 
     python_version: str = "3.11"
     implementation: str = "cp"
-    platforms: tuple[str, ...] = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+    # Every glibc from 2.28 (bookworm has 2.36) down to 2.17: pip takes the tags as given and does not count
+    # lower glibc versions in (only manylinux2014 brings 2010 and 1 with it).
+    platforms: tuple[str, ...] = (*(f"manylinux_2_{v}_x86_64" for v in range(28, 16, -1)), "manylinux2014_x86_64")
     abis: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -124,9 +126,12 @@ def download_argv(out: Path, reqs: list[str], target: WheelTarget = HOSTS) -> li
 
 
 def resolve_argv(out: Path, reqs: list[str], report: Path, target: WheelTarget = HOSTS) -> list[str]:
-    """pip's arguments resolving ``reqs`` from ``out`` alone, as ``target`` would install them (a dry run)."""
+    """pip's arguments resolving ``reqs`` from ``out`` alone, as ``target`` would install them (a dry run). The
+    ``--target`` folder (beside the report; nothing is written there) is what pip before 23.3 demands with
+    platform options."""
     return ["install", "--dry-run", "--ignore-installed", "--no-index", "--find-links", str(out),
-            *target.pip_args(), "--quiet", "--report", str(report), *reqs]
+            "--target", str(Path(report).parent / "target"), *target.pip_args(), "--quiet", "--report", str(report),
+            *reqs]
 
 
 def build_wheelhouse(out: Path, *, requirements: list[str] | None = None, all_deps: bool = False,
@@ -175,8 +180,9 @@ def _canonical(name: str) -> str:
 
 def resolve(out: Path, reqs: list[str], target: WheelTarget = HOSTS) -> dict[str, tuple[str, Path]]:
     """``{name: (version, wheel)}``: what pip installs for ``reqs`` from the wheelhouse alone on ``target`` (its
-    resolver, a dry run ignoring what this interpreter has, and its version and platform: the markers and wheel
-    tags are the hosts')."""
+    resolver, a dry run ignoring what this interpreter has; the wheel tags are the target's). pip evaluates
+    environment markers against this interpreter, not ``--python-version`` (pypa/pip#11664): build on the hosts'
+    Python, or a dependency marked for some versions only may be missing or extra."""
     if not reqs:
         return {}
     with tempfile.TemporaryDirectory(prefix="js-lock-") as tmp:

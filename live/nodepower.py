@@ -302,6 +302,8 @@ class NodePowerController:
         self._leading_since: float | None = None
         self._leading_term = -1
         self._seed_cap = False  # a new term: count the last hour's sleeps the nodes show (_seed_sleep_cap)
+        self._placeable_pending = 0  # pending pods some node fits, at the last wake pass
+        self._seeded: set[tuple[str, str]] = set()  # (node, power-state-since) counted so (once, over all terms)
         self._slept: dict[str, float] = {}  # node -> when (our clock) this replica last started its sleep
         self._keep_awake: frozenset[str] = frozenset()  # control planes by their static pods, our own node
         self._resolve_lock = threading.Lock()
@@ -588,9 +590,10 @@ class NodePowerController:
             after_wakes = dict(self._busy)
         self._recover(names, infos, after_wakes, now, (SLEEPING,))
         self._sleep_pass(st, names, states, workload, busy, now, wanted)
-        if self.cfg.policy.consolidate and now >= self._next_consolidation:
+        if (self.cfg.policy.consolidate and now >= self._next_consolidation
+                and not self._consolidation_held(infos, pending)):
             self._next_consolidation = now + self.cfg.policy.consolidate_interval_s
-            self._consolidate(st, names, infos, by_node, busy, now, pending)
+            self._consolidate(st, names, infos, by_node, busy, now)
         counts = {s: 0 for s in POWER_STATES}
         for s in states:
             counts[s] += 1
@@ -607,18 +610,23 @@ class NodePowerController:
         wall = time.time()
         seeds = []
         for info in infos:
-            if info.power_state not in (SLEEPING, ASLEEP_STATE) or not info.power_since:
+            # Asleep only: a `sleeping` node is resumed, and counted then; and a failed wake rewrites the time.
+            if info.power_state != ASLEEP_STATE or info.wake_failed or not info.power_since:
                 continue
             mine = self._slept.get(info.name)
             if mine is not None and now - mine < 3600.0:
                 continue  # counted when this replica started it
+            if (info.name, info.power_since) in self._seeded:
+                continue  # counted at an earlier term
             try:
                 since = datetime.fromisoformat(info.power_since.replace("Z", "+00:00")).timestamp()
             except ValueError:
                 continue
-            age = wall - since
-            if 0.0 <= age < 3600.0:
+            age = max(wall - since, 0.0)  # a writer's clock a little ahead of ours: just now
+            if age < 3600.0 and wall - since > -60.0:
                 seeds.append(now - age)
+                self._seeded.add((info.name, info.power_since))
+        self._seeded &= {(i.name, i.power_since) for i in infos}  # those the nodes still show: bounded
         if seeds:
             with self._lock:
                 self._sleep_cap.started = collections.deque(sorted([*self._sleep_cap.started, *seeds]))
@@ -660,7 +668,7 @@ class NodePowerController:
         for name, info in zip(names, infos):
             if (info.power_state == ASLEEP_STATE and info.wake_failed and info.ready and name not in busy
                     and self._recs[name].retry_at <= now and name not in self._delegated
-                    and not self._in_grace(info, now)):
+                    and self.address_of(name).address is not None and not self._in_grace(info, now)):
                 log.info("node %s is Ready after its wake failed: waking it again", name)
                 self._start(name, "wake", self._do_wake)
 
@@ -788,6 +796,7 @@ class NodePowerController:
         # be bound to one of them, which must not be put to sleep meanwhile.
         in_grace = [not p.nominated_node and p.scheduler_name == self.cfg.scheduler_name
                     and now - seen.setdefault(p.uid, now) < grace for p in pending]
+        self._placeable_pending = 0
         if not pending:
             return np.zeros(len(names), dtype=bool)
         n = len(names)
@@ -827,6 +836,11 @@ class NodePowerController:
             if name in busy or infos[j].power_state not in (SLEEPING, ASLEEP_STATE):
                 continue
             self._start(name, "wake", self._do_wake)
+        # Pods some node takes by its filters and its whole allocatable (a pod larger than every node, or that no
+        # node's filters take, is pending for good and holds no consolidation back).
+        whole = np.array([[p.request.filter_cpu <= st.alloc_cpu[j] and p.request.filter_mem <= st.alloc_mem[j]
+                           for j in range(n)] for p in pending], dtype=bool).reshape(len(pending), n)
+        self._placeable_pending = int((fits & whole).any(axis=1).sum())
         return fits.any(axis=0) & (st.power_state == ON)
 
     def _sleep_pass(self, st, names, states, workload, busy, now, wanted) -> None:
@@ -856,13 +870,22 @@ class NodePowerController:
             st.power_state[i] = ASLEEP  # later verdicts in this pass count it as asleep
             self.core.counted[i] = False
 
-    def _consolidate(self, st, names, infos, by_node, busy, now, pending=()) -> None:
-        if any(i.power_state == DRAINING for i in infos) or pending:
-            # One drain at a time, until its node has emptied and its pods are placed: the evictions are sent in
-            # seconds, but the pods take their grace to go and their replacements to be placed, and meanwhile the
-            # room they will take on other nodes would be counted as free again (a review). A pod that stays
-            # Pending for good therefore holds consolidation off; the wake pass is what serves it.
-            return
+    def _consolidation_held(self, infos, pending) -> bool:
+        """One drain at a time, until its node has emptied and its pods are placed: the evictions are sent in
+        seconds, but the pods take their grace to go and their replacements to be placed, and meanwhile the room
+        they will take on other nodes would be counted as free again (a review). So no plan while a node drains or
+        a pending pod fits some node (the wake pass's filters); a pod that fits none (an unsatisfiable selector)
+        holds nothing. A pod pending for good that our filters think fits (inter-pod rules, which they do not
+        model) would hold it off for good: said in the log."""
+        if any(i.power_state == DRAINING for i in infos):
+            return True
+        if self._placeable_pending:
+            self._ratelog.warn("consolidation-held", "consolidation waits: %d pending pod(s) fit some node (a drain's "
+                               "pods are placed first; one that stays pending holds it off)", self._placeable_pending)
+            return True
+        return False
+
+    def _consolidate(self, st, names, infos, by_node, busy, now) -> None:
         try:
             pdbs = json.loads(self.policy_api.list_pod_disruption_budget_for_all_namespaces(
                 _preload_content=False, _request_timeout=self.cfg.request_timeout_s).data).get("items") or []
@@ -953,8 +976,7 @@ class NodePowerController:
             busy = name in self._busy
         if info is None or info.power_state != ASLEEP_STATE or busy or rec.retry_at > self.clock():
             return False
-        self._start(name, "wake", self._do_wake)
-        return True
+        return self._start(name, "wake", self._do_wake)
 
     def _never_slept(self, info: NodeInfo, keep_awake: frozenset[str]) -> bool:
         """Whatever asks: a control plane, a never-sleep node, one in ``keep_awake`` (control-plane static pods,
@@ -1247,6 +1269,7 @@ class NodePowerController:
         if target is None:
             self._announce_once("no-address-wake", name, f"node {name} is asleep and pods wait for it, but it has "
                                 f"no usable power address ({self.address_of(name).refused or 'none given'})")
+            self._backoff(name)  # not asked again at every pass
             return
         if not self._may_write():
             return

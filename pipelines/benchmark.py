@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -527,8 +528,16 @@ def write_outputs(out: Path, res: Results, timelines: dict[str, np.ndarray], met
         # file written through a link (core/fsio.py) goes as its target, the link staying for the next write; a
         # figure is renamed over its link (report.py), so the link itself goes. A folder in a file's place is
         # left to be named by the write that needs it (check_outputs refuses it before a benchmark runs).
+        # One that cannot be removed (a read-only plots/) costs a warning, not the run's results: only the old
+        # results.json must go for the new set to be committed.
         linked = ["report.html", *(["placements.csv"] if placements is None else [])]
-        for path in [*(Path(os.path.realpath(out / n)) for n in linked), *report_plots(out),
-                     Path(os.path.realpath(out / "results.json"))]:
+        for path in [*(Path(os.path.realpath(out / n)) for n in linked), *report_plots(out)]:
             if path.is_symlink() or not path.is_dir():
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as e:
+                    warnings.warn(f"{path} describes the earlier results and could not be removed "
+                                  f"({e.strerror or e}): delete it by hand", stacklevel=2)
+        old = Path(os.path.realpath(out / "results.json"))
+        if old.is_symlink() or not old.is_dir():
+            old.unlink(missing_ok=True)

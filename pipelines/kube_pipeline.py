@@ -444,7 +444,7 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
     from joulesched.agent.registry import DEFAULT_POLICIES, make_policy, refuse_twin_only
     from joulesched.cluster.kube.client import load_api_client
     from joulesched.live.actuators.base import redact
-    from joulesched.core.net import check_http_url as check_url
+    from joulesched.workloads.load.results import DriverError, check_target
     from joulesched.workloads.manifests import APPS
 
     check_output_dir(out, "--out")
@@ -462,9 +462,9 @@ def run_kube(out: Path, *, kubeconfig: str, prometheus_url: str, target: str,
         raise KubePipelineError("--prometheus is not a valid URL") from None
     if not target:
         raise KubePipelineError("--env kube needs --target URL (the test app's Service) to drive load against")
-    try:
-        check_url(target)
-    except ValueError as e:
+    try:  # the load drivers' own check (user-info refused), before any pod is made
+        check_target(target)
+    except DriverError as e:
         raise KubePipelineError(str(e)) from None
     if pods < 1 or load_seconds < 1 or users < 1:
         raise KubePipelineError("--pods, --load-seconds and users must be at least 1")

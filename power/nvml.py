@@ -151,7 +151,8 @@ class NvmlMeter(LoggedMeter):
         """The joules counted so far on ``d``: what a GPU that cannot be read reports until it reads again."""
         i = d.index
         if d.counter:
-            return self._carried.get(i, 0.0) + (self._mj_last[i] - self._mj0[i]) / 1000.0 if i in self._mj_last else 0.0
+            return self._carried.get(i, 0.0) + ((self._mj_last[i] - self._mj0[i]) / 1000.0 if i in self._mj_last
+                                                else 0.0)
         last = self._last.get(i)
         return last[2] if last is not None else 0.0
 

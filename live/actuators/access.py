@@ -285,13 +285,19 @@ class AddressPolicy:
         # One BMC named by its address here and by its host name there is one machine under two keys, which no
         # claim check can see (names are not resolved). Where BMCs are named both ways, an annotated BMC might be
         # another node's (a review: a worker's annotation reached the map's bmc-x.example by its IP): refused.
-        kinds = {_is_ip(h) for h in map_bmcs} | {_is_ip(h) for a in annotated.values() if (h := bmc_host(a))}
-        if len(kinds) > 1:
-            for n in [n for n, a in annotated.items() if bmc_host(a) is not None]:
+        # The map's way wins: an annotation named the other way is refused (all, where the map names BMCs both
+        # ways, or where there is no map entry and the annotations do).
+        map_kinds = {_is_ip(h) for h in map_bmcs}
+        ann_kinds = {_is_ip(h) for a in annotated.values() if (h := bmc_host(a)) is not None}
+        for n, a in list(annotated.items()):
+            if (h := bmc_host(a)) is None:
+                continue
+            if (len(map_kinds) > 1 or (map_kinds and _is_ip(h) not in map_kinds)
+                    or (not map_kinds and len(ann_kinds) > 1)):
                 annotated.pop(n)
                 out[n] = Resolved(None, "annotation", "BMCs are named both by IP address and by host name (in the "
                                   "address map or annotations): this one might be another node's under its other "
-                                  "name; name them all one way")
+                                  "name; name them all as the map does")
         while (found := protocol_clash(annotated)) is not None:  # two annotations: one BMC by two protocols
             claims.setdefault(("bmc", found[2]), []).extend(found[:2])
             for n in found[:2]:

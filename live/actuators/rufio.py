@@ -24,6 +24,7 @@ component).
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -32,6 +33,7 @@ from contextlib import nullcontext
 from joulesched.live.actuators.base import OFF, ON, UNKNOWN, ActuatorError, NoAnswer, Target, after_power_off, marked
 from joulesched.live.actuators.delegate import CustomObjects
 
+log = logging.getLogger(__name__)
 GROUP_VERSION = "bmc.tinkerbell.org/v1alpha1"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "joulesched")
 POWER_OFF_ACTIONS = ("soft", "off")
@@ -100,16 +102,25 @@ class RufioActuator:
             if not names:
                 self._unfinished.pop((ns, machine), None)
 
-    def cancel_sleep(self, target: Target) -> None:
+    def cancel_sleep(self, target: Target, *, listed: bool = True) -> None:
         """Delete the power-off Jobs for this machine that a sleep gave up on before they ended: Rufio would run
         them whenever it got to them, switching off a node that has been kept running or woken since. Those this
         process remembers, and every unfinished one of ours the namespace lists for the machine (another replica's,
         or this one's before a restart: a review found them run after a failover, pods and all). A failed list
-        raises: the caller keeps the node cordoned."""
+        raises: the caller keeps the node cordoned. ``listed=False``: a failed list is logged and only the Jobs
+        this process remembers are withdrawn (a wake: one unanswered list must not keep pods waiting)."""
         ns, machine = target.address.host, target.address.path
         with self._lock:
             names = set(self._unfinished.get((ns, machine), ()))
-        for job in self.objects.list(target, "jobs", label_selector="=".join(MANAGED_BY)):
+        try:
+            jobs = self.objects.list(target, "jobs", label_selector="=".join(MANAGED_BY))
+        except (ActuatorError, NoAnswer) as e:
+            if listed:
+                raise
+            log.warning("%s: Rufio Jobs could not be listed (%s): only this process's own power-off Jobs are "
+                        "withdrawn before the wake", target.node, e)
+            jobs = []
+        for job in jobs:
             meta, spec = job.get("metadata") or {}, job.get("spec") or {}
             ref = spec.get("machineRef") or {}
             actions = {str((t or {}).get("powerAction")) for t in spec.get("tasks") or [] if isinstance(t, dict)}
@@ -154,7 +165,7 @@ class RufioActuator:
                 target.pause(self.poll_s)
 
     def wake(self, target: Target) -> None:
-        self.cancel_sleep(target)  # an old power-off Job must not run after this power-on
+        self.cancel_sleep(target, listed=False)  # an old power-off Job must not run after this power-on
         cond, msg = self._job(target, "on", time.monotonic() + self.timeout_s)
         if cond != "Completed":
             raise ActuatorError(f"{target.node}: Rufio power-on " + (f"failed: {msg}" if cond else

@@ -26,7 +26,15 @@ from joulesched.live.actuators import ActuatorOptions, make_actuator
 from joulesched.live.actuators.access import AddressPolicy
 from joulesched.live.nodepower import NodePowerConfig, NodePowerController, _NodeRec, eviction_blocker
 from tests.live.conftest import wait_until
-from tests.live.test_delegate_actuators import JOBS, _actuator, _add_machine, _target
+from tests.live.test_delegate_actuators import (  # noqa: F401 (owners: a fixture)
+    JOBS,
+    Owner,
+    _actuator,
+    _add_machine,
+    _target,
+    owners,
+    rufio,
+)
 from tests.live.test_node_power import add_nodes, awake, kubelets, machines, make_controller, pstate  # noqa: F401
 from tests.support.kube_emulator import make_pod
 
@@ -101,12 +109,13 @@ def test_no_pod_is_moved_whose_volume_could_not_be_read_nor_while_a_pod_is_pendi
         time.sleep(1.5)  # its PV may pin it to a: unreadable is no licence to evict
         assert emu.evictions == []
         emu.delete("pods", "default", "stateful")
-        emu.add_pod("late", cpu="100", scheduler_name="default-scheduler")  # fits nowhere: pending for good
+        emu.add_pod("late", cpu="100m", scheduler_name="default-scheduler")  # fits, not yet placed
+        emu.add_pod("huge", cpu="100", scheduler_name="default-scheduler")  # fits no node: holds nothing
         emu.add_pod("web", cpu="100m", node_name="a", owner="ReplicaSet", scheduler_name="default-scheduler")
         time.sleep(1.5)  # a drain's replacements would count the room of a pending pod as free
         assert emu.evictions == []
         emu.delete("pods", "default", "late")
-        wait_until(lambda: emu.evictions, 10, "web evicted once nothing is pending")
+        wait_until(lambda: emu.evictions, 10, "web evicted once no pending pod fits a node")
     finally:
         ctl.stop()
 
@@ -136,17 +145,22 @@ def test_a_cordon_mark_someone_lifted_is_dropped_so_a_later_cordon_is_theirs(emu
     assert not emu.get("nodes", "a")["spec"].get("unschedulable")
 
 
+def _asleep_since_ten_minutes(emu, machines, node: str) -> None:
+    """``node`` put to sleep ten minutes ago by another leader: its machine saved, the node marked so."""
+    machines.lookup(node).managedSave(0)
+    since = (datetime.now(timezone.utc) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    emu.patch("nodes", "", node, {"metadata": {"annotations": {POWER_STATE_ANNOTATION: "asleep",
+                                                               POWER_SINCE_ANNOTATION: since,
+                                                               CORDONED_ANNOTATION: "true"}},
+                                  "spec": {"unschedulable": True, "taints": [
+                                      {"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule"}]}})
+
+
 def test_a_new_term_counts_the_last_hours_sleeps_the_nodes_show(emu, machines, kubelets, make_controller):
     """A restarted controller started from an empty hour: with max_sleeps_per_hour 1 and a node put to sleep
     ten minutes ago by the last leader, an idle node must wait."""
     add_nodes(emu, machines, ["a", "b"])
-    machines.lookup("b").managedSave(0)
-    since = (datetime.now(timezone.utc) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    emu.patch("nodes", "", "b", {"metadata": {"annotations": {POWER_STATE_ANNOTATION: "asleep",
-                                                              POWER_SINCE_ANNOTATION: since,
-                                                              CORDONED_ANNOTATION: "true"}},
-                                 "spec": {"unschedulable": True, "taints": [
-                                     {"key": ASLEEP_TAINT, "value": "true", "effect": "NoSchedule"}]}})
+    _asleep_since_ten_minutes(emu, machines, "b")
     ctl = make_controller(PowerPolicy(sleep_after_s=0.2), max_sleeps_per_hour=1)
     time.sleep(2.0)
     assert pstate(emu, "a") == "awake" and not any(a == "sleep" for _, a, _ in ctl.actions)
@@ -224,3 +238,55 @@ def test_rufio_power_off_jobs_left_by_another_process_are_withdrawn(emu):
     new = _actuator(emu, "rufio")
     new.cancel_sleep(_target("rufio://tink/worker-2", "worker-2"))
     assert [j["metadata"]["name"] for j in emu.list(JOBS)] == ["operator-off"]
+
+
+# ---- second look (a review of the fixes above) ----
+def test_a_rufio_wake_goes_on_when_its_jobs_cannot_be_listed(emu, owners):
+    """The wake withdraws old power-off Jobs first; a list refused (a Role without `list`, an apiserver hiccup) must
+    not keep the pods waiting. Withdrawing a failed sleep still needs the list (the node stays cordoned)."""
+    from joulesched.live.actuators.base import ON, ActuatorError
+
+    _add_machine(emu)
+    act, t = _actuator(emu, "rufio"), _target("rufio://tink/worker-2", "worker-2")
+    owners.append(Owner(rufio(emu)))
+
+    def refused(*args, **kw):
+        raise ActuatorError("worker-2: list jobs in tink: HTTP 403 Forbidden")
+
+    act.actuator.objects.list = refused  # (make_actuator's wrapper holds the Rufio actuator)
+    act.sleep(t)
+    act.wake(t)
+    assert act.state(t) == ON
+    with pytest.raises(ActuatorError, match="403"):
+        act.cancel_sleep(t)
+
+
+def test_a_failed_wake_of_a_node_without_an_address_is_not_retried_in_a_loop(emu, machines, kubelets,
+                                                                          make_controller):
+    """A Ready node asleep with wake-failed but no usable power address: the resume started a wake that found no
+    target, returned at once, and was started again at the next pass, a hundred times a second."""
+    emu.add_node("a")  # no machine: not in the address map
+    emu.patch("nodes", "", "a", {"metadata": {"annotations": {
+        POWER_STATE_ANNOTATION: "asleep", CORDONED_ANNOTATION: "true",
+        "joulesched.io/wake-failed": "2026-12-07T10:00:00Z"}}, "spec": {"unschedulable": True}})
+    ctl = make_controller(PowerPolicy(sleep_after_s=600))
+    time.sleep(1.0)
+    assert not any(a == "wake" for _, a, _ in ctl.actions)
+
+
+def test_the_last_hours_sleeps_are_counted_once_over_several_terms(emu, machines, kubelets, make_controller):
+    add_nodes(emu, machines, ["b"])
+    _asleep_since_ten_minutes(emu, machines, "b")
+    ctl = make_controller(PowerPolicy(sleep_after_s=600), max_sleeps_per_hour=3)
+    wait_until(lambda: len(ctl._sleep_cap.started) == 1, 5, "b's sleep counted")
+    for _ in range(2):  # the Lease lost and held again: the same sleep is not counted again
+        ctl._seed_cap = True
+        wait_until(lambda: not ctl._seed_cap, 5, "a new term's pass")
+    assert len(ctl._sleep_cap.started) == 1
+
+
+def test_an_annotated_bmc_named_as_the_map_names_them_is_used():
+    pol = AddressPolicy.from_options(["redfish=bmc-m.example"])
+    out = pol.resolve_all({"x": ("", ""), "m": ("redfish://bmc-m.example/redfish/v1/Systems/1", "")},
+                          {"x": "redfish://bmc-x.example/redfish/v1/Systems/1"})
+    assert out["m"].address is not None

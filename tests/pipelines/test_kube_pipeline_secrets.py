@@ -95,3 +95,12 @@ def test_a_password_with_a_quote_is_redacted_from_the_command_line(kubeconfig, t
     assert doc["command"] == f"joulesched pipeline --env kube --prometheus 'http://<redacted>@prom:9090' --out {out}"
     for f in [*(out / ".stages").glob("*.json"), out / "results.json"]:
         assert "admin" not in f.read_text(), f
+
+
+def test_a_target_with_user_info_is_refused_before_any_pod_is_made(kubeconfig, tmp_path):
+    """The load drivers refuse credentials in a target; the pipeline's preflight now does too, before the first
+    policy's pods are created (it refused them only when the load started)."""
+    with pytest.raises(KubePipelineError, match="user-info") as e:
+        run_kube(tmp_path / "out", kubeconfig=kubeconfig, prometheus_url="http://127.0.0.1:1",
+                 target=f"http://alice:{SECRET}@127.0.0.1:1/", policies=["default-k8s"], start_scheduler=False)
+    assert SECRET not in str(e.value)

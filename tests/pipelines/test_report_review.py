@@ -125,6 +125,26 @@ def test_a_rerun_without_the_report_or_placements_removes_the_earlier_page_plots
     assert "report:" not in r.stdout
 
 
+def test_an_earlier_figure_that_cannot_be_removed_costs_a_warning_not_the_results(tmp_path, monkeypatch):
+    """A read-only plots/ (an earlier run's, as another user): the new results.json was thrown away, after the
+    whole grid, because an old figure could not be unlinked."""
+    (tmp_path / "plots").mkdir()
+    old = tmp_path / "plots" / "power_0.png"
+    old.write_bytes(b"earlier")
+    real = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self.name == "power_0.png":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    res = from_dict(_doc([{"default-k8s": 200.0, "most-allocated": 100.0}]))
+    with pytest.warns(UserWarning, match="power_0.png describes the earlier results"):
+        benchmark.write_outputs(tmp_path, res, {"a": np.arange(3)}, {})
+    assert json.loads((tmp_path / "results.json").read_text())["scenarios"]
+
+
 def test_placements_are_staged_with_results_json_which_is_renamed_last(tmp_path, monkeypatch):
     import joulesched.core.fsio as fsio
 

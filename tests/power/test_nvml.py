@@ -357,3 +357,34 @@ def test_a_live_gpu():
     # Any GPU draws something: between 1 W and 1.5 kW over half a second, per GPU.
     assert 0.5 * len(m.devices) <= j <= 750.0 * len(m.devices)
     m.close()
+
+
+def test_a_gpu_found_again_whose_next_read_fails_holds_what_it_had_counted():
+    """Found again after it was gone, its baseline is reset; a failing read before a new one held 0 J (an
+    operator-precedence slip dropped what had been carried), and the meter's total went back: 10 J, 0, 10 J."""
+    class Hiding(FakeNvml):
+        hide = False
+
+        def nvmlDeviceGetTotalEnergyConsumption(self, h):
+            v = h["energy_mj"].pop(0)
+            if isinstance(v, int) and v < 0:
+                raise pynvml.NVMLError(-v)
+            return v
+
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            if self.hide and uuid == "A":
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+            return super().nvmlDeviceGetHandleByUUID(uuid)
+
+    a = {"name": "A", "uuid": "A", "energy_mj": [1000, 1000, 11000, -pynvml.NVML_ERROR_GPU_IS_LOST,
+                                                 -pynvml.NVML_ERROR_UNKNOWN, 31000, 41000]}
+    b = {"name": "B", "uuid": "B", "energy_mj": [5000] * 20}
+    nv, clock = Hiding([a, b]), Clock()
+    meter = NvmlMeter(nvml=nv, clock=clock)
+    seen = []
+    for step, hide in ((1, False), (1, True), (REOPEN_EVERY_S + 1, False), (1, False), (1, False)):
+        nv.hide = hide
+        clock.t += step
+        seen.append(meter.read()["gpu0"])
+    assert seen[0] == pytest.approx(10.0) and min(seen[1:]) >= seen[0]
+    assert seen == sorted(seen)  # never back
