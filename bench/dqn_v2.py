@@ -349,10 +349,10 @@ def main() -> int:
     with progress_bar() as bar, contextlib.ExitStack() as stack:
         task = bar.add_task("cases", total=len(cases), item="")
         if a.jobs > 1:
-            from joulesched.pipelines.pool import process_pool
+            from joulesched.pipelines.pool import imap, process_pool
 
             pool = stack.enter_context(process_pool(a.jobs, initializer=_one_thread))
-            results = pool.imap(_run_task, tasks)  # in the cases' order
+            results = imap(pool, _run_task, tasks)  # in the cases' order
         else:
             results = map(_run_task, tasks)
         for case in results:

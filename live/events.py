@@ -324,8 +324,8 @@ class EventRecorder:
             else:
                 if code < 300:
                     return
-                if code == 404:
-                    return  # the pod (or the Event) is gone; nothing to record
+                if code == 404 or (key[0] == "nominate" and code in (409, 422)):
+                    return  # the pod (or the Event) is gone, or made again under its name; nothing to record
                 if code == 409 and key[0] == "condition":
                     # The pod changed since the decision (bound, or another write): not written now, and written
                     # again on its next failed attempt if it is still pending then.
@@ -374,9 +374,12 @@ class EventRecorder:
         return r.status
 
     def _nominate(self, ns: str, name: str, uid: str, node: str) -> int:
-        """``nominatedNodeName: node``, or ``null`` (removed, as kube-scheduler clears it) when ``node`` is ""."""
+        """``nominatedNodeName: node``, or ``null`` (removed, as kube-scheduler clears it) when ``node`` is "". The
+        pod's uid goes with it: a pod deleted and made again under its name is another pod, which the apiserver
+        refuses to write so (a uid may not change: 409 or 422), rather than have it wake a node it never chose."""
         return self.http.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status",
-                                 compact_json({"status": {"nominatedNodeName": node or None}}),
+                                 compact_json({"metadata": {"uid": uid},
+                                               "status": {"nominatedNodeName": node or None}}),
                                  content_type="application/merge-patch+json", timeout=self.timeout_s).status
 
     def _condition(self, ns: str, name: str, uid: str, message: str, rv: str = "") -> int:
@@ -454,6 +457,7 @@ class EventWriterProcess:
         self._with_series: dict[str, None] = {}  # insertion-ordered: the oldest goes first
         self._series_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._closed = False  # stdin closed by stop(): its descriptor number is no longer ours
         self._lock = threading.Lock()  # the switch to the local recorder
         # The same interpreter and environment: the child imports this package from where we did.
         self.proc = subprocess.Popen([sys.executable, "-m", "joulesched.live.events"], stdin=subprocess.PIPE,
@@ -530,6 +534,7 @@ class EventWriterProcess:
                 self.proc.stdin.close()
             except OSError:
                 pass
+            self._closed = True
             try:
                 self.proc.wait(timeout + 2.0)
             except subprocess.TimeoutExpired:
@@ -550,6 +555,10 @@ class EventWriterProcess:
             raise BrokenPipeError("partial frame")
 
     def _send(self, msg: tuple, kind: str, uid: str) -> None:
+        if self._closed:
+            # Stopped, its pipe closed: the descriptor's number may belong to another file or socket by now (a
+            # leader stepping down after the recorder stopped wrote a frame there).
+            return
         frame = _frame(msg)
         try:
             if len(frame) > MAX_FRAME:

@@ -256,7 +256,11 @@ class Extender:
             if down.any() and not down.all():
                 use = use[~down]
             if use.size:
-                raw = self._raw_scores(st, pod.request, use, cand, pod.meta)
+                # The policy picks among the nodes scored: handed the NotReady ones too, a pick-only policy took
+                # one, and every Ready node then scored alike (a review).
+                mask = np.zeros(len(st), dtype=bool)
+                mask[use] = True
+                raw = self._raw_scores(st, pod.request, use, mask, pod.meta)
                 for k, s in zip(use, scale_scores(raw)):
                     scores[st.names[k]] = int(s)
         return [{"Host": n, "Score": scores[n]} for n in names]

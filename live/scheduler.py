@@ -38,9 +38,11 @@ What happens to a pod, whatever fails:
   the queue until the cache or a read shows it bound or deleted.
 
 With leader election on, only the replica holding the Lease decides and binds (checked again right before
-each binding request, whose timeout is capped so that it ends before this replica's leadership would: a binding
-cannot land after a successor has taken over and read the pods; with too little of the term left the pod is
-requeued without backoff).
+each binding request, whose timeout is capped so that it ends before this replica's leadership would, so that
+our side of a binding is over before a successor takes over and reads the pods; with too little of the term
+left the pod is requeued without backoff). The apiserver may still apply a binding whose answer we gave up on
+(a slow etcd): such a pod found pending stays assumed on its node, its outcome unknown, until a re-read after
+the backoff.
 
 The scheduler is the cluster's :class:`~joulesched.cluster.backend.Backend`: its loop thread is
 ``run_policy(scheduler, policy, seed)``, the same loop that drives the twin. :meth:`Scheduler.next_decision`
@@ -561,12 +563,16 @@ class Scheduler:
                 if self.is_leader() and self._resync_due():
                     # The term is read before the list: a term begun during it needs a list of its own.
                     term = self.leader.transitions if self.leader is not None else 0
+                    # The loop is alive while it resyncs: a slow or failing list (a large cluster, an apiserver
+                    # under load) must not read as a hung loop in /healthz and get the new leader restarted.
+                    self._alive = time.monotonic()
                     try:
                         self.cache.resync_pods()
                         self._resynced_term = term
                     except Exception as ex:
-                        log.info("resync after becoming leader failed (%s); retrying", type(ex).__name__)
+                        log.info("resync after becoming leader failed (%s: %s); retrying", type(ex).__name__, ex)
                         self._stop.wait(0.2)
+                    self._alive = time.monotonic()
                     continue
                 if self.is_leader():
                     self.ready.set()
@@ -863,7 +869,11 @@ class Scheduler:
             self.metrics.bind_errors.labels(code).inc()
             self._warn.warn(f"bind:{code}", "binding %s/%s to %s: no answer (%s); re-reading the pod", e.namespace,
                             e.name, node, type(ex).__name__)
-            return self._reread(e, node)
+            # Pending now proves nothing: the apiserver may still write the binding after our deadline (a slow
+            # etcd). The pod stays assumed on the node, uncertain, until a re-read after the backoff settles it;
+            # freeing its room at once let another pod take it and the kubelet refuse one of the two (a review).
+            outcome = self._reread(e, node)
+            return "unknown" if outcome == "retry" else outcome
         if r.status < 300:
             return "bound"
         self.metrics.bind_errors.labels(str(r.status)).inc()

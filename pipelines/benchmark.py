@@ -31,6 +31,7 @@ from joulesched.cluster.workload import Workload, build_workload
 from joulesched.core.errors import UsageError
 from joulesched.core.fsio import atomic_path, check_output_dir
 from joulesched.core.names import check_ray_address
+from joulesched.pipelines.pool import imap as pool_imap
 from joulesched.pipelines.pool import process_pool
 from joulesched.pipelines.results import (SCHEMA_VERSION, OptimumRun, Results, dump, from_dict, load_results,  # noqa: F401
                                           weakest_optimum_label)
@@ -257,7 +258,7 @@ def run_benchmark(scenarios: Sequence[Path | Scenario], policies: Sequence[str],
             collect(task, res, rows)
     elif jobs > 1:
         with process_pool(jobs, _share, (workloads, _picklable(built))) as pool:  # in task order: the same for any --jobs
-            for task, res, rows in pool.imap(_run_task, tasks):
+            for task, res, rows in pool_imap(pool, _run_task, tasks):
                 collect(task, res, rows)
     else:
         for task in tasks:

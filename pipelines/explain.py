@@ -87,6 +87,10 @@ def load_snapshot(path: Path) -> tuple[ClusterState, PodRequest]:
                                          missing=f"{path}: snapshot file not found"))
     except json.JSONDecodeError as e:
         raise SnapshotError(f"{path}: not valid JSON: {e}") from None
+    return _from_raw(raw, path)
+
+
+def _from_raw(raw: object, path: Path | str) -> tuple[ClusterState, PodRequest]:
     try:
         snap = Snapshot.model_validate(raw)
     except ValidationError as e:
@@ -139,8 +143,21 @@ def snapshot_of(st: ClusterState, pod: PodRequest) -> dict:
                 node["never_sleep"] = True
         nodes.append(node)
     want = {k: v for k, v in (("cpu_m", pod.cpu_m), ("memory_mib", pod.memory_mib)) if v is not None}
-    return {"now_s": float(st.now), **({"wake_s": float(st.wake_s)} if st.can_sleep else {}), "nodes": nodes,
-            "pod": want}
+    doc = {"now_s": float(st.now), **({"wake_s": float(st.wake_s)} if st.can_sleep else {}), "nodes": nodes,
+           "pod": want}
+    # A snapshot holds CPU, memory, pods, usage and power: a decision that also turns on GPUs, the pod's selectors
+    # or a node's taints would be explained as another one (a review: a 2-GPU pod's saved snapshot made the CPU
+    # nodes feasible). Refused rather than written.
+    lost = ("GPUs" if st.alloc_gpu.any() or getattr(pod, "gpu", 0) else
+            "named resources or host ports" if getattr(pod, "named", ()) or getattr(pod, "host_ports", ()) else "")
+    if not lost:
+        st2, pod2 = _from_raw(doc, "the snapshot")
+        if not np.array_equal(st2.feasible(pod2), st.feasible(pod)):
+            lost = "the pod's constraints or the nodes' labels and taints (which nodes are feasible)"
+    if lost:
+        raise UsageError(f"--save-snapshot: a snapshot cannot hold {lost}, so it would explain another decision; "
+                         "explain this one with --scenario and --at")
+    return doc
 
 
 class _StopAt:
@@ -199,10 +216,14 @@ def scenario_decision(scenario: Path, policy: Policy, at_s: float, seed: int | N
     return d
 
 
-def explain(policy: Policy, st: ClusterState, pod: PodRequest, seed: int = 0, meta=None) -> dict:
+def explain(policy: Policy, st: ClusterState, pod: PodRequest, seed: int = 0, meta=None, *,
+            reset: bool = True) -> dict:
     """Every node's feasibility, reasons, scores (from the policy's Scorer) and total, and the chosen node.
-    ``meta``: the pod's metadata, for a policy that reads it (a decision from a scenario has it)."""
-    policy.reset(st, np.random.default_rng(seed))
+    ``meta``: the pod's metadata, for a policy that reads it (a decision from a scenario has it). ``reset``
+    (a snapshot): the policy starts afresh with ``seed``; a decision from a scenario keeps the run's policy as it
+    was there (its random generator included: a tie is broken as the run broke it)."""
+    if reset:
+        policy.reset(st, np.random.default_rng(seed))
     mask = st.feasible(pod)
     idx = np.flatnonzero(mask)
     scorer = getattr(policy, "scorer", None)  # a planner or a third-party policy may have none at all

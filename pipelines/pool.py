@@ -9,24 +9,100 @@ plain ProcessPoolExecutor shows)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import multiprocessing
 import os
 import pickle
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing import get_context, resource_tracker
-from multiprocessing.pool import Pool
+from multiprocessing.pool import AsyncResult, Pool
+from typing import Any
+
+from joulesched.core.errors import JouleschedError
+
+#: Seconds between checks that every worker is still the one the pool started with.
+CHECK_EVERY_S = 1.0
+
+
+class WorkerDied(JouleschedError):
+    """A worker process ended (killed for memory, a crash): ``multiprocessing.Pool`` would wait for its task for
+    ever, starting a new worker in its place."""
+
+
+#: In a worker: the exception its initializer raised, raised again by every task (a pool whose initializer fails
+#: would otherwise start new workers for ever, each printing its traceback).
+_init_error: BaseException | None = None
 
 
 def _worker_init(initializer: Callable[..., object] | None = None, args_file: str = "") -> None:
     # The worker was spawned with SIGINT blocked (_quiet_start): ignoring it discards a Ctrl-C that came during
     # start-up, and unblocking it leaves the worker's own children a normal signal mask.
+    global _init_error
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if initializer is not None:
-        with open(args_file, "rb") as f:
-            initializer(*pickle.load(f))
+        try:
+            with open(args_file, "rb") as f:
+                initializer(*pickle.load(f))
+        except Exception as e:  # kept, raised by the first task: it reaches the parent as that task's error
+            _init_error = e
+
+
+def _guarded(fn: Callable[[Any], Any], task: Any) -> Any:
+    if _init_error is not None:
+        raise _init_error
+    return fn(task)
+
+
+def _workers(pool: Pool) -> frozenset[int]:
+    return frozenset(p.pid for p in pool._pool)  # type: ignore[attr-defined]
+
+
+def _check_workers(pool: Pool, started: frozenset[int]) -> None:
+    """Workers never exit on their own here (no maxtasksperchild): one that is not among those the pool started
+    with replaced a worker that died, whose task will never be answered."""
+    if _workers(pool) != started:
+        raise WorkerDied("a worker process died (killed for lack of memory?); its task cannot finish")
+
+
+def imap(pool: Pool, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+    """``pool.imap(fn, tasks)`` (results in task order) that raises :class:`WorkerDied` instead of waiting for
+    ever, and raises an initializer's error instead of restarting workers for ever."""
+    started = _workers(pool)
+    it = pool.imap(functools.partial(_guarded, fn), tasks)
+    while True:
+        try:
+            yield it.next(timeout=CHECK_EVERY_S)
+        except StopIteration:
+            return
+        except multiprocessing.TimeoutError:
+            _check_workers(pool, started)
+
+
+class Checked:
+    """An ``AsyncResult`` whose :meth:`get` raises :class:`WorkerDied` instead of waiting for ever."""
+
+    def __init__(self, pool: Pool, result: AsyncResult, started: frozenset[int]) -> None:
+        self.pool, self.result, self.started = pool, result, started
+
+    def ready(self) -> bool:
+        return self.result.ready()
+
+    def get(self) -> Any:
+        while True:
+            try:
+                return self.result.get(timeout=CHECK_EVERY_S)
+            except multiprocessing.TimeoutError:
+                _check_workers(self.pool, self.started)
+
+
+def map_async(pool: Pool, fn: Callable[[Any], Any], tasks: list) -> Checked:
+    """``pool.map_async(fn, tasks, chunksize=1)`` as a :class:`Checked` result."""
+    started = _workers(pool)
+    return Checked(pool, pool.map_async(functools.partial(_guarded, fn), tasks, chunksize=1), started)
 
 
 @contextlib.contextmanager

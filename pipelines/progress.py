@@ -67,7 +67,7 @@ class StageDisplay:
         if self.work is None:
             self.work = self.prog.add_task("work", total=total, item="")
         else:
-            self.prog.reset(self.work, total=total)
+            self.prog.reset(self.work, total=total, description="work", item="")  # it was "training"
 
     def progress(self, item: str) -> None:
         if self.work is not None:

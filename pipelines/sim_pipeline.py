@@ -158,8 +158,9 @@ def run_sim(scenarios: Sequence[Path | Scenario], out: Path, *, model: Path | No
                       command=command or "joulesched pipeline --env sim")
 
     files, content = _stage_key(bench_scenarios)
+    # All three outputs: the report reads each, and one deleted or spoilt must send the stage round again.
     runner.run(Stage("benchmark", [*files, model_path], {"policies": policies, "seeds": seeds, "scenarios": content},
-                     [results], do_bench))
+                     [results, out / "timelines.npz", out / "nodes.json"], do_bench))
 
     def do_report() -> None:
         copy_training_curve(model_path, out)

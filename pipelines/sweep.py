@@ -74,8 +74,11 @@ def expand_policies(grid: Grid, base: Path, gpus: bool = False) -> list[str]:
     specs = [resolve(p) for p in (default_policies(gpus) if grid.policies is None else grid.policies)]
     for pol, params in grid.hyperparameters.items():
         keys = list(params)
+        # A key is a spec as `policies` holds them: a model path there is the grid file's too, and options it
+        # already has are joined by the new ones (``awake-first:fit=efficient`` + headroom).
+        spec = resolve(pol)
         for combo in itertools.product(*(params[k] for k in keys)):
-            specs.append(f"{pol}:" + ",".join(f"{k}={v}" for k, v in zip(keys, combo)))
+            specs.append(spec + ("," if ":" in spec else ":") + ",".join(f"{k}={v}" for k, v in zip(keys, combo)))
     if not specs:
         raise GridError("the grid names no policy: give policies or hyperparameters")
     # A hyperparameter combination may name a spec the default set already runs (gpu-energy:empty=asleep).

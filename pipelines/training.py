@@ -87,7 +87,9 @@ class PoolExecutor:
         return self._ctx.__exit__(*exc)
 
     def map_async(self, fn, tasks):
-        return self.pool.map_async(fn, tasks, chunksize=1)
+        from joulesched.pipelines.pool import map_async
+
+        return map_async(self.pool, fn, tasks)  # a worker that dies is an error, not a wait for ever
 
 
 class _RayPending:

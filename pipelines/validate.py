@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from joulesched.cluster.scenario import load_scenario
-from joulesched.cluster.twin import gpu_runtime_scales
+from joulesched.cluster.twin import Twin, cluster_from_scenario, gpu_runtime_scales
 from joulesched.cluster.workload import Workload, build_workload
 
 
@@ -50,15 +50,16 @@ def check_scenario(path: str | Path) -> dict:
     warnings = []
     if wl.dropped:
         warnings.append(dropped_warning(wl.dropped, len(wl), sc.duration_s))
-    fits = np.zeros(len(wl), dtype=bool)
-    for c, m in {(int(g.cpu_m), int(g.memory_mib)) for g in sc.nodes}:
-        fits |= (np.maximum(wl.cpu_req, 0) <= c) & (np.maximum(wl.mem_req, 0) <= m)
+    # The twin's own test (its filter chain on empty nodes: resources, GPUs, selectors, taints, pod slots), not
+    # CPU and memory alone: a pod asking 16 GPUs of 8-GPU nodes passed here and was never placed.
+    fits = Twin._placeable_mask(cluster_from_scenario(sc), wl)
     if (~fits).any():
         n = int((~fits).sum())
         big_c, big_m = int(np.max(wl.cpu_req[~fits])), int(np.max(wl.mem_req[~fits]))
-        warnings.append(f"{n} of {len(wl)} pods fit no node even when it is empty (up to {big_c}m CPU, "
-                        f"{big_m} MiB requested; the largest node has {int(cpu.max())}m, {int(mem.max())} MiB): "
-                        "they will never be placed")
+        gpus = f", {int(np.max(wl.gpu[~fits]))} GPUs" if wl.has_gpus and wl.gpu[~fits].any() else ""
+        warnings.append(f"{n} of {len(wl)} pods fit no node even when it is empty (by resources, GPUs, selectors, "
+                        f"taints or pod slots; up to {big_c}m CPU, {big_m} MiB{gpus} requested; the largest node "
+                        f"has {int(cpu.max())}m, {int(mem.max())} MiB): they will never be placed")
     for what, req, cap, unit in (("CPU", wl.cpu_req, cpu.sum(), "m"), ("memory", wl.mem_req, mem.sum(), " MiB")):
         peak, at = _peak_concurrent(wl, np.where(fits, req, 0))
         if peak > cap:

@@ -36,6 +36,11 @@ PolicyOpt = Annotated[Optional[list[str]], typer.Option(
     "baseline and variant, the GPU-aware ones too where any scenario of the run has GPUs (policies --long).")]
 
 
+#: What an interrupted benchmark or sweep keeps: its cells are not recorded one by one, so nothing resumes.
+NO_RESUME = ("{out_dir} is as it was: results are written only when the whole run is done. A re-run starts every "
+             "cell again (nothing is kept to resume from).")
+
+
 @app.command()
 def benchmark(
     scenario: ScenarioOpt = None,
@@ -66,7 +71,7 @@ def benchmark(
     scenarios = scenario or standard_suite()
     run = partial(run_benchmark, optimum=optimum, optimum_time_limit=optimum_time_limit, placements=placements,
                   optimum_solver=optimum_solver)
-    with errors(), interrupted(out_dir):
+    with errors(), interrupted(out_dir, NO_RESUME.format(out_dir=out_dir)):
         policies = policy or list(default_policies(any_gpus(scenarios)))
         doc = _run_with_progress(run, scenarios, policies, seeds, out_dir, jobs, not as_json)
         if report:
@@ -303,7 +308,8 @@ def explain(
     save_snapshot: Annotated[Optional[Path], typer.Option(
         help="With --scenario: also write that decision as a snapshot file (for --snapshot).")] = None,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Policy spec.")] = "default-k8s",
-    seed: Annotated[int, typer.Option(min=0, help="Seed for tie-breaking.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed for tie-breaking in a --snapshot (a --scenario decision "
+                                                  "breaks ties as its run did).")] = 0,
     top: Annotated[int, typer.Option(min=0, help="Show the N best-scored nodes (and the chosen one), then a count "
                                                "of the rest; 0 shows every node. --json always has every node.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -335,7 +341,7 @@ def explain(
                 atomic_write_text(save_snapshot, json.dumps(snapshot_of(st, pod), indent=1) + "\n")
         else:
             st, pod = load_snapshot(snapshot)
-        res = do_explain(pol, st, pod, seed, meta=meta)
+        res = do_explain(pol, st, pod, seed, meta=meta, reset=scenario is None)
     if as_json:
         print(json.dumps(res, indent=2))
         return
@@ -348,7 +354,7 @@ def explain(
         share = "whole" if want["gpu_milli"] >= 1000 else f"{want['gpu_milli']} milli"
         models = f", models {'|'.join(want['gpu_models'])}" if want.get("gpu_models") else ""
         gpus = f" gpu={want['gpu']} ({share}{models})"
-    t = Table(title=f"{res['policy']}: pod cpu={want['cpu_m']}m memory={want['memory_mib']}Mi{gpus}{when}",
+    t = Table(title=escape(f"{res['policy']}: pod cpu={want['cpu_m']}m memory={want['memory_mib']}Mi{gpus}{when}"),
               title_justify="left")
     t.add_column("node", overflow="fold")  # a long name wraps whole rather than being cut short
     t.add_column("feasible")
@@ -370,13 +376,13 @@ def explain(
         keep = {id(n) for n in ranked[:top]} | {id(n) for n in shown if n["name"] == res["chosen"]}
         shown = [n for n in shown if id(n) in keep]
     for n in shown:
-        mark = "yes" if n["feasible"] else "no: " + ", ".join(n["reasons"])
+        mark = "yes" if n["feasible"] else escape("no: " + ", ".join(n["reasons"]))
         cells = [f"{n['scores'][pl]:.4g}" if isinstance(n["scores"][pl], float) else str(n["scores"][pl])
                  for pl in plugins] if "scores" in n else [""] * len(plugins)
         total = n.get("total", "")
         if lexicographic and total != "":
             total = -total  # rank: 0 for the best
-        name = f"[bold green]{n['name']} ←[/]" if n["name"] == res["chosen"] else n["name"]
+        name = f"[bold green]{escape(n['name'])} ←[/]" if n["name"] == res["chosen"] else escape(n["name"])
         row = [name, mark, *cells, f"{total:.4g}" if isinstance(total, float) else str(total)]
         if features:
             row.append(", ".join(f"{f['name']}={f['value']:.3g}: {f['contribution']:+.3g}"
@@ -390,9 +396,9 @@ def explain(
     if lexicographic:
         out.print("rank: nodes compared column by column, left to right (0 = best). " + res.get("note", ""),
                   soft_wrap=True)
-    out.print(f"chosen: {res['chosen']}" + (f" ({res['message']})" if "message" in res else ""))
+    out.print(escape(f"chosen: {res['chosen']}" + (f" ({res['message']})" if "message" in res else "")))
     if save_snapshot is not None:
-        out.print(f"snapshot: {save_snapshot}")
+        out.print(escape(f"snapshot: {save_snapshot}"))
 
 
 @app.command()
@@ -481,9 +487,9 @@ def validate(
                 err.print(f"[red]error:[/red] {escape(f['error'])}", soft_wrap=True)
                 continue
             dropped = f"; {f['trace_rows_dropped']} trace rows dropped" if f["trace_rows_dropped"] else ""
-            out.print(f"{f['file']}: ok ({f['nodes']} nodes, {f['pods']} pods{dropped})", soft_wrap=True)
+            out.print(f"{escape(f['file'])}: ok ({f['nodes']} nodes, {f['pods']} pods{dropped})", soft_wrap=True)
             for w in f["warnings"]:
-                err.print(f"[yellow]warning:[/yellow] {f['file']}: {escape(w)}", soft_wrap=True)
+                err.print(f"[yellow]warning:[/yellow] {escape(f['file'])}: {escape(w)}", soft_wrap=True)
     if code:
         raise typer.Exit(code)
 
@@ -746,7 +752,7 @@ def sweep(
     with errors():
         check_ray_address(ray_address)
     command = command_line()
-    with errors(), interrupted(out_dir), progress_bar(not as_json) as prog:
+    with errors(), interrupted(out_dir, NO_RESUME.format(out_dir=out_dir)), progress_bar(not as_json) as prog:
         task = prog.add_task("sweep", total=None, item="")
         doc = run_sweep(grid, out_dir, executor=executor.value, jobs=jobs, ray_address=ray_address, command=command,
                         on_start=lambda n: prog.update(task, total=n),

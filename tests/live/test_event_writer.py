@@ -187,3 +187,34 @@ def test_the_pods_with_series_are_bounded(emu, monkeypatch):
         assert len(w._with_series) == 8 and "uid-49" in w._with_series
     finally:
         w.stop(timeout=5)
+
+
+def test_a_nomination_names_its_pod_by_uid_and_skips_one_made_again_under_its_name(emu):
+    """web-0 waits for a sleeping node and its nomination is queued; web-0 is deleted and made again (another uid):
+    the patch by name landed on the new pod, which then woke a node it never chose."""
+    from joulesched.live.scheduler import SchedulerMetrics
+
+    new = emu.add_pod("web-0", cpu="100m")
+    metrics = SchedulerMetrics(reg := CollectorRegistry())
+    rec = EventRecorder(FastClient(api_client_for(emu.url)), "joulesched", "test", metrics, workers=1)
+    try:
+        rec.nominated("default", "web-0", "uid-of-the-deleted-one", "sleepy")
+        rec.nominated("default", "web-0", new["metadata"]["uid"], "awake")  # after it: the queue is in order
+        wait_until(lambda: emu.get("pods", "web-0", "default")["status"].get("nominatedNodeName") == "awake", 10,
+                   "the live pod nominated")
+        assert reg.get_sample_value("joulesched_events_dropped_total") in (None, 0.0)
+    finally:
+        rec.stop(2.0)
+    assert not [p for _, p in emu.changes("pods") if p and (p.get("status") or {}).get("nominatedNodeName") == "sleepy"]
+
+
+def test_nothing_is_written_to_the_pipe_once_the_writer_has_stopped(emu, monkeypatch):
+    """A leader stepping down after the recorder stopped wrote its frame to the closed pipe's descriptor number,
+    which may name another file or socket by then."""
+    w, _metrics = _writer(emu, [math.inf])
+    w.stop(2.0)
+    writes: list[int] = []
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(fd) or len(data))
+    w.leadership_changed()
+    w.scheduled("default", "p", "uid-p", "n")
+    assert writes == []

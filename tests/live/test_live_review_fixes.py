@@ -125,6 +125,19 @@ def test_the_extender_judges_a_notready_node_as_kube_does_and_serve_keeps_it_out
                 "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were not ready.")
 
 
+def test_a_pick_only_policy_picks_among_the_ready_nodes_it_scores(emu):
+    """random (no scorer, a pick) was handed the NotReady node too: when it picked that one, every Ready node
+    scored alike and the extender said nothing."""
+    for name in ("a", "b", "dead"):
+        emu.add_node(name, cpu="4", memory="8Gi")
+    emu.set_node_ready("dead", False)
+    pod = make_pod("p", cpu="100m", memory="100Mi", tolerations=TOLERATE_ALL)
+    with _extender_on(emu, "random") as (_cache, ask):
+        for _ in range(30):
+            scores = {r["Host"]: r["Score"] for r in ask(pod, ["a", "b", "dead"], "prioritize")}
+            assert scores["dead"] == 0 and sorted((scores["a"], scores["b"])) == [0, 10], scores
+
+
 def test_the_extender_lets_kube_place_an_operator_on_a_cluster_with_no_ready_node(emu):
     """Bootstrap: no node is Ready until the CNI runs, and the CNI's operator (tigera-operator: a Deployment,
     hostNetwork, tolerating every taint) must be placed first. With the extender attached to the default

@@ -152,25 +152,52 @@ def test_an_unexpected_error_in_a_write_drops_it_and_the_worker_goes_on(caplog):
     assert len(tracebacks) == 1 and "unexpected error" in tracebacks[0].getMessage()
 
 
+def _drop_first(suffix: str, dropped: list[str]):
+    """A proxy plan dropping the first request whose path ends with ``suffix`` (recorded in ``dropped``)."""
+    def plan(method: str, path: str) -> str:
+        if path.endswith(suffix) and not dropped:
+            dropped.append(path)
+            return "drop"
+        return "forward"
+    return plan
+
+
+def _bindings_through(emu, proxy, plan, make_scheduler):
+    """A started scheduler whose bindings and re-reads go through the proxy (deciding ``plan(method, path)``);
+    its cache and Events go direct (a watch through this proxy would never end)."""
+    srv, use = proxy
+    srv.plan = plan
+    use("")
+    s = make_scheduler(start=False, event_writer="thread")
+    use(f"http://127.0.0.1:{srv.server_address[1]}")
+    s.http = FastClient(api_client_for(emu.url))
+    return s.start()
+
+
 def test_a_binding_the_proxy_drops_is_counted_and_the_pod_re_read(emu, proxy, make_scheduler):
     srv, use = proxy
     emu.add_node("n", cpu="4", memory="8Gi")
     dropped: list[str] = []
-
-    def plan(method: str, path: str) -> str:
-        if path.endswith("/binding") and not dropped:
-            dropped.append(path)
-            return "drop"
-        return "forward"
-
-    srv.plan = plan
-    use("")  # the scheduler's own cache and Events go direct (a watch through this proxy would never end)
-    s = make_scheduler(start=False, event_writer="thread")
-    use(f"http://127.0.0.1:{srv.server_address[1]}")
-    s.http = FastClient(api_client_for(emu.url))  # bindings and re-reads through the proxy
+    s = _bindings_through(emu, proxy, _drop_first("/binding", dropped), make_scheduler)
     assert s.http._pool_manager is not None
-    s.start()
     emu.add_pod("p", cpu="100m")
     wait_until(lambda: emu.get("pods", "p", "default")["spec"].get("nodeName") == "n", 10, "p bound")
     assert dropped and s.registry.get_sample_value("joulesched_bind_errors_total", {"code": "connection"}) == 1
     assert ("GET", "/api/v1/namespaces/default/pods/p") in srv.seen  # the re-read after the lost answer
+
+
+def test_a_binding_without_an_answer_keeps_its_room_until_a_later_re_read(emu, proxy, make_scheduler):
+    """The binding's answer is lost and the re-read right after shows the pod pending: the apiserver may still
+    write the binding (a slow etcd), so the room stays the pod's until the re-read after its backoff. Released at
+    once, another pod took it and the kubelet refused one of the two."""
+    emu.add_node("n", cpu="1", memory="8Gi")
+    dropped: list[str] = []
+    _bindings_through(emu, proxy, _drop_first("/pods/p/binding", dropped), make_scheduler)
+    emu.add_pod("p", cpu="800m")
+    wait_until(lambda: dropped, 10, "p's binding dropped")
+    emu.add_pod("q", cpu="800m")
+    time.sleep(0.5)  # within p's backoff: its outcome is unknown, its room is still counted
+    assert not emu.get("pods", "q", "default")["spec"].get("nodeName")
+    wait_until(lambda: any(emu.get("pods", k, "default")["spec"].get("nodeName") for k in "pq"), 15, "one bound")
+    time.sleep(0.5)
+    assert sum(bool(emu.get("pods", k, "default")["spec"].get("nodeName")) for k in "pq") == 1  # room for one

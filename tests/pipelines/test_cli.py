@@ -1,6 +1,7 @@
 """The CLI end to end through typer's CliRunner: outputs, determinism and clean refusal of bad input."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -141,3 +142,23 @@ def test_validate_and_policies_commands():
 def test_report_on_a_folder_without_results_exits_2(tmp_path):
     r = runner.invoke(app, ["report", str(tmp_path)])
     assert r.exit_code == 2 and "no results.json" in r.output
+
+
+def test_validate_warns_of_pods_no_node_takes_by_its_gpus_not_only_by_cpu_and_memory(tmp_path):
+    """A pod asking 16 GPUs of 8-GPU nodes passed validate's CPU-and-memory check and was never placed."""
+    from tests.helpers import gpu_trace_scenario
+
+    r = runner.invoke(app, ["validate", str(gpu_trace_scenario(tmp_path, [16, 2], gpu_nodes=2)), "--json"])
+    assert r.exit_code == 0, r.output
+    (warning,) = json.loads(r.stdout)[0]["warnings"]
+    assert warning.startswith("1 of 2 pods fit no node even when it is empty") and "16 GPUs" in warning
+
+
+def test_validate_prints_a_path_with_brackets_as_it_is(tmp_path):
+    """A folder named `a[` made `a[/x].yaml` a closing markup tag: rich raised MarkupError (exit 1)."""
+    (tmp_path / "a[").mkdir()
+    bad = tmp_path / "a[" / "x].yaml"
+    bad.write_text((Path(__file__).resolve().parents[2] / "scenarios" / "tiny.yaml").read_text())
+    r = runner.invoke(app, ["validate", str(bad)])
+    assert r.exit_code == 0, r.output
+    assert f"{bad}: ok" in r.stdout.replace("\n", "")

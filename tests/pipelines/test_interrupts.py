@@ -43,6 +43,7 @@ def _check_stopped(proc: subprocess.Popen, t0: float, out: Path) -> None:
     assert time.monotonic() - t0 < 8, "exit took longer than 5 s"  # 5 s goal plus this test's own polling
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr, stderr
+    assert "nothing is kept to resume from" in stderr, stderr  # it used to promise a resume it does not have
     time.sleep(0.2)
     assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     # Consistent: nothing was written (results come only when complete), no temp files left.

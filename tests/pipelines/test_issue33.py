@@ -243,3 +243,41 @@ def test_an_output_under_proc_says_why_it_cannot_be_written(tmp_path):
     r = runner.invoke(app, ["benchmark", "-s", str(ROOT / "scenarios/tiny.yaml"), "--out", "/proc/joulesched-out"])
     assert r.exit_code == 2 and "No such file or directory" not in r.output
     assert "cannot create files in /proc: it takes no new files (a virtual file system" in " ".join(r.output.split())
+
+
+def test_a_scenario_decision_is_explained_as_the_run_broke_its_ties():
+    """explain reset the policy with --seed, throwing away the run's random generator: where scores tie (default-k8s
+    on tiny's identical nodes) it named another node than the run bound."""
+    import numpy as np
+
+    from joulesched.agent.registry import make_policy
+    from joulesched.agent.runner import run_policy
+    from joulesched.cluster.scenario import load_scenario
+    from joulesched.cluster.twin import Twin
+    from joulesched.cluster.workload import build_workload
+    from joulesched.pipelines.explain import explain, scenario_decision
+
+    path = ROOT / "scenarios" / "tiny.yaml"
+    sc = load_scenario(path)
+    wl = build_workload(sc, sc.seed)
+    twin = Twin(sc, wl)
+    run_policy(twin, make_policy("default-k8s"), sc.seed)
+    checked = 0
+    for at in [float(x) for x in np.sort(wl.submit_s)[5:200:6]]:
+        pol = make_policy("default-k8s")  # as the command does: one policy, run to the decision, then explained
+        d = scenario_decision(path, pol, at)
+        res = explain(pol, d.state, d.pod, 0, meta=d.meta, reset=False)
+        assert res["chosen"] == twin.state.names[twin.pod_node[d.key]], at
+        checked += 1
+    assert checked >= 20
+
+
+def test_a_snapshot_that_cannot_hold_the_decision_is_refused_not_written(tmp_path):
+    """A snapshot holds CPU, memory and power: a 2-GPU pod's saved snapshot made the CPU nodes feasible."""
+    from tests.helpers import gpu_trace_scenario
+
+    sc = gpu_trace_scenario(tmp_path, [2], gpu_nodes=1, cpu_nodes=2)
+    snap = tmp_path / "snap.json"
+    r = runner.invoke(app, ["explain", "--scenario", str(sc), "--at", "0", "-p", "default-k8s",
+                            "--save-snapshot", str(snap), "--json"])
+    assert r.exit_code == 2 and "cannot hold GPUs" in r.output and not snap.exists()

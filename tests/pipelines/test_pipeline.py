@@ -81,6 +81,11 @@ def test_pipeline_trains_benchmarks_reports_and_resumes(tmp_path):
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and again.output.count("skipped") == 3
     assert (out / "results.json").stat().st_mtime_ns == mtime
+    # The benchmark's timelines are its output too: deleted, the stage runs again (it was "fresh" without them,
+    # and the report left its plots out).
+    (out / "timelines.npz").unlink()
+    third = runner.invoke(app, args)
+    assert third.exit_code == 0 and third.output.count("skipped") == 1 and (out / "timelines.npz").is_file()
 
 
 def test_a_bad_budget_on_a_finished_folder_keeps_its_model(tmp_path):

@@ -776,6 +776,11 @@ class KubeEmulator:
             if rv and rv != obj["metadata"]["resourceVersion"]:  # a precondition, as on the main resource
                 raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": the object '
                                 "has been modified; please apply your changes to the latest version and try again")
+            uid = (patch.get("metadata") or {}).get("uid")
+            if uid and uid != obj["metadata"]["uid"]:  # a uid may not change: the patch names another object
+                raise _ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": '
+                                f'Precondition failed: UID in precondition: {uid}, UID in object meta: '
+                                f'{obj["metadata"]["uid"]}')
             obj = _copy(obj)
             if "status" in patch:
                 obj.setdefault("status", {})
