@@ -458,6 +458,7 @@ class EventWriterProcess:
         self._series_lock = threading.Lock()
         self._stopping = threading.Event()
         self._closed = False  # stdin closed by stop(): its descriptor number is no longer ours
+        self._pipe_lock = threading.Lock()
         self._lock = threading.Lock()  # the switch to the local recorder
         # The same interpreter and environment: the child imports this package from where we did.
         self.proc = subprocess.Popen([sys.executable, "-m", "joulesched.live.events"], stdin=subprocess.PIPE,
@@ -530,11 +531,12 @@ class EventWriterProcess:
                 self._write(_frame(("stop", timeout)))
             except OSError:  # its pipe is full (a stuck helper): the end of input below stops it as well
                 pass
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            self._closed = True
+            with self._pipe_lock:
+                self._closed = True
+                try:
+                    self.proc.stdin.close()
+                except OSError:
+                    pass
             try:
                 self.proc.wait(timeout + 2.0)
             except subprocess.TimeoutExpired:
@@ -550,14 +552,17 @@ class EventWriterProcess:
         return u if math.isfinite(u) else (1e300 if u > 0 else -1e300)
 
     def _write(self, frame: bytes) -> None:
-        n = os.write(self._out, frame)
+        # The check and the write under the lock stop() closes the pipe under: once closed, the descriptor's
+        # number may belong to another file or socket (a leader stepping down after the stop wrote a frame there).
+        with self._pipe_lock:
+            if self._closed:
+                raise BrokenPipeError("the event writer has stopped")
+            n = os.write(self._out, frame)
         if n != len(frame):  # cannot happen below PIPE_BUF; never leave half a frame unnoticed
             raise BrokenPipeError("partial frame")
 
     def _send(self, msg: tuple, kind: str, uid: str) -> None:
-        if self._closed:
-            # Stopped, its pipe closed: the descriptor's number may belong to another file or socket by now (a
-            # leader stepping down after the recorder stopped wrote a frame there).
+        if self._closed:  # stopped: nothing more to tell the child (and no fall-back to start)
             return
         frame = _frame(msg)
         try:

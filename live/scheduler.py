@@ -685,6 +685,18 @@ class Scheduler:
         """A previous binding's outcome is unknown: find out before deciding again. True = go on deciding."""
         node = e.uncertain_node
         outcome = self._reread(e, node)
+        if outcome == "retry":
+            # Pending proves nothing: the apiserver may still apply the binding we gave up on (until its own
+            # request timeout). So the same binding is sent again, the room still counted: whichever of the two
+            # lands, the other is a 409, and the pod ends where its room was (a review: re-deciding freed the room
+            # and another pod took it). Bound or still unknown, it is settled here.
+            outcome = self._bind_once(e, node)
+            if outcome in ("bound", "unknown"):
+                self._finish(e, node, outcome, 0.0)
+                return False
+            if outcome in ("standby", "fenced"):  # not ours to send now: still uncertain, asked again later
+                self._requeue(e, backoff=False, delay=self.cfg.retry_period_s)
+                return False
         if outcome == "unknown":
             self._requeue(e, backoff=True)
             return False

@@ -149,7 +149,11 @@ def snapshot_of(st: ClusterState, pod: PodRequest) -> dict:
     # or a node's taints would be explained as another one (a review: a 2-GPU pod's saved snapshot made the CPU
     # nodes feasible). Refused rather than written.
     lost = ("GPUs" if st.alloc_gpu.any() or getattr(pod, "gpu", 0) else
-            "named resources or host ports" if getattr(pod, "named", ()) or getattr(pod, "host_ports", ()) else "")
+            "named resources or host ports" if getattr(pod, "named", ()) or getattr(pod, "host_ports", ()) else
+            "the pod's constraints" if getattr(pod, "constraints", None) is not None else
+            # PreferNoSchedule taints change no feasibility but default-k8s's TaintToleration score
+            "the nodes' PreferNoSchedule taints" if st.filter_table.untolerated_prefer_no_schedule(()) is not None
+            else "")
     if not lost:
         st2, pod2 = _from_raw(doc, "the snapshot")
         if not np.array_equal(st2.feasible(pod2), st.feasible(pod)):
@@ -213,6 +217,8 @@ def scenario_decision(scenario: Path, policy: Policy, at_s: float, seed: int | N
     if d is None:
         raise UsageError(f"{scenario}: no decision at or after --at {at_s:g} s (the last one is earlier; the run "
                          f"ends at {twin.now:g} s)")
+    if not stop.decisions:  # the run's first decision: run_policy resets the policy on it, with this generator
+        policy.reset(d.state, np.random.default_rng(s))
     return d
 
 

@@ -69,6 +69,7 @@ def expand_policies(grid: Grid, base: Path, gpus: bool = False) -> list[str]:
             return f"{name}={(base / path).resolve()}"
         return spec
 
+    from joulesched.agent.policy import PolicyError, parse_spec
     from joulesched.agent.registry import default_policies
 
     specs = [resolve(p) for p in (default_policies(gpus) if grid.policies is None else grid.policies)]
@@ -77,8 +78,12 @@ def expand_policies(grid: Grid, base: Path, gpus: bool = False) -> list[str]:
         # A key is a spec as `policies` holds them: a model path there is the grid file's too, and options it
         # already has are joined by the new ones (``awake-first:fit=efficient`` + headroom).
         spec = resolve(pol)
+        try:  # options already there: joined by ","; a ':' in a model's folder is no option
+            sep = "," if parse_spec(spec)[1] else ":"
+        except PolicyError as e:
+            raise GridError(f"hyperparameters: {e}") from None
         for combo in itertools.product(*(params[k] for k in keys)):
-            specs.append(spec + ("," if ":" in spec else ":") + ",".join(f"{k}={v}" for k, v in zip(keys, combo)))
+            specs.append(spec + sep + ",".join(f"{k}={v}" for k, v in zip(keys, combo)))
     if not specs:
         raise GridError("the grid names no policy: give policies or hyperparameters")
     # A hyperparameter combination may name a spec the default set already runs (gpu-energy:empty=asleep).

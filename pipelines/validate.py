@@ -55,7 +55,7 @@ def check_scenario(path: str | Path) -> dict:
     fits = Twin._placeable_mask(cluster_from_scenario(sc), wl)
     if (~fits).any():
         n = int((~fits).sum())
-        big_c, big_m = int(np.max(wl.cpu_req[~fits])), int(np.max(wl.mem_req[~fits]))
+        big_c, big_m = max(int(np.max(wl.cpu_req[~fits])), 0), max(int(np.max(wl.mem_req[~fits])), 0)  # -1: none
         gpus = f", {int(np.max(wl.gpu[~fits]))} GPUs" if wl.has_gpus and wl.gpu[~fits].any() else ""
         warnings.append(f"{n} of {len(wl)} pods fit no node even when it is empty (by resources, GPUs, selectors, "
                         f"taints or pod slots; up to {big_c}m CPU, {big_m} MiB{gpus} requested; the largest node "

@@ -39,6 +39,9 @@ PolicyOpt = Annotated[Optional[list[str]], typer.Option(
 #: What an interrupted benchmark or sweep keeps: its cells are not recorded one by one, so nothing resumes.
 NO_RESUME = ("{out_dir} is as it was: results are written only when the whole run is done. A re-run starts every "
              "cell again (nothing is kept to resume from).")
+#: ... and one interrupted while it draws its report: the results are whole.
+REPORT_ONLY = ("{out_dir}/results.json is complete; only the report was not drawn: `joulesched report {out_dir}` "
+               "draws it.")
 
 
 @app.command()
@@ -74,6 +77,7 @@ def benchmark(
     with errors(), interrupted(out_dir, NO_RESUME.format(out_dir=out_dir)):
         policies = policy or list(default_policies(any_gpus(scenarios)))
         doc = _run_with_progress(run, scenarios, policies, seeds, out_dir, jobs, not as_json)
+    with errors(), interrupted(out_dir, REPORT_ONLY.format(out_dir=out_dir)):
         if report:
             write_report(out_dir)
     print_summary(doc, as_json, out_dir, report)
@@ -757,7 +761,8 @@ def sweep(
         doc = run_sweep(grid, out_dir, executor=executor.value, jobs=jobs, ray_address=ray_address, command=command,
                         on_start=lambda n: prog.update(task, total=n),
                         on_progress=lambda item: prog.update(task, advance=1, item=item))
-    with errors(), interrupted(out_dir):  # a report that fails or is interrupted says so in one line, as benchmark
+    # A report that fails or is interrupted says so in one line, as benchmark's.
+    with errors(), interrupted(out_dir, REPORT_ONLY.format(out_dir=out_dir)):
         if report:
             write_report(out_dir)
     print_summary(doc, as_json, out_dir, report)

@@ -201,3 +201,22 @@ def test_a_binding_without_an_answer_keeps_its_room_until_a_later_re_read(emu, p
     wait_until(lambda: any(emu.get("pods", k, "default")["spec"].get("nodeName") for k in "pq"), 15, "one bound")
     time.sleep(0.5)
     assert sum(bool(emu.get("pods", k, "default")["spec"].get("nodeName")) for k in "pq") == 1  # room for one
+
+
+
+def test_a_pending_re_read_sends_the_same_binding_again_and_keeps_the_room(emu, make_scheduler, monkeypatch):
+    """After a binding whose answer was lost, pending proves nothing: the apiserver may still apply it. Deciding
+    the pod again freed its room (another pod could take it, then the late binding landed beside it); the same
+    binding is sent again instead, the pod still assumed on its node."""
+    from joulesched.live.scheduler import _Entry
+
+    s = make_scheduler()  # (no pod: its loop has nothing to decide)
+    e = _Entry("uid-p", "default", "p", uncertain_node="n")
+    sent: list[str] = []
+    forgotten: list[str] = []
+    monkeypatch.setattr(s, "_reread", lambda entry, node: "retry")
+    monkeypatch.setattr(s, "_bind_once", lambda entry, node: sent.append(node) or "bound")
+    monkeypatch.setattr(s, "_finish", lambda entry, node, outcome, dt: forgotten.append(f"finish {outcome}"))
+    monkeypatch.setattr(s.cache, "forget", lambda uid: forgotten.append(uid))
+    assert s._resolve_uncertain(e) is False  # settled here: not decided again
+    assert sent == ["n"] and forgotten == ["finish bound"]

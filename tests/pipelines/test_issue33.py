@@ -263,13 +263,17 @@ def test_a_scenario_decision_is_explained_as_the_run_broke_its_ties():
     twin = Twin(sc, wl)
     run_policy(twin, make_policy("default-k8s"), sc.seed)
     checked = 0
-    for at in [float(x) for x in np.sort(wl.submit_s)[5:200:6]]:
+    for at in [0.0] + [float(x) for x in np.sort(wl.submit_s)[5:200:6]]:  # 0: the first decision, before a reset
         pol = make_policy("default-k8s")  # as the command does: one policy, run to the decision, then explained
         d = scenario_decision(path, pol, at)
         res = explain(pol, d.state, d.pod, 0, meta=d.meta, reset=False)
         assert res["chosen"] == twin.state.names[twin.pod_node[d.key]], at
         checked += 1
     assert checked >= 20
+    for name in ("round-robin", "random", "energy-greedy"):  # their state is made by reset: it must have run
+        pol = make_policy(name)
+        d = scenario_decision(path, pol, 0.0)
+        assert explain(pol, d.state, d.pod, 0, meta=d.meta, reset=False)["chosen"]
 
 
 def test_a_snapshot_that_cannot_hold_the_decision_is_refused_not_written(tmp_path):

@@ -111,10 +111,10 @@ def test_a_hyperparameter_key_is_a_spec_as_policies_holds_them(tmp_path):
     """A key with options got a second ':' (awake-first:fit=efficient:headroom=0.8, refused), and a model path in
     a key was read from the caller's folder where `policies` reads it from the grid file's."""
     sc = Path(__file__).resolve().parents[2] / "scenarios" / "tiny.yaml"
-    (tmp_path / "g").mkdir()
-    p = tmp_path / "g" / "grid.yaml"
+    (tmp_path / "g:2").mkdir()  # a ':' in the grid's folder is part of the model's path, not its options
+    p = tmp_path / "g:2" / "grid.yaml"
     p.write_text(f"scenarios: [{sc}]\npolicies: [default-k8s]\nhyperparameters:\n"
                  "  'awake-first:fit=efficient': {headroom: [0.8]}\n  'dqn=m.pt': {threads: [1]}\n")
     _, policies, _ = load_grid(p)
     assert policies[1] == "awake-first:fit=efficient,headroom=0.8"
-    assert policies[2] == f"dqn={(tmp_path / 'g' / 'm.pt').resolve()}:threads=1"
+    assert policies[2] == f"dqn={(tmp_path / 'g:2' / 'm.pt').resolve()}:threads=1"
