@@ -33,7 +33,9 @@ What happens to a pod, whatever fails:
   its uid changed. Re-read it; bound → done, never bound again; still pending → back off and retry;
 - bind answers 404: the pod was deleted; forget it;
 - anything else (403, 5xx, timeouts, dropped connections): logged at WARNING (rate-limited) and counted in
-  ``joulesched_bind_errors_total{code}``; re-read; bound → done; otherwise back off and retry.
+  ``joulesched_bind_errors_total{code}``; re-read; bound → done; otherwise back off and retry (after a timeout
+  or a dropped connection, with the pod still assumed on the node and the same binding sent again: the
+  apiserver may apply the first one late).
   A retried binding of a pod that did get bound answers 409, so no pod is ever bound twice, and no pod leaves
   the queue until the cache or a read shows it bound or deleted.
 
