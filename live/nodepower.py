@@ -838,8 +838,9 @@ class NodePowerController:
             self._start(name, "wake", self._do_wake)
         # Pods some node takes by its filters and its whole allocatable (a pod larger than every node, or that no
         # node's filters take, is pending for good and holds no consolidation back).
-        whole = np.array([[p.request.filter_cpu <= st.alloc_cpu[j] and p.request.filter_mem <= st.alloc_mem[j]
-                           for j in range(n)] for p in pending], dtype=bool).reshape(len(pending), n)
+        cpu = np.array([p.request.filter_cpu for p in pending], dtype=np.int64)[:, None]
+        mem = np.array([p.request.filter_mem for p in pending], dtype=np.int64)[:, None]
+        whole = (cpu <= st.alloc_cpu[None, :]) & (mem <= st.alloc_mem[None, :])
         self._placeable_pending = int((fits & whole).any(axis=1).sum())
         return fits.any(axis=0) & (st.power_state == ON)
 
